@@ -1,0 +1,20 @@
+// Package shardmap owns the cluster's shard map: which node owns each shard
+// of each stream, versioned by an epoch that only grows.
+//
+// Ownership is decided by rendezvous (highest random weight) hashing: the
+// owner of shard s of stream x is the member node with the highest
+// xxhash("x/s" + nodeID). Membership decides ownership; liveness (Node.Live)
+// decides availability only, so a node that misses heartbeats keeps its
+// shards and publishes to them fail as unavailable until it returns.
+//
+// The control plane builds maps with [Build] and pushes them; brokers and
+// clients obey the pushed map and never recompute their own.
+//
+// The package is pure: no I/O, no goroutines, no clocks.
+//
+// # Usage
+//
+//	m := shardmap.Build(7, nodes, streams)
+//	shard, owner, err := m.Route("orders", key)
+//	moves := shardmap.Diff(old, m)
+package shardmap

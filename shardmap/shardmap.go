@@ -1,0 +1,249 @@
+package shardmap
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// ErrUnknownStream is returned by lookups of a stream the map does not have.
+var ErrUnknownStream = errors.New("shardmap: unknown stream")
+
+// ErrNoShard is returned by lookups of a shard number a stream does not have.
+var ErrNoShard = errors.New("shardmap: no such shard")
+
+// Node is one member of the cluster.
+type Node struct {
+	ID   string `msgpack:"id"`
+	Addr string `msgpack:"addr"` // advertised QUIC address, host:port
+	// Admin is the node's HTTP admin address (metrics, health), if any.
+	Admin string `msgpack:"admin,omitempty"`
+	// Live reports whether the node's lease with the control plane is
+	// current. It decides availability, never ownership.
+	Live bool `msgpack:"live"`
+}
+
+// StreamConfig is what a stream is created with.
+type StreamConfig struct {
+	Name   string `msgpack:"name"`
+	Shards int    `msgpack:"shards"`
+	// RetentionBytes bounds each shard's log size; 0 means unlimited.
+	RetentionBytes int64 `msgpack:"retention_bytes,omitempty"`
+	// RetentionAge bounds the age of each shard's records; 0 means unlimited.
+	RetentionAge time.Duration `msgpack:"retention_age,omitempty"`
+}
+
+// Validate reports whether c can be created.
+func (c StreamConfig) Validate() error {
+	if err := ValidateStreamName(c.Name); err != nil {
+		return err
+	}
+	if c.Shards < 1 || c.Shards > MaxShards {
+		return fmt.Errorf("shardmap: stream %q: shards must be 1..%d, got %d", c.Name, MaxShards, c.Shards)
+	}
+	if c.RetentionBytes < 0 || c.RetentionAge < 0 {
+		return fmt.Errorf("shardmap: stream %q: retention must not be negative", c.Name)
+	}
+	return nil
+}
+
+// MaxShards is the largest shard count a stream may have.
+const MaxShards = 4096
+
+// ValidateStreamName reports whether name can name a stream: 1 to 128
+// characters of letters, digits, '-', '_' and '.'.
+func ValidateStreamName(name string) error {
+	if name == "" || len(name) > 128 {
+		return fmt.Errorf("shardmap: stream name must be 1..128 characters, got %d", len(name))
+	}
+	for _, c := range name {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			c == '-' || c == '_' || c == '.'
+		if !ok {
+			return fmt.Errorf("shardmap: stream name %q: character %q not allowed (use letters, digits, '-', '_', '.')", name, c)
+		}
+	}
+	return nil
+}
+
+// Stream is a stream in a map with the owner of each of its shards.
+type Stream struct {
+	StreamConfig `msgpack:",inline"`
+	// Owners[s] is the node id owning shard s.
+	Owners []string `msgpack:"owners"`
+}
+
+// Map is one version of the cluster's shard map. A Map is immutable once
+// built: share it freely, never modify it.
+type Map struct {
+	Epoch   uint64   `msgpack:"epoch"`
+	Nodes   []Node   `msgpack:"nodes"`   // sorted by ID
+	Streams []Stream `msgpack:"streams"` // sorted by Name
+}
+
+// Build computes the map at epoch for the member nodes and streams given.
+// Nodes and streams are copied and sorted; ownership is computed by
+// rendezvous hashing over all member nodes, live or not.
+func Build(epoch uint64, nodes []Node, streams []StreamConfig) *Map {
+	m := &Map{Epoch: epoch, Nodes: slices.Clone(nodes)}
+	slices.SortFunc(m.Nodes, func(a, b Node) int { return strings.Compare(a.ID, b.ID) })
+	ids := make([]string, len(m.Nodes))
+	for i, n := range m.Nodes {
+		ids[i] = n.ID
+	}
+	for _, c := range streams {
+		s := Stream{StreamConfig: c, Owners: make([]string, c.Shards)}
+		for shard := range c.Shards {
+			s.Owners[shard] = Owner(c.Name, shard, ids)
+		}
+		m.Streams = append(m.Streams, s)
+	}
+	slices.SortFunc(m.Streams, func(a, b Stream) int { return strings.Compare(a.Name, b.Name) })
+	return m
+}
+
+// Owner returns the node among nodeIDs with the highest rendezvous weight
+// for shard of stream, or "" when nodeIDs is empty. Ties (astronomically
+// unlikely) go to the smaller id so the result never depends on order.
+func Owner(stream string, shard int, nodeIDs []string) string {
+	var buf [160]byte
+	prefix := strconv.AppendInt(append(append(buf[:0], stream...), '/'), int64(shard), 10)
+	best, bestW := "", uint64(0)
+	for _, id := range nodeIDs {
+		w := xxhash.Sum64(append(prefix, id...))
+		if best == "" || w > bestW || w == bestW && id < best {
+			best, bestW = id, w
+		}
+	}
+	return best
+}
+
+// ShardFor returns the shard of a stream with shards shards that key maps
+// to: xxhash(key) mod shards.
+func ShardFor(key []byte, shards int) int {
+	if shards <= 1 {
+		return 0
+	}
+	return int(xxhash.Sum64(key) % uint64(shards))
+}
+
+// Stream returns the stream named name.
+func (m *Map) Stream(name string) (*Stream, bool) {
+	i, ok := slices.BinarySearchFunc(m.Streams, name, func(s Stream, n string) int { return strings.Compare(s.Name, n) })
+	if !ok {
+		return nil, false
+	}
+	return &m.Streams[i], true
+}
+
+// Node returns the node with id.
+func (m *Map) Node(id string) (Node, bool) {
+	i, ok := slices.BinarySearchFunc(m.Nodes, id, func(n Node, id string) int { return strings.Compare(n.ID, id) })
+	if !ok {
+		return Node{}, false
+	}
+	return m.Nodes[i], true
+}
+
+// Owner returns the node owning shard of stream.
+func (m *Map) Owner(stream string, shard int) (Node, error) {
+	s, ok := m.Stream(stream)
+	if !ok {
+		return Node{}, fmt.Errorf("%w %q (map epoch %d)", ErrUnknownStream, stream, m.Epoch)
+	}
+	if shard < 0 || shard >= len(s.Owners) {
+		return Node{}, fmt.Errorf("%w: stream %q has %d shards, not shard %d", ErrNoShard, stream, len(s.Owners), shard)
+	}
+	n, ok := m.Node(s.Owners[shard])
+	if !ok {
+		// Build never produces this; a hand-made or corrupt map might.
+		return Node{}, fmt.Errorf("shardmap: shard %s/%d owned by %q, which is not a member (map epoch %d)", stream, shard, s.Owners[shard], m.Epoch)
+	}
+	return n, nil
+}
+
+// Route returns the shard key maps to in stream and the node owning it.
+func (m *Map) Route(stream string, key []byte) (int, Node, error) {
+	s, ok := m.Stream(stream)
+	if !ok {
+		return 0, Node{}, fmt.Errorf("%w %q (map epoch %d)", ErrUnknownStream, stream, m.Epoch)
+	}
+	shard := ShardFor(key, s.Shards)
+	n, err := m.Owner(stream, shard)
+	return shard, n, err
+}
+
+// OwnedBy returns every shard owned by node id, ordered by stream and shard.
+func (m *Map) OwnedBy(id string) []ShardID {
+	var out []ShardID
+	for _, s := range m.Streams {
+		for shard, owner := range s.Owners {
+			if owner == id {
+				out = append(out, ShardID{Stream: s.Name, Shard: shard})
+			}
+		}
+	}
+	return out
+}
+
+// NewerThan reports whether m supersedes other: a nil other is superseded
+// by any map.
+func (m *Map) NewerThan(other *Map) bool {
+	return other == nil || m.Epoch > other.Epoch
+}
+
+// ShardID names one shard of one stream.
+type ShardID struct {
+	Stream string
+	Shard  int
+}
+
+func (s ShardID) String() string { return s.Stream + "/" + strconv.Itoa(s.Shard) }
+
+// Move is one change between two maps: a shard that changed owner, or that
+// appeared (From == "") or disappeared (To == "").
+type Move struct {
+	ShardID
+	From, To string
+}
+
+// Diff returns the shards whose owner differs between old and new, ordered
+// by stream and shard. A nil old is an empty map.
+func Diff(old, new *Map) []Move {
+	owners := func(m *Map) map[ShardID]string {
+		out := map[ShardID]string{}
+		if m == nil {
+			return out
+		}
+		for _, s := range m.Streams {
+			for shard, o := range s.Owners {
+				out[ShardID{s.Name, shard}] = o
+			}
+		}
+		return out
+	}
+	a, b := owners(old), owners(new)
+	var moves []Move
+	for id, from := range a {
+		if to := b[id]; to != from {
+			moves = append(moves, Move{ShardID: id, From: from, To: to})
+		}
+	}
+	for id, to := range b {
+		if _, ok := a[id]; !ok {
+			moves = append(moves, Move{ShardID: id, To: to})
+		}
+	}
+	slices.SortFunc(moves, func(x, y Move) int {
+		if c := strings.Compare(x.Stream, y.Stream); c != 0 {
+			return c
+		}
+		return x.Shard - y.Shard
+	})
+	return moves
+}

@@ -1,0 +1,222 @@
+package shardmap
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+func nodes(n int) []Node {
+	out := make([]Node, n)
+	for i := range out {
+		out[i] = Node{ID: fmt.Sprintf("broker-%d", i), Addr: fmt.Sprintf("127.0.0.1:%d", 7100+i), Live: true}
+	}
+	return out
+}
+
+func ids(ns []Node) []string {
+	out := make([]string, len(ns))
+	for i, n := range ns {
+		out[i] = n.ID
+	}
+	return out
+}
+
+func TestOwnerDeterministicAndOrderIndependent(t *testing.T) {
+	ns := ids(nodes(5))
+	rev := slices.Clone(ns)
+	slices.Reverse(rev)
+	for shard := range 200 {
+		a := Owner("orders", shard, ns)
+		if b := Owner("orders", shard, rev); a != b {
+			t.Fatalf("shard %d: owner depends on node order: %s vs %s", shard, a, b)
+		}
+		if b := Owner("orders", shard, ns); a != b {
+			t.Fatalf("shard %d: owner not deterministic", shard)
+		}
+	}
+	if got := Owner("orders", 0, nil); got != "" {
+		t.Fatalf("owner with no nodes = %q, want empty", got)
+	}
+}
+
+// TestOwnerGolden pins the hash so a change to it (which would move every
+// shard of every running cluster on upgrade) cannot go unnoticed.
+func TestOwnerGolden(t *testing.T) {
+	ns := ids(nodes(3))
+	want := []string{}
+	for shard := range 8 {
+		want = append(want, Owner("orders", shard, ns))
+	}
+	got := fmt.Sprint(want)
+	const golden = "[broker-2 broker-1 broker-0 broker-1 broker-0 broker-2 broker-1 broker-1]"
+	if got != golden {
+		t.Fatalf("owners of orders/0..7 over 3 nodes = %s, want %s", got, golden)
+	}
+}
+
+func TestBalance(t *testing.T) {
+	for _, n := range []int{3, 5, 10} {
+		ns := ids(nodes(n))
+		count := map[string]int{}
+		const shards = 1000
+		for shard := range shards {
+			count[Owner("events", shard, ns)]++
+		}
+		even := float64(shards) / float64(n)
+		for _, id := range ns {
+			c := float64(count[id])
+			if c < 0.75*even || c > 1.25*even {
+				t.Errorf("%d nodes: %s owns %v shards, want within ±25%% of %.0f", n, id, c, even)
+			}
+		}
+	}
+}
+
+func TestMinimalMovement(t *testing.T) {
+	streams := []StreamConfig{{Name: "orders", Shards: 1000}}
+	before := Build(1, nodes(4), streams)
+
+	grown := Build(2, nodes(5), streams)
+	moves := Diff(before, grown)
+	if len(moves) == 0 {
+		t.Fatal("adding a node moved no shard")
+	}
+	for _, m := range moves {
+		if m.To != "broker-4" {
+			t.Fatalf("adding broker-4 moved %s from %s to %s", m.ShardID, m.From, m.To)
+		}
+	}
+
+	shrunk := Build(3, nodes(3), streams)
+	moves = Diff(before, shrunk)
+	if len(moves) == 0 {
+		t.Fatal("removing a node moved no shard")
+	}
+	for _, m := range moves {
+		if m.From != "broker-3" {
+			t.Fatalf("removing broker-3 moved %s from %s to %s", m.ShardID, m.From, m.To)
+		}
+	}
+	if got, want := len(moves), len(before.OwnedBy("broker-3")); got != want {
+		t.Fatalf("removing broker-3 moved %d shards, it owned %d", got, want)
+	}
+}
+
+func TestLivenessDoesNotMoveShards(t *testing.T) {
+	streams := []StreamConfig{{Name: "orders", Shards: 64}}
+	ns := nodes(3)
+	a := Build(1, ns, streams)
+	ns[1].Live = false
+	b := Build(2, ns, streams)
+	if moves := Diff(a, b); len(moves) != 0 {
+		t.Fatalf("a node going down moved shards: %v", moves)
+	}
+	n, _ := b.Node("broker-1")
+	if n.Live {
+		t.Fatal("broker-1 should be marked not live")
+	}
+}
+
+func TestDiffStreams(t *testing.T) {
+	a := Build(1, nodes(3), []StreamConfig{{Name: "a", Shards: 2}})
+	b := Build(2, nodes(3), []StreamConfig{{Name: "b", Shards: 1}})
+	moves := Diff(a, b)
+	if len(moves) != 3 {
+		t.Fatalf("moves = %v, want 2 removed + 1 added", moves)
+	}
+	if moves[0].Stream != "a" || moves[0].To != "" || moves[2].Stream != "b" || moves[2].From != "" {
+		t.Fatalf("unexpected moves %v", moves)
+	}
+	if len(Diff(nil, b)) != 1 {
+		t.Fatal("diff from nil map should list every shard as added")
+	}
+}
+
+func TestEpochOrdering(t *testing.T) {
+	a := Build(4, nodes(3), nil)
+	b := Build(5, nodes(3), nil)
+	if !b.NewerThan(a) || a.NewerThan(b) || a.NewerThan(a) {
+		t.Fatal("NewerThan must order by epoch, strictly")
+	}
+	if !a.NewerThan(nil) {
+		t.Fatal("any map is newer than none")
+	}
+}
+
+func TestRouteAndLookups(t *testing.T) {
+	m := Build(1, nodes(3), []StreamConfig{{Name: "orders", Shards: 8}})
+	shard, owner, err := m.Route("orders", []byte("customer-42"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if shard != ShardFor([]byte("customer-42"), 8) {
+		t.Fatalf("route shard %d disagrees with ShardFor", shard)
+	}
+	if want := Owner("orders", shard, ids(nodes(3))); owner.ID != want {
+		t.Fatalf("route owner %s, want %s", owner.ID, want)
+	}
+	if owner.Addr == "" {
+		t.Fatal("route owner has no address")
+	}
+	if _, _, err := m.Route("nope", nil); err == nil {
+		t.Fatal("route of an unknown stream should fail")
+	}
+	if _, err := m.Owner("orders", 8); err == nil {
+		t.Fatal("owner of shard 8 of an 8-shard stream should fail")
+	}
+	total := 0
+	for _, n := range m.Nodes {
+		total += len(m.OwnedBy(n.ID))
+	}
+	if total != 8 {
+		t.Fatalf("OwnedBy over all nodes covers %d shards, want 8", total)
+	}
+}
+
+func TestStreamConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		c  StreamConfig
+		ok bool
+	}{
+		{StreamConfig{Name: "orders", Shards: 1}, true},
+		{StreamConfig{Name: "a.b-c_d", Shards: MaxShards}, true},
+		{StreamConfig{Name: "", Shards: 1}, false},
+		{StreamConfig{Name: "has space", Shards: 1}, false},
+		{StreamConfig{Name: "orders", Shards: 0}, false},
+		{StreamConfig{Name: "orders", Shards: MaxShards + 1}, false},
+		{StreamConfig{Name: "orders", Shards: 1, RetentionBytes: -1}, false},
+	} {
+		if err := tc.c.Validate(); (err == nil) != tc.ok {
+			t.Errorf("Validate(%+v) = %v, want ok=%v", tc.c, err, tc.ok)
+		}
+	}
+}
+
+func TestMsgpackRoundTrip(t *testing.T) {
+	m := Build(9, nodes(3), []StreamConfig{{Name: "orders", Shards: 4, RetentionBytes: 1 << 20}})
+	b, err := msgpack.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got Map
+	if err := msgpack.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(*m) {
+		t.Fatalf("round trip changed the map:\n got %+v\nwant %+v", got, *m)
+	}
+}
+
+func BenchmarkRoute(b *testing.B) {
+	m := Build(1, nodes(5), []StreamConfig{{Name: "orders", Shards: 64}})
+	key := []byte("customer-42")
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, err := m.Route("orders", key); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
