@@ -1,0 +1,413 @@
+package ctl
+
+import (
+	"context"
+	"errors"
+	"os"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+func TestClusterJoinCreateLeave(t *testing.T) {
+	p := newPKI(t)
+	srv := startCtl(t, p, t.TempDir(), "127.0.0.1:0")
+	members := []*Member{join(t, p, srv.Addr(), "b0"), join(t, p, srv.Addr(), "b1"), join(t, p, srv.Addr(), "b2")}
+
+	// Everyone converges on the map with three live nodes.
+	var maps []*shardmap.Map
+	for _, m := range members {
+		maps = append(maps, waitMap(t, m, "3 live nodes", func(mp *shardmap.Map) bool { return liveCount(mp) == 3 }))
+	}
+	for i, mp := range maps {
+		if !reflect.DeepEqual(mp, srv.Map()) {
+			t.Errorf("member %d holds epoch %d, ctl epoch %d:\n%+v\n%+v", i, mp.Epoch, srv.Map().Epoch, mp, srv.Map())
+		}
+	}
+
+	// Create a stream through a member: every member gets it, with the
+	// rendezvous owners.
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	resp, err := members[1].Request(ctx, &transport.Request{Op: OpStreamCreate, Stream: shardmap.StreamConfig{Name: "orders", Shards: 6}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Streams) != 1 || resp.Streams[0].Name != "orders" || resp.Map == nil {
+		t.Fatalf("create response = %+v", resp)
+	}
+	for _, m := range members {
+		mp := waitMap(t, m, "stream orders", func(mp *shardmap.Map) bool { _, ok := mp.Stream("orders"); return ok })
+		st, _ := mp.Stream("orders")
+		for shard, owner := range st.Owners {
+			if want := shardmap.Owner("orders", shard, []string{"b0", "b1", "b2"}); owner != want {
+				t.Errorf("orders/%d owned by %s, want %s", shard, owner, want)
+			}
+		}
+	}
+	if _, err := members[0].Request(ctx, &transport.Request{Op: OpStreamCreate, Stream: shardmap.StreamConfig{Name: "orders", Shards: 6}}); !errors.Is(err, transport.ErrStreamExists) {
+		t.Errorf("second create: err=%v, want ErrStreamExists", err)
+	}
+
+	// One member leaves: the others see it down promptly; its shards stay
+	// with it.
+	before := members[0].Map()
+	left := time.Now()
+	members[2].Close()
+	for _, m := range members[:2] {
+		mp := waitMap(t, m, "b2 down", func(mp *shardmap.Map) bool { n, _ := mp.Node("b2"); return !n.Live })
+		if moves := shardmap.Diff(before, mp); len(moves) != 0 {
+			t.Errorf("b2 going down moved shards: %v", moves)
+		}
+		if mp.Epoch <= before.Epoch {
+			t.Errorf("epoch %d after b2 went down, not above %d", mp.Epoch, before.Epoch)
+		}
+	}
+	if took := time.Since(left); took > 2*shortTTL {
+		t.Errorf("b2 seen down after %v, want within about the lease (%v)", took, shortTTL)
+	}
+	if got := srv.registered(); !reflect.DeepEqual(got, []string{"b0", "b1"}) {
+		t.Errorf("registered = %v after b2 left", got)
+	}
+}
+
+func TestLeaseExpiresWithoutHeartbeats(t *testing.T) {
+	p := newPKI(t)
+	srv := startCtl(t, p, t.TempDir(), "127.0.0.1:0")
+	m := join(t, p, srv.Addr(), "b0")
+
+	// b1 registers by hand and never heartbeats: its stream stays open but
+	// its lease runs out.
+	raw := dialRaw(t, p, srv.Addr(), "b1")
+	registered := time.Now() // no later than ctl's start of the lease
+	_, r := raw.send(&transport.Register{NodeID: "b1", Addr: "127.0.0.1:7401"})
+	first, ok := readFrame(t, r).(*transport.MapUpdate)
+	if !ok {
+		t.Fatal("first frame on registration is not a map update")
+	}
+	if n, _ := first.Map.Node("b1"); !n.Live {
+		t.Fatalf("b1 not live in its first map: %+v", first.Map)
+	}
+	mp := waitMap(t, m, "b1 down", func(mp *shardmap.Map) bool { n, ok := mp.Node("b1"); return ok && !n.Live })
+	if took := time.Since(registered); took < shortTTL {
+		t.Errorf("b1 expired after %v, before its lease of %v", took, shortTTL)
+	}
+	// b0, which heartbeats, stays live throughout.
+	if n, _ := mp.Node("b0"); !n.Live {
+		t.Errorf("heartbeating b0 not live: %+v", mp)
+	}
+	// The hand registration still receives the map that marks it down.
+	for {
+		u, ok := readFrame(t, r).(*transport.MapUpdate)
+		if !ok {
+			t.Fatal("registration stream sent a non-map frame")
+		}
+		if n, _ := u.Map.Node("b1"); !n.Live {
+			break
+		}
+	}
+}
+
+func TestCtlRestart(t *testing.T) {
+	p := newPKI(t)
+	dataDir := t.TempDir()
+	srv := startCtl(t, p, dataDir, "127.0.0.1:0")
+	addr := srv.Addr()
+	members := []*Member{join(t, p, addr, "b0"), join(t, p, addr, "b1"), join(t, p, addr, "b2")}
+	if err := srv.CreateStream(shardmap.StreamConfig{Name: "orders", Shards: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.CreateStream(shardmap.StreamConfig{Name: "audit", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var held uint64
+	for _, m := range members {
+		held = max(held, waitMap(t, m, "3 live and 2 streams", func(mp *shardmap.Map) bool {
+			return liveCount(mp) == 3 && len(mp.Streams) == 2
+		}).Epoch)
+	}
+	before := srv.Map()
+	srv.Close()
+
+	srv2 := startCtl(t, p, dataDir, addr)
+	if e := srv2.Map().Epoch; e <= before.Epoch {
+		t.Fatalf("restarted ctl at epoch %d, not above %d", e, before.Epoch)
+	}
+	for _, m := range members {
+		mp := waitMap(t, m, "3 live after restart", func(mp *shardmap.Map) bool { return mp.Epoch > held && liveCount(mp) == 3 })
+		if moves := shardmap.Diff(before, mp); len(mp.Streams) != 2 || len(moves) != 0 {
+			t.Errorf("after restart: %d streams, moves %v; want the 2 streams kept with their owners", len(mp.Streams), moves)
+		}
+	}
+	if got := srv2.Streams(); len(got) != 2 || got[0].Name != "audit" || got[1].Name != "orders" {
+		t.Errorf("Streams after restart = %+v", got)
+	}
+	// The members' admin path works on the new connection.
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	resp, err := members[0].Request(ctx, &transport.Request{Op: OpClusterStatus})
+	if err != nil || resp.Map == nil || resp.Map.Epoch <= before.Epoch {
+		t.Fatalf("cluster.status after restart: %+v, %v", resp, err)
+	}
+}
+
+func TestClientCertCannotRegister(t *testing.T) {
+	p := newPKI(t)
+	srv := startCtl(t, p, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+
+	_, err := Join(ctx, MemberConfig{
+		CtlAddr: srv.Addr(),
+		TLS:     p.clientTLS(t, "client"),
+		Node:    transport.Register{NodeID: "client", Addr: "127.0.0.1:7400"},
+		Logger:  testLogger(t),
+	})
+	if !errors.Is(err, transport.ErrUnauthorized) {
+		t.Fatalf("join with a client certificate: err=%v, want ErrUnauthorized", err)
+	}
+	// A node may not register as another node.
+	_, err = Join(ctx, MemberConfig{
+		CtlAddr: srv.Addr(),
+		TLS:     p.clientTLS(t, "b0"),
+		Node:    transport.Register{NodeID: "b1", Addr: "127.0.0.1:7400"},
+		Logger:  testLogger(t),
+	})
+	if !errors.Is(err, transport.ErrUnauthorized) {
+		t.Fatalf("join as b1 with b0's certificate: err=%v, want ErrUnauthorized", err)
+	}
+	if len(srv.Map().Nodes) != 0 {
+		t.Errorf("refused registrations became members: %+v", srv.Map().Nodes)
+	}
+
+	// The client certificate may make admin requests.
+	c, err := Dial(ctx, srv.Addr(), p.clientTLS(t, "client"), transport.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Request(ctx, &transport.Request{Op: OpStreamCreate, Stream: shardmap.StreamConfig{Name: "orders", Shards: 2}}); err != nil {
+		t.Fatalf("stream.create with a client certificate: %v", err)
+	}
+	resp, err := c.Request(ctx, &transport.Request{Op: OpStreamInfo, Stream: shardmap.StreamConfig{Name: "orders"}})
+	if err != nil || len(resp.Streams) != 1 || resp.Streams[0].Shards != 2 {
+		t.Fatalf("stream.info: %+v, %v", resp, err)
+	}
+}
+
+func TestAdminRequests(t *testing.T) {
+	p := newPKI(t)
+	srv := startCtl(t, p, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	c, err := Dial(ctx, srv.Addr(), p.clientTLS(t, "client"), transport.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	req := func(op, stream string, shards int) (*transport.Response, error) {
+		return c.Request(ctx, &transport.Request{Op: op, Stream: shardmap.StreamConfig{Name: stream, Shards: shards}})
+	}
+	for _, tc := range []struct {
+		op, stream string
+		shards     int
+		want       error
+	}{
+		{OpStreamCreate, "a", 1, nil},
+		{OpStreamCreate, "b", 3, nil},
+		{OpStreamCreate, "a", 1, transport.ErrStreamExists},
+		{OpStreamCreate, "bad/name", 1, transport.ErrInvalid},
+		{OpStreamCreate, "c", 0, transport.ErrInvalid},
+		{OpStreamInfo, "nope", 0, transport.ErrUnknownStream},
+		{OpStreamDelete, "a", 0, nil},
+		{OpStreamDelete, "a", 0, transport.ErrUnknownStream},
+		{"stream.explode", "", 0, transport.ErrInvalid},
+	} {
+		if _, err := req(tc.op, tc.stream, tc.shards); !errors.Is(err, tc.want) {
+			t.Errorf("%s %q: err=%v, want %v", tc.op, tc.stream, err, tc.want)
+		}
+	}
+	resp, err := req(OpStreamList, "", 0)
+	if err != nil || len(resp.Streams) != 1 || resp.Streams[0].Name != "b" {
+		t.Fatalf("stream.list = %+v, %v; want [b]", resp, err)
+	}
+	resp, err = req(OpMapGet, "", 0)
+	if err != nil || !reflect.DeepEqual(resp.Map, srv.Map()) {
+		t.Fatalf("map.get = %+v, %v; want %+v", resp, err, srv.Map())
+	}
+	// In-process errors match both the ctl and the wire sentinels.
+	if err := srv.CreateStream(shardmap.StreamConfig{Name: "b", Shards: 1}); !errors.Is(err, ErrStreamExists) || !errors.Is(err, transport.ErrStreamExists) {
+		t.Errorf("in-process create of an existing stream: %v", err)
+	}
+	if err := srv.DeleteStream("zzz"); !errors.Is(err, ErrUnknownStream) || !errors.Is(err, transport.ErrUnknownStream) {
+		t.Errorf("in-process delete of an unknown stream: %v", err)
+	}
+}
+
+func TestMalformedFrames(t *testing.T) {
+	p := newPKI(t)
+	srv := startCtl(t, p, t.TempDir(), "127.0.0.1:0")
+	raw := dialRaw(t, p, srv.Addr(), "b0")
+
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		want error
+	}{
+		{"garbage body", []byte{0, 0, 0, 4, byte(transport.FrameRequest), 0xc1, 0xc1, 0xc1}, transport.ErrMalformed},
+		{"zero length", []byte{0, 0, 0, 0}, transport.ErrMalformed},
+		{"unknown type", []byte{0, 0, 0, 1, 0xee}, transport.ErrUnknownFrame},
+		{"huge length", []byte{0x7f, 0xff, 0xff, 0xff, 1}, transport.ErrFrameTooLarge},
+		{"wrong first frame", mustFrame(t, &transport.Heartbeat{NodeID: "b0"}), transport.ErrUnexpectedFrame},
+	} {
+		_, r := raw.stream(tc.b)
+		f := readFrame(t, r)
+		if e, ok := f.(*transport.Error); !ok || !errors.Is(e, tc.want) {
+			t.Errorf("%s: answer %T %+v, want %v", tc.name, f, f, tc.want)
+		}
+		readEOF(t, r)
+	}
+
+	// A registration stream that sends garbage after registering gets an
+	// Error and ends; the node goes down.
+	str, r := raw.send(&transport.Register{NodeID: "b0", Addr: "127.0.0.1:7400"})
+	if _, ok := readFrame(t, r).(*transport.MapUpdate); !ok {
+		t.Fatal("no map after registering")
+	}
+	if _, err := str.Write([]byte{0, 0, 0, 1, 0xee}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		f := readFrame(t, r)
+		if e, ok := f.(*transport.Error); ok {
+			if !errors.Is(e, transport.ErrUnknownFrame) {
+				t.Errorf("error after garbage on the registration = %v", e)
+			}
+			break
+		}
+	}
+	readEOF(t, r)
+
+	// The connection still serves requests.
+	_, r = raw.send(&transport.Request{Op: OpMapGet})
+	resp, ok := readFrame(t, r).(*transport.Response)
+	if !ok || resp.Map == nil {
+		t.Fatalf("map.get after malformed frames: %+v", resp)
+	}
+	if n, ok := resp.Map.Node("b0"); !ok || n.Live {
+		t.Errorf("b0 = %+v after its registration failed, want a member not live", n)
+	}
+}
+
+func mustFrame(t *testing.T, f transport.Frame) []byte {
+	t.Helper()
+	b, err := transport.AppendFrame(nil, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestRegistrationReplaced(t *testing.T) {
+	p := newPKI(t)
+	srv := startCtl(t, p, t.TempDir(), "127.0.0.1:0")
+	raw := dialRaw(t, p, srv.Addr(), "b0")
+	_, r1 := raw.send(&transport.Register{NodeID: "b0", Addr: "127.0.0.1:7400"})
+	readFrame(t, r1)
+	epoch := srv.Map().Epoch
+
+	raw2 := dialRaw(t, p, srv.Addr(), "b0")
+	_, r2 := raw2.send(&transport.Register{NodeID: "b0", Addr: "127.0.0.1:7499"})
+	u, ok := readFrame(t, r2).(*transport.MapUpdate)
+	if !ok {
+		t.Fatal("no map for the second registration")
+	}
+	if n, _ := u.Map.Node("b0"); n.Addr != "127.0.0.1:7499" || !n.Live || u.Map.Epoch <= epoch {
+		t.Errorf("after re-registering at a new address: %+v at epoch %d (was %d)", n, u.Map.Epoch, epoch)
+	}
+	// The first registration's stream is closed (after, possibly, the map
+	// with the new address).
+	for {
+		f, err := r1.Read()
+		if err != nil {
+			break
+		}
+		if _, ok := f.(*transport.MapUpdate); !ok {
+			t.Fatalf("old registration got %T", f)
+		}
+	}
+	if got := srv.registered(); !reflect.DeepEqual(got, []string{"b0"}) {
+		t.Errorf("registered = %v", got)
+	}
+	if n, _ := srv.Map().Node("b0"); !n.Live {
+		t.Error("the replaced registration's end took b0 down")
+	}
+}
+
+func TestRefresh(t *testing.T) {
+	p := newPKI(t)
+	srv := startCtl(t, p, t.TempDir(), "127.0.0.1:0")
+	m := join(t, p, srv.Addr(), "b0")
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	if err := srv.CreateStream(shardmap.StreamConfig{Name: "x", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	want := srv.Map().Epoch
+	mp, err := m.Refresh(ctx, want)
+	if err != nil || mp.Epoch < want {
+		t.Fatalf("Refresh(%d) = epoch %v, %v", want, mp, err)
+	}
+	// An epoch ctl never reaches: Refresh gives up with ctx.
+	short, cancel2 := context.WithTimeout(ctx, 3*shortTTL)
+	defer cancel2()
+	if _, err := m.Refresh(short, want+100); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Refresh of a future epoch: err=%v, want DeadlineExceeded", err)
+	}
+}
+
+func TestJoinGivesUpWithContext(t *testing.T) {
+	p := newPKI(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	// Nothing listens on this port: Join retries until ctx ends.
+	_, err := Join(ctx, MemberConfig{
+		CtlAddr:    "127.0.0.1:1",
+		TLS:        p.clientTLS(t, "b0"),
+		Node:       transport.Register{NodeID: "b0", Addr: "127.0.0.1:7400"},
+		MaxBackoff: 50 * time.Millisecond,
+		Logger:     testLogger(t),
+	})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("join with no ctl: err=%v, want DeadlineExceeded", err)
+	}
+}
+
+func TestStreamChangeNotPersistedIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	srv, err := New(Config{DataDir: dir, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if err := srv.CreateStream(shardmap.StreamConfig{Name: "a", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	before := srv.Map()
+	// The state file can no longer be written.
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.CreateStream(shardmap.StreamConfig{Name: "b", Shards: 1}); !errors.Is(err, transport.ErrInternal) {
+		t.Fatalf("create with an unwritable state: err=%v, want ErrInternal", err)
+	}
+	if err := srv.DeleteStream("a"); !errors.Is(err, transport.ErrInternal) {
+		t.Fatalf("delete with an unwritable state: err=%v, want ErrInternal", err)
+	}
+	if srv.Map() != before || len(srv.Streams()) != 1 {
+		t.Errorf("refused changes altered the map: epoch %d, streams %+v", srv.Map().Epoch, srv.Streams())
+	}
+}

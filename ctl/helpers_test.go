@@ -1,0 +1,213 @@
+package ctl
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"go.uber.org/goleak"
+
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// shortTTL is the lease in network tests: short so expiry is quick,
+// long enough for heartbeats on a loaded 2-core machine.
+const shortTTL = 300 * time.Millisecond
+
+// waitFor bounds every wait in network tests.
+const waitFor = 10 * time.Second
+
+// testPKI is a dev PKI with a ctl node, brokers b0..b2 and a client.
+type testPKI struct {
+	dir string
+	ca  *x509.CertPool
+}
+
+func newPKI(t *testing.T) *testPKI {
+	t.Helper()
+	dir := t.TempDir()
+	if err := transport.GenerateDevCerts(dir, "ctl", "b0", "b1", "b2"); err != nil {
+		t.Fatal(err)
+	}
+	ca, err := transport.LoadCA(filepath.Join(dir, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testPKI{dir: dir, ca: ca}
+}
+
+func (p *testPKI) cert(t *testing.T, name string) tls.Certificate {
+	t.Helper()
+	c, err := transport.LoadKeyPair(filepath.Join(p.dir, name+".crt"), filepath.Join(p.dir, name+".key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// clientTLS returns ctl client TLS presenting the certificate named name
+// ("client" for the client certificate, or a node id).
+func (p *testPKI) clientTLS(t *testing.T, name string) *tls.Config {
+	cert := p.cert(t, name)
+	return transport.ClientTLS(p.ca, &cert, "", transport.ALPNCtl)
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(string(b[:len(b)-1]))
+	return len(b), nil
+}
+
+// startCtl starts a ctl on addr ("127.0.0.1:0" for any port) with state in
+// dataDir, closed when the test ends.
+func startCtl(t *testing.T, p *testPKI, dataDir, addr string) *Server {
+	t.Helper()
+	srv, err := New(Config{
+		Addr:     addr,
+		DataDir:  dataDir,
+		TLS:      transport.ServerTLS(p.cert(t, "ctl"), p.ca, transport.ALPNCtl),
+		LeaseTTL: shortTTL,
+		Logger:   testLogger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return srv
+}
+
+func join(t *testing.T, p *testPKI, addr, id string) *Member {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	m, err := Join(ctx, MemberConfig{
+		CtlAddr:    addr,
+		TLS:        p.clientTLS(t, id),
+		Node:       transport.Register{NodeID: id, Addr: "127.0.0.1:74" + id[1:], Admin: "127.0.0.1:94" + id[1:]},
+		LeaseTTL:   shortTTL,
+		MaxBackoff: 100 * time.Millisecond,
+		Logger:     testLogger(t),
+	})
+	if err != nil {
+		t.Fatalf("join %s: %v", id, err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// waitMap waits until m holds a map for which ok is true, failing the test
+// after waitFor.
+func waitMap(t *testing.T, m *Member, what string, ok func(*shardmap.Map) bool) *shardmap.Map {
+	t.Helper()
+	deadline := time.After(waitFor)
+	for {
+		changed := m.Changed()
+		if mp := m.Map(); ok(mp) {
+			return mp
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("member %s: no map where %s within %v; holding epoch %d: %+v", m.cfg.Node.NodeID, what, waitFor, m.Map().Epoch, m.Map())
+		}
+	}
+}
+
+func liveCount(m *shardmap.Map) int {
+	n := 0
+	for _, node := range m.Nodes {
+		if node.Live {
+			n++
+		}
+	}
+	return n
+}
+
+// rawConn is a hand-driven ctl connection, for what a Member never sends.
+type rawConn struct {
+	t    *testing.T
+	conn *quic.Conn
+}
+
+func dialRaw(t *testing.T, p *testPKI, addr, certName string) *rawConn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	conn, err := transport.Dial(ctx, addr, p.clientTLS(t, certName), transport.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.CloseWithError(0, "") })
+	return &rawConn{t: t, conn: conn}
+}
+
+// stream opens a stream and writes raw bytes to it.
+func (c *rawConn) stream(b []byte) (*quic.Stream, *transport.Reader) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	str, err := c.conn.OpenStreamSync(ctx)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	str.SetDeadline(time.Now().Add(waitFor))
+	if _, err := str.Write(b); err != nil {
+		c.t.Fatal(err)
+	}
+	return str, transport.NewReader(str, mapFrameMax)
+}
+
+// send opens a stream and writes the frames fs to it.
+func (c *rawConn) send(fs ...transport.Frame) (*quic.Stream, *transport.Reader) {
+	c.t.Helper()
+	var b []byte
+	for _, f := range fs {
+		var err error
+		if b, err = transport.AppendFrame(b, f); err != nil {
+			c.t.Fatal(err)
+		}
+	}
+	return c.stream(b)
+}
+
+// readFrame reads one frame, failing the test on error.
+func readFrame(t *testing.T, r *transport.Reader) transport.Frame {
+	t.Helper()
+	f, err := r.Read()
+	if err != nil {
+		t.Fatalf("read frame: %v", err)
+	}
+	return f
+}
+
+// readEOF reads until the stream ends and fails if a frame arrives first.
+func readEOF(t *testing.T, r *transport.Reader) {
+	t.Helper()
+	f, err := r.Read()
+	if err == nil {
+		t.Fatalf("read %T %+v, want the stream to end", f, f)
+	}
+	if err != io.EOF {
+		t.Logf("stream ended with %v", err)
+	}
+}

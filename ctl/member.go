@@ -1,0 +1,388 @@
+package ctl
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// MemberConfig configures a broker's membership ([Join]). The zero value
+// of every field but CtlAddr, TLS and Node means its default.
+type MemberConfig struct {
+	// CtlAddr is the control plane's QUIC address. Required.
+	CtlAddr string
+	// TLS is the client TLS config with the broker's node certificate,
+	// normally transport.ClientTLS(ca, &nodeCert, "", transport.ALPNCtl).
+	// Required.
+	TLS *tls.Config
+	// Transport tunes QUIC; zero means transport's defaults.
+	Transport transport.Config
+	// Node is what the broker registers as. NodeID must be the node id of
+	// the TLS certificate; Addr is required.
+	Node transport.Register
+	// LeaseTTL must match the control plane's; heartbeats are sent every
+	// LeaseTTL/3. Default 3s.
+	LeaseTTL time.Duration
+	// MaxBackoff caps the delay between connection attempts, which starts
+	// at 50ms and doubles (with jitter). Default 2s.
+	MaxBackoff time.Duration
+	// Logger receives one line per meaningful event. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultMaxBackoff is the default cap on reconnect delays.
+const DefaultMaxBackoff = 2 * time.Second
+
+const minBackoff = 50 * time.Millisecond
+
+func (c MemberConfig) withDefaults() MemberConfig {
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.MaxBackoff <= 0 {
+		c.MaxBackoff = DefaultMaxBackoff
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Member is a broker's membership in the cluster: its registration with
+// the control plane, kept alive by heartbeats and re-established after any
+// failure (such as a ctl restart), and the latest map ctl pushed.
+//
+// To follow the map, take [Member.Changed] before reading [Member.Map] and
+// wait on it:
+//
+//	for {
+//		changed := m.Changed()
+//		apply(m.Map())
+//		select {
+//		case <-changed:
+//		case <-ctx.Done():
+//			return
+//		}
+//	}
+//
+// Maps only move forward: a map with an epoch not above the held one is
+// ignored. All methods are safe for concurrent use.
+type Member struct {
+	cfg MemberConfig
+	log *slog.Logger
+
+	cur atomic.Pointer[shardmap.Map] // latest map; never nil after Join
+
+	// mu guards the change notification and the current connection, which
+	// the run goroutine replaces while Changed, Request and Refresh read
+	// them from any goroutine.
+	mu struct {
+		sync.Mutex
+		changed   chan struct{} // closed when cur moves forward, then replaced
+		conn      *quic.Conn    // nil while reconnecting
+		connected chan struct{} // closed when conn becomes non-nil
+	}
+
+	ctx       context.Context // canceled by Close
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup // the run goroutine and its heartbeat goroutine
+	closeOnce sync.Once
+}
+
+// ctlLink is one registered connection to ctl.
+type ctlLink struct {
+	conn *quic.Conn
+	str  *quic.Stream
+	r    *transport.Reader
+	w    *transport.Writer
+}
+
+// Join connects to the control plane, registers cfg.Node and waits for the
+// first map, retrying with capped backoff until ctx ends. A refusal that
+// retrying cannot fix (CodeUnauthorized, CodeInvalid) is returned at once
+// as a *transport.Error. After Join returns, a goroutine keeps the
+// registration: it heartbeats, follows map updates, and reconnects and
+// re-registers after any failure until Close.
+func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
+	cfg = cfg.withDefaults()
+	switch {
+	case cfg.CtlAddr == "":
+		return nil, errors.New("ctl: join: MemberConfig.CtlAddr is required")
+	case cfg.TLS == nil:
+		return nil, errors.New("ctl: join: MemberConfig.TLS is required")
+	case cfg.Node.NodeID == "" || cfg.Node.Addr == "":
+		return nil, fmt.Errorf("ctl: join: MemberConfig.Node needs NodeID and Addr (got %q, %q)", cfg.Node.NodeID, cfg.Node.Addr)
+	}
+	m := &Member{cfg: cfg, log: cfg.Logger.With("component", "ctl-member", "node", cfg.Node.NodeID)}
+	m.mu.changed = make(chan struct{})
+	m.mu.connected = make(chan struct{})
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	link, err := m.connect(ctx, true)
+	if err != nil {
+		m.cancel()
+		return nil, fmt.Errorf("ctl: join %s as %s: %w", cfg.CtlAddr, cfg.Node.NodeID, err)
+	}
+	m.log.Info("joined the cluster", "ctl", cfg.CtlAddr, "epoch", m.Map().Epoch)
+	m.wg.Add(1)
+	go m.run(link)
+	return m, nil
+}
+
+// Map returns the latest map. It is immutable; share it freely.
+func (m *Member) Map() *shardmap.Map { return m.cur.Load() }
+
+// Changed returns a channel that is closed when a map newer than the one
+// Map returns now arrives. Take it before reading Map so no update is
+// missed; after it fires, call Changed again.
+func (m *Member) Changed() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.mu.changed
+}
+
+// Refresh returns a map with Epoch >= minEpoch, waiting for ctl to push one
+// and asking it (map.get) if needed, until ctx ends. Brokers call it when a
+// peer reports an epoch newer than theirs.
+func (m *Member) Refresh(ctx context.Context, minEpoch uint64) (*shardmap.Map, error) {
+	poll := m.cfg.LeaseTTL / 3
+	for {
+		changed := m.Changed()
+		if cur := m.Map(); cur.Epoch >= minEpoch {
+			return cur, nil
+		}
+		resp, err := m.Request(ctx, &transport.Request{Op: OpMapGet})
+		if err == nil && resp.Map != nil {
+			m.adopt(resp.Map)
+			continue
+		}
+		select {
+		case <-changed:
+		case <-time.After(poll):
+		case <-ctx.Done():
+			return nil, fmt.Errorf("ctl: refresh map to epoch %d (holding %d): %w", minEpoch, m.Map().Epoch, ctx.Err())
+		}
+	}
+}
+
+// Request sends an admin request to ctl on a new stream of the member's
+// connection, waiting for a connection while reconnecting (bounded by
+// ctx). A refusal comes back as a *transport.Error.
+func (m *Member) Request(ctx context.Context, req *transport.Request) (*transport.Response, error) {
+	for {
+		m.mu.Lock()
+		conn, connected := m.mu.conn, m.mu.connected
+		m.mu.Unlock()
+		if conn != nil {
+			return request(ctx, conn, req)
+		}
+		select {
+		case <-connected:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("ctl: request %s: not connected to ctl: %w", req.Op, ctx.Err())
+		case <-m.ctx.Done():
+			return nil, fmt.Errorf("ctl: request %s: member closed", req.Op)
+		}
+	}
+}
+
+// Close ends the registration (ctl marks the node down at once) and stops
+// the member's goroutines.
+func (m *Member) Close() error {
+	m.closeOnce.Do(func() {
+		m.cancel()
+		m.wg.Wait()
+		m.log.Info("left the cluster")
+	})
+	return nil
+}
+
+// adopt makes mp the current map if it is newer, and reports whether it was.
+func (m *Member) adopt(mp *shardmap.Map) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cur := m.cur.Load()
+	if !mp.NewerThan(cur) {
+		if mp.Epoch < cur.Epoch {
+			m.log.Warn("ctl sent an older map than the one held; ignored (was ctl's state lost?)", "epoch", mp.Epoch, "held", cur.Epoch)
+		}
+		return false
+	}
+	m.cur.Store(mp)
+	close(m.mu.changed)
+	m.mu.changed = make(chan struct{})
+	return true
+}
+
+func (m *Member) setConn(conn *quic.Conn) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case conn != nil && m.mu.conn == nil:
+		close(m.mu.connected)
+	case conn == nil && m.mu.conn != nil:
+		m.mu.connected = make(chan struct{})
+	}
+	m.mu.conn = conn
+}
+
+// connect dials and registers until it succeeds or ctx ends, sleeping a
+// capped, jittered, doubling backoff between attempts. With stopOnRefusal,
+// a refusal retrying cannot fix ends it at once.
+func (m *Member) connect(ctx context.Context, stopOnRefusal bool) (*ctlLink, error) {
+	backoff := minBackoff
+	for attempt := 1; ; attempt++ {
+		link, err := m.register(ctx)
+		if err == nil {
+			return link, nil
+		}
+		if stopOnRefusal && (errors.Is(err, transport.ErrUnauthorized) || errors.Is(err, transport.ErrInvalid)) {
+			return nil, err
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w (after %d attempts; last: %v)", ctx.Err(), attempt, err)
+		}
+		level := slog.LevelDebug
+		if attempt == 1 || attempt%30 == 0 {
+			level = slog.LevelWarn
+		}
+		m.log.Log(ctx, level, "ctl unreachable; retrying", "ctl", m.cfg.CtlAddr, "attempt", attempt, "err", err)
+		delay := backoff/2 + rand.N(backoff/2+1)
+		backoff = min(2*backoff, m.cfg.MaxBackoff)
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (after %d attempts; last: %v)", ctx.Err(), attempt, err)
+		}
+	}
+}
+
+// register makes one attempt: dial, open the registration stream, send
+// Register, and read the first map.
+func (m *Member) register(ctx context.Context) (link *ctlLink, err error) {
+	conn, err := transport.Dial(ctx, m.cfg.CtlAddr, m.cfg.TLS, m.cfg.Transport)
+	if err != nil {
+		return nil, fmt.Errorf("dial: %w", err)
+	}
+	// Closing the connection unblocks the reads below if ctx ends first.
+	stop := context.AfterFunc(ctx, func() { conn.CloseWithError(0, "") })
+	defer func() {
+		if !stop() && err == nil {
+			link, err = nil, ctx.Err() // closed just as we finished
+		}
+		if err != nil {
+			conn.CloseWithError(0, "")
+			return
+		}
+		m.setConn(conn)
+	}()
+	str, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("open registration stream: %w", ctxErr(ctx, err))
+	}
+	link = &ctlLink{conn: conn, str: str, r: transport.NewReader(str, mapFrameMax), w: transport.NewWriter(str)}
+	reg := m.cfg.Node
+	if err := link.w.Write(&reg); err != nil {
+		return nil, fmt.Errorf("send register: %w", ctxErr(ctx, err))
+	}
+	f, err := link.r.Read()
+	if err != nil {
+		return nil, fmt.Errorf("read first map: %w", ctxErr(ctx, err))
+	}
+	switch f := f.(type) {
+	case *transport.MapUpdate:
+		if f.Map == nil {
+			return nil, transport.Errorf(transport.CodeMalformed, "map update without a map")
+		}
+		m.adopt(f.Map)
+	case *transport.Error:
+		return nil, f
+	default:
+		return nil, transport.Errorf(transport.CodeUnexpectedFrame, "ctl answered a registration with a %v frame", f.Type())
+	}
+	return link, nil
+}
+
+// run keeps the registration until Close: it serves a link until it
+// fails, then reconnects (getting the current map first) and serves again.
+func (m *Member) run(link *ctlLink) {
+	defer m.wg.Done()
+	for {
+		err := m.serve(link)
+		m.setConn(nil)
+		link.conn.CloseWithError(0, "")
+		if m.ctx.Err() != nil {
+			return
+		}
+		m.log.Warn("ctl connection lost; reconnecting", "ctl", m.cfg.CtlAddr, "err", err)
+		if link, err = m.connect(m.ctx, false); err != nil {
+			return // only when Close was called
+		}
+		m.log.Info("re-registered with ctl", "ctl", m.cfg.CtlAddr, "epoch", m.Map().Epoch)
+	}
+}
+
+// serve heartbeats on link from a second goroutine while it reads map
+// updates, until the link fails or the member closes.
+func (m *Member) serve(link *ctlLink) error {
+	stop := context.AfterFunc(m.ctx, func() { link.conn.CloseWithError(0, "member closing") })
+	defer stop()
+	hbStop, hbDone := make(chan struct{}), make(chan struct{})
+	m.wg.Add(1)
+	go m.heartbeat(link, hbStop, hbDone)
+	defer func() {
+		close(hbStop)
+		link.str.CancelWrite(streamCodeDone) // unblock a heartbeat stuck in Write
+		<-hbDone
+	}()
+	for {
+		f, err := link.r.Read()
+		if err != nil {
+			return err
+		}
+		switch f := f.(type) {
+		case *transport.MapUpdate:
+			if f.Map == nil {
+				return transport.Errorf(transport.CodeMalformed, "map update without a map")
+			}
+			if m.adopt(f.Map) {
+				m.log.Debug("map received", "epoch", f.Map.Epoch)
+			}
+		case *transport.Error:
+			return f
+		default:
+			return transport.Errorf(transport.CodeUnexpectedFrame, "ctl sent a %v frame on the registration stream", f.Type())
+		}
+	}
+}
+
+// heartbeat sends a Heartbeat every LeaseTTL/3 until stop closes. A failed
+// write ends the link's reads too.
+func (m *Member) heartbeat(link *ctlLink, stop <-chan struct{}, done chan<- struct{}) {
+	defer m.wg.Done()
+	defer close(done)
+	t := time.NewTicker(m.cfg.LeaseTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			hb := &transport.Heartbeat{NodeID: m.cfg.Node.NodeID, Epoch: m.Map().Epoch}
+			if err := link.w.Write(hb); err != nil {
+				link.str.CancelRead(streamCodeDone)
+				return
+			}
+		case <-stop:
+			return
+		}
+	}
+}

@@ -1,0 +1,445 @@
+package ctl
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// Config configures a control-plane [Server]. The zero value of every
+// field but DataDir and TLS means its default.
+type Config struct {
+	// Addr is the QUIC listen address. Default "127.0.0.1:7000"; port 0
+	// picks a free port (see [Server.Addr]).
+	Addr string
+	// DataDir holds the state file. Required; created if missing.
+	DataDir string
+	// TLS is the server TLS config, normally
+	// transport.ServerTLS(cert, ca, transport.ALPNCtl). Required by Start.
+	TLS *tls.Config
+	// Transport tunes QUIC; zero means transport's defaults.
+	Transport transport.Config
+	// LeaseTTL is how long a broker stays Live without a heartbeat.
+	// Default 3s; brokers heartbeat every LeaseTTL/3.
+	LeaseTTL time.Duration
+	// Logger receives one line per meaningful event. Default slog.Default().
+	Logger *slog.Logger
+
+	// now is the clock; tests may replace it. Default time.Now.
+	now func() time.Time
+}
+
+// DefaultAddr is the default control-plane listen address.
+const DefaultAddr = "127.0.0.1:7000"
+
+// DefaultLeaseTTL is the default broker lease.
+const DefaultLeaseTTL = 3 * time.Second
+
+// mapFrameMax bounds the frames carrying maps: what ctl writes and what
+// members and admin clients read from ctl. A map of many streams with
+// thousands of shards each can exceed transport's default frame limit.
+// What ctl reads from peers (registrations, heartbeats, requests) is small
+// and bounded by Config.Transport.MaxFrame instead.
+const mapFrameMax = 64 << 20
+
+// Connection error codes ctl closes connections with.
+const (
+	connCodeShuttingDown  quic.ApplicationErrorCode = 1
+	connCodeWrongProtocol quic.ApplicationErrorCode = 2
+)
+
+// firstFrameTimeout bounds how long a new stream may take to send its
+// first frame.
+const firstFrameTimeout = 10 * time.Second
+
+func (c Config) withDefaults() Config {
+	if c.Addr == "" {
+		c.Addr = DefaultAddr
+	}
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	return c
+}
+
+// Server is the control plane. Create it with [New], start it with
+// [Server.Start], stop it with [Server.Close].
+type Server struct {
+	cfg Config
+	log *slog.Logger
+
+	// current is the latest map, for readers that need no lock.
+	current atomic.Pointer[shardmap.Map]
+
+	// mu serializes every change to the state: registrations, heartbeats,
+	// lease expiry, stream changes, from many goroutines. A change, the
+	// write of the state file and the push of the new map happen under it,
+	// so maps are persisted and pushed strictly in epoch order.
+	mu struct {
+		sync.Mutex
+		st          *state
+		sessions    map[string]*session // current registration per node id
+		nextSession uint64
+		closed      bool
+	}
+
+	// wake tells the lease goroutine the earliest lease deadline may have
+	// moved earlier (a node registered). Capacity 1; sends never block.
+	wake chan struct{}
+
+	ctx    context.Context // canceled by Close; every goroutine watches it
+	cancel context.CancelFunc
+	wg     sync.WaitGroup  // every goroutine the server starts
+	udp    *net.UDPConn    // set by Start
+	tr     *quic.Transport // set by Start
+	ln     *quic.Listener  // set by Start
+	addr   string          // set by Start
+
+	startOnce, closeOnce sync.Once
+}
+
+// New loads the state in cfg.DataDir (creating the directory if needed),
+// marks every member not Live and bumps the epoch once, and persists that
+// before returning, so epochs never repeat across restarts.
+func New(cfg Config) (*Server, error) {
+	cfg = cfg.withDefaults()
+	if cfg.DataDir == "" {
+		return nil, errors.New("ctl: new server: Config.DataDir is required")
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return nil, fmt.Errorf("ctl: new server: create data dir: %w", err)
+	}
+	snap, err := loadState(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	st := newState(snap, cfg.LeaseTTL)
+	if err := saveState(cfg.DataDir, st.snapshot()); err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "ctl"), wake: make(chan struct{}, 1)}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.mu.st = st
+	s.mu.sessions = map[string]*session{}
+	s.current.Store(st.Map())
+	s.log.Info("ctl state loaded", "dir", cfg.DataDir, "epoch", st.epoch, "members", len(snap.Members), "streams", len(snap.Streams))
+	return s, nil
+}
+
+// Start listens on cfg.Addr and serves brokers and admin requests until
+// Close. Its goroutines belong to the server.
+func (s *Server) Start() error {
+	err := errors.New("ctl: start: already started")
+	s.startOnce.Do(func() { err = s.start() })
+	return err
+}
+
+func (s *Server) start() error {
+	if s.cfg.TLS == nil {
+		return errors.New("ctl: start: Config.TLS is required")
+	}
+	s.mu.Lock()
+	closed := s.mu.closed
+	s.mu.Unlock()
+	if closed {
+		return errors.New("ctl: start: server closed")
+	}
+	// Not transport.Listen: with its single-use quic.Transport the UDP
+	// socket outlives Listener.Close while closed connections drain, so a
+	// ctl restarted in the same process could not bind its address again.
+	// Owning the socket lets Close release it before returning.
+	udpAddr, err := net.ResolveUDPAddr("udp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("ctl: start: resolve listen address %q: %w", s.cfg.Addr, err)
+	}
+	udp, err := net.ListenUDP("udp", udpAddr)
+	if err != nil {
+		return fmt.Errorf("ctl: start: listen on %s: %w", s.cfg.Addr, err)
+	}
+	tr := &quic.Transport{Conn: udp}
+	ln, err := tr.Listen(s.cfg.TLS, s.cfg.Transport.QUIC())
+	if err != nil {
+		tr.Close()
+		udp.Close()
+		return fmt.Errorf("ctl: start: listen on %s: %w", s.cfg.Addr, err)
+	}
+	s.udp, s.tr, s.ln, s.addr = udp, tr, ln, ln.Addr().String()
+	s.log.Info("ctl listening", "addr", s.addr, "lease_ttl", s.cfg.LeaseTTL)
+	s.wg.Add(2)
+	go s.acceptLoop()
+	go s.leaseLoop()
+	return nil
+}
+
+// Addr returns the address the server listens on (the actual port when
+// cfg.Addr had port 0), or "" before Start.
+func (s *Server) Addr() string { return s.addr }
+
+// Map returns the current map. It is immutable; share it freely.
+func (s *Server) Map() *shardmap.Map { return s.current.Load() }
+
+// Streams returns the registered streams, sorted by name.
+func (s *Server) Streams() []shardmap.StreamConfig {
+	m := s.Map()
+	out := make([]shardmap.StreamConfig, len(m.Streams))
+	for i, st := range m.Streams {
+		out[i] = st.StreamConfig
+	}
+	return out
+}
+
+// CreateStream registers a stream, persists the registry and pushes the
+// new map. Errors are *transport.Error values (CodeInvalid,
+// CodeStreamExists, CodeInternal) that also match ErrInvalid,
+// ErrStreamExists.
+func (s *Server) CreateStream(c shardmap.StreamConfig) error {
+	err := s.changeStreams("stream created", func(st *state) error { return st.createStream(c) })
+	if err != nil {
+		return err
+	}
+	s.log.Info("stream created", "stream", c.Name, "shards", c.Shards, "epoch", s.Map().Epoch)
+	return nil
+}
+
+// DeleteStream removes a stream from the registry, persists it and pushes
+// the new map. Errors are *transport.Error values (CodeUnknownStream,
+// CodeInternal) that also match ErrUnknownStream.
+func (s *Server) DeleteStream(name string) error {
+	err := s.changeStreams("stream deleted", func(st *state) error { return st.deleteStream(name) })
+	if err != nil {
+		return err
+	}
+	s.log.Info("stream deleted", "stream", name, "epoch", s.Map().Epoch)
+	return nil
+}
+
+// changeStreams applies a registry change, persists it, and pushes the map;
+// if the state cannot be written the change is undone.
+func (s *Server) changeStreams(reason string, change func(*state) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.closed {
+		return transport.Errorf(transport.CodeShuttingDown, "ctl is closed")
+	}
+	cp := s.mu.st.checkpoint()
+	if err := change(s.mu.st); err != nil {
+		return wireError(err)
+	}
+	if err := saveState(s.cfg.DataDir, s.mu.st.snapshot()); err != nil {
+		s.mu.st.rollback(cp)
+		s.log.Error("stream change refused: state not persisted", "err", err)
+		return transport.Errorf(transport.CodeInternal, "%s: %w", reason, err)
+	}
+	s.publishLocked(reason)
+	return nil
+}
+
+// commitLocked persists and pushes a liveness change already made to the
+// state. A failed write is logged, not fatal: liveness is a fact the
+// brokers need even if this run cannot record it; the next successful
+// write records the epoch. s.mu must be held.
+func (s *Server) commitLocked(reason string) {
+	if err := saveState(s.cfg.DataDir, s.mu.st.snapshot()); err != nil {
+		s.log.Error("state not persisted", "reason", reason, "err", err)
+	}
+	s.publishLocked(reason)
+}
+
+// publishLocked makes the state's map current and hands it to every
+// registered broker's writer. s.mu must be held.
+func (s *Server) publishLocked(reason string) {
+	m := s.mu.st.Map()
+	s.current.Store(m)
+	for _, ss := range s.mu.sessions {
+		ss.push(m)
+	}
+	s.log.Info("map pushed", "epoch", m.Epoch, "brokers", len(s.mu.sessions), "reason", reason, "live", s.mu.st.liveIDs())
+}
+
+// wireError turns a core error into the *transport.Error sent for it,
+// keeping err for errors.Is on this side.
+func wireError(err error) *transport.Error {
+	var we *transport.Error
+	switch {
+	case errors.As(err, &we):
+		return we
+	case errors.Is(err, ErrStreamExists):
+		return transport.Errorf(transport.CodeStreamExists, "%w", err)
+	case errors.Is(err, ErrUnknownStream):
+		return transport.Errorf(transport.CodeUnknownStream, "%w", err)
+	case errors.Is(err, ErrInvalid):
+		return transport.Errorf(transport.CodeInvalid, "%w", err)
+	}
+	return transport.Errorf(transport.CodeInternal, "%w", err)
+}
+
+// leaseLoop expires leases: it sleeps until the earliest deadline of a Live
+// member (or until woken by a registration), then marks every member whose
+// lease ran out not Live, in one epoch.
+func (s *Server) leaseLoop() {
+	defer s.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		now := s.cfg.now()
+		if expired := s.mu.st.expire(now); expired != nil {
+			s.log.Warn("lease expired", "nodes", expired, "ttl", s.cfg.LeaseTTL)
+			s.commitLocked("lease expired")
+		}
+		next, ok := s.mu.st.nextExpiry()
+		s.mu.Unlock()
+		wait := time.Hour
+		if ok {
+			wait = max(next.Sub(now), time.Millisecond)
+		}
+		timer.Reset(wait)
+		select {
+		case <-timer.C:
+		case <-s.wake:
+		case <-s.ctx.Done():
+			return
+		}
+	}
+}
+
+func (s *Server) wakeLeases() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// acceptLoop accepts connections until Close.
+func (s *Server) acceptLoop() {
+	defer s.wg.Done()
+	for {
+		conn, err := s.ln.Accept(s.ctx)
+		if err != nil {
+			if s.ctx.Err() == nil {
+				s.log.Error("ctl accept failed; no longer accepting connections", "err", err)
+			}
+			return
+		}
+		s.wg.Add(1)
+		go s.serveConn(conn)
+	}
+}
+
+// serveConn accepts the streams of one connection, each served by its own
+// goroutine, until the connection or the server closes.
+func (s *Server) serveConn(conn *quic.Conn) {
+	defer s.wg.Done()
+	if alpn := conn.ConnectionState().TLS.NegotiatedProtocol; alpn != transport.ALPNCtl {
+		s.log.Warn("connection refused: not the ctl protocol", "remote", conn.RemoteAddr().String(), "alpn", alpn)
+		conn.CloseWithError(connCodeWrongProtocol, "this is the ctl endpoint: use ALPN "+transport.ALPNCtl)
+		return
+	}
+	defer func() {
+		if s.ctx.Err() != nil {
+			conn.CloseWithError(connCodeShuttingDown, "ctl shutting down")
+		} else {
+			conn.CloseWithError(0, "")
+		}
+	}()
+	for {
+		str, err := conn.AcceptStream(s.ctx)
+		if err != nil {
+			return
+		}
+		s.wg.Add(1)
+		go s.serveStream(conn, str)
+	}
+}
+
+// serveStream reads the first frame of a stream and dispatches on it: a
+// Register makes it a registration stream, a Request an admin exchange.
+// Anything else gets an Error and the stream is closed; the connection and
+// its other streams are unaffected.
+func (s *Server) serveStream(conn *quic.Conn, str *quic.Stream) {
+	defer s.wg.Done()
+	r := transport.NewReader(str, s.cfg.Transport.MaxFrame)
+	w := transport.NewWriter(str)
+	w.SetMaxFrame(mapFrameMax)
+	str.SetReadDeadline(time.Now().Add(firstFrameTimeout))
+	f, err := r.Read()
+	str.SetReadDeadline(time.Time{})
+	if err != nil {
+		s.refuse(str, w, err)
+		return
+	}
+	switch f := f.(type) {
+	case *transport.Register:
+		s.serveRegistration(conn, str, r, w, f)
+	case *transport.Request:
+		s.serveAdmin(conn, str, w, f)
+	default:
+		s.refuse(str, w, transport.Errorf(transport.CodeUnexpectedFrame, "a ctl stream must start with a register or request frame, not %v", f.Type()))
+	}
+}
+
+// refuse answers a stream with an Error frame (if err is one a peer should
+// see) and closes it.
+func (s *Server) refuse(str *quic.Stream, w *transport.Writer, err error) {
+	var we *transport.Error
+	if errors.As(err, &we) {
+		_ = w.Write(we)
+		s.log.Debug("ctl stream refused", "stream", str.StreamID(), "err", err)
+	}
+	str.CancelRead(0)
+	str.Close()
+}
+
+// Close stops listening, ends every registration and connection, and waits
+// for every goroutine the server started. The state file stays as last
+// written.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.mu.closed = true
+		s.mu.Unlock()
+		s.cancel()
+		if s.ln != nil {
+			s.ln.Close()
+		}
+		s.wg.Wait() // every connection is closed
+		if s.tr != nil {
+			s.tr.Close()
+			s.udp.Close()
+		}
+		s.log.Info("ctl closed", "epoch", s.Map().Epoch)
+	})
+	return nil
+}
+
+// registered returns the ids of the nodes with a current registration
+// stream, sorted.
+func (s *Server) registered() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ids []string
+	for id := range s.mu.sessions {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}

@@ -1,0 +1,266 @@
+package ctl
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/felix-broker/felix/shardmap"
+)
+
+// Errors of the deterministic core. The server turns them into wire error
+// codes (see errorCode); callers of Server methods can also match them.
+var (
+	// ErrStreamExists is returned when creating a stream whose name is taken.
+	ErrStreamExists = errors.New("ctl: stream exists")
+	// ErrUnknownStream is returned for a stream the registry does not hold.
+	ErrUnknownStream = errors.New("ctl: unknown stream")
+	// ErrInvalid is returned for a request that can never succeed as sent.
+	ErrInvalid = errors.New("ctl: invalid request")
+	// errStaleSession is returned for a heartbeat on a registration that has
+	// been replaced by a newer one of the same node.
+	errStaleSession = errors.New("ctl: registration replaced by a newer one")
+)
+
+// state is the control plane's deterministic core: members with their
+// leases, the stream registry and the current map. It has no goroutines,
+// locks, clocks or I/O: every method that depends on time takes now, and
+// every change that alters the map bumps the epoch and rebuilds the map
+// before returning true, so the caller knows to persist and push.
+//
+// A registration is identified by a session number chosen by the caller
+// (one per registration stream), so that events from a registration that a
+// newer one of the same node replaced are ignored.
+type state struct {
+	ttl     time.Duration
+	epoch   uint64
+	members map[string]*member
+	streams map[string]shardmap.StreamConfig
+	cur     *shardmap.Map
+}
+
+// member is one registered node. Membership is permanent: a member that
+// goes down keeps its place (and its shards) and is only marked not Live.
+type member struct {
+	node    shardmap.Node // Live is the lease state
+	session uint64        // current registration; 0 when none
+	expires time.Time     // lease deadline while Live
+}
+
+// newState returns the core restored from snap: all members not Live until
+// they register again, and the epoch bumped once past the persisted one so
+// that the first map this incarnation publishes supersedes every map a
+// previous one may have pushed.
+func newState(snap snapshot, ttl time.Duration) *state {
+	s := &state{
+		ttl:     ttl,
+		epoch:   snap.Epoch + 1,
+		members: make(map[string]*member, len(snap.Members)),
+		streams: make(map[string]shardmap.StreamConfig, len(snap.Streams)),
+	}
+	for _, n := range snap.Members {
+		n.Live = false
+		s.members[n.ID] = &member{node: n}
+	}
+	for _, c := range snap.Streams {
+		s.streams[c.Name] = c
+	}
+	s.rebuild()
+	return s
+}
+
+// snapshot returns what must survive a restart.
+func (s *state) snapshot() snapshot {
+	snap := snapshot{Epoch: s.epoch}
+	for _, id := range slices.Sorted(maps.Keys(s.members)) {
+		n := s.members[id].node
+		n.Live = false
+		snap.Members = append(snap.Members, n)
+	}
+	for _, name := range slices.Sorted(maps.Keys(s.streams)) {
+		snap.Streams = append(snap.Streams, s.streams[name])
+	}
+	return snap
+}
+
+// Map returns the current map. It is immutable; share it freely.
+func (s *state) Map() *shardmap.Map { return s.cur }
+
+// bump advances the epoch and rebuilds the map. Every visible change goes
+// through here, so epochs strictly increase.
+func (s *state) bump() {
+	s.epoch++
+	s.rebuild()
+}
+
+func (s *state) rebuild() {
+	nodes := make([]shardmap.Node, 0, len(s.members))
+	for _, id := range slices.Sorted(maps.Keys(s.members)) {
+		nodes = append(nodes, s.members[id].node)
+	}
+	streams := make([]shardmap.StreamConfig, 0, len(s.streams))
+	for _, name := range slices.Sorted(maps.Keys(s.streams)) {
+		streams = append(streams, s.streams[name])
+	}
+	s.cur = shardmap.Build(s.epoch, nodes, streams)
+}
+
+// register records a registration of node under session at now: a new
+// member joins, a known one comes back Live, possibly at a new address.
+// A registration with the same session number as the current one is a
+// no-op apart from renewing the lease. It reports whether the map changed
+// and whether the node is a new member.
+func (s *state) register(n shardmap.Node, session uint64, now time.Time) (changed, joined bool, err error) {
+	if n.ID == "" || n.Addr == "" {
+		return false, false, fmt.Errorf("%w: registration needs a node id and an address (got id %q, addr %q)", ErrInvalid, n.ID, n.Addr)
+	}
+	if session == 0 {
+		return false, false, fmt.Errorf("%w: registration session 0", ErrInvalid)
+	}
+	m, ok := s.members[n.ID]
+	if !ok {
+		m = &member{node: shardmap.Node{ID: n.ID}}
+		s.members[n.ID] = m
+		joined = true
+	}
+	changed = joined || !m.node.Live || m.node.Addr != n.Addr || m.node.Admin != n.Admin
+	m.node.Addr, m.node.Admin, m.node.Live = n.Addr, n.Admin, true
+	m.session = session
+	m.expires = now.Add(s.ttl)
+	if changed {
+		s.bump()
+	}
+	return changed, joined, nil
+}
+
+// heartbeat renews the lease of node id's registration session. A
+// heartbeat that arrives after the lease expired (but on a registration
+// that is still current) brings the node back Live. It reports whether the
+// map changed.
+func (s *state) heartbeat(id string, session uint64, now time.Time) (changed bool, err error) {
+	m, ok := s.members[id]
+	if !ok || m.session != session || session == 0 {
+		return false, fmt.Errorf("heartbeat of node %q: %w", id, errStaleSession)
+	}
+	m.expires = now.Add(s.ttl)
+	if !m.node.Live {
+		m.node.Live = true
+		s.bump()
+		return true, nil
+	}
+	return false, nil
+}
+
+// end records that node id's registration session ended (its stream
+// closed). The node goes not Live at once unless a newer registration
+// replaced this one. It reports whether the map changed.
+func (s *state) end(id string, session uint64) (changed bool) {
+	m, ok := s.members[id]
+	if !ok || m.session != session || session == 0 {
+		return false
+	}
+	m.session = 0
+	if !m.node.Live {
+		return false
+	}
+	m.node.Live = false
+	s.bump()
+	return true
+}
+
+// expire marks not Live every member whose lease ran out by now, bumping
+// the epoch once for all of them. It returns their ids, sorted. The
+// registration stays current: a late heartbeat on it revives the node.
+func (s *state) expire(now time.Time) (expired []string) {
+	for id, m := range s.members {
+		if m.node.Live && !now.Before(m.expires) {
+			m.node.Live = false
+			expired = append(expired, id)
+		}
+	}
+	if len(expired) == 0 {
+		return nil
+	}
+	slices.Sort(expired)
+	s.bump()
+	return expired
+}
+
+// nextExpiry returns the earliest lease deadline of a Live member, or false
+// when no member is Live.
+func (s *state) nextExpiry() (time.Time, bool) {
+	var next time.Time
+	found := false
+	for _, m := range s.members {
+		if m.node.Live && (!found || m.expires.Before(next)) {
+			next, found = m.expires, true
+		}
+	}
+	return next, found
+}
+
+// createStream adds c to the registry.
+func (s *state) createStream(c shardmap.StreamConfig) error {
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if _, ok := s.streams[c.Name]; ok {
+		return fmt.Errorf("create stream %q: %w", c.Name, ErrStreamExists)
+	}
+	s.streams[c.Name] = c
+	s.bump()
+	return nil
+}
+
+// deleteStream removes the stream named name from the registry.
+func (s *state) deleteStream(name string) error {
+	if _, ok := s.streams[name]; !ok {
+		return fmt.Errorf("delete stream %q: %w", name, ErrUnknownStream)
+	}
+	delete(s.streams, name)
+	s.bump()
+	return nil
+}
+
+// stream returns the config of the stream named name.
+func (s *state) stream(name string) (shardmap.StreamConfig, error) {
+	c, ok := s.streams[name]
+	if !ok {
+		return shardmap.StreamConfig{}, fmt.Errorf("stream %q: %w", name, ErrUnknownStream)
+	}
+	return c, nil
+}
+
+// checkpoint is the part of the state an admin change alters: what
+// rollback puts back when the change could not be persisted.
+type checkpoint struct {
+	epoch   uint64
+	streams map[string]shardmap.StreamConfig
+	cur     *shardmap.Map
+}
+
+func (s *state) checkpoint() checkpoint {
+	return checkpoint{epoch: s.epoch, streams: maps.Clone(s.streams), cur: s.cur}
+}
+
+// rollback undoes the stream registry changes made since cp, epoch
+// included, as if they never happened. Only valid if nothing else changed
+// in between (the server holds its lock across change, persist and
+// rollback).
+func (s *state) rollback(cp checkpoint) {
+	s.epoch, s.streams, s.cur = cp.epoch, cp.streams, cp.cur
+}
+
+// liveIDs returns the ids of the Live members, sorted; for logs.
+func (s *state) liveIDs() string {
+	var ids []string
+	for _, n := range s.cur.Nodes {
+		if n.Live {
+			ids = append(ids, n.ID)
+		}
+	}
+	return strings.Join(ids, ",")
+}

@@ -1,0 +1,238 @@
+package transport
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+)
+
+const (
+	// readBufSize is a Reader's initial buffer: many small frames per
+	// underlying Read.
+	readBufSize = 16 << 10
+	// keepBufSize is the largest buffer a Reader or Writer keeps once it
+	// is drained; a bigger one, grown for a big frame, is dropped so an idle
+	// stream does not pin it.
+	keepBufSize = 256 << 10
+)
+
+// Reader reads frames from a stream. It reads ahead: once a Reader is used,
+// read the stream only through it. A Reader is not safe for concurrent use.
+type Reader struct {
+	r        io.Reader
+	maxFrame int
+	buf      []byte
+	start    int // first unconsumed byte in buf
+	end      int // end of valid data in buf
+}
+
+// NewReader returns a Reader of frames from r that refuses frames whose
+// length N (type byte plus body) is over maxFrame; maxFrame <= 0 means
+// [DefaultMaxFrame].
+func NewReader(r io.Reader, maxFrame int) *Reader {
+	if maxFrame <= 0 {
+		maxFrame = DefaultMaxFrame
+	}
+	return &Reader{r: r, maxFrame: maxFrame}
+}
+
+// Read reads and decodes the next frame. The frame does not alias the
+// Reader's buffer.
+//
+// It returns io.EOF when the stream ends at a frame boundary, and an
+// [*Error] for a framing problem: [CodeMalformed] for a zero-length frame,
+// for a stream that ends inside a frame (wrapping io.ErrUnexpectedEOF) or
+// for a body that does not decode; [CodeFrameTooLarge] for a length over
+// the maximum (the body is not read); [CodeUnknownFrame] for an unknown
+// type. After a framing error the stream's position is undefined: answer
+// with the error and close the stream. Other errors come from the
+// underlying reader, wrapped.
+func (r *Reader) Read() (Frame, error) {
+	typ, body, err := r.ReadRaw()
+	if err != nil {
+		return nil, err
+	}
+	return DecodeFrame(typ, body)
+}
+
+// ReadRaw reads the next frame without decoding its body, for a caller
+// that relays frames. The body is valid until the next call on r. Errors
+// are those of [Reader.Read], less decoding ones.
+func (r *Reader) ReadRaw() (FrameType, []byte, error) {
+	if r.start == r.end && len(r.buf) > keepBufSize {
+		r.buf, r.start, r.end = nil, 0, 0 // grown for a big frame
+	}
+	if err := r.fill(4); err != nil {
+		if err == io.EOF && r.end == r.start {
+			return 0, nil, io.EOF
+		}
+		return 0, nil, r.readErr("header", err)
+	}
+	n := int(binary.BigEndian.Uint32(r.buf[r.start:]))
+	if n == 0 {
+		return 0, nil, &Error{Code: CodeMalformed, Message: "zero-length frame"}
+	}
+	if n > r.maxFrame {
+		return 0, nil, &Error{Code: CodeFrameTooLarge, Message: fmt.Sprintf("frame of %d bytes, limit %d", n, r.maxFrame)}
+	}
+	if err := r.fill(4 + n); err != nil {
+		return 0, nil, r.readErr(fmt.Sprintf("%d-byte frame", n), err)
+	}
+	typ := FrameType(r.buf[r.start+4])
+	body := r.buf[r.start+frameHeaderLen : r.start+4+n : r.start+4+n]
+	r.start += 4 + n
+	if r.start == r.end {
+		r.start, r.end = 0, 0
+	}
+	return typ, body, nil
+}
+
+// Ready reports whether a whole frame is buffered, so the next Read will
+// not block on the underlying reader. A server answering pipelined frames
+// buffers its answers while Ready and flushes when it is not.
+func (r *Reader) Ready() bool {
+	if r.end-r.start < 4 {
+		return false
+	}
+	n := int(binary.BigEndian.Uint32(r.buf[r.start:]))
+	return n == 0 || n > r.maxFrame || r.end-r.start >= 4+n
+}
+
+// fill reads until at least need bytes are buffered from r.start. The
+// buffer grows toward need only as bytes arrive, so a length prefix alone
+// cannot make a Reader allocate.
+func (r *Reader) fill(need int) error {
+	if r.end-r.start >= need {
+		return nil
+	}
+	if r.buf == nil {
+		r.buf = make([]byte, readBufSize)
+	}
+	if r.start > 0 && r.start+need > len(r.buf) {
+		r.end = copy(r.buf, r.buf[r.start:r.end])
+		r.start = 0
+	}
+	for r.end-r.start < need {
+		if r.end == len(r.buf) { // full, and r.start is 0
+			grown := make([]byte, min(need, 2*len(r.buf)))
+			r.end = copy(grown, r.buf[:r.end])
+			r.buf = grown
+		}
+		n, err := r.r.Read(r.buf[r.end:])
+		r.end += n
+		if err != nil {
+			if r.end-r.start >= need {
+				return nil // the error recurs on the next read
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *Reader) readErr(what string, err error) error {
+	if err == io.EOF {
+		return &Error{
+			Code:    CodeMalformed,
+			Message: fmt.Sprintf("stream ended inside a frame (%d of the %s's bytes)", r.end-r.start, what),
+			cause:   io.ErrUnexpectedEOF,
+		}
+	}
+	return fmt.Errorf("transport: reading frame %s: %w", what, err)
+}
+
+// Writer writes frames to a stream, each [Writer.Write] in one call to the
+// underlying writer (on a QUIC stream: one STREAM frame when it fits a
+// packet). [Writer.Buffer] and [Writer.Flush] put many frames, such as the
+// acks for a batch of pipelined publishes, into one write.
+//
+// A Writer is not safe for concurrent use: give each stream one writing
+// goroutine, or guard the Writer with a mutex.
+type Writer struct {
+	w        io.Writer
+	maxFrame int
+	buf      []byte
+	frames   int // frames in buf
+}
+
+// NewWriter returns a Writer of frames to w that refuses to encode a frame
+// over [DefaultMaxFrame]; see [Writer.SetMaxFrame].
+func NewWriter(w io.Writer) *Writer {
+	return &Writer{w: w, maxFrame: DefaultMaxFrame}
+}
+
+// SetMaxFrame sets the largest frame length N (type byte plus body) the
+// Writer encodes; n <= 0 means [DefaultMaxFrame]. Set it to the peer's
+// limit so an oversized frame fails here, with [CodeFrameTooLarge], and does
+// not cost the stream.
+func (w *Writer) SetMaxFrame(n int) {
+	if n <= 0 {
+		n = DefaultMaxFrame
+	}
+	w.maxFrame = n
+}
+
+// Write writes f, after any buffered frames, in one underlying write.
+func (w *Writer) Write(f Frame) error {
+	if err := w.Buffer(f); err != nil {
+		return err
+	}
+	return w.Flush()
+}
+
+// WriteBatch writes fs, after any buffered frames, in one underlying write.
+// If a frame fails to encode, nothing is written and the buffer is as it
+// was before the call.
+func (w *Writer) WriteBatch(fs ...Frame) error {
+	mark, frames := len(w.buf), w.frames
+	for _, f := range fs {
+		if err := w.Buffer(f); err != nil {
+			w.buf, w.frames = w.buf[:mark], frames
+			return err
+		}
+	}
+	return w.Flush()
+}
+
+// Buffer encodes f into the Writer's buffer without writing it. If f fails
+// to encode, the buffer is unchanged.
+func (w *Writer) Buffer(f Frame) error {
+	mark := len(w.buf)
+	buf, err := AppendFrame(w.buf, f)
+	if err != nil {
+		return err
+	}
+	if n := len(buf) - mark - 4; n > w.maxFrame {
+		w.buf = buf[:mark]
+		return &Error{Code: CodeFrameTooLarge, Message: fmt.Sprintf("%s frame of %d bytes, limit %d", f.Type(), n, w.maxFrame)}
+	}
+	w.buf = buf
+	w.frames++
+	return nil
+}
+
+// Buffered returns the number of frames buffered and not yet written.
+func (w *Writer) Buffered() int { return w.frames }
+
+// Flush writes the buffered frames in one underlying write. On error the
+// buffered frames are dropped: the stream is then unusable.
+func (w *Writer) Flush() error {
+	if len(w.buf) == 0 {
+		return nil
+	}
+	_, err := w.w.Write(w.buf)
+	frames := w.frames
+	w.frames = 0
+	if cap(w.buf) > keepBufSize {
+		w.buf = nil
+	} else {
+		w.buf = w.buf[:0]
+	}
+	if err != nil {
+		if frames == 1 {
+			return fmt.Errorf("transport: writing frame: %w", err)
+		}
+		return fmt.Errorf("transport: writing %d frames: %w", frames, err)
+	}
+	return nil
+}

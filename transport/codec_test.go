@@ -1,0 +1,456 @@
+package transport
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"runtime"
+	"strings"
+	"testing"
+	"testing/iotest"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+func TestAppendDecodeRoundTrip(t *testing.T) {
+	for _, tc := range sampleFrames() {
+		t.Run(tc.name, func(t *testing.T) {
+			prefix := []byte("prefix")
+			b, err := AppendFrame(bytes.Clone(prefix), tc.f)
+			if err != nil {
+				t.Fatalf("AppendFrame: %v", err)
+			}
+			if !bytes.HasPrefix(b, prefix) {
+				t.Fatalf("AppendFrame clobbered dst")
+			}
+			b = b[len(prefix):]
+			if n := binary.BigEndian.Uint32(b); int(n) != len(b)-4 {
+				t.Fatalf("length prefix %d, frame has %d bytes after it", n, len(b)-4)
+			}
+			if typ := FrameType(b[4]); typ != tc.f.Type() {
+				t.Fatalf("type byte %v, want %v", typ, tc.f.Type())
+			}
+			got, err := DecodeFrame(FrameType(b[4]), b[5:])
+			if err != nil {
+				t.Fatalf("DecodeFrame: %v", err)
+			}
+			if !reflect.DeepEqual(got, tc.f) {
+				t.Fatalf("round trip:\n got %#v\nwant %#v", got, tc.f)
+			}
+			// The body is standard msgpack: a generic decoder reads it
+			// as one array.
+			var generic []any
+			if err := msgpack.Unmarshal(b[5:], &generic); err != nil {
+				t.Fatalf("body is not a msgpack array: %v", err)
+			}
+		})
+	}
+}
+
+func TestDecodedFrameDoesNotAliasBody(t *testing.T) {
+	p := &Publish{Stream: "orders", Key: []byte("key"), Value: []byte("value")}
+	b, _ := AppendFrame(nil, p)
+	got, err := DecodeFrame(FramePublish, b[5:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range b {
+		b[i] = 0
+	}
+	if !reflect.DeepEqual(got, p) {
+		t.Fatalf("decoded frame changed with its input: %#v", got)
+	}
+	// Appending to a decoded slice must not overwrite a neighbouring field.
+	gp := got.(*Publish)
+	_ = append(gp.Key, "XXXXXXXX"...)
+	if string(gp.Value) != "value" {
+		t.Fatalf("append to Key overwrote Value: %q", gp.Value)
+	}
+}
+
+func TestReaderWriterRoundTrip(t *testing.T) {
+	frames := sampleFrames()
+	var stream bytes.Buffer
+	w := NewWriter(&stream)
+	// Write, Buffer+Flush, and WriteBatch all produce the same bytes.
+	for i, tc := range frames {
+		var err error
+		switch i % 3 {
+		case 0:
+			err = w.Write(tc.f)
+		case 1:
+			if err = w.Buffer(tc.f); err == nil && w.Buffered() != 1 {
+				t.Fatalf("Buffered = %d, want 1", w.Buffered())
+			}
+			if err == nil {
+				err = w.Flush()
+			}
+		case 2:
+			err = w.WriteBatch(tc.f)
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+	}
+	data := stream.Bytes()
+	readers := map[string]io.Reader{
+		"whole":    bytes.NewReader(data),
+		"one-byte": iotest.OneByteReader(bytes.NewReader(data)),
+		"half":     iotest.HalfReader(bytes.NewReader(data)),
+		// io.EOF returned together with the last bytes.
+		"data-err": iotest.DataErrReader(bytes.NewReader(data)),
+	}
+	for name, src := range readers {
+		t.Run(name, func(t *testing.T) {
+			r := NewReader(src, 0)
+			for _, tc := range frames {
+				got, err := r.Read()
+				if err != nil {
+					t.Fatalf("%s: Read: %v", tc.name, err)
+				}
+				if !reflect.DeepEqual(got, tc.f) {
+					t.Fatalf("%s:\n got %#v\nwant %#v", tc.name, got, tc.f)
+				}
+			}
+			if _, err := r.Read(); err != io.EOF {
+				t.Fatalf("Read at end = %v, want io.EOF", err)
+			}
+		})
+	}
+}
+
+// countingWriter counts Write calls.
+type countingWriter struct {
+	bytes.Buffer
+	writes int
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	c.writes++
+	return c.Buffer.Write(p)
+}
+
+func TestWriterOneWritePerBatch(t *testing.T) {
+	var cw countingWriter
+	w := NewWriter(&cw)
+	for i := range 100 {
+		if err := w.Buffer(&Ack{Seq: uint64(i), Stream: "s", Owner: "n1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WriteBatch(&Ack{Seq: 100}, &Ack{Seq: 101}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write(&Ack{Seq: 102}); err != nil {
+		t.Fatal(err)
+	}
+	if cw.writes != 3 {
+		t.Fatalf("%d underlying writes, want 3", cw.writes)
+	}
+	r := NewReader(&cw.Buffer, 0)
+	for i := range 103 {
+		f, err := r.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := f.(*Ack).Seq; got != uint64(i) {
+			t.Fatalf("ack %d has Seq %d", i, got)
+		}
+	}
+}
+
+func TestWriterLimits(t *testing.T) {
+	var cw countingWriter
+	w := NewWriter(&cw)
+	w.SetMaxFrame(1000)
+	if err := w.Buffer(&Ack{Seq: 1}); err != nil {
+		t.Fatal(err)
+	}
+	err := w.Write(&Publish{Value: make([]byte, 1000)})
+	if !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("oversized Write = %v, want frame_too_large", err)
+	}
+	// A frame failing to encode leaves the batch as it was.
+	err = w.WriteBatch(&Ack{Seq: 2}, (*Publish)(nil))
+	if !errors.Is(err, ErrInvalid) {
+		t.Fatalf("WriteBatch with nil frame = %v, want invalid", err)
+	}
+	if _, err := AppendFrame(nil, nil); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("AppendFrame(nil) = %v, want invalid", err)
+	}
+	if w.Buffered() != 1 || cw.writes != 0 {
+		t.Fatalf("after failures: %d buffered, %d writes; want 1, 0", w.Buffered(), cw.writes)
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := NewReader(&cw.Buffer, 0).Read()
+	if err != nil || f.(*Ack).Seq != 1 {
+		t.Fatalf("read back %v, %v; want ack 1", f, err)
+	}
+}
+
+func TestWriterError(t *testing.T) {
+	boom := errors.New("boom")
+	w := NewWriter(errWriter{boom})
+	if err := w.Write(&Credit{Records: 1}); !errors.Is(err, boom) {
+		t.Fatalf("Write = %v, want wrapping boom", err)
+	}
+	if w.Buffered() != 0 {
+		t.Fatalf("failed flush kept %d frames", w.Buffered())
+	}
+}
+
+type errWriter struct{ err error }
+
+func (e errWriter) Write(p []byte) (int, error) { return 0, e.err }
+
+// frame builds raw frame bytes: length N = 1+len(body), type, body.
+func frame(typ FrameType, body []byte) []byte {
+	b := binary.BigEndian.AppendUint32(nil, uint32(1+len(body)))
+	return append(append(b, byte(typ)), body...)
+}
+
+func body(f Frame) []byte {
+	b, err := AppendFrame(nil, f)
+	if err != nil {
+		panic(err)
+	}
+	return b[5:]
+}
+
+// stopReader yields data, then fails the test if read further.
+type stopReader struct {
+	t    *testing.T
+	data []byte
+}
+
+func (s *stopReader) Read(p []byte) (int, error) {
+	if len(s.data) == 0 {
+		s.t.Fatal("Reader read past the frame header of an oversized frame")
+	}
+	n := copy(p, s.data)
+	s.data = s.data[n:]
+	return n, nil
+}
+
+func TestReaderBadInput(t *testing.T) {
+	pub := body(&Publish{Stream: "s", Value: []byte("v")})
+	tests := []struct {
+		name  string
+		input []byte
+		code  ErrorCode
+		eof   bool // wraps io.ErrUnexpectedEOF
+	}{
+		{"truncated header", []byte{0, 0}, CodeMalformed, true},
+		{"truncated body", frame(FramePublish, pub)[:8], CodeMalformed, true},
+		{"declared max, little sent", append(binary.BigEndian.AppendUint32(nil, DefaultMaxFrame), 1, 0x9a, 0x01), CodeMalformed, true},
+		{"header only", frame(FramePublish, pub)[:4], CodeMalformed, true},
+		{"zero-length frame", []byte{0, 0, 0, 0}, CodeMalformed, false},
+		{"type byte only", frame(FramePublish, nil), CodeMalformed, false},
+		{"unknown type", frame(99, pub), CodeUnknownFrame, false},
+		{"unknown type zero", frame(0, nil), CodeUnknownFrame, false},
+		{"malformed body", frame(FramePublish, []byte{0xc1, 0xc1}), CodeMalformed, false},
+		{"body not an array", frame(FrameAck, []byte{0x01}), CodeMalformed, false},
+		{"trailing bytes", frame(FramePublish, append(bytes.Clone(pub), 0x00)), CodeMalformed, false},
+		{"too few fields", frame(FramePublish, []byte{0x93, 0x01, 0xa0, 0x00}), CodeMalformed, false},
+		{"negative seq", frame(FramePublish, append([]byte{0x9a, 0xff}, pub[2:]...)), CodeMalformed, false},
+		{"shard overflows int32", frame(FrameAck, []byte{0x98, 0x00, 0xa0, 0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0xa0, 0xa0, 0xc2}), CodeMalformed, false},
+		{"string where int", frame(FrameCredit, []byte{0x91, 0xa1, 'x'}), CodeMalformed, false},
+		{"credit overflows uint32", frame(FrameCredit, []byte{0x91, 0xcf, 0, 0, 0, 1, 0, 0, 0, 0}), CodeMalformed, false},
+		{"huge array header", frame(FramePublish, []byte{0xdd, 0xff, 0xff, 0xff, 0xff, 0x00}), CodeMalformed, false},
+		{"huge str32", frame(FramePublish, []byte{0x9a, 0x01, 0xdb, 0xff, 0xff, 0xff, 0xff, 'a'}), CodeMalformed, false},
+		{"huge bin32", frame(FramePublish, []byte{0x9a, 0x01, 0xa0, 0x00, 0xc6, 0xff, 0xff, 0xff, 0xf0, 'a'}), CodeMalformed, false},
+		{"huge header map", frame(FramePublish, []byte{0x9a, 0x01, 0xa0, 0x00, 0xc0, 0xc0, 0xdf, 0xff, 0xff, 0xff, 0xff, 0xa0}), CodeMalformed, false},
+		{"huge records array", frame(FrameRecords, []byte{0x93, 0xa0, 0x00, 0xdd, 0x7f, 0xff, 0xff, 0xff, 0x97}), CodeMalformed, false},
+		{"records count over bytes", frame(FrameRecords, append([]byte{0x93, 0xa0, 0x00, 0xdc, 0x00, 0x20}, bytes.Repeat([]byte{0x90}, 40)...)), CodeMalformed, false},
+		{"huge streams in response", frame(FrameResponse, []byte{0x92, 0xdd, 0x0f, 0xff, 0xff, 0xff, 0xc0, 0xc0}), CodeMalformed, false},
+		{"huge map in map update", frame(FrameMap, []byte{0x91, 0xdf, 0x0f, 0xff, 0xff, 0xff, 0xa0}), CodeMalformed, false},
+		{"huge ext in trailing field", frame(FrameCredit, []byte{0x92, 0x01, 0xc9, 0xff, 0xff, 0xff, 0xff, 0x01}), CodeMalformed, false},
+		{"deep nesting", frame(FrameMap, append([]byte{0x91, 0x81, 0xa1, 'x'}, bytes.Repeat([]byte{0x91}, 100000)...)), CodeMalformed, false},
+		{"reserved code 0xc1", frame(FrameCredit, []byte{0x92, 0x01, 0xc1}), CodeMalformed, false},
+		{"map update wrong type", frame(FrameMap, []byte{0x91, 0xa3, 'a', 'b', 'c'}), CodeMalformed, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			_, err := NewReader(bytes.NewReader(tc.input), 0).Read()
+			runtime.ReadMemStats(&after)
+			var werr *Error
+			if !errors.As(err, &werr) {
+				t.Fatalf("Read = %v (%T), want *Error", err, err)
+			}
+			if werr.Code != tc.code {
+				t.Fatalf("code %v (%v), want %v", werr.Code, err, tc.code)
+			}
+			if got := errors.Is(err, io.ErrUnexpectedEOF); got != tc.eof {
+				t.Fatalf("errors.Is(err, io.ErrUnexpectedEOF) = %v, want %v (%v)", got, tc.eof, err)
+			}
+			// Garbage must not make the decoder allocate much beyond the
+			// input and the reader's buffer.
+			if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 1<<20 {
+				t.Fatalf("decoding %d bytes of garbage allocated %d bytes", len(tc.input), alloc)
+			}
+		})
+	}
+}
+
+func TestReaderFrameTooLarge(t *testing.T) {
+	const max = 1024
+	for _, n := range []uint32{max + 1, 1<<32 - 1} {
+		hdr := binary.BigEndian.AppendUint32(nil, n)
+		_, err := NewReader(&stopReader{t: t, data: hdr}, max).Read()
+		if !errors.Is(err, ErrFrameTooLarge) {
+			t.Fatalf("length %d: Read = %v, want frame_too_large", n, err)
+		}
+	}
+	// Exactly the limit is fine.
+	b := frame(FramePublish, body(&Publish{Value: make([]byte, 1000)}))
+	r := NewReader(bytes.NewReader(b), len(b)-4)
+	if _, err := r.Read(); err != nil {
+		t.Fatalf("frame at the limit: %v", err)
+	}
+	if _, err := NewReader(bytes.NewReader(b), len(b)-5).Read(); !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("frame one over the limit: %v", err)
+	}
+}
+
+func TestReaderPassesStreamErrors(t *testing.T) {
+	boom := errors.New("stream reset")
+	_, err := NewReader(iotest.ErrReader(boom), 0).Read()
+	if !errors.Is(err, boom) {
+		t.Fatalf("Read = %v, want wrapping %v", err, boom)
+	}
+	var werr *Error
+	if errors.As(err, &werr) {
+		t.Fatalf("a stream error must not look like a wire error: %v", err)
+	}
+}
+
+func TestReaderReadyAndRaw(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf)
+	if err := w.WriteBatch(&Credit{Records: 1}, &Credit{Records: 2}); err != nil {
+		t.Fatal(err)
+	}
+	buf.Write(frame(FrameCredit, body(&Credit{Records: 3}))[:6]) // partial
+	r := NewReader(&buf, 0)
+	if r.Ready() {
+		t.Fatal("Ready before any read")
+	}
+	typ, b, err := r.ReadRaw()
+	if err != nil || typ != FrameCredit || !bytes.Equal(b, body(&Credit{Records: 1})) {
+		t.Fatalf("ReadRaw = %v, %x, %v", typ, b, err)
+	}
+	if !r.Ready() {
+		t.Fatal("second frame buffered but not Ready")
+	}
+	if _, err := r.Read(); err != nil {
+		t.Fatal(err)
+	}
+	if r.Ready() {
+		t.Fatal("Ready with a partial frame buffered")
+	}
+}
+
+func TestReaderReleasesBigBuffer(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf)
+	w.Write(&Publish{Value: make([]byte, 1<<20)})
+	w.Write(&Credit{Records: 1})
+	r := NewReader(&buf, 0)
+	for range 2 {
+		if _, err := r.Read(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := r.Read(); err != io.EOF {
+		t.Fatal(err)
+	}
+	if len(r.buf) > keepBufSize {
+		t.Fatalf("reader kept a %d-byte buffer", len(r.buf))
+	}
+}
+
+func TestVersionTolerance(t *testing.T) {
+	// A newer peer's Publish with two more fields decodes; the extra
+	// fields are ignored.
+	want := &Publish{Seq: 1, Stream: "s", Value: []byte("v")}
+	b := body(want)
+	b[0] = 0x9c // 12 elements
+	b = append(b, 0xa3, 'n', 'e', 'w', 0x92, 0x01, 0x02)
+	got, err := DecodeFrame(FramePublish, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %#v, want %#v", got, want)
+	}
+	// A record with an extra field too.
+	rb := body(&Records{Stream: "s", Records: []Record{{Offset: 1}}})
+	i := bytes.IndexByte(rb, 0x97)
+	rb = append(rb[:i:i], append([]byte{0x98}, append(rb[i+1:], 0xc3)...)...)
+	gotR, err := DecodeFrame(FrameRecords, rb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := gotR.(*Records); len(r.Records) != 1 || r.Records[0].Offset != 1 {
+		t.Fatalf("got %#v", r)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	err := error(&Error{Seq: 1, Code: CodeNotOwner, Message: "shard x/1 is owned by n2", Epoch: 4, Owner: "n2"})
+	if got, want := err.Error(), "felix: not_owner: shard x/1 is owned by n2"; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
+	}
+	if got, want := ErrUnavailable.Error(), "felix: unavailable"; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
+	}
+	wrapped := fmt.Errorf("publishing to x: %w", err)
+	if !errors.Is(wrapped, ErrNotOwner) {
+		t.Error("errors.Is(wrapped not-owner, ErrNotOwner) = false")
+	}
+	if errors.Is(wrapped, ErrUnavailable) {
+		t.Error("errors.Is(not-owner, ErrUnavailable) = true")
+	}
+	var werr *Error
+	if !errors.As(wrapped, &werr) || werr.Owner != "n2" || werr.Epoch != 4 {
+		t.Errorf("errors.As lost fields: %#v", werr)
+	}
+	for code := CodeMalformed; code <= CodeUnexpectedFrame; code++ {
+		if s := code.String(); strings.HasPrefix(s, "code_") || s != strings.ToLower(s) {
+			t.Errorf("code %d has name %q", code, s)
+		}
+	}
+	if got := ErrorCode(999).String(); got != "code_999" {
+		t.Errorf("unknown code name %q", got)
+	}
+	if got := FrameType(200).String(); got != "frame_200" {
+		t.Errorf("unknown frame type name %q", got)
+	}
+	cause := errors.New("disk full")
+	e := Errorf(CodeInternal, "appending to x/1: %w", cause)
+	if !errors.Is(e, cause) || !errors.Is(e, ErrInternal) || e.Message != "appending to x/1: disk full" {
+		t.Errorf("Errorf = %#v", e)
+	}
+	if got := ErrorFrom(cause); got.Code != CodeInternal || !errors.Is(got, cause) {
+		t.Errorf("ErrorFrom(plain) = %#v", got)
+	}
+	if got := ErrorFrom(wrapped); got != err {
+		t.Errorf("ErrorFrom(wrapped *Error) = %#v, want the *Error", got)
+	}
+	if ErrorFrom(nil) != nil {
+		t.Error("ErrorFrom(nil) != nil")
+	}
+	if !(&Error{Code: CodeTimeout}).Timeout() || ErrInternal.Timeout() {
+		t.Error("Timeout() wrong")
+	}
+}

@@ -1,0 +1,121 @@
+package transport
+
+import (
+	"time"
+
+	"github.com/quic-go/quic-go"
+)
+
+// ALPN protocol names. ALPN names the protocol and its version; a server
+// tells which one a connection speaks from
+// conn.ConnectionState().TLS.NegotiatedProtocol.
+const (
+	ALPNClient = "felix/1"      // clients (SDK, felixctl) to brokers
+	ALPNPeer   = "felix-peer/1" // broker to broker (forwarding); mTLS required
+	ALPNCtl    = "felix-ctl/1"  // brokers and ctl; mTLS required
+)
+
+// Config tunes QUIC connections and framing. The zero value is ready to
+// use: a zero field means the default written on it.
+//
+// The defaults favour latency: flow-control windows start large enough
+// that a burst of publishes or a max-size frame never waits a round trip
+// for a window update, and grow (quic-go auto-tunes between Initial and Max)
+// for throughput on long paths.
+type Config struct {
+	// MaxIdleTimeout closes a connection with no network activity for this
+	// long (the smaller of both sides' values applies), which is how a
+	// peer that died without closing is noticed. Default 5s.
+	MaxIdleTimeout time.Duration
+	// KeepAlivePeriod sends a keep-alive this often when idle, so an idle
+	// connection between nodes stays up and a dead peer is noticed within
+	// MaxIdleTimeout. Default 1s; negative disables keep-alives.
+	KeepAlivePeriod time.Duration
+	// HandshakeTimeout aborts a handshake with no packet from the peer for
+	// this long (and any handshake taking twice as long). Default 5s.
+	HandshakeTimeout time.Duration
+	// MaxIncomingStreams is how many concurrent bidirectional streams a
+	// peer may open: every publisher and subscriber is one. Default 10000.
+	MaxIncomingStreams int64
+	// InitialStreamWindow is a stream's initial receive window. Default
+	// 1 MiB.
+	InitialStreamWindow uint64
+	// MaxStreamWindow is the most a stream's receive window auto-tunes to.
+	// Default 16 MiB (at least InitialStreamWindow).
+	MaxStreamWindow uint64
+	// InitialConnWindow is a connection's initial receive window. Default
+	// 4 MiB.
+	InitialConnWindow uint64
+	// MaxConnWindow is the most a connection's receive window auto-tunes
+	// to. Default 64 MiB (at least InitialConnWindow).
+	MaxConnWindow uint64
+	// MaxFrame is the largest frame length (type byte plus body) a stream
+	// reader accepts; pass it to [NewReader] and [Writer.SetMaxFrame].
+	// Default DefaultMaxFrame (4 MiB).
+	MaxFrame int
+}
+
+// Defaults of Config, as documented on its fields.
+const (
+	defaultMaxIdleTimeout      = 5 * time.Second
+	defaultKeepAlivePeriod     = time.Second
+	defaultHandshakeTimeout    = 5 * time.Second
+	defaultMaxIncomingStreams  = 10000
+	defaultInitialStreamWindow = 1 << 20
+	defaultMaxStreamWindow     = 16 << 20
+	defaultInitialConnWindow   = 4 << 20
+	defaultMaxConnWindow       = 64 << 20
+)
+
+// WithDefaults returns a copy of c with each zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.MaxIdleTimeout == 0 {
+		c.MaxIdleTimeout = defaultMaxIdleTimeout
+	}
+	if c.KeepAlivePeriod == 0 {
+		c.KeepAlivePeriod = defaultKeepAlivePeriod
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = defaultHandshakeTimeout
+	}
+	if c.MaxIncomingStreams == 0 {
+		c.MaxIncomingStreams = defaultMaxIncomingStreams
+	}
+	if c.InitialStreamWindow == 0 {
+		c.InitialStreamWindow = defaultInitialStreamWindow
+	}
+	if c.MaxStreamWindow == 0 {
+		c.MaxStreamWindow = defaultMaxStreamWindow
+	}
+	c.MaxStreamWindow = max(c.MaxStreamWindow, c.InitialStreamWindow)
+	if c.InitialConnWindow == 0 {
+		c.InitialConnWindow = defaultInitialConnWindow
+	}
+	if c.MaxConnWindow == 0 {
+		c.MaxConnWindow = defaultMaxConnWindow
+	}
+	c.MaxConnWindow = max(c.MaxConnWindow, c.InitialConnWindow)
+	if c.MaxFrame <= 0 {
+		c.MaxFrame = DefaultMaxFrame
+	}
+	return c
+}
+
+// QUIC returns the quic-go configuration for c, defaults applied.
+func (c Config) QUIC() *quic.Config {
+	c = c.WithDefaults()
+	keepAlive := c.KeepAlivePeriod
+	if keepAlive < 0 {
+		keepAlive = 0
+	}
+	return &quic.Config{
+		HandshakeIdleTimeout:           c.HandshakeTimeout,
+		MaxIdleTimeout:                 c.MaxIdleTimeout,
+		KeepAlivePeriod:                keepAlive,
+		MaxIncomingStreams:             c.MaxIncomingStreams,
+		InitialStreamReceiveWindow:     c.InitialStreamWindow,
+		MaxStreamReceiveWindow:         c.MaxStreamWindow,
+		InitialConnectionReceiveWindow: c.InitialConnWindow,
+		MaxConnectionReceiveWindow:     c.MaxConnWindow,
+	}
+}

@@ -1,0 +1,176 @@
+package transport
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"strconv"
+)
+
+// FrameType is the byte after a frame's length. Types are part of the wire
+// format: never renumber one, only add.
+type FrameType uint8
+
+// Frame types.
+const (
+	FramePublish   FrameType = 1  // client or forwarding broker -> broker
+	FrameAck       FrameType = 2  // broker -> publisher
+	FrameError     FrameType = 3  // either way; also the Go error type
+	FrameSubscribe FrameType = 4  // client -> broker: opens a subscription on this stream
+	FrameRecords   FrameType = 5  // broker -> subscriber
+	FrameCredit    FrameType = 6  // subscriber -> broker: more credit
+	FrameRequest   FrameType = 7  // admin/control request
+	FrameResponse  FrameType = 8  // its answer
+	FrameMap       FrameType = 9  // shard map push (ctl -> broker, broker -> client)
+	FrameRegister  FrameType = 10 // broker -> ctl: first frame of the registration stream
+	FrameHeartbeat FrameType = 11 // broker -> ctl on the registration stream
+)
+
+var frameNames = [...]string{
+	FramePublish:   "publish",
+	FrameAck:       "ack",
+	FrameError:     "error",
+	FrameSubscribe: "subscribe",
+	FrameRecords:   "records",
+	FrameCredit:    "credit",
+	FrameRequest:   "request",
+	FrameResponse:  "response",
+	FrameMap:       "map",
+	FrameRegister:  "register",
+	FrameHeartbeat: "heartbeat",
+}
+
+// String returns the frame type's name, such as "publish", or
+// "frame_<n>" for a type this version does not know.
+func (t FrameType) String() string {
+	if int(t) < len(frameNames) && frameNames[t] != "" {
+		return frameNames[t]
+	}
+	return "frame_" + strconv.Itoa(int(t))
+}
+
+// Frame is one of the frame types of this package: [*Publish], [*Ack],
+// [*Error], [*Subscribe], [*Records], [*Credit], [*Request], [*Response],
+// [*MapUpdate], [*Register], [*Heartbeat]. Only this package defines
+// frames.
+type Frame interface {
+	Type() FrameType
+	// appendBody appends the msgpack body of the frame.
+	appendBody(b []byte) ([]byte, error)
+}
+
+// frameHeaderLen is the 4-byte length plus the type byte.
+const frameHeaderLen = 5
+
+// DefaultMaxFrame is the default limit on a frame's length N (type byte
+// plus body).
+const DefaultMaxFrame = 4 << 20
+
+// AppendFrame appends f, header and body, to dst. On error dst is returned
+// unchanged.
+func AppendFrame(dst []byte, f Frame) ([]byte, error) {
+	if f == nil {
+		return dst, &Error{Code: CodeInvalid, Message: "nil frame"}
+	}
+	start := len(dst)
+	dst = append(dst, 0, 0, 0, 0, byte(f.Type()))
+	dst, err := f.appendBody(dst)
+	if err != nil {
+		return dst[:start], err
+	}
+	n := len(dst) - start - 4
+	if n > math.MaxUint32 {
+		return dst[:start], &Error{Code: CodeFrameTooLarge, Message: fmt.Sprintf("%s frame of %d bytes", f.Type(), n)}
+	}
+	binary.BigEndian.PutUint32(dst[start:], uint32(n))
+	return dst, nil
+}
+
+// DecodeFrame decodes the body of a frame of type typ. The frame does not
+// alias body: a frame whose fields hold strings or byte slices makes one
+// copy of body and points all of them into it, so keeping one such field
+// alive keeps that copy alive (use strings.Clone or bytes.Clone for a field
+// kept long after the frame).
+//
+// Bad input yields an [*Error]: [CodeUnknownFrame] for an unknown type,
+// [CodeMalformed] for a body that does not decode. It never panics.
+func DecodeFrame(typ FrameType, body []byte) (Frame, error) {
+	// Each case calls decode on its concrete type, so that d stays on the
+	// stack (an interface call would move it to the heap).
+	var d decoder
+	start := func(alias bool) {
+		if alias && len(body) > 0 {
+			body = bytes.Clone(body)
+		}
+		d = decoder{b: body, alias: alias}
+	}
+	var f Frame
+	switch typ {
+	case FramePublish:
+		p := new(Publish)
+		start(true)
+		p.decode(&d)
+		f = p
+	case FrameAck:
+		a := new(Ack)
+		start(true)
+		a.decode(&d)
+		f = a
+	case FrameError:
+		e := new(Error)
+		start(true)
+		e.decode(&d)
+		f = e
+	case FrameSubscribe:
+		s := new(Subscribe)
+		start(true)
+		s.decode(&d)
+		f = s
+	case FrameRecords:
+		r := new(Records)
+		start(true)
+		r.decode(&d)
+		f = r
+	case FrameCredit:
+		c := new(Credit)
+		start(false)
+		c.decode(&d)
+		f = c
+	case FrameRequest:
+		r := new(Request)
+		start(false)
+		r.decode(&d)
+		f = r
+	case FrameResponse:
+		r := new(Response)
+		start(false)
+		r.decode(&d)
+		f = r
+	case FrameMap:
+		m := new(MapUpdate)
+		start(false)
+		m.decode(&d)
+		f = m
+	case FrameRegister:
+		r := new(Register)
+		start(true)
+		r.decode(&d)
+		f = r
+	case FrameHeartbeat:
+		h := new(Heartbeat)
+		start(true)
+		h.decode(&d)
+		f = h
+	default:
+		return nil, &Error{Code: CodeUnknownFrame, Message: fmt.Sprintf("frame type %d", uint8(typ))}
+	}
+	if d.err == nil && d.off != len(d.b) {
+		d.fail("%d bytes after the body", len(d.b)-d.off)
+	}
+	if d.err != nil {
+		d.err.Message = typ.String() + ": " + d.err.Message
+		return nil, d.err
+	}
+	return f, nil
+}

@@ -1,0 +1,189 @@
+package transport
+
+import (
+	"fmt"
+
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Request is an admin or control request; the answer is a [Response] or an
+// [*Error].
+type Request struct {
+	// Op is one of "stream.create", "stream.delete", "stream.list",
+	// "stream.info", "map.get", "cluster.status".
+	Op string
+	// Stream is the stream to create (stream.create), or names the stream
+	// (Stream.Name) for stream.delete and stream.info.
+	Stream shardmap.StreamConfig
+}
+
+const requestFields = 2
+
+// Type implements [Frame].
+func (*Request) Type() FrameType { return FrameRequest }
+
+func (r *Request) appendBody(b []byte) ([]byte, error) {
+	if r == nil {
+		return b, errNilFrame(FrameRequest)
+	}
+	b = appendArrayHeader(b, requestFields)
+	b = appendStr(b, r.Op)
+	return appendMsgpack(b, FrameRequest, r.Stream)
+}
+
+func (r *Request) decode(d *decoder) {
+	n := d.arrayHeader(requestFields)
+	r.Op = d.str()
+	d.msgpack(&r.Stream)
+	d.skipN(n - requestFields)
+}
+
+// Response answers a [Request]. Which fields are set depends on the Op.
+type Response struct {
+	Streams []shardmap.StreamConfig
+	Map     *shardmap.Map
+}
+
+const responseFields = 2
+
+// Type implements [Frame].
+func (*Response) Type() FrameType { return FrameResponse }
+
+func (r *Response) appendBody(b []byte) ([]byte, error) {
+	if r == nil {
+		return b, errNilFrame(FrameResponse)
+	}
+	b = appendArrayHeader(b, responseFields)
+	b, err := appendMsgpack(b, FrameResponse, r.Streams)
+	if err != nil {
+		return b, err
+	}
+	return appendMsgpack(b, FrameResponse, r.Map)
+}
+
+func (r *Response) decode(d *decoder) {
+	n := d.arrayHeader(responseFields)
+	d.msgpack(&r.Streams)
+	d.msgpack(&r.Map)
+	d.skipN(n - responseFields)
+}
+
+// MapUpdate pushes a shard map: ctl to brokers, brokers to clients.
+type MapUpdate struct {
+	Map *shardmap.Map
+}
+
+const mapUpdateFields = 1
+
+// Type implements [Frame].
+func (*MapUpdate) Type() FrameType { return FrameMap }
+
+func (m *MapUpdate) appendBody(b []byte) ([]byte, error) {
+	if m == nil {
+		return b, errNilFrame(FrameMap)
+	}
+	b = appendArrayHeader(b, mapUpdateFields)
+	return appendMsgpack(b, FrameMap, m.Map)
+}
+
+func (m *MapUpdate) decode(d *decoder) {
+	n := d.arrayHeader(mapUpdateFields)
+	d.msgpack(&m.Map)
+	d.skipN(n - mapUpdateFields)
+}
+
+// Register is the first frame a broker sends on its long-lived
+// registration stream to ctl.
+type Register struct {
+	NodeID string
+	Addr   string // advertised QUIC address, host:port
+	Admin  string // HTTP admin address, if any
+}
+
+const registerFields = 3
+
+// Type implements [Frame].
+func (*Register) Type() FrameType { return FrameRegister }
+
+func (r *Register) appendBody(b []byte) ([]byte, error) {
+	if r == nil {
+		return b, errNilFrame(FrameRegister)
+	}
+	b = appendArrayHeader(b, registerFields)
+	b = appendStr(b, r.NodeID)
+	b = appendStr(b, r.Addr)
+	b = appendStr(b, r.Admin)
+	return b, nil
+}
+
+func (r *Register) decode(d *decoder) {
+	n := d.arrayHeader(registerFields)
+	r.NodeID = d.str()
+	r.Addr = d.str()
+	r.Admin = d.str()
+	d.skipN(n - registerFields)
+}
+
+// Heartbeat renews a broker's lease on the registration stream.
+type Heartbeat struct {
+	NodeID string
+	Epoch  uint64 // the map epoch the broker holds
+}
+
+const heartbeatFields = 2
+
+// Type implements [Frame].
+func (*Heartbeat) Type() FrameType { return FrameHeartbeat }
+
+func (h *Heartbeat) appendBody(b []byte) ([]byte, error) {
+	if h == nil {
+		return b, errNilFrame(FrameHeartbeat)
+	}
+	b = appendArrayHeader(b, heartbeatFields)
+	b = appendStr(b, h.NodeID)
+	b = appendUint(b, h.Epoch)
+	return b, nil
+}
+
+func (h *Heartbeat) decode(d *decoder) {
+	n := d.arrayHeader(heartbeatFields)
+	h.NodeID = d.str()
+	h.Epoch = d.uint64()
+	d.skipN(n - heartbeatFields)
+}
+
+// appendMsgpack appends v encoded by msgpack reflection (structs as maps
+// keyed by their msgpack tags).
+func appendMsgpack(b []byte, t FrameType, v any) ([]byte, error) {
+	enc, err := msgpack.Marshal(v)
+	if err != nil {
+		return b, &Error{Code: CodeInvalid, Message: fmt.Sprintf("encoding %s frame: %v", t, err), cause: err}
+	}
+	return append(b, enc...), nil
+}
+
+// msgpack decodes the next value into v by reflection. The value's extent
+// is found, and every length in it checked against the body, before the
+// library sees it, so a declared length cannot make it allocate more than
+// the body justifies, and nesting is bounded.
+func (d *decoder) msgpack(v any) {
+	raw := d.value()
+	if d.err != nil {
+		return
+	}
+	if err := unmarshal(raw, v); err != nil {
+		d.fail("%v", err)
+	}
+}
+
+func unmarshal(raw []byte, v any) (err error) {
+	defer func() {
+		// The input is validated, so a panic here is a library bug; it
+		// must still not take the process down on a peer's bytes.
+		if p := recover(); p != nil {
+			err = fmt.Errorf("msgpack decoder panicked: %v", p)
+		}
+	}()
+	return msgpack.Unmarshal(raw, v)
+}

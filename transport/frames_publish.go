@@ -1,0 +1,103 @@
+package transport
+
+// Publish asks a broker to append one record. A client sends it on a
+// publisher stream; a broker forwarding to the shard's owner sends it with
+// Epoch and Via set. Each Publish is answered by an [Ack] or an [*Error]
+// with the same Seq, in order.
+type Publish struct {
+	Seq         uint64 // publisher-chosen per stream, echoed in Ack/Error
+	Stream      string
+	Shard       int32 // -1 = broker derives shard from Key
+	Key         []byte
+	Value       []byte
+	Headers     map[string]string // W3C traceparent etc.
+	ProducerID  string
+	ProducerSeq uint64
+	Epoch       uint64 // set by a forwarding broker: the map epoch it routed by
+	Via         string // set by a forwarding broker: its node id
+}
+
+const publishFields = 10
+
+// Type implements [Frame].
+func (*Publish) Type() FrameType { return FramePublish }
+
+func (p *Publish) appendBody(b []byte) ([]byte, error) {
+	if p == nil {
+		return b, errNilFrame(FramePublish)
+	}
+	b = appendArrayHeader(b, publishFields)
+	b = appendUint(b, p.Seq)
+	b = appendStr(b, p.Stream)
+	b = appendInt(b, int64(p.Shard))
+	b = appendBin(b, p.Key)
+	b = appendBin(b, p.Value)
+	b = appendHeaders(b, p.Headers)
+	b = appendStr(b, p.ProducerID)
+	b = appendUint(b, p.ProducerSeq)
+	b = appendUint(b, p.Epoch)
+	b = appendStr(b, p.Via)
+	return b, nil
+}
+
+func (p *Publish) decode(d *decoder) {
+	n := d.arrayHeader(publishFields)
+	p.Seq = d.uint64()
+	p.Stream = d.str()
+	p.Shard = d.int32()
+	p.Key = d.bin()
+	p.Value = d.bin()
+	p.Headers = d.headers()
+	p.ProducerID = d.str()
+	p.ProducerSeq = d.uint64()
+	p.Epoch = d.uint64()
+	p.Via = d.str()
+	d.skipN(n - publishFields)
+}
+
+// Ack tells a publisher that the record it published with Seq is durable:
+// the owner wrote it and fsynced its log.
+type Ack struct {
+	Seq       uint64
+	Stream    string
+	Shard     int32
+	Offset    uint64
+	Timestamp int64  // commit time, unix ns
+	Owner     string // node id that committed it
+	Via       string // node id the client published through
+	Forwarded bool
+}
+
+const ackFields = 8
+
+// Type implements [Frame].
+func (*Ack) Type() FrameType { return FrameAck }
+
+func (a *Ack) appendBody(b []byte) ([]byte, error) {
+	if a == nil {
+		return b, errNilFrame(FrameAck)
+	}
+	b = appendArrayHeader(b, ackFields)
+	b = appendUint(b, a.Seq)
+	b = appendStr(b, a.Stream)
+	b = appendInt(b, int64(a.Shard))
+	b = appendUint(b, a.Offset)
+	b = appendInt(b, a.Timestamp)
+	b = appendStr(b, a.Owner)
+	b = appendStr(b, a.Via)
+	b = appendBool(b, a.Forwarded)
+	return b, nil
+}
+
+func (a *Ack) decode(d *decoder) {
+	n := d.arrayHeader(ackFields)
+	a.Seq = d.uint64()
+	a.Stream = d.str()
+	a.Shard = d.int32()
+	a.Offset = d.uint64()
+	a.Timestamp = d.int64()
+	a.Owner = d.str()
+	a.Via = d.str()
+	a.Forwarded = d.bool()
+	d.skipN(n - ackFields)
+}

@@ -1,0 +1,167 @@
+package transport
+
+// StartKind says where a subscription starts.
+type StartKind uint8
+
+// Start kinds.
+const (
+	StartEarliest StartKind = 0 // the oldest record the shard still has
+	StartLatest   StartKind = 1 // the next record committed
+	StartOffset   StartKind = 2 // Subscribe.Offset
+)
+
+// Subscribe opens a subscription to one shard on the stream it is sent on.
+// The broker answers with [Records] frames, never more records in flight
+// than the credit granted (Credit here, then [Credit] frames).
+type Subscribe struct {
+	Stream string
+	Shard  int32
+	Start  StartKind
+	Offset uint64 // with StartOffset
+	Credit uint32 // initial credit, in records
+}
+
+const subscribeFields = 5
+
+// Type implements [Frame].
+func (*Subscribe) Type() FrameType { return FrameSubscribe }
+
+func (s *Subscribe) appendBody(b []byte) ([]byte, error) {
+	if s == nil {
+		return b, errNilFrame(FrameSubscribe)
+	}
+	b = appendArrayHeader(b, subscribeFields)
+	b = appendStr(b, s.Stream)
+	b = appendInt(b, int64(s.Shard))
+	b = appendUint(b, uint64(s.Start))
+	b = appendUint(b, s.Offset)
+	b = appendUint(b, uint64(s.Credit))
+	return b, nil
+}
+
+func (s *Subscribe) decode(d *decoder) {
+	n := d.arrayHeader(subscribeFields)
+	s.Stream = d.str()
+	s.Shard = d.int32()
+	s.Start = StartKind(d.uint8())
+	s.Offset = d.uint64()
+	s.Credit = d.uint32()
+	d.skipN(n - subscribeFields)
+}
+
+// Record is one committed record as a subscriber receives it.
+type Record struct {
+	Offset      uint64
+	Timestamp   int64 // commit time, unix ns
+	Key         []byte
+	Value       []byte
+	Headers     map[string]string
+	ProducerID  string
+	ProducerSeq uint64
+}
+
+// recordFields is the element count of a record; with the array header a
+// record takes at least recordFields+1 bytes, which bounds how many records
+// a body can declare.
+const recordFields = 7
+
+func (r *Record) append(b []byte) []byte {
+	b = appendArrayHeader(b, recordFields)
+	b = appendUint(b, r.Offset)
+	b = appendInt(b, r.Timestamp)
+	b = appendBin(b, r.Key)
+	b = appendBin(b, r.Value)
+	b = appendHeaders(b, r.Headers)
+	b = appendStr(b, r.ProducerID)
+	b = appendUint(b, r.ProducerSeq)
+	return b
+}
+
+func (r *Record) decode(d *decoder) {
+	n := d.arrayHeader(recordFields)
+	r.Offset = d.uint64()
+	r.Timestamp = d.int64()
+	r.Key = d.bin()
+	r.Value = d.bin()
+	r.Headers = d.headers()
+	r.ProducerID = d.str()
+	r.ProducerSeq = d.uint64()
+	d.skipN(n - recordFields)
+}
+
+// Records carries records of one shard, in offset order, to a subscriber.
+type Records struct {
+	Stream  string
+	Shard   int32
+	Records []Record
+}
+
+const recordsFields = 3
+
+// Type implements [Frame].
+func (*Records) Type() FrameType { return FrameRecords }
+
+func (r *Records) appendBody(b []byte) ([]byte, error) {
+	if r == nil {
+		return b, errNilFrame(FrameRecords)
+	}
+	b = appendArrayHeader(b, recordsFields)
+	b = appendStr(b, r.Stream)
+	b = appendInt(b, int64(r.Shard))
+	if r.Records == nil {
+		b = appendNil(b)
+	} else {
+		b = appendArrayHeader(b, len(r.Records))
+		for i := range r.Records {
+			b = r.Records[i].append(b)
+		}
+	}
+	return b, nil
+}
+
+func (r *Records) decode(d *decoder) {
+	n := d.arrayHeader(recordsFields)
+	r.Stream = d.str()
+	r.Shard = d.int32()
+	if d.err == nil && d.remaining() > 0 && d.b[d.off] == 0xc0 {
+		d.off++
+		r.Records = nil
+	} else {
+		count := d.arrayHeader(0)
+		if d.err == nil && count > d.remaining()/(recordFields+1) {
+			d.fail("%d records exceed the %d bytes left", count, d.remaining())
+		}
+		if d.err == nil {
+			r.Records = make([]Record, count)
+			for i := range r.Records {
+				r.Records[i].decode(d)
+			}
+		}
+	}
+	d.skipN(n - recordsFields)
+}
+
+// Credit grants a subscription more records.
+type Credit struct {
+	Records uint32
+}
+
+const creditFields = 1
+
+// Type implements [Frame].
+func (*Credit) Type() FrameType { return FrameCredit }
+
+func (c *Credit) appendBody(b []byte) ([]byte, error) {
+	if c == nil {
+		return b, errNilFrame(FrameCredit)
+	}
+	b = appendArrayHeader(b, creditFields)
+	b = appendUint(b, uint64(c.Records))
+	return b, nil
+}
+
+func (c *Credit) decode(d *decoder) {
+	n := d.arrayHeader(creditFields)
+	c.Records = d.uint32()
+	d.skipN(n - creditFields)
+}

@@ -1,0 +1,174 @@
+package transport
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/quic-go/quic-go"
+)
+
+// Application error codes on QUIC connections and streams (CloseWithError,
+// CancelRead, CancelWrite) are [ErrorCode] values, 0 for an orderly close:
+// quic.ApplicationErrorCode(CodeShuttingDown) says a node is going away.
+const closeNormal quic.ApplicationErrorCode = 0
+
+// Listener accepts QUIC connections on a UDP socket it owns, and keeps
+// track of them so that Close can close them properly.
+type Listener struct {
+	udp *net.UDPConn
+	tr  *quic.Transport
+	ln  *quic.Listener
+
+	// mu guards conns, the accepted connections not yet closed, which
+	// Accept adds and their closing removes.
+	mu struct {
+		sync.Mutex
+		conns  map[*quic.Conn]struct{}
+		closed bool
+	}
+}
+
+// Listen listens for QUIC connections on the UDP address addr
+// ("host:port"; port 0 picks one, see [Listener.Addr]). tlsConf must have a
+// certificate and the ALPN names served (see [ServerTLS]).
+func Listen(addr string, tlsConf *tls.Config, cfg Config) (*Listener, error) {
+	if err := checkTLS(tlsConf); err != nil {
+		return nil, fmt.Errorf("transport: listen on %q: %w", addr, err)
+	}
+	udpAddr, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("transport: listen on %q: %w", addr, err)
+	}
+	udp, err := net.ListenUDP("udp", udpAddr)
+	if err != nil {
+		return nil, fmt.Errorf("transport: listen on %q: %w", addr, err)
+	}
+	tr := &quic.Transport{Conn: udp}
+	ln, err := tr.Listen(tlsConf, cfg.QUIC())
+	if err != nil {
+		tr.Close()
+		udp.Close()
+		return nil, fmt.Errorf("transport: listen on %q: %w", addr, err)
+	}
+	l := &Listener{udp: udp, tr: tr, ln: ln}
+	l.mu.conns = map[*quic.Conn]struct{}{}
+	return l, nil
+}
+
+// Accept waits for the next connection whose handshake is complete. After
+// [Listener.StopAccepting] or [Listener.Close] it returns
+// quic.ErrServerClosed.
+func (l *Listener) Accept(ctx context.Context) (*quic.Conn, error) {
+	conn, err := l.ln.Accept(ctx)
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.mu.closed {
+		conn.CloseWithError(quic.ApplicationErrorCode(CodeShuttingDown), "listener closed")
+		return nil, quic.ErrServerClosed
+	}
+	l.mu.conns[conn] = struct{}{}
+	context.AfterFunc(conn.Context(), func() {
+		l.mu.Lock()
+		delete(l.mu.conns, conn)
+		l.mu.Unlock()
+	})
+	return conn, nil
+}
+
+// Addr returns the address the listener is bound to.
+func (l *Listener) Addr() net.Addr { return l.udp.LocalAddr() }
+
+// StopAccepting refuses new connections; connections already accepted
+// stay up. Use it to drain before [Listener.Close].
+func (l *Listener) StopAccepting() error { return l.ln.Close() }
+
+// Close stops accepting, closes every connection accepted from l that is
+// still open with CodeShuttingDown (close them first for another code),
+// and closes the socket.
+func (l *Listener) Close() error {
+	l.ln.Close()
+	l.mu.Lock()
+	l.mu.closed = true
+	conns := make([]*quic.Conn, 0, len(l.mu.conns))
+	for c := range l.mu.conns {
+		conns = append(conns, c)
+	}
+	l.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, c := range conns {
+		wg.Go(func() { c.CloseWithError(quic.ApplicationErrorCode(CodeShuttingDown), "listener closed") })
+	}
+	wg.Wait()
+	err := l.tr.Close()
+	if cerr := l.udp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("transport: closing listener on %s: %w", l.udp.LocalAddr(), err)
+	}
+	return nil
+}
+
+// Dial connects to the QUIC server at addr ("host:port") on a UDP socket of
+// its own, which closes with the connection. It returns when the handshake
+// is done, or with ctx's error when ctx ends first. tlsConf names the ALPN
+// protocol (see [ClientTLS]).
+//
+// With TLS 1.3 a client finishes its handshake before the server has
+// checked the client's certificate: a server that rejects the certificate
+// closes the connection right after, and the first stream operation
+// fails.
+func Dial(ctx context.Context, addr string, tlsConf *tls.Config, cfg Config) (*quic.Conn, error) {
+	if err := checkTLS(tlsConf); err != nil {
+		return nil, fmt.Errorf("transport: dial %s: %w", addr, err)
+	}
+	raddr, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("transport: dial %s: %w", addr, err)
+	}
+	// A socket of the remote's family: an IPv4 socket cannot reach ::1.
+	network, laddr := "udp4", &net.UDPAddr{IP: net.IPv4zero}
+	if raddr.IP != nil && raddr.IP.To4() == nil {
+		network, laddr = "udp6", &net.UDPAddr{IP: net.IPv6zero}
+	}
+	udp, err := net.ListenUDP(network, laddr)
+	if err != nil {
+		return nil, fmt.Errorf("transport: dial %s: %w", addr, err)
+	}
+	tr := &quic.Transport{Conn: udp}
+	release := func() {
+		tr.Close()
+		udp.Close()
+	}
+	if tlsConf.ServerName == "" {
+		// As quic.DialAddr does: verify the name dialed.
+		tlsConf = tlsConf.Clone()
+		if host, _, err := net.SplitHostPort(addr); err == nil {
+			tlsConf.ServerName = host
+		}
+	}
+	conn, err := tr.Dial(ctx, raddr, tlsConf, cfg.QUIC())
+	if err != nil {
+		release()
+		return nil, fmt.Errorf("transport: dial %s: %w", addr, err)
+	}
+	context.AfterFunc(conn.Context(), release)
+	return conn, nil
+}
+
+func checkTLS(c *tls.Config) error {
+	if c == nil {
+		return errors.New("nil TLS config")
+	}
+	if len(c.NextProtos) == 0 {
+		return errors.New("TLS config names no ALPN protocol (ALPNClient, ALPNPeer or ALPNCtl)")
+	}
+	return nil
+}

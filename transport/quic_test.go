@@ -1,0 +1,213 @@
+package transport
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+)
+
+// testStream is a client stream with its framing.
+type testStream struct {
+	s *quic.Stream
+	r *Reader
+	w *Writer
+}
+
+func openStream(t *testing.T, conn *quic.Conn) *testStream {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		t.Fatalf("opening stream: %v", err)
+	}
+	return &testStream{s: s, r: NewReader(s, 0), w: NewWriter(s)}
+}
+
+// roundTrip sends f and requires it back unchanged.
+func (ts *testStream) roundTrip(t *testing.T, f Frame) {
+	t.Helper()
+	ts.s.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := ts.w.Write(f); err != nil {
+		t.Fatalf("stream %d: write: %v", ts.s.StreamID(), err)
+	}
+	got, err := ts.r.Read()
+	if err != nil {
+		t.Fatalf("stream %d: read: %v", ts.s.StreamID(), err)
+	}
+	if !reflect.DeepEqual(got, f) {
+		t.Fatalf("stream %d: echo\n got %#v\nwant %#v", ts.s.StreamID(), got, f)
+	}
+}
+
+func TestQUICEchoAllFrames(t *testing.T) {
+	p := newPKI(t, "n1")
+	addr := startEcho(t, p, Config{})
+	conn := dial(t, addr, ClientTLS(p.ca, nil, "localhost"), Config{})
+	if got := conn.ConnectionState().TLS.NegotiatedProtocol; got != ALPNClient {
+		t.Fatalf("negotiated %q, want %q", got, ALPNClient)
+	}
+	ts := openStream(t, conn)
+	for _, tc := range sampleFrames() {
+		ts.roundTrip(t, tc.f)
+	}
+	// Pipelined: many frames out, then all back in order.
+	const n = 500
+	for i := range n {
+		if err := ts.w.Buffer(&Publish{Seq: uint64(i), Stream: "s", Value: make([]byte, 128)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ts.w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		f, err := ts.r.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seq := f.(*Publish).Seq; seq != uint64(i) {
+			t.Fatalf("frame %d came back with Seq %d", i, seq)
+		}
+	}
+	// A clean close gets a clean close back.
+	ts.s.Close()
+	if _, err := ts.r.Read(); err != io.EOF {
+		t.Fatalf("after close: %v, want io.EOF", err)
+	}
+}
+
+// TestQUICGarbageStreamIsolated sends garbage on one stream of a
+// connection: that stream gets the Error frame and is closed; the other
+// streams and the connection carry on.
+func TestQUICGarbageStreamIsolated(t *testing.T) {
+	p := newPKI(t, "n1")
+	const maxFrame = 64 << 10
+	addr := startEcho(t, p, Config{MaxFrame: maxFrame})
+	oversized := binary.BigEndian.AppendUint32(nil, maxFrame+1)
+	tests := []struct {
+		name    string
+		garbage []byte
+		closeW  bool // end the send side after the garbage
+		code    ErrorCode
+	}{
+		{"oversized length", oversized, false, CodeFrameTooLarge},
+		{"huge length", []byte{0xff, 0xff, 0xff, 0xff, 1, 2, 3}, false, CodeFrameTooLarge},
+		{"malformed body", frame(FramePublish, []byte{0x9a, 0xc1, 0xc1, 0xc1}), false, CodeMalformed},
+		{"huge declared msgpack length", frame(FramePublish, []byte{0x9a, 0x01, 0xdb, 0xff, 0xff, 0xff, 0xff, 'a'}), false, CodeMalformed},
+		{"truncated frame", frame(FramePublish, body(&Publish{Value: make([]byte, 100)}))[:50], true, CodeMalformed},
+		{"unknown type", frame(77, []byte{0x90}), false, CodeUnknownFrame},
+		{"zero-length frame", []byte{0, 0, 0, 0}, false, CodeMalformed},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			conn := dial(t, addr, ClientTLS(p.ca, nil, "localhost"), Config{MaxFrame: maxFrame})
+			streams := make([]*testStream, 3)
+			for i := range streams {
+				streams[i] = openStream(t, conn)
+				streams[i].roundTrip(t, &Publish{Seq: 1, Stream: "s", Value: []byte(fmt.Sprint("before ", i))})
+			}
+			bad := streams[1]
+			bad.s.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := bad.s.Write(tc.garbage); err != nil {
+				t.Fatal(err)
+			}
+			if tc.closeW {
+				bad.s.Close()
+			}
+			f, err := bad.r.Read()
+			if err != nil {
+				t.Fatalf("reading the answer to garbage: %v", err)
+			}
+			werr, ok := f.(*Error)
+			if !ok {
+				t.Fatalf("answer to garbage is %#v, want an Error frame", f)
+			}
+			if werr.Code != tc.code {
+				t.Fatalf("Error frame code %v (%v), want %v", werr.Code, werr, tc.code)
+			}
+			if _, err := bad.r.Read(); err != io.EOF {
+				t.Fatalf("after the Error frame: %v, want io.EOF (stream closed)", err)
+			}
+			// The other streams, and new ones, keep working.
+			streams[2] = openStream(t, conn)
+			for round := range 10 {
+				for _, i := range []int{0, 2} {
+					streams[i].roundTrip(t, &Publish{Seq: uint64(round), Stream: "s", Value: []byte(fmt.Sprint("after ", i))})
+				}
+			}
+			if err := conn.Context().Err(); err != nil {
+				t.Fatalf("connection closed: %v", context.Cause(conn.Context()))
+			}
+		})
+	}
+}
+
+func TestListenDialErrors(t *testing.T) {
+	p := newPKI(t, "n1")
+	noALPN := ServerTLS(p.nodes["n1"], p.ca)
+	noALPN.NextProtos = nil
+	if _, err := Listen("127.0.0.1:0", noALPN, Config{}); err == nil {
+		t.Error("Listen without ALPN succeeded")
+	}
+	if _, err := Listen("127.0.0.1:0", nil, Config{}); err == nil {
+		t.Error("Listen without TLS succeeded")
+	}
+	if _, err := Listen("256.0.0.1:0", ServerTLS(p.nodes["n1"], p.ca), Config{}); err == nil {
+		t.Error("Listen on a bad address succeeded")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := Dial(ctx, "127.0.0.1:1", nil, Config{}); err == nil {
+		t.Error("Dial without TLS succeeded")
+	}
+	// A server that is not there: the dial ends with the context.
+	short, cancel2 := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel2()
+	_, err := Dial(short, "127.0.0.1:9", ClientTLS(p.ca, nil, "localhost"), Config{})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Dial to nothing = %v, want deadline exceeded", err)
+	}
+	// The wrong ALPN is refused at handshake.
+	addr := startEcho(t, p, Config{})
+	if _, err := Dial(ctx, addr, ClientTLS(p.ca, nil, "localhost", "other/1"), Config{}); err == nil {
+		t.Error("Dial with an unknown ALPN succeeded")
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	q := Config{}.QUIC()
+	if q.MaxIncomingStreams != 10000 || q.MaxIdleTimeout != 30*time.Second || q.KeepAlivePeriod != 10*time.Second ||
+		q.HandshakeIdleTimeout != 5*time.Second || q.InitialStreamReceiveWindow != 1<<20 || q.MaxStreamReceiveWindow != 16<<20 ||
+		q.InitialConnectionReceiveWindow != 4<<20 || q.MaxConnectionReceiveWindow != 64<<20 {
+		t.Errorf("defaults: %+v", q)
+	}
+	if got := (Config{}).WithDefaults().MaxFrame; got != DefaultMaxFrame {
+		t.Errorf("MaxFrame default %d", got)
+	}
+	c := Config{MaxIncomingStreams: 5, KeepAlivePeriod: -1, InitialStreamWindow: 32 << 20, InitialConnWindow: 128 << 20}
+	q = c.QUIC()
+	if q.MaxIncomingStreams != 5 || q.KeepAlivePeriod != 0 || q.MaxStreamReceiveWindow != 32<<20 || q.MaxConnectionReceiveWindow != 128<<20 {
+		t.Errorf("custom: %+v", q)
+	}
+	if c.MaxIncomingStreams != 5 || c.MaxFrame != 0 {
+		t.Error("QUIC modified its receiver")
+	}
+}
+
+func TestEchoProcess(t *testing.T) {
+	p := newPKI(t, "n1")
+	addr := startEchoProcess(t, p)
+	conn := dial(t, addr, ClientTLS(p.ca, nil, "localhost"), Config{})
+	ts := openStream(t, conn)
+	for _, tc := range sampleFrames()[:5] {
+		ts.roundTrip(t, tc.f)
+	}
+}

@@ -1,0 +1,139 @@
+package transport
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"os"
+	"slices"
+
+	"github.com/quic-go/quic-go"
+)
+
+// LoadCA reads the PEM certificates in file into a pool, to verify peers
+// with.
+func LoadCA(file string) (*x509.CertPool, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("transport: loading CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(data) {
+		return nil, fmt.Errorf("transport: loading CA %q: no PEM certificate in it", file)
+	}
+	return pool, nil
+}
+
+// LoadKeyPair reads a PEM certificate (chain) and its private key.
+func LoadKeyPair(certFile, keyFile string) (tls.Certificate, error) {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("transport: loading key pair %q, %q: %w", certFile, keyFile, err)
+	}
+	return cert, nil
+}
+
+// ServerTLS returns the TLS configuration of a server presenting cert and
+// speaking the ALPN protocols alpn (all of ALPNClient, ALPNPeer and ALPNCtl
+// when none are given). TLS 1.3 is the minimum. A client certificate is
+// optional, but one that is given must verify against ca (and is then
+// available to [PeerNodeID]); a nil ca accepts no client certificates.
+// Require mTLS where needed (ALPNPeer, ALPNCtl) by calling PeerNodeID.
+func ServerTLS(cert tls.Certificate, ca *x509.CertPool, alpn ...string) *tls.Config {
+	if len(alpn) == 0 {
+		alpn = []string{ALPNClient, ALPNPeer, ALPNCtl}
+	}
+	c := &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{cert},
+		NextProtos:   slices.Clone(alpn),
+		ClientAuth:   tls.NoClientCert,
+	}
+	if ca != nil {
+		c.ClientCAs = ca
+		c.ClientAuth = tls.VerifyClientCertIfGiven
+	}
+	return c
+}
+
+// ClientTLS returns the TLS configuration of a client that verifies the
+// server against ca (nil: the system roots) under serverName, presents
+// cert if not nil (a node certificate for mTLS), and speaks alpn
+// (ALPNClient when none is given).
+func ClientTLS(ca *x509.CertPool, cert *tls.Certificate, serverName string, alpn ...string) *tls.Config {
+	if len(alpn) == 0 {
+		alpn = []string{ALPNClient}
+	}
+	c := &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		RootCAs:    ca,
+		ServerName: serverName,
+		NextProtos: slices.Clone(alpn),
+	}
+	if cert != nil {
+		c.Certificates = []tls.Certificate{*cert}
+	}
+	return c
+}
+
+// InsecureClientTLS returns a client TLS configuration that DOES NOT VERIFY
+// THE SERVER: anyone on the path can impersonate it and read and alter all
+// traffic. It is for development against a server with a self-made
+// certificate and nothing else; never use it in production, and never
+// make it a default. It speaks alpn (ALPNClient when none is given).
+func InsecureClientTLS(alpn ...string) *tls.Config {
+	if len(alpn) == 0 {
+		alpn = []string{ALPNClient}
+	}
+	return &tls.Config{
+		MinVersion:         tls.VersionTLS13,
+		InsecureSkipVerify: true,
+		NextProtos:         slices.Clone(alpn),
+	}
+}
+
+// Identity is who a verified certificate says its holder is.
+type Identity struct {
+	Role Role   // RoleNode or RoleClient
+	Name string // the node id for RoleNode; the client's name for RoleClient
+}
+
+// PeerIdentity returns the identity in the certificate the peer of conn
+// presented and this side verified: on a server, the client certificate;
+// on a client, the server's. It fails with [CodeUnauthorized] when there is
+// no verified certificate (none given, or verification skipped).
+func PeerIdentity(conn *quic.Conn) (Identity, error) {
+	return identityOf(conn.ConnectionState().TLS)
+}
+
+func identityOf(state tls.ConnectionState) (Identity, error) {
+	if len(state.VerifiedChains) == 0 || len(state.VerifiedChains[0]) == 0 {
+		return Identity{}, &Error{Code: CodeUnauthorized, Message: "peer presented no verified certificate"}
+	}
+	leaf := state.VerifiedChains[0][0]
+	for _, ou := range leaf.Subject.OrganizationalUnit {
+		switch Role(ou) {
+		case RoleNode, RoleClient:
+			if leaf.Subject.CommonName == "" {
+				return Identity{}, &Error{Code: CodeUnauthorized, Message: "peer certificate has no common name"}
+			}
+			return Identity{Role: Role(ou), Name: leaf.Subject.CommonName}, nil
+		}
+	}
+	return Identity{}, &Error{Code: CodeUnauthorized, Message: fmt.Sprintf("peer certificate %q has no felix role", leaf.Subject.CommonName)}
+}
+
+// PeerNodeID returns the node id in the verified node certificate of conn's
+// peer. It fails with [CodeUnauthorized] when the peer presented no
+// verified certificate or a certificate of another role (a client's).
+// Servers call it to require mTLS on ALPNPeer and ALPNCtl connections.
+func PeerNodeID(conn *quic.Conn) (string, error) {
+	id, err := PeerIdentity(conn)
+	if err != nil {
+		return "", err
+	}
+	if id.Role != RoleNode {
+		return "", &Error{Code: CodeUnauthorized, Message: fmt.Sprintf("peer %q holds a %s certificate, not a node certificate", id.Name, id.Role)}
+	}
+	return id.Name, nil
+}

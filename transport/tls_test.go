@@ -1,0 +1,298 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+)
+
+// peerServer listens on ALPNPeer with node n1's certificate and hands
+// accepted connections to the test.
+func peerServer(t *testing.T, p *pki) (addr string, accepted <-chan *quic.Conn) {
+	t.Helper()
+	ln, err := Listen("127.0.0.1:0", ServerTLS(p.nodes["n1"], p.ca, ALPNPeer, ALPNCtl), Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan *quic.Conn, 4)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			conn, err := ln.Accept(context.Background())
+			if err != nil {
+				return
+			}
+			ch <- conn
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close() // closes the accepted connections too
+		<-done
+	})
+	return ln.Addr().String(), ch
+}
+
+func accept(t *testing.T, ch <-chan *quic.Conn) *quic.Conn {
+	t.Helper()
+	select {
+	case c := <-ch:
+		return c
+	case <-time.After(10 * time.Second):
+		t.Fatal("server accepted no connection")
+		return nil
+	}
+}
+
+func TestMTLSPeerNodeID(t *testing.T) {
+	p := newPKI(t, "n1", "n2")
+	addr, accepted := peerServer(t, p)
+
+	t.Run("node cert", func(t *testing.T) {
+		n2 := p.nodes["n2"]
+		conn := dial(t, addr, ClientTLS(p.ca, &n2, "n1", ALPNPeer), Config{})
+		srv := accept(t, accepted)
+		if got := srv.ConnectionState().TLS.NegotiatedProtocol; got != ALPNPeer {
+			t.Fatalf("negotiated %q", got)
+		}
+		id, err := PeerNodeID(srv)
+		if err != nil || id != "n2" {
+			t.Fatalf("server: PeerNodeID = %q, %v; want n2", id, err)
+		}
+		// The client verified the server's node certificate too.
+		if id, err := PeerNodeID(conn); err != nil || id != "n1" {
+			t.Fatalf("client: PeerNodeID = %q, %v; want n1", id, err)
+		}
+	})
+
+	t.Run("no cert", func(t *testing.T) {
+		dial(t, addr, ClientTLS(p.ca, nil, "localhost", ALPNPeer), Config{})
+		srv := accept(t, accepted)
+		id, err := PeerNodeID(srv)
+		if !errors.Is(err, ErrUnauthorized) {
+			t.Fatalf("PeerNodeID = %q, %v; want unauthorized", id, err)
+		}
+	})
+
+	t.Run("client cert is not a node", func(t *testing.T) {
+		dial(t, addr, ClientTLS(p.ca, &p.client, "127.0.0.1", ALPNCtl), Config{})
+		srv := accept(t, accepted)
+		if id, err := PeerNodeID(srv); !errors.Is(err, ErrUnauthorized) {
+			t.Fatalf("PeerNodeID = %q, %v; want unauthorized", id, err)
+		}
+		id, err := PeerIdentity(srv)
+		if err != nil || id != (Identity{Role: RoleClient, Name: "client"}) {
+			t.Fatalf("PeerIdentity = %+v, %v", id, err)
+		}
+	})
+
+	t.Run("cert from another CA", func(t *testing.T) {
+		other := newPKI(t, "n2")
+		n2 := other.nodes["n2"]
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		conn, err := Dial(ctx, addr, ClientTLS(p.ca, &n2, "n1", ALPNPeer), Config{})
+		if err != nil {
+			t.Logf("rejected at dial: %v", err)
+		} else {
+			// TLS 1.3: the client may finish before the server rejects
+			// its certificate; the connection must then die at once.
+			defer conn.CloseWithError(0, "")
+			s, err := conn.OpenStreamSync(ctx)
+			if err == nil {
+				s.Write([]byte{0, 0, 0, 1, 11})
+				_, err = s.Read(make([]byte, 1))
+			}
+			if err == nil {
+				t.Fatal("connection with a foreign client certificate works")
+			}
+			var terr *quic.TransportError
+			if !errors.As(err, &terr) || !terr.ErrorCode.IsCryptoError() {
+				t.Fatalf("stream error %v (%T), want a TLS (crypto) error", err, err)
+			}
+			t.Logf("rejected after the client's handshake: %v", err)
+		}
+		select {
+		case c := <-accepted:
+			t.Fatalf("server accepted a connection from %s with a foreign certificate", c.RemoteAddr())
+		case <-time.After(300 * time.Millisecond):
+		}
+	})
+
+	t.Run("server from another CA", func(t *testing.T) {
+		other := newPKI(t, "n2")
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if conn, err := Dial(ctx, addr, ClientTLS(other.ca, nil, "n1", ALPNPeer), Config{}); err == nil {
+			conn.CloseWithError(0, "")
+			t.Fatal("client accepted a server certificate from another CA")
+		}
+		// Drain the server side if it got that far.
+		select {
+		case c := <-accepted:
+			c.CloseWithError(0, "")
+		case <-time.After(100 * time.Millisecond):
+		}
+	})
+
+	t.Run("insecure client", func(t *testing.T) {
+		conn := dial(t, addr, InsecureClientTLS(ALPNPeer), Config{})
+		accept(t, accepted)
+		if _, err := PeerNodeID(conn); !errors.Is(err, ErrUnauthorized) {
+			t.Fatalf("PeerNodeID over an unverified connection = %v, want unauthorized", err)
+		}
+	})
+}
+
+func TestGenerateDevCerts(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "certs")
+	if err := GenerateDevCerts(dir, "n1", "n2"); err != nil {
+		t.Fatal(err)
+	}
+	read := func(name string) []byte {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	files := []string{"ca.crt", "ca.key", "n1.crt", "n1.key", "n2.crt", "n2.key", "client.crt", "client.key"}
+	before := map[string][]byte{}
+	for _, f := range files {
+		before[f] = read(f)
+	}
+	if fi, _ := os.Stat(filepath.Join(dir, "ca.key")); fi.Mode().Perm() != 0o600 {
+		t.Errorf("ca.key mode %v", fi.Mode().Perm())
+	}
+	// Idempotent; a new node is issued by the same CA.
+	if err := GenerateDevCerts(dir, "n1", "n2", "n3"); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if !bytes.Equal(before[f], read(f)) {
+			t.Errorf("%s changed on the second run", f)
+		}
+	}
+	ca, err := LoadCAKeyPair(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n3, err := LoadKeyPair(filepath.Join(dir, "n3.crt"), filepath.Join(dir, "n3.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := n3.Leaf
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: ca.Pool(), DNSName: "n3", KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+		t.Errorf("n3 certificate does not verify as server n3: %v", err)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: ca.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		t.Errorf("n3 certificate does not verify as a client: %v", err)
+	}
+	if !slices.Equal(leaf.DNSNames, []string{"n3", "localhost"}) {
+		t.Errorf("DNS SANs %v", leaf.DNSNames)
+	}
+	if len(leaf.IPAddresses) != 2 || !leaf.IPAddresses[0].Equal(net.IPv4(127, 0, 0, 1)) || !leaf.IPAddresses[1].Equal(net.IPv6loopback) {
+		t.Errorf("IP SANs %v", leaf.IPAddresses)
+	}
+	if leaf.Subject.CommonName != "n3" || !slices.Equal(leaf.Subject.OrganizationalUnit, []string{string(RoleNode)}) {
+		t.Errorf("subject %v", leaf.Subject)
+	}
+	if k, ok := leaf.PublicKey.(*ecdsa.PublicKey); !ok || k.Curve != elliptic.P256() {
+		t.Errorf("public key %T, want ECDSA P-256", leaf.PublicKey)
+	}
+	client, err := LoadKeyPair(filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Leaf.Verify(x509.VerifyOptions{Roots: ca.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err == nil {
+		t.Error("the client certificate verifies as a server")
+	}
+	// A corrupted leaf is replaced, the CA kept.
+	os.WriteFile(filepath.Join(dir, "n1.crt"), []byte("junk"), 0o644)
+	if err := GenerateDevCerts(dir, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(before["n1.crt"], read("n1.crt")) || !bytes.Equal(before["ca.crt"], read("ca.crt")) {
+		t.Error("corrupted n1.crt not replaced, or CA changed")
+	}
+	for _, bad := range []string{"", "client", "ca", "../x", "a/b", ".hidden"} {
+		if err := GenerateDevCerts(dir, bad); err == nil {
+			t.Errorf("node id %q accepted", bad)
+		}
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	dir := t.TempDir()
+	junk := filepath.Join(dir, "junk.pem")
+	os.WriteFile(junk, []byte("not pem"), 0o644)
+	if _, err := LoadCA(junk); err == nil {
+		t.Error("LoadCA of junk succeeded")
+	}
+	if _, err := LoadCA(filepath.Join(dir, "missing")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("LoadCA of a missing file = %v", err)
+	}
+	if _, err := LoadKeyPair(junk, junk); err == nil {
+		t.Error("LoadKeyPair of junk succeeded")
+	}
+	// A leaf is not a CA.
+	p := newPKI(t, "n1")
+	if _, err := LoadCAKeyPair(filepath.Join(p.dir, "n1.crt"), filepath.Join(p.dir, "n1.key")); err == nil {
+		t.Error("LoadCAKeyPair accepted a leaf certificate")
+	}
+	if c := ServerTLS(tls.Certificate{}, nil); c.ClientAuth != tls.NoClientCert || len(c.NextProtos) != 3 || c.MinVersion != tls.VersionTLS13 {
+		t.Errorf("ServerTLS without CA: %+v", c)
+	}
+}
+
+func TestEchoStopsWhenListenerCloses(t *testing.T) {
+	p := newPKI(t, "n1")
+	ln, err := Listen("127.0.0.1:0", ServerTLS(p.nodes["n1"], p.ca), Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- Echo(context.Background(), ln, 0) }()
+	conn := dial(t, ln.Addr().String(), ClientTLS(p.ca, nil, "localhost"), Config{})
+	openStream(t, conn).roundTrip(t, &Credit{Records: 1})
+	ln.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Echo = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Echo did not return after its listener closed")
+	}
+	select {
+	case <-conn.Context().Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("client connection survived the listener's Close")
+	}
+}
+
+func TestDialIPv6(t *testing.T) {
+	p := newPKI(t, "n1")
+	ln, err := Listen("[::1]:0", ServerTLS(p.nodes["n1"], p.ca), Config{})
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Echo(ctx, ln, 0) }()
+	defer func() { cancel(); ln.Close(); <-done }()
+	conn := dial(t, ln.Addr().String(), ClientTLS(p.ca, nil, ""), Config{})
+	openStream(t, conn).roundTrip(t, &Heartbeat{NodeID: "n1", Epoch: 3})
+}

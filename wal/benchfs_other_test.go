@@ -1,0 +1,5 @@
+//go:build !linux
+
+package wal
+
+func fsType(string) string { return "unknown" }

@@ -1,0 +1,270 @@
+package wal
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	tidwall "github.com/tidwall/wal"
+)
+
+// Log is one shard's durable log. All methods are safe for concurrent use.
+type Log struct {
+	dir    string
+	name   string
+	opts   Options
+	logger *slog.Logger
+	tw     *tidwall.Log
+
+	// mu guards the queue between appenders and the committer, and the
+	// commit role: whoever sets committing owns l.c until it clears it.
+	mu struct {
+		sync.Mutex
+		pending    []*request
+		committing bool  // a batch is being committed
+		closed     bool  // Close was called: no more appends
+		failed     error // a commit failed: no more appends
+	}
+	wake          chan struct{} // capacity 1: "pending may be non-empty"
+	committerDone chan struct{}
+	c             committer // owned by whoever holds the commit role (mu.committing)
+
+	// tail is the segment file tidwall appends to, opened again by us so
+	// the committer can fdatasync it without holding tidwall's lock (which
+	// would stall readers for a whole fsync). The committer holds the lock
+	// across write+sync; retention holds it while it truncates, because
+	// tidwall then replaces the tail file.
+	tail struct {
+		sync.Mutex
+		f     *os.File
+		index uint64 // tidwall index of the file's first entry
+		size  int64  // bytes tidwall has written to it
+	}
+
+	ring   ring       // recent committed records
+	readMu sync.Mutex // serialises tidwall reads: tidwall mutates its segment cache under its read lock
+
+	first  atomic.Uint64 // first retained offset
+	next   atomic.Uint64 // one past the last committed offset; stored under watch's lock
+	closed atomic.Bool
+
+	// watch hands out the channel closed by the next commit; ch is created
+	// only when someone watches, so an unwatched commit allocates nothing.
+	watch struct {
+		sync.Mutex
+		ch     chan struct{}
+		closed bool
+	}
+
+	stats struct {
+		fsyncs, records, bytes atomic.Uint64
+		lastBatch, maxBatch    atomic.Int64
+	}
+
+	// retention serialises retention passes with each other and with Close.
+	retention struct {
+		sync.Mutex
+		closed bool
+	}
+	quit chan struct{} // closed by Close to stop the retention goroutine
+	wg   sync.WaitGroup
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Stats are totals since Open.
+type Stats struct {
+	Fsyncs    uint64 // batches written and fsynced
+	Records   uint64 // records committed
+	Bytes     uint64 // stored bytes committed
+	LastBatch int    // records in the last fsync
+	MaxBatch  int    // most records seen in one fsync
+}
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// Open opens the log in dir, creating dir if needed. It cuts a torn tail
+// off the last segment (logging what it cut), then starts the committer and,
+// if retention is configured, the retention goroutine.
+func Open(dir string, opts Options) (*Log, error) {
+	opts = opts.withDefaults(dir)
+	l := &Log{
+		dir:           dir,
+		name:          opts.Name,
+		opts:          opts,
+		logger:        opts.Logger,
+		wake:          make(chan struct{}, 1),
+		committerDone: make(chan struct{}),
+		quit:          make(chan struct{}),
+	}
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("wal: create dir %q: %w", dir, err)
+	}
+	if err := repairTail(dir, &l.opts); err != nil {
+		return nil, err
+	}
+	tw, err := tidwall.Open(dir, tidwallOptions(&l.opts))
+	if err != nil {
+		return nil, fmt.Errorf("wal: shard %q: open log %q: %w", l.name, dir, err)
+	}
+	l.tw = tw
+	if err := l.load(); err != nil {
+		_ = tw.Close()
+		return nil, err
+	}
+	go l.runCommitter()
+	if opts.RetentionBytes > 0 || opts.RetentionAge > 0 {
+		l.wg.Add(1)
+		go l.runRetention()
+	}
+	return l, nil
+}
+
+// load reads the state of a freshly opened tidwall log.
+func (l *Log) load() error {
+	firstIndex, err := l.tw.FirstIndex()
+	if err != nil {
+		return fmt.Errorf("wal: shard %q: first index: %w", l.name, err)
+	}
+	lastIndex, err := l.tw.LastIndex()
+	if err != nil {
+		return fmt.Errorf("wal: shard %q: last index: %w", l.name, err)
+	}
+	l.first.Store(firstIndex - 1)
+	l.next.Store(lastIndex)
+	l.c.next = lastIndex
+	l.ring.reset(l.opts.TailRecords, lastIndex)
+	if lastIndex >= firstIndex {
+		// Seed the monotonic commit clock from the last record.
+		if data, err := l.twRead(lastIndex); err == nil {
+			if ts, ok := recordTimestamp(data); ok {
+				l.c.lastTS = ts
+			}
+		}
+	}
+	segs, _, err := listSegments(l.dir)
+	if err != nil {
+		return err
+	}
+	if len(segs) == 0 {
+		return fmt.Errorf("wal: shard %q: no segment file in %q after open", l.name, l.dir)
+	}
+	if err := l.openTail(segs[len(segs)-1].index); err != nil {
+		return err
+	}
+	return syncDir(l.dir) // tidwall may have created or renamed files
+}
+
+// openTail makes the segment starting at index the file the committer
+// syncs. Callers hold l.tail's lock or own l exclusively.
+func (l *Log) openTail(index uint64) error {
+	path := l.dir + string(os.PathSeparator) + segmentName(index)
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("wal: shard %q: open tail segment %q: %w", l.name, path, err)
+	}
+	size, err := fileSize(f)
+	if err != nil {
+		_ = f.Close()
+		return fmt.Errorf("wal: shard %q: stat tail segment %q: %w", l.name, path, err)
+	}
+	if l.tail.f != nil {
+		_ = l.tail.f.Close()
+	}
+	l.tail.f, l.tail.index, l.tail.size = f, index, size
+	return nil
+}
+
+// FirstOffset returns the first retained offset. It equals NextOffset when
+// the log holds no records.
+func (l *Log) FirstOffset() uint64 { return l.first.Load() }
+
+// NextOffset returns one past the last committed offset: the offset the
+// next commit will get.
+func (l *Log) NextOffset() uint64 { return l.next.Load() }
+
+// Stats returns commit totals since Open.
+func (l *Log) Stats() Stats {
+	return Stats{
+		Fsyncs:    l.stats.fsyncs.Load(),
+		Records:   l.stats.records.Load(),
+		Bytes:     l.stats.bytes.Load(),
+		LastBatch: int(l.stats.lastBatch.Load()),
+		MaxBatch:  int(l.stats.maxBatch.Load()),
+	}
+}
+
+// Watch returns the offset the next commit will get and a channel that is
+// closed when a later commit makes records at or after next readable, or
+// when the log closes.
+func (l *Log) Watch() (next uint64, changed <-chan struct{}) {
+	l.watch.Lock()
+	defer l.watch.Unlock()
+	if l.watch.closed {
+		return l.next.Load(), closedChan
+	}
+	if l.watch.ch == nil {
+		l.watch.ch = make(chan struct{})
+	}
+	return l.next.Load(), l.watch.ch
+}
+
+// publish makes offsets below next visible and wakes watchers.
+func (l *Log) publish(next uint64) {
+	l.watch.Lock()
+	l.next.Store(next)
+	if l.watch.ch != nil {
+		close(l.watch.ch)
+		l.watch.ch = nil
+	}
+	l.watch.Unlock()
+}
+
+// Close stops accepting appends (they get ErrClosed), commits everything
+// already queued (running its callbacks), stops the Log's goroutines and
+// closes the files. It is idempotent; later calls return the first result.
+func (l *Log) Close() error {
+	l.closeOnce.Do(func() { l.closeErr = l.close() })
+	return l.closeErr
+}
+
+func (l *Log) close() error {
+	l.mu.Lock()
+	l.mu.closed = true
+	l.mu.Unlock()
+	l.signal()
+	<-l.committerDone
+
+	close(l.quit)
+	l.wg.Wait()
+
+	l.retention.Lock()
+	defer l.retention.Unlock()
+	l.retention.closed = true
+	l.closed.Store(true)
+
+	l.watch.Lock()
+	l.watch.closed = true
+	if l.watch.ch != nil {
+		close(l.watch.ch)
+		l.watch.ch = nil
+	}
+	l.watch.Unlock()
+
+	var errs []error
+	l.tail.Lock()
+	if err := l.tail.f.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("wal: shard %q: close tail segment: %w", l.name, err))
+	}
+	l.tail.Unlock()
+	l.readMu.Lock()
+	if err := l.tw.Close(); err != nil && !errors.Is(err, tidwall.ErrCorrupt) {
+		errs = append(errs, fmt.Errorf("wal: shard %q: close log: %w", l.name, err))
+	}
+	l.readMu.Unlock()
+	return errors.Join(errs...)
+}

@@ -1,0 +1,72 @@
+package wal
+
+import (
+	"log/slog"
+	"path/filepath"
+	"time"
+)
+
+// Options configure a Log. The zero value of every field means its default.
+type Options struct {
+	// Name is the shard name used in errors and logs, e.g. "orders/2".
+	// Default: the base name of the directory.
+	Name string
+	// SegmentSize is the target size of a segment file in bytes.
+	// Default: 4 MiB.
+	SegmentSize int
+	// MaxBatch is the most records written and fsynced as one batch.
+	// Default: 8192.
+	MaxBatch int
+	// TailRecords is how many recent records are kept in memory for live
+	// readers. Default: 4096.
+	TailRecords int
+	// RetentionBytes drops whole oldest records while the log's files are
+	// larger than this. Default 0: unlimited.
+	RetentionBytes int64
+	// RetentionAge drops records whose commit timestamp is older than this.
+	// Default 0: unlimited.
+	RetentionAge time.Duration
+	// RetentionCheck is how often the background retention pass runs.
+	// Default: 10s. The pass runs only if RetentionBytes or RetentionAge is set.
+	RetentionCheck time.Duration
+	// Logger receives warnings (torn tail cut, retention failures) and
+	// errors (failed commits). Default: slog.Default(). Never one line per
+	// record.
+	Logger *slog.Logger
+	// OnCommit, if set, is called after each fsync with the batch's record
+	// count, stored bytes and the time spent writing and syncing, by the
+	// goroutine that committed the batch (the committer goroutine, or an
+	// Append that committed its record inline); calls never overlap. It must
+	// not block: it delays every append.
+	OnCommit func(records int, bytes int, fsync time.Duration)
+}
+
+const (
+	defaultSegmentSize    = 4 << 20
+	defaultMaxBatch       = 8192
+	defaultTailRecords    = 4096
+	defaultRetentionCheck = 10 * time.Second
+)
+
+// withDefaults returns a copy of o with defaults applied.
+func (o Options) withDefaults(dir string) Options {
+	if o.Name == "" {
+		o.Name = filepath.Base(dir)
+	}
+	if o.SegmentSize <= 0 {
+		o.SegmentSize = defaultSegmentSize
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = defaultMaxBatch
+	}
+	if o.TailRecords <= 0 {
+		o.TailRecords = defaultTailRecords
+	}
+	if o.RetentionCheck <= 0 {
+		o.RetentionCheck = defaultRetentionCheck
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}

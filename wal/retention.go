@@ -1,0 +1,193 @@
+package wal
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"time"
+)
+
+// runRetention is the retention goroutine, owned by the Log and stopped by
+// Close.
+func (l *Log) runRetention() {
+	defer l.wg.Done()
+	t := time.NewTicker(l.opts.RetentionCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.quit:
+			return
+		case now := <-t.C:
+			if _, err := l.EnforceRetention(now); err != nil && !errors.Is(err, ErrClosed) {
+				l.logger.Warn("wal: retention pass failed", "shard", l.name, "err", err)
+			}
+		}
+	}
+}
+
+// EnforceRetention drops the oldest records that RetentionBytes or
+// RetentionAge (relative to now) no longer allow, and returns how many it
+// dropped. Size is measured as the size of the segment files. It never drops
+// an uncommitted record and never moves NextOffset. The Log also runs it
+// every RetentionCheck.
+//
+// If part of the decision could not be made (e.g. a damaged record where the
+// age cut would fall), it drops what it safely can and returns the error.
+func (l *Log) EnforceRetention(now time.Time) (dropped uint64, err error) {
+	if l.opts.RetentionBytes <= 0 && l.opts.RetentionAge <= 0 {
+		return 0, nil
+	}
+	l.retention.Lock()
+	defer l.retention.Unlock()
+	if l.retention.closed {
+		return 0, ErrClosed
+	}
+	first, next := l.first.Load(), l.next.Load()
+	if first >= next {
+		return 0, nil
+	}
+	segs, _, err := listSegments(l.dir)
+	if err != nil {
+		return 0, err
+	}
+	cut := first
+	var errs []error
+	if l.opts.RetentionBytes > 0 {
+		c, err := l.sizeCut(segs, first, next)
+		cut = max(cut, c)
+		errs = append(errs, err)
+	}
+	if l.opts.RetentionAge > 0 {
+		c, err := l.ageCut(segs, first, next, now.Add(-l.opts.RetentionAge).UnixNano())
+		cut = max(cut, c)
+		errs = append(errs, err)
+	}
+	cut = min(cut, next)
+	if cut > first {
+		if err := l.truncateFront(cut); err != nil {
+			return 0, err
+		}
+	}
+	return cut - first, errors.Join(errs...)
+}
+
+// sizeCut returns the first offset to keep so the files hold at most
+// RetentionBytes.
+func (l *Log) sizeCut(segs []segmentFile, first, next uint64) (uint64, error) {
+	var total int64
+	for _, s := range segs {
+		total += s.size
+	}
+	excess := total - l.opts.RetentionBytes
+	cut := first
+	for i, s := range segs {
+		if excess <= 0 {
+			break
+		}
+		if s.size <= excess && i+1 < len(segs) {
+			excess -= s.size // drop the whole segment
+			cut = segs[i+1].index - 1
+			continue
+		}
+		// Drop records from the front of this segment.
+		data, err := os.ReadFile(s.path)
+		if err != nil {
+			return cut, fmt.Errorf("wal: shard %q: read segment %q: %w", l.name, s.path, err)
+		}
+		off := s.index - 1
+		for pos := 0; excess > 0 && off < next; off++ {
+			_, n, ok := nextEntry(data[pos:])
+			if !ok {
+				break
+			}
+			pos += n
+			excess -= int64(n)
+		}
+		cut = off
+		break
+	}
+	return min(cut, next), nil
+}
+
+// ageCut returns the first offset whose record's timestamp is at least
+// minTS. Commit timestamps never decrease with the offset, so segments are
+// ordered by their first record's timestamp.
+func (l *Log) ageCut(segs []segmentFile, first, next uint64, minTS int64) (uint64, error) {
+	var ferr error
+	j := sort.Search(len(segs), func(i int) bool {
+		ts, ok, err := firstTimestamp(segs[i].path)
+		if err != nil {
+			ferr = err
+			return true
+		}
+		return !ok || ts >= minTS // an empty segment holds nothing old
+	})
+	if ferr != nil {
+		return first, fmt.Errorf("wal: shard %q: retention by age: %w", l.name, ferr)
+	}
+	if j == 0 {
+		return first, nil
+	}
+	// Every segment before j-1 is older than minTS; find the cut in j-1.
+	s := segs[j-1]
+	data, err := os.ReadFile(s.path)
+	if err != nil {
+		return s.index - 1, fmt.Errorf("wal: shard %q: read segment %q: %w", l.name, s.path, err)
+	}
+	off := s.index - 1
+	for pos := 0; off < next; off++ {
+		entry, n, ok := nextEntry(data[pos:])
+		if !ok {
+			break
+		}
+		rec, err := decodeRecord(l.name, entry, off)
+		if err != nil {
+			return max(off, first), err // never drop past a record we cannot date
+		}
+		if rec.Timestamp >= minTS {
+			break
+		}
+		pos += n
+	}
+	return min(max(off, first), next), nil
+}
+
+// firstTimestamp returns the (unverified) timestamp of the first record of
+// a segment file; ok is false if it holds no complete record header.
+func firstTimestamp(path string) (ts int64, ok bool, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, false, err
+	}
+	defer f.Close()
+	var buf [recordFixed + 10]byte
+	n, err := f.ReadAt(buf[:], 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return 0, false, fmt.Errorf("read segment %q: %w", path, err)
+	}
+	size, h := uvarintPrefix(buf[:n])
+	if h <= 0 || size < recordFixed || n-h < recordFixed {
+		return 0, false, nil
+	}
+	ts, ok = recordTimestamp(buf[h:n])
+	return ts, ok, nil
+}
+
+// truncateFront drops the records before offset cut.
+func (l *Log) truncateFront(cut uint64) error {
+	l.tail.Lock()
+	defer l.tail.Unlock()
+	if err := l.tw.TruncateFront(cut + 1); err != nil {
+		return fmt.Errorf("wal: shard %q: truncate front to offset %d: %w", l.name, cut, err)
+	}
+	if cut+1 >= l.tail.index {
+		// tidwall rewrote the tail segment into a new file named after cut.
+		if err := l.openTail(cut + 1); err != nil {
+			return err
+		}
+	}
+	l.first.Store(cut)
+	return syncDir(l.dir)
+}

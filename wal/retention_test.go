@@ -1,0 +1,180 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+func filesSize(t *testing.T, dir string) int64 {
+	t.Helper()
+	segs, _, err := listSegments(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, s := range segs {
+		n += s.size
+	}
+	return n
+}
+
+func appendN(t *testing.T, l *Log, from, n int) {
+	t.Helper()
+	for i := from; i < from+n; i++ {
+		off, err := l.Append(context.Background(), rec(i))
+		if err != nil || off != uint64(i) {
+			t.Fatalf("Append %d = %d, %v", i, off, err)
+		}
+	}
+}
+
+func TestRetentionBytes(t *testing.T) {
+	for _, seg := range []int{1024, 1 << 20} { // several segments; everything in the tail segment
+		dir := t.TempDir()
+		opts := Options{SegmentSize: seg, RetentionBytes: 3000, RetentionCheck: time.Hour}
+		l, _ := testLog(t, dir, opts)
+		appendN(t, l, 0, 200)
+		before := filesSize(t, dir)
+		dropped, err := l.EnforceRetention(time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := l.FirstOffset()
+		if dropped == 0 || first != dropped || l.NextOffset() != 200 {
+			t.Fatalf("segment %d: dropped %d, first %d, next %d", seg, dropped, first, l.NextOffset())
+		}
+		after := filesSize(t, dir)
+		if after > 3000 || after < 3000-200 {
+			t.Fatalf("segment %d: files hold %d bytes (were %d), want just under 3000", seg, after, before)
+		}
+		_, err = l.Read(0, 1, 0)
+		var oe *OutOfRangeError
+		if !errors.As(err, &oe) || !errors.Is(err, ErrOutOfRange) || oe.First != first {
+			t.Fatalf("Read(0) after retention = %v; want OutOfRange with First %d", err, first)
+		}
+		for i, r := range readAll(t, l, first) {
+			if err := sameRecord(r, rec(int(first)+i)); err != nil {
+				t.Fatalf("offset %d: %v", int(first)+i, err)
+			}
+		}
+		if d, err := l.EnforceRetention(time.Now()); err != nil || d != 0 {
+			t.Fatalf("second pass dropped %d, %v", d, err)
+		}
+		appendN(t, l, 200, 5)
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		l2, _ := testLog(t, dir, opts)
+		if l2.FirstOffset() != first || l2.NextOffset() != 205 {
+			t.Fatalf("after reopen first %d next %d, want %d 205", l2.FirstOffset(), l2.NextOffset(), first)
+		}
+		if got := len(readAll(t, l2, first)); got != int(205-first) {
+			t.Fatalf("read %d records after reopen", got)
+		}
+	}
+}
+
+func TestRetentionAge(t *testing.T) {
+	for _, seg := range []int{1024, 1 << 20} {
+		dir := t.TempDir()
+		const age = time.Hour
+		opts := Options{SegmentSize: seg, RetentionAge: age, RetentionCheck: time.Hour}
+		l, _ := testLog(t, dir, opts)
+		appendN(t, l, 0, 70)
+		old, err := l.Read(69, 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Millisecond)
+		appendN(t, l, 70, 30)
+
+		// Nothing is an hour old yet.
+		if d, err := l.EnforceRetention(time.Now()); err != nil || d != 0 {
+			t.Fatalf("dropped %d, %v; want nothing", d, err)
+		}
+		// An hour after the last old record, the first 70 are expired.
+		d, err := l.EnforceRetention(time.Unix(0, old[0].Timestamp).Add(age + 1))
+		if err != nil || d != 70 || l.FirstOffset() != 70 {
+			t.Fatalf("dropped %d, %v, first %d; want 70", d, err, l.FirstOffset())
+		}
+		if _, err := l.Read(69, 1, 0); !errors.Is(err, ErrOutOfRange) {
+			t.Fatalf("Read(69) = %v", err)
+		}
+		// Everything expired: the log is empty but keeps counting.
+		d, err = l.EnforceRetention(time.Now().Add(2 * age))
+		if err != nil || d != 30 || l.FirstOffset() != 100 || l.NextOffset() != 100 {
+			t.Fatalf("dropped %d, %v, first %d next %d", d, err, l.FirstOffset(), l.NextOffset())
+		}
+		if recs, err := l.Read(100, 1, 0); err != nil || len(recs) != 0 {
+			t.Fatalf("Read on emptied log = %v, %v", recs, err)
+		}
+		appendN(t, l, 100, 3) // also proves the tail file we sync is the rewritten one
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		l2, _ := testLog(t, dir, opts)
+		if l2.FirstOffset() != 100 || l2.NextOffset() != 103 {
+			t.Fatalf("after reopen first %d next %d", l2.FirstOffset(), l2.NextOffset())
+		}
+		for i, r := range readAll(t, l2, 100) {
+			if err := sameRecord(r, rec(100+i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+func TestRetentionInBackground(t *testing.T) {
+	l, _ := testLog(t, t.TempDir(), Options{RetentionAge: time.Nanosecond, RetentionCheck: 10 * time.Millisecond})
+	appendN(t, l, 0, 10)
+	deadline := time.Now().Add(10 * time.Second)
+	for l.FirstOffset() != 10 {
+		if time.Now().After(deadline) {
+			t.Fatalf("background retention did not run: first %d", l.FirstOffset())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	appendN(t, l, 10, 2)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.EnforceRetention(time.Now()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("EnforceRetention after Close = %v", err)
+	}
+}
+
+// TestRetentionWhileAppending runs retention passes concurrently with
+// appenders and readers (for the race detector and the tail tracking).
+func TestRetentionWhileAppending(t *testing.T) {
+	l, _ := testLog(t, t.TempDir(), Options{SegmentSize: 2048, RetentionBytes: 4096, RetentionCheck: time.Hour, TailRecords: 8})
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := l.EnforceRetention(time.Now()); err != nil {
+				t.Error(err)
+				return
+			}
+			from := l.FirstOffset()
+			if _, err := l.Read(from, 50, 0); err != nil && !errors.Is(err, ErrOutOfRange) {
+				t.Error(err)
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	appendN(t, l, 0, 400)
+	close(stop)
+	<-done
+	if l.FirstOffset() == 0 {
+		t.Fatal("retention never dropped anything")
+	}
+}
