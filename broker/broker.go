@@ -1,0 +1,302 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/felix-broker/felix/ctl"
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// ErrClosed is returned by Start on a closed broker.
+var ErrClosed = errors.New("broker: closed")
+
+// Broker is one Felix broker. Create it with New, run it with Start, stop
+// it with Close.
+type Broker struct {
+	cfg    Config
+	log    *slog.Logger
+	shards *shardSet
+	peers  *peerPool
+
+	// ctx is cancelled when Close begins; every goroutine the broker starts
+	// watches it and is counted in wg.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	ln     *transport.Listener
+	member *ctl.Member
+
+	// mu guards the set of live sessions so Close can drain them.
+	mu struct {
+		sync.Mutex
+		closing bool
+		conns   map[*quic.Conn]struct{}
+		pubs    map[*pubSession]struct{}
+	}
+}
+
+// New validates cfg and returns a broker that has not started yet.
+func New(cfg Config) (*Broker, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	b := &Broker{cfg: cfg, log: cfg.Logger}
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	b.shards = newShardSet(cfg.DataDir, cfg.SegmentSize, b.log)
+	b.peers = newPeerPool(cfg.PeerTLS, cfg.Transport)
+	b.mu.conns = map[*quic.Conn]struct{}{}
+	b.mu.pubs = map[*pubSession]struct{}{}
+	return b, nil
+}
+
+// Start listens, registers with the control plane, waits for the first
+// shard map, opens (and recovers) the logs of the shards it owns, and then
+// serves clients and peers until Close. ctx bounds the start-up only.
+func (b *Broker) Start(ctx context.Context) error {
+	if b.ctx.Err() != nil {
+		return ErrClosed
+	}
+	ln, err := transport.Listen(b.cfg.Listen, b.cfg.ServerTLS, b.cfg.Transport)
+	if err != nil {
+		return fmt.Errorf("broker %s: listen on %s: %w", b.cfg.NodeID, b.cfg.Listen, err)
+	}
+	b.ln = ln
+	advertise := b.cfg.Advertise
+	if advertise == "" {
+		advertise = ln.Addr().String()
+	}
+	member, err := ctl.Join(ctx, ctl.MemberConfig{
+		CtlAddr:   b.cfg.CtlAddr,
+		TLS:       b.cfg.CtlTLS,
+		Transport: b.cfg.Transport,
+		Node:      transport.Register{NodeID: b.cfg.NodeID, Addr: advertise, Admin: b.cfg.Admin},
+		LeaseTTL:  b.cfg.LeaseTTL,
+		Logger:    b.log,
+	})
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("broker %s: join control plane at %s: %w", b.cfg.NodeID, b.cfg.CtlAddr, err)
+	}
+	b.member = member
+	if err := b.applyMap(member.Map()); err != nil {
+		member.Close()
+		ln.Close()
+		return err
+	}
+	b.log.Info("broker serving", "addr", advertise, "epoch", member.Map().Epoch)
+	b.wg.Add(2)
+	go b.acceptLoop()
+	go b.mapLoop()
+	return nil
+}
+
+// Addr returns the address the broker listens on.
+func (b *Broker) Addr() net.Addr { return b.ln.Addr() }
+
+// Map returns the latest shard map the broker holds.
+func (b *Broker) Map() *shardmap.Map { return b.member.Map() }
+
+// Ready reports whether the broker has a map and its logs are open.
+func (b *Broker) Ready() bool {
+	return b.member != nil && b.member.Map() != nil && b.ctx.Err() == nil
+}
+
+// NodeID returns the broker's node id.
+func (b *Broker) NodeID() string { return b.cfg.NodeID }
+
+func (b *Broker) acceptLoop() {
+	defer b.wg.Done()
+	for {
+		conn, err := b.ln.Accept(b.ctx)
+		if err != nil {
+			if b.ctx.Err() == nil {
+				b.log.Error("accept failed; broker stops accepting", "err", err)
+			}
+			return
+		}
+		b.wg.Add(1)
+		go b.serveConn(conn)
+	}
+}
+
+// mapLoop applies every map the control plane pushes: it opens logs of
+// newly owned shards and closes logs of shards no longer owned.
+func (b *Broker) mapLoop() {
+	defer b.wg.Done()
+	for {
+		changed := b.member.Changed()
+		select {
+		case <-b.ctx.Done():
+			return
+		case <-changed:
+		}
+		m := b.member.Map()
+		if err := b.applyMap(m); err != nil {
+			b.log.Error("applying shard map", "epoch", m.Epoch, "err", err)
+		}
+	}
+}
+
+func (b *Broker) applyMap(m *shardmap.Map) error {
+	owned := m.OwnedBy(b.cfg.NodeID)
+	for _, id := range owned {
+		st, _ := m.Stream(id.Stream)
+		if _, err := b.shards.log(id, st.StreamConfig); err != nil {
+			return fmt.Errorf("broker %s: open shard %s: %w", b.cfg.NodeID, id, err)
+		}
+	}
+	b.shards.retain(m, b.cfg.NodeID)
+	b.peers.dropDown(m)
+	b.log.Info("shard map applied", "epoch", m.Epoch, "owned_shards", len(owned))
+	return nil
+}
+
+// serveConn accepts streams on one client or peer connection.
+func (b *Broker) serveConn(conn *quic.Conn) {
+	defer b.wg.Done()
+	peerID := ""
+	if conn.ConnectionState().TLS.NegotiatedProtocol == transport.ALPNPeer {
+		id, err := transport.PeerNodeID(conn)
+		if err != nil {
+			b.log.Warn("refusing peer connection without a node certificate", "remote", conn.RemoteAddr(), "err", err)
+			conn.CloseWithError(quic.ApplicationErrorCode(transport.CodeUnauthorized), "peer connections need a node certificate")
+			return
+		}
+		peerID = id
+	}
+	if !b.track(conn) {
+		conn.CloseWithError(quic.ApplicationErrorCode(transport.CodeShuttingDown), "broker shutting down")
+		return
+	}
+	defer b.untrack(conn)
+	for {
+		s, err := conn.AcceptStream(b.ctx)
+		if err != nil {
+			return
+		}
+		b.wg.Add(1)
+		go b.serveStream(s, peerID)
+	}
+}
+
+func (b *Broker) track(conn *quic.Conn) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.mu.closing {
+		return false
+	}
+	b.mu.conns[conn] = struct{}{}
+	return true
+}
+
+func (b *Broker) untrack(conn *quic.Conn) {
+	b.mu.Lock()
+	delete(b.mu.conns, conn)
+	b.mu.Unlock()
+}
+
+// serveStream reads the first frame of a stream and hands the stream to the
+// path it opens.
+func (b *Broker) serveStream(s *quic.Stream, peerID string) {
+	defer b.wg.Done()
+	r := transport.NewReader(s, b.cfg.Transport.MaxFrame)
+	f, err := r.Read()
+	if err != nil {
+		refuse(s, err)
+		return
+	}
+	switch f := f.(type) {
+	case *transport.Publish:
+		b.servePublish(s, r, f, peerID)
+	case *transport.Subscribe:
+		b.serveSubscribe(s, r, f)
+	case *transport.Request:
+		b.serveRequest(s, f)
+	default:
+		refuse(s, &transport.Error{Code: transport.CodeUnexpectedFrame,
+			Message: fmt.Sprintf("a stream must start with publish, subscribe or request, not %T", f)})
+	}
+}
+
+// refuse answers a stream that cannot go on with one Error frame (when err
+// is not a clean end of stream) and closes it.
+func refuse(s *quic.Stream, err error) {
+	var werr *transport.Error
+	if !errors.As(err, &werr) {
+		s.CancelRead(0)
+		s.Close()
+		return
+	}
+	s.SetWriteDeadline(time.Now().Add(time.Second))
+	transport.NewWriter(s).Write(werr)
+	s.CancelRead(quic.StreamErrorCode(werr.Code))
+	s.Close()
+}
+
+// Close shuts the broker down gracefully: it stops accepting, stops reading
+// new publishes, commits and acknowledges what was already received, then
+// closes connections, leaves the control plane and closes every log.
+func (b *Broker) Close() error {
+	b.mu.Lock()
+	if b.mu.closing {
+		b.mu.Unlock()
+		return nil
+	}
+	b.mu.closing = true
+	pubs := make([]*pubSession, 0, len(b.mu.pubs))
+	for p := range b.mu.pubs {
+		pubs = append(pubs, p)
+	}
+	b.mu.Unlock()
+
+	if b.ln != nil {
+		b.ln.StopAccepting()
+	}
+	// Stop reading publishes, then let each session finish what it took in:
+	// local appends are committed and acked, forwards answered or failed.
+	for _, p := range pubs {
+		p.stopReading()
+	}
+	drained := make(chan struct{})
+	go func() {
+		for _, p := range pubs {
+			p.waitIdle()
+		}
+		close(drained)
+	}()
+	select {
+	case <-drained:
+	case <-time.After(b.cfg.ForwardTimeout):
+		b.log.Warn("shutdown: gave up waiting for in-flight publishes", "sessions", len(pubs))
+	}
+
+	b.cancel()
+	b.mu.Lock()
+	for c := range b.mu.conns {
+		c.CloseWithError(quic.ApplicationErrorCode(transport.CodeShuttingDown), "broker shutting down")
+	}
+	b.mu.Unlock()
+	b.peers.close()
+	if b.ln != nil {
+		b.ln.Close()
+	}
+	var errs []error
+	if b.member != nil {
+		errs = append(errs, b.member.Close())
+	}
+	b.wg.Wait()
+	errs = append(errs, b.shards.close())
+	b.log.Info("broker stopped")
+	return errors.Join(errs...)
+}

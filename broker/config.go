@@ -1,0 +1,81 @@
+package broker
+
+import (
+	"crypto/tls"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/felix-broker/felix/transport"
+)
+
+// Config configures a Broker. The zero value of every optional field means
+// its documented default; New applies defaults to a copy.
+type Config struct {
+	// NodeID names this broker in the cluster; required.
+	NodeID string
+	// Listen is the QUIC address to listen on; default "127.0.0.1:7100".
+	Listen string
+	// Advertise is the address other brokers and clients use to reach this
+	// one; default the address actually bound.
+	Advertise string
+	// Admin is the advertised HTTP admin address, if any.
+	Admin string
+	// DataDir holds the shard logs; required.
+	DataDir string
+	// ServerTLS is the listener's TLS config; it must offer ALPNClient and
+	// ALPNPeer and verify client certificates against the cluster CA.
+	ServerTLS *tls.Config
+	// PeerTLS dials other brokers (ALPNPeer) with this node's certificate.
+	PeerTLS *tls.Config
+	// CtlAddr is the control plane's QUIC address; required.
+	CtlAddr string
+	// CtlTLS dials the control plane (ALPNCtl) with this node's certificate.
+	CtlTLS *tls.Config
+	// Transport tunes QUIC and framing.
+	Transport transport.Config
+	// MaxPayload bounds a record's key plus value plus headers; default 1 MiB.
+	MaxPayload int
+	// ForwardTimeout bounds how long a forwarded publish may wait for the
+	// owner, including re-routing after a map change; default 10s.
+	ForwardTimeout time.Duration
+	// LeaseTTL is the control plane lease; default 3s.
+	LeaseTTL time.Duration
+	// SegmentSize is the shard logs' segment size; default the wal default.
+	SegmentSize int
+	// Logger receives one line per meaningful event; default slog.Default().
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.NodeID == "" {
+		return c, errors.New("broker: config: NodeID is required")
+	}
+	if c.DataDir == "" {
+		return c, errors.New("broker: config: DataDir is required")
+	}
+	if c.CtlAddr == "" {
+		return c, errors.New("broker: config: CtlAddr is required")
+	}
+	if c.ServerTLS == nil || c.PeerTLS == nil || c.CtlTLS == nil {
+		return c, errors.New("broker: config: ServerTLS, PeerTLS and CtlTLS are required")
+	}
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:7100"
+	}
+	if c.MaxPayload == 0 {
+		c.MaxPayload = 1 << 20
+	}
+	if c.ForwardTimeout == 0 {
+		c.ForwardTimeout = 10 * time.Second
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = 3 * time.Second
+	}
+	c.Transport = c.Transport.WithDefaults()
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	c.Logger = c.Logger.With("node", c.NodeID)
+	return c, nil
+}

@@ -1,0 +1,298 @@
+package broker
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// maxForwardAttempts bounds how often one publish is re-routed after owners
+// answer NotOwner (each time with a newer map).
+const maxForwardAttempts = 4
+
+// dialTimeout bounds connecting to a peer broker.
+const dialTimeout = 3 * time.Second
+
+// peerPool keeps one QUIC connection per peer broker; every forwarding
+// lane to that peer is a stream on it.
+type peerPool struct {
+	tls *tls.Config
+	cfg transport.Config
+
+	// mu guards conns; dialing happens outside it, one dial per peer at a
+	// time through the entry's ready channel.
+	mu struct {
+		sync.Mutex
+		closed bool
+		conns  map[string]*peerConn
+	}
+}
+
+type peerConn struct {
+	addr  string
+	ready chan struct{} // closed once conn or err is set
+	conn  *quic.Conn
+	err   error
+}
+
+func newPeerPool(tlsConf *tls.Config, cfg transport.Config) *peerPool {
+	p := &peerPool{tls: tlsConf, cfg: cfg}
+	p.mu.conns = map[string]*peerConn{}
+	return p
+}
+
+var errPoolClosed = errors.New("broker: peer pool closed")
+
+// conn returns the connection to node, dialing it if there is none or the
+// one there has died or points at an old address.
+func (p *peerPool) conn(ctx context.Context, node shardmap.Node) (*quic.Conn, error) {
+	p.mu.Lock()
+	if p.mu.closed {
+		p.mu.Unlock()
+		return nil, errPoolClosed
+	}
+	pc := p.mu.conns[node.ID]
+	if pc != nil {
+		select {
+		case <-pc.ready:
+			if pc.err != nil || pc.conn.Context().Err() != nil || pc.addr != node.Addr {
+				pc = nil
+			}
+		default:
+		}
+	}
+	if pc == nil {
+		pc = &peerConn{addr: node.Addr, ready: make(chan struct{})}
+		p.mu.conns[node.ID] = pc
+		p.mu.Unlock()
+		dctx, cancel := context.WithTimeout(ctx, dialTimeout)
+		pc.conn, pc.err = transport.Dial(dctx, node.Addr, p.tls, p.cfg)
+		cancel()
+		close(pc.ready)
+	} else {
+		p.mu.Unlock()
+	}
+	select {
+	case <-pc.ready:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return pc.conn, pc.err
+}
+
+// dropDown closes connections to peers the map says are down, so forwards
+// waiting on them fail now rather than at the QUIC idle timeout.
+func (p *peerPool) dropDown(m *shardmap.Map) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id, pc := range p.mu.conns {
+		if n, ok := m.Node(id); ok && n.Live {
+			continue
+		}
+		select {
+		case <-pc.ready:
+			if pc.conn != nil {
+				pc.conn.CloseWithError(quic.ApplicationErrorCode(transport.CodeUnavailable), "peer is down in the shard map")
+			}
+			delete(p.mu.conns, id)
+		default:
+		}
+	}
+}
+
+func (p *peerPool) close() {
+	p.mu.Lock()
+	p.mu.closed = true
+	conns := p.mu.conns
+	p.mu.conns = nil
+	p.mu.Unlock()
+	for _, pc := range conns {
+		<-pc.ready
+		if pc.conn != nil {
+			pc.conn.CloseWithError(0, "broker shutting down")
+		}
+	}
+}
+
+// lane carries the records one publisher stream forwards to one owner, on
+// one stream of the pooled peer connection, so they reach the owner in the
+// order they were routed. Its reader relays the owner's answers.
+type lane struct {
+	p     *pubSession
+	owner string
+	s     *quic.Stream
+	w     *transport.Writer // written under p.dispatchMu
+
+	// mu guards the forwards awaiting the owner's answer, by Seq.
+	mu struct {
+		sync.Mutex
+		pending map[uint64]forwarded
+		dead    bool
+	}
+}
+
+type forwarded struct {
+	pub     *transport.Publish
+	attempt int
+}
+
+// forward sends pub to the shard's owner on this session's lane to it. The
+// caller holds dispatchMu.
+func (p *pubSession) forward(pub *transport.Publish, m *shardmap.Map, shard int, owner string, attempt int) {
+	b := p.b
+	node, ok := m.Node(owner)
+	if !ok || !node.Live {
+		p.fail(pub, &transport.Error{Code: transport.CodeUnavailable, Owner: owner, Epoch: m.Epoch,
+			Message: fmt.Sprintf("%s/%d is owned by %s, which is down; it is unavailable until %s returns", pub.Stream, shard, owner, owner)})
+		return
+	}
+	l, err := p.lane(node)
+	if err != nil {
+		p.fail(pub, &transport.Error{Code: transport.CodeUnavailable, Owner: owner, Epoch: m.Epoch,
+			Message: fmt.Sprintf("%s (%s), the owner of %s/%d, is not reachable from %s: %v", owner, node.Addr, pub.Stream, shard, b.cfg.NodeID, err)})
+		return
+	}
+	fwd := *pub
+	fwd.Shard = int32(shard)
+	fwd.Epoch = m.Epoch
+	fwd.Via = b.cfg.NodeID
+	if !l.add(pub, attempt) {
+		p.fail(pub, &transport.Error{Code: transport.CodeInvalid,
+			Message: fmt.Sprintf("seq %d is already in flight on this stream; sequence numbers must be unique", pub.Seq)})
+		return
+	}
+	if err := l.w.Write(&fwd); err != nil {
+		l.kill(fmt.Errorf("writing to %s: %w", owner, err))
+		delete(p.lanes, owner)
+	}
+}
+
+// lane returns this session's lane to node, opening it if need be. The
+// caller holds dispatchMu.
+func (p *pubSession) lane(node shardmap.Node) (*lane, error) {
+	if l := p.lanes[node.ID]; l != nil && !l.isDead() {
+		return l, nil
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, dialTimeout)
+	defer cancel()
+	conn, err := p.b.peers.conn(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	s, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		return nil, err
+	}
+	l := &lane{p: p, owner: node.ID, s: s, w: transport.NewWriter(s)}
+	l.mu.pending = map[uint64]forwarded{}
+	p.lanes[node.ID] = l
+	p.workers.Add(1)
+	go l.read()
+	return l, nil
+}
+
+func (l *lane) add(pub *transport.Publish, attempt int) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, dup := l.mu.pending[pub.Seq]; dup {
+		return false
+	}
+	l.mu.pending[pub.Seq] = forwarded{pub: pub, attempt: attempt}
+	return true
+}
+
+func (l *lane) take(seq uint64) (forwarded, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	f, ok := l.mu.pending[seq]
+	delete(l.mu.pending, seq)
+	return f, ok
+}
+
+func (l *lane) isDead() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.mu.dead
+}
+
+// read relays the owner's answers to the publisher until the lane ends.
+func (l *lane) read() {
+	defer l.p.workers.Done()
+	r := transport.NewReader(l.s, l.p.b.cfg.Transport.MaxFrame)
+	for {
+		f, err := r.Read()
+		if err != nil {
+			l.kill(err)
+			return
+		}
+		switch f := f.(type) {
+		case *transport.Ack:
+			if _, ok := l.take(f.Seq); ok {
+				l.p.acks.send(f)
+				l.p.done()
+			}
+		case *transport.Error:
+			fw, ok := l.take(f.Seq)
+			if !ok {
+				// A stream-level error from the owner: nothing more will
+				// come on this lane.
+				l.kill(f)
+				return
+			}
+			l.p.answer(fw, f)
+		}
+	}
+}
+
+// answer handles an owner's refusal of a forwarded record: NotOwner means
+// the map moved, so catch up and route again (bounded); anything else goes
+// back to the publisher.
+func (p *pubSession) answer(fw forwarded, e *transport.Error) {
+	if e.Code != transport.CodeNotOwner || fw.attempt+1 >= maxForwardAttempts {
+		e.Seq = fw.pub.Seq
+		p.acks.send(e)
+		p.done()
+		return
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, p.b.cfg.ForwardTimeout)
+	_, err := p.b.member.Refresh(ctx, e.Epoch)
+	cancel()
+	if err != nil {
+		p.fail(fw.pub, &transport.Error{Code: transport.CodeUnavailable,
+			Message: fmt.Sprintf("%s was refused by %s (not the owner at epoch %d) and could not get that map: %v", p.b.cfg.NodeID, e.Owner, e.Epoch, err)})
+		return
+	}
+	p.dispatchMu.Lock()
+	p.dispatch(fw.pub, fw.attempt+1)
+	p.dispatchMu.Unlock()
+}
+
+// kill ends the lane and fails every forward still waiting on it: the owner
+// may or may not have written them, and the publisher must be told so.
+func (l *lane) kill(cause error) {
+	l.mu.Lock()
+	if l.mu.dead {
+		l.mu.Unlock()
+		return
+	}
+	l.mu.dead = true
+	pending := l.mu.pending
+	l.mu.pending = nil
+	l.mu.Unlock()
+	l.s.CancelRead(quic.StreamErrorCode(transport.CodeUnavailable))
+	l.s.CancelWrite(quic.StreamErrorCode(transport.CodeUnavailable))
+	for _, fw := range pending {
+		l.p.fail(fw.pub, &transport.Error{Code: transport.CodeUnavailable, Owner: l.owner,
+			Message: fmt.Sprintf("lost %s before it acknowledged; the record may or may not have been written (%v)", l.owner, cause)})
+	}
+}
+
+func (l *lane) close() { l.kill(errors.New("publisher stream closed")) }

@@ -1,0 +1,212 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"go.uber.org/goleak"
+
+	"github.com/felix-broker/felix/ctl"
+	"github.com/felix-broker/felix/internal/cluster"
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+const waitFor = 15 * time.Second
+
+// inproc is a control plane and brokers in this test process.
+type inproc struct {
+	t       *testing.T
+	dir     string
+	ctl     *ctl.Server
+	brokers []*Broker
+}
+
+func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// startInproc starts a control plane and n brokers in-process, creates the
+// given streams, and waits until every broker holds a map with them.
+func startInproc(t *testing.T, n int, streams ...shardmap.StreamConfig) *inproc {
+	t.Helper()
+	dir := t.TempDir()
+	ids := []string{"ctl"}
+	for i := range n {
+		ids = append(ids, cluster.BrokerID(i))
+	}
+	if err := transport.GenerateDevCerts(filepath.Join(dir, "certs"), ids...); err != nil {
+		t.Fatal(err)
+	}
+	ctlTLS, err := cluster.CtlServerTLS(filepath.Join(dir, "certs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := ctl.New(ctl.Config{Addr: "127.0.0.1:0", DataDir: filepath.Join(dir, "ctl"), TLS: ctlTLS, LeaseTTL: time.Second, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ip := &inproc{t: t, dir: dir, ctl: c}
+	t.Cleanup(ip.close)
+	for _, s := range streams {
+		if err := c.CreateStream(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range n {
+		ip.brokers = append(ip.brokers, ip.startBroker(i))
+	}
+	ip.waitEpoch(c.Map().Epoch)
+	return ip
+}
+
+func (ip *inproc) startBroker(i int) *Broker {
+	t := ip.t
+	t.Helper()
+	id := cluster.BrokerID(i)
+	nt, err := cluster.LoadNodeTLS(filepath.Join(ip.dir, "certs"), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(Config{
+		NodeID: id, Listen: "127.0.0.1:0", DataDir: filepath.Join(ip.dir, id),
+		ServerTLS: nt.Server, PeerTLS: nt.Peer, CtlTLS: nt.Ctl, CtlAddr: ip.ctl.Addr(),
+		LeaseTTL: time.Second, Logger: quiet(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// waitEpoch waits until every running broker holds a map of at least epoch.
+func (ip *inproc) waitEpoch(epoch uint64) {
+	ip.t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for _, b := range ip.brokers {
+		for b.Map().Epoch < epoch {
+			if time.Now().After(deadline) {
+				ip.t.Fatalf("%s still at epoch %d, want %d", b.NodeID(), b.Map().Epoch, epoch)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
+
+func (ip *inproc) close() {
+	for _, b := range ip.brokers {
+		b.Close()
+	}
+	ip.ctl.Close()
+}
+
+// dial opens a client connection to b, verified against the cluster CA.
+func (ip *inproc) dial(b *Broker) *quic.Conn {
+	t := ip.t
+	t.Helper()
+	ca, err := transport.LoadCA(filepath.Join(ip.dir, "certs", "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	conn, err := transport.Dial(ctx, b.Addr().String(), transport.ClientTLS(ca, nil, "", transport.ALPNClient), transport.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.CloseWithError(0, "") })
+	return conn
+}
+
+// owner returns the broker owning shard of stream.
+func (ip *inproc) owner(stream string, shard int) *Broker {
+	ip.t.Helper()
+	n, err := ip.ctl.Map().Owner(stream, shard)
+	if err != nil {
+		ip.t.Fatal(err)
+	}
+	for _, b := range ip.brokers {
+		if b.NodeID() == n.ID {
+			return b
+		}
+	}
+	ip.t.Fatalf("no broker %s", n.ID)
+	return nil
+}
+
+// nonOwner returns a broker not owning shard of stream.
+func (ip *inproc) nonOwner(stream string, shard int) *Broker {
+	o := ip.owner(stream, shard)
+	for _, b := range ip.brokers {
+		if b != o {
+			return b
+		}
+	}
+	ip.t.Fatal("every broker owns the shard")
+	return nil
+}
+
+// wireStream is a raw stream speaking frames.
+type wireStream struct {
+	t *testing.T
+	s *quic.Stream
+	r *transport.Reader
+	w *transport.Writer
+}
+
+func openStream(t *testing.T, conn *quic.Conn) *wireStream {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	s, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetReadDeadline(time.Now().Add(waitFor))
+	return &wireStream{t: t, s: s, r: transport.NewReader(s, 0), w: transport.NewWriter(s)}
+}
+
+func (ws *wireStream) send(f transport.Frame) {
+	ws.t.Helper()
+	if err := ws.w.Write(f); err != nil {
+		ws.t.Fatal(err)
+	}
+}
+
+func (ws *wireStream) recv() transport.Frame {
+	ws.t.Helper()
+	f, err := ws.r.Read()
+	if err != nil {
+		ws.t.Fatalf("reading a frame: %v", err)
+	}
+	return f
+}
+
+// recvEnd expects the broker to end the stream.
+func (ws *wireStream) recvEnd() {
+	ws.t.Helper()
+	f, err := ws.r.Read()
+	if err == nil {
+		ws.t.Fatalf("expected the stream to end, got %T %+v", f, f)
+	}
+	var serr *quic.StreamError
+	if !errors.Is(err, io.EOF) && !errors.As(err, &serr) {
+		ws.t.Fatalf("expected the stream to end, got %v", err)
+	}
+}

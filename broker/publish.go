@@ -1,0 +1,271 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+	"github.com/felix-broker/felix/wal"
+)
+
+// maxInFlight bounds the records one publisher stream may have taken in and
+// not yet answered; past it the broker stops reading the stream, which
+// pushes back on the publisher through QUIC flow control.
+const maxInFlight = 4096
+
+// pubSession serves one publisher stream, from a client or from a
+// forwarding peer. Its reader goroutine decodes publishes and dispatches
+// them; answers are written by whoever completes each record.
+type pubSession struct {
+	b      *Broker
+	s      *quic.Stream
+	r      *transport.Reader
+	peerID string // the forwarding broker's node id; "" for a client
+	acks   *ackWriter
+
+	ctx    context.Context // cancelled when the session ends
+	cancel context.CancelFunc
+
+	slots   chan struct{}  // one per record in flight
+	pending sync.WaitGroup // records in flight
+	workers sync.WaitGroup // the ack flusher and lane readers
+	stopped atomic.Bool    // Close asked the session to stop reading
+	idle    chan struct{}  // closed when the session has answered everything
+
+	// dispatchMu serializes routing: the reader and lane retries both
+	// dispatch, and lanes are created and written under it, so the records
+	// of this stream reach each owner in the order they were routed.
+	dispatchMu sync.Mutex
+	lanes      map[string]*lane // by owner node id; guarded by dispatchMu
+}
+
+func (b *Broker) servePublish(s *quic.Stream, r *transport.Reader, first *transport.Publish, peerID string) {
+	p := &pubSession{
+		b: b, s: s, r: r, peerID: peerID,
+		slots: make(chan struct{}, maxInFlight),
+		idle:  make(chan struct{}),
+		lanes: map[string]*lane{},
+	}
+	p.acks = newAckWriter(s, &p.workers)
+	p.ctx, p.cancel = context.WithCancel(b.ctx)
+	defer p.cancel()
+	defer close(p.idle)
+
+	b.mu.Lock()
+	if b.mu.closing {
+		b.mu.Unlock()
+		refuse(s, &transport.Error{Seq: first.Seq, Code: transport.CodeShuttingDown, Message: "broker is shutting down; publish through another broker"})
+		return
+	}
+	b.mu.pubs[p] = struct{}{}
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		delete(b.mu.pubs, p)
+		b.mu.Unlock()
+	}()
+
+	p.handle(first)
+	for {
+		f, err := p.r.Read()
+		if err != nil {
+			var werr *transport.Error
+			if errors.As(err, &werr) && !p.stopped.Load() {
+				// The stream cannot be resynchronized after a bad frame:
+				// answer it, finish what was taken in, close the stream.
+				p.acks.send(werr)
+				s.CancelRead(quic.StreamErrorCode(werr.Code))
+			} else if !errors.Is(err, io.EOF) && !p.stopped.Load() {
+				p.b.log.Debug("publisher stream ended", "err", err)
+			}
+			break
+		}
+		pub, ok := f.(*transport.Publish)
+		if !ok {
+			p.acks.send(&transport.Error{Code: transport.CodeUnexpectedFrame,
+				Message: fmt.Sprintf("a publisher stream carries publish frames, not %T", f)})
+			s.CancelRead(quic.StreamErrorCode(transport.CodeUnexpectedFrame))
+			break
+		}
+		if !p.handle(pub) {
+			break
+		}
+	}
+	p.finish()
+}
+
+// handle takes one publish in. It returns false when the session is ending.
+func (p *pubSession) handle(pub *transport.Publish) bool {
+	if p.peerID == "" {
+		// Only a forwarding peer may speak for an epoch or another broker.
+		pub.Epoch, pub.Via = 0, ""
+	}
+	select {
+	case p.slots <- struct{}{}:
+	case <-p.ctx.Done():
+		return false
+	}
+	p.pending.Add(1)
+	if n := len(pub.Key) + len(pub.Value) + headersLen(pub.Headers); n > p.b.cfg.MaxPayload {
+		p.fail(pub, &transport.Error{Code: transport.CodePayloadTooLarge,
+			Message: fmt.Sprintf("record of %d bytes exceeds the broker's limit of %d bytes", n, p.b.cfg.MaxPayload)})
+		return true
+	}
+	p.dispatchMu.Lock()
+	p.dispatch(pub, 0)
+	p.dispatchMu.Unlock()
+	return true
+}
+
+func headersLen(h map[string]string) int {
+	n := 0
+	for k, v := range h {
+		n += len(k) + len(v)
+	}
+	return n
+}
+
+// dispatch routes pub by the broker's current map: a local append when this
+// broker owns the shard, a forward when it does not, a NotOwner refusal
+// when a peer forwarded it here by a map this broker no longer agrees
+// with. The caller holds dispatchMu.
+func (p *pubSession) dispatch(pub *transport.Publish, attempt int) {
+	b := p.b
+	m := b.member.Map()
+	if pub.Epoch > m.Epoch {
+		// The forwarder has seen a newer map than ours: catch up before
+		// judging ownership, so a moved shard is never written twice.
+		ctx, cancel := context.WithTimeout(p.ctx, b.cfg.ForwardTimeout)
+		nm, err := b.member.Refresh(ctx, pub.Epoch)
+		cancel()
+		if err != nil {
+			p.fail(pub, &transport.Error{Code: transport.CodeUnavailable,
+				Message: fmt.Sprintf("%s could not catch up to map epoch %d: %v", b.cfg.NodeID, pub.Epoch, err)})
+			return
+		}
+		m = nm
+	}
+	st, ok := m.Stream(pub.Stream)
+	if !ok {
+		p.fail(pub, &transport.Error{Code: transport.CodeUnknownStream, Epoch: m.Epoch,
+			Message: fmt.Sprintf("stream %q does not exist; create it with `felixctl stream create %s`", pub.Stream, pub.Stream)})
+		return
+	}
+	shard := int(pub.Shard)
+	if pub.Shard < 0 {
+		shard = shardmap.ShardFor(pub.Key, st.Shards)
+	} else if shard >= st.Shards {
+		p.fail(pub, &transport.Error{Code: transport.CodeInvalid,
+			Message: fmt.Sprintf("stream %q has %d shards; there is no shard %d", pub.Stream, st.Shards, shard)})
+		return
+	}
+	owner := st.Owners[shard]
+	switch {
+	case owner == b.cfg.NodeID:
+		p.appendLocal(pub, st.StreamConfig, shard)
+	case p.peerID != "":
+		p.fail(pub, &transport.Error{Code: transport.CodeNotOwner, Epoch: m.Epoch, Owner: owner,
+			Message: fmt.Sprintf("%s does not own %s/%d at epoch %d; %s does", b.cfg.NodeID, pub.Stream, shard, m.Epoch, owner)})
+	default:
+		p.forward(pub, m, shard, owner, attempt)
+	}
+}
+
+// appendLocal appends pub to this broker's log of the shard; the ack is
+// written by the shard's committer once the record is fsynced.
+func (p *pubSession) appendLocal(pub *transport.Publish, cfg shardmap.StreamConfig, shard int) {
+	b := p.b
+	id := shardmap.ShardID{Stream: pub.Stream, Shard: shard}
+	log, err := b.shards.log(id, cfg)
+	if err != nil {
+		p.fail(pub, &transport.Error{Code: transport.CodeUnavailable,
+			Message: fmt.Sprintf("%s cannot open its log of %s: %v", b.cfg.NodeID, id, err)})
+		return
+	}
+	via := pub.Via
+	if via == "" {
+		via = b.cfg.NodeID
+	}
+	seq, stream := pub.Seq, pub.Stream
+	log.AppendAsync(&wal.Record{
+		ProducerID:  pub.ProducerID,
+		ProducerSeq: pub.ProducerSeq,
+		Headers:     pub.Headers,
+		Key:         pub.Key,
+		Value:       pub.Value,
+	}, func(offset uint64, ts int64, err error) {
+		if err != nil {
+			code := transport.CodeInternal
+			if errors.Is(err, wal.ErrClosed) {
+				code = transport.CodeShuttingDown
+			}
+			p.acks.send(&transport.Error{Seq: seq, Code: code,
+				Message: fmt.Sprintf("%s could not write %s: %v", b.cfg.NodeID, id, err)})
+		} else {
+			p.acks.send(&transport.Ack{Seq: seq, Stream: stream, Shard: int32(shard), Offset: offset,
+				Timestamp: ts, Owner: b.cfg.NodeID, Via: via, Forwarded: via != b.cfg.NodeID})
+		}
+		p.done()
+	})
+}
+
+// fail answers pub with err and releases its slot.
+func (p *pubSession) fail(pub *transport.Publish, err *transport.Error) {
+	err.Seq = pub.Seq
+	p.acks.send(err)
+	p.done()
+}
+
+func (p *pubSession) done() {
+	<-p.slots
+	p.pending.Done()
+}
+
+// finish waits until every record taken in is answered, then closes the
+// stream. A forward that cannot finish within ForwardTimeout is failed by
+// closing its lane.
+func (p *pubSession) finish() {
+	answered := make(chan struct{})
+	go func() {
+		p.pending.Wait()
+		close(answered)
+	}()
+	select {
+	case <-answered:
+	case <-time.After(p.b.cfg.ForwardTimeout):
+		p.closeLanes() // lanes fail what they still hold
+		<-answered
+	}
+	p.cancel()
+	p.closeLanes()
+	p.workers.Wait()
+	p.s.Close()
+}
+
+func (p *pubSession) closeLanes() {
+	p.dispatchMu.Lock()
+	lanes := p.lanes
+	p.lanes = map[string]*lane{}
+	p.dispatchMu.Unlock()
+	for _, l := range lanes {
+		l.close()
+	}
+}
+
+// stopReading makes the session stop taking in publishes; what it already
+// took in is still answered.
+func (p *pubSession) stopReading() {
+	p.stopped.Store(true)
+	p.s.CancelRead(quic.StreamErrorCode(transport.CodeShuttingDown))
+}
+
+// waitIdle returns once the session has answered everything it took in.
+func (p *pubSession) waitIdle() { <-p.idle }

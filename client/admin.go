@@ -1,0 +1,186 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// Request ops, as the broker knows them.
+const (
+	opStreamCreate  = "stream.create"
+	opStreamDelete  = "stream.delete"
+	opStreamList    = "stream.list"
+	opStreamInfo    = "stream.info"
+	opMapGet        = "map.get"
+	opClusterStatus = "cluster.status"
+)
+
+// createWait bounds how long CreateStream waits for the broker it is
+// connected to to see the new stream in its shard map.
+const createWait = 5 * time.Second
+
+// CreateStream creates a stream with cfg.Name, cfg.Shards shards and the
+// retention given. It fails with an error matching
+// transport.ErrStreamExists if the stream exists.
+//
+// It returns once the broker the client is connected to has the stream in
+// its shard map (or after a few seconds if it does not see it yet), so that
+// a Publish or Subscribe right after finds it.
+func (c *Client) CreateStream(ctx context.Context, cfg shardmap.StreamConfig) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("client: create stream %q: %w", cfg.Name, err)
+	}
+	if _, err := c.request(ctx, c.home, &transport.Request{Op: opStreamCreate, Stream: cfg}); err != nil {
+		return fmt.Errorf("client: create stream %q: %w", cfg.Name, err)
+	}
+	// Wait for the new stream to reach this broker's map. Not finding it is
+	// not an error: the stream was created.
+	wctx, cancel := context.WithTimeout(ctx, createWait)
+	defer cancel()
+	for delay := 5 * time.Millisecond; ; delay = min(delay*2, 200*time.Millisecond) {
+		m, err := c.fetchMap(wctx, c.home)
+		if err == nil {
+			c.storeMap(m)
+			if _, ok := m.Stream(cfg.Name); ok {
+				return nil
+			}
+		}
+		if !sleep(wctx, delay) {
+			return nil
+		}
+	}
+}
+
+// DeleteStream deletes the stream named name and its records.
+func (c *Client) DeleteStream(ctx context.Context, name string) error {
+	req := &transport.Request{Op: opStreamDelete, Stream: shardmap.StreamConfig{Name: name}}
+	if _, err := c.request(ctx, c.home, req); err != nil {
+		return fmt.Errorf("client: delete stream %q: %w", name, err)
+	}
+	return nil
+}
+
+// Streams lists the streams of the cluster.
+func (c *Client) Streams(ctx context.Context) ([]shardmap.StreamConfig, error) {
+	resp, err := c.request(ctx, c.home, &transport.Request{Op: opStreamList})
+	if err != nil {
+		return nil, fmt.Errorf("client: list streams: %w", err)
+	}
+	return resp.Streams, nil
+}
+
+// StreamInfo returns the configuration of the stream named name; it fails
+// with an error matching transport.ErrUnknownStream if there is none.
+func (c *Client) StreamInfo(ctx context.Context, name string) (shardmap.StreamConfig, error) {
+	req := &transport.Request{Op: opStreamInfo, Stream: shardmap.StreamConfig{Name: name}}
+	resp, err := c.request(ctx, c.home, req)
+	if err != nil {
+		return shardmap.StreamConfig{}, fmt.Errorf("client: stream info %q: %w", name, err)
+	}
+	if len(resp.Streams) == 0 {
+		return shardmap.StreamConfig{}, fmt.Errorf("client: stream info %q: %w", name, &transport.Error{Code: transport.CodeUnknownStream, Message: "empty answer"})
+	}
+	return resp.Streams[0], nil
+}
+
+// Map returns the shard map of the broker the client is connected to
+// (falling back to the other brokers of the last map seen when it is
+// down). The client keeps the newest map it has seen to route
+// subscriptions.
+func (c *Client) Map(ctx context.Context) (*shardmap.Map, error) {
+	return c.refreshMap(ctx)
+}
+
+// ClusterStatus returns the control plane's view of the cluster: members,
+// their liveness, and the shard map.
+func (c *Client) ClusterStatus(ctx context.Context) (*shardmap.Map, error) {
+	resp, err := c.request(ctx, c.home, &transport.Request{Op: opClusterStatus})
+	if err != nil {
+		return nil, fmt.Errorf("client: cluster status: %w", err)
+	}
+	if resp.Map == nil {
+		return nil, fmt.Errorf("client: cluster status: %w", &transport.Error{Code: transport.CodeInternal, Message: "response carries no map"})
+	}
+	c.storeMap(resp.Map)
+	return resp.Map, nil
+}
+
+// request runs one request stream on the broker b: one Request out, one
+// Response or *transport.Error back. A broker error is returned as the
+// *transport.Error; a stream that dies first yields an error wrapping
+// ErrConnectionLost.
+func (c *Client) request(ctx context.Context, b *brokerConn, req *transport.Request) (*transport.Response, error) {
+	conn, err := b.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	str, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("opening stream to %s: %w", b.addr, lost(err))
+	}
+	stop := context.AfterFunc(ctx, func() { cancelStream(str) })
+	defer stop()
+	defer cancelStream(str)
+
+	w := transport.NewWriter(str)
+	w.SetMaxFrame(c.maxFrame())
+	if err := w.Write(req); err != nil {
+		var werr *transport.Error
+		if errors.As(err, &werr) {
+			return nil, err // it did not encode; nothing was sent
+		}
+		return nil, c.streamErr(ctx, b.addr, err)
+	}
+	_ = str.Close() // no more frames from us
+	r := transport.NewReader(str, c.maxFrame())
+	for {
+		f, err := r.Read()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, c.streamErr(ctx, b.addr, err)
+		}
+		switch f := f.(type) {
+		case *transport.Response:
+			return f, nil
+		case *transport.Error:
+			return nil, f
+		case *transport.MapUpdate:
+			c.storeMap(f.Map)
+		default:
+			return nil, fmt.Errorf("request %s to %s: %w", req.Op, b.addr, &transport.Error{Code: transport.CodeUnexpectedFrame, Message: "got a " + f.Type().String() + " frame"})
+		}
+	}
+}
+
+// streamErr turns the error of a stream that died into the caller's
+// context error, ErrClosed, or an error wrapping ErrConnectionLost.
+func (c *Client) streamErr(ctx context.Context, addr string, err error) error {
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case c.closed.Load():
+		return ErrClosed
+	}
+	return fmt.Errorf("stream to broker %s: %w", addr, lost(err))
+}
+
+func (c *Client) maxFrame() int { return c.cfg.transport.WithDefaults().MaxFrame }
+
+// cancelStream abandons both directions of a stream.
+func cancelStream(str *quic.Stream) {
+	str.CancelRead(0)
+	str.CancelWrite(0)
+}

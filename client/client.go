@@ -1,0 +1,230 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// Client is a connection to a Felix cluster through one broker (the one
+// given to [Connect]), plus connections to the owners of the shards it
+// subscribes to. It is safe for concurrent use. Close it when done.
+type Client struct {
+	cfg  config
+	addr string // the broker given to Connect: publishes and requests go there
+	home *brokerConn
+
+	// ctx ends when the client is closed; dials and waits select on it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	closed atomic.Bool
+
+	// shardMap is the newest shard map seen, nil before the first.
+	shardMap atomic.Pointer[shardmap.Map]
+
+	// pub carries Client.Publish and Client.PublishAsync.
+	pub *Publisher
+
+	// mu guards the registries Close walks to stop everything.
+	mu struct {
+		sync.Mutex
+		conns      map[string]*brokerConn
+		publishers map[*Publisher]struct{}
+		subs       map[*Subscription]struct{}
+	}
+	// wg counts the client's goroutines: one reader per publish stream and
+	// one per subscribed shard.
+	wg sync.WaitGroup
+}
+
+// Connect connects to the Felix broker at addr ("host:port") and returns a
+// client of the cluster it belongs to. Any broker serves: publishes are
+// forwarded to the shard's owner, subscriptions follow the shard map.
+//
+// The broker is verified against the cluster CA given with [WithCA] or
+// [WithCAFile]; one of them is required unless [WithInsecure] is given.
+// Connect returns once the connection is up, or with an error if ctx ends
+// or the dial fails (see [DialError]).
+func Connect(ctx context.Context, addr string, opts ...Opt) (*Client, error) {
+	cfg := newConfig(opts)
+	if !cfg.insecure && cfg.ca == nil {
+		if cfg.caFile == "" {
+			return nil, fmt.Errorf("client: connect to %s: no cluster CA to verify the broker with: pass WithCA or WithCAFile (or WithInsecure, for development only)", addr)
+		}
+		pool, err := transport.LoadCA(cfg.caFile)
+		if err != nil {
+			return nil, fmt.Errorf("client: connect to %s: %w", addr, err)
+		}
+		cfg.ca = pool
+	}
+	c := &Client{cfg: cfg, addr: addr}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.mu.conns = map[string]*brokerConn{}
+	c.mu.publishers = map[*Publisher]struct{}{}
+	c.mu.subs = map[*Subscription]struct{}{}
+	c.home, _ = c.conn(addr)
+	c.pub = newPublisher(c, "")
+	if _, err := c.home.get(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	// Best effort: the map spreads keyless records over shards and routes
+	// subscriptions; whatever needs it fetches it again if this fails.
+	if _, err := c.refreshMap(ctx); err != nil {
+		cfg.logger.Debug("client: no shard map yet", "broker", addr, "err", err)
+	}
+	return c, nil
+}
+
+// Addr returns the address of the broker the client was connected to.
+func (c *Client) Addr() string { return c.addr }
+
+// Close stops every publisher and subscription of the client, closes its
+// connections and waits for its goroutines to end. Records in flight fail
+// with an error matching [ErrClosed] (their outcome is unknown: call Flush
+// first to wait for them). Calls after Close fail with ErrClosed. Close is
+// idempotent and always returns nil.
+func (c *Client) Close() error {
+	if !c.closed.CompareAndSwap(false, true) {
+		c.wg.Wait()
+		return nil
+	}
+	c.cancel()
+	c.mu.Lock()
+	pubs := make([]*Publisher, 0, len(c.mu.publishers)+1)
+	for p := range c.mu.publishers {
+		pubs = append(pubs, p)
+	}
+	subs := make([]*Subscription, 0, len(c.mu.subs))
+	for s := range c.mu.subs {
+		subs = append(subs, s)
+	}
+	conns := make([]*brokerConn, 0, len(c.mu.conns))
+	for _, b := range c.mu.conns {
+		conns = append(conns, b)
+	}
+	c.mu.Unlock()
+
+	for _, s := range subs {
+		s.stop(nil)
+	}
+	c.pub.shutdown()
+	for _, p := range pubs {
+		p.shutdown()
+	}
+	for _, b := range conns {
+		b.close()
+	}
+	c.wg.Wait()
+	return nil
+}
+
+// track registers a publisher or subscription so Close stops it; it fails
+// with ErrClosed on a closed client.
+func (c *Client) track(p *Publisher, s *Subscription) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	if p != nil {
+		c.mu.publishers[p] = struct{}{}
+	}
+	if s != nil {
+		c.mu.subs[s] = struct{}{}
+	}
+	return nil
+}
+
+func (c *Client) untrack(p *Publisher, s *Subscription) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.mu.publishers, p)
+	delete(c.mu.subs, s)
+}
+
+// cachedMap returns the newest shard map seen, or nil.
+func (c *Client) cachedMap() *shardmap.Map { return c.shardMap.Load() }
+
+// storeMap keeps m if it is newer than the cached map, and returns the
+// newest map.
+func (c *Client) storeMap(m *shardmap.Map) *shardmap.Map {
+	for {
+		old := c.shardMap.Load()
+		if m == nil || !m.NewerThan(old) && old != nil {
+			return old
+		}
+		if c.shardMap.CompareAndSwap(old, m) {
+			return m
+		}
+	}
+}
+
+// refreshMap fetches the shard map from the home broker or, when it cannot
+// be reached, from the other brokers of the cached map.
+func (c *Client) refreshMap(ctx context.Context) (*shardmap.Map, error) {
+	m, err := c.fetchMap(ctx, c.home)
+	if err == nil {
+		return c.storeMap(m), nil
+	}
+	var werr *transport.Error
+	if errors.As(err, &werr) || ctx.Err() != nil || c.closed.Load() {
+		return nil, err
+	}
+	if cached := c.cachedMap(); cached != nil {
+		for _, n := range cached.Nodes {
+			if n.Addr == "" || n.Addr == c.addr || !n.Live {
+				continue
+			}
+			b, cerr := c.conn(n.Addr)
+			if cerr != nil {
+				return nil, cerr
+			}
+			if m, err2 := c.fetchMap(ctx, b); err2 == nil {
+				return c.storeMap(m), nil
+			}
+		}
+	}
+	return nil, err
+}
+
+func (c *Client) fetchMap(ctx context.Context, b *brokerConn) (*shardmap.Map, error) {
+	resp, err := c.request(ctx, b, &transport.Request{Op: "map.get"})
+	if err != nil {
+		return nil, fmt.Errorf("client: getting shard map from %s: %w", b.addr, err)
+	}
+	if resp.Map == nil {
+		return nil, fmt.Errorf("client: getting shard map from %s: %w", b.addr, &transport.Error{Code: transport.CodeInternal, Message: "response carries no map"})
+	}
+	return resp.Map, nil
+}
+
+// mapWith returns a shard map that has stream, refreshing the cached one
+// if it does not. It fails with an error matching transport.ErrUnknownStream
+// and shardmap.ErrUnknownStream if the cluster does not have it.
+func (c *Client) mapWith(ctx context.Context, stream string) (*shardmap.Map, *shardmap.Stream, error) {
+	if m := c.cachedMap(); m != nil {
+		if st, ok := m.Stream(stream); ok {
+			return m, st, nil
+		}
+	}
+	m, err := c.refreshMap(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, ok := m.Stream(stream)
+	if !ok {
+		return nil, nil, unknownStream(stream, m.Epoch)
+	}
+	return m, st, nil
+}
+
+func unknownStream(stream string, epoch uint64) error {
+	return fmt.Errorf("client: stream %q: %w (%w; shard map epoch %d; create it first, or check the name)",
+		stream, &transport.Error{Code: transport.CodeUnknownStream, Message: "no such stream"}, shardmap.ErrUnknownStream, epoch)
+}

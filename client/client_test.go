@@ -1,0 +1,376 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func connect(t *testing.T, fc *fakeCluster, broker int, opts ...Opt) *Client {
+	t.Helper()
+	c, err := Connect(testCtx(t), fc.brokers[broker].addr, fc.clientOpts(append([]Opt{WithLogger(quiet)}, opts...)...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestConfigDefaults(t *testing.T) {
+	c := newConfig(nil)
+	if c.maxInFlight != DefaultMaxInFlight || !c.blockOnFull || c.dialTimeout != DefaultDialTimeout ||
+		c.backoffMin != DefaultBackoffMin || c.backoffMax != DefaultBackoffMax || c.logger == nil || c.insecure {
+		t.Fatalf("defaults: %+v", c)
+	}
+	c = newConfig([]Opt{WithMaxInFlight(7), WithBlockOnFull(false), WithReconnect(time.Second, time.Millisecond), WithServerName("x")})
+	if c.maxInFlight != 7 || c.blockOnFull || c.backoffMin != time.Second || c.backoffMax != DefaultBackoffMax || c.serverName != "x" {
+		t.Fatalf("options: %+v", c)
+	}
+}
+
+func TestBackoffCapped(t *testing.T) {
+	c := &Client{cfg: newConfig([]Opt{WithReconnect(10*time.Millisecond, 80*time.Millisecond)})}
+	for n := 1; n < 20; n++ {
+		d := c.backoff(n)
+		if d <= 0 || d > 80*time.Millisecond {
+			t.Fatalf("backoff(%d) = %v", n, d)
+		}
+	}
+	if d := c.backoff(1); d > 12*time.Millisecond {
+		t.Fatalf("first backoff %v", d)
+	}
+}
+
+func TestConnectRequiresCA(t *testing.T) {
+	_, err := Connect(context.Background(), "127.0.0.1:1")
+	if err == nil || !contains(err.Error(), "WithCA") {
+		t.Fatalf("want an error naming WithCA, got %v", err)
+	}
+}
+
+func TestConnectNoBroker(t *testing.T) {
+	fc := newFakeCluster(t, 1)
+	// A UDP port with nobody on it.
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := pc.LocalAddr().String()
+	pc.Close()
+	_, err = Connect(context.Background(), addr, WithCA(fc.ca), WithDialTimeout(200*time.Millisecond), WithLogger(quiet))
+	var de *DialError
+	if !errors.As(err, &de) || de.Addr != addr || !de.Timeout() || !contains(err.Error(), "is the broker running") {
+		t.Fatalf("want a timed-out *DialError, got %v", err)
+	}
+}
+
+func TestConnectWrongCA(t *testing.T) {
+	fc := newFakeCluster(t, 1)
+	other := newFakeCluster(t, 1) // another CA
+	_, err := Connect(context.Background(), fc.brokers[0].addr, WithCA(other.ca), WithLogger(quiet))
+	var de *DialError
+	if !errors.As(err, &de) {
+		t.Fatalf("want *DialError, got %v", err)
+	}
+}
+
+func TestWindow(t *testing.T) {
+	c := &Client{cfg: newConfig([]Opt{WithMaxInFlight(2)})}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	defer c.cancel()
+	p := newPublisher(c, "x")
+	for range 2 {
+		if err := p.acquire(context.Background(), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.acquire(context.Background(), false); !errors.Is(err, ErrWindowFull) {
+		t.Fatalf("want ErrWindowFull, got %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := p.acquire(ctx, true); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("want DeadlineExceeded, got %v", err)
+	}
+	f := &Future{done: make(chan struct{}), window: p.window, stream: "x"}
+	go func() {
+		time.Sleep(10 * time.Millisecond)
+		f.resolve(Ack{Offset: 7}, nil)
+	}()
+	if err := p.acquire(context.Background(), true); err != nil { // unblocked by resolve
+		t.Fatal(err)
+	}
+	<-f.Done()
+	if ack, err := f.Wait(context.Background()); err != nil || ack.Offset != 7 {
+		t.Fatalf("Wait = %v, %v", ack, err)
+	}
+	c.cancel()
+	if err := p.acquire(context.Background(), true); !errors.Is(err, ErrClosed) {
+		t.Fatalf("want ErrClosed on a closed client, got %v", err)
+	}
+}
+
+func TestFutureWaitContext(t *testing.T) {
+	f := &Future{done: make(chan struct{}), window: make(chan struct{}, 1), stream: "x"}
+	f.window <- struct{}{}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := f.Wait(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("want Canceled, got %v", err)
+	}
+	f.resolve(Ack{}, errTest)
+	if _, err := f.Wait(ctx); !errors.Is(err, errTest) { // resolved wins over a done ctx
+		t.Fatalf("want the outcome, got %v", err)
+	}
+}
+
+func TestPublishRoundTrip(t *testing.T) {
+	fc := newFakeCluster(t, 2)
+	c := connect(t, fc, 0)
+	ctx := testCtx(t)
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "orders", Shards: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "orders", Shards: 2}); !errors.Is(err, transport.ErrStreamExists) {
+		t.Fatalf("want ErrStreamExists, got %v", err)
+	}
+	for i, shard := range []int{0, 1, 1} {
+		ack, err := c.Publish(ctx, "orders", nil, []byte("hello"), WithShard(shard), WithHeaders(map[string]string{"a": "b"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantOff := uint64(0)
+		if i == 2 {
+			wantOff = 1
+		}
+		owner := fmt.Sprintf("broker-%d", shard)
+		if ack.Stream != "orders" || ack.Shard != shard || ack.Offset != wantOff || ack.Via != "broker-0" ||
+			ack.Owner != owner || ack.Forwarded != (owner != "broker-0") || ack.Timestamp.IsZero() {
+			t.Fatalf("publish %d: ack %+v", i, ack)
+		}
+	}
+	// A keyed record goes where the key hashes.
+	key := []byte("customer-42")
+	ack, err := c.Publish(ctx, "orders", key, []byte("v"))
+	if err != nil || ack.Shard != shardmap.ShardFor(key, 2) {
+		t.Fatalf("keyed publish: %+v %v", ack, err)
+	}
+
+	// Per-record broker errors are typed and leave the stream usable.
+	_, err = c.Publish(ctx, "nope", nil, []byte("x"))
+	var pe *PublishError
+	if !errors.Is(err, transport.ErrUnknownStream) || !errors.As(err, &pe) || pe.Stream != "nope" {
+		t.Fatalf("want a PublishError matching ErrUnknownStream, got %v", err)
+	}
+	if _, err := c.Publish(ctx, "orders", key, []byte("after")); err != nil {
+		t.Fatal(err)
+	}
+
+	list, err := c.Streams(ctx)
+	if err != nil || len(list) != 1 || list[0].Name != "orders" {
+		t.Fatalf("Streams = %v, %v", list, err)
+	}
+	info, err := c.StreamInfo(ctx, "orders")
+	if err != nil || info.Shards != 2 {
+		t.Fatalf("StreamInfo = %v, %v", info, err)
+	}
+	if _, err := c.StreamInfo(ctx, "nope"); !errors.Is(err, transport.ErrUnknownStream) {
+		t.Fatalf("StreamInfo(nope): %v", err)
+	}
+	m, err := c.ClusterStatus(ctx)
+	if err != nil || len(m.Nodes) != 2 {
+		t.Fatalf("ClusterStatus = %v, %v", m, err)
+	}
+}
+
+func TestPublishPipelinedInOrder(t *testing.T) {
+	fc := newFakeCluster(t, 1)
+	c := connect(t, fc, 0)
+	ctx := testCtx(t)
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := c.Publisher(ctx, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	const n = 1000
+	futs := make([]*Future, n)
+	for i := range futs {
+		if futs[i], err = p.PublishAsync(ctx, []byte("k"), []byte(fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range futs {
+		select {
+		case <-f.Done():
+		default:
+			t.Fatalf("future %d not resolved after Flush", i)
+		}
+		ack, err := f.Wait(ctx)
+		if err != nil || ack.Offset != uint64(i) {
+			t.Fatalf("future %d: %+v %v", i, ack, err)
+		}
+	}
+	if len(p.window) != 0 {
+		t.Fatalf("%d window slots still taken", len(p.window))
+	}
+}
+
+func TestWindowFullAgainstBroker(t *testing.T) {
+	fc := newFakeCluster(t, 1)
+	c := connect(t, fc, 0, WithMaxInFlight(4), WithBlockOnFull(false))
+	ctx := testCtx(t)
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	fc.brokers[0].holdAcks.Store(true)
+	for i := range 4 {
+		if _, err := c.PublishAsync(ctx, "s", nil, []byte("x")); err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+	}
+	if _, err := c.PublishAsync(ctx, "s", nil, []byte("x")); !errors.Is(err, ErrWindowFull) {
+		t.Fatalf("want ErrWindowFull, got %v", err)
+	}
+}
+
+func TestConnectionLostFailsInFlight(t *testing.T) {
+	fc := newFakeCluster(t, 1)
+	b := fc.brokers[0]
+	c := connect(t, fc, 0)
+	ctx := testCtx(t)
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Publish(ctx, "s", nil, []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	b.holdAcks.Store(true)
+	const n = 10
+	var futs []*Future
+	for range n {
+		f, err := c.PublishAsync(ctx, "s", nil, []byte("lost?"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		futs = append(futs, f)
+	}
+	for b.published.Load() < n+1 {
+		time.Sleep(time.Millisecond)
+	}
+	b.holdAcks.Store(false)
+	b.restart(t)
+	for i, f := range futs {
+		_, err := f.Wait(ctx)
+		var pe *PublishError
+		if !errors.Is(err, ErrConnectionLost) || !errors.As(err, &pe) || pe.Stream != "s" {
+			t.Fatalf("future %d: want a PublishError matching ErrConnectionLost, got %v", i, err)
+		}
+	}
+	// New publishes redial and work.
+	ack, err := c.Publish(ctx, "s", nil, []byte("after"))
+	if err != nil || ack.Offset != 1 {
+		t.Fatalf("publish after reconnect: %+v %v", ack, err)
+	}
+}
+
+func TestCloseFailsInFlightAndLeavesNothing(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	fc := newFakeCluster(t, 2)
+	c, err := Connect(testCtx(t), fc.brokers[0].addr, fc.clientOpts(WithLogger(quiet))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 2}); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := c.Subscribe(ctx, "s", Earliest())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := c.Publisher(ctx, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Publish(ctx, nil, []byte("x"), WithShard(1)); err != nil {
+		t.Fatal(err)
+	}
+	fc.brokers[0].holdAcks.Store(true)
+	f, err := c.PublishAsync(ctx, "s", nil, []byte("y"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for fc.brokers[0].published.Load() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	c.Close()
+	if leaked := clientGoroutines(); leaked != "" {
+		t.Fatalf("client goroutines left after Close:\n%s", leaked)
+	}
+	if _, err := f.Wait(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("in-flight after Close: want ErrClosed, got %v", err)
+	}
+	select {
+	case <-sub.Closed():
+	default:
+		t.Fatal("subscription not closed after Client.Close")
+	}
+	if _, err := c.Publish(ctx, "s", nil, nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Publish after Close: %v", err)
+	}
+	if _, err := p.Publish(ctx, nil, nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Publisher.Publish after Close: %v", err)
+	}
+	if _, err := c.Subscribe(ctx, "s", Earliest()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Subscribe after Close: %v", err)
+	}
+	fc.close() // the fake brokers' goroutines, too, must all end
+	goleak.VerifyNone(t, before)
+}
+
+// clientGoroutines returns the stacks of goroutines running SDK code (not
+// the fake brokers'), immediately: Close must have waited for them.
+func clientGoroutines() string {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		for _, fn := range []string{"client.(*shardSub)", "client.(*pubSession)", "client.(*Subscription)", "client.(*Publisher)", "client.(*brokerConn)", "client.(*Client)"} {
+			if strings.Contains(g, fn) && !strings.Contains(g, "client.TestClose") {
+				out = append(out, g)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n\n")
+}
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }

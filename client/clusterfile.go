@@ -1,0 +1,102 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// DefaultClusterFile is the connection file `felix dev` writes in its
+// working directory and that ConnectFile and felixctl read by default.
+const DefaultClusterFile = "felix-cluster.json"
+
+// ClusterFile describes how to reach a cluster: its brokers and the CA that
+// signed their certificates.
+type ClusterFile struct {
+	Name    string          `json:"name"`
+	CAFile  string          `json:"ca_file"`
+	Brokers []ClusterBroker `json:"brokers"`
+}
+
+// ClusterBroker is one broker in a ClusterFile.
+type ClusterBroker struct {
+	ID   string `json:"id"`
+	Addr string `json:"addr"`
+}
+
+// ErrNoClusterFile is returned by LoadClusterFile when the file is missing.
+var ErrNoClusterFile = errors.New("client: no cluster connection file")
+
+// LoadClusterFile reads a connection file. A relative CAFile is resolved
+// against the file's directory.
+func LoadClusterFile(path string) (*ClusterFile, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %s does not exist (is `felix dev` running in this directory?)", ErrNoClusterFile, path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("client: read cluster file: %w", err)
+	}
+	var cf ClusterFile
+	if err := json.Unmarshal(b, &cf); err != nil {
+		return nil, fmt.Errorf("client: cluster file %s: %w", path, err)
+	}
+	if len(cf.Brokers) == 0 {
+		return nil, fmt.Errorf("client: cluster file %s lists no brokers", path)
+	}
+	if cf.CAFile != "" && !filepath.IsAbs(cf.CAFile) {
+		cf.CAFile = filepath.Join(filepath.Dir(path), cf.CAFile)
+	}
+	return &cf, nil
+}
+
+// Write writes the file atomically.
+func (cf *ClusterFile) Write(path string) error {
+	b, err := json.MarshalIndent(cf, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("client: write cluster file: %w", err)
+	}
+	return os.Rename(tmp, path)
+}
+
+// Broker returns the broker with id.
+func (cf *ClusterFile) Broker(id string) (ClusterBroker, bool) {
+	for _, b := range cf.Brokers {
+		if b.ID == id {
+			return b, true
+		}
+	}
+	return ClusterBroker{}, false
+}
+
+// ConnectFile connects to the first reachable broker listed in the cluster
+// file at path (DefaultClusterFile when empty), verifying it against the
+// file's CA.
+func ConnectFile(ctx context.Context, path string, opts ...Opt) (*Client, error) {
+	if path == "" {
+		path = DefaultClusterFile
+	}
+	cf, err := LoadClusterFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if cf.CAFile != "" {
+		opts = append([]Opt{WithCAFile(cf.CAFile)}, opts...)
+	}
+	var errs []error
+	for _, b := range cf.Brokers {
+		c, err := Connect(ctx, b.Addr, opts...)
+		if err == nil {
+			return c, nil
+		}
+		errs = append(errs, fmt.Errorf("%s (%s): %w", b.ID, b.Addr, err))
+	}
+	return nil, fmt.Errorf("client: no broker in %s is reachable: %w", path, errors.Join(errs...))
+}

@@ -1,0 +1,72 @@
+// Package client is the Go SDK of Felix: applications, felixctl and the
+// bench harness publish, subscribe and manage streams through it.
+//
+// It owns the client side of the broker protocol: one QUIC connection per
+// broker, redialed with capped exponential backoff; publish streams with a
+// bounded window of records in flight; one subscription stream per shard,
+// attached to the shard's owner as the shard map says; and request streams
+// for admin calls. It never computes shard ownership itself (it obeys the
+// map the brokers serve) and never retries a publish on its own: a record
+// whose outcome is unknown is reported as such ([ErrConnectionLost]).
+//
+// # Usage
+//
+//	c, err := client.Connect(ctx, "broker-0:7400", client.WithCAFile("ca.crt"))
+//	if err != nil {
+//		return err
+//	}
+//	defer c.Close()
+//
+//	err = c.CreateStream(ctx, shardmap.StreamConfig{Name: "orders", Shards: 8})
+//	ack, err := c.Publish(ctx, "orders", []byte("customer-42"), []byte("hello"))
+//	fmt.Printf("offset %d on %s/%d, owner %s, via %s\n", ack.Offset, ack.Stream, ack.Shard, ack.Owner, ack.Via)
+//
+//	sub, err := c.Subscribe(ctx, "orders", client.Earliest())
+//	defer sub.Stop()
+//	for rec, err := range sub.Records(ctx) {
+//		if err != nil {
+//			return err
+//		}
+//		fmt.Printf("%s/%d@%d %s\n", rec.Stream, rec.Shard, rec.Offset, rec.Value)
+//	}
+//
+// # Publishing
+//
+// Any broker accepts any publish and forwards it to the shard's owner; the
+// [Ack] comes once the owner has fsynced the record, and says which broker
+// committed it (Owner), which one received it (Via) and whether it was
+// Forwarded. [Client.Publish] waits for the ack; [Client.PublishAsync]
+// returns a [Future] and keeps up to [WithMaxInFlight] records in flight.
+// A [Publisher] is one ordered stream: its records are committed in the
+// order sent (within each shard).
+//
+// # Subscribing
+//
+// A subscription reads every shard of a stream (or one, with [Shard]) from
+// its owner and merges them into one iterator, [Subscription.Records]: in
+// offset order within a shard, resumed without gap or duplicate after a
+// broker restart, with credit-based flow control so a slow application
+// never makes a broker buffer more than [Credit] records per shard.
+//
+// The iterator was chosen over a channel because delivery then happens in
+// the application's goroutine: the SDK knows exactly which records the
+// application has taken (for the credit it grants and the offsets
+// [Subscription.Next] reports), there is no extra goroutine hand-off per
+// record, and the context of the call bounds the wait.
+//
+// # Errors
+//
+// Errors from brokers are [*transport.Error] values: compare them with
+// errors.Is against transport's sentinels (transport.ErrUnknownStream,
+// transport.ErrUnavailable, ...). The SDK's own are [ErrClosed],
+// [ErrWindowFull] and [ErrConnectionLost]; a failed publish is a
+// [*PublishError] naming the record's stream, shard and broker, and a
+// failed dial a [*DialError] whose message says what to check.
+//
+// # Security
+//
+// Brokers are verified against the cluster CA ([WithCA], [WithCAFile]);
+// [WithClientCert] presents a client certificate for clusters requiring
+// mutual TLS. [WithInsecure] turns verification off and is for development
+// only.
+package client

@@ -1,0 +1,78 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+)
+
+// Sentinel errors of the SDK. Compare with errors.Is; wire errors from the
+// broker are [*transport.Error] values and compare the same way against the
+// transport sentinels (errors.Is(err, transport.ErrUnknownStream)).
+var (
+	// ErrClosed is returned by calls on a closed [Client], [Publisher] or
+	// [Subscription].
+	ErrClosed = errors.New("client: closed")
+
+	// ErrWindowFull is returned by PublishAsync when the publish window
+	// (WithMaxInFlight) is full and WithBlockOnFull(false) is set: wait for
+	// some futures to resolve, or Flush, and try again.
+	ErrWindowFull = errors.New("client: publish window full (too many records in flight; see WithMaxInFlight and WithBlockOnFull)")
+
+	// ErrConnectionLost means the connection or stream carrying a request
+	// died before its answer arrived. For a publish the outcome is unknown:
+	// the record may or may not have been written. The error wraps the
+	// cause. Publishes after the connection is back work normally.
+	ErrConnectionLost = errors.New("client: connection lost, outcome unknown (the record may or may not have been written)")
+)
+
+// PublishError is the error a publish fails with: the record's stream and
+// shard, the broker it was sent through, and why. Err is a
+// [*transport.Error] from the broker (errors.Is(err,
+// transport.ErrUnavailable)), or wraps [ErrConnectionLost] or [ErrClosed]
+// when the outcome is unknown.
+type PublishError struct {
+	Stream string
+	Shard  int    // -1 when the broker was to pick the shard from the key
+	Broker string // address the record was sent to
+	Err    error
+}
+
+func (e *PublishError) Error() string {
+	shard := "?"
+	if e.Shard >= 0 {
+		shard = strconv.Itoa(e.Shard)
+	}
+	return fmt.Sprintf("client: publish to %s/%s via %s: %v", e.Stream, shard, e.Broker, e.Err)
+}
+
+func (e *PublishError) Unwrap() error { return e.Err }
+
+// DialError is returned when a broker cannot be reached. Its message says
+// what to check.
+type DialError struct {
+	Addr string
+	Err  error
+}
+
+func (e *DialError) Error() string {
+	return fmt.Sprintf("client: connect to broker %s: %v (is the broker running and reachable at that address? is TLS configured with the cluster CA (WithCA/WithCAFile)?)", e.Addr, e.Err)
+}
+
+func (e *DialError) Unwrap() error { return e.Err }
+
+// Timeout reports whether the dial failed because it ran out of time.
+func (e *DialError) Timeout() bool {
+	var t interface{ Timeout() bool }
+	return errors.Is(e.Err, errDialTimeout) || errors.As(e.Err, &t) && t.Timeout()
+}
+
+var errDialTimeout = errors.New("dial timed out")
+
+// lost returns an error wrapping both ErrConnectionLost and cause.
+func lost(cause error) error {
+	if cause == nil {
+		return ErrConnectionLost
+	}
+	return fmt.Errorf("%w: %w", ErrConnectionLost, cause)
+}

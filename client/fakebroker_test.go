@@ -1,0 +1,404 @@
+package client
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// fakeCluster is brokers speaking the client protocol over real QUIC, with
+// one shared in-memory log per shard. Shard s of a stream is owned by
+// node s mod len(nodes), so tests know who owns what.
+type fakeCluster struct {
+	t       testing.TB
+	dir     string
+	ca      *x509.CertPool
+	brokers []*fakeBroker
+
+	mu struct {
+		sync.Mutex
+		m       *shardmap.Map
+		logs    map[shardmap.ShardID][]transport.Record
+		changed chan struct{} // closed and replaced on every append
+	}
+	// staleGets makes this many map.get answers carry stale instead.
+	staleGets atomic.Int32
+	stale     atomic.Pointer[shardmap.Map]
+}
+
+func newFakeCluster(t testing.TB, n int) *fakeCluster {
+	t.Helper()
+	fc := &fakeCluster{t: t, dir: t.TempDir()}
+	fc.mu.logs = map[shardmap.ShardID][]transport.Record{}
+	fc.mu.changed = make(chan struct{})
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = "broker-" + string(rune('0'+i))
+	}
+	if err := transport.GenerateDevCerts(fc.dir, ids...); err != nil {
+		t.Fatal(err)
+	}
+	ca, err := transport.LoadCA(filepath.Join(fc.dir, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc.ca = ca
+	var nodes []shardmap.Node
+	for _, id := range ids {
+		cert, err := transport.LoadKeyPair(filepath.Join(fc.dir, id+".crt"), filepath.Join(fc.dir, id+".key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := &fakeBroker{fc: fc, id: id, cert: cert}
+		b.start(t, "127.0.0.1:0")
+		fc.brokers = append(fc.brokers, b)
+		nodes = append(nodes, shardmap.Node{ID: id, Addr: b.addr, Live: true})
+	}
+	fc.mu.Lock()
+	fc.mu.m = &shardmap.Map{Epoch: 1, Nodes: nodes}
+	fc.mu.Unlock()
+	t.Cleanup(fc.close)
+	return fc
+}
+
+func (fc *fakeCluster) close() {
+	for _, b := range fc.brokers {
+		b.stop()
+	}
+}
+
+func (fc *fakeCluster) clientOpts(extra ...Opt) []Opt {
+	return append([]Opt{WithCA(fc.ca), WithReconnect(10*time.Millisecond, 100*time.Millisecond), WithDialTimeout(5 * time.Second)}, extra...)
+}
+
+func (fc *fakeCluster) currentMap() *shardmap.Map {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	return fc.mu.m
+}
+
+// createStream adds a stream to the map under a new epoch.
+func (fc *fakeCluster) createStream(cfg shardmap.StreamConfig) error {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	old := fc.mu.m
+	if _, ok := old.Stream(cfg.Name); ok {
+		return &transport.Error{Code: transport.CodeStreamExists, Message: cfg.Name}
+	}
+	m := &shardmap.Map{Epoch: old.Epoch + 1, Nodes: old.Nodes, Streams: append([]shardmap.Stream(nil), old.Streams...)}
+	st := shardmap.Stream{StreamConfig: cfg, Owners: make([]string, cfg.Shards)}
+	for s := range cfg.Shards {
+		st.Owners[s] = old.Nodes[s%len(old.Nodes)].ID
+	}
+	m.Streams = append(m.Streams, st)
+	// keep sorted by name
+	for i := len(m.Streams) - 1; i > 0 && m.Streams[i].Name < m.Streams[i-1].Name; i-- {
+		m.Streams[i], m.Streams[i-1] = m.Streams[i-1], m.Streams[i]
+	}
+	fc.mu.m = m
+	return nil
+}
+
+// append commits a record and returns its offset.
+func (fc *fakeCluster) append(id shardmap.ShardID, p *transport.Publish) (uint64, int64) {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	off := uint64(len(fc.mu.logs[id]))
+	ts := time.Now().UnixNano()
+	fc.mu.logs[id] = append(fc.mu.logs[id], transport.Record{
+		Offset: off, Timestamp: ts, Key: p.Key, Value: p.Value, Headers: p.Headers,
+		ProducerID: p.ProducerID, ProducerSeq: p.ProducerSeq,
+	})
+	close(fc.mu.changed)
+	fc.mu.changed = make(chan struct{})
+	return off, ts
+}
+
+// read returns up to n records of a shard from off, or the channel that is
+// closed on the next append.
+func (fc *fakeCluster) read(id shardmap.ShardID, off uint64, n int) ([]transport.Record, <-chan struct{}, uint64) {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	log := fc.mu.logs[id]
+	end := uint64(len(log))
+	if off >= end {
+		return nil, fc.mu.changed, end
+	}
+	hi := min(end, off+uint64(n))
+	return append([]transport.Record(nil), log[off:hi]...), fc.mu.changed, end
+}
+
+// fakeBroker is one broker of a fakeCluster.
+type fakeBroker struct {
+	fc   *fakeCluster
+	id   string
+	cert tls.Certificate
+	addr string
+
+	holdAcks  atomic.Bool  // drop publishes without answering
+	published atomic.Int64 // publish frames received
+	subs      atomic.Int64 // subscribe frames received
+
+	ln     *transport.Listener
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     struct {
+		sync.Mutex
+		conns []*quic.Conn
+	}
+}
+
+func (b *fakeBroker) start(t testing.TB, addr string) {
+	t.Helper()
+	var ln *transport.Listener
+	var err error
+	for range 50 { // the port of a restarted broker may take a moment to free
+		ln, err = transport.Listen(addr, transport.ServerTLS(b.cert, b.fc.ca, transport.ALPNClient), transport.Config{})
+		if err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.ln, b.addr = ln, ln.Addr().String()
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	b.wg.Add(1)
+	go b.acceptLoop()
+}
+
+// stop closes the listener and every connection, as a crash would (the
+// client sees the connections close) and waits for its goroutines.
+func (b *fakeBroker) stop() {
+	if b.ln == nil {
+		return
+	}
+	b.cancel()
+	b.mu.Lock()
+	conns := b.mu.conns
+	b.mu.conns = nil
+	b.mu.Unlock()
+	for _, c := range conns {
+		_ = c.CloseWithError(1, "broker restart")
+	}
+	_ = b.ln.Close()
+	b.wg.Wait()
+	b.ln = nil
+}
+
+func (b *fakeBroker) restart(t *testing.T) {
+	b.stop()
+	b.start(t, b.addr)
+}
+
+func (b *fakeBroker) acceptLoop() {
+	defer b.wg.Done()
+	for {
+		conn, err := b.ln.Accept(b.ctx)
+		if err != nil {
+			return
+		}
+		b.mu.Lock()
+		b.mu.conns = append(b.mu.conns, conn)
+		b.mu.Unlock()
+		b.wg.Add(1)
+		go func() {
+			defer b.wg.Done()
+			for {
+				str, err := conn.AcceptStream(b.ctx)
+				if err != nil {
+					_ = conn.CloseWithError(0, "")
+					return
+				}
+				b.wg.Add(1)
+				go func() {
+					defer b.wg.Done()
+					defer str.CancelRead(0)
+					b.serveStream(conn, str)
+				}()
+			}
+		}()
+	}
+}
+
+func (b *fakeBroker) serveStream(conn *quic.Conn, str *quic.Stream) {
+	r, w := transport.NewReader(str, 0), transport.NewWriter(str)
+	f, err := r.Read()
+	if err != nil {
+		return
+	}
+	switch f := f.(type) {
+	case *transport.Publish:
+		b.servePublish(f, r, w)
+	case *transport.Subscribe:
+		b.serveSubscribe(conn, f, r, w)
+	case *transport.Request:
+		b.serveRequest(f, w)
+	}
+	_ = str.Close()
+}
+
+func (b *fakeBroker) servePublish(p *transport.Publish, r *transport.Reader, w *transport.Writer) {
+	for {
+		b.published.Add(1)
+		if !b.holdAcks.Load() {
+			if err := w.Buffer(b.publish(p)); err != nil {
+				return
+			}
+			if !r.Ready() {
+				if err := w.Flush(); err != nil {
+					return
+				}
+			}
+		}
+		f, err := r.Read()
+		if err != nil {
+			return
+		}
+		var ok bool
+		if p, ok = f.(*transport.Publish); !ok {
+			_ = w.Write(&transport.Error{Code: transport.CodeUnexpectedFrame})
+			return
+		}
+	}
+}
+
+func (b *fakeBroker) publish(p *transport.Publish) transport.Frame {
+	m := b.fc.currentMap()
+	st, ok := m.Stream(p.Stream)
+	if !ok {
+		return &transport.Error{Seq: p.Seq, Code: transport.CodeUnknownStream, Message: p.Stream}
+	}
+	shard := int(p.Shard)
+	if shard < 0 {
+		shard = shardmap.ShardFor(p.Key, st.Shards)
+	}
+	if shard >= st.Shards {
+		return &transport.Error{Seq: p.Seq, Code: transport.CodeUnknownStream, Message: "no such shard"}
+	}
+	off, ts := b.fc.append(shardmap.ShardID{Stream: p.Stream, Shard: shard}, p)
+	owner := st.Owners[shard]
+	return &transport.Ack{Seq: p.Seq, Stream: p.Stream, Shard: int32(shard), Offset: off, Timestamp: ts,
+		Owner: owner, Via: b.id, Forwarded: owner != b.id}
+}
+
+func (b *fakeBroker) serveRequest(req *transport.Request, w *transport.Writer) {
+	var resp transport.Frame
+	switch req.Op {
+	case opMapGet, opClusterStatus:
+		m := b.fc.currentMap()
+		if b.fc.staleGets.Add(-1) >= 0 {
+			m = b.fc.stale.Load()
+		}
+		resp = &transport.Response{Map: m}
+	case opStreamCreate:
+		if err := b.fc.createStream(req.Stream); err != nil {
+			resp = transport.ErrorFrom(err)
+		} else {
+			resp = &transport.Response{}
+		}
+	case opStreamList:
+		var out []shardmap.StreamConfig
+		for _, s := range b.fc.currentMap().Streams {
+			out = append(out, s.StreamConfig)
+		}
+		resp = &transport.Response{Streams: out}
+	case opStreamInfo:
+		st, ok := b.fc.currentMap().Stream(req.Stream.Name)
+		if !ok {
+			resp = &transport.Error{Code: transport.CodeUnknownStream, Message: req.Stream.Name}
+		} else {
+			resp = &transport.Response{Streams: []shardmap.StreamConfig{st.StreamConfig}}
+		}
+	default:
+		resp = &transport.Error{Code: transport.CodeInvalid, Message: "op " + req.Op}
+	}
+	_ = w.Write(resp)
+}
+
+func (b *fakeBroker) serveSubscribe(conn *quic.Conn, sub *transport.Subscribe, r *transport.Reader, w *transport.Writer) {
+	b.subs.Add(1)
+	m := b.fc.currentMap()
+	st, ok := m.Stream(sub.Stream)
+	if !ok || int(sub.Shard) >= st.Shards || sub.Shard < 0 {
+		_ = w.Write(&transport.Error{Code: transport.CodeUnknownStream, Message: sub.Stream})
+		return
+	}
+	if owner := st.Owners[sub.Shard]; owner != b.id {
+		_ = w.Write(&transport.Error{Code: transport.CodeNotOwner, Owner: owner, Epoch: m.Epoch})
+		return
+	}
+	id := shardmap.ShardID{Stream: sub.Stream, Shard: int(sub.Shard)}
+	_, _, end := b.fc.read(id, 0, 0)
+	next := uint64(0)
+	switch sub.Start {
+	case transport.StartLatest:
+		next = end
+	case transport.StartOffset:
+		next = sub.Offset
+	}
+
+	var credit atomic.Int64
+	credit.Store(int64(sub.Credit))
+	granted := make(chan struct{}, 1)
+	done := make(chan struct{})
+	defer func() { <-done }()
+	go func() { // credit reader; ends when the stream does
+		defer close(done)
+		for {
+			f, err := r.Read()
+			if err != nil {
+				return
+			}
+			if c, ok := f.(*transport.Credit); ok {
+				credit.Add(int64(c.Records))
+				select {
+				case granted <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	defer conn.Context() // keep conn referenced
+	for {
+		n := credit.Load()
+		var changed <-chan struct{}
+		if n > 0 {
+			var recs []transport.Record
+			recs, changed, _ = b.fc.read(id, next, int(min(n, 64)))
+			if len(recs) > 0 {
+				if err := w.Write(&transport.Records{Stream: sub.Stream, Shard: sub.Shard, Records: recs}); err != nil {
+					return
+				}
+				credit.Add(-int64(len(recs)))
+				next += uint64(len(recs))
+				continue
+			}
+		}
+		select {
+		case <-changed: // nil while out of credit
+		case <-granted:
+		case <-done:
+			return
+		case <-conn.Context().Done():
+			return
+		case <-b.ctx.Done():
+			return
+		}
+	}
+}
+
+var errTest = errors.New("test")

@@ -1,0 +1,233 @@
+package client
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"log/slog"
+	"time"
+
+	"github.com/felix-broker/felix/transport"
+)
+
+// Opt configures a [Client]. Only this package defines options; pass them
+// to [Connect].
+type Opt interface{ apply(*config) }
+
+type optFunc func(*config)
+
+func (f optFunc) apply(c *config) { f(c) }
+
+// config is what Connect is given, with defaults applied by defaults().
+type config struct {
+	ca         *x509.CertPool
+	caFile     string
+	cert       *tls.Certificate
+	serverName string
+	insecure   bool
+
+	logger *slog.Logger
+
+	// maxInFlight bounds records sent and not yet answered, per publish
+	// stream. Default 1024.
+	maxInFlight int
+	// blockOnFull: a full window blocks PublishAsync (true, the default)
+	// or fails it with ErrWindowFull.
+	blockOnFull bool
+
+	// dialTimeout bounds one dial of one broker. Default 10s.
+	dialTimeout time.Duration
+	transport   transport.Config
+
+	// backoffMin and backoffMax bound the delay between redials of a
+	// broker that failed. Defaults 100ms and 5s.
+	backoffMin, backoffMax time.Duration
+}
+
+// Defaults of the options.
+const (
+	DefaultMaxInFlight = 1024
+	DefaultDialTimeout = 10 * time.Second
+	DefaultBackoffMin  = 100 * time.Millisecond
+	DefaultBackoffMax  = 5 * time.Second
+	DefaultCredit      = 1024
+)
+
+func newConfig(opts []Opt) config {
+	c := config{blockOnFull: true}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&c)
+		}
+	}
+	if c.logger == nil {
+		c.logger = slog.Default()
+	}
+	if c.maxInFlight <= 0 {
+		c.maxInFlight = DefaultMaxInFlight
+	}
+	if c.dialTimeout <= 0 {
+		c.dialTimeout = DefaultDialTimeout
+	}
+	if c.backoffMin <= 0 {
+		c.backoffMin = DefaultBackoffMin
+	}
+	if c.backoffMax < c.backoffMin {
+		c.backoffMax = max(DefaultBackoffMax, c.backoffMin)
+	}
+	return c
+}
+
+// WithCA verifies brokers against pool, the cluster CA. Verifying the
+// broker is the default and required: Connect fails without WithCA or
+// WithCAFile unless WithInsecure is given.
+func WithCA(pool *x509.CertPool) Opt { return optFunc(func(c *config) { c.ca = pool }) }
+
+// WithCAFile verifies brokers against the PEM CA certificate(s) in path,
+// read by Connect.
+func WithCAFile(path string) Opt { return optFunc(func(c *config) { c.caFile = path }) }
+
+// WithClientCert presents cert to brokers (mutual TLS), for clusters that
+// require client certificates.
+func WithClientCert(cert tls.Certificate) Opt {
+	return optFunc(func(c *config) { c.cert = &cert })
+}
+
+// WithServerName sets the name every broker's certificate is verified
+// against. By default it is the host part of the address dialed.
+func WithServerName(name string) Opt { return optFunc(func(c *config) { c.serverName = name }) }
+
+// WithInsecure turns OFF verification of the broker's certificate.
+//
+// DEVELOPMENT ONLY. With it, anyone on the network path can impersonate a
+// broker, read every record and forge every ack. Never use it in
+// production; use WithCA or WithCAFile with the cluster CA instead.
+func WithInsecure() Opt { return optFunc(func(c *config) { c.insecure = true }) }
+
+// WithLogger sets the logger for connection events (dials, reconnects,
+// redirects); never one line per record. Default slog.Default().
+func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.logger = l }) }
+
+// WithMaxInFlight bounds the records sent on one publish stream and not yet
+// acknowledged (the async publish window). Default [DefaultMaxInFlight];
+// n <= 0 means the default.
+func WithMaxInFlight(n int) Opt { return optFunc(func(c *config) { c.maxInFlight = n }) }
+
+// WithBlockOnFull says what PublishAsync does when the window is full:
+// block until a slot frees or its context ends (true, the default), or
+// fail at once with [ErrWindowFull] (false).
+func WithBlockOnFull(block bool) Opt { return optFunc(func(c *config) { c.blockOnFull = block }) }
+
+// WithDialTimeout bounds one attempt to connect to one broker. Default
+// [DefaultDialTimeout].
+func WithDialTimeout(d time.Duration) Opt { return optFunc(func(c *config) { c.dialTimeout = d }) }
+
+// WithTransport sets the QUIC transport settings (idle timeout, keep-alive,
+// windows, frame limit). The zero Config means transport's defaults.
+func WithTransport(tc transport.Config) Opt { return optFunc(func(c *config) { c.transport = tc }) }
+
+// WithReconnect sets the capped exponential backoff between attempts to
+// redial a broker that failed: the first retry waits about min, each next
+// one twice as long, never more than max. Defaults [DefaultBackoffMin] and
+// [DefaultBackoffMax].
+func WithReconnect(min, max time.Duration) Opt {
+	return optFunc(func(c *config) { c.backoffMin, c.backoffMax = min, max })
+}
+
+// PublishOpt configures one publish.
+type PublishOpt interface{ applyPublish(*publishConfig) }
+
+type publishOptFunc func(*publishConfig)
+
+func (f publishOptFunc) applyPublish(c *publishConfig) { f(c) }
+
+type publishConfig struct {
+	shard       int32 // -1: from the key
+	headers     map[string]string
+	producerID  string
+	producerSeq uint64
+}
+
+// WithShard sends the record to shard n, whatever its key.
+func WithShard(n int) PublishOpt {
+	return publishOptFunc(func(c *publishConfig) { c.shard = int32(n) })
+}
+
+// WithHeaders attaches headers (for example a W3C traceparent) to the
+// record. The map is sent as is; do not modify it until the publish
+// returns.
+func WithHeaders(h map[string]string) PublishOpt {
+	return publishOptFunc(func(c *publishConfig) { c.headers = h })
+}
+
+// WithProducer tags the record with a producer id and its sequence number
+// within that producer, stored with the record and given to subscribers.
+func WithProducer(id string, seq uint64) PublishOpt {
+	return publishOptFunc(func(c *publishConfig) { c.producerID, c.producerSeq = id, seq })
+}
+
+// SubOpt configures a subscription.
+type SubOpt interface{ applySub(*subConfig) }
+
+type subOptFunc func(*subConfig)
+
+func (f subOptFunc) applySub(c *subConfig) { f(c) }
+
+type subConfig struct {
+	shard  int // -1: all shards
+	credit uint32
+}
+
+// Shard subscribes to shard n only. By default a subscription covers every
+// shard of the stream.
+func Shard(n int) SubOpt { return subOptFunc(func(c *subConfig) { c.shard = n }) }
+
+// Credit sets how many records each shard's broker may send ahead of the
+// application, per shard. Default [DefaultCredit]. More is taken again as
+// the application consumes (half the credit at a time).
+func Credit(n int) SubOpt {
+	return subOptFunc(func(c *subConfig) {
+		if n > 0 {
+			c.credit = uint32(min(n, 1<<30))
+		}
+	})
+}
+
+// Start says where a subscription begins: [Earliest], [Latest],
+// [AtOffset] or [AtOffsets].
+type Start struct {
+	kind    transport.StartKind
+	offset  uint64
+	offsets map[int]uint64
+}
+
+// Earliest starts at the oldest record each shard still has.
+func Earliest() Start { return Start{kind: transport.StartEarliest} }
+
+// Latest starts at the next record committed after the subscription
+// begins.
+func Latest() Start { return Start{kind: transport.StartLatest} }
+
+// AtOffset starts at offset n. It is for one shard: use it with Shard(s)
+// or on a stream of one shard.
+func AtOffset(n uint64) Start { return Start{kind: transport.StartOffset, offset: n} }
+
+// AtOffsets starts each shard at next[shard], as returned by
+// [Subscription.Next], to resume a subscription. Shards not in next start
+// at the earliest record.
+func AtOffsets(next map[int]uint64) Start {
+	cp := make(map[int]uint64, len(next))
+	for k, v := range next {
+		cp[k] = v
+	}
+	return Start{kind: transport.StartOffset, offsets: cp}
+}
+
+func (s Start) forShard(shard int) (transport.StartKind, uint64) {
+	if s.offsets != nil {
+		if off, ok := s.offsets[shard]; ok {
+			return transport.StartOffset, off
+		}
+		return transport.StartEarliest, 0
+	}
+	return s.kind, s.offset
+}

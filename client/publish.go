@@ -1,0 +1,244 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/felix-broker/felix/transport"
+)
+
+// Ack says a record is durable: its owner wrote it and fsynced its log.
+type Ack struct {
+	Stream    string
+	Shard     int
+	Offset    uint64    // the record's offset in its shard, dense from 0
+	Timestamp time.Time // commit time on the owner
+	Owner     string    // node id of the shard's owner, which committed it
+	Via       string    // node id of the broker the record was published through
+	Forwarded bool      // Via forwarded it to Owner
+}
+
+func ackFrom(a *transport.Ack) Ack {
+	return Ack{
+		Stream:    a.Stream,
+		Shard:     int(a.Shard),
+		Offset:    a.Offset,
+		Timestamp: time.Unix(0, a.Timestamp),
+		Owner:     a.Owner,
+		Via:       a.Via,
+		Forwarded: a.Forwarded,
+	}
+}
+
+// Future is the pending outcome of an asynchronous publish. It resolves
+// exactly once, with an [Ack] or a [*PublishError].
+type Future struct {
+	done   chan struct{}
+	ack    Ack
+	err    error
+	stream string
+	shard  int32
+	// window is the publisher's in-flight window, released on resolve.
+	window chan struct{}
+}
+
+// Done returns a channel closed when the future has resolved.
+func (f *Future) Done() <-chan struct{} { return f.done }
+
+// Wait waits for the outcome of the publish: its Ack, or the
+// [*PublishError] it failed with. If ctx ends first Wait returns ctx's
+// error; the publish itself goes on, and Wait can be called again.
+func (f *Future) Wait(ctx context.Context) (Ack, error) {
+	select {
+	case <-f.done:
+		return f.ack, f.err
+	default:
+	}
+	select {
+	case <-f.done:
+		return f.ack, f.err
+	case <-ctx.Done():
+		return Ack{}, fmt.Errorf("client: waiting for the ack of a record to %s: %w", f.stream, ctx.Err())
+	}
+}
+
+// resolve settles f. Only the one who removed f from its session's
+// pending set calls it, so it runs once.
+func (f *Future) resolve(ack Ack, err error) {
+	f.ack, f.err = ack, err
+	<-f.window
+	close(f.done)
+}
+
+// errStaleSession says a session died before a record was sent on it: the
+// record can go on a new session.
+var errStaleSession = errors.New("client: publish stream is gone")
+
+// errClosedInFlight is the cause of records in flight when their publisher
+// or client is closed.
+var errClosedInFlight = fmt.Errorf("%w before the ack arrived; outcome unknown (the record may or may not have been written)", ErrClosed)
+
+// pubSession is one publish stream: the caller writes Publish frames under
+// wmu, and one reader goroutine resolves the futures from Acks and Errors.
+// A session that fails stays failed; its publisher opens a new one.
+type pubSession struct {
+	addr     string
+	str      *quic.Stream
+	maxFrame int
+
+	// wmu serializes writers. It is held from choosing a record's Seq to
+	// writing it, so Seqs go on the wire in order, and never while waiting
+	// for an answer. Lock order: wmu, then mu.
+	wmu sync.Mutex
+	w   *transport.Writer
+
+	// mu guards the sequence number, the futures waiting for an answer and
+	// the session's fate. The reader takes only mu, so a writer blocked on
+	// flow control never keeps acks from being read.
+	mu struct {
+		sync.Mutex
+		seq     uint64
+		pending map[uint64]*Future
+		err     error // non-nil once the session has failed
+	}
+	done chan struct{} // closed when the reader has exited
+}
+
+func newPubSession(addr string, str *quic.Stream, maxFrame int) *pubSession {
+	s := &pubSession{addr: addr, str: str, maxFrame: maxFrame, done: make(chan struct{})}
+	s.w = transport.NewWriter(str)
+	s.w.SetMaxFrame(maxFrame)
+	s.mu.pending = make(map[uint64]*Future)
+	return s
+}
+
+func (s *pubSession) alive() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.err == nil
+}
+
+// send writes p, whose outcome f will carry. It returns errStaleSession if
+// the session failed before p was sent (p was not sent and f is
+// untouched); any other failure resolves f.
+func (s *pubSession) send(f *Future, p *transport.Publish) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if err := s.str.Context().Err(); err != nil {
+		// The connection or stream is known dead: records in flight on it
+		// are lost, this one can go on a new stream.
+		s.fail(lost(context.Cause(s.str.Context())))
+		return errStaleSession
+	}
+	s.mu.Lock()
+	if s.mu.err != nil {
+		s.mu.Unlock()
+		return errStaleSession
+	}
+	s.mu.seq++
+	p.Seq = s.mu.seq
+	s.mu.pending[p.Seq] = f
+	s.mu.Unlock()
+
+	if err := s.w.Buffer(p); err != nil {
+		// It did not encode (too large, say): nothing was sent.
+		if s.take(p.Seq) != nil {
+			f.resolve(Ack{}, s.publishErr(f, err))
+		}
+		return nil
+	}
+	if err := s.w.Flush(); err != nil {
+		s.fail(lost(err)) // resolves f with the rest
+	}
+	return nil
+}
+
+// take removes and returns the future waiting for seq, or nil.
+func (s *pubSession) take(seq uint64) *Future {
+	s.mu.Lock()
+	f := s.mu.pending[seq]
+	if f != nil {
+		delete(s.mu.pending, seq)
+	}
+	s.mu.Unlock()
+	return f
+}
+
+// fail marks the session failed with cause, abandons the stream and
+// resolves every pending future with cause. Later calls do nothing.
+func (s *pubSession) fail(cause error) {
+	s.mu.Lock()
+	if s.mu.err != nil {
+		s.mu.Unlock()
+		return
+	}
+	s.mu.err = cause
+	pending := s.mu.pending
+	s.mu.pending = nil
+	s.mu.Unlock()
+	cancelStream(s.str)
+	for _, f := range pending {
+		f.resolve(Ack{}, s.publishErr(f, cause))
+	}
+}
+
+func (s *pubSession) publishErr(f *Future, err error) error {
+	return &PublishError{Stream: f.stream, Shard: int(f.shard), Broker: s.addr, Err: err}
+}
+
+// pending returns the futures waiting for an answer.
+func (s *pubSession) inFlight() []*Future {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*Future, 0, len(s.mu.pending))
+	for _, f := range s.mu.pending {
+		out = append(out, f)
+	}
+	return out
+}
+
+// readLoop reads the broker's answers and resolves futures until the
+// stream ends. It is the session's one goroutine.
+func (s *pubSession) readLoop() {
+	defer close(s.done)
+	r := transport.NewReader(s.str, s.maxFrame)
+	for {
+		f, err := r.Read()
+		if err != nil {
+			s.fail(lost(fmt.Errorf("reading acks from %s: %w", s.addr, err)))
+			return
+		}
+		switch f := f.(type) {
+		case *transport.Ack:
+			if fut := s.take(f.Seq); fut != nil {
+				fut.resolve(ackFrom(f), nil)
+			}
+		case *transport.Error:
+			if fut := s.take(f.Seq); fut != nil {
+				fut.resolve(Ack{}, s.publishErr(fut, f))
+			}
+			if f.Seq == 0 || streamLevel(f.Code) {
+				s.fail(lost(f))
+				return
+			}
+		default:
+			s.fail(lost(&transport.Error{Code: transport.CodeUnexpectedFrame, Message: "publish stream got a " + f.Type().String() + " frame"}))
+			return
+		}
+	}
+}
+
+// streamLevel reports whether a broker closes the stream after an error
+// with code.
+func streamLevel(code transport.ErrorCode) bool {
+	switch code {
+	case transport.CodeMalformed, transport.CodeFrameTooLarge, transport.CodeUnknownFrame, transport.CodeUnexpectedFrame:
+		return true
+	}
+	return false
+}

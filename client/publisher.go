@@ -1,0 +1,288 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// Publisher publishes on one QUIC stream to the broker the client is
+// connected to. Records sent on one Publisher, pipelined or not, are
+// committed in the order sent within each shard, also when the broker
+// forwards them to the shard's owner. Records of different publishers have
+// no defined relative order. A Publisher is safe for concurrent use; the
+// order between concurrent callers is the order their calls take the
+// stream.
+//
+// If the stream or connection dies, records in flight fail with an error
+// matching [ErrConnectionLost] (outcome unknown), and the next publish opens
+// a new stream, redialing the broker if needed: order holds within one
+// stream, so a caller that retries failed records should expect them after
+// records sent since.
+type Publisher struct {
+	c      *Client
+	stream string // "" for the client's own publisher, which takes it per call
+	sticky uint32 // picks the shard of keyless records
+
+	// window holds a token per record in flight (cap WithMaxInFlight).
+	window chan struct{}
+	// opening serializes opening a new stream, honoring callers' contexts.
+	opening chan struct{}
+
+	// mu guards the current stream and whether the publisher is closed.
+	mu struct {
+		sync.Mutex
+		sess   *pubSession
+		closed bool
+	}
+}
+
+func newPublisher(c *Client, stream string) *Publisher {
+	return &Publisher{
+		c:       c,
+		stream:  stream,
+		sticky:  rand.Uint32(),
+		window:  make(chan struct{}, c.cfg.maxInFlight),
+		opening: make(chan struct{}, 1),
+	}
+}
+
+// Publisher opens an ordered publish stream for stream on the broker the
+// client is connected to. Close it when done.
+func (c *Client) Publisher(ctx context.Context, stream string) (*Publisher, error) {
+	if err := shardmap.ValidateStreamName(stream); err != nil {
+		return nil, fmt.Errorf("client: publisher for %q: %w", stream, err)
+	}
+	p := newPublisher(c, stream)
+	if err := c.track(p, nil); err != nil {
+		return nil, err
+	}
+	if _, err := p.session(ctx); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("client: publisher for %q: %w", stream, err)
+	}
+	return p, nil
+}
+
+// Publish publishes one record to stream and waits until it is durable.
+// The key picks the shard (hash(key) mod shards) unless [WithShard] is
+// given; records without a key go to one shard picked per client. If ctx
+// ends first Publish returns ctx's error, and the record may still be
+// written.
+func (c *Client) Publish(ctx context.Context, stream string, key, value []byte, opts ...PublishOpt) (Ack, error) {
+	f, err := c.pub.publish(ctx, stream, key, value, opts, true)
+	if err != nil {
+		return Ack{}, err
+	}
+	return f.Wait(ctx)
+}
+
+// PublishAsync sends one record to stream without waiting for its ack and
+// returns its [Future]. At most WithMaxInFlight records are in flight; when
+// the window is full PublishAsync blocks until a slot frees or ctx ends, or
+// fails with [ErrWindowFull] under WithBlockOnFull(false). Records
+// published with PublishAsync from one goroutine are committed in that
+// order within each shard.
+func (c *Client) PublishAsync(ctx context.Context, stream string, key, value []byte, opts ...PublishOpt) (*Future, error) {
+	return c.pub.publish(ctx, stream, key, value, opts, c.cfg.blockOnFull)
+}
+
+// Publish publishes one record and waits until it is durable; see
+// [Client.Publish].
+func (p *Publisher) Publish(ctx context.Context, key, value []byte, opts ...PublishOpt) (Ack, error) {
+	f, err := p.publish(ctx, p.stream, key, value, opts, true)
+	if err != nil {
+		return Ack{}, err
+	}
+	return f.Wait(ctx)
+}
+
+// PublishAsync sends one record without waiting for its ack; see
+// [Client.PublishAsync].
+func (p *Publisher) PublishAsync(ctx context.Context, key, value []byte, opts ...PublishOpt) (*Future, error) {
+	return p.publish(ctx, p.stream, key, value, opts, p.c.cfg.blockOnFull)
+}
+
+// Flush waits until every record published before the call has resolved,
+// or ctx ends. It reports no per-record outcome: that is in each Future.
+func (p *Publisher) Flush(ctx context.Context) error {
+	p.mu.Lock()
+	s := p.mu.sess
+	p.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	for _, f := range s.inFlight() {
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return fmt.Errorf("client: flush: %w", ctx.Err())
+		}
+	}
+	return nil
+}
+
+// Flush waits until every record published with Client.Publish or
+// Client.PublishAsync before the call has resolved, or ctx ends.
+func (c *Client) Flush(ctx context.Context) error { return c.pub.Flush(ctx) }
+
+// Close closes the publisher's stream. Records still in flight fail with
+// an error matching [ErrClosed] (outcome unknown): call Flush first to wait
+// for them. Close waits for the publisher's goroutine and returns nil.
+func (p *Publisher) Close() error {
+	p.shutdown()
+	p.c.untrack(p, nil)
+	return nil
+}
+
+func (p *Publisher) shutdown() {
+	p.mu.Lock()
+	p.mu.closed = true
+	s := p.mu.sess
+	p.mu.sess = nil
+	p.mu.Unlock()
+	if s != nil {
+		s.fail(errClosedInFlight)
+		<-s.done
+	}
+}
+
+// publish takes a window slot and sends the record on the current
+// session, opening one if there is none.
+func (p *Publisher) publish(ctx context.Context, stream string, key, value []byte, opts []PublishOpt, block bool) (*Future, error) {
+	if stream == "" {
+		return nil, fmt.Errorf("client: publish: empty stream name")
+	}
+	cfg := publishConfig{shard: -1}
+	for _, o := range opts {
+		if o != nil {
+			o.applyPublish(&cfg)
+		}
+	}
+	if cfg.shard < 0 && len(key) == 0 {
+		cfg.shard = p.keylessShard(stream)
+	}
+	if err := p.acquire(ctx, block); err != nil {
+		return nil, &PublishError{Stream: stream, Shard: int(cfg.shard), Broker: p.c.addr, Err: err}
+	}
+	f := &Future{done: make(chan struct{}), stream: stream, shard: cfg.shard, window: p.window}
+	frame := &transport.Publish{
+		Stream:      stream,
+		Shard:       cfg.shard,
+		Key:         key,
+		Value:       value,
+		Headers:     cfg.headers,
+		ProducerID:  cfg.producerID,
+		ProducerSeq: cfg.producerSeq,
+	}
+	for attempt := 0; ; attempt++ {
+		s, err := p.session(ctx)
+		if err == nil {
+			err = s.send(f, frame)
+			if err == nil {
+				return f, nil
+			}
+		}
+		if errors.Is(err, errStaleSession) && attempt < 2 {
+			continue // the stream died before the record went out
+		}
+		<-p.window
+		return nil, &PublishError{Stream: stream, Shard: int(cfg.shard), Broker: p.c.addr, Err: err}
+	}
+}
+
+// acquire takes a window slot, waiting for one if block.
+func (p *Publisher) acquire(ctx context.Context, block bool) error {
+	select {
+	case p.window <- struct{}{}:
+		return nil
+	default:
+	}
+	if !block {
+		return ErrWindowFull
+	}
+	select {
+	case p.window <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-p.c.ctx.Done():
+		return ErrClosed
+	}
+}
+
+// keylessShard picks the shard of a record with no key and no WithShard:
+// one per publisher, from the cached map; -1 (the broker decides) when the
+// map does not know the stream yet.
+func (p *Publisher) keylessShard(stream string) int32 {
+	if m := p.c.cachedMap(); m != nil {
+		if st, ok := m.Stream(stream); ok && st.Shards > 0 {
+			return int32(p.sticky % uint32(st.Shards))
+		}
+	}
+	return -1
+}
+
+// session returns the live session, opening a new stream if there is none.
+func (p *Publisher) session(ctx context.Context) (*pubSession, error) {
+	if s, err := p.current(); s != nil || err != nil {
+		return s, err
+	}
+	select {
+	case p.opening <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-p.c.ctx.Done():
+		return nil, ErrClosed
+	}
+	defer func() { <-p.opening }()
+	if s, err := p.current(); s != nil || err != nil {
+		return s, err
+	}
+
+	conn, err := p.c.home.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	str, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		// Nothing was sent: the caller may try again on a new connection.
+		return nil, fmt.Errorf("opening publish stream to %s: %w", p.c.addr, errors.Join(errStaleSession, err))
+	}
+	s := newPubSession(p.c.addr, str, p.c.maxFrame())
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.mu.closed || p.c.closed.Load() {
+		cancelStream(str)
+		return nil, ErrClosed
+	}
+	p.mu.sess = s
+	// Add under mu: shutdown takes mu before Close waits on wg.
+	p.c.wg.Add(1)
+	go func() {
+		defer p.c.wg.Done()
+		s.readLoop()
+	}()
+	return s, nil
+}
+
+func (p *Publisher) current() (*pubSession, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.mu.closed {
+		return nil, ErrClosed
+	}
+	if s := p.mu.sess; s != nil && s.alive() {
+		return s, nil
+	}
+	return nil, nil
+}

@@ -1,0 +1,548 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"iter"
+	"maps"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// Record is one committed record as a subscriber receives it.
+type Record struct {
+	Stream      string
+	Shard       int
+	Offset      uint64
+	Timestamp   time.Time // commit time on the owner
+	Key, Value  []byte
+	Headers     map[string]string
+	ProducerID  string // as given with WithProducer
+	ProducerSeq uint64
+}
+
+// Subscription delivers the records of one stream (all its shards, or the
+// one chosen with [Shard]) through [Subscription.Records], an iterator.
+// Within a shard records come in offset order; shards are merged in the
+// order their records arrive.
+//
+// The SDK attaches to each shard's owner (following the shard map and the
+// brokers' not-owner redirects), and reattaches after a broker restart or
+// a lost connection, resuming each shard after the last record it
+// received: the application sees no gap and no duplicate. The one
+// exception is a shard started with [Latest] that has delivered nothing
+// yet: it restarts at the then-latest record.
+//
+// A record counts as delivered when the iterator yields it; [Subscription.Next]
+// reports, per shard, the offset after the last delivered record, to resume
+// a later subscription with [AtOffsets]. Flow control follows delivery: a
+// shard's broker may run at most Credit records ahead of the application.
+type Subscription struct {
+	c      *Client
+	stream string
+	credit uint32
+	shards []*shardSub
+
+	ctx    context.Context // ends on Stop, Client.Close or a terminal error
+	cancel context.CancelFunc
+
+	batches chan batch    // shard goroutines -> iterator; closed when all exited
+	running atomic.Int32  // shard goroutines still running
+	stopped chan struct{} // closed by Stop and Client.Close
+	closed  chan struct{} // closed when every shard goroutine has exited
+
+	stopOnce  sync.Once
+	iterating atomic.Bool
+
+	// The batch being delivered, owned by the iterating goroutine (one at
+	// a time, enforced by iterating).
+	cur    []Record
+	curIdx int
+	curSh  *shardSub
+
+	// mu guards what other goroutines read: the terminal error and the
+	// per-shard resume offsets.
+	mu struct {
+		sync.Mutex
+		err  error
+		next map[int]uint64
+	}
+}
+
+type batch struct {
+	sh      *shardSub
+	records []Record
+}
+
+// Subscribe subscribes to stream from the position from. By default it
+// covers every shard of the stream, each read from its owner; [Shard]
+// picks one. See [Subscription] for delivery and resumption.
+func (c *Client) Subscribe(ctx context.Context, stream string, from Start, opts ...SubOpt) (*Subscription, error) {
+	cfg := subConfig{shard: -1, credit: DefaultCredit}
+	for _, o := range opts {
+		if o != nil {
+			o.applySub(&cfg)
+		}
+	}
+	if err := shardmap.ValidateStreamName(stream); err != nil {
+		return nil, fmt.Errorf("client: subscribe to %q: %w", stream, err)
+	}
+	_, st, err := c.mapWith(ctx, stream)
+	if err != nil {
+		return nil, fmt.Errorf("client: subscribe to %q: %w", stream, err)
+	}
+	var shards []int
+	switch {
+	case cfg.shard >= st.Shards:
+		return nil, fmt.Errorf("client: subscribe to %q: %w: the stream has %d shards, not shard %d",
+			stream, shardmap.ErrNoShard, st.Shards, cfg.shard)
+	case cfg.shard >= 0:
+		shards = []int{cfg.shard}
+	default:
+		for i := range st.Shards {
+			shards = append(shards, i)
+		}
+	}
+	if from.kind == transport.StartOffset && from.offsets == nil && len(shards) > 1 {
+		return nil, fmt.Errorf("client: subscribe to %q: AtOffset is for one shard and the stream has %d: add Shard(n), or use AtOffsets", stream, len(shards))
+	}
+
+	s := &Subscription{
+		c:       c,
+		stream:  stream,
+		credit:  cfg.credit,
+		batches: make(chan batch, len(shards)+1),
+		stopped: make(chan struct{}),
+		closed:  make(chan struct{}),
+	}
+	s.ctx, s.cancel = context.WithCancel(c.ctx)
+	s.mu.next = make(map[int]uint64)
+	for _, n := range shards {
+		kind, off := from.forShard(n)
+		if kind == transport.StartOffset {
+			s.mu.next[n] = off
+		}
+		s.shards = append(s.shards, &shardSub{s: s, shard: n, startKind: kind, startOff: off})
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed.Load() {
+		s.cancel()
+		return nil, ErrClosed
+	}
+	c.mu.subs[s] = struct{}{}
+	// Add under c.mu: Close takes c.mu before it waits on wg.
+	c.wg.Add(len(s.shards))
+	s.running.Store(int32(len(s.shards)))
+	for _, sh := range s.shards {
+		go sh.run()
+	}
+	return s, nil
+}
+
+// Records returns an iterator over the subscription's records. It yields
+// (record, nil) for each record, and ends:
+//   - when the loop body breaks (call Records again to go on where it
+//     stopped: nothing is lost),
+//   - with (Record{}, err) when ctx ends (err wraps ctx's error; the
+//     subscription goes on and Records can be called again),
+//   - with (Record{}, err) when the subscription fails for good, for
+//     example the stream was deleted (err is also [Subscription.Err]),
+//   - without an error after Stop or Client.Close.
+//
+// Only one goroutine may iterate at a time.
+//
+//	for rec, err := range sub.Records(ctx) {
+//		if err != nil {
+//			return err
+//		}
+//		handle(rec)
+//	}
+func (s *Subscription) Records(ctx context.Context) iter.Seq2[Record, error] {
+	return func(yield func(Record, error) bool) {
+		if !s.iterating.CompareAndSwap(false, true) {
+			yield(Record{}, errors.New("client: Subscription.Records is already being iterated by another goroutine"))
+			return
+		}
+		defer s.iterating.Store(false)
+		for {
+			for s.curIdx < len(s.cur) {
+				select {
+				case <-s.stopped:
+					return
+				default:
+				}
+				rec := s.cur[s.curIdx]
+				s.cur[s.curIdx] = Record{} // let it be collected once delivered
+				s.curIdx++
+				s.delivered(s.curSh, rec)
+				if !yield(rec, nil) {
+					return
+				}
+			}
+			s.cur, s.curIdx, s.curSh = nil, 0, nil
+			select {
+			case b, ok := <-s.batches:
+				if !ok {
+					if err := s.Err(); err != nil {
+						yield(Record{}, err)
+					}
+					return
+				}
+				s.cur, s.curSh = b.records, b.sh
+			case <-s.stopped:
+				return
+			case <-ctx.Done():
+				yield(Record{}, fmt.Errorf("client: subscription to %q: %w", s.stream, ctx.Err()))
+				return
+			}
+		}
+	}
+}
+
+// delivered accounts for rec being handed to the application: its shard's
+// resume offset moves past it and its credit goes back to the broker.
+func (s *Subscription) delivered(sh *shardSub, rec Record) {
+	s.mu.Lock()
+	s.mu.next[rec.Shard] = rec.Offset + 1
+	s.mu.Unlock()
+	sh.consumed(1)
+}
+
+// Next returns, for each shard that has a position, the offset of the next
+// record the application has not been given: pass it to [AtOffsets] to
+// resume. A shard that has delivered nothing and started at an offset
+// reports that offset; one started at Earliest or Latest is absent.
+func (s *Subscription) Next() map[int]uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.mu.next)
+}
+
+// Err returns the error that ended the subscription, or nil while it runs
+// and after Stop.
+func (s *Subscription) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.err
+}
+
+// Closed returns a channel closed once the subscription has ended (Stop,
+// Client.Close or a terminal error) and its goroutines have exited.
+func (s *Subscription) Closed() <-chan struct{} { return s.closed }
+
+// Stop ends the subscription and waits for its goroutines to exit. Records
+// received and not yet delivered are dropped; Next tells where to resume.
+// It may be called from the loop body of Records, and more than once.
+func (s *Subscription) Stop() {
+	s.stop(nil)
+	<-s.closed
+}
+
+// stop ends the subscription: with err, a terminal error the iterator
+// yields after the records before it; with nil, at once and quietly.
+func (s *Subscription) stop(err error) {
+	if err != nil {
+		s.mu.Lock()
+		if s.mu.err == nil {
+			s.mu.err = err
+		}
+		s.mu.Unlock()
+	} else {
+		s.stopOnce.Do(func() { close(s.stopped) })
+	}
+	s.cancel()
+	for _, sh := range s.shards {
+		sh.mu.Lock()
+		if sh.mu.str != nil {
+			cancelStream(sh.mu.str)
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// shardExited is called by each shard goroutine as it ends; the last one
+// closes the delivery channel.
+func (s *Subscription) shardExited() {
+	if s.running.Add(-1) == 0 {
+		s.cancel()
+		s.c.untrack(nil, s)
+		close(s.batches)
+		close(s.closed)
+	}
+	s.c.wg.Done()
+}
+
+// shardSub is the subscription to one shard: a goroutine that attaches to
+// the shard's owner and reattaches after failures, and the credit the
+// iterator grants back as it delivers.
+type shardSub struct {
+	s         *Subscription
+	shard     int
+	startKind transport.StartKind
+	startOff  uint64
+
+	// Owned by the shard goroutine: where to resume.
+	received bool
+	nextRecv uint64
+
+	// mu guards the current stream's writer, shared by the shard goroutine
+	// (Subscribe) and the iterator (Credit), and the credit accounting:
+	// granted-but-unsent + buffered + ungranted == the subscription's credit.
+	mu struct {
+		sync.Mutex
+		w         *transport.Writer // nil while detached
+		str       *quic.Stream      // the current stream, nil while detached
+		buffered  int64             // received, not yet delivered
+		ungranted uint32            // delivered, not yet granted back
+	}
+}
+
+// consumed accounts for n buffered records delivered to the application
+// and grants their credit back to the broker, half the credit at a time.
+func (sh *shardSub) consumed(n int) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.mu.buffered -= int64(n)
+	sh.grantLocked(uint32(n))
+}
+
+// grant gives back the credit of n records that were never buffered
+// (duplicates dropped on arrival).
+func (sh *shardSub) grant(n int) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.grantLocked(uint32(n))
+}
+
+func (sh *shardSub) grantLocked(n uint32) {
+	sh.mu.ungranted += n
+	if sh.mu.w == nil || sh.mu.ungranted < max(sh.s.credit/2, 1) {
+		return
+	}
+	if err := sh.mu.w.Write(&transport.Credit{Records: sh.mu.ungranted}); err != nil {
+		sh.mu.w = nil // the shard goroutine sees the stream die and reattaches
+	}
+	sh.mu.ungranted = 0
+}
+
+func (sh *shardSub) String() string { return fmt.Sprintf("%s/%d", sh.s.stream, sh.shard) }
+
+// run attaches to the shard's owner until the subscription ends.
+func (sh *shardSub) run() {
+	defer sh.s.shardExited()
+	s, c := sh.s, sh.s.c
+	ctx := s.ctx
+	var redirect string
+	failures, redirects := 0, 0
+	for ctx.Err() == nil {
+		addr := redirect
+		redirect = ""
+		if addr == "" {
+			a, err := sh.ownerAddr(ctx)
+			if err != nil {
+				if errors.Is(err, shardmap.ErrUnknownStream) || errors.Is(err, shardmap.ErrNoShard) {
+					s.stop(fmt.Errorf("client: subscription to %s: %w", sh, err))
+					return
+				}
+				failures++
+				c.cfg.logger.Warn("client: subscription cannot find the shard's owner; retrying", "shard", sh.String(), "err", err)
+				sleep(ctx, c.backoff(failures))
+				continue
+			}
+			addr = a
+		}
+
+		progressed, err := sh.attach(ctx, addr)
+		if ctx.Err() != nil || errors.Is(err, ErrClosed) {
+			return
+		}
+		if progressed {
+			failures, redirects = 0, 0
+		}
+		var werr *transport.Error
+		isWire := !errors.Is(err, ErrConnectionLost) && errors.As(err, &werr)
+		switch {
+		case isWire && werr.Code == transport.CodeNotOwner:
+			redirects++
+			if m, rerr := c.refreshMap(ctx); rerr == nil && werr.Owner != "" {
+				if n, ok := m.Node(werr.Owner); ok && n.Addr != "" {
+					redirect = n.Addr
+				}
+			}
+			c.cfg.logger.Debug("client: subscription redirected", "shard", sh.String(), "from", addr, "owner", werr.Owner, "to", redirect)
+			if redirects <= 3 {
+				continue // follow it at once
+			}
+		case isWire && werr.Code == transport.CodeUnknownStream && !sh.received && failures < 5:
+			// A stream just created may not have reached that broker yet.
+		case isWire && !retryable(werr.Code):
+			s.stop(fmt.Errorf("client: subscription to %s via %s: %w", sh, addr, err))
+			return
+		default:
+			c.cfg.logger.Info("client: subscription lost its broker; reattaching", "shard", sh.String(), "broker", addr, "err", err)
+		}
+		failures++
+		if !sleep(ctx, c.backoff(failures)) {
+			return
+		}
+		if !isWire || werr.Code != transport.CodeNotOwner {
+			_, _ = c.refreshMap(ctx) // the owner may have moved
+		}
+	}
+}
+
+// retryable reports whether a subscription error with code can go away
+// by itself.
+func retryable(code transport.ErrorCode) bool {
+	switch code {
+	case transport.CodeNotOwner, transport.CodeUnavailable, transport.CodeShuttingDown,
+		transport.CodeTimeout, transport.CodeInternal:
+		return true
+	}
+	return false
+}
+
+// ownerAddr returns the address of the shard's owner in the client's map.
+func (sh *shardSub) ownerAddr(ctx context.Context) (string, error) {
+	m, _, err := sh.s.c.mapWith(ctx, sh.s.stream)
+	if err != nil {
+		return "", err
+	}
+	n, err := m.Owner(sh.s.stream, sh.shard)
+	if err != nil {
+		return "", err
+	}
+	if n.Addr == "" {
+		return "", fmt.Errorf("client: shard %s is owned by %q, which has no address in the map (epoch %d)", sh, n.ID, m.Epoch)
+	}
+	return n.Addr, nil
+}
+
+// attach subscribes once on the broker at addr and feeds the records it
+// sends to the iterator until the stream ends. progressed says the
+// attachment did useful work (records, or a long life), so backoff resets.
+func (sh *shardSub) attach(ctx context.Context, addr string) (progressed bool, err error) {
+	s, c := sh.s, sh.s.c
+	b, err := c.conn(addr)
+	if err != nil {
+		return false, err
+	}
+	conn, err := b.get(ctx)
+	if err != nil {
+		return false, err
+	}
+	str, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		return false, c.streamErr(ctx, addr, err)
+	}
+	// Stop cancels the stream registered here, so the read below ends.
+	sh.mu.Lock()
+	if ctx.Err() != nil {
+		sh.mu.Unlock()
+		cancelStream(str)
+		return false, ctx.Err()
+	}
+	sh.mu.str = str
+	sh.mu.Unlock()
+	started := time.Now()
+	defer func() {
+		sh.mu.Lock()
+		sh.mu.w, sh.mu.str = nil, nil
+		sh.mu.Unlock()
+		cancelStream(str)
+		if time.Since(started) > c.cfg.backoffMax {
+			progressed = true
+		}
+	}()
+
+	sub := &transport.Subscribe{Stream: s.stream, Shard: int32(sh.shard), Start: sh.startKind, Offset: sh.startOff}
+	if sh.received {
+		sub.Start, sub.Offset = transport.StartOffset, sh.nextRecv
+	}
+	w := transport.NewWriter(str)
+	w.SetMaxFrame(c.maxFrame())
+	sh.mu.Lock()
+	// The new stream's credit keeps received-but-undelivered records
+	// counted: buffered + credit == the subscription's credit.
+	sub.Credit = uint32(max(int64(s.credit)-sh.mu.buffered, 1))
+	err = w.Write(sub)
+	if err == nil {
+		sh.mu.w, sh.mu.ungranted = w, 0
+	}
+	sh.mu.Unlock()
+	if err != nil {
+		return false, c.streamErr(ctx, addr, err)
+	}
+
+	r := transport.NewReader(str, c.maxFrame())
+	for {
+		f, err := r.Read()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = fmt.Errorf("broker ended the subscription stream: %w", io.ErrUnexpectedEOF)
+			}
+			return progressed, c.streamErr(ctx, addr, err)
+		}
+		switch f := f.(type) {
+		case *transport.Records:
+			recs, dups := sh.convert(f)
+			if dups > 0 {
+				sh.grant(dups) // a duplicate took credit; give it back
+			}
+			if len(recs) == 0 {
+				continue
+			}
+			progressed = true
+			sh.mu.Lock()
+			sh.mu.buffered += int64(len(recs))
+			sh.mu.Unlock()
+			select {
+			case s.batches <- batch{sh: sh, records: recs}:
+			case <-ctx.Done():
+				return progressed, ctx.Err()
+			}
+		case *transport.Error:
+			return progressed, f
+		case *transport.MapUpdate:
+			c.storeMap(f.Map)
+		default:
+			return progressed, c.streamErr(ctx, addr, &transport.Error{Code: transport.CodeUnexpectedFrame, Message: "subscription got a " + f.Type().String() + " frame"})
+		}
+	}
+}
+
+// convert turns a Records frame into Records, dropping any the shard has
+// already received (dups counts them), and moves the resume point.
+func (sh *shardSub) convert(f *transport.Records) (recs []Record, dups int) {
+	recs = make([]Record, 0, len(f.Records))
+	for i := range f.Records {
+		r := &f.Records[i]
+		if sh.received && r.Offset < sh.nextRecv {
+			dups++
+			continue
+		}
+		sh.received, sh.nextRecv = true, r.Offset+1
+		recs = append(recs, Record{
+			Stream:      sh.s.stream,
+			Shard:       sh.shard,
+			Offset:      r.Offset,
+			Timestamp:   time.Unix(0, r.Timestamp),
+			Key:         r.Key,
+			Value:       r.Value,
+			Headers:     r.Headers,
+			ProducerID:  r.ProducerID,
+			ProducerSeq: r.ProducerSeq,
+		})
+	}
+	return recs, dups
+}

@@ -1,0 +1,41 @@
+// Command felix is the Felix server: `felix broker` runs one broker,
+// `felix ctl` runs the control plane, and `felix dev` runs the embedded
+// default, a local cluster of the control plane and three broker
+// processes on loopback.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/alecthomas/kong"
+
+	"github.com/felix-broker/felix/client"
+	"github.com/felix-broker/felix/internal/servercmd"
+)
+
+// cli is the command line; kong fills it from flags and FELIX_* variables.
+type cli struct {
+	LogFormat string `help:"Log format: text or json." enum:"text,json" default:"text" env:"FELIX_LOG_FORMAT"`
+	LogLevel  string `help:"Log level: debug, info, warn or error." enum:"debug,info,warn,error" default:"info" env:"FELIX_LOG_LEVEL"`
+
+	Broker servercmd.Broker `cmd:"" help:"Run one broker."`
+	Ctl    servercmd.Ctl    `cmd:"" help:"Run the control plane."`
+	Dev    servercmd.Dev    `cmd:"" help:"Run a local cluster: the control plane and three brokers on loopback (the embedded default)."`
+	Echo   servercmd.Echo   `cmd:"" hidden:"" help:"Serve a QUIC echo (the bench's round-trip floor)."`
+}
+
+func main() {
+	var c cli
+	ctx := kong.Parse(&c,
+		kong.Name("felix"),
+		kong.Description("Felix: a clustered, durable, low-latency publish/subscribe broker."),
+		kong.UsageOnError(),
+		kong.Vars{"conn_file": client.DefaultClusterFile},
+	)
+	logger := servercmd.NewLogger(c.LogFormat, c.LogLevel)
+	if err := ctx.Run(logger); err != nil {
+		fmt.Fprintf(os.Stderr, "felix: %v\n", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,349 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/felix-broker/felix/ctl"
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// Options configures a local cluster. Zero means the documented default.
+type Options struct {
+	// Dir holds certificates, the control plane's state and every broker's
+	// data and log; required.
+	Dir string
+	// Binary is the felix executable the brokers run; required.
+	Binary string
+	// Brokers is how many brokers to start; default 3.
+	Brokers int
+	// LeaseTTL is the control plane lease; default 3s.
+	LeaseTTL time.Duration
+	// Host is the loopback address everything listens on; default 127.0.0.1.
+	Host string
+	// CtlPort and BrokerPorts fix the ports; zero picks free ones.
+	CtlPort     int
+	BrokerPorts []int
+	// BrokerOutput receives the brokers' logs; default a file per broker in
+	// Dir (broker-N.log).
+	BrokerOutput io.Writer
+	// Logger is the control plane's logger; default discards.
+	Logger *slog.Logger
+}
+
+// Cluster is a running local cluster.
+type Cluster struct {
+	opts    Options
+	certDir string
+	ctlAddr string
+	brokers []*Broker
+
+	mu  sync.Mutex // guards ctl across RestartCtl
+	ctl *ctl.Server
+}
+
+// Broker is one broker process of a Cluster.
+type Broker struct {
+	ID      string
+	Addr    string
+	DataDir string
+
+	mu     sync.Mutex // guards the running process
+	cmd    *exec.Cmd
+	exited chan struct{}
+	logf   *os.File
+}
+
+// Start generates certificates, starts the control plane in-process and the
+// brokers as processes, and returns once every broker is live in the map.
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	if opts.Dir == "" || opts.Binary == "" {
+		return nil, errors.New("cluster: Dir and Binary are required")
+	}
+	if opts.Brokers == 0 {
+		opts.Brokers = 3
+	}
+	if opts.LeaseTTL == 0 {
+		opts.LeaseTTL = 3 * time.Second
+	}
+	if opts.Host == "" {
+		opts.Host = "127.0.0.1"
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	c := &Cluster{opts: opts, certDir: filepath.Join(opts.Dir, "certs")}
+	ids := []string{"ctl"}
+	for i := range opts.Brokers {
+		ids = append(ids, BrokerID(i))
+	}
+	if err := transport.GenerateDevCerts(c.certDir, ids...); err != nil {
+		return nil, fmt.Errorf("cluster: generate dev certificates: %w", err)
+	}
+	port := opts.CtlPort
+	if port == 0 {
+		p, err := FreePort(opts.Host)
+		if err != nil {
+			return nil, err
+		}
+		port = p
+	}
+	c.ctlAddr = net.JoinHostPort(opts.Host, strconv.Itoa(port))
+	if err := c.startCtl(); err != nil {
+		return nil, err
+	}
+	for i := range opts.Brokers {
+		port := 0
+		if i < len(opts.BrokerPorts) {
+			port = opts.BrokerPorts[i]
+		}
+		if port == 0 {
+			p, err := FreePort(opts.Host)
+			if err != nil {
+				c.Close()
+				return nil, err
+			}
+			port = p
+		}
+		c.brokers = append(c.brokers, &Broker{
+			ID:      BrokerID(i),
+			Addr:    net.JoinHostPort(opts.Host, strconv.Itoa(port)),
+			DataDir: filepath.Join(opts.Dir, BrokerID(i)),
+		})
+	}
+	for i := range c.brokers {
+		if err := c.startBroker(i); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	if _, err := c.WaitLive(ctx, opts.Brokers); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// BrokerID names the i-th broker.
+func BrokerID(i int) string { return "broker-" + strconv.Itoa(i) }
+
+// FreePort returns a UDP port on host that was free a moment ago.
+func FreePort(host string) (int, error) {
+	pc, err := net.ListenPacket("udp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, fmt.Errorf("cluster: find a free port: %w", err)
+	}
+	defer pc.Close()
+	return pc.LocalAddr().(*net.UDPAddr).Port, nil
+}
+
+func (c *Cluster) startCtl() error {
+	tlsConf, err := CtlServerTLS(c.certDir)
+	if err != nil {
+		return err
+	}
+	s, err := ctl.New(ctl.Config{
+		Addr:     c.ctlAddr,
+		DataDir:  filepath.Join(c.opts.Dir, "ctl"),
+		TLS:      tlsConf,
+		LeaseTTL: c.opts.LeaseTTL,
+		Logger:   c.opts.Logger,
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: control plane: %w", err)
+	}
+	if err := s.Start(); err != nil {
+		return fmt.Errorf("cluster: start control plane on %s: %w", c.ctlAddr, err)
+	}
+	c.mu.Lock()
+	c.ctl = s
+	c.mu.Unlock()
+	return nil
+}
+
+// startBroker starts broker i's process.
+func (c *Cluster) startBroker(i int) error {
+	b := c.brokers[i]
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cmd != nil {
+		return fmt.Errorf("cluster: %s is already running", b.ID)
+	}
+	cmd := exec.Command(c.opts.Binary, "broker",
+		"--id", b.ID,
+		"--listen", b.Addr,
+		"--ctl", c.ctlAddr,
+		"--data", b.DataDir,
+		"--certs", c.certDir,
+		"--lease-ttl", c.opts.LeaseTTL.String(),
+	)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out := c.opts.BrokerOutput
+	if out == nil {
+		f, err := os.OpenFile(filepath.Join(c.opts.Dir, b.ID+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return fmt.Errorf("cluster: open log of %s: %w", b.ID, err)
+		}
+		b.logf = f
+		out = f
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("cluster: start %s (%s): %w", b.ID, c.opts.Binary, err)
+	}
+	b.cmd = cmd
+	b.exited = make(chan struct{})
+	go func(exited chan struct{}) {
+		cmd.Wait()
+		close(exited)
+	}(b.exited)
+	return nil
+}
+
+// Ctl returns the control plane.
+func (c *Cluster) Ctl() *ctl.Server {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ctl
+}
+
+// CtlAddr returns the control plane's address.
+func (c *Cluster) CtlAddr() string { return c.ctlAddr }
+
+// CertDir returns the directory holding ca.crt and every certificate.
+func (c *Cluster) CertDir() string { return c.certDir }
+
+// CAFile returns the cluster CA certificate's path.
+func (c *Cluster) CAFile() string { return filepath.Join(c.certDir, "ca.crt") }
+
+// Brokers returns the brokers, running or not.
+func (c *Cluster) Brokers() []*Broker { return c.brokers }
+
+// Broker returns the broker with id, or nil.
+func (c *Cluster) Broker(id string) *Broker {
+	for _, b := range c.brokers {
+		if b.ID == id {
+			return b
+		}
+	}
+	return nil
+}
+
+// WaitLive waits until the control plane's map has at least n live brokers
+// and returns that map.
+func (c *Cluster) WaitLive(ctx context.Context, n int) (*shardmap.Map, error) {
+	return c.WaitMap(ctx, func(m *shardmap.Map) bool {
+		live := 0
+		for _, node := range m.Nodes {
+			if node.Live {
+				live++
+			}
+		}
+		return live >= n
+	})
+}
+
+// WaitMap waits until the control plane's map satisfies ok.
+func (c *Cluster) WaitMap(ctx context.Context, ok func(*shardmap.Map) bool) (*shardmap.Map, error) {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if m := c.Ctl().Map(); m != nil && ok(m) {
+			return m, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("cluster: waiting for the shard map: %w (see the broker logs in %s)", ctx.Err(), c.opts.Dir)
+		case <-t.C:
+		}
+	}
+}
+
+// Kill sends SIGKILL to broker id and waits for it to die.
+func (c *Cluster) Kill(id string) error { return c.signal(id, syscall.SIGKILL) }
+
+// Stop sends SIGTERM to broker id (graceful shutdown) and waits for it.
+func (c *Cluster) Stop(id string) error { return c.signal(id, syscall.SIGTERM) }
+
+func (c *Cluster) signal(id string, sig syscall.Signal) error {
+	b := c.Broker(id)
+	if b == nil {
+		return fmt.Errorf("cluster: no broker %q", id)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cmd == nil {
+		return nil
+	}
+	b.cmd.Process.Signal(sig)
+	select {
+	case <-b.exited:
+	case <-time.After(30 * time.Second):
+		b.cmd.Process.Kill()
+		<-b.exited
+	}
+	b.cmd = nil
+	if b.logf != nil {
+		b.logf.Close()
+		b.logf = nil
+	}
+	return nil
+}
+
+// Restart starts broker id again (same id, address and data) after Kill or
+// Stop, and waits until it is live in the map.
+func (c *Cluster) Restart(ctx context.Context, id string) error {
+	for i, b := range c.brokers {
+		if b.ID != id {
+			continue
+		}
+		if err := c.startBroker(i); err != nil {
+			return err
+		}
+		_, err := c.WaitMap(ctx, func(m *shardmap.Map) bool {
+			n, ok := m.Node(id)
+			return ok && n.Live
+		})
+		return err
+	}
+	return fmt.Errorf("cluster: no broker %q", id)
+}
+
+// RestartCtl closes the control plane and starts a new one on the same
+// address and state directory.
+func (c *Cluster) RestartCtl() error {
+	if err := c.Ctl().Close(); err != nil {
+		return fmt.Errorf("cluster: close control plane: %w", err)
+	}
+	return c.startCtl()
+}
+
+// Close stops every broker (SIGTERM, then SIGKILL after a grace period) and
+// the control plane.
+func (c *Cluster) Close() error {
+	var wg sync.WaitGroup
+	for _, b := range c.brokers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.Stop(b.ID)
+		}()
+	}
+	wg.Wait()
+	if s := c.Ctl(); s != nil {
+		return s.Close()
+	}
+	return nil
+}

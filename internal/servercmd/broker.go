@@ -1,0 +1,57 @@
+package servercmd
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/felix-broker/felix/broker"
+	"github.com/felix-broker/felix/internal/cluster"
+)
+
+// Broker runs one broker until SIGINT or SIGTERM, then shuts it down
+// gracefully.
+type Broker struct {
+	ID        string        `help:"Node id of this broker (must match its certificate)." required:"" env:"FELIX_NODE_ID"`
+	Listen    string        `help:"QUIC address to listen on." default:"127.0.0.1:7100" env:"FELIX_LISTEN"`
+	Advertise string        `help:"Address clients and peers use to reach this broker (default: the bound address)." env:"FELIX_ADVERTISE"`
+	Ctl       string        `help:"Control plane QUIC address." default:"127.0.0.1:7000" env:"FELIX_CTL"`
+	Data      string        `help:"Data directory for the shard logs." required:"" type:"path" env:"FELIX_DATA"`
+	Certs     string        `help:"Directory with ca.crt and <id>.crt/<id>.key." required:"" type:"existingdir" env:"FELIX_CERTS"`
+	LeaseTTL  time.Duration `help:"Control plane lease." default:"3s" env:"FELIX_LEASE_TTL"`
+}
+
+func (c *Broker) Run(log *slog.Logger) error {
+	tlsConf, err := cluster.LoadNodeTLS(c.Certs, c.ID)
+	if err != nil {
+		return err
+	}
+	b, err := broker.New(broker.Config{
+		NodeID:    c.ID,
+		Listen:    c.Listen,
+		Advertise: c.Advertise,
+		DataDir:   c.Data,
+		ServerTLS: tlsConf.Server,
+		PeerTLS:   tlsConf.Peer,
+		CtlAddr:   c.Ctl,
+		CtlTLS:    tlsConf.Ctl,
+		LeaseTTL:  c.LeaseTTL,
+		Logger:    log,
+	})
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := b.Start(ctx); err != nil {
+		b.Close()
+		return fmt.Errorf("starting %s: %w", c.ID, err)
+	}
+	<-ctx.Done()
+	log.Info("shutting down")
+	return b.Close()
+}
