@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -36,6 +37,11 @@ type Broker struct {
 	ln     *transport.Listener
 	member *ctl.Member
 
+	// staleMap, when set, is the map the next routing decision uses
+	// instead of the current one: a test seam that makes a map change
+	// land between a forward and its commit.
+	staleMap atomic.Pointer[shardmap.Map]
+
 	// mu guards the set of live sessions so Close can drain them.
 	mu struct {
 		sync.Mutex
@@ -51,7 +57,7 @@ func New(cfg Config) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Broker{cfg: cfg, log: cfg.Logger}
+	b := &Broker{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID)}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.shards = newShardSet(cfg.DataDir, cfg.SegmentSize, b.log)
 	b.peers = newPeerPool(cfg.PeerTLS, cfg.Transport)
@@ -82,7 +88,7 @@ func (b *Broker) Start(ctx context.Context) error {
 		Transport: b.cfg.Transport,
 		Node:      transport.Register{NodeID: b.cfg.NodeID, Addr: advertise, Admin: b.cfg.Admin},
 		LeaseTTL:  b.cfg.LeaseTTL,
-		Logger:    b.log,
+		Logger:    b.cfg.Logger, // the member names the node itself
 	})
 	if err != nil {
 		ln.Close()
@@ -103,6 +109,14 @@ func (b *Broker) Start(ctx context.Context) error {
 
 // Addr returns the address the broker listens on.
 func (b *Broker) Addr() net.Addr { return b.ln.Addr() }
+
+// routingMap returns the map to route a publish by.
+func (b *Broker) routingMap() *shardmap.Map {
+	if m := b.staleMap.Swap(nil); m != nil {
+		return m
+	}
+	return b.member.Map()
+}
 
 // Map returns the latest shard map the broker holds.
 func (b *Broker) Map() *shardmap.Map { return b.member.Map() }

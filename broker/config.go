@@ -76,6 +76,5 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	c.Logger = c.Logger.With("node", c.NodeID)
 	return c, nil
 }

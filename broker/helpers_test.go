@@ -40,7 +40,7 @@ func startInproc(t *testing.T, n int, streams ...shardmap.StreamConfig) *inproc 
 	t.Helper()
 	dir := t.TempDir()
 	ids := []string{"ctl"}
-	for i := range n {
+	for i := range n + 2 { // spares for brokers a test adds later
 		ids = append(ids, cluster.BrokerID(i))
 	}
 	if err := transport.GenerateDevCerts(filepath.Join(dir, "certs"), ids...); err != nil {

@@ -139,7 +139,7 @@ func headersLen(h map[string]string) int {
 // with. The caller holds dispatchMu.
 func (p *pubSession) dispatch(pub *transport.Publish, attempt int) {
 	b := p.b
-	m := b.member.Map()
+	m := b.routingMap()
 	if pub.Epoch > m.Epoch {
 		// The forwarder has seen a newer map than ours: catch up before
 		// judging ownership, so a moved shard is never written twice.
