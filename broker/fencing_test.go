@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
 	"testing"
 
@@ -126,53 +125,52 @@ func (s *shardSet) mustLog(t *testing.T, stream string, shard int) interface {
 }
 
 // TestForwarderReroutesAfterMapChange: the forwarder routes by a map that
-// is already stale (the shard moved to a newly joined broker); the old
-// owner refuses with NotOwner and its newer epoch, and the forwarder
-// refreshes and re-routes. The publisher sees exactly one ack, from the
-// new owner, which holds the record.
+// is already stale (it names a broker that no longer owns the shard); that
+// broker refuses with NotOwner and its epoch, and the forwarder refreshes
+// and re-routes. The publisher sees exactly one ack, from the owner, which
+// holds the record; the refusing broker wrote nothing.
 func TestForwarderReroutesAfterMapChange(t *testing.T) {
-	// A stream whose only shard moves to broker-2 when it joins.
-	name := ""
-	for i := range 1000 {
-		n := fmt.Sprintf("moving-%d", i)
-		two := shardmap.Owner(n, 0, []string{"broker-0", "broker-1"})
-		three := shardmap.Owner(n, 0, []string{"broker-0", "broker-1", "broker-2"})
-		if two == "broker-1" && three == "broker-2" {
-			name = n
-			break
+	ip := startInproc(t, 3, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	owner := ip.owner("orders", 0)
+	var fwd, wrong *Broker
+	for _, b := range ip.brokers {
+		switch {
+		case b == owner:
+		case fwd == nil:
+			fwd = b
+		default:
+			wrong = b
 		}
 	}
-	if name == "" {
-		t.Fatal("no stream name moves from broker-1 to broker-2")
-	}
-	ip := startInproc(t, 2, shardmap.StreamConfig{Name: name, Shards: 1})
-	fwd, oldOwner := ip.brokers[0], ip.brokers[1]
-	stale := fwd.Map()
-
-	ip.brokers = append(ip.brokers, ip.startBroker(2))
-	ip.waitEpoch(ip.ctl.Map().Epoch)
-	if o, _ := ip.ctl.Map().Owner(name, 0); o.ID != "broker-2" {
-		t.Fatalf("%s/0 is owned by %s after broker-2 joined", name, o.ID)
-	}
+	// The map as it was before the shard reached its owner: an epoch back,
+	// with the shard on the wrong broker.
+	cur := fwd.Map()
+	st, _ := cur.Stream("orders")
+	moved := *st
+	moved.Owners = []string{wrong.NodeID()}
+	stale := shardmap.Assemble(cur.Epoch-1, cur.Nodes, []shardmap.Stream{moved})
 
 	ws := openStream(t, ip.dial(fwd))
-	fwd.staleMap.Store(stale) // route the next publish by the old map: to broker-1
-	ws.send(publish(1, name, "rerouted"))
+	fwd.staleMap.Store(stale)
+	ws.send(publish(1, "orders", "rerouted"))
 	a := wantAck(t, ws.recv(), 1)
-	if a.Owner != "broker-2" || !a.Forwarded || a.Via != "broker-0" || a.Offset != 0 {
-		t.Fatalf("ack %+v: want broker-2 at offset 0 via broker-0", a)
+	if a.Owner != owner.NodeID() || !a.Forwarded || a.Via != fwd.NodeID() || a.Offset != 0 {
+		t.Fatalf("ack %+v: want %s at offset 0 via %s", a, owner.NodeID(), fwd.NodeID())
 	}
-	if next := ip.logOf(ip.brokers[2], name, 0).NextOffset(); next != 1 {
-		t.Fatalf("new owner holds %d records, want 1", next)
+	if fwd.staleMap.Load() != nil {
+		t.Fatal("the stale map was never used for routing")
 	}
-	oldOwner.shards.mu.RLock()
-	_, open := oldOwner.shards.mu.entries[shardmap.ShardID{Stream: name, Shard: 0}]
-	oldOwner.shards.mu.RUnlock()
+	if next := ip.logOf(owner, "orders", 0).NextOffset(); next != 1 {
+		t.Fatalf("owner holds %d records, want 1", next)
+	}
+	wrong.shards.mu.RLock()
+	_, open := wrong.shards.mu.entries[shardmap.ShardID{Stream: "orders", Shard: 0}]
+	wrong.shards.mu.RUnlock()
 	if open {
-		t.Fatal("the old owner still has the moved shard open")
+		t.Fatal("the broker that refused opened a log for the shard")
 	}
 	// Exactly one answer: the next frame is the ack of the next publish.
-	ws.send(publish(2, name, "next"))
+	ws.send(publish(2, "orders", "next"))
 	if a := wantAck(t, ws.recv(), 2); a.Offset != 1 {
 		t.Fatalf("second ack %+v", a)
 	}

@@ -59,13 +59,15 @@ func startInproc(t *testing.T, n int, streams ...shardmap.StreamConfig) *inproc 
 	}
 	ip := &inproc{t: t, dir: dir, ctl: c}
 	t.Cleanup(ip.close)
+	for i := range n {
+		ip.brokers = append(ip.brokers, ip.startBroker(i))
+	}
+	// Streams are created once every broker is a member, so their shards
+	// are placed over all of them.
 	for _, s := range streams {
 		if err := c.CreateStream(s); err != nil {
 			t.Fatal(err)
 		}
-	}
-	for i := range n {
-		ip.brokers = append(ip.brokers, ip.startBroker(i))
 	}
 	ip.waitEpoch(c.Map().Epoch)
 	return ip

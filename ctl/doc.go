@@ -1,6 +1,6 @@
 // Package ctl is Felix's control plane. It owns broker registration and
-// liveness (leases), the stream registry (persisted), computing the shard
-// map with [shardmap.Build] and pushing it to the brokers; and [Member],
+// liveness (leases), the stream registry (persisted), placing shards on
+// brokers and pushing the shard map to them; and [Member],
 // the side of it a broker uses to join the cluster and watch the map, and
 // [AdminClient], the side tools use for admin requests.
 //
@@ -24,7 +24,16 @@
 // Live, but it KEEPS its shards: nothing is reassigned, and publishes to
 // its shards fail as unavailable until it registers again. Moving a shard
 // means moving its log — a planned membership change with handoff, left
-// to a later version — never a side effect of a missed heartbeat. A second
+// to a later version — never a side effect of a missed heartbeat.
+//
+// For the same reason a member that JOINS takes no shard that already has
+// an owner. A shard is placed once, when its stream is created (or, for a
+// stream created before any broker registered, when the first member
+// joins), on the member rendezvous hashing picks among the members of that
+// moment ([shardmap.Assign]); from then on its owner is persisted with the
+// stream and kept in every map. A broker added to a running cluster
+// therefore owns shards of streams created after it joined, and none of
+// the older ones until a planned handoff moves them. A second
 // registration of the same node id replaces the first (whose stream ctl
 // closes); one with a new address updates the member's address.
 //

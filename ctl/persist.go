@@ -24,7 +24,7 @@ const stateVersion = 1
 type snapshot struct {
 	Epoch   uint64
 	Members []shardmap.Node
-	Streams []shardmap.StreamConfig
+	Streams []shardmap.Stream // with their owners
 }
 
 // The on-disk form has its own types with explicit JSON names so that
@@ -47,6 +47,9 @@ type fileStream struct {
 	Shards           int    `json:"shards"`
 	RetentionBytes   int64  `json:"retention_bytes,omitempty"`
 	RetentionAgeNano int64  `json:"retention_age_ns,omitempty"`
+	// Owners[s] is the node owning shard s; missing or "" means not yet
+	// placed (placed by rendezvous over the members on load).
+	Owners []string `json:"owners,omitempty"`
 }
 
 // loadState reads the state file in dir. A missing file is an empty state
@@ -82,8 +85,11 @@ func loadState(dir string) (snapshot, error) {
 		if err := c.Validate(); err != nil || seen[c.Name] {
 			return snapshot{}, fmt.Errorf("ctl: load state %s: corrupt stream %q: %v", path, s.Name, err)
 		}
+		if len(s.Owners) > c.Shards {
+			return snapshot{}, fmt.Errorf("ctl: load state %s: corrupt stream %q: %d owners for %d shards", path, s.Name, len(s.Owners), c.Shards)
+		}
 		seen[c.Name] = true
-		snap.Streams = append(snap.Streams, c)
+		snap.Streams = append(snap.Streams, shardmap.Stream{StreamConfig: c, Owners: s.Owners})
 	}
 	return snap, nil
 }
@@ -98,7 +104,8 @@ func saveState(dir string, snap snapshot) error {
 		f.Members = append(f.Members, fileMember{ID: n.ID, Addr: n.Addr, Admin: n.Admin})
 	}
 	for _, c := range snap.Streams {
-		f.Streams = append(f.Streams, fileStream{Name: c.Name, Shards: c.Shards, RetentionBytes: c.RetentionBytes, RetentionAgeNano: int64(c.RetentionAge)})
+		f.Streams = append(f.Streams, fileStream{Name: c.Name, Shards: c.Shards, RetentionBytes: c.RetentionBytes,
+			RetentionAgeNano: int64(c.RetentionAge), Owners: c.Owners})
 	}
 	b, err := json.MarshalIndent(f, "", "  ")
 	if err != nil {

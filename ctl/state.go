@@ -38,7 +38,14 @@ type state struct {
 	ttl     time.Duration
 	epoch   uint64
 	members map[string]*member
-	streams map[string]shardmap.StreamConfig
+	// streams holds each stream's config and its shards' owners. An owner
+	// is assigned by rendezvous hashing over the members when the shard is
+	// first placed and then stays: a member that joins later does not take
+	// shards that already have an owner, because moving a shard means
+	// moving its log (a planned change with handoff, not a side effect of
+	// a broker starting). A shard placed while there were no members has
+	// owner "" until the first member joins.
+	streams map[string]shardmap.Stream
 	cur     *shardmap.Map
 }
 
@@ -59,14 +66,14 @@ func newState(snap snapshot, ttl time.Duration) *state {
 		ttl:     ttl,
 		epoch:   snap.Epoch + 1,
 		members: make(map[string]*member, len(snap.Members)),
-		streams: make(map[string]shardmap.StreamConfig, len(snap.Streams)),
+		streams: make(map[string]shardmap.Stream, len(snap.Streams)),
 	}
 	for _, n := range snap.Members {
 		n.Live = false
 		s.members[n.ID] = &member{node: n}
 	}
-	for _, c := range snap.Streams {
-		s.streams[c.Name] = c
+	for _, st := range snap.Streams {
+		s.streams[st.Name] = st
 	}
 	s.rebuild()
 	return s
@@ -97,15 +104,48 @@ func (s *state) bump() {
 }
 
 func (s *state) rebuild() {
-	nodes := make([]shardmap.Node, 0, len(s.members))
-	for _, id := range slices.Sorted(maps.Keys(s.members)) {
+	ids := slices.Sorted(maps.Keys(s.members))
+	nodes := make([]shardmap.Node, 0, len(ids))
+	for _, id := range ids {
 		nodes = append(nodes, s.members[id].node)
 	}
-	streams := make([]shardmap.StreamConfig, 0, len(s.streams))
+	streams := make([]shardmap.Stream, 0, len(s.streams))
 	for _, name := range slices.Sorted(maps.Keys(s.streams)) {
-		streams = append(streams, s.streams[name])
+		st := s.place(s.streams[name], ids)
+		s.streams[name] = st
+		streams = append(streams, st)
 	}
-	s.cur = shardmap.Build(s.epoch, nodes, streams)
+	s.cur = shardmap.Assemble(s.epoch, nodes, streams)
+}
+
+// place returns st with an owner for every shard that has none (or whose
+// owner is no longer a member), assigned by rendezvous over ids. Owners
+// already placed stay. It never modifies st's owner slice in place, so
+// checkpoints keep theirs.
+func (s *state) place(st shardmap.Stream, ids []string) shardmap.Stream {
+	if len(ids) == 0 {
+		if len(st.Owners) != st.Shards {
+			st.Owners = make([]string, st.Shards)
+		}
+		return st
+	}
+	var owners []string
+	for shard := range st.Shards {
+		if shard < len(st.Owners) && st.Owners[shard] != "" {
+			if _, ok := s.members[st.Owners[shard]]; ok {
+				continue
+			}
+		}
+		if owners == nil {
+			owners = make([]string, st.Shards)
+			copy(owners, st.Owners)
+		}
+		owners[shard] = shardmap.Owner(st.Name, shard, ids)
+	}
+	if owners != nil {
+		st.Owners = owners
+	}
+	return st
 }
 
 // register records a registration of node under session at now: a new
@@ -210,8 +250,8 @@ func (s *state) createStream(c shardmap.StreamConfig) error {
 	if _, ok := s.streams[c.Name]; ok {
 		return fmt.Errorf("create stream %q: %w", c.Name, ErrStreamExists)
 	}
-	s.streams[c.Name] = c
-	s.bump()
+	s.streams[c.Name] = shardmap.Stream{StreamConfig: c}
+	s.bump() // places the new stream's shards over the current members
 	return nil
 }
 
@@ -227,18 +267,18 @@ func (s *state) deleteStream(name string) error {
 
 // stream returns the config of the stream named name.
 func (s *state) stream(name string) (shardmap.StreamConfig, error) {
-	c, ok := s.streams[name]
+	st, ok := s.streams[name]
 	if !ok {
 		return shardmap.StreamConfig{}, fmt.Errorf("stream %q: %w", name, ErrUnknownStream)
 	}
-	return c, nil
+	return st.StreamConfig, nil
 }
 
 // checkpoint is the part of the state an admin change alters: what
 // rollback puts back when the change could not be persisted.
 type checkpoint struct {
 	epoch   uint64
-	streams map[string]shardmap.StreamConfig
+	streams map[string]shardmap.Stream
 	cur     *shardmap.Map
 }
 

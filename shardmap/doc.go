@@ -7,8 +7,10 @@
 // decides availability only, so a node that misses heartbeats keeps its
 // shards and publishes to them fail as unavailable until it returns.
 //
-// The control plane builds maps with [Build] and pushes them; brokers and
-// clients obey the pushed map and never recompute their own.
+// The control plane assigns owners with [Assign] when a shard is first
+// placed, keeps them in the maps it builds with [Assemble], and pushes the
+// maps; brokers and clients obey the pushed map and never recompute their
+// own. [Build] is Assign and Assemble over every stream at once.
 //
 // The package is pure: no I/O, no goroutines, no clocks.
 //

@@ -90,18 +90,36 @@ type Map struct {
 // Nodes and streams are copied and sorted; ownership is computed by
 // rendezvous hashing over all member nodes, live or not.
 func Build(epoch uint64, nodes []Node, streams []StreamConfig) *Map {
-	m := &Map{Epoch: epoch, Nodes: slices.Clone(nodes)}
-	slices.SortFunc(m.Nodes, func(a, b Node) int { return strings.Compare(a.ID, b.ID) })
-	ids := make([]string, len(m.Nodes))
-	for i, n := range m.Nodes {
+	ids := make([]string, len(nodes))
+	for i, n := range nodes {
 		ids[i] = n.ID
 	}
-	for _, c := range streams {
-		s := Stream{StreamConfig: c, Owners: make([]string, c.Shards)}
-		for shard := range c.Shards {
-			s.Owners[shard] = Owner(c.Name, shard, ids)
-		}
-		m.Streams = append(m.Streams, s)
+	assigned := make([]Stream, len(streams))
+	for i, c := range streams {
+		assigned[i] = Stream{StreamConfig: c, Owners: Assign(c.Name, c.Shards, ids)}
+	}
+	return Assemble(epoch, nodes, assigned)
+}
+
+// Assign returns the rendezvous owner of each of the shards of stream
+// among nodeIDs; every owner is "" when nodeIDs is empty.
+func Assign(stream string, shards int, nodeIDs []string) []string {
+	owners := make([]string, shards)
+	for shard := range shards {
+		owners[shard] = Owner(stream, shard, nodeIDs)
+	}
+	return owners
+}
+
+// Assemble returns the map at epoch with the nodes and the streams, owners
+// included, as given: the control plane uses it when owners were assigned
+// earlier and must not move (see package ctl). Nodes, streams and owner
+// lists are copied and sorted.
+func Assemble(epoch uint64, nodes []Node, streams []Stream) *Map {
+	m := &Map{Epoch: epoch, Nodes: slices.Clone(nodes), Streams: make([]Stream, len(streams))}
+	slices.SortFunc(m.Nodes, func(a, b Node) int { return strings.Compare(a.ID, b.ID) })
+	for i, s := range streams {
+		m.Streams[i] = Stream{StreamConfig: s.StreamConfig, Owners: slices.Clone(s.Owners)}
 	}
 	slices.SortFunc(m.Streams, func(a, b Stream) int { return strings.Compare(a.Name, b.Name) })
 	return m
