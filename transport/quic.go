@@ -2,7 +2,9 @@ package transport
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -47,7 +49,7 @@ func Listen(addr string, tlsConf *tls.Config, cfg Config) (*Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transport: listen on %q: %w", addr, err)
 	}
-	tr := &quic.Transport{Conn: udp}
+	tr := &quic.Transport{Conn: udp, StatelessResetKey: resetKey(tlsConf)}
 	ln, err := tr.Listen(tlsConf, cfg.QUIC())
 	if err != nil {
 		tr.Close()
@@ -171,4 +173,21 @@ func checkTLS(c *tls.Config) error {
 		return errors.New("TLS config names no ALPN protocol (ALPNClient, ALPNPeer or ALPNCtl)")
 	}
 	return nil
+}
+
+// resetKey derives the listener's stateless reset key from its TLS private
+// key, so that a server restarted with the same identity can tell clients
+// of its previous run at once that their connections are gone (a QUIC
+// stateless reset), instead of leaving them to the idle timeout. Without a
+// certificate it returns nil (no stateless resets).
+func resetKey(tlsConf *tls.Config) *quic.StatelessResetKey {
+	if len(tlsConf.Certificates) == 0 || tlsConf.Certificates[0].PrivateKey == nil {
+		return nil
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(tlsConf.Certificates[0].PrivateKey)
+	if err != nil {
+		return nil
+	}
+	k := quic.StatelessResetKey(sha256.Sum256(append([]byte("felix stateless reset key v1\x00"), der...)))
+	return &k
 }
