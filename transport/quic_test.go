@@ -184,7 +184,7 @@ func TestListenDialErrors(t *testing.T) {
 
 func TestConfigDefaults(t *testing.T) {
 	q := Config{}.QUIC()
-	if q.MaxIncomingStreams != 10000 || q.MaxIdleTimeout != 30*time.Second || q.KeepAlivePeriod != 10*time.Second ||
+	if q.MaxIncomingStreams != 10000 || q.MaxIdleTimeout != 5*time.Second || q.KeepAlivePeriod != time.Second ||
 		q.HandshakeIdleTimeout != 5*time.Second || q.InitialStreamReceiveWindow != 1<<20 || q.MaxStreamReceiveWindow != 16<<20 ||
 		q.InitialConnectionReceiveWindow != 4<<20 || q.MaxConnectionReceiveWindow != 64<<20 {
 		t.Errorf("defaults: %+v", q)
