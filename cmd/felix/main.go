@@ -22,6 +22,7 @@ type cli struct {
 	Broker servercmd.Broker `cmd:"" help:"Run one broker."`
 	Ctl    servercmd.Ctl    `cmd:"" help:"Run the control plane."`
 	Dev    servercmd.Dev    `cmd:"" help:"Run a local cluster: the control plane and three brokers on loopback (the embedded default)."`
+	Certs  servercmd.Certs  `cmd:"" help:"Write a development PKI: cluster CA, node and client certificates."`
 	Echo   servercmd.Echo   `cmd:"" hidden:"" help:"Serve a QUIC echo (the bench's round-trip floor)."`
 }
 
