@@ -1,0 +1,179 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// tinyLocal is a --local run of every scenario small enough for a test.
+func tinyLocal(t *testing.T) *Command {
+	return &Command{
+		Local: true, Binary: felixBinary, Brokers: 3, Dir: t.TempDir(),
+		Scenarios: Scenarios, Size: 128, Trials: 2, Count: 30, Warmup: 5,
+		Rate: 400, OpenDuration: 150 * time.Millisecond,
+		Publishers: 6, Window: 4, Duration: 400 * time.Millisecond, TPWarmup: 100 * time.Millisecond,
+		Subscribers: 3, FloorCount: 60,
+		JSON: true, Plot: filepath.Join(t.TempDir(), "latency.svg"),
+	}
+}
+
+// TestLocalEveryScenario runs every scenario against a local cluster
+// and checks the JSON report a user would read.
+func TestLocalEveryScenario(t *testing.T) {
+	c := tinyLocal(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	var out bytes.Buffer
+	rep, err := c.Execute(ctx, slog.New(slog.DiscardHandler), &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Logf("bench ran %.1fs", rep.DurationSec)
+	var doc struct {
+		Floors    map[string]any   `json:"floors"`
+		Scenarios []map[string]any `json:"scenarios"`
+		Targets   []map[string]any `json:"targets"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
+		t.Fatalf("the report is not JSON: %v\n%s", err, out.String())
+	}
+	num := func(s map[string]any, k string) float64 {
+		t.Helper()
+		v, ok := s[k]
+		if !ok {
+			t.Fatalf("%v %v: no %q", s["scenario"], s["mode"], k)
+		}
+		f, ok := v.(float64)
+		if !ok {
+			t.Fatalf("%v %v: %q is %v, not a number", s["scenario"], s["mode"], k, v)
+		}
+		return f
+	}
+
+	openN := int(float64(c.Rate) * c.OpenDuration.Seconds())
+	want := map[string]float64{ // scenario/mode -> count
+		"direct/closed":        float64(c.Trials * c.Count),
+		"direct/open":          float64(c.Trials * openN),
+		"forwarded/closed":     float64(c.Trials * c.Count),
+		"forwarded/open":       float64(c.Trials * openN),
+		"e2e/closed":           float64(c.Trials * c.Count),
+		"throughput/pipelined": -1, // depends on the machine
+		"fanout/closed":        float64(c.Trials * c.Count * c.Subscribers),
+	}
+	seen := map[string]bool{}
+	for _, s := range doc.Scenarios {
+		key := s["scenario"].(string) + "/" + s["mode"].(string)
+		seen[key] = true
+		wantCount, ok := want[key]
+		if !ok {
+			t.Errorf("unexpected scenario %s", key)
+			continue
+		}
+		for _, k := range []string{"count", "payload_bytes", "p50_us", "p90_us", "p99_us", "p999_us", "max_us",
+			"throughput_msgs_per_s", "records_per_fsync", "fsync_p50_us", "fsync_p99_us", "rtt_p50_us", "rtt_p99_us"} {
+			num(s, k)
+		}
+		count := num(s, "count")
+		if wantCount >= 0 && count != wantCount {
+			t.Errorf("%s: count %v, want %v", key, count, wantCount)
+		}
+		if count <= 0 {
+			t.Errorf("%s: count %v", key, count)
+		}
+		if num(s, "payload_bytes") != float64(c.Size) {
+			t.Errorf("%s: payload_bytes %v", key, s["payload_bytes"])
+		}
+		p50, p90, p99, p999, mx := num(s, "p50_us"), num(s, "p90_us"), num(s, "p99_us"), num(s, "p999_us"), num(s, "max_us")
+		if !(0 < p50 && p50 <= p90 && p90 <= p99 && p99 <= p999 && p999 <= mx) {
+			t.Errorf("%s: percentiles out of order: p50 %v p90 %v p99 %v p99.9 %v max %v", key, p50, p90, p99, p999, mx)
+		}
+		if num(s, "throughput_msgs_per_s") <= 0 {
+			t.Errorf("%s: throughput %v", key, s["throughput_msgs_per_s"])
+		}
+		if rpf := num(s, "records_per_fsync"); rpf < 1 {
+			t.Errorf("%s: records_per_fsync %v < 1", key, rpf)
+		}
+		for _, k := range []string{"fsync_p50_us", "fsync_p99_us", "rtt_p50_us", "rtt_p99_us"} {
+			if num(s, k) <= 0 {
+				t.Errorf("%s: floor %s = %v", key, k, s[k])
+			}
+		}
+		if num(s, "fsync_p50_us") > num(s, "fsync_p99_us") || num(s, "rtt_p50_us") > num(s, "rtt_p99_us") {
+			t.Errorf("%s: floor percentiles out of order", key)
+		}
+		if got := num(s, "p50_floor_ratio"); got <= 0 {
+			t.Errorf("%s: p50_floor_ratio %v", key, got)
+		}
+		switch key {
+		case "direct/open", "forwarded/open":
+			if num(s, "send_lag_p99_us") < 0 || num(s, "rate_per_s") != float64(c.Rate) {
+				t.Errorf("%s: open-loop fields %v %v", key, s["send_lag_p99_us"], s["rate_per_s"])
+			}
+		case "throughput/pipelined":
+			if num(s, "broker_cpu_pct") <= 0 || num(s, "broker_rss_mib") <= 0 || num(s, "broker_peak_rss_mib") < num(s, "broker_rss_mib") {
+				t.Errorf("throughput: broker usage cpu %v rss %v peak %v", s["broker_cpu_pct"], s["broker_rss_mib"], s["broker_peak_rss_mib"])
+			}
+			if procs, _ := s["processes"].([]any); len(procs) != 1+c.Brokers {
+				t.Errorf("throughput: %d processes watched, want the bench and %d brokers", len(procs), c.Brokers)
+			}
+		case "direct/closed", "forwarded/closed":
+			// One record in flight on a shard nobody else writes: one
+			// fsync each.
+			if rpf := num(s, "records_per_fsync"); rpf != 1 {
+				t.Errorf("%s: records_per_fsync %v, want 1 with one record in flight", key, rpf)
+			}
+		}
+	}
+	for k := range want {
+		if !seen[k] {
+			t.Errorf("no result for %s", k)
+		}
+	}
+	for _, k := range []string{"fsync", "rtt"} {
+		p, _ := doc.Floors[k].(map[string]any)
+		if p == nil || p["count"].(float64) != float64(c.FloorCount) || p["p50_us"].(float64) <= 0 {
+			t.Errorf("floor %s: %v", k, doc.Floors[k])
+		}
+	}
+	if len(doc.Targets) != 6 {
+		t.Errorf("%d targets checked, want 6: %v", len(doc.Targets), doc.Targets)
+	}
+
+	// The plot, in both formats.
+	checkFile(t, c.Plot, "<?xml")
+	png := filepath.Join(t.TempDir(), "latency.png")
+	if err := writePlot(png, rep); err != nil {
+		t.Fatal(err)
+	}
+	checkFile(t, png, "\x89PNG")
+
+	// The table reads.
+	var table bytes.Buffer
+	if err := rep.writeTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"floors (same run)", "direct open 400/s", "throughput 6x4", "fanout x3", "targets:"} {
+		if !strings.Contains(table.String(), s) {
+			t.Errorf("table lacks %q:\n%s", s, table.String())
+		}
+	}
+}
+
+func checkFile(t *testing.T, path, prefix string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) < 1000 || !strings.HasPrefix(string(b), prefix) {
+		t.Errorf("%s: %d bytes starting %q, want a %q file", path, len(b), b[:min(len(b), 16)], prefix)
+	}
+}

@@ -1,0 +1,353 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/felix-broker/felix/client"
+	"github.com/felix-broker/felix/internal/cluster"
+)
+
+// Command is `felixctl bench`: kong fills it from the command line. Mount
+// it as a field of the application's CLI, tagged cmd:"":
+//
+//	Bench bench.Command `cmd:"" help:"Measure latency and throughput against the floors."`
+type Command struct {
+	Local   bool   `help:"Start a local cluster (control plane in-process, brokers as processes of this executable) and bench it." xor:"target"`
+	Cluster string `help:"Bench the existing cluster described by this connection file." type:"path" xor:"target" placeholder:"FILE"`
+	Broker  string `help:"Bench the existing cluster this broker belongs to (with --ca)." xor:"target" placeholder:"ADDR"`
+	CA      string `help:"Cluster CA certificate, with --broker." type:"path" placeholder:"FILE"`
+
+	Brokers int    `help:"Brokers of the local cluster." default:"3"`
+	Dir     string `help:"With --local: where the cluster lives (default: a temporary directory, removed afterwards). Otherwise: a directory on the brokers' data disk, where the fsync floor is measured (default: the system temp dir)." type:"path" placeholder:"DIR"`
+	Keep    bool   `help:"With --local: keep the cluster's directory (data, broker logs) after the run."`
+
+	Scenarios []string `help:"Scenarios to run, of direct, forwarded, e2e, throughput and fanout." default:"direct,forwarded,e2e,throughput,fanout" sep:","`
+	Size      int      `help:"Payload bytes of each record." default:"128"`
+	Trials    int      `help:"Trials per scenario; percentiles are the median over them." default:"3"`
+	Count     int      `help:"Measured records per trial in closed loop (direct, forwarded, e2e, fanout)." default:"2000"`
+	Warmup    int      `help:"Records per trial sent before measuring, in closed loop." default:"200"`
+
+	Rate         int           `help:"Open loop: records per second for direct and forwarded at a fixed rate, latency from the intended send time; 0 skips open loop." default:"1000"`
+	OpenDuration time.Duration `help:"Open loop: length of each trial." default:"2s"`
+
+	Publishers int           `help:"Throughput: concurrent publishers (one QUIC stream each)." default:"64"`
+	Window     int           `help:"Throughput: records in flight per publisher (1 is closed loop)." default:"32"`
+	Shards     int           `help:"Throughput: shards of the stream (default: 2 per broker)."`
+	Duration   time.Duration `help:"Throughput: measured length of each trial." default:"3s"`
+	TPWarmup   time.Duration `name:"throughput-warmup" help:"Throughput: warm-up before each trial." default:"500ms"`
+
+	Subscribers int `help:"Fanout: subscribers of the one stream." default:"8"`
+	FloorCount  int `help:"Samples of each floor, taken half before and half after the scenarios." default:"2000"`
+
+	JSON     bool   `help:"Write the report as JSON instead of a table."`
+	Output   string `short:"o" help:"Write the report to FILE instead of standard output." type:"path" placeholder:"FILE"`
+	Plot     string `help:"Draw latency percentile curves of the scenarios to FILE (.svg or .png)." type:"path" placeholder:"FILE"`
+	Progress bool   `help:"Show a progress bar on standard error (when it is a terminal)." default:"true" negatable:""`
+
+	// Binary is the felix executable run as brokers and as the echo
+	// process: default this executable (felixctl carries hidden `broker`
+	// and `echo` commands). Tests point it at a built felix binary.
+	Binary string `hidden:"" help:"Executable to run as brokers and echo (default: this one)." type:"path"`
+}
+
+// settings are the resolved knobs the scenarios read.
+type settings struct {
+	size, trials, count, warmup int
+	rate                        int
+	openDuration                time.Duration
+	publishers, window, shards  int
+	duration, throughputWarmup  time.Duration
+	subscribers                 int
+}
+
+// Validate checks the flags; kong calls it after parsing.
+func (c *Command) Validate() error {
+	if !c.Local && c.Cluster == "" && c.Broker == "" {
+		return errors.New("bench: say which cluster: --local, --cluster FILE or --broker ADDR --ca FILE")
+	}
+	if c.Broker != "" && c.CA == "" {
+		return errors.New("bench: --broker needs --ca, the cluster CA certificate")
+	}
+	for _, s := range c.scenarios() {
+		if !slices.Contains(Scenarios, s) {
+			return fmt.Errorf("bench: unknown scenario %q (have %s)", s, strings.Join(Scenarios, ", "))
+		}
+	}
+	if c.Plot != "" && !slices.Contains(PlotFormats, strings.ToLower(filepath.Ext(c.Plot))) {
+		return fmt.Errorf("bench: --plot %s: the file must end in .svg or .png", c.Plot)
+	}
+	for _, v := range []struct {
+		name string
+		n    int
+	}{{"size", c.Size}, {"trials", c.Trials}, {"count", c.Count}, {"publishers", c.Publishers}, {"window", c.Window}, {"floor-count", c.FloorCount}} {
+		if v.n < 1 {
+			return fmt.Errorf("bench: --%s must be at least 1", v.name)
+		}
+	}
+	if c.Size < stampLen && (slices.Contains(c.scenarios(), E2E) || slices.Contains(c.scenarios(), Fanout)) {
+		return fmt.Errorf("bench: --size must be at least %d for e2e and fanout (the payload carries the send time)", stampLen)
+	}
+	if c.Window > client.DefaultMaxInFlight {
+		return fmt.Errorf("bench: --window must be at most %d", client.DefaultMaxInFlight)
+	}
+	return nil
+}
+
+// scenarios returns the scenarios asked for, in the canonical order.
+func (c *Command) scenarios() []string {
+	want := c.Scenarios
+	if len(want) == 0 {
+		want = Scenarios
+	}
+	var out []string
+	for _, s := range Scenarios {
+		if slices.Contains(want, s) {
+			out = append(out, s)
+		}
+	}
+	for _, s := range want { // unknown ones, for Validate to name
+		if !slices.Contains(Scenarios, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Run runs the bench and writes the report (and the plot); SIGINT or
+// SIGTERM stop it cleanly, local cluster included.
+func (c *Command) Run(log *slog.Logger) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	out := io.Writer(os.Stdout)
+	if c.Output != "" {
+		f, err := os.Create(c.Output)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		defer f.Close()
+		out = f
+	}
+	_, err := c.Execute(ctx, log, out)
+	return err
+}
+
+// Execute runs the bench, writes the report to out (a table, or JSON with
+// --json) and the plot to c.Plot, and returns the report.
+func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) (*Report, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	started := time.Now()
+	prog := newProgress(os.Stderr, c.Progress)
+	defer prog.close()
+
+	binary := c.Binary
+	if binary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("bench: find this executable (to run brokers and echo): %w", err)
+		}
+		binary = exe
+	}
+	workDir, err := os.MkdirTemp("", "felix-bench-")
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	defer os.RemoveAll(workDir)
+
+	rep := &Report{Started: started, Machine: thisMachine(), PayloadBytes: c.Size, Trials: c.Trials}
+	var seed string
+	var opts []client.Opt
+	opts = append(opts, client.WithLogger(log), client.WithMaxInFlight(max(c.Window, client.DefaultMaxInFlight)))
+	watch := &procWatch{names: []string{selfName}, pids: []int{os.Getpid()}}
+	dataDir := c.Dir
+	ownsCluster := false
+	switch {
+	case c.Local:
+		dir := c.Dir
+		if dir == "" {
+			if dir, err = os.MkdirTemp("", "felix-bench-cluster-"); err != nil {
+				return nil, fmt.Errorf("bench: %w", err)
+			}
+			if !c.Keep {
+				defer os.RemoveAll(dir)
+			}
+		}
+		dataDir = dir
+		log.Info("starting a local cluster", "brokers", c.Brokers, "dir", dir, "binary", binary)
+		prog.phase(fmt.Sprintf("starting %d brokers", c.Brokers), 0)
+		sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		cl, err := cluster.Start(sctx, cluster.Options{Dir: dir, Binary: binary, Brokers: c.Brokers})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("bench: start a local cluster in %s: %w", dir, err)
+		}
+		defer cl.Close()
+		for _, b := range cl.Brokers() {
+			pid, err := findBrokerPid(b.ID, b.DataDir)
+			if err != nil {
+				rep.Notes = append(rep.Notes, fmt.Sprintf("no CPU and RSS of %s: %v", b.ID, err))
+				continue
+			}
+			watch.names, watch.pids = append(watch.names, b.ID), append(watch.pids, pid)
+		}
+		seed = cl.Brokers()[0].Addr
+		opts = append(opts, client.WithCAFile(cl.CAFile()))
+		rep.Cluster = fmt.Sprintf("local cluster of %d broker processes (%s)", c.Brokers, filepath.Base(binary))
+		ownsCluster = true
+	case c.Cluster != "":
+		cf, err := client.LoadClusterFile(c.Cluster)
+		if err != nil {
+			return nil, fmt.Errorf("bench: %w", err)
+		}
+		if len(cf.Brokers) == 0 {
+			return nil, fmt.Errorf("bench: %s lists no broker", c.Cluster)
+		}
+		seed = cf.Brokers[0].Addr
+		opts = append(opts, client.WithCAFile(cf.CAFile))
+		rep.Cluster = fmt.Sprintf("cluster %q (%s)", cf.Name, c.Cluster)
+	default:
+		seed = c.Broker
+		opts = append(opts, client.WithCAFile(c.CA))
+		rep.Cluster = "cluster of " + c.Broker
+	}
+	if !c.Local {
+		rep.Notes = append(rep.Notes, "existing cluster: broker CPU and RSS are not measured; the fsync floor is measured in "+
+			orDefault(dataDir, os.TempDir())+" and the RTT floor on this host: run the bench on a broker's host with --dir on its data disk for honest floors")
+		if dataDir == "" {
+			dataDir = os.TempDir()
+		}
+	}
+	if fs := fsType(dataDir); fs == "tmpfs" {
+		rep.Notes = append(rep.Notes, "the data directory "+dataDir+" is on tmpfs: fsync costs nothing there, and the figures mean little")
+	}
+
+	e, err := newEnv(ctx, c.settings(), log, prog, seed, opts)
+	if err != nil {
+		return nil, err
+	}
+	e.watch, e.ownsData = watch, ownsCluster
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := e.close(cctx); err != nil {
+			log.Warn("bench: cleaning up", "err", err)
+		}
+	}()
+
+	floors, err := startFloors(ctx, binary, workDir, dataDir, c.Size)
+	if err != nil {
+		return nil, err
+	}
+	defer floors.close()
+	floorWarmup := max(10, c.FloorCount/20)
+	if err := floors.measure(floorWarmup, (c.FloorCount+1)/2, prog); err != nil {
+		return nil, err
+	}
+
+	for _, s := range c.scenarios() {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		log.Debug("bench: scenario", "scenario", s)
+		results, err := c.runScenario(ctx, e, s)
+		if isSkip(err) {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("%s skipped: %v", s, err))
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range results {
+			r.PayloadBytes = c.Size
+		}
+		rep.Scenarios = append(rep.Scenarios, results...)
+	}
+
+	if err := floors.measure(floorWarmup, c.FloorCount/2, prog); err != nil {
+		return nil, err
+	}
+	rep.setFloors(floors.floors())
+	rep.checkTargets()
+	rep.DurationSec = round1(time.Since(started).Seconds())
+	prog.close() // before the report is written; the deferred close is then a no-op
+
+	if c.Plot != "" {
+		if err := writePlot(c.Plot, rep); err != nil {
+			return nil, err
+		}
+	}
+	if c.JSON {
+		err = rep.writeJSON(out)
+	} else {
+		err = rep.writeTable(out)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bench: write the report: %w", err)
+	}
+	return rep, nil
+}
+
+// runScenario runs one scenario in each of its modes.
+func (c *Command) runScenario(ctx context.Context, e *env, s string) ([]*Result, error) {
+	switch s {
+	case Direct, Forwarded:
+		closed, err := e.runPublish(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		out := []*Result{closed}
+		if c.Rate > 0 {
+			open, err := e.runOpen(ctx, s)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, open)
+		}
+		return out, nil
+	case E2E:
+		r, err := e.runDelivery(ctx, E2E, 1)
+		return []*Result{r}, err
+	case Fanout:
+		r, err := e.runDelivery(ctx, Fanout, c.Subscribers)
+		return []*Result{r}, err
+	case Throughput:
+		r, err := e.runThroughput(ctx)
+		return []*Result{r}, err
+	}
+	return nil, fmt.Errorf("bench: unknown scenario %q", s)
+}
+
+func (c *Command) settings() settings {
+	return settings{
+		size: c.Size, trials: c.Trials, count: c.Count, warmup: max(0, c.Warmup),
+		rate: c.Rate, openDuration: c.OpenDuration,
+		publishers: c.Publishers, window: c.Window, shards: c.Shards,
+		duration: c.Duration, throughputWarmup: c.TPWarmup,
+		subscribers: max(1, c.Subscribers),
+	}
+}
+
+// selfName names this process among the watched ones.
+const selfName = "bench"
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}

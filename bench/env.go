@@ -1,0 +1,173 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/felix-broker/felix/client"
+	"github.com/felix-broker/felix/shardmap"
+)
+
+// env is what the scenarios run against: the cluster's brokers, one SDK
+// client per broker (connected lazily), the bench streams, and the
+// processes to watch. It is used by one goroutine, the one running the
+// scenarios.
+type env struct {
+	cfg      settings
+	log      *slog.Logger
+	prog     *progress
+	opts     []client.Opt
+	nodes    []shardmap.Node // live brokers, by id
+	clients  map[string]*client.Client
+	streams  []string // created, deleted by close
+	runID    string
+	base     time.Time  // payload stamps count from here (monotonic)
+	watch    *procWatch // the brokers' processes; nil when not ours
+	selfPid  int
+	ownsData bool // the cluster is ours: leave the streams to die with it
+}
+
+// newEnv connects to seed (a broker address) and learns the live brokers
+// from its map.
+func newEnv(ctx context.Context, cfg settings, log *slog.Logger, prog *progress, seed string, opts []client.Opt) (*env, error) {
+	id := make([]byte, 4)
+	rand.Read(id)
+	e := &env{
+		cfg: cfg, log: log, prog: prog, opts: opts,
+		clients: make(map[string]*client.Client),
+		runID:   hex.EncodeToString(id),
+		base:    time.Now(),
+	}
+	c, err := client.Connect(ctx, seed, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("bench: connect to %s: %w", seed, err)
+	}
+	m, err := c.Map(ctx)
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("bench: shard map from %s: %w", seed, err)
+	}
+	for _, n := range m.Nodes {
+		if n.Live {
+			e.nodes = append(e.nodes, n)
+		}
+		if n.Addr == seed {
+			e.clients[n.ID] = c
+		}
+	}
+	if len(e.nodes) == 0 {
+		c.Close()
+		return nil, fmt.Errorf("bench: the shard map from %s has no live broker", seed)
+	}
+	found := false
+	for _, cl := range e.clients {
+		found = found || cl == c
+	}
+	if !found { // seed is known by another address: keep it for admin calls
+		e.clients[""] = c
+	}
+	return e, nil
+}
+
+// client returns the client connected to broker id.
+func (e *env) client(ctx context.Context, id string) (*client.Client, error) {
+	if c := e.clients[id]; c != nil {
+		return c, nil
+	}
+	for _, n := range e.nodes {
+		if n.ID != id {
+			continue
+		}
+		c, err := client.Connect(ctx, n.Addr, e.opts...)
+		if err != nil {
+			return nil, fmt.Errorf("bench: connect to %s at %s: %w", id, n.Addr, err)
+		}
+		e.clients[id] = c
+		return c, nil
+	}
+	return nil, fmt.Errorf("bench: no live broker %q", id)
+}
+
+// anyClient returns a connected client.
+func (e *env) anyClient(ctx context.Context) (*client.Client, error) {
+	for _, c := range e.clients {
+		return c, nil
+	}
+	return e.client(ctx, e.nodes[0].ID)
+}
+
+// createStream creates a bench stream of shards shards and waits until
+// every live broker routes by a map that has it; it returns that map.
+func (e *env) createStream(ctx context.Context, scenario string, shards int) (string, *shardmap.Map, error) {
+	name := fmt.Sprintf("felix-bench-%s-%s", e.runID, scenario)
+	c, err := e.anyClient(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: name, Shards: shards}); err != nil {
+		return "", nil, fmt.Errorf("bench: create stream %s: %w", name, err)
+	}
+	e.streams = append(e.streams, name)
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	var m *shardmap.Map
+	for _, n := range e.nodes {
+		bc, err := e.client(ctx, n.ID)
+		if err != nil {
+			return "", nil, err
+		}
+		for {
+			m, err = bc.Map(wctx)
+			if err == nil {
+				if _, ok := m.Stream(name); ok {
+					break
+				}
+			}
+			select {
+			case <-wctx.Done():
+				return "", nil, fmt.Errorf("bench: %s does not see stream %s after creating it: %w", n.ID, name, errors.Join(err, wctx.Err()))
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	return name, m, nil
+}
+
+// owner returns the owner of shard of stream in m, and another live broker
+// (empty when there is only one).
+func (e *env) owner(m *shardmap.Map, stream string, shard int) (owner, other string, err error) {
+	n, err := m.Owner(stream, shard)
+	if err != nil {
+		return "", "", fmt.Errorf("bench: owner of %s/%d: %w", stream, shard, err)
+	}
+	for _, o := range e.nodes {
+		if o.ID != n.ID {
+			return n.ID, o.ID, nil
+		}
+	}
+	return n.ID, "", nil
+}
+
+// close deletes the bench streams (on a cluster that is not ours) and
+// closes the clients.
+func (e *env) close(ctx context.Context) error {
+	var errs []error
+	if !e.ownsData && len(e.streams) > 0 {
+		if c, err := e.anyClient(ctx); err == nil {
+			for _, s := range e.streams {
+				if err := c.DeleteStream(ctx, s); err != nil {
+					errs = append(errs, fmt.Errorf("bench: delete stream %s: %w", s, err))
+				}
+			}
+		}
+	}
+	for _, c := range e.clients {
+		c.Close()
+	}
+	return errors.Join(errs...)
+}

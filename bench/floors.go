@@ -1,0 +1,228 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+	"github.com/quic-go/quic-go"
+
+	"github.com/felix-broker/felix/transport"
+)
+
+// Floors are the machine's floors, measured in the same run as the
+// scenarios: what a durable publish cannot beat on this machine.
+type Floors struct {
+	// Fsync is write+fdatasync of one payload appended to a file on the
+	// brokers' data filesystem.
+	Fsync Percentiles `json:"fsync"`
+	// RTT is the echo of one payload-sized frame over QUIC between the
+	// bench and an echo process (two processes, as client and broker are).
+	RTT Percentiles `json:"rtt"`
+	// FsyncDir and FsyncFS say where the fsync floor was measured.
+	FsyncDir string `json:"fsync_dir"`
+	FsyncFS  string `json:"fsync_fs"`
+
+	fsyncHist, rttHist *hdrhistogram.Histogram
+}
+
+// floorMeter measures the floors. It holds an open file on the data disk
+// and an echo process with a connection to it, so the floors can be
+// sampled more than once in a run (before and after the scenarios).
+type floorMeter struct {
+	dir     string
+	payload []byte
+	file    *os.File
+
+	echo    *exec.Cmd
+	exited  chan struct{} // closed when echo has been waited for
+	stderr  *capped
+	conn    *quic.Conn
+	stream  *quic.Stream
+	r       *transport.Reader
+	w       *transport.Writer
+	pubEcho *transport.Publish
+
+	fsync, rtt *hdrhistogram.Histogram
+}
+
+// startFloors opens the fsync file in dataDir and starts the echo process
+// (binary's hidden `echo` command) with a certificate made in workDir.
+func startFloors(ctx context.Context, binary, workDir, dataDir string, size int) (_ *floorMeter, err error) {
+	m := &floorMeter{dir: dataDir, payload: make([]byte, size), fsync: newHist(), rtt: newHist()}
+	defer func() {
+		if err != nil {
+			m.close()
+		}
+	}()
+	m.file, err = os.CreateTemp(dataDir, "felix-bench-fsync-*")
+	if err != nil {
+		return nil, fmt.Errorf("bench: fsync floor: create a file in %s: %w", dataDir, err)
+	}
+
+	certDir := filepath.Join(workDir, "echo-certs")
+	if err := transport.GenerateDevCerts(certDir, "echo"); err != nil {
+		return nil, fmt.Errorf("bench: RTT floor: certificates for the echo process: %w", err)
+	}
+	ca, err := transport.LoadCA(filepath.Join(certDir, "ca.crt"))
+	if err != nil {
+		return nil, fmt.Errorf("bench: RTT floor: %w", err)
+	}
+	addr, err := m.startEcho(ctx, binary, certDir)
+	if err != nil {
+		return nil, err
+	}
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	m.conn, err = transport.Dial(dctx, addr, transport.ClientTLS(ca, nil, "", transport.ALPNClient), transport.Config{})
+	if err != nil {
+		return nil, fmt.Errorf("bench: RTT floor: dial the echo process at %s: %w", addr, err)
+	}
+	m.stream, err = m.conn.OpenStreamSync(dctx)
+	if err != nil {
+		return nil, fmt.Errorf("bench: RTT floor: open a stream to the echo process: %w", err)
+	}
+	m.r, m.w = transport.NewReader(m.stream, 0), transport.NewWriter(m.stream)
+	m.pubEcho = &transport.Publish{Stream: "bench-echo", Shard: 0, Value: m.payload}
+	return m, nil
+}
+
+// startEcho starts `binary echo` and returns the address it printed.
+func (m *floorMeter) startEcho(ctx context.Context, binary, certDir string) (string, error) {
+	cmd := exec.Command(binary, "echo", "--certs", certDir, "--id", "echo", "--listen", "127.0.0.1:0")
+	cmd.SysProcAttr = dieWithParent()
+	m.stderr = &capped{max: 4096}
+	cmd.Stderr = m.stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", fmt.Errorf("bench: RTT floor: %w", err)
+	}
+	if err := cmd.Start(); err != nil {
+		return "", fmt.Errorf("bench: RTT floor: start the echo process (%s echo): %w", binary, err)
+	}
+	m.echo, m.exited = cmd, make(chan struct{})
+	lines := make(chan string, 1)
+	go func() { // ends at the first line or when the process exits
+		line, _ := bufio.NewReader(stdout).ReadString('\n')
+		lines <- line
+		io.Copy(io.Discard, stdout) // the pipe must be drained before Wait
+		cmd.Wait()
+		close(m.exited)
+	}()
+	timeout := time.NewTimer(10 * time.Second)
+	defer timeout.Stop()
+	var line string
+	select {
+	case line = <-lines:
+	case <-timeout.C:
+	case <-ctx.Done():
+	}
+	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
+	if !ok {
+		return "", fmt.Errorf("bench: RTT floor: the echo process (%s echo) did not print \"listening ADDR\" (got %q; its stderr: %s)",
+			binary, line, m.stderr.String())
+	}
+	return addr, nil
+}
+
+// measure takes n samples of each floor after warmup unrecorded ones.
+func (m *floorMeter) measure(warmup, n int, prog *progress) error {
+	prog.phase("floor: write+fdatasync", warmup+n)
+	for i := range warmup + n {
+		t0 := time.Now()
+		if _, err := m.file.Write(m.payload); err != nil {
+			return fmt.Errorf("bench: fsync floor: write %s: %w", m.file.Name(), err)
+		}
+		if err := fdatasync(m.file); err != nil {
+			return fmt.Errorf("bench: fsync floor: fdatasync %s: %w", m.file.Name(), err)
+		}
+		if i >= warmup {
+			record(m.fsync, time.Since(t0))
+		}
+		prog.add(1)
+	}
+	prog.phase("floor: QUIC round trip", warmup+n)
+	for i := range warmup + n {
+		t0 := time.Now()
+		if err := m.w.Write(m.pubEcho); err != nil {
+			return fmt.Errorf("bench: RTT floor: write to the echo process: %w", err)
+		}
+		if _, err := m.r.Read(); err != nil {
+			return fmt.Errorf("bench: RTT floor: read from the echo process: %w", err)
+		}
+		if i >= warmup {
+			record(m.rtt, time.Since(t0))
+		}
+		prog.add(1)
+	}
+	return nil
+}
+
+// floors returns what was measured so far.
+func (m *floorMeter) floors() Floors {
+	return Floors{
+		Fsync: percentilesOf(m.fsync), RTT: percentilesOf(m.rtt),
+		FsyncDir: m.dir, FsyncFS: fsType(m.dir),
+		fsyncHist: m.fsync, rttHist: m.rtt,
+	}
+}
+
+// close closes the connection, stops the echo process and removes the
+// fsync file.
+func (m *floorMeter) close() error {
+	var errs []error
+	if m.stream != nil {
+		m.stream.Close()
+	}
+	if m.conn != nil {
+		m.conn.CloseWithError(0, "bench done")
+	}
+	if m.echo != nil {
+		m.echo.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-m.exited:
+		case <-time.After(5 * time.Second):
+			m.echo.Process.Kill()
+			<-m.exited
+		}
+	}
+	if m.file != nil {
+		name := m.file.Name()
+		errs = append(errs, m.file.Close(), os.Remove(name))
+	}
+	return errors.Join(errs...)
+}
+
+// capped keeps the first max bytes written to it: a child's stderr for an
+// error message, without growing without bound.
+type capped struct {
+	max int
+	mu  sync.Mutex // Write runs on exec's copying goroutine
+	buf bytes.Buffer
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if room := c.max - c.buf.Len(); room > 0 {
+		c.buf.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+func (c *capped) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return strings.TrimSpace(c.buf.String())
+}

@@ -1,0 +1,75 @@
+package bench
+
+import (
+	"testing"
+	"time"
+)
+
+// TestCORecorderStall feeds the recorder a synthetic open-loop run: 2000
+// records at 1000/s, each served in 250 µs one at a time, except that the
+// service stalls for 200 ms at record 500. A generator held up by the
+// stall (a closed loop, or a full window) sends the records scheduled
+// during it late, and measured from the actual send they look fast: only
+// the stalled record is slow. Measured from the intended send time, the
+// ~270 records sent late until the backlog drains carry their wait, 200 ms
+// down to 0, and the percentiles must show it.
+func TestCORecorderStall(t *testing.T) {
+	const (
+		n       = 2000
+		service = 250 * time.Microsecond
+		stall   = 200 * time.Millisecond
+		stallAt = 500
+	)
+	rec := newCORecorder()
+	sched := newSchedule(time.Unix(1000, 0), 1000)
+	free := sched.start // when the server can take the next record
+	for i := range n {
+		intended := sched.at(i)
+		sent := intended
+		if free.After(sent) { // the generator was held up: it sends late
+			sent = free
+		}
+		done := sent.Add(service)
+		if i == stallAt {
+			done = done.Add(stall)
+		}
+		free = done
+		rec.Record(intended, sent, done)
+	}
+
+	raw, lat, lag := percentilesOf(rec.raw), percentilesOf(rec.lat), percentilesOf(rec.lag)
+	// From the actual send, only the stalled record is slow: p99 stays at
+	// the service time. That is the lie open loop exists to avoid.
+	if raw.P99 > 1.1*usOf(service) {
+		t.Errorf("uncorrected p99 %v µs, want about the service time %v", raw.P99, service)
+	}
+	// From the intended send, the top 10% are all records that waited
+	// for the stall, the longest the whole stall.
+	if lat.P90 < usOf(stall)/5 {
+		t.Errorf("corrected p90 %v µs, want over %v: the stall is hidden", lat.P90, stall/5)
+	}
+	if lat.Max < usOf(stall) || lat.Max > usOf(stall+2*service)*1.01 {
+		t.Errorf("corrected max %v µs, want about %v", lat.Max, stall+service)
+	}
+	if lat.P50 > 1.1*usOf(service) {
+		t.Errorf("corrected p50 %v µs: records outside the stall should take the service time", lat.P50)
+	}
+	// The lag is the corrected latency minus the service time: none for
+	// most records, the stall for the first one after it.
+	if lag.Max < usOf(stall)*0.99 || lag.P50 > 1 {
+		t.Errorf("send lag p50 %v max %v µs", lag.P50, lag.Max)
+	}
+	if got, want := rec.last.Sub(rec.first), sched.at(n-1).Sub(sched.start)+service; got < want-10*time.Millisecond || got > want+10*time.Millisecond {
+		t.Errorf("measured span %v, want about %v", got, want)
+	}
+}
+
+func TestSchedule(t *testing.T) {
+	s := newSchedule(time.Unix(0, 0), 4000)
+	if s.interval != 250*time.Microsecond {
+		t.Fatalf("interval %v", s.interval)
+	}
+	if got := s.at(8).Sub(s.start); got != 2*time.Millisecond {
+		t.Errorf("at(8) = start + %v, want 2ms", got)
+	}
+}

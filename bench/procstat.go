@@ -1,0 +1,152 @@
+package bench
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// clockTicks is USER_HZ, the unit of utime and stime in /proc/PID/stat:
+// 100 on every Linux architecture Go supports.
+const clockTicks = 100
+
+// findBrokerPid finds the process of a broker started by the cluster
+// harness from its command line (`... broker --id ID ... --data DIR ...`):
+// internal/cluster does not expose the pids of the processes it starts.
+func findBrokerPid(id, dataDir string) (int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, fmt.Errorf("bench: find the process of %s: %w", id, err)
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue // gone, or not ours to read
+		}
+		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+		if len(args) > 1 && args[1] == "broker" && flagValue(args, "--id") == id && flagValue(args, "--data") == dataDir {
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("bench: no process of %s (broker --id %s --data %s) in /proc", id, id, dataDir)
+}
+
+func flagValue(args []string, name string) string {
+	for i, a := range args {
+		if a == name && i+1 < len(args) {
+			return args[i+1]
+		}
+		if v, ok := strings.CutPrefix(a, name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// procSample is a process's CPU time so far and its memory.
+type procSample struct {
+	cpuTicks uint64 // utime + stime
+	rssKiB   uint64 // VmRSS
+	hwmKiB   uint64 // VmHWM: the peak RSS
+}
+
+// readProc samples /proc/PID/stat and /proc/PID/status.
+func readProc(pid int) (procSample, error) {
+	var s procSample
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return s, fmt.Errorf("bench: read /proc/%d/stat: %w", pid, err)
+	}
+	// The command name (field 2) is in parentheses and may hold spaces:
+	// fields are counted from the last ')'. utime and stime are fields 14
+	// and 15, the 12th and 13th after it.
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return s, fmt.Errorf("bench: malformed /proc/%d/stat", pid)
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) < 13 {
+		return s, fmt.Errorf("bench: malformed /proc/%d/stat", pid)
+	}
+	utime, err1 := strconv.ParseUint(f[11], 10, 64)
+	stime, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return s, fmt.Errorf("bench: malformed /proc/%d/stat", pid)
+	}
+	s.cpuTicks = utime + stime
+
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return s, fmt.Errorf("bench: read /proc/%d/status: %w", pid, err)
+	}
+	for line := range strings.Lines(string(status)) {
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok || !slices.Contains([]string{"VmRSS", "VmHWM"}, name) {
+			continue
+		}
+		kib, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+		if name == "VmRSS" {
+			s.rssKiB = kib
+		} else {
+			s.hwmKiB = kib
+		}
+	}
+	return s, nil
+}
+
+// ProcUsage is what one process used during a measured interval.
+type ProcUsage struct {
+	Name string `json:"name"`
+	Pid  int    `json:"pid"`
+	// CPUPct is CPU time over wall time, in percent of one core (200 is
+	// both cores of a 2-core machine).
+	CPUPct float64 `json:"cpu_pct"`
+	// RSSMiB is the resident set at the end of the interval, PeakRSSMiB
+	// the highest since the process started.
+	RSSMiB     float64 `json:"rss_mib"`
+	PeakRSSMiB float64 `json:"peak_rss_mib"`
+}
+
+// procWatch measures a set of processes over an interval.
+type procWatch struct {
+	names  []string
+	pids   []int
+	before []procSample
+}
+
+// begin samples every process at the start of the interval. A process
+// that cannot be read is left out of the result.
+func (w *procWatch) begin() {
+	w.before = make([]procSample, len(w.pids))
+	for i, pid := range w.pids {
+		w.before[i], _ = readProc(pid)
+	}
+}
+
+// end samples them again and returns their usage over wall seconds.
+func (w *procWatch) end(wallSeconds float64) []ProcUsage {
+	var out []ProcUsage
+	for i, pid := range w.pids {
+		after, err := readProc(pid)
+		if err != nil || wallSeconds <= 0 {
+			continue
+		}
+		cpu := float64(after.cpuTicks-w.before[i].cpuTicks) / clockTicks
+		out = append(out, ProcUsage{
+			Name:       w.names[i],
+			Pid:        pid,
+			CPUPct:     round1(cpu / wallSeconds * 100),
+			RSSMiB:     round1(float64(after.rssKiB) / 1024),
+			PeakRSSMiB: round1(float64(after.hwmKiB) / 1024),
+		})
+	}
+	return out
+}

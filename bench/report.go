@@ -1,0 +1,332 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+)
+
+// Report is the outcome of one bench run: the machine, its floors and
+// every scenario, each latency next to the floors measured in the same run.
+type Report struct {
+	Started      time.Time `json:"started"`
+	DurationSec  float64   `json:"duration_s"`
+	Machine      Machine   `json:"machine"`
+	Cluster      string    `json:"cluster"`
+	PayloadBytes int       `json:"payload_bytes"`
+	Trials       int       `json:"trials"`
+	Floors       Floors    `json:"floors"`
+	Scenarios    []*Result `json:"scenarios"`
+	Targets      []Target  `json:"targets"`
+	Notes        []string  `json:"notes,omitempty"`
+}
+
+// Machine describes where the run happened.
+type Machine struct {
+	CPUs      int    `json:"cpus"`
+	CPUModel  string `json:"cpu_model,omitempty"`
+	Kernel    string `json:"kernel,omitempty"`
+	OS        string `json:"os"`
+	GoVersion string `json:"go"`
+}
+
+func thisMachine() Machine {
+	m := Machine{CPUs: runtime.NumCPU(), OS: runtime.GOOS + "/" + runtime.GOARCH, GoVersion: runtime.Version()}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for line := range strings.Lines(string(b)) {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	return m
+}
+
+// Result is one scenario in one mode. Percentiles are the median over the
+// trials, Max the largest latency of any trial, Count the latencies
+// measured over all trials (acks; for e2e and fanout, deliveries: one per
+// record and subscriber).
+type Result struct {
+	Scenario     string  `json:"scenario"`
+	Mode         string  `json:"mode"`
+	Path         string  `json:"path"`
+	Count        int64   `json:"count"`
+	PayloadBytes int     `json:"payload_bytes"`
+	P50          float64 `json:"p50_us"`
+	P90          float64 `json:"p90_us"`
+	P99          float64 `json:"p99_us"`
+	P999         float64 `json:"p999_us"`
+	Max          float64 `json:"max_us"`
+	// ThroughputMsgsPerS is acks (deliveries for e2e and fanout) per
+	// second of the measured part, median over the trials.
+	ThroughputMsgsPerS float64 `json:"throughput_msgs_per_s"`
+	// RecordsPerFsync is derived from the acks' commit timestamps (see
+	// the package doc); null when no ack was seen.
+	RecordsPerFsync *float64 `json:"records_per_fsync"`
+
+	// The floors of the run, repeated so each scenario reads on its own,
+	// and the latency as a ratio to them.
+	FsyncP50      float64 `json:"fsync_p50_us"`
+	FsyncP99      float64 `json:"fsync_p99_us"`
+	RTTP50        float64 `json:"rtt_p50_us"`
+	RTTP99        float64 `json:"rtt_p99_us"`
+	P50FloorRatio float64 `json:"p50_floor_ratio"` // p50 / (fsync p50 + RTT p50)
+	P99FloorRatio float64 `json:"p99_floor_ratio"` // p99 / (fsync p99 + RTT p99)
+
+	Trials           int         `json:"trials"`
+	TrialP50         []float64   `json:"trial_p50_us"`
+	TrialP99         []float64   `json:"trial_p99_us"`
+	TrialThroughput  []float64   `json:"trial_throughput_msgs_per_s"`
+	P50SpreadPct     float64     `json:"p50_spread_pct"` // (max - min) / median of the trials' p50
+	P99SpreadPct     float64     `json:"p99_spread_pct"`
+	ThroughputSpread float64     `json:"throughput_spread_pct"`
+	RatePerSec       int         `json:"rate_per_s,omitempty"`
+	SendLagP50       *float64    `json:"send_lag_p50_us,omitempty"`     // open loop: actual - intended send
+	SendLagP99       *float64    `json:"send_lag_p99_us,omitempty"`     // open loop
+	UncorrectedP50   *float64    `json:"uncorrected_p50_us,omitempty"`  // open loop: from the actual send
+	UncorrectedP99   *float64    `json:"uncorrected_p99_us,omitempty"`  // open loop
+	Publishers       int         `json:"publishers,omitempty"`          // throughput
+	Window           int         `json:"window,omitempty"`              // throughput: records in flight per publisher
+	Shards           int         `json:"shards,omitempty"`              // throughput
+	Subscribers      int         `json:"subscribers,omitempty"`         // e2e, fanout
+	BrokerCPUPct     *float64    `json:"broker_cpu_pct,omitempty"`      // throughput: all brokers, % of one core
+	BrokerRSSMiB     *float64    `json:"broker_rss_mib,omitempty"`      // throughput: largest broker RSS at the end
+	BrokerPeakRSSMiB *float64    `json:"broker_peak_rss_mib,omitempty"` // throughput: largest broker peak RSS
+	ClientCPUPct     *float64    `json:"client_cpu_pct,omitempty"`      // throughput: this process
+	Processes        []ProcUsage `json:"processes,omitempty"`           // throughput: last trial, per process
+	Note             string      `json:"note,omitempty"`
+
+	hist *hdrhistogram.Histogram // every trial's latencies, for the plot
+}
+
+// Label names the result in tables and plots.
+func (r *Result) Label() string {
+	switch r.Mode {
+	case ModeOpen:
+		return fmt.Sprintf("%s open %d/s", r.Scenario, r.RatePerSec)
+	case ModePipelined:
+		return fmt.Sprintf("%s %dx%d", r.Scenario, r.Publishers, r.Window)
+	}
+	if r.Scenario == Fanout {
+		return fmt.Sprintf("%s x%d", r.Scenario, r.Subscribers)
+	}
+	return r.Scenario
+}
+
+// summarize turns a scenario's trials into its Result (without floors).
+func summarize(scenario, mode string, trials []trial) *Result {
+	r := &Result{Scenario: scenario, Mode: mode, Trials: len(trials)}
+	var pcts []Percentiles
+	var hists, lags, raws []*hdrhistogram.Histogram
+	acks := newAckGroups()
+	var cpu, clientCPU []float64
+	for _, t := range trials {
+		p := percentilesOf(t.hist)
+		pcts = append(pcts, p)
+		r.TrialP50 = append(r.TrialP50, p.P50)
+		r.TrialP99 = append(r.TrialP99, p.P99)
+		tp := 0.0
+		if t.elapsed > 0 {
+			tp = round1(float64(t.count) / t.elapsed.Seconds())
+		}
+		r.TrialThroughput = append(r.TrialThroughput, tp)
+		hists = append(hists, t.hist)
+		if t.lag != nil {
+			lags, raws = append(lags, t.lag), append(raws, t.raw)
+		}
+		acks.merge(t.acks)
+		if t.usage != nil {
+			sum, peak, rss := 0.0, 0.0, 0.0
+			for _, u := range t.usage {
+				if u.Name == selfName {
+					clientCPU = append(clientCPU, u.CPUPct)
+					continue
+				}
+				sum += u.CPUPct
+				rss, peak = max(rss, u.RSSMiB), max(peak, u.PeakRSSMiB)
+			}
+			cpu = append(cpu, sum)
+			r.BrokerRSSMiB, r.BrokerPeakRSSMiB = ptr(rss), ptr(peak)
+			r.Processes = t.usage
+		}
+	}
+	m := medianPercentiles(pcts)
+	r.Count, r.P50, r.P90, r.P99, r.P999, r.Max = m.Count, m.P50, m.P90, m.P99, m.P999, m.Max
+	r.ThroughputMsgsPerS = median(r.TrialThroughput)
+	r.P50SpreadPct, r.P99SpreadPct = spreadPct(r.TrialP50), spreadPct(r.TrialP99)
+	r.ThroughputSpread = spreadPct(r.TrialThroughput)
+	r.hist = merged(hists...)
+	if len(lags) > 0 {
+		lag, raw := percentilesOf(merged(lags...)), percentilesOf(merged(raws...))
+		r.SendLagP50, r.SendLagP99 = ptr(lag.P50), ptr(lag.P99)
+		r.UncorrectedP50, r.UncorrectedP99 = ptr(raw.P50), ptr(raw.P99)
+	}
+	if rpf, ok := acks.perFsync(); ok {
+		r.RecordsPerFsync = ptr(float64(int64(rpf*100+0.5)) / 100)
+	}
+	if len(cpu) > 0 && len(r.Processes) > 1 {
+		r.BrokerCPUPct = ptr(round1(median(cpu)))
+	} else {
+		r.BrokerRSSMiB, r.BrokerPeakRSSMiB = nil, nil
+	}
+	if len(clientCPU) > 0 {
+		r.ClientCPUPct = ptr(round1(median(clientCPU)))
+	}
+	return r
+}
+
+func ptr(f float64) *float64 { return &f }
+
+// setFloors fills the floor fields of every result.
+func (rep *Report) setFloors(f Floors) {
+	rep.Floors = f
+	for _, r := range rep.Scenarios {
+		r.FsyncP50, r.FsyncP99 = f.Fsync.P50, f.Fsync.P99
+		r.RTTP50, r.RTTP99 = f.RTT.P50, f.RTT.P99
+		if d := f.Fsync.P50 + f.RTT.P50; d > 0 {
+			r.P50FloorRatio = float64(int64(r.P50/d*100+0.5)) / 100
+		}
+		if d := f.Fsync.P99 + f.RTT.P99; d > 0 {
+			r.P99FloorRatio = float64(int64(r.P99/d*100+0.5)) / 100
+		}
+	}
+}
+
+// find returns the result of scenario in mode, or nil.
+func (rep *Report) find(scenario, mode string) *Result {
+	for _, r := range rep.Scenarios {
+		if r.Scenario == scenario && r.Mode == mode {
+			return r
+		}
+	}
+	return nil
+}
+
+// Target is one of Felix's performance targets (issue 6) checked against
+// this run.
+type Target struct {
+	Name  string  `json:"name"`
+	Rule  string  `json:"rule"`
+	Value float64 `json:"value"`
+	Limit float64 `json:"limit"`
+	Unit  string  `json:"unit"`
+	Met   bool    `json:"met"`
+}
+
+// checkTargets evaluates the targets whose scenarios ran.
+func (rep *Report) checkTargets() {
+	f := rep.Floors
+	le := func(name, rule string, v, limit float64, unit string) {
+		rep.Targets = append(rep.Targets, Target{Name: name, Rule: rule, Value: v, Limit: round1(limit), Unit: unit, Met: v <= limit})
+	}
+	direct := rep.find(Direct, ModeClosed)
+	if direct != nil {
+		le("direct p50", "p50 <= 1.2 x (fsync p50 + RTT p50)", direct.P50, 1.2*(f.Fsync.P50+f.RTT.P50), "us")
+		le("direct p99", "p99 <= 1.5 x (fsync p99 + RTT p99)", direct.P99, 1.5*(f.Fsync.P99+f.RTT.P99), "us")
+	}
+	if fw := rep.find(Forwarded, ModeClosed); fw != nil && direct != nil {
+		le("forwarded hop", "forwarded p50 - direct p50 <= 1.2 x RTT p50", fw.P50-direct.P50, 1.2*f.RTT.P50, "us")
+	}
+	if e2e := rep.find(E2E, ModeClosed); e2e != nil && direct != nil {
+		le("e2e p50", "e2e p50 <= direct p50 + 0.5 x RTT p50", e2e.P50, direct.P50+0.5*f.RTT.P50, "us")
+	}
+	if tp := rep.find(Throughput, ModePipelined); tp != nil {
+		rep.Targets = append(rep.Targets, Target{Name: "throughput", Rule: fmt.Sprintf(">= 150000 acked durable records/s (%d publishers)", tp.Publishers),
+			Value: tp.ThroughputMsgsPerS, Limit: 150000, Unit: "records/s", Met: tp.ThroughputMsgsPerS >= 150000})
+		if tp.BrokerPeakRSSMiB != nil {
+			le("broker RSS", "every broker's peak RSS < 300 MiB", *tp.BrokerPeakRSSMiB, 300, "MiB")
+		}
+	}
+}
+
+// writeJSON writes the report as indented JSON.
+func (rep *Report) writeJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}
+
+// writeTable writes the report for a person: the floors, one line per
+// scenario with its latencies and their ratio to the floors, the targets.
+func (rep *Report) writeTable(w io.Writer) error {
+	f := rep.Floors
+	fmt.Fprintf(w, "Felix bench: %s, %d-byte records, %d trials; %d CPUs (%s), %s, %s\n",
+		rep.Cluster, rep.PayloadBytes, rep.Trials, rep.Machine.CPUs, rep.Machine.CPUModel, rep.Machine.Kernel, rep.Machine.GoVersion)
+	fmt.Fprintf(w, "floors (same run): write+fdatasync p50 %s p99 %s (%s, %s); QUIC RTT between 2 processes p50 %s p99 %s\n",
+		fmtUS(f.Fsync.P50), fmtUS(f.Fsync.P99), f.FsyncFS, f.FsyncDir, fmtUS(f.RTT.P50), fmtUS(f.RTT.P99))
+	fmt.Fprintf(w, "floor = fsync + RTT: p50 %s, p99 %s\n\n", fmtUS(f.Fsync.P50+f.RTT.P50), fmtUS(f.Fsync.P99+f.RTT.P99))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "SCENARIO\tCOUNT\tP50\tP90\tP99\tP99.9\tMAX\tP50/FLOOR\tP99/FLOOR\tP50 SPREAD\tMSG/S\tREC/FSYNC\t")
+	for _, r := range rep.Scenarios {
+		rpf := "n/a"
+		if r.RecordsPerFsync != nil {
+			rpf = fmt.Sprintf("%.2f", *r.RecordsPerFsync)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%.2fx\t%.2fx\t%.0f%%\t%.0f\t%s\t\n",
+			r.Label(), r.Count, fmtUS(r.P50), fmtUS(r.P90), fmtUS(r.P99), fmtUS(r.P999), fmtUS(r.Max),
+			r.P50FloorRatio, r.P99FloorRatio, r.P50SpreadPct, r.ThroughputMsgsPerS, rpf)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, r := range rep.Scenarios {
+		if r.SendLagP50 != nil {
+			fmt.Fprintf(w, "%s: latency from the intended send time; the generator's send lag p50 %s p99 %s; from the actual send p50 %s p99 %s\n",
+				r.Label(), fmtUS(*r.SendLagP50), fmtUS(*r.SendLagP99), fmtUS(*r.UncorrectedP50), fmtUS(*r.UncorrectedP99))
+		}
+		if r.BrokerCPUPct != nil {
+			fmt.Fprintf(w, "%s: brokers used %.0f%% CPU (of one core), largest broker RSS %.1f MiB (peak %.1f MiB); the bench itself %.0f%% CPU\n",
+				r.Label(), *r.BrokerCPUPct, *r.BrokerRSSMiB, *r.BrokerPeakRSSMiB, deref(r.ClientCPUPct))
+		}
+		if r.Note != "" {
+			fmt.Fprintf(w, "%s: %s\n", r.Label(), r.Note)
+		}
+	}
+	if len(rep.Targets) > 0 {
+		fmt.Fprintln(w, "\ntargets:")
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		for _, t := range rep.Targets {
+			verdict := "met"
+			if !t.Met {
+				verdict = "MISSED"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%.1f %s (limit %.1f)\t%s\n", t.Name, t.Rule, t.Value, t.Unit, t.Limit, verdict)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+	return nil
+}
+
+func deref(f *float64) float64 {
+	if f == nil {
+		return 0
+	}
+	return *f
+}
+
+// fmtUS formats microseconds for a person.
+func fmtUS(us float64) string {
+	switch {
+	case us >= 10000:
+		return fmt.Sprintf("%.1fms", us/1000)
+	case us >= 1000:
+		return fmt.Sprintf("%.2fms", us/1000)
+	}
+	return fmt.Sprintf("%.0fµs", us)
+}

@@ -1,0 +1,135 @@
+package bench
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"github.com/alecthomas/kong"
+
+	"github.com/felix-broker/felix/client"
+)
+
+func TestMedianAndSpread(t *testing.T) {
+	for _, tc := range []struct {
+		in          []float64
+		median, pct float64
+	}{
+		{nil, 0, 0},
+		{[]float64{5}, 5, 0},
+		{[]float64{300, 100, 200}, 200, 100},
+		{[]float64{4, 1, 3, 2}, 2.5, 120},
+	} {
+		if got := median(tc.in); got != tc.median {
+			t.Errorf("median(%v) = %v, want %v", tc.in, got, tc.median)
+		}
+		if got := spreadPct(tc.in); got != tc.pct {
+			t.Errorf("spreadPct(%v) = %v, want %v", tc.in, got, tc.pct)
+		}
+	}
+}
+
+func TestMedianPercentiles(t *testing.T) {
+	got := medianPercentiles([]Percentiles{
+		{Count: 10, P50: 1, P90: 2, P99: 3, P999: 4, Max: 50},
+		{Count: 10, P50: 3, P90: 4, P99: 9, P999: 9, Max: 9},
+		{Count: 10, P50: 2, P90: 3, P99: 5, P999: 6, Max: 7},
+	})
+	want := Percentiles{Count: 30, P50: 2, P90: 3, P99: 5, P999: 6, Max: 50}
+	if got != want {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+}
+
+// TestAckGroups: acks of one shard sharing a commit timestamp were made
+// durable by one fsync.
+func TestAckGroups(t *testing.T) {
+	g := newAckGroups()
+	if _, ok := g.perFsync(); ok {
+		t.Fatal("records per fsync with no acks")
+	}
+	ts := time.Unix(0, 1_000_000)
+	for range 3 { // one commit of three records
+		g.add(client.Ack{Stream: "s", Shard: 0, Owner: "b0", Timestamp: ts})
+	}
+	g.add(client.Ack{Stream: "s", Shard: 1, Owner: "b1", Timestamp: ts}) // same time, other shard
+	other := newAckGroups()
+	other.add(client.Ack{Stream: "s", Shard: 0, Owner: "b0", Timestamp: ts.Add(time.Microsecond)})
+	other.add(client.Ack{Stream: "s", Shard: 0, Owner: "b0", Timestamp: ts.Add(time.Microsecond)})
+	g.merge(other)
+	got, ok := g.perFsync()
+	if !ok || got != 6.0/3 {
+		t.Errorf("records per fsync %v, want 2 (6 records, 3 commits)", got)
+	}
+}
+
+func TestReadProcSelf(t *testing.T) {
+	s, err := readProc(os.Getpid())
+	if err != nil {
+		t.Skip("no /proc:", err)
+	}
+	if s.rssKiB == 0 || s.hwmKiB < s.rssKiB {
+		t.Errorf("rss %d KiB, peak %d KiB", s.rssKiB, s.hwmKiB)
+	}
+}
+
+func TestFlagValue(t *testing.T) {
+	args := []string{"felix", "broker", "--id", "broker-1", "--data=/d/broker-1"}
+	if got := flagValue(args, "--id"); got != "broker-1" {
+		t.Errorf("--id = %q", got)
+	}
+	if got := flagValue(args, "--data"); got != "/d/broker-1" {
+		t.Errorf("--data = %q", got)
+	}
+	if got := flagValue(args, "--ctl"); got != "" {
+		t.Errorf("--ctl = %q", got)
+	}
+}
+
+// TestKongMount parses a command line the way felixctl does, with
+// Command mounted as a subcommand.
+func TestKongMount(t *testing.T) {
+	var cli struct {
+		Bench Command `cmd:""`
+	}
+	p, err := kong.New(&cli, kong.Exit(func(int) { t.Fatal("kong exited") }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Parse([]string{"bench", "--local", "--json", "--plot", "x.png", "--scenarios", "direct,e2e", "--no-progress"}); err != nil {
+		t.Fatal(err)
+	}
+	c := cli.Bench
+	if !c.Local || !c.JSON || c.Plot == "" || c.Progress || len(c.Scenarios) != 2 ||
+		c.Size != 128 || c.Publishers != 64 || c.Trials != 3 || c.Duration != 3*time.Second {
+		t.Errorf("parsed %+v", c)
+	}
+	for _, bad := range [][]string{
+		{"bench"},                               // no cluster named
+		{"bench", "--local", "--broker", "a:1"}, // two
+		{"bench", "--broker", "a:1"},            // no CA
+		{"bench", "--local", "--scenarios", "nope"},
+		{"bench", "--local", "--plot", "x.jpg"},
+	} {
+		if _, err := p.Parse(bad); err == nil {
+			t.Errorf("%v: parsed", bad)
+		}
+	}
+}
+
+// defaults fills c with the flag defaults, as kong would for
+// `bench --local`.
+func defaults(c *Command) error {
+	var cli struct {
+		Bench Command `cmd:""`
+	}
+	p, err := kong.New(&cli)
+	if err != nil {
+		return err
+	}
+	if _, err := p.Parse([]string{"bench", "--local"}); err != nil {
+		return err
+	}
+	*c = cli.Bench
+	return nil
+}

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/felix-broker/felix/internal/cluster"
+)
+
+type clusterCmd struct {
+	Status clusterStatusCmd `cmd:"" help:"Show the brokers, their liveness, the map epoch and the owner of every shard; exit 3 if a broker is down."`
+}
+
+type clusterStatusCmd struct {
+	clientFlags
+}
+
+// statusJSON is the cluster status as --json prints it.
+type statusJSON struct {
+	Healthy bool         `json:"healthy"`
+	Epoch   uint64       `json:"epoch"`
+	Via     string       `json:"via"` // the broker that answered
+	Nodes   []nodeJSON   `json:"nodes"`
+	Streams []streamJSON `json:"streams"`
+}
+
+type nodeJSON struct {
+	ID     string `json:"id"`
+	Addr   string `json:"addr"`
+	Live   bool   `json:"live"`
+	Shards int    `json:"shards"`
+}
+
+func (s *clusterStatusCmd) Run(a *app) error {
+	g := &s.clientFlags
+	ctx, cancel := context.WithTimeout(a.ctx, g.Timeout)
+	defer cancel()
+	c, err := g.connect(ctx, a, "")
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	m, err := c.ClusterStatus(ctx)
+	if err != nil {
+		return &brokerError{ID: c.id, Addr: c.addr, Err: err}
+	}
+	var down []string
+	for _, n := range m.Nodes {
+		if !n.Live {
+			down = append(down, n.ID)
+		}
+	}
+	if g.JSON {
+		out := statusJSON{Healthy: len(down) == 0, Epoch: m.Epoch, Via: c.id, Nodes: []nodeJSON{}, Streams: []streamJSON{}}
+		for _, n := range m.Nodes {
+			out.Nodes = append(out.Nodes, nodeJSON{ID: n.ID, Addr: n.Addr, Live: n.Live, Shards: len(m.OwnedBy(n.ID))})
+		}
+		for _, st := range m.Streams {
+			out.Streams = append(out.Streams, toJSON(st.StreamConfig, st.Owners))
+		}
+		if err := printJSON(a.stdout, out); err != nil {
+			return err
+		}
+	} else {
+		cluster.WriteOwnership(a.stdout, m)
+		if len(down) == 0 {
+			fmt.Fprintf(a.stdout, "healthy: all %d brokers live\n", len(m.Nodes))
+		} else {
+			fmt.Fprintf(a.stdout, "unhealthy: %d of %d brokers down\n", len(down), len(m.Nodes))
+		}
+	}
+	if len(down) > 0 {
+		return &errUnhealthy{down: down}
+	}
+	return nil
+}

@@ -1,0 +1,268 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/felix-broker/felix/internal/clustertest"
+	"github.com/felix-broker/felix/shardmap"
+)
+
+// TestCommands drives pub, sub, stream and cluster status against a real
+// cluster, with and without --json, through every way of finding it, and
+// then with a broker killed.
+func TestCommands(t *testing.T) {
+	c := clustertest.Start(t, 3)
+	dir := t.TempDir()
+	file := writeClusterFile(t, c, dir)
+	env := map[string]string{"FELIX_CLUSTER": file}
+
+	// The stream, and who owns it.
+	r := felixctl(t, env, "stream", "create", "orders", "--shards", "1")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "created stream orders with 1 shard, retention unlimited\n") {
+		t.Fatalf("stream create: %+v", r)
+	}
+	m, err := c.WaitMap(context.Background(), func(m *shardmap.Map) bool { _, ok := m.Stream("orders"); return ok })
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, _ := m.Owner("orders", 0)
+	owner := o.ID
+	other := "broker-0"
+	if owner == other {
+		other = "broker-1"
+	}
+	if r := felixctl(t, env, "stream", "create", "orders"); r.code != 1 || !strings.Contains(r.stderr, `stream "orders" already exists`) {
+		t.Errorf("creating it again: %+v", r)
+	}
+
+	t.Run("pub prints the path in the seed's words", func(t *testing.T) {
+		r := felixctl(t, env, "pub", "orders", "hello", "--via", other)
+		want := fmt.Sprintf("published \"hello\" to orders via %s → forwarded to %s → acknowledged (shard 0, offset 0)\n", other, owner)
+		if r.code != 0 || r.stdout != want {
+			t.Fatalf("got %q (exit %d), want %q", r.stdout, r.code, want)
+		}
+		r = felixctl(t, env, "pub", "orders", "direct", "--via", owner)
+		want = fmt.Sprintf("published \"direct\" to orders via %s (the owner) — written locally, no hop (shard 0, offset 1)\n", owner)
+		if r.code != 0 || r.stdout != want {
+			t.Fatalf("got %q (exit %d), want %q", r.stdout, r.code, want)
+		}
+	})
+
+	t.Run("pub --json", func(t *testing.T) {
+		r := felixctl(t, env, "pub", "orders", "j", "--json", "--via", other)
+		var ack pubJSON
+		if err := json.Unmarshal([]byte(r.stdout), &ack); err != nil || r.code != 0 {
+			t.Fatalf("%v: %+v", err, r)
+		}
+		if ack.Stream != "orders" || ack.Offset != 2 || ack.Via != other || ack.Owner != owner || !ack.Forwarded || ack.Value != "j" {
+			t.Errorf("ack %+v", ack)
+		}
+	})
+
+	t.Run("pub --count through each broker in turn", func(t *testing.T) {
+		r := felixctl(t, env, "pub", "orders", "seq", "--count", "3", "--via", "broker-0,broker-1,broker-2")
+		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		if r.code != 0 || len(lines) != 3 {
+			t.Fatalf("%+v", r)
+		}
+		for i, l := range lines {
+			if want := fmt.Sprintf(`published "seq-%03d" to orders via broker-%d `, i, i); !strings.HasPrefix(l, want) || !strings.HasSuffix(l, fmt.Sprintf("(shard 0, offset %d)", 3+i)) {
+				t.Errorf("line %d: %q", i, l)
+			}
+		}
+	})
+
+	t.Run("sub", func(t *testing.T) {
+		r := felixctl(t, env, "sub", "orders", "--count", "3", "--wait", "20s")
+		want := "received \"hello\" from orders (shard 0, offset 0)\nreceived \"direct\" from orders (shard 0, offset 1)\nreceived \"j\" from orders (shard 0, offset 2)\n"
+		if r.code != 0 || r.stdout != want {
+			t.Fatalf("got %q, want %q", r.stdout, want)
+		}
+		if !strings.Contains(r.stderr, "subscribed to orders from earliest") {
+			t.Errorf("no header on stderr: %q", r.stderr)
+		}
+		r = felixctl(t, env, "sub", "orders", "--via", owner, "--from", "5", "--count", "1", "--wait", "20s")
+		if r.code != 0 || r.stdout != "received \"seq-002\" from orders (shard 0, offset 5)\n" ||
+			!strings.Contains(r.stderr, "attached to "+owner+" (the owner)") {
+			t.Errorf("from offset 5 via the owner: %+v", r)
+		}
+		r = felixctl(t, env, "sub", "orders", "--json", "--count", "1", "--wait", "20s")
+		var rec subJSON
+		if err := json.Unmarshal([]byte(r.stdout), &rec); err != nil || rec.Value != "hello" || rec.Offset != 0 || r.stderr != "" {
+			t.Errorf("sub --json: %v %+v", err, r)
+		}
+		// Fewer records than --count within --wait: a failure that says so.
+		r = felixctl(t, env, "sub", "orders", "--from", "latest", "--count", "1", "--wait", "300ms")
+		if r.code != 1 || !strings.Contains(r.stderr, "received 0 of 1 records from orders within 300ms") {
+			t.Errorf("sub past --wait: %+v", r)
+		}
+	})
+
+	t.Run("stream ls, info, rm", func(t *testing.T) {
+		if r := felixctl(t, env, "stream", "create", "pay", "--shards", "3"); r.code != 0 {
+			t.Fatalf("%+v", r)
+		}
+		r := felixctl(t, env, "stream", "ls")
+		if r.code != 0 || !regexp.MustCompile(`(?m)^orders +1 +unlimited$`).MatchString(r.stdout) || !regexp.MustCompile(`(?m)^pay +3 +unlimited$`).MatchString(r.stdout) {
+			t.Errorf("stream ls: %+v", r)
+		}
+		r = felixctl(t, env, "stream", "ls", "--json")
+		var list []streamJSON
+		if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list) != 2 {
+			t.Errorf("stream ls --json: %v %+v", err, r)
+		}
+		r = felixctl(t, env, "stream", "info", "orders")
+		if r.code != 0 || !strings.HasPrefix(r.stdout, "stream orders: 1 shard, retention unlimited\n") ||
+			!regexp.MustCompile(`(?m)^orders/0 +`+owner+` +live$`).MatchString(r.stdout) {
+			t.Errorf("stream info: %+v", r)
+		}
+		r = felixctl(t, env, "stream", "info", "pay", "--json")
+		var info streamJSON
+		if err := json.Unmarshal([]byte(r.stdout), &info); err != nil || info.Shards != 3 || len(info.Owners) != 3 {
+			t.Errorf("stream info --json: %v %+v", err, r)
+		}
+		if r := felixctl(t, env, "stream", "rm", "pay"); r.code != 0 || r.stdout != "deleted stream pay and its records\n" {
+			t.Errorf("stream rm: %+v", r)
+		}
+		r = felixctl(t, env, "stream", "info", "nope")
+		if r.code != 1 || !strings.Contains(r.stderr, "felixctl: stream \"nope\" does not exist: create it with `felixctl stream create nope --shards N`") {
+			t.Errorf("info of a missing stream: %+v", r)
+		}
+		r = felixctl(t, env, "pub", "nope", "x")
+		if r.code != 1 || !strings.Contains(r.stderr, "stream \"nope\" does not exist") {
+			t.Errorf("pub to a missing stream: %+v", r)
+		}
+	})
+
+	t.Run("discovery", func(t *testing.T) {
+		// No flags, no environment: the file in the working directory.
+		t.Chdir(dir)
+		r := felixctl(t, nil, "pub", "orders", "found", "--via", owner)
+		if r.code != 0 || !strings.HasPrefix(r.stdout, `published "found" to orders via `+owner) {
+			t.Errorf("no-flag discovery: %+v", r)
+		}
+		// The environment beats the file...
+		r = felixctl(t, map[string]string{"FELIX_CLUSTER": "/nonexistent.json"}, "cluster", "status")
+		if r.code != 1 || !strings.Contains(r.stderr, "felixctl: no cluster to talk to: the connection file /nonexistent.json (FELIX_CLUSTER) does not exist") {
+			t.Errorf("env over file: %+v", r)
+		}
+		// ... and flags beat the environment.
+		r = felixctl(t, map[string]string{"FELIX_CLUSTER": "/nonexistent.json"}, "cluster", "status", "--cluster", file)
+		if r.code != 0 {
+			t.Errorf("flag over env: %+v", r)
+		}
+		b := c.Broker(other)
+		r = felixctl(t, map[string]string{"FELIX_CLUSTER": "/nonexistent.json"}, "pub", "orders", "addr", "--broker", b.Addr, "--ca", c.CAFile())
+		if r.code != 0 || !strings.HasPrefix(r.stdout, `published "addr" to orders via `+other+" → forwarded to "+owner) {
+			t.Errorf("--broker: %+v", r)
+		}
+		// --via an id the cluster file does not list: found in the map.
+		r = felixctl(t, map[string]string{"FELIX_BROKER": b.Addr, "FELIX_CA": c.CAFile()}, "pub", "orders", "addr", "--via", owner)
+		if r.code != 0 || !strings.Contains(r.stdout, "via "+owner+" (the owner)") {
+			t.Errorf("FELIX_BROKER with --via: %+v", r)
+		}
+		r = felixctl(t, nil, "pub", "orders", "x", "--broker", b.Addr)
+		if r.code != 2 || !strings.Contains(r.stderr, "--broker needs the cluster CA certificate") {
+			t.Errorf("--broker without --ca: %+v", r)
+		}
+		r = felixctl(t, nil, "pub", "orders", "x", "--via", "broker-9")
+		if r.code != 2 || !strings.Contains(r.stderr, "the cluster has no broker broker-9; its brokers are broker-0, broker-1, broker-2") {
+			t.Errorf("--via an unknown broker: %+v", r)
+		}
+	})
+
+	t.Run("usage", func(t *testing.T) {
+		for _, args := range [][]string{{"pub", "orders"}, {"frobnicate"}, {"pub", "orders", "x", "--count", "0"}, {"sub", "orders", "--from", "soon"}} {
+			if r := felixctl(t, env, args...); r.code != 2 || r.stderr == "" {
+				t.Errorf("%v: %+v", args, r)
+			}
+		}
+	})
+
+	t.Run("cluster status healthy", func(t *testing.T) {
+		r := felixctl(t, env, "cluster", "status")
+		if r.code != 0 || !strings.HasSuffix(r.stdout, "healthy: all 3 brokers live\n") ||
+			!regexp.MustCompile(`(?m)^orders +0 +`+owner+`$`).MatchString(r.stdout) {
+			t.Errorf("%+v", r)
+		}
+		r = felixctl(t, env, "cluster", "status", "--json")
+		var st statusJSON
+		if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || !st.Healthy || len(st.Nodes) != 3 || st.Epoch == 0 {
+			t.Errorf("%v %+v", err, r)
+		}
+	})
+
+	// Kill a broker that does not own orders/0: the cluster is unhealthy
+	// (exit 3), publishing through it fails with a sentence.
+	if err := c.Kill(other); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.WaitMap(ctx, func(m *shardmap.Map) bool { n, _ := m.Node(other); return !n.Live }); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("cluster status unhealthy", func(t *testing.T) {
+		r := felixctl(t, env, "cluster", "status")
+		if r.code != exitUnhealthy || !regexp.MustCompile(`(?m)^`+other+` +\S+ +down +0$`).MatchString(r.stdout) ||
+			!strings.Contains(r.stderr, "felixctl: the cluster is unhealthy: "+other+" is down, and its shards are unavailable until it is back: restart it") {
+			t.Errorf("%+v", r)
+		}
+		r = felixctl(t, env, "cluster", "status", "--json")
+		var st statusJSON
+		if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || st.Healthy || r.code != exitUnhealthy {
+			t.Errorf("%v %+v", err, r)
+		}
+	})
+	t.Run("pub through a dead broker", func(t *testing.T) {
+		r := felixctl(t, env, "pub", "orders", "x", "--via", other, "--dial-timeout", "500ms")
+		want := fmt.Sprintf("felixctl: %s (%s) is not reachable: is `felix dev` running?\n", other, c.Broker(other).Addr)
+		if r.code != 1 || r.stderr != want {
+			t.Errorf("got %q, want %q", r.stderr, want)
+		}
+		// Without --via, the brokers still up answer.
+		if r := felixctl(t, env, "pub", "orders", "y"); r.code != 0 {
+			t.Errorf("%+v", r)
+		}
+	})
+}
+
+// TestNothingRunning checks the sentences and exit codes when there is no
+// cluster: no connection file, and a connection file of a cluster that is
+// gone.
+func TestNothingRunning(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	for _, args := range [][]string{{"pub", "orders", "x"}, {"sub", "orders"}, {"cluster", "status"}, {"stream", "ls"}} {
+		r := felixctl(t, nil, args...)
+		if r.code != 1 || !strings.HasPrefix(r.stderr, "felixctl: no cluster to talk to: there is no felix-cluster.json in this directory. Start a local cluster in this directory with `felix dev`") {
+			t.Errorf("%v: %+v", args, r)
+		}
+	}
+
+	// A cluster file whose brokers are gone (its CA is still there).
+	c := clustertest.Start(t, 3)
+	writeClusterFile(t, c, dir)
+	c.Close()
+	var names []string
+	for _, b := range c.Brokers() {
+		names = append(names, fmt.Sprintf("%s (%s)", b.ID, b.Addr))
+	}
+	want := "felixctl: no broker listed in felix-cluster.json is reachable (" + strings.Join(names, ", ") + "): is `felix dev` running?\n"
+	for _, args := range [][]string{{"pub", "orders", "x"}, {"cluster", "status"}} {
+		r := felixctl(t, nil, append(args, "--dial-timeout", "300ms")...)
+		if r.code != 1 || r.stderr != want {
+			t.Errorf("%v: got %q, want %q", args, r.stderr, want)
+		}
+	}
+	r := felixctl(t, nil, "pub", "orders", "x", "--via", "broker-1", "--dial-timeout", "300ms")
+	if want := fmt.Sprintf("felixctl: broker-1 (%s) is not reachable: is `felix dev` running?\n", c.Broker("broker-1").Addr); r.code != 1 || r.stderr != want {
+		t.Errorf("got %q, want %q", r.stderr, want)
+	}
+}

@@ -1,0 +1,266 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/felix-broker/felix/client"
+	"github.com/felix-broker/felix/transport"
+)
+
+// target is the cluster a command talks to, as discovery found it.
+type target struct {
+	source  string // where it was found, for messages: "felix-cluster.json", "--broker"
+	caFile  string
+	brokers []client.ClusterBroker // Broker mode: one, with no ID
+}
+
+// discover finds the cluster: --broker beats --cluster (flags), which beat
+// FELIX_BROKER and FELIX_CLUSTER (environment), which beat the connection
+// file in the working directory.
+func (g *clientFlags) discover(a *app) (*target, error) {
+	ca := g.CA
+	if ca == "" {
+		ca = a.getenv("FELIX_CA")
+	}
+	switch {
+	case g.Broker != "":
+		return brokerTarget(g.Broker, ca, "--broker")
+	case g.Cluster != "":
+		return fileTarget(g.Cluster, ca, "--cluster")
+	case a.getenv("FELIX_BROKER") != "":
+		return brokerTarget(a.getenv("FELIX_BROKER"), ca, "FELIX_BROKER")
+	case a.getenv("FELIX_CLUSTER") != "":
+		return fileTarget(a.getenv("FELIX_CLUSTER"), ca, "FELIX_CLUSTER")
+	}
+	return fileTarget(client.DefaultClusterFile, ca, "")
+}
+
+func brokerTarget(addr, ca, source string) (*target, error) {
+	if ca == "" {
+		return nil, usagef("%s needs the cluster CA certificate to verify the broker with: add --ca FILE (or set FELIX_CA); after `felix dev` it is felix-dev/certs/ca.crt", source)
+	}
+	if err := checkCA(ca); err != nil {
+		return nil, err
+	}
+	return &target{source: source, caFile: ca, brokers: []client.ClusterBroker{{Addr: addr}}}, nil
+}
+
+// fileTarget reads the connection file at path; source says where the path
+// came from ("" for the default).
+func fileTarget(path, ca, source string) (*target, error) {
+	cf, err := client.LoadClusterFile(path)
+	if errors.Is(err, client.ErrNoClusterFile) {
+		return nil, &noFileError{path: path, source: source, err: err}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if ca == "" {
+		ca = cf.CAFile
+	}
+	if ca != "" {
+		if err := checkCA(ca); err != nil {
+			return nil, err
+		}
+	}
+	return &target{source: path, caFile: ca, brokers: cf.Brokers}, nil
+}
+
+// checkCA loads the CA certificate at path once, so that a wrong path or
+// file is reported as such rather than as brokers that cannot be reached.
+func checkCA(path string) error {
+	if _, err := transport.LoadCA(path); err != nil {
+		return fmt.Errorf("cannot use %s as the cluster CA certificate: %w (`felix dev` writes it to felix-dev/certs/ca.crt)", path, err)
+	}
+	return nil
+}
+
+// conn is a client connected through one broker of the target.
+type conn struct {
+	*client.Client
+	id   string // broker id, "" when given by address and not in the map
+	addr string
+}
+
+// connect connects through broker via (an id), or through whichever
+// broker of the target answers first when via is empty.
+func (g *clientFlags) connect(ctx context.Context, a *app, via string) (*conn, error) {
+	t, err := g.discover(a)
+	if err != nil {
+		return nil, err
+	}
+	if via == "" {
+		return g.connectAny(ctx, a, t)
+	}
+	if b, ok := t.find(via); ok {
+		return g.dial(ctx, a, t, b)
+	}
+	// The id is not in the file (or there is no file): ask the cluster.
+	home, err := g.connectAny(ctx, a, t)
+	if err != nil {
+		return nil, err
+	}
+	defer home.Close()
+	m, err := home.Map(ctx)
+	if err != nil {
+		return nil, &brokerError{ID: home.id, Addr: home.addr, Err: err}
+	}
+	node, ok := m.Node(via)
+	if !ok {
+		var ids []string
+		for _, n := range m.Nodes {
+			ids = append(ids, n.ID)
+		}
+		return nil, usagef("--via %s: the cluster has no broker %s; its brokers are %s", via, via, strings.Join(ids, ", "))
+	}
+	return g.dial(ctx, a, t, client.ClusterBroker{ID: node.ID, Addr: node.Addr})
+}
+
+func (t *target) find(id string) (client.ClusterBroker, bool) {
+	i := slices.IndexFunc(t.brokers, func(b client.ClusterBroker) bool { return b.ID == id })
+	if i < 0 {
+		return client.ClusterBroker{}, false
+	}
+	return t.brokers[i], true
+}
+
+// dial connects to broker b of t.
+func (g *clientFlags) dial(ctx context.Context, a *app, t *target, b client.ClusterBroker) (*conn, error) {
+	opts := []client.Opt{client.WithLogger(a.log), client.WithDialTimeout(g.DialTimeout)}
+	if t.caFile != "" {
+		opts = append(opts, client.WithCAFile(t.caFile))
+	}
+	cl, err := client.Connect(ctx, b.Addr, opts...)
+	if err != nil {
+		return nil, &brokerError{ID: b.ID, Addr: b.Addr, Err: err}
+	}
+	id := b.ID
+	if id == "" {
+		id = g.idOf(ctx, cl, b.Addr)
+	}
+	return &conn{Client: cl, id: id, addr: b.Addr}, nil
+}
+
+// idOf finds the id of the broker at addr in the map it serves.
+func (g *clientFlags) idOf(ctx context.Context, cl *client.Client, addr string) string {
+	m, err := cl.Map(ctx)
+	if err != nil {
+		return ""
+	}
+	for _, n := range m.Nodes {
+		if n.Addr == addr {
+			return n.ID
+		}
+	}
+	return ""
+}
+
+// connectAny dials every broker of t at once and keeps the first listed
+// that answers, so that one broker down costs no dial timeout.
+func (g *clientFlags) connectAny(ctx context.Context, a *app, t *target) (*conn, error) {
+	if len(t.brokers) == 1 {
+		c, err := g.dial(ctx, a, t, t.brokers[0])
+		if err != nil {
+			var b *brokerError
+			errors.As(err, &b)
+			return nil, &noBrokerError{source: t.source, errs: []*brokerError{b}}
+		}
+		return c, nil
+	}
+	results := make(chan dialResult, len(t.brokers))
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for i, b := range t.brokers {
+		go func() {
+			c, err := g.dial(dctx, a, t, b)
+			results <- dialResult{i, c, err}
+		}()
+	}
+	// Prefer the first broker in the file's order, but do not wait out the
+	// dial timeout of a broker that is down: once one answered, the ones
+	// listed before it get a short grace.
+	var (
+		got    = make([]*dialResult, len(t.brokers))
+		grace  <-chan time.Time
+		chosen *conn
+	)
+	best := func() (int, bool) { // lowest answered index, and whether all before it failed
+		for i, r := range got {
+			if r == nil {
+				return -1, false
+			}
+			if r.err == nil {
+				return i, true
+			}
+		}
+		return -1, true
+	}
+	for n := 0; n < len(t.brokers); {
+		select {
+		case r := <-results:
+			got[r.i] = &r
+			n++
+			if r.err == nil && grace == nil {
+				grace = time.After(100 * time.Millisecond)
+			}
+		case <-grace:
+			n = len(t.brokers) // stop waiting
+			continue
+		}
+		if i, settled := best(); settled {
+			if i >= 0 {
+				chosen = got[i].c
+			}
+			break
+		}
+	}
+	if chosen == nil {
+		for _, r := range got {
+			if r != nil && r.err == nil {
+				chosen = r.c
+				break
+			}
+		}
+	}
+	cancel()
+	var errs []*brokerError
+	for n := countDone(got); n < len(t.brokers); n++ {
+		r := <-results
+		got[r.i] = &r
+	}
+	for _, r := range got {
+		if r.c != nil && r.c != chosen {
+			r.c.Close()
+		}
+		var b *brokerError
+		if errors.As(r.err, &b) {
+			errs = append(errs, b)
+		}
+	}
+	if chosen == nil {
+		return nil, &noBrokerError{source: t.source, errs: errs}
+	}
+	return chosen, nil
+}
+
+// dialResult is the outcome of dialing the i-th broker of a target.
+type dialResult struct {
+	i   int
+	c   *conn
+	err error
+}
+
+func countDone(got []*dialResult) int {
+	n := 0
+	for _, r := range got {
+		if r != nil {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/felix-broker/felix/shardmap"
+)
+
+type streamCmd struct {
+	Create streamCreateCmd `cmd:"" help:"Create a stream."`
+	Ls     streamLsCmd     `cmd:"" aliases:"list" help:"List the streams."`
+	Info   streamInfoCmd   `cmd:"" help:"Show a stream's configuration and the owner of each shard."`
+	Rm     streamRmCmd     `cmd:"" aliases:"delete" help:"Delete a stream and its records."`
+}
+
+type streamCreateCmd struct {
+	clientFlags
+
+	Name           string        `arg:"" help:"Stream name: letters, digits, '-', '_' and '.'."`
+	Shards         int           `help:"Number of shards (fixed for the stream's life)." default:"1"`
+	RetentionBytes int64         `help:"Bound on each shard's log size in bytes (0: unlimited)." default:"0"`
+	RetentionAge   time.Duration `help:"Bound on the age of each shard's records (0: unlimited)." default:"0"`
+}
+
+type streamLsCmd struct {
+	clientFlags
+}
+
+type streamInfoCmd struct {
+	clientFlags
+
+	Name string `arg:"" help:"Stream name."`
+}
+
+type streamRmCmd struct {
+	clientFlags
+
+	Name string `arg:"" help:"Stream name."`
+}
+
+// streamJSON is a stream as --json prints it.
+type streamJSON struct {
+	Name           string   `json:"name"`
+	Shards         int      `json:"shards"`
+	RetentionBytes int64    `json:"retention_bytes"`
+	RetentionAge   string   `json:"retention_age"`
+	Owners         []string `json:"owners,omitempty"` // owners[s] owns shard s
+}
+
+func toJSON(sc shardmap.StreamConfig, owners []string) streamJSON {
+	return streamJSON{Name: sc.Name, Shards: sc.Shards, RetentionBytes: sc.RetentionBytes, RetentionAge: sc.RetentionAge.String(), Owners: owners}
+}
+
+// request runs f on a client of the cluster, within --timeout, and wraps
+// its error with the broker and stream.
+func request(a *app, g *clientFlags, stream string, f func(ctx context.Context, c *conn) error) error {
+	ctx, cancel := context.WithTimeout(a.ctx, g.Timeout)
+	defer cancel()
+	c, err := g.connect(ctx, a, "")
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := f(ctx, c); err != nil {
+		return &brokerError{ID: c.id, Addr: c.addr, Err: &streamError{Stream: stream, Err: err}}
+	}
+	return nil
+}
+
+func (s *streamCreateCmd) Run(a *app) error {
+	g := &s.clientFlags
+	sc := shardmap.StreamConfig{Name: s.Name, Shards: s.Shards, RetentionBytes: s.RetentionBytes, RetentionAge: s.RetentionAge}
+	if err := sc.Validate(); err != nil {
+		return usagef("cannot create stream %q: %v", s.Name, err)
+	}
+	return request(a, g, s.Name, func(ctx context.Context, c *conn) error {
+		if err := c.CreateStream(ctx, sc); err != nil {
+			return err
+		}
+		owners := owners(ctx, c, s.Name)
+		if g.JSON {
+			return printJSON(a.stdout, toJSON(sc, owners))
+		}
+		fmt.Fprintf(a.stdout, "created stream %s with %d shard%s, retention %s\n", sc.Name, sc.Shards, plural(sc.Shards), retention(sc))
+		writeOwners(a.stdout, s.Name, owners, nil)
+		return nil
+	})
+}
+
+func (s *streamLsCmd) Run(a *app) error {
+	g := &s.clientFlags
+	return request(a, g, "", func(ctx context.Context, c *conn) error {
+		streams, err := c.Streams(ctx)
+		if err != nil {
+			return err
+		}
+		if g.JSON {
+			out := make([]streamJSON, 0, len(streams))
+			for _, sc := range streams {
+				out = append(out, toJSON(sc, nil))
+			}
+			return printJSON(a.stdout, out)
+		}
+		if len(streams) == 0 {
+			fmt.Fprintln(a.stdout, "no streams: create one with `felixctl stream create NAME --shards N`")
+			return nil
+		}
+		tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "STREAM\tSHARDS\tRETENTION")
+		for _, sc := range streams {
+			fmt.Fprintf(tw, "%s\t%d\t%s\n", sc.Name, sc.Shards, retention(sc))
+		}
+		return tw.Flush()
+	})
+}
+
+func (s *streamInfoCmd) Run(a *app) error {
+	g := &s.clientFlags
+	return request(a, g, s.Name, func(ctx context.Context, c *conn) error {
+		sc, err := c.StreamInfo(ctx, s.Name)
+		if err != nil {
+			return err
+		}
+		owners := owners(ctx, c, s.Name)
+		if g.JSON {
+			return printJSON(a.stdout, toJSON(sc, owners))
+		}
+		fmt.Fprintf(a.stdout, "stream %s: %d shard%s, retention %s\n", sc.Name, sc.Shards, plural(sc.Shards), retention(sc))
+		m, _ := c.Map(ctx)
+		writeOwners(a.stdout, s.Name, owners, m)
+		return nil
+	})
+}
+
+func (s *streamRmCmd) Run(a *app) error {
+	g := &s.clientFlags
+	return request(a, g, s.Name, func(ctx context.Context, c *conn) error {
+		if err := c.DeleteStream(ctx, s.Name); err != nil {
+			return err
+		}
+		if g.JSON {
+			return printJSON(a.stdout, map[string]any{"deleted": s.Name})
+		}
+		fmt.Fprintf(a.stdout, "deleted stream %s and its records\n", s.Name)
+		return nil
+	})
+}
+
+// owners returns the owner of each shard of stream in the map of c's
+// broker, or nil if it is not there (yet).
+func owners(ctx context.Context, c *conn, stream string) []string {
+	m, err := c.Map(ctx)
+	if err != nil {
+		return nil
+	}
+	if st, ok := m.Stream(stream); ok {
+		return st.Owners
+	}
+	return nil
+}
+
+// writeOwners prints the shard → owner table, with each owner's liveness
+// when m is given.
+func writeOwners(w io.Writer, stream string, owners []string, m *shardmap.Map) {
+	if len(owners) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if m != nil {
+		fmt.Fprintln(tw, "SHARD\tOWNER\tSTATE")
+	} else {
+		fmt.Fprintln(tw, "SHARD\tOWNER")
+	}
+	for shard, owner := range owners {
+		if m == nil {
+			fmt.Fprintf(tw, "%s/%d\t%s\n", stream, shard, owner)
+			continue
+		}
+		state := "down"
+		if n, ok := m.Node(owner); ok && n.Live {
+			state = "live"
+		}
+		fmt.Fprintf(tw, "%s/%d\t%s\t%s\n", stream, shard, owner, state)
+	}
+	tw.Flush()
+}
+
+func retention(sc shardmap.StreamConfig) string {
+	switch {
+	case sc.RetentionBytes == 0 && sc.RetentionAge == 0:
+		return "unlimited"
+	case sc.RetentionAge == 0:
+		return fmt.Sprintf("%d bytes per shard", sc.RetentionBytes)
+	case sc.RetentionBytes == 0:
+		return sc.RetentionAge.String()
+	}
+	return fmt.Sprintf("%d bytes per shard or %s", sc.RetentionBytes, sc.RetentionAge)
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+func printJSON(w io.Writer, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
+}
