@@ -27,6 +27,14 @@ type Broker struct {
 	log    *slog.Logger
 	shards *shardSet
 	peers  *peerPool
+	tel    *telemetry
+	subs   subRegistry
+
+	// joined is the control plane membership once Start has it; ready is
+	// set once the first map is applied (its logs open) and cleared by
+	// Close. Both are read by health checks from any goroutine.
+	joined atomic.Pointer[ctl.Member]
+	ready  atomic.Bool
 
 	// ctx is cancelled when Close begins; every goroutine the broker starts
 	// watches it and is counted in wg.
@@ -59,10 +67,13 @@ func New(cfg Config) (*Broker, error) {
 	}
 	b := &Broker{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID)}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
-	b.shards = newShardSet(cfg.DataDir, cfg.SegmentSize, b.log)
-	b.peers = newPeerPool(cfg.PeerTLS, cfg.Transport)
+	b.peers = newPeerPool(cfg.PeerTLS, cfg.Transport, b.log)
 	b.mu.conns = map[*quic.Conn]struct{}{}
 	b.mu.pubs = map[*pubSession]struct{}{}
+	if b.tel, err = newTelemetry(b, cfg.TracerProvider, cfg.MeterProvider); err != nil {
+		return nil, fmt.Errorf("broker %s: metrics: %w", cfg.NodeID, err)
+	}
+	b.shards = newShardSet(cfg.DataDir, cfg.SegmentSize, b.log, b.tel)
 	return b, nil
 }
 
@@ -95,11 +106,13 @@ func (b *Broker) Start(ctx context.Context) error {
 		return fmt.Errorf("broker %s: join control plane at %s: %w", b.cfg.NodeID, b.cfg.CtlAddr, err)
 	}
 	b.member = member
+	b.joined.Store(member)
 	if err := b.applyMap(member.Map()); err != nil {
 		member.Close()
 		ln.Close()
 		return err
 	}
+	b.ready.Store(true)
 	b.log.Info("broker serving", "addr", advertise, "epoch", member.Map().Epoch)
 	b.wg.Add(2)
 	go b.acceptLoop()
@@ -121,9 +134,37 @@ func (b *Broker) routingMap() *shardmap.Map {
 // Map returns the latest shard map the broker holds.
 func (b *Broker) Map() *shardmap.Map { return b.member.Map() }
 
-// Ready reports whether the broker has a map and its logs are open.
-func (b *Broker) Ready() bool {
-	return b.member != nil && b.member.Map() != nil && b.ctx.Err() == nil
+// Ready reports whether the broker is registered with the control plane,
+// holds a map and has opened (recovered) the logs of its shards; see
+// [Broker.Readiness] for why not. Safe to call from any goroutine.
+func (b *Broker) Ready() bool { return b.Readiness() == nil }
+
+// ErrNotReady is matched by every error [Broker.Readiness] returns.
+var ErrNotReady = errors.New("broker: not ready")
+
+// Readiness returns nil when the broker is ready to serve (a readiness
+// probe), or an error saying what it waits for. Safe to call from any
+// goroutine.
+func (b *Broker) Readiness() error {
+	switch {
+	case b.ctx.Err() != nil:
+		return fmt.Errorf("%w: shutting down", ErrNotReady)
+	case b.joined.Load() == nil:
+		return fmt.Errorf("%w: not registered with the control plane at %s", ErrNotReady, b.cfg.CtlAddr)
+	case b.joined.Load().Map() == nil:
+		return fmt.Errorf("%w: no shard map yet", ErrNotReady)
+	case !b.ready.Load():
+		return fmt.Errorf("%w: shard logs not recovered yet", ErrNotReady)
+	}
+	return nil
+}
+
+// currentMap returns the map held, or nil before Start has joined.
+func (b *Broker) currentMap() *shardmap.Map {
+	if m := b.joined.Load(); m != nil {
+		return m.Map()
+	}
+	return nil
 }
 
 // NodeID returns the broker's node id.
@@ -194,6 +235,12 @@ func (b *Broker) serveConn(conn *quic.Conn) {
 		return
 	}
 	defer b.untrack(conn)
+	kind := b.tel.clientConn
+	if peerID != "" {
+		kind = b.tel.peerConn
+	}
+	b.tel.conns.Add(context.Background(), 1, kind...)
+	defer b.tel.conns.Add(context.Background(), -1, kind...)
 	for {
 		s, err := conn.AcceptStream(b.ctx)
 		if err != nil {
@@ -227,31 +274,39 @@ func (b *Broker) serveStream(s *quic.Stream, peerID string) {
 	r := transport.NewReader(s, b.cfg.Transport.MaxFrame)
 	f, err := r.Read()
 	if err != nil {
-		refuse(s, err)
+		b.refuse(s, err)
 		return
 	}
+	ctx := context.Background()
 	switch f := f.(type) {
 	case *transport.Publish:
+		b.tel.streams.Add(ctx, 1, b.tel.pubStream...)
+		defer b.tel.streams.Add(ctx, -1, b.tel.pubStream...)
 		b.servePublish(s, r, f, peerID)
 	case *transport.Subscribe:
+		b.tel.streams.Add(ctx, 1, b.tel.subStream...)
+		defer b.tel.streams.Add(ctx, -1, b.tel.subStream...)
 		b.serveSubscribe(s, r, f)
 	case *transport.Request:
+		b.tel.streams.Add(ctx, 1, b.tel.reqStream...)
+		defer b.tel.streams.Add(ctx, -1, b.tel.reqStream...)
 		b.serveRequest(s, f)
 	default:
-		refuse(s, &transport.Error{Code: transport.CodeUnexpectedFrame,
+		b.refuse(s, &transport.Error{Code: transport.CodeUnexpectedFrame,
 			Message: fmt.Sprintf("a stream must start with publish, subscribe or request, not %T", f)})
 	}
 }
 
 // refuse answers a stream that cannot go on with one Error frame (when err
 // is not a clean end of stream) and closes it.
-func refuse(s *quic.Stream, err error) {
+func (b *Broker) refuse(s *quic.Stream, err error) {
 	var werr *transport.Error
 	if !errors.As(err, &werr) {
 		s.CancelRead(0)
 		s.Close()
 		return
 	}
+	b.tel.countError(werr.Code)
 	s.SetWriteDeadline(time.Now().Add(time.Second))
 	transport.NewWriter(s).Write(werr)
 	s.CancelRead(quic.StreamErrorCode(werr.Code))
@@ -295,6 +350,7 @@ func (b *Broker) Close() error {
 		b.log.Warn("shutdown: gave up waiting for in-flight publishes", "sessions", len(pubs))
 	}
 
+	b.ready.Store(false)
 	b.cancel()
 	b.mu.Lock()
 	for c := range b.mu.conns {
@@ -311,6 +367,7 @@ func (b *Broker) Close() error {
 	}
 	b.wg.Wait()
 	errs = append(errs, b.shards.close())
+	b.tel.close()
 	b.log.Info("broker stopped")
 	return errors.Join(errs...)
 }

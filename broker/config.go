@@ -6,6 +6,9 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/felix-broker/felix/transport"
 )
 
@@ -19,7 +22,9 @@ type Config struct {
 	// Advertise is the address other brokers and clients use to reach this
 	// one; default the address actually bound.
 	Advertise string
-	// Admin is the advertised HTTP admin address, if any.
+	// Admin is the advertised HTTP admin address (metrics, health), if
+	// any. The broker does not serve it; it registers it in the map so
+	// operators' tools find it.
 	Admin string
 	// DataDir holds the shard logs; required.
 	DataDir string
@@ -45,6 +50,16 @@ type Config struct {
 	SegmentSize int
 	// Logger receives one line per meaningful event; default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider traces publishes through this broker: a server span
+	// per publish received, a client span per forward, the log append and
+	// the fsync it waited for. Default nil: no tracing, and the publish
+	// path makes no tracing calls at all. The global provider is never
+	// used implicitly.
+	TracerProvider trace.TracerProvider
+	// MeterProvider receives the broker's metrics (see the package doc).
+	// Default nil: no metrics, and the publish path takes no timestamps
+	// for them.
+	MeterProvider metric.MeterProvider
 }
 
 func (c Config) withDefaults() (Config, error) {

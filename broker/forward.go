@@ -5,11 +5,17 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/quic-go/quic-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/felix-broker/felix/internal/msgtrace"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -26,6 +32,7 @@ const dialTimeout = 3 * time.Second
 type peerPool struct {
 	tls *tls.Config
 	cfg transport.Config
+	log *slog.Logger
 
 	// mu guards conns; dialing happens outside it, one dial per peer at a
 	// time through the entry's ready channel.
@@ -43,8 +50,8 @@ type peerConn struct {
 	err   error
 }
 
-func newPeerPool(tlsConf *tls.Config, cfg transport.Config) *peerPool {
-	p := &peerPool{tls: tlsConf, cfg: cfg}
+func newPeerPool(tlsConf *tls.Config, cfg transport.Config, log *slog.Logger) *peerPool {
+	p := &peerPool{tls: tlsConf, cfg: cfg, log: log}
 	p.mu.conns = map[string]*peerConn{}
 	return p
 }
@@ -101,6 +108,7 @@ func (p *peerPool) dropDown(m *shardmap.Map) {
 		case <-pc.ready:
 			if pc.conn != nil {
 				pc.conn.CloseWithError(quic.ApplicationErrorCode(transport.CodeUnavailable), "peer is down in the shard map")
+				p.log.Warn("peer down in the shard map; connection to it closed", "peer", id, "epoch", m.Epoch)
 			}
 			delete(p.mu.conns, id)
 		default:
@@ -131,6 +139,10 @@ type lane struct {
 	s     *quic.Stream
 	w     *transport.Writer // written under p.dispatchMu
 
+	// Precomputed metric attributes (peer=owner).
+	forwardDur []metric.RecordOption
+	forwards   []metric.AddOption
+
 	// mu guards the forwards awaiting the owner's answer, by Seq.
 	mu struct {
 		sync.Mutex
@@ -140,23 +152,28 @@ type lane struct {
 }
 
 type forwarded struct {
-	pub     *transport.Publish
+	in      inbound
 	attempt int
+	span    trace.Span // the forward's client span; nil when not traced
+	sent    time.Time  // zero when metrics are off
 }
+
+// end ends the forward's client span with the owner's refusal, if any.
+func (fw *forwarded) end(err *transport.Error) { endSpan(fw.span, err) }
 
 // forward sends pub to the shard's owner on this session's lane to it. The
 // caller holds dispatchMu.
-func (p *pubSession) forward(pub *transport.Publish, m *shardmap.Map, shard int, owner string, attempt int) {
-	b := p.b
+func (p *pubSession) forward(in inbound, m *shardmap.Map, shard int, owner string, attempt int) {
+	b, pub := p.b, in.pub
 	node, ok := m.Node(owner)
 	if !ok || !node.Live {
-		p.fail(pub, &transport.Error{Code: transport.CodeUnavailable, Owner: owner, Epoch: m.Epoch,
+		p.fail(in, &transport.Error{Code: transport.CodeUnavailable, Owner: owner, Epoch: m.Epoch,
 			Message: fmt.Sprintf("%s/%d is owned by %s, which is down; it is unavailable until %s returns", pub.Stream, shard, owner, owner)})
 		return
 	}
 	l, err := p.lane(node)
 	if err != nil {
-		p.fail(pub, &transport.Error{Code: transport.CodeUnavailable, Owner: owner, Epoch: m.Epoch,
+		p.fail(in, &transport.Error{Code: transport.CodeUnavailable, Owner: owner, Epoch: m.Epoch,
 			Message: fmt.Sprintf("%s (%s), the owner of %s/%d, is not reachable from %s: %v", owner, node.Addr, pub.Stream, shard, b.cfg.NodeID, err)})
 		return
 	}
@@ -164,11 +181,24 @@ func (p *pubSession) forward(pub *transport.Publish, m *shardmap.Map, shard int,
 	fwd.Shard = int32(shard)
 	fwd.Epoch = m.Epoch
 	fwd.Via = b.cfg.NodeID
-	if !l.add(pub, attempt) {
-		p.fail(pub, &transport.Error{Code: transport.CodeInvalid,
+	fw := forwarded{in: in, attempt: attempt, sent: b.tel.now()}
+	if ctx, sp := b.tel.childSpan(p.serverSpan(&in), "forward "+pub.Stream, trace.SpanKindClient, time.Time{}); sp != nil {
+		if sp.IsRecording() {
+			sp.SetAttributes(msgtrace.System, msgtrace.OpSend, msgtrace.OpNameForward,
+				msgtrace.Destination.String(pub.Stream), msgtrace.Partition.String(strconv.Itoa(shard)),
+				b.tel.node, msgtrace.Peer.String(owner), msgtrace.Via.String(b.cfg.NodeID), msgtrace.Forwarded.Bool(true))
+		}
+		fw.span = sp
+		fwd.Headers = msgtrace.WithHop(ctx, pub.Headers)
+	}
+	fw.in = in // with its server span, if one was started
+	if !l.add(fw) {
+		fw.end(nil)
+		p.fail(in, &transport.Error{Code: transport.CodeInvalid,
 			Message: fmt.Sprintf("seq %d is already in flight on this stream; sequence numbers must be unique", pub.Seq)})
 		return
 	}
+	b.tel.forwards.Add(context.Background(), 1, l.forwards...)
 	if err := l.w.Write(&fwd); err != nil {
 		l.kill(fmt.Errorf("writing to %s: %w", owner, err))
 		delete(p.lanes, owner)
@@ -192,6 +222,9 @@ func (p *pubSession) lane(node shardmap.Node) (*lane, error) {
 		return nil, err
 	}
 	l := &lane{p: p, owner: node.ID, s: s, w: transport.NewWriter(s)}
+	peer := attribute.String("peer", node.ID)
+	l.forwardDur = recordOpt(peer)
+	l.forwards = addOpt(peer)
 	l.mu.pending = map[uint64]forwarded{}
 	p.lanes[node.ID] = l
 	p.workers.Add(1)
@@ -199,13 +232,14 @@ func (p *pubSession) lane(node shardmap.Node) (*lane, error) {
 	return l, nil
 }
 
-func (l *lane) add(pub *transport.Publish, attempt int) bool {
+func (l *lane) add(fw forwarded) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, dup := l.mu.pending[pub.Seq]; dup {
+	seq := fw.in.pub.Seq
+	if _, dup := l.mu.pending[seq]; dup {
 		return false
 	}
-	l.mu.pending[pub.Seq] = forwarded{pub: pub, attempt: attempt}
+	l.mu.pending[seq] = fw
 	return true
 }
 
@@ -235,8 +269,9 @@ func (l *lane) read() {
 		}
 		switch f := f.(type) {
 		case *transport.Ack:
-			if _, ok := l.take(f.Seq); ok {
+			if fw, ok := l.take(f.Seq); ok {
 				l.p.acks.send(f)
+				l.acked(&fw, f)
 				l.p.done()
 			}
 		case *transport.Error:
@@ -252,13 +287,35 @@ func (l *lane) read() {
 	}
 }
 
+// acked records a forward the owner acknowledged, once its ack is on its
+// way to the publisher.
+func (l *lane) acked(fw *forwarded, a *transport.Ack) {
+	t := l.p.b.tel
+	if !fw.sent.IsZero() {
+		now := time.Now()
+		t.forwardDur.Record(context.Background(), now.Sub(fw.sent).Seconds(), l.forwardDur...)
+		t.publishDur.Record(context.Background(), now.Sub(fw.in.start).Seconds(), t.forwarded...)
+	}
+	if fw.span != nil && fw.span.IsRecording() {
+		fw.span.SetAttributes(msgtrace.Offset.Int64(int64(a.Offset)))
+	}
+	if sp := fw.in.span; sp != nil && sp.IsRecording() {
+		sp.SetAttributes(msgtrace.Offset.Int64(int64(a.Offset)))
+	}
+	fw.end(nil)
+	endSpan(fw.in.span, nil)
+}
+
 // answer handles an owner's refusal of a forwarded record: NotOwner means
 // the map moved, so catch up and route again (bounded); anything else goes
 // back to the publisher.
 func (p *pubSession) answer(fw forwarded, e *transport.Error) {
+	fw.end(e)
 	if e.Code != transport.CodeNotOwner || fw.attempt+1 >= maxForwardAttempts {
-		e.Seq = fw.pub.Seq
+		e.Seq = fw.in.pub.Seq
 		p.acks.send(e)
+		p.b.tel.countError(e.Code)
+		endSpan(fw.in.span, e)
 		p.done()
 		return
 	}
@@ -266,12 +323,12 @@ func (p *pubSession) answer(fw forwarded, e *transport.Error) {
 	_, err := p.b.member.Refresh(ctx, e.Epoch)
 	cancel()
 	if err != nil {
-		p.fail(fw.pub, &transport.Error{Code: transport.CodeUnavailable,
+		p.fail(fw.in, &transport.Error{Code: transport.CodeUnavailable,
 			Message: fmt.Sprintf("%s was refused by %s (not the owner at epoch %d) and could not get that map: %v", p.b.cfg.NodeID, e.Owner, e.Epoch, err)})
 		return
 	}
 	p.dispatchMu.Lock()
-	p.dispatch(fw.pub, fw.attempt+1)
+	p.dispatch(fw.in, fw.attempt+1)
 	p.dispatchMu.Unlock()
 }
 
@@ -290,8 +347,10 @@ func (l *lane) kill(cause error) {
 	l.s.CancelRead(quic.StreamErrorCode(transport.CodeUnavailable))
 	l.s.CancelWrite(quic.StreamErrorCode(transport.CodeUnavailable))
 	for _, fw := range pending {
-		l.p.fail(fw.pub, &transport.Error{Code: transport.CodeUnavailable, Owner: l.owner,
-			Message: fmt.Sprintf("lost %s before it acknowledged; the record may or may not have been written (%v)", l.owner, cause)})
+		e := &transport.Error{Code: transport.CodeUnavailable, Owner: l.owner,
+			Message: fmt.Sprintf("lost %s before it acknowledged; the record may or may not have been written (%v)", l.owner, cause)}
+		fw.end(e)
+		l.p.fail(fw.in, e)
 	}
 }
 

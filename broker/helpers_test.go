@@ -26,10 +26,11 @@ const waitFor = 15 * time.Second
 
 // inproc is a control plane and brokers in this test process.
 type inproc struct {
-	t       *testing.T
+	t       testing.TB
 	dir     string
 	ctl     *ctl.Server
 	brokers []*Broker
+	tweak   func(*Config) // applied to each broker's config, if set
 }
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
@@ -37,6 +38,13 @@ func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 // startInproc starts a control plane and n brokers in-process, creates the
 // given streams, and waits until every broker holds a map with them.
 func startInproc(t *testing.T, n int, streams ...shardmap.StreamConfig) *inproc {
+	t.Helper()
+	return startInprocWith(t, nil, n, streams...)
+}
+
+// startInprocWith is startInproc with tweak applied to every broker's
+// config (providers, say).
+func startInprocWith(t testing.TB, tweak func(*Config), n int, streams ...shardmap.StreamConfig) *inproc {
 	t.Helper()
 	dir := t.TempDir()
 	ids := []string{"ctl"}
@@ -57,7 +65,7 @@ func startInproc(t *testing.T, n int, streams ...shardmap.StreamConfig) *inproc 
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
-	ip := &inproc{t: t, dir: dir, ctl: c}
+	ip := &inproc{t: t, dir: dir, ctl: c, tweak: tweak}
 	t.Cleanup(ip.close)
 	for i := range n {
 		ip.brokers = append(ip.brokers, ip.startBroker(i))
@@ -81,11 +89,15 @@ func (ip *inproc) startBroker(i int) *Broker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := New(Config{
+	cfg := Config{
 		NodeID: id, Listen: "127.0.0.1:0", DataDir: filepath.Join(ip.dir, id),
 		ServerTLS: nt.Server, PeerTLS: nt.Peer, CtlTLS: nt.Ctl, CtlAddr: ip.ctl.Addr(),
 		LeaseTTL: time.Second, Logger: quiet(),
-	})
+	}
+	if ip.tweak != nil {
+		ip.tweak(&cfg)
+	}
+	b, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

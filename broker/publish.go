@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/felix-broker/felix/internal/msgtrace"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 	"github.com/felix-broker/felix/wal"
@@ -62,7 +64,7 @@ func (b *Broker) servePublish(s *quic.Stream, r *transport.Reader, first *transp
 	b.mu.Lock()
 	if b.mu.closing {
 		b.mu.Unlock()
-		refuse(s, &transport.Error{Seq: first.Seq, Code: transport.CodeShuttingDown, Message: "broker is shutting down; publish through another broker"})
+		b.refuse(s, &transport.Error{Seq: first.Seq, Code: transport.CodeShuttingDown, Message: "broker is shutting down; publish through another broker"})
 		return
 	}
 	b.mu.pubs[p] = struct{}{}
@@ -104,6 +106,21 @@ func (b *Broker) servePublish(s *quic.Stream, r *transport.Reader, first *transp
 
 // handle takes one publish in. It returns false when the session is ending.
 func (p *pubSession) handle(pub *transport.Publish) bool {
+	t := p.b.tel
+	in := inbound{pub: pub, start: t.now(), shard: -1}
+	src := t.fromClient
+	if p.peerID != "" {
+		src = t.fromPeer
+	}
+	ctx := context.Background()
+	t.recordsIn.Add(ctx, 1, src...)
+	t.bytesIn.Add(ctx, int64(len(pub.Key)+len(pub.Value)), src...)
+	if t.tracer != nil {
+		in.traced = true
+		in.parent = p.takeParent(pub) // takes the hop context off the headers
+	} else {
+		msgtrace.StripHop(pub.Headers) // never stored, never counted
+	}
 	if p.peerID == "" {
 		// Only a forwarding peer may speak for an epoch or another broker.
 		pub.Epoch, pub.Via = 0, ""
@@ -115,12 +132,12 @@ func (p *pubSession) handle(pub *transport.Publish) bool {
 	}
 	p.pending.Add(1)
 	if n := len(pub.Key) + len(pub.Value) + headersLen(pub.Headers); n > p.b.cfg.MaxPayload {
-		p.fail(pub, &transport.Error{Code: transport.CodePayloadTooLarge,
+		p.fail(in, &transport.Error{Code: transport.CodePayloadTooLarge,
 			Message: fmt.Sprintf("record of %d bytes exceeds the broker's limit of %d bytes", n, p.b.cfg.MaxPayload)})
 		return true
 	}
 	p.dispatchMu.Lock()
-	p.dispatch(pub, 0)
+	p.dispatch(in, 0)
 	p.dispatchMu.Unlock()
 	return true
 }
@@ -137,8 +154,8 @@ func headersLen(h map[string]string) int {
 // broker owns the shard, a forward when it does not, a NotOwner refusal
 // when a peer forwarded it here by a map this broker no longer agrees
 // with. The caller holds dispatchMu.
-func (p *pubSession) dispatch(pub *transport.Publish, attempt int) {
-	b := p.b
+func (p *pubSession) dispatch(in inbound, attempt int) {
+	b, pub := p.b, in.pub
 	m := b.routingMap()
 	if pub.Epoch > m.Epoch {
 		// The forwarder has seen a newer map than ours: catch up before
@@ -147,7 +164,7 @@ func (p *pubSession) dispatch(pub *transport.Publish, attempt int) {
 		nm, err := b.member.Refresh(ctx, pub.Epoch)
 		cancel()
 		if err != nil {
-			p.fail(pub, &transport.Error{Code: transport.CodeUnavailable,
+			p.fail(in, &transport.Error{Code: transport.CodeUnavailable,
 				Message: fmt.Sprintf("%s could not catch up to map epoch %d: %v", b.cfg.NodeID, pub.Epoch, err)})
 			return
 		}
@@ -155,7 +172,7 @@ func (p *pubSession) dispatch(pub *transport.Publish, attempt int) {
 	}
 	st, ok := m.Stream(pub.Stream)
 	if !ok {
-		p.fail(pub, &transport.Error{Code: transport.CodeUnknownStream, Epoch: m.Epoch,
+		p.fail(in, &transport.Error{Code: transport.CodeUnknownStream, Epoch: m.Epoch,
 			Message: fmt.Sprintf("stream %q does not exist; create it with `felixctl stream create %s`", pub.Stream, pub.Stream)})
 		return
 	}
@@ -163,30 +180,31 @@ func (p *pubSession) dispatch(pub *transport.Publish, attempt int) {
 	if pub.Shard < 0 {
 		shard = shardmap.ShardFor(pub.Key, st.Shards)
 	} else if shard >= st.Shards {
-		p.fail(pub, &transport.Error{Code: transport.CodeInvalid,
+		p.fail(in, &transport.Error{Code: transport.CodeInvalid,
 			Message: fmt.Sprintf("stream %q has %d shards; there is no shard %d", pub.Stream, st.Shards, shard)})
 		return
 	}
 	owner := st.Owners[shard]
+	in.shard, in.owner = shard, owner
 	switch {
 	case owner == b.cfg.NodeID:
-		p.appendLocal(pub, st.StreamConfig, shard)
+		p.appendLocal(in, st.StreamConfig, shard)
 	case p.peerID != "":
-		p.fail(pub, &transport.Error{Code: transport.CodeNotOwner, Epoch: m.Epoch, Owner: owner,
+		p.fail(in, &transport.Error{Code: transport.CodeNotOwner, Epoch: m.Epoch, Owner: owner,
 			Message: fmt.Sprintf("%s does not own %s/%d at epoch %d; %s does", b.cfg.NodeID, pub.Stream, shard, m.Epoch, owner)})
 	default:
-		p.forward(pub, m, shard, owner, attempt)
+		p.forward(in, m, shard, owner, attempt)
 	}
 }
 
 // appendLocal appends pub to this broker's log of the shard; the ack is
 // written by the shard's committer once the record is fsynced.
-func (p *pubSession) appendLocal(pub *transport.Publish, cfg shardmap.StreamConfig, shard int) {
-	b := p.b
+func (p *pubSession) appendLocal(in inbound, cfg shardmap.StreamConfig, shard int) {
+	b, pub := p.b, in.pub
 	id := shardmap.ShardID{Stream: pub.Stream, Shard: shard}
-	log, err := b.shards.log(id, cfg)
+	e, err := b.shards.entry(id, cfg)
 	if err != nil {
-		p.fail(pub, &transport.Error{Code: transport.CodeUnavailable,
+		p.fail(in, &transport.Error{Code: transport.CodeUnavailable,
 			Message: fmt.Sprintf("%s cannot open its log of %s: %v", b.cfg.NodeID, id, err)})
 		return
 	}
@@ -194,33 +212,54 @@ func (p *pubSession) appendLocal(pub *transport.Publish, cfg shardmap.StreamConf
 	if via == "" {
 		via = b.cfg.NodeID
 	}
+	began := b.tel.now()
 	seq, stream := pub.Seq, pub.Stream
-	log.AppendAsync(&wal.Record{
+	e.log.AppendAsync(&wal.Record{
 		ProducerID:  pub.ProducerID,
 		ProducerSeq: pub.ProducerSeq,
 		Headers:     pub.Headers,
 		Key:         pub.Key,
 		Value:       pub.Value,
 	}, func(offset uint64, ts int64, err error) {
+		var werr *transport.Error
 		if err != nil {
 			code := transport.CodeInternal
 			if errors.Is(err, wal.ErrClosed) {
 				code = transport.CodeShuttingDown
 			}
-			p.acks.send(&transport.Error{Seq: seq, Code: code,
-				Message: fmt.Sprintf("%s could not write %s: %v", b.cfg.NodeID, id, err)})
+			werr = &transport.Error{Seq: seq, Code: code,
+				Message: fmt.Sprintf("%s could not write %s: %v", b.cfg.NodeID, id, err)}
+			p.acks.send(werr)
+			b.tel.countError(code)
 		} else {
 			p.acks.send(&transport.Ack{Seq: seq, Stream: stream, Shard: int32(shard), Offset: offset,
 				Timestamp: ts, Owner: b.cfg.NodeID, Via: via, Forwarded: via != b.cfg.NodeID})
+		}
+		// Telemetry once the ack is on its way; in is not touched by
+		// anyone else once the record is answered.
+		if !in.start.IsZero() {
+			answered := time.Now()
+			if err == nil && p.peerID == "" {
+				b.tel.publishDur.Record(context.Background(), answered.Sub(in.start).Seconds(), b.tel.local...)
+			}
+			if sp := p.serverSpan(&in); sp != nil {
+				b.tel.traceAppend(sp, id, began, answered, offset, &e.last, err)
+				if err == nil && sp.IsRecording() {
+					sp.SetAttributes(msgtrace.Offset.Int64(int64(offset)))
+				}
+				endSpan(sp, werr, trace.WithTimestamp(answered))
+			}
 		}
 		p.done()
 	})
 }
 
 // fail answers pub with err and releases its slot.
-func (p *pubSession) fail(pub *transport.Publish, err *transport.Error) {
-	err.Seq = pub.Seq
+func (p *pubSession) fail(in inbound, err *transport.Error) {
+	err.Seq = in.pub.Seq
 	p.acks.send(err)
+	p.b.tel.countError(err.Code)
+	endSpan(p.serverSpan(&in), err)
 	p.done()
 }
 

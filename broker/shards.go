@@ -20,6 +20,7 @@ type shardSet struct {
 	dir         string
 	segmentSize int
 	logger      *slog.Logger
+	tel         *telemetry
 
 	// mu guards the map of entries, not the logs: an entry is published
 	// before its log has opened so that concurrent users wait on ready
@@ -35,12 +36,17 @@ type shardEntry struct {
 	ready chan struct{} // closed once log or err is set
 	log   *wal.Log
 	err   error
+
+	// last is the timing of the log's latest commit, written by its
+	// OnCommit hook and read by the completions of that commit's records,
+	// all on the goroutine committing the batch.
+	last commitInfo
 }
 
 var errShardsClosed = errors.New("broker: shard logs closed")
 
-func newShardSet(dir string, segmentSize int, log *slog.Logger) *shardSet {
-	s := &shardSet{dir: dir, segmentSize: segmentSize, logger: log}
+func newShardSet(dir string, segmentSize int, log *slog.Logger, tel *telemetry) *shardSet {
+	s := &shardSet{dir: dir, segmentSize: segmentSize, logger: log, tel: tel}
 	s.mu.entries = map[shardmap.ShardID]*shardEntry{}
 	return s
 }
@@ -52,6 +58,16 @@ func (s *shardSet) path(id shardmap.ShardID) string {
 // log returns the open log of shard id, opening (and recovering) it first
 // if need be.
 func (s *shardSet) log(id shardmap.ShardID, cfg shardmap.StreamConfig) (*wal.Log, error) {
+	e, err := s.entry(id, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return e.log, nil
+}
+
+// entry returns the entry of shard id once its log is open, opening (and
+// recovering) it first if need be.
+func (s *shardSet) entry(id shardmap.ShardID, cfg shardmap.StreamConfig) (*shardEntry, error) {
 	s.mu.RLock()
 	e := s.mu.entries[id]
 	s.mu.RUnlock()
@@ -72,7 +88,10 @@ func (s *shardSet) log(id shardmap.ShardID, cfg shardmap.StreamConfig) (*wal.Log
 		}
 	}
 	<-e.ready
-	return e.log, e.err
+	if e.err != nil {
+		return nil, e.err
+	}
+	return e, nil
 }
 
 func (s *shardSet) open(id shardmap.ShardID, cfg shardmap.StreamConfig, e *shardEntry) {
@@ -83,6 +102,7 @@ func (s *shardSet) open(id shardmap.ShardID, cfg shardmap.StreamConfig, e *shard
 		RetentionBytes: cfg.RetentionBytes,
 		RetentionAge:   cfg.RetentionAge,
 		Logger:         s.logger,
+		OnCommit:       s.tel.onCommit(&e.last),
 	})
 	if e.err != nil {
 		s.mu.Lock()
@@ -90,7 +110,8 @@ func (s *shardSet) open(id shardmap.ShardID, cfg shardmap.StreamConfig, e *shard
 		s.mu.Unlock()
 		return
 	}
-	s.logger.Info("shard opened", "shard", id.String(), "first", e.log.FirstOffset(), "next", e.log.NextOffset())
+	first, next := e.log.FirstOffset(), e.log.NextOffset()
+	s.logger.Info("shard opened", "shard", id.String(), "records", next-first, "first", first, "next", next)
 }
 
 // retain closes the logs of shards m does not assign to node, and deletes

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -27,24 +28,24 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 	m := b.member.Map()
 	st, ok := m.Stream(sub.Stream)
 	if !ok {
-		refuse(s, &transport.Error{Code: transport.CodeUnknownStream, Epoch: m.Epoch,
+		b.refuse(s, &transport.Error{Code: transport.CodeUnknownStream, Epoch: m.Epoch,
 			Message: fmt.Sprintf("stream %q does not exist", sub.Stream)})
 		return
 	}
 	if sub.Shard < 0 || int(sub.Shard) >= st.Shards {
-		refuse(s, &transport.Error{Code: transport.CodeInvalid,
+		b.refuse(s, &transport.Error{Code: transport.CodeInvalid,
 			Message: fmt.Sprintf("stream %q has %d shards; there is no shard %d", sub.Stream, st.Shards, sub.Shard)})
 		return
 	}
 	id := shardmap.ShardID{Stream: sub.Stream, Shard: int(sub.Shard)}
 	if owner := st.Owners[id.Shard]; owner != b.cfg.NodeID {
-		refuse(s, &transport.Error{Code: transport.CodeNotOwner, Epoch: m.Epoch, Owner: owner,
+		b.refuse(s, &transport.Error{Code: transport.CodeNotOwner, Epoch: m.Epoch, Owner: owner,
 			Message: fmt.Sprintf("%s does not own %s; subscribe at %s", b.cfg.NodeID, id, owner)})
 		return
 	}
 	log, err := b.shards.log(id, st.StreamConfig)
 	if err != nil {
-		refuse(s, &transport.Error{Code: transport.CodeUnavailable,
+		b.refuse(s, &transport.Error{Code: transport.CodeUnavailable,
 			Message: fmt.Sprintf("%s cannot open its log of %s: %v", b.cfg.NodeID, id, err)})
 		return
 	}
@@ -55,11 +56,16 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 	case transport.StartOffset:
 		next = sub.Offset
 		if first, end := log.FirstOffset(), log.NextOffset(); next < first || next > end {
-			refuse(s, &transport.Error{Code: transport.CodeOutOfRange,
+			b.refuse(s, &transport.Error{Code: transport.CodeOutOfRange,
 				Message: fmt.Sprintf("offset %d of %s is outside the retained range %d..%d", next, id, first, end)})
 			return
 		}
 	}
+
+	pos := &subPos{id: id, log: log}
+	pos.next.Store(next)
+	b.subs.add(pos)
+	defer b.subs.remove(pos)
 
 	credit := newCredit(sub.Credit)
 	b.wg.Add(1)
@@ -96,6 +102,7 @@ loop:
 				code = transport.CodeShuttingDown
 			}
 			w.Write(&transport.Error{Code: code, Message: fmt.Sprintf("reading %s at offset %d: %v", id, next, err)})
+			b.tel.countError(code)
 			break
 		}
 		credit.giveBack(n - len(recs))
@@ -109,8 +116,10 @@ loop:
 			break loop
 		}
 		out.Records = out.Records[:0]
+		size := 0
 		for i := range recs {
 			rec := &recs[i]
+			size += len(rec.Key) + len(rec.Value)
 			out.Records = append(out.Records, transport.Record{
 				Offset: rec.Offset, Timestamp: rec.Timestamp, Key: rec.Key, Value: rec.Value,
 				Headers: rec.Headers, ProducerID: rec.ProducerID, ProducerSeq: rec.ProducerSeq,
@@ -120,6 +129,9 @@ loop:
 			break
 		}
 		next = recs[len(recs)-1].Offset + 1
+		pos.next.Store(next)
+		b.tel.recordsOut.Add(context.Background(), int64(len(recs)))
+		b.tel.bytesOut.Add(context.Background(), int64(size))
 	}
 	s.CancelRead(0)
 	s.Close()

@@ -16,6 +16,7 @@ import (
 // subscribes to. It is safe for concurrent use. Close it when done.
 type Client struct {
 	cfg  config
+	tel  *telemetry
 	addr string // the broker given to Connect: publishes and requests go there
 	home *brokerConn
 
@@ -62,7 +63,11 @@ func Connect(ctx context.Context, addr string, opts ...Opt) (*Client, error) {
 		}
 		cfg.ca = pool
 	}
-	c := &Client{cfg: cfg, addr: addr}
+	tel, err := newTelemetry(&cfg)
+	if err != nil {
+		return nil, fmt.Errorf("client: connect to %s: metrics: %w", addr, err)
+	}
+	c := &Client{cfg: cfg, tel: tel, addr: addr}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.mu.conns = map[string]*brokerConn{}
 	c.mu.publishers = map[*Publisher]struct{}{}

@@ -6,6 +6,9 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/felix-broker/felix/transport"
 )
 
@@ -26,6 +29,9 @@ type config struct {
 	insecure   bool
 
 	logger *slog.Logger
+
+	tracerProvider trace.TracerProvider // nil: no tracing
+	meterProvider  metric.MeterProvider // nil: no metrics
 
 	// maxInFlight bounds records sent and not yet answered, per publish
 	// stream. Default 1024.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/felix-broker/felix/transport"
 )
@@ -45,6 +46,10 @@ type Future struct {
 	shard  int32
 	// window is the publisher's in-flight window, released on resolve.
 	window chan struct{}
+
+	tel   *telemetry
+	span  trace.Span // the producer span; nil when not traced
+	start time.Time  // zero when metrics are off
 }
 
 // Done returns a channel closed when the future has resolved.
@@ -73,6 +78,9 @@ func (f *Future) resolve(ack Ack, err error) {
 	f.ack, f.err = ack, err
 	<-f.window
 	close(f.done)
+	if f.tel != nil {
+		f.tel.finishPublish(f) // after the waiter is released
+	}
 }
 
 // errStaleSession says a session died before a record was sent on it: the

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"time"
 
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
@@ -170,13 +171,19 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 	if err := p.acquire(ctx, block); err != nil {
 		return nil, &PublishError{Stream: stream, Shard: int(cfg.shard), Broker: p.c.addr, Err: err}
 	}
-	f := &Future{done: make(chan struct{}), stream: stream, shard: cfg.shard, window: p.window}
+	tel := p.c.tel
+	f := &Future{done: make(chan struct{}), stream: stream, shard: cfg.shard, window: p.window, tel: tel}
+	if tel.timed {
+		f.start = time.Now()
+	}
+	headers := cfg.headers
+	f.span, headers = tel.startPublish(ctx, stream, cfg.shard, headers)
 	frame := &transport.Publish{
 		Stream:      stream,
 		Shard:       cfg.shard,
 		Key:         key,
 		Value:       value,
-		Headers:     cfg.headers,
+		Headers:     headers,
 		ProducerID:  cfg.producerID,
 		ProducerSeq: cfg.producerSeq,
 	}
@@ -192,7 +199,10 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 			continue // the stream died before the record went out
 		}
 		<-p.window
-		return nil, &PublishError{Stream: stream, Shard: int(cfg.shard), Broker: p.c.addr, Err: err}
+		perr := &PublishError{Stream: stream, Shard: int(cfg.shard), Broker: p.c.addr, Err: err}
+		f.err = perr
+		tel.finishPublish(f)
+		return nil, perr
 	}
 }
 

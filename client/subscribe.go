@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
@@ -185,7 +186,15 @@ func (s *Subscription) Records(ctx context.Context) iter.Seq2[Record, error] {
 				s.cur[s.curIdx] = Record{} // let it be collected once delivered
 				s.curIdx++
 				s.delivered(s.curSh, rec)
-				if !yield(rec, nil) {
+				var sp trace.Span
+				if tel := s.c.tel; tel.tracer != nil {
+					sp = tel.startProcess(ctx, &rec)
+				}
+				more := yield(rec, nil)
+				if sp != nil {
+					sp.End()
+				}
+				if !more {
 					return
 				}
 			}
@@ -212,6 +221,7 @@ func (s *Subscription) Records(ctx context.Context) iter.Seq2[Record, error] {
 // delivered accounts for rec being handed to the application: its shard's
 // resume offset moves past it and its credit goes back to the broker.
 func (s *Subscription) delivered(sh *shardSub, rec Record) {
+	s.c.tel.delivered.Add(context.Background(), 1)
 	s.mu.Lock()
 	s.mu.next[rec.Shard] = rec.Offset + 1
 	s.mu.Unlock()

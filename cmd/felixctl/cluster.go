@@ -9,6 +9,7 @@ import (
 
 type clusterCmd struct {
 	Status clusterStatusCmd `cmd:"" help:"Show the brokers, their liveness, the map epoch and the owner of every shard; exit 3 if a broker is down."`
+	Stats  clusterStatsCmd  `cmd:"" help:"A top-like view of every broker's metrics: rates, publish and fsync latency, records per fsync, subscriber lag."`
 }
 
 type clusterStatusCmd struct {

@@ -188,6 +188,7 @@ func (c *Cluster) startBroker(i int) error {
 		"--data", b.DataDir,
 		"--certs", c.certDir,
 		"--lease-ttl", c.opts.LeaseTTL.String(),
+		"--admin", net.JoinHostPort(c.opts.Host, "0"),
 	)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out := c.opts.BrokerOutput
@@ -210,6 +211,17 @@ func (c *Cluster) startBroker(i int) error {
 		close(exited)
 	}(b.exited)
 	return nil
+}
+
+// AdminAddr returns the HTTP admin address (/metrics, /healthz, /readyz)
+// broker id registered in the control plane's map, or "" if it has none.
+func (c *Cluster) AdminAddr(id string) string {
+	if m := c.Ctl().Map(); m != nil {
+		if n, ok := m.Node(id); ok {
+			return n.Admin
+		}
+	}
+	return ""
 }
 
 // Ctl returns the control plane.

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -23,6 +24,7 @@ type Broker struct {
 	Data      string        `help:"Data directory for the shard logs." required:"" type:"path" env:"FELIX_DATA"`
 	Certs     string        `help:"Directory with ca.crt and <id>.crt/<id>.key." required:"" type:"existingdir" env:"FELIX_CERTS"`
 	LeaseTTL  time.Duration `help:"Control plane lease." default:"3s" env:"FELIX_LEASE_TTL"`
+	Admin     string        `help:"HTTP admin address serving /metrics, /healthz and /readyz, registered in the shard map (empty: none)." default:"127.0.0.1:0" env:"FELIX_ADMIN"`
 }
 
 func (c *Broker) Run(log *slog.Logger) error {
@@ -30,21 +32,40 @@ func (c *Broker) Run(log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	var started atomic.Pointer[broker.Broker]
+	obs, err := startObservability("felix-broker", c.ID, c.Admin, func() error {
+		if b := started.Load(); b != nil {
+			return b.Readiness()
+		}
+		return fmt.Errorf("%w: starting", broker.ErrNotReady)
+	}, log)
+	if err != nil {
+		return err
+	}
+	defer obs.close()
+	host := hostOf(c.Advertise)
+	if host == "" {
+		host = hostOf(c.Listen)
+	}
 	b, err := broker.New(broker.Config{
-		NodeID:    c.ID,
-		Listen:    c.Listen,
-		Advertise: c.Advertise,
-		DataDir:   c.Data,
-		ServerTLS: tlsConf.Server,
-		PeerTLS:   tlsConf.Peer,
-		CtlAddr:   c.Ctl,
-		CtlTLS:    tlsConf.Ctl,
-		LeaseTTL:  c.LeaseTTL,
-		Logger:    log,
+		NodeID:         c.ID,
+		Listen:         c.Listen,
+		Advertise:      c.Advertise,
+		Admin:          obs.adminAdvertise(host),
+		DataDir:        c.Data,
+		ServerTLS:      tlsConf.Server,
+		PeerTLS:        tlsConf.Peer,
+		CtlAddr:        c.Ctl,
+		CtlTLS:         tlsConf.Ctl,
+		LeaseTTL:       c.LeaseTTL,
+		Logger:         log,
+		TracerProvider: obs.prov.Tracer,
+		MeterProvider:  obs.prov.Meter,
 	})
 	if err != nil {
 		return err
 	}
+	started.Store(b)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := b.Start(ctx); err != nil {

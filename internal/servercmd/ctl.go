@@ -2,14 +2,20 @@ package servercmd
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/felix-broker/felix/ctl"
 	"github.com/felix-broker/felix/internal/cluster"
+	"github.com/felix-broker/felix/internal/msgtrace"
 )
 
 // Ctl runs the control plane until SIGINT or SIGTERM.
@@ -18,6 +24,7 @@ type Ctl struct {
 	Data     string        `help:"State directory." required:"" type:"path" env:"FELIX_DATA"`
 	Certs    string        `help:"Directory with ca.crt and ctl.crt/ctl.key." required:"" type:"existingdir" env:"FELIX_CERTS"`
 	LeaseTTL time.Duration `help:"Broker lease: a broker silent this long is marked down." default:"3s" env:"FELIX_LEASE_TTL"`
+	Admin    string        `help:"HTTP admin address serving /metrics, /healthz and /readyz (empty: none)." default:"127.0.0.1:0" env:"FELIX_ADMIN"`
 }
 
 func (c *Ctl) Run(log *slog.Logger) error {
@@ -25,6 +32,17 @@ func (c *Ctl) Run(log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	var started atomic.Pointer[ctl.Server]
+	obs, err := startObservability("felix-ctl", "ctl", c.Admin, func() error {
+		if started.Load() == nil {
+			return errors.New("control plane starting")
+		}
+		return nil
+	}, log)
+	if err != nil {
+		return err
+	}
+	defer obs.close()
 	s, err := ctl.New(ctl.Config{Addr: c.Listen, DataDir: c.Data, TLS: tlsConf, LeaseTTL: c.LeaseTTL, Logger: log})
 	if err != nil {
 		return err
@@ -32,8 +50,51 @@ func (c *Ctl) Run(log *slog.Logger) error {
 	if err := s.Start(); err != nil {
 		return err
 	}
+	started.Store(s)
+	reg, err := ctlMetrics(obs.prov.Meter, s)
+	if err != nil {
+		s.Close()
+		return err
+	}
+	defer reg.Unregister()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	<-ctx.Done()
 	return s.Close()
+}
+
+// ctlMetrics exposes the control plane's map: felix_map_epoch and
+// felix_brokers{state="live"|"down"}.
+func ctlMetrics(mp metric.MeterProvider, s *ctl.Server) (metric.Registration, error) {
+	m := mp.Meter(msgtrace.ScopeName)
+	epoch, err := m.Int64ObservableGauge("felix.map.epoch",
+		metric.WithDescription("Epoch of the current shard map."))
+	if err != nil {
+		return nil, err
+	}
+	brokers, err := m.Int64ObservableGauge("felix.brokers", metric.WithUnit("{broker}"),
+		metric.WithDescription("Member brokers, by state (live: lease current; down)."))
+	if err != nil {
+		return nil, err
+	}
+	live := metric.WithAttributeSet(attribute.NewSet(attribute.String("state", "live")))
+	down := metric.WithAttributeSet(attribute.NewSet(attribute.String("state", "down")))
+	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		mp := s.Map()
+		if mp == nil {
+			return nil
+		}
+		o.ObserveInt64(epoch, int64(mp.Epoch))
+		var up, dn int64
+		for _, n := range mp.Nodes {
+			if n.Live {
+				up++
+			} else {
+				dn++
+			}
+		}
+		o.ObserveInt64(brokers, up, live)
+		o.ObserveInt64(brokers, dn, down)
+		return nil
+	}, epoch, brokers)
 }

@@ -1,0 +1,150 @@
+package broker
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/felix-broker/felix/client"
+	"github.com/felix-broker/felix/shardmap"
+)
+
+// dropExporter accepts spans and throws them away: the cost of tracing
+// without the cost of a network.
+type dropExporter struct{}
+
+func (dropExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (dropExporter) Shutdown(context.Context) error                             { return nil }
+
+// BenchmarkTelemetryOverhead measures publish latency (SDK publish to ack,
+// one record at a time) of a direct and a forwarded publish on two
+// in-process clusters, one with no telemetry and one with tracing (every
+// span sampled, batched to a drop exporter) and metrics (an SDK meter
+// provider) on brokers and client. Each iteration publishes one record on
+// each of the four paths, alternating which cluster goes first, so both
+// see the same machine noise. It reports the p50s and the on/off ratios:
+//
+//	go test -run '^$' -bench TelemetryOverhead -benchtime 3000x ./broker/
+func BenchmarkTelemetryOverhead(b *testing.B) {
+	stream := shardmap.StreamConfig{Name: "orders", Shards: 1}
+	type mode struct {
+		name        string
+		ip          *inproc
+		direct, fwd *client.Client
+		hist        [2]*hdrhistogram.Histogram // direct, forwarded
+	}
+	ctx := context.Background()
+	off := &mode{name: "off", ip: startInprocWith(b, nil, 2, stream)}
+
+	// FELIX_BENCH_TELEMETRY picks what "on" means: full (the default:
+	// every span sampled, plus metrics), traces, metrics, sampled10
+	// (parent-based 10% trace sampling, plus metrics) or none (an A/A run
+	// that shows the noise floor).
+	variant := os.Getenv("FELIX_BENCH_TELEMETRY")
+	if variant == "" {
+		variant = "full"
+	}
+	sampler := sdktrace.ParentBased(sdktrace.AlwaysSample())
+	if variant == "sampled10" {
+		sampler = sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.1))
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(dropExporter{}), sdktrace.WithSampler(sampler))
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	b.Cleanup(func() {
+		tp.Shutdown(ctx)
+		mp.Shutdown(ctx)
+	})
+	on := &mode{name: "on", ip: startInprocWith(b, func(c *Config) {
+		c.TracerProvider, c.MeterProvider = tp, mp
+		switch variant {
+		case "none":
+			c.TracerProvider, c.MeterProvider = nil, nil
+		case "metrics":
+			c.TracerProvider = nil
+		case "traces":
+			c.MeterProvider = nil
+		}
+	}, 2, stream)}
+
+	for _, m := range []*mode{off, on} {
+		var opts []client.Opt
+		if m == on && variant != "none" {
+			if variant != "metrics" {
+				opts = append(opts, client.WithTracerProvider(tp))
+			}
+			if variant != "traces" {
+				opts = append(opts, client.WithMeterProvider(mp))
+			}
+		}
+		connect := func(br *Broker) *client.Client {
+			opts := append([]client.Opt{client.WithCAFile(filepath.Join(m.ip.dir, "certs", "ca.crt")), client.WithLogger(quiet())}, opts...)
+			c, err := client.Connect(ctx, br.Addr().String(), opts...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { c.Close() })
+			return c
+		}
+		m.direct = connect(m.ip.owner("orders", 0))
+		m.fwd = connect(m.ip.nonOwner("orders", 0))
+		m.hist = [2]*hdrhistogram.Histogram{hdrhistogram.New(1, int64(10*time.Second/time.Microsecond), 3),
+			hdrhistogram.New(1, int64(10*time.Second/time.Microsecond), 3)}
+	}
+	value := make([]byte, 100)
+	publish := func(m *mode, path int) {
+		c := m.direct
+		if path == 1 {
+			c = m.fwd
+		}
+		start := time.Now()
+		ack, err := c.Publish(ctx, "orders", nil, value)
+		took := time.Since(start)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if ack.Forwarded != (path == 1) {
+			b.Fatalf("%s path %d: ack %+v", m.name, path, ack)
+		}
+		m.hist[path].RecordValue(took.Microseconds())
+	}
+	// Warm up connections, lanes and logs.
+	for range 50 {
+		for path := range 2 {
+			publish(off, path)
+			publish(on, path)
+		}
+	}
+	off.hist[0].Reset()
+	off.hist[1].Reset()
+	on.hist[0].Reset()
+	on.hist[1].Reset()
+
+	b.ResetTimer()
+	for i := range b.N {
+		for path := range 2 {
+			if i%2 == 0 {
+				publish(off, path)
+				publish(on, path)
+			} else {
+				publish(on, path)
+				publish(off, path)
+			}
+		}
+	}
+	b.StopTimer()
+	for path, name := range []string{"direct", "forwarded"} {
+		p50off := float64(off.hist[path].ValueAtQuantile(50))
+		p50on := float64(on.hist[path].ValueAtQuantile(50))
+		b.ReportMetric(p50off, name+"-p50-off-µs")
+		b.ReportMetric(p50on, name+"-p50-on-µs")
+		b.ReportMetric(p50on/p50off, name+"-p50-ratio")
+		b.Logf("telemetry %s, %s: p50 off %.0fµs on %.0fµs ratio %.3f; p99 off %dµs on %dµs (n=%d)", variant, name, p50off, p50on, p50on/p50off,
+			off.hist[path].ValueAtQuantile(99), on.hist[path].ValueAtQuantile(99), off.hist[path].TotalCount())
+	}
+}

@@ -1,0 +1,384 @@
+package broker
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/felix-broker/felix/internal/msgtrace"
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+	"github.com/felix-broker/felix/wal"
+)
+
+// Latency buckets in seconds: 50µs to 10s.
+var latencyBuckets = []float64{
+	0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+	0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+}
+
+// Records-per-fsync buckets: powers of two up to wal's default MaxBatch.
+var batchBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192}
+
+// telemetry is the broker's instruments. They are created once by New; on
+// the hot path they are recorded with option slices built here, so that
+// recording allocates nothing. With no providers configured, tracer is nil
+// and timed is false, and the publish path skips every call but the no-op
+// counter adds.
+type telemetry struct {
+	tracer trace.Tracer // nil: tracing off
+	timed  bool         // a MeterProvider was configured: take timestamps
+	node   attribute.KeyValue
+
+	publishDur   metric.Float64Histogram // receipt to ack, on the receiving broker
+	forwardDur   metric.Float64Histogram // forward to owner's answer, by peer
+	fsyncDur     metric.Float64Histogram
+	batchRecords metric.Int64Histogram
+	walBytes     metric.Int64Counter
+	recordsIn    metric.Int64Counter
+	bytesIn      metric.Int64Counter
+	recordsOut   metric.Int64Counter
+	bytesOut     metric.Int64Counter
+	forwards     metric.Int64Counter
+	errors       metric.Int64Counter
+	conns        metric.Int64UpDownCounter
+	streams      metric.Int64UpDownCounter
+
+	local, forwarded     []metric.RecordOption // path=local|forwarded
+	fromClient, fromPeer []metric.AddOption    // source=client|peer
+	clientConn, peerConn []metric.AddOption
+	pubStream, subStream []metric.AddOption
+	reqStream            []metric.AddOption
+	codes                [32][]metric.AddOption // by transport.ErrorCode
+
+	reg metric.Registration // observable gauges' callback
+}
+
+func recordOpt(kv ...attribute.KeyValue) []metric.RecordOption {
+	return []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(kv...))}
+}
+
+func addOpt(kv ...attribute.KeyValue) []metric.AddOption {
+	return []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(kv...))}
+}
+
+// newTelemetry creates the broker's instruments and observable gauges.
+// The gauges' callback reads b, so it is registered once b is built.
+func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
+	t := &telemetry{node: msgtrace.NodeID.String(b.cfg.NodeID)}
+	if tp != nil {
+		t.tracer = tp.Tracer(msgtrace.ScopeName)
+	}
+	if mp == nil {
+		mp = noop.NewMeterProvider()
+	} else {
+		t.timed = true
+	}
+	m := mp.Meter(msgtrace.ScopeName)
+	var errs []error
+	must := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	var err error
+	t.publishDur, err = m.Float64Histogram("felix.publish.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time from a publish reaching this broker to its ack leaving it (path=local: this broker owns the shard; forwarded: it forwarded to the owner)."),
+		metric.WithExplicitBucketBoundaries(latencyBuckets...))
+	must(err)
+	t.forwardDur, err = m.Float64Histogram("felix.forward.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time from forwarding a publish to the shard's owner to the owner's answer, by peer."),
+		metric.WithExplicitBucketBoundaries(latencyBuckets...))
+	must(err)
+	t.fsyncDur, err = m.Float64Histogram("felix.wal.fsync.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time to write and fsync one group-commit batch of a shard log."),
+		metric.WithExplicitBucketBoundaries(latencyBuckets...))
+	must(err)
+	t.batchRecords, err = m.Int64Histogram("felix.wal.batch.records", metric.WithUnit("{record}"),
+		metric.WithDescription("Records made durable by one fsync (group commit batch size)."),
+		metric.WithExplicitBucketBoundaries(batchBuckets...))
+	must(err)
+	t.walBytes, err = m.Int64Counter("felix.wal.written", metric.WithUnit("By"),
+		metric.WithDescription("Bytes committed to shard logs."))
+	must(err)
+	t.recordsIn, err = m.Int64Counter("felix.records.in", metric.WithUnit("{record}"),
+		metric.WithDescription("Publishes received, by source (client or a forwarding peer)."))
+	must(err)
+	t.bytesIn, err = m.Int64Counter("felix.payload.in", metric.WithUnit("By"),
+		metric.WithDescription("Key and value bytes of publishes received, by source."))
+	must(err)
+	t.recordsOut, err = m.Int64Counter("felix.records.out", metric.WithUnit("{record}"),
+		metric.WithDescription("Records sent to subscribers."))
+	must(err)
+	t.bytesOut, err = m.Int64Counter("felix.payload.out", metric.WithUnit("By"),
+		metric.WithDescription("Key and value bytes of records sent to subscribers."))
+	must(err)
+	t.forwards, err = m.Int64Counter("felix.forwards", metric.WithUnit("{record}"),
+		metric.WithDescription("Publishes forwarded to the shard's owner, by peer."))
+	must(err)
+	t.errors, err = m.Int64Counter("felix.errors", metric.WithUnit("{error}"),
+		metric.WithDescription("Error answers sent to publishers and subscribers, by wire error code."))
+	must(err)
+	t.conns, err = m.Int64UpDownCounter("felix.connections", metric.WithUnit("{connection}"),
+		metric.WithDescription("Open QUIC connections, by type (client or peer)."))
+	must(err)
+	t.streams, err = m.Int64UpDownCounter("felix.streams", metric.WithUnit("{stream}"),
+		metric.WithDescription("Open QUIC streams, by type (publish, subscribe, request)."))
+	must(err)
+	shardsOwned, err := m.Int64ObservableGauge("felix.shards.owned", metric.WithUnit("{shard}"),
+		metric.WithDescription("Shards the current map assigns to this broker."))
+	must(err)
+	epoch, err := m.Int64ObservableGauge("felix.map.epoch",
+		metric.WithDescription("Epoch of the shard map this broker holds."))
+	must(err)
+	lag, err := m.Int64ObservableGauge("felix.subscriber.lag.records", metric.WithUnit("{record}"),
+		metric.WithDescription("Records committed and not yet sent to the furthest-behind subscriber, by stream and shard."))
+	must(err)
+	if len(errs) > 0 {
+		return nil, errs[0]
+	}
+
+	t.local = recordOpt(attribute.String("path", "local"))
+	t.forwarded = recordOpt(attribute.String("path", "forwarded"))
+	t.fromClient = addOpt(attribute.String("source", "client"))
+	t.fromPeer = addOpt(attribute.String("source", "peer"))
+	t.clientConn = addOpt(attribute.String("type", "client"))
+	t.peerConn = addOpt(attribute.String("type", "peer"))
+	t.pubStream = addOpt(attribute.String("type", "publish"))
+	t.subStream = addOpt(attribute.String("type", "subscribe"))
+	t.reqStream = addOpt(attribute.String("type", "request"))
+	for i := range t.codes {
+		t.codes[i] = addOpt(attribute.String("code", transport.ErrorCode(i).String()))
+	}
+
+	t.reg, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		mp := b.currentMap()
+		if mp == nil {
+			return nil
+		}
+		o.ObserveInt64(epoch, int64(mp.Epoch))
+		owned := 0
+		for _, st := range mp.Streams {
+			for _, owner := range st.Owners {
+				if owner == b.cfg.NodeID {
+					owned++
+				}
+			}
+		}
+		o.ObserveInt64(shardsOwned, int64(owned))
+		for id, n := range b.subs.lag() {
+			o.ObserveInt64(lag, int64(n), metric.WithAttributes(
+				attribute.String("stream", id.Stream), attribute.String("shard", strconv.Itoa(id.Shard))))
+		}
+		return nil
+	}, shardsOwned, epoch, lag)
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func (t *telemetry) close() {
+	if t.reg != nil {
+		t.reg.Unregister()
+	}
+}
+
+// now returns the time if metrics or tracing are on, else the zero time.
+func (t *telemetry) now() time.Time {
+	if t.timed || t.tracer != nil {
+		return time.Now()
+	}
+	return time.Time{}
+}
+
+func (t *telemetry) countError(code transport.ErrorCode) {
+	if int(code) < len(t.codes) {
+		t.errors.Add(context.Background(), 1, t.codes[code]...)
+		return
+	}
+	t.errors.Add(context.Background(), 1, metric.WithAttributes(attribute.String("code", code.String())))
+}
+
+// onCommit is a shard log's wal.Options.OnCommit: it records the batch and
+// keeps its fsync timing in last for the spans of its records, which the
+// log completes right after, on the same goroutine.
+func (t *telemetry) onCommit(last *commitInfo) func(records, bytes int, fsync time.Duration) {
+	return func(records, bytes int, fsync time.Duration) {
+		ctx := context.Background()
+		t.fsyncDur.Record(ctx, fsync.Seconds())
+		t.batchRecords.Record(ctx, int64(records))
+		t.walBytes.Add(ctx, int64(bytes))
+		if t.tracer != nil {
+			*last = commitInfo{end: time.Now(), took: fsync, records: records}
+		}
+	}
+}
+
+// commitInfo is the timing of a shard log's latest commit.
+type commitInfo struct {
+	end     time.Time
+	took    time.Duration
+	records int
+}
+
+// inbound is one publish this broker took in, carried from its receipt to
+// its answer.
+//
+// Its server span is started lazily, with its receipt as start time: on
+// the forward path just before the forward (its client span is a child
+// whose context must travel with the record), on the local path only once
+// the ack is on its way, so that no span work delays the append.
+type inbound struct {
+	pub    *transport.Publish
+	start  time.Time         // receipt; zero when telemetry is off
+	traced bool              // tracing is on
+	parent trace.SpanContext // the producer's or forwarder's span, if any
+	span   trace.Span        // the server span once started, else nil
+
+	// Where dispatch routed it, for the server span; shard is -1 before.
+	shard int
+	owner string
+}
+
+// takeParent reads the parent of a publish's server span from its headers:
+// the forwarder's hop context on a peer stream, the producer's on a client
+// stream. It removes any hop context from the headers either way.
+func (p *pubSession) takeParent(pub *transport.Publish) trace.SpanContext {
+	ctx := context.Background()
+	if hop, ok := msgtrace.TakeHop(ctx, pub.Headers); ok && p.peerID != "" {
+		return trace.SpanContextFromContext(hop)
+	}
+	return msgtrace.RecordContext(pub.Headers)
+}
+
+// serverSpan returns in's server span, starting it (at in.start) if need
+// be; nil when tracing is off.
+func (p *pubSession) serverSpan(in *inbound) trace.Span {
+	if in.span != nil || !in.traced {
+		return in.span
+	}
+	t, pub := p.b.tel, in.pub
+	ctx := context.Background()
+	if in.parent.IsValid() {
+		ctx = trace.ContextWithRemoteSpanContext(ctx, in.parent)
+	}
+	name, via := "publish "+pub.Stream, p.b.cfg.NodeID
+	if p.peerID != "" {
+		name, via = "forward "+pub.Stream, p.peerID
+	}
+	_, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(in.start))
+	if span.IsRecording() {
+		span.SetAttributes(msgtrace.System, msgtrace.OpReceive, msgtrace.Destination.String(pub.Stream),
+			t.node, msgtrace.Via.String(via))
+		if in.shard >= 0 {
+			span.SetAttributes(msgtrace.Partition.String(strconv.Itoa(in.shard)), msgtrace.Owner.String(in.owner),
+				msgtrace.Forwarded.Bool(p.peerID != "" || in.owner != p.b.cfg.NodeID))
+		}
+	}
+	in.span = span
+	return span
+}
+
+// endSpan ends sp (if any) with err as its status.
+func endSpan(sp trace.Span, err *transport.Error, opts ...trace.SpanEndOption) {
+	if sp == nil {
+		return
+	}
+	if err != nil && sp.IsRecording() {
+		sp.SetStatus(codes.Error, err.Error())
+		sp.SetAttributes(msgtrace.Code.String(err.Code.String()))
+	}
+	sp.End(opts...)
+}
+
+// childSpan starts a span under parent, or returns nil if parent is not
+// being recorded.
+func (t *telemetry) childSpan(parent trace.Span, name string, kind trace.SpanKind, start time.Time) (context.Context, trace.Span) {
+	if parent == nil || !parent.SpanContext().IsValid() {
+		return nil, nil
+	}
+	opts := []trace.SpanStartOption{trace.WithSpanKind(kind)}
+	if !start.IsZero() {
+		opts = append(opts, trace.WithTimestamp(start))
+	}
+	return t.tracer.Start(trace.ContextWithSpan(context.Background(), parent), name, opts...)
+}
+
+// traceAppend records, after the fact, the append of a record the log
+// committed at offset: a span from began (AppendAsync) to end (the ack),
+// under the server span, with a child span for the fsync it waited for.
+func (t *telemetry) traceAppend(server trace.Span, id shardmap.ShardID, began, end time.Time, offset uint64, last *commitInfo, err error) {
+	_, sp := t.childSpan(server, "append "+id.String(), trace.SpanKindInternal, began)
+	if sp == nil {
+		return
+	}
+	if sp.IsRecording() {
+		if err != nil {
+			sp.SetStatus(codes.Error, err.Error())
+		} else {
+			sp.SetAttributes(msgtrace.Offset.Int64(int64(offset)),
+				msgtrace.MessageID.String(id.String()+"/"+strconv.FormatUint(offset, 10)))
+			if ci := *last; !ci.end.IsZero() {
+				_, fs := t.tracer.Start(trace.ContextWithSpan(context.Background(), sp), "fsync "+id.String(),
+					trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(ci.end.Add(-ci.took)))
+				fs.SetAttributes(msgtrace.BatchSize.Int(ci.records))
+				fs.End(trace.WithTimestamp(ci.end))
+			}
+		}
+	}
+	sp.End(trace.WithTimestamp(end))
+}
+
+// subRegistry tracks live subscriptions for the lag gauge.
+type subRegistry struct {
+	mu   sync.Mutex
+	subs map[*subPos]struct{}
+}
+
+// subPos is one subscription's position: the next offset it will be sent.
+type subPos struct {
+	id   shardmap.ShardID
+	log  *wal.Log
+	next atomic.Uint64
+}
+
+func (r *subRegistry) add(p *subPos) {
+	r.mu.Lock()
+	if r.subs == nil {
+		r.subs = map[*subPos]struct{}{}
+	}
+	r.subs[p] = struct{}{}
+	r.mu.Unlock()
+}
+
+func (r *subRegistry) remove(p *subPos) {
+	r.mu.Lock()
+	delete(r.subs, p)
+	r.mu.Unlock()
+}
+
+// lag returns, per shard with subscribers, the lag of the furthest behind.
+func (r *subRegistry) lag() map[shardmap.ShardID]uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[shardmap.ShardID]uint64, len(r.subs))
+	for p := range r.subs {
+		var n uint64
+		if end, pos := p.log.NextOffset(), p.next.Load(); end > pos {
+			n = end - pos
+		}
+		if cur, ok := out[p.id]; !ok || n > cur {
+			out[p.id] = n
+		}
+	}
+	return out
+}

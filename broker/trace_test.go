@@ -1,0 +1,143 @@
+package broker
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/felix-broker/felix/client"
+	"github.com/felix-broker/felix/internal/msgtrace"
+	"github.com/felix-broker/felix/shardmap"
+)
+
+// TestForwardedPublishIsOneTrace publishes one record with the SDK through
+// a broker that does not own the shard, and checks the spans form one
+// trace: SDK producer → forwarder's server span → its forward client span
+// → the owner's server span → append → fsync; and that a subscriber's
+// process span links to the producer span through the stored record.
+func TestForwardedPublishIsOneTrace(t *testing.T) {
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	defer tp.Shutdown(context.Background())
+	ip := startInprocWith(t, func(c *Config) { c.TracerProvider = tp }, 2, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	owner, via := ip.owner("orders", 0), ip.nonOwner("orders", 0)
+
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	cl, err := client.Connect(ctx, via.Addr().String(), client.WithCAFile(filepath.Join(ip.dir, "certs", "ca.crt")),
+		client.WithTracerProvider(tp), client.WithLogger(quiet()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ack, err := cl.Publish(ctx, "orders", []byte("k"), []byte("v"), client.WithHeaders(map[string]string{"app": "x"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ack.Forwarded || ack.Owner != owner.NodeID() {
+		t.Fatalf("ack %+v: want a forward to %s", ack, owner.NodeID())
+	}
+
+	sub, err := cl.Subscribe(ctx, "orders", client.Earliest())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec client.Record
+	for r, err := range sub.Records(ctx) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec = r
+		break // the process span ends when the loop body does
+	}
+	sub.Stop()
+	if rec.Headers["app"] != "x" || rec.Headers["traceparent"] == "" {
+		t.Fatalf("stored headers %v: want the application's and the producer's traceparent", rec.Headers)
+	}
+	if _, ok := rec.Headers[msgtrace.HopTraceparent]; ok {
+		t.Fatalf("stored headers %v carry the forward hop's context", rec.Headers)
+	}
+
+	// The owner ends its spans after the ack is on its way: wait for them.
+	find := func(name string, kind trace.SpanKind) tracetest.SpanStub {
+		t.Helper()
+		deadline := time.Now().Add(waitFor)
+		for {
+			for _, s := range spans.GetSpans() {
+				if s.Name == name && s.SpanKind == kind {
+					return s
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no %s span %q among %d spans", kind, name, len(spans.GetSpans()))
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	producer := find("publish orders", trace.SpanKindProducer)
+	fwdServer := find("publish orders", trace.SpanKindServer)
+	fwdClient := find("forward orders", trace.SpanKindClient)
+	ownerServer := find("forward orders", trace.SpanKindServer)
+	appendSpan := find("append orders/0", trace.SpanKindInternal)
+	fsync := find("fsync orders/0", trace.SpanKindInternal)
+	process := find("process orders", trace.SpanKindConsumer)
+
+	chain := []tracetest.SpanStub{producer, fwdServer, fwdClient, ownerServer, appendSpan, fsync}
+	for i, s := range chain {
+		if s.SpanContext.TraceID() != producer.SpanContext.TraceID() {
+			t.Errorf("%s %q is in trace %s, want %s", s.SpanKind, s.Name, s.SpanContext.TraceID(), producer.SpanContext.TraceID())
+		}
+		if i > 0 && s.Parent.SpanID() != chain[i-1].SpanContext.SpanID() {
+			t.Errorf("%s %q has parent %s, want %s %q", s.SpanKind, s.Name, s.Parent.SpanID(), chain[i-1].SpanKind, chain[i-1].Name)
+		}
+	}
+	if !fsync.StartTime.Before(fsync.EndTime) || fsync.StartTime.Before(appendSpan.StartTime) || fsync.EndTime.After(appendSpan.EndTime) {
+		t.Errorf("fsync %v..%v is not within append %v..%v", fsync.StartTime, fsync.EndTime, appendSpan.StartTime, appendSpan.EndTime)
+	}
+
+	want := map[string][]attribute.KeyValue{
+		"producer": {msgtrace.System, msgtrace.OpSend, msgtrace.Destination.String("orders"), msgtrace.Partition.String("0"),
+			msgtrace.Offset.Int64(int64(ack.Offset)), msgtrace.Via.String(via.NodeID()), msgtrace.Forwarded.Bool(true)},
+		"forwarder server": {msgtrace.System, msgtrace.OpReceive, msgtrace.Destination.String("orders"), msgtrace.Partition.String("0"),
+			msgtrace.NodeID.String(via.NodeID()), msgtrace.Via.String(via.NodeID()), msgtrace.Forwarded.Bool(true),
+			msgtrace.Offset.Int64(int64(ack.Offset))},
+		"forward client": {msgtrace.System, msgtrace.OpSend, msgtrace.Destination.String("orders"), msgtrace.Partition.String("0"),
+			msgtrace.NodeID.String(via.NodeID()), msgtrace.Peer.String(owner.NodeID()), msgtrace.Forwarded.Bool(true)},
+		"owner server": {msgtrace.System, msgtrace.OpReceive, msgtrace.Destination.String("orders"), msgtrace.Partition.String("0"),
+			msgtrace.NodeID.String(owner.NodeID()), msgtrace.Via.String(via.NodeID()), msgtrace.Forwarded.Bool(true),
+			msgtrace.Offset.Int64(int64(ack.Offset))},
+		"append": {msgtrace.Offset.Int64(int64(ack.Offset)), msgtrace.MessageID.String("orders/0/0")},
+		"fsync":  {msgtrace.BatchSize.Int(1)},
+		"process": {msgtrace.System, msgtrace.OpProcess, msgtrace.Destination.String("orders"), msgtrace.Partition.String("0"),
+			msgtrace.Offset.Int64(int64(ack.Offset))},
+	}
+	got := map[string]tracetest.SpanStub{"producer": producer, "forwarder server": fwdServer, "forward client": fwdClient,
+		"owner server": ownerServer, "append": appendSpan, "fsync": fsync, "process": process}
+	for role, kvs := range want {
+		have := map[attribute.Key]attribute.Value{}
+		for _, kv := range got[role].Attributes {
+			have[kv.Key] = kv.Value
+		}
+		for _, kv := range kvs {
+			if v, ok := have[kv.Key]; !ok || v != kv.Value {
+				t.Errorf("%s span: %s = %v, want %v", role, kv.Key, v.Emit(), kv.Value.Emit())
+			}
+		}
+	}
+
+	if len(process.Links) != 1 || process.Links[0].SpanContext.SpanID() != producer.SpanContext.SpanID() ||
+		process.Links[0].SpanContext.TraceID() != producer.SpanContext.TraceID() {
+		t.Errorf("process span links %+v, want one link to the producer span %s", process.Links, producer.SpanContext.SpanID())
+	}
+	if t.Failed() {
+		for _, s := range spans.GetSpans() {
+			t.Logf("%s %q trace %s span %s parent %s", s.SpanKind, s.Name, s.SpanContext.TraceID(), s.SpanContext.SpanID(), s.Parent.SpanID())
+		}
+	}
+}

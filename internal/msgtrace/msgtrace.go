@@ -1,0 +1,142 @@
+// Package msgtrace holds what the broker and the client SDK share to trace
+// a record: the attribute keys and span names of the OpenTelemetry
+// messaging conventions as Felix uses them, and the two places a W3C trace
+// context travels in a record's headers.
+//
+// A record carries two contexts:
+//
+//   - its creation context, under the standard "traceparent" and
+//     "tracestate" keys, set by the SDK's producer span and stored with the
+//     record, so a subscriber's process span can link to the producer. No
+//     broker ever rewrites it.
+//   - a hop context, under "felix-hop-traceparent" and
+//     "felix-hop-tracestate", set by a forwarding broker on the copy it
+//     sends to the owner (the parent of the owner's server span). The owner
+//     removes it before the record is checked and stored.
+//
+// The package owns no provider and reads no global: callers pass the
+// tracer they were configured with. It does no I/O.
+package msgtrace
+
+import (
+	"context"
+	"maps"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// ScopeName is the instrumentation scope of Felix's tracers and meters.
+const ScopeName = "github.com/felix-broker/felix"
+
+// Attributes of the messaging conventions, and Felix's own.
+var (
+	System        = semconv.MessagingSystemKey.String("felix")
+	OpSend        = semconv.MessagingOperationTypeSend
+	OpReceive     = semconv.MessagingOperationTypeReceive
+	OpProcess     = semconv.MessagingOperationTypeProcess
+	OpNamePublish = semconv.MessagingOperationName("publish")
+	OpNameForward = semconv.MessagingOperationName("forward")
+	OpNameProcess = semconv.MessagingOperationName("process")
+)
+
+// Attribute keys.
+const (
+	Destination = semconv.MessagingDestinationNameKey        // stream
+	Partition   = semconv.MessagingDestinationPartitionIDKey // shard, as a string
+	MessageID   = semconv.MessagingMessageIDKey              // "stream/shard/offset"
+	Offset      = attribute.Key("felix.offset")
+	NodeID      = attribute.Key("felix.node.id")   // the node that made the span
+	Via         = attribute.Key("felix.via")       // the broker the client published through
+	Owner       = attribute.Key("felix.owner")     // the shard's owner
+	Forwarded   = attribute.Key("felix.forwarded") // the record crossed a forward hop
+	Peer        = attribute.Key("felix.peer.id")   // the other broker of a forward hop
+	BatchSize   = attribute.Key("felix.wal.batch_records")
+	Code        = attribute.Key("felix.error.code")
+)
+
+// Header keys.
+const (
+	HopTraceparent = "felix-hop-traceparent"
+	HopTracestate  = "felix-hop-tracestate"
+)
+
+var tc propagation.TraceContext
+
+// WithRecordContext returns a copy of h with the span context of ctx as the
+// record's creation context. h is not modified.
+func WithRecordContext(ctx context.Context, h map[string]string) map[string]string {
+	out := make(map[string]string, len(h)+2)
+	maps.Copy(out, h)
+	tc.Inject(ctx, propagation.MapCarrier(out))
+	return out
+}
+
+// RecordContext returns the creation context stored in h, or an invalid
+// span context if there is none. It allocates nothing when h has none.
+func RecordContext(h map[string]string) trace.SpanContext {
+	if _, ok := h["traceparent"]; !ok {
+		return trace.SpanContext{}
+	}
+	return trace.SpanContextFromContext(tc.Extract(context.Background(), propagation.MapCarrier(h)))
+}
+
+// ExtractRecord returns ctx with the record's creation context in h as its
+// remote parent, or ctx itself if h has none.
+func ExtractRecord(ctx context.Context, h map[string]string) context.Context {
+	if _, ok := h["traceparent"]; !ok {
+		return ctx
+	}
+	return tc.Extract(ctx, propagation.MapCarrier(h))
+}
+
+// WithHop returns a copy of h carrying the span context of ctx as the hop
+// context. h is not modified.
+func WithHop(ctx context.Context, h map[string]string) map[string]string {
+	out := make(map[string]string, len(h)+2)
+	maps.Copy(out, h)
+	tc.Inject(ctx, hopCarrier(out))
+	return out
+}
+
+// TakeHop removes the hop context from h and returns ctx with it as the
+// remote parent; ok is false (and ctx returned as is) if h has none. h
+// must belong to the caller.
+func TakeHop(ctx context.Context, h map[string]string) (_ context.Context, ok bool) {
+	if _, ok := h[HopTraceparent]; !ok {
+		return ctx, false
+	}
+	ctx = tc.Extract(ctx, hopCarrier(h))
+	delete(h, HopTraceparent)
+	delete(h, HopTracestate)
+	return ctx, true
+}
+
+// StripHop removes a hop context from h (a client has no business sending
+// one). It allocates nothing.
+func StripHop(h map[string]string) {
+	if len(h) == 0 {
+		return
+	}
+	delete(h, HopTraceparent)
+	delete(h, HopTracestate)
+}
+
+// hopCarrier maps the W3C keys to the hop keys of a header map.
+type hopCarrier map[string]string
+
+func hopKey(k string) string {
+	switch k {
+	case "traceparent":
+		return HopTraceparent
+	case "tracestate":
+		return HopTracestate
+	}
+	return k
+}
+
+func (c hopCarrier) Get(k string) string { return c[hopKey(k)] }
+func (c hopCarrier) Set(k, v string)     { c[hopKey(k)] = v }
+func (c hopCarrier) Keys() []string      { return []string{"traceparent", "tracestate"} }

@@ -1,0 +1,60 @@
+package servercmd
+
+import (
+	"context"
+	"log/slog"
+	"net"
+
+	"github.com/felix-broker/felix/internal/telemetry"
+)
+
+// observability is what a server command runs beside its server: the
+// telemetry providers and, if an address is given, the admin listener.
+type observability struct {
+	prov  *telemetry.Providers
+	admin *telemetry.Admin // nil without --admin
+}
+
+// startObservability builds the providers and starts the admin listener
+// on adminAddr ("" for none). ready answers /readyz.
+func startObservability(service, instance, adminAddr string, ready func() error, log *slog.Logger) (*observability, error) {
+	prov, err := telemetry.New(context.Background(), telemetry.Options{Service: service, Instance: instance})
+	if err != nil {
+		return nil, err
+	}
+	o := &observability{prov: prov}
+	if adminAddr == "" {
+		return o, nil
+	}
+	o.admin, err = telemetry.StartAdmin(telemetry.AdminConfig{Addr: adminAddr, Metrics: prov.Handler(), Ready: ready, Logger: log})
+	if err != nil {
+		prov.Shutdown(context.Background())
+		return nil, err
+	}
+	log.Info("admin listener serving /metrics, /healthz and /readyz", "addr", o.admin.Addr().String())
+	return o, nil
+}
+
+// adminAdvertise is the admin address to register, "" without one.
+func (o *observability) adminAdvertise(host string) string {
+	if o.admin == nil {
+		return ""
+	}
+	return o.admin.Advertise(host)
+}
+
+func (o *observability) close() {
+	if o.admin != nil {
+		o.admin.Close()
+	}
+	o.prov.Shutdown(context.Background())
+}
+
+// hostOf returns the host part of addr, or "" if it has none.
+func hostOf(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return ""
+	}
+	return host
+}

@@ -1,0 +1,42 @@
+package stats
+
+import (
+	"math"
+	"strings"
+	"testing"
+)
+
+const sample = `# TYPE felix_publish_duration_seconds histogram
+felix_publish_duration_seconds_bucket{path="local",le="0.001"} 10
+felix_publish_duration_seconds_bucket{path="local",le="0.002"} 30
+felix_publish_duration_seconds_bucket{path="local",le="+Inf"} 40
+felix_publish_duration_seconds_sum{path="local"} 0.06
+felix_publish_duration_seconds_count{path="local"} 40
+# TYPE felix_forwards_total counter
+felix_forwards_total{peer="broker-1"} 7
+felix_forwards_total{peer="broker-2"} 3
+`
+
+func TestParseSumQuantile(t *testing.T) {
+	f, err := Parse(strings.NewReader(sample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := f.Sum(MetricForwards); v != 10 {
+		t.Errorf("forwards %v, want 10", v)
+	}
+	if v, _ := f.Sum(MetricForwards, "peer", "broker-2"); v != 3 {
+		t.Errorf("forwards to broker-2 %v, want 3", v)
+	}
+	h := f.Histogram(MetricPublishDuration, "path", "local")
+	// rank 20 of 40 lies halfway through the (1ms, 2ms] bucket.
+	if q := h.Quantile(0.5); math.Abs(q-0.0015) > 1e-9 {
+		t.Errorf("p50 %v, want 0.0015", q)
+	}
+	if q := h.Quantile(0.99); q != 0.002 {
+		t.Errorf("p99 %v, want the last finite bound 0.002", q)
+	}
+	if d := h.Sub(h); d.Count != 0 || !math.IsNaN(d.Quantile(0.5)) {
+		t.Errorf("h - h = %+v", d)
+	}
+}

@@ -1,0 +1,21 @@
+// Package telemetry sets up observability for the felix processes (broker
+// and control plane): OpenTelemetry tracer and meter providers built from
+// the standard OTEL_* environment, a Prometheus exporter behind /metrics,
+// and the small HTTP admin listener that serves /metrics, /healthz and
+// /readyz off the QUIC port.
+//
+// Only binaries use it. Libraries (broker, client) take providers in their
+// config and never reach for globals; this package sets no global either.
+//
+// # Export
+//
+// Metrics are always collected for /metrics. Traces, and metrics in
+// addition, are exported over OTLP/HTTP only when OTEL_EXPORTER_OTLP_ENDPOINT
+// (or the signal-specific OTEL_EXPORTER_OTLP_TRACES_ENDPOINT /
+// OTEL_EXPORTER_OTLP_METRICS_ENDPOINT) is set; the exporters read the rest of
+// the standard variables (headers, timeout, protocol details) themselves.
+// With no endpoint there is no tracer provider at all, so the publish path
+// makes no tracing calls. OTEL_SDK_DISABLED=true turns off OTLP export;
+// OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES set the resource, and
+// OTEL_TRACES_SAMPLER picks the sampler.
+package telemetry

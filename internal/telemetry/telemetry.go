@@ -1,0 +1,159 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	promexporter "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/felix-broker/felix/internal/msgtrace"
+)
+
+// Options says which process the providers are for.
+type Options struct {
+	// Service is the default service.name ("felix-broker", "felix-ctl");
+	// OTEL_SERVICE_NAME overrides it.
+	Service string
+	// Instance is service.instance.id, the node id.
+	Instance string
+	// Getenv reads the environment; default os.Getenv (a test seam).
+	Getenv func(string) string
+}
+
+// Providers are a process's telemetry: a meter provider whose metrics are
+// served by Handler (and pushed over OTLP if configured), and a tracer
+// provider when traces are exported.
+type Providers struct {
+	// Meter records metrics; never nil.
+	Meter metric.MeterProvider
+	// Tracer is nil unless an OTLP trace endpoint is configured: pass it
+	// as is to broker.Config.TracerProvider (nil means no tracing).
+	Tracer trace.TracerProvider
+
+	registry *prometheus.Registry
+	shutdown []func(context.Context) error
+	reg      metric.Registration
+}
+
+// New builds the providers from opts and the OTEL_* environment.
+func New(ctx context.Context, opts Options) (*Providers, error) {
+	getenv := opts.Getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	res, err := resource.New(ctx,
+		resource.WithAttributes(semconv.ServiceName(opts.Service), semconv.ServiceInstanceID(opts.Instance),
+			semconv.ServiceVersion(Version())),
+		resource.WithFromEnv(), // OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES win
+		resource.WithTelemetrySDK(),
+	)
+	if err != nil && res == nil {
+		return nil, fmt.Errorf("telemetry: resource: %w", err)
+	}
+
+	p := &Providers{registry: prometheus.NewRegistry()}
+	p.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	prom, err := promexporter.New(promexporter.WithRegisterer(p.registry), promexporter.WithoutScopeInfo())
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: prometheus exporter: %w", err)
+	}
+	mopts := []sdkmetric.Option{sdkmetric.WithResource(res), sdkmetric.WithReader(prom)}
+
+	disabled := strings.EqualFold(getenv("OTEL_SDK_DISABLED"), "true")
+	endpoint := getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+	if !disabled && (endpoint != "" || getenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") != "") {
+		exp, err := otlpmetrichttp.New(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("telemetry: OTLP metric exporter: %w", err)
+		}
+		mopts = append(mopts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(exp)))
+	}
+	mp := sdkmetric.NewMeterProvider(mopts...)
+	p.Meter = mp
+	p.shutdown = append(p.shutdown, mp.Shutdown)
+
+	if !disabled && (endpoint != "" || getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "") {
+		exp, err := otlptracehttp.New(ctx)
+		if err != nil {
+			p.Shutdown(ctx)
+			return nil, fmt.Errorf("telemetry: OTLP trace exporter: %w", err)
+		}
+		// The SDK reads OTEL_TRACES_SAMPLER and OTEL_BSP_* itself.
+		tp := sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithBatcher(exp))
+		p.Tracer = tp
+		p.shutdown = append([]func(context.Context) error{tp.Shutdown}, p.shutdown...)
+	}
+
+	if err := p.registerBuildInfo(opts.Service); err != nil {
+		p.Shutdown(ctx)
+		return nil, err
+	}
+	return p, nil
+}
+
+// registerBuildInfo exposes felix_build_info{version,goversion,service} 1.
+func (p *Providers) registerBuildInfo(service string) error {
+	m := p.Meter.Meter(msgtrace.ScopeName)
+	g, err := m.Int64ObservableGauge("felix.build.info",
+		metric.WithDescription("Always 1; the labels say which build of felix this process runs."))
+	if err != nil {
+		return fmt.Errorf("telemetry: build info: %w", err)
+	}
+	set := metric.WithAttributeSet(attribute.NewSet(
+		attribute.String("version", Version()),
+		attribute.String("goversion", runtime.Version()),
+		attribute.String("service", service),
+	))
+	p.reg, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveInt64(g, 1, set)
+		return nil
+	}, g)
+	return err
+}
+
+// Handler serves the metrics in the Prometheus text format.
+func (p *Providers) Handler() http.Handler {
+	return promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{})
+}
+
+// Shutdown flushes and stops the exporters.
+func (p *Providers) Shutdown(ctx context.Context) error {
+	if p.reg != nil {
+		p.reg.Unregister()
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var errs []error
+	for _, f := range p.shutdown {
+		errs = append(errs, f(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// Version returns the felix module version this binary was built from, or
+// "devel".
+func Version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "devel"
+}
