@@ -327,8 +327,10 @@ func (p *pubSession) answer(fw forwarded, e *transport.Error) {
 			Message: fmt.Sprintf("%s was refused by %s (not the owner at epoch %d) and could not get that map: %v", p.b.cfg.NodeID, e.Owner, e.Epoch, err)})
 		return
 	}
+	in := fw.in
+	in.last = false // re-routed from the lane's reader: queue, never commit inline here
 	p.dispatchMu.Lock()
-	p.dispatch(fw.in, fw.attempt+1)
+	p.dispatch(in, fw.attempt+1)
 	p.dispatchMu.Unlock()
 }
 

@@ -104,10 +104,33 @@ func (b *Broker) servePublish(s *quic.Stream, r *transport.Reader, first *transp
 	p.finish()
 }
 
+// inbound is one publish this broker took in, carried from its receipt to
+// its answer.
+//
+// Its server span is started lazily, with its receipt as start time: on
+// the forward path just before the forward (its client span is a child
+// whose context must travel with the record), on the local path only once
+// the ack is on its way, so that no span work delays the append.
+type inbound struct {
+	pub    *transport.Publish
+	start  time.Time         // receipt; zero when telemetry is off
+	traced bool              // tracing is on
+	parent trace.SpanContext // the producer's or forwarder's span, if any
+	span   trace.Span        // the server span once started, else nil
+
+	// Where dispatch routed it, for the server span; shard is -1 before.
+	shard int
+	owner string
+
+	// last: no further frame was buffered on the stream when this one was
+	// read, so the reader may commit it itself (wal.Log.AppendNow).
+	last bool
+}
+
 // handle takes one publish in. It returns false when the session is ending.
 func (p *pubSession) handle(pub *transport.Publish) bool {
 	t := p.b.tel
-	in := inbound{pub: pub, start: t.now(), shard: -1}
+	in := inbound{pub: pub, start: t.now(), shard: -1, last: !p.r.Ready()}
 	src := t.fromClient
 	if p.peerID != "" {
 		src = t.fromPeer
@@ -214,7 +237,15 @@ func (p *pubSession) appendLocal(in inbound, cfg shardmap.StreamConfig, shard in
 	}
 	began := b.tel.now()
 	seq, stream := pub.Seq, pub.Stream
-	e.log.AppendAsync(&wal.Record{
+	// With no further frame buffered the reader would only wait for one,
+	// so it may commit this record itself when the log is idle (saving the
+	// hand-off to the committer and back); while frames are buffered it
+	// queues them, so pipelined records share an fsync.
+	appendFn := e.log.AppendAsync
+	if in.last {
+		appendFn = e.log.AppendNow
+	}
+	appendFn(&wal.Record{
 		ProducerID:  pub.ProducerID,
 		ProducerSeq: pub.ProducerSeq,
 		Headers:     pub.Headers,

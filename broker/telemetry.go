@@ -230,25 +230,6 @@ type commitInfo struct {
 	records int
 }
 
-// inbound is one publish this broker took in, carried from its receipt to
-// its answer.
-//
-// Its server span is started lazily, with its receipt as start time: on
-// the forward path just before the forward (its client span is a child
-// whose context must travel with the record), on the local path only once
-// the ack is on its way, so that no span work delays the append.
-type inbound struct {
-	pub    *transport.Publish
-	start  time.Time         // receipt; zero when telemetry is off
-	traced bool              // tracing is on
-	parent trace.SpanContext // the producer's or forwarder's span, if any
-	span   trace.Span        // the server span once started, else nil
-
-	// Where dispatch routed it, for the server span; shard is -1 before.
-	shard int
-	owner string
-}
-
 // takeParent reads the parent of a publish's server span from its headers:
 // the forwarder's hop context on a peer stream, the producer's on a client
 // stream. It removes any hop context from the headers either way.

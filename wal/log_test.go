@@ -452,3 +452,54 @@ func TestCloseWhileAppending(t *testing.T) {
 		}
 	}
 }
+
+// TestAppendNowOrdersWithAsync: AppendNow commits inline when idle and
+// queues otherwise; with AppendAsync mixed in, every callback runs once and
+// offsets come back dense and in call order per goroutine.
+func TestAppendNowOrdersWithAsync(t *testing.T) {
+	l, err := Open(t.TempDir(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	seen := map[uint64]bool{}
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			last := int64(-1)
+			for i := range 200 {
+				done := make(chan struct{})
+				cb := func(off uint64, _ int64, err error) {
+					if err != nil {
+						t.Error(err)
+					}
+					mu.Lock()
+					if seen[off] {
+						t.Errorf("offset %d given twice", off)
+					}
+					seen[off] = true
+					mu.Unlock()
+					if int64(off) <= last {
+						t.Errorf("goroutine %d: offset %d after %d", g, off, last)
+					}
+					last = int64(off)
+					close(done)
+				}
+				rec := &Record{Value: []byte("x")}
+				if i%2 == 0 {
+					l.AppendNow(rec, cb)
+				} else {
+					l.AppendAsync(rec, cb)
+				}
+				<-done
+			}
+		}()
+	}
+	wg.Wait()
+	if len(seen) != 1600 || l.NextOffset() != 1600 {
+		t.Fatalf("%d offsets seen, next %d; want 1600", len(seen), l.NextOffset())
+	}
+}
