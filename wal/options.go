@@ -12,7 +12,11 @@ type Options struct {
 	// Default: the base name of the directory.
 	Name string
 	// SegmentSize is the target size of a segment file in bytes.
-	// Default: 4 MiB.
+	// Default: 1 MiB. tidwall/wal keeps the tail segment in a byte slice
+	// that grows by reallocation as records are appended; with 4 MiB
+	// segments that growth (fresh pages, copies) cost a fifth of the
+	// broker's CPU under pipelined load, and 1 MiB segments gave 25% more
+	// acked records per second in BenchmarkPublishThroughput.
 	SegmentSize int
 	// MaxBatch is the most records written and fsynced as one batch.
 	// Default: 8192.
@@ -42,7 +46,7 @@ type Options struct {
 }
 
 const (
-	defaultSegmentSize    = 4 << 20
+	defaultSegmentSize    = 1 << 20
 	defaultMaxBatch       = 8192
 	defaultTailRecords    = 4096
 	defaultRetentionCheck = 10 * time.Second
