@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	felixtel "github.com/felix-broker/felix/internal/telemetry"
 	"os"
 	"path/filepath"
 	"testing"
@@ -54,7 +55,7 @@ func BenchmarkTelemetryOverhead(b *testing.B) {
 	if variant == "sampled10" {
 		sampler = sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.1))
 	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(dropExporter{}), sdktrace.WithSampler(sampler))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(felixtel.NewSpanBuffer(dropExporter{}, felixtel.SpanBufferOptions{})), sdktrace.WithSampler(sampler))
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	b.Cleanup(func() {
 		tp.Shutdown(ctx)

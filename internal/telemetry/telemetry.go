@@ -97,8 +97,9 @@ func New(ctx context.Context, opts Options) (*Providers, error) {
 			p.Shutdown(ctx)
 			return nil, fmt.Errorf("telemetry: OTLP trace exporter: %w", err)
 		}
-		// The SDK reads OTEL_TRACES_SAMPLER and OTEL_BSP_* itself.
-		tp := sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithBatcher(exp))
+		// The SDK reads OTEL_TRACES_SAMPLER itself; spans are batched by a
+		// SpanBuffer, which costs the publish path no wake-up per span.
+		tp := sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithSpanProcessor(NewSpanBuffer(exp, SpanBufferOptions{})))
 		p.Tracer = tp
 		p.shutdown = append([]func(context.Context) error{tp.Shutdown}, p.shutdown...)
 	}

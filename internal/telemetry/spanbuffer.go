@@ -1,0 +1,139 @@
+package telemetry
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+)
+
+// SpanBuffer is a span processor that batches ended spans without waking
+// anyone per span: OnEnd appends to a slice under a mutex, and one
+// goroutine exports every Interval, or sooner when MaxBatch spans are
+// waiting. The SDK's BatchSpanProcessor hands every span to its goroutine
+// through a channel, which wakes that goroutine once per span; on a small
+// machine each such wake-up costs tens of microseconds of CPU that the
+// publish path then competes with.
+//
+// When MaxQueue spans are waiting (the exporter is slow or down), new
+// spans are dropped and counted (Dropped), never blocking the caller.
+type SpanBuffer struct {
+	exp      sdktrace.SpanExporter
+	interval time.Duration
+	maxBatch int
+	maxQueue int
+
+	mu      sync.Mutex // guards spans
+	spans   []sdktrace.ReadOnlySpan
+	full    chan struct{} // capacity 1: MaxBatch spans are waiting
+	stop    chan struct{}
+	done    chan struct{}
+	once    sync.Once
+	dropped atomic.Uint64
+}
+
+// SpanBufferOptions configures a SpanBuffer; zero means the default.
+type SpanBufferOptions struct {
+	Interval time.Duration // how often to export; default 1s
+	MaxBatch int           // spans that trigger an early export; default 2048
+	MaxQueue int           // spans kept before dropping; default 8 × MaxBatch
+}
+
+// NewSpanBuffer returns a running SpanBuffer exporting to exp. Shutdown
+// stops it.
+func NewSpanBuffer(exp sdktrace.SpanExporter, o SpanBufferOptions) *SpanBuffer {
+	if o.Interval <= 0 {
+		o.Interval = time.Second
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = 2048
+	}
+	if o.MaxQueue <= 0 {
+		o.MaxQueue = 8 * o.MaxBatch
+	}
+	b := &SpanBuffer{exp: exp, interval: o.Interval, maxBatch: o.MaxBatch, maxQueue: o.MaxQueue,
+		full: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	go b.run()
+	return b
+}
+
+// OnStart does nothing: spans are buffered when they end.
+func (b *SpanBuffer) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+
+// OnEnd buffers s for the next export.
+func (b *SpanBuffer) OnEnd(s sdktrace.ReadOnlySpan) {
+	if !s.SpanContext().IsSampled() {
+		return
+	}
+	b.mu.Lock()
+	if len(b.spans) >= b.maxQueue {
+		b.mu.Unlock()
+		b.dropped.Add(1)
+		return
+	}
+	b.spans = append(b.spans, s)
+	n := len(b.spans)
+	b.mu.Unlock()
+	if n == b.maxBatch {
+		select {
+		case b.full <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Dropped returns how many spans were dropped because the queue was full.
+func (b *SpanBuffer) Dropped() uint64 { return b.dropped.Load() }
+
+func (b *SpanBuffer) run() {
+	defer close(b.done)
+	t := time.NewTicker(b.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-t.C:
+		case <-b.full:
+		}
+		b.export(context.Background())
+	}
+}
+
+// export sends everything buffered, MaxBatch spans at a time.
+func (b *SpanBuffer) export(ctx context.Context) error {
+	b.mu.Lock()
+	spans := b.spans
+	b.spans = nil
+	b.mu.Unlock()
+	var firstErr error
+	for len(spans) > 0 {
+		n := min(len(spans), b.maxBatch)
+		ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := b.exp.ExportSpans(ectx, spans[:n]); err != nil && firstErr == nil {
+			firstErr = err
+		}
+		cancel()
+		spans = spans[n:]
+	}
+	return firstErr
+}
+
+// ForceFlush exports everything buffered now.
+func (b *SpanBuffer) ForceFlush(ctx context.Context) error { return b.export(ctx) }
+
+// Shutdown stops the export goroutine, exports what is left and shuts the
+// exporter down.
+func (b *SpanBuffer) Shutdown(ctx context.Context) error {
+	var err error
+	b.once.Do(func() {
+		close(b.stop)
+		<-b.done
+		if err = b.export(ctx); err == nil {
+			err = b.exp.Shutdown(ctx)
+		}
+	})
+	return err
+}
