@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"runtime"
 	"sync"
 	"time"
 
@@ -181,12 +182,36 @@ func (l *Log) runCommitter() {
 			l.mu.Lock()
 			l.mu.committing = false
 			l.mu.Unlock()
+			if len(reqs) > 1 {
+				l.gather()
+			}
 			continue
 		}
 		if exit {
 			return
 		}
 		<-l.wake
+	}
+}
+
+// gather runs after a batch of more than one record: under load, it lets
+// the appenders that batch just woke run and queue their next records
+// before the next batch is taken, yielding while the queue still grows (at
+// most a few times). No timer: it never waits for records that are not
+// already on their way, and at low load it does nothing.
+func (l *Log) gather() {
+	l.mu.Lock()
+	n := len(l.mu.pending)
+	l.mu.Unlock()
+	for range 4 {
+		runtime.Gosched()
+		l.mu.Lock()
+		m := len(l.mu.pending)
+		l.mu.Unlock()
+		if m == n {
+			return
+		}
+		n = m
 	}
 }
 
