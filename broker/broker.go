@@ -366,6 +366,7 @@ func (b *Broker) Close() error {
 		errs = append(errs, b.member.Close())
 	}
 	b.wg.Wait()
+	<-drained // every session has returned, so this is immediate
 	errs = append(errs, b.shards.close())
 	b.tel.close()
 	b.log.Info("broker stopped")
