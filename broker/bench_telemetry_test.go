@@ -45,15 +45,19 @@ func BenchmarkTelemetryOverhead(b *testing.B) {
 
 	// FELIX_BENCH_TELEMETRY picks what "on" means: full (the default:
 	// every span sampled, plus metrics), traces, metrics, sampled10
-	// (parent-based 10% trace sampling, plus metrics) or none (an A/A run
+	// (parent-based 10% trace sampling, plus metrics), unsampled (every
+	// trace propagated, none recorded, plus metrics) or none (an A/A run
 	// that shows the noise floor).
 	variant := os.Getenv("FELIX_BENCH_TELEMETRY")
 	if variant == "" {
 		variant = "full"
 	}
 	sampler := sdktrace.ParentBased(sdktrace.AlwaysSample())
-	if variant == "sampled10" {
+	switch variant {
+	case "sampled10":
 		sampler = sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.1))
+	case "unsampled": // context propagated, nothing recorded
+		sampler = sdktrace.NeverSample()
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(felixtel.NewSpanBuffer(dropExporter{}, felixtel.SpanBufferOptions{})), sdktrace.WithSampler(sampler))
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
