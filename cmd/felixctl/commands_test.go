@@ -198,6 +198,33 @@ func TestCommands(t *testing.T) {
 		}
 	})
 
+	t.Run("cluster stats", func(t *testing.T) {
+		// Traffic during the interval, so the owner shows rates.
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			felixctl(t, env, "pub", "orders", "stats", "--count", "50", "--via", owner)
+		}()
+		r := felixctl(t, env, "cluster", "stats", "--count", "1", "--interval", "1s", "--json")
+		<-done
+		var rows []map[string]any
+		if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil || r.code != 0 || len(rows) != 3 {
+			t.Fatalf("%v %+v", err, r)
+		}
+		for _, row := range rows {
+			if row["live"] != true || row["epoch"].(float64) == 0 {
+				t.Errorf("row %v", row)
+			}
+			if row["node"] == owner && row["shards_owned"].(float64) != 1 {
+				t.Errorf("owner row %v", row)
+			}
+		}
+		r = felixctl(t, env, "cluster", "stats", "--count", "1", "--interval", "200ms")
+		if r.code != 0 || !strings.Contains(r.stdout, "FSYNC p50") || !strings.Contains(r.stdout, owner) {
+			t.Errorf("%+v", r)
+		}
+	})
+
 	// Kill a broker that does not own orders/0: the cluster is unhealthy
 	// (exit 3), publishing through it fails with a sentence.
 	if err := c.Kill(other); err != nil {
