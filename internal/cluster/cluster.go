@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -36,6 +37,10 @@ type Options struct {
 	// CtlPort and BrokerPorts fix the ports; zero picks free ones.
 	CtlPort     int
 	BrokerPorts []int
+	// BrokerProcs is the GOMAXPROCS of each broker process: 0 means one
+	// share of the CPUs when there are more brokers than CPUs (else Go's
+	// default), negative means Go's default always.
+	BrokerProcs int
 	// BrokerOutput receives the brokers' logs; default a file per broker in
 	// Dir (broker-N.log).
 	BrokerOutput io.Writer
@@ -191,6 +196,10 @@ func (c *Cluster) startBroker(i int) error {
 		"--admin", net.JoinHostPort(c.opts.Host, "0"),
 	)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.Env = os.Environ()
+	if n := c.brokerProcs(); n > 0 {
+		cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(n))
+	}
 	out := c.opts.BrokerOutput
 	if out == nil {
 		f, err := os.OpenFile(filepath.Join(c.opts.Dir, b.ID+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -222,6 +231,22 @@ func (c *Cluster) AdminAddr(id string) string {
 		}
 	}
 	return ""
+}
+
+// brokerProcs returns the GOMAXPROCS to give each broker process, or 0 to
+// leave Go's default: the brokers of a local cluster share one machine,
+// and when there are more of them than CPUs, each Go runtime sizing itself
+// to the whole machine oversubscribes it (idle Ps spin looking for work on
+// CPUs the other brokers need). A GOMAXPROCS already in the environment
+// wins.
+func (c *Cluster) brokerProcs() int {
+	if c.opts.BrokerProcs != 0 {
+		return max(c.opts.BrokerProcs, 0)
+	}
+	if os.Getenv("GOMAXPROCS") != "" || len(c.brokers) <= runtime.NumCPU() {
+		return 0
+	}
+	return max(1, runtime.NumCPU()/len(c.brokers))
 }
 
 // Ctl returns the control plane.
