@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -197,6 +198,9 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 			return nil, fmt.Errorf("bench: start a local cluster in %s: %w", dir, err)
 		}
 		defer cl.Close()
+		if n := cl.BrokerProcs(); n > 0 {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("the %d brokers share %d CPUs with the bench, so each runs with GOMAXPROCS=%d", c.Brokers, runtime.NumCPU(), n))
+		}
 		for _, b := range cl.Brokers() {
 			pid, err := findBrokerPid(b.ID, b.DataDir)
 			if err != nil {

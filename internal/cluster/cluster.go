@@ -197,7 +197,7 @@ func (c *Cluster) startBroker(i int) error {
 	)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Env = os.Environ()
-	if n := c.brokerProcs(); n > 0 {
+	if n := c.BrokerProcs(); n > 0 {
 		cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(n))
 	}
 	out := c.opts.BrokerOutput
@@ -233,20 +233,21 @@ func (c *Cluster) AdminAddr(id string) string {
 	return ""
 }
 
-// brokerProcs returns the GOMAXPROCS to give each broker process, or 0 to
-// leave Go's default: the brokers of a local cluster share one machine,
-// and when there are more of them than CPUs, each Go runtime sizing itself
-// to the whole machine oversubscribes it (idle Ps spin looking for work on
-// CPUs the other brokers need). A GOMAXPROCS already in the environment
-// wins.
-func (c *Cluster) brokerProcs() int {
+// BrokerProcs returns the GOMAXPROCS each broker process runs with, or 0
+// for Go's default. The brokers of a local cluster share one machine, and
+// when there are more of them than CPUs, each Go runtime sizing itself to
+// the whole machine oversubscribes it (idle Ps spin looking for work on
+// CPUs the other brokers need), so each gets one share of the CPUs. A
+// GOMAXPROCS already in the environment, or Options.BrokerProcs, wins.
+func (c *Cluster) BrokerProcs() int {
 	if c.opts.BrokerProcs != 0 {
 		return max(c.opts.BrokerProcs, 0)
 	}
-	if os.Getenv("GOMAXPROCS") != "" || len(c.brokers) <= runtime.NumCPU() {
+	n := len(c.brokers)
+	if os.Getenv("GOMAXPROCS") != "" || n <= runtime.NumCPU() {
 		return 0
 	}
-	return max(1, runtime.NumCPU()/len(c.brokers))
+	return max(1, runtime.NumCPU()/n)
 }
 
 // Ctl returns the control plane.
