@@ -29,9 +29,10 @@ type Command struct {
 	Broker  string `help:"Bench the existing cluster this broker belongs to (with --ca)." xor:"target" placeholder:"ADDR"`
 	CA      string `help:"Cluster CA certificate, with --broker." type:"path" placeholder:"FILE"`
 
-	Brokers int    `help:"Brokers of the local cluster." default:"3"`
-	Dir     string `help:"With --local: where the cluster lives (default: a temporary directory, removed afterwards). Otherwise: a directory on the brokers' data disk, where the fsync floor is measured (default: the system temp dir)." type:"path" placeholder:"DIR"`
-	Keep    bool   `help:"With --local: keep the cluster's directory (data, broker logs) after the run."`
+	Brokers     int    `help:"Brokers of the local cluster." default:"3"`
+	BrokerProcs int    `help:"With --local: GOMAXPROCS of each broker process (0: Go's default, all CPUs)." default:"0"`
+	Dir         string `help:"With --local: where the cluster lives (default: a temporary directory, removed afterwards). Otherwise: a directory on the brokers' data disk, where the fsync floor is measured (default: the system temp dir)." type:"path" placeholder:"DIR"`
+	Keep        bool   `help:"With --local: keep the cluster's directory (data, broker logs) after the run."`
 
 	Scenarios []string `help:"Scenarios to run, of direct, forwarded, e2e, throughput and fanout." default:"direct,forwarded,e2e,throughput,fanout" sep:","`
 	Size      int      `help:"Payload bytes of each record." default:"128"`
@@ -192,14 +193,14 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 		log.Info("starting a local cluster", "brokers", c.Brokers, "dir", dir, "binary", binary)
 		prog.phase(fmt.Sprintf("starting %d brokers", c.Brokers), 0)
 		sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		cl, err := cluster.Start(sctx, cluster.Options{Dir: dir, Binary: binary, Brokers: c.Brokers})
+		cl, err := cluster.Start(sctx, cluster.Options{Dir: dir, Binary: binary, Brokers: c.Brokers, BrokerProcs: c.BrokerProcs})
 		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("bench: start a local cluster in %s: %w", dir, err)
 		}
 		defer cl.Close()
 		if n := cl.BrokerProcs(); n > 0 {
-			rep.Notes = append(rep.Notes, fmt.Sprintf("the %d brokers share %d CPUs with the bench, so each runs with GOMAXPROCS=%d", c.Brokers, runtime.NumCPU(), n))
+			rep.Notes = append(rep.Notes, fmt.Sprintf("the %d brokers ran with GOMAXPROCS=%d (%d CPUs)", c.Brokers, n, runtime.NumCPU()))
 		}
 		for _, b := range cl.Brokers() {
 			pid, err := findBrokerPid(b.ID, b.DataDir)
