@@ -44,33 +44,43 @@ type trial struct {
 	usage   []ProcUsage
 }
 
-// runPublish is the direct and forwarded scenarios, closed loop: one
-// Publisher on the owner (or on another broker when forwarded), each
-// record sent when the previous one is acked.
-func (e *env) runPublish(ctx context.Context, scenario string) (*Result, error) {
-	forwarded := scenario == Forwarded
-	stream, m, err := e.createStream(ctx, scenario, 1)
+// publisherOn creates a one-shard stream named after name and returns a
+// Publisher on it through its owner (scenario direct) or through another
+// broker (forwarded), with the owner's and the via broker's ids.
+func (e *env) publisherOn(ctx context.Context, scenario, name string) (pub *client.Publisher, owner, via string, err error) {
+	stream, m, err := e.createStream(ctx, name, 1)
 	if err != nil {
-		return nil, err
+		return nil, "", "", err
 	}
 	owner, other, err := e.owner(m, stream, 0)
 	if err != nil {
-		return nil, err
+		return nil, "", "", err
 	}
-	via := owner
-	if forwarded {
+	via = owner
+	if scenario == Forwarded {
 		if other == "" {
-			return nil, errSkip("one broker: nothing to forward to")
+			return nil, "", "", errSkip("one broker: nothing to forward to")
 		}
 		via = other
 	}
 	c, err := e.client(ctx, via)
 	if err != nil {
-		return nil, err
+		return nil, "", "", err
 	}
-	pub, err := c.Publisher(ctx, stream)
+	if pub, err = c.Publisher(ctx, stream); err != nil {
+		return nil, "", "", fmt.Errorf("bench: %s: %w", name, err)
+	}
+	return pub, owner, via, nil
+}
+
+// runPublish is the direct and forwarded scenarios, closed loop: one
+// Publisher on the owner (or on another broker when forwarded), each
+// record sent when the previous one is acked.
+func (e *env) runPublish(ctx context.Context, scenario string) (*Result, error) {
+	forwarded := scenario == Forwarded
+	pub, owner, via, err := e.publisherOn(ctx, scenario, scenario)
 	if err != nil {
-		return nil, fmt.Errorf("bench: %s: %w", scenario, err)
+		return nil, err
 	}
 	defer pub.Close()
 	value := make([]byte, e.cfg.size)
@@ -119,29 +129,9 @@ func (e *env) runPublish(ctx context.Context, scenario string) (*Result, error) 
 // at cfg.rate per second whatever the acks do, latency measured from each
 // record's intended send time.
 func (e *env) runOpen(ctx context.Context, scenario string) (*Result, error) {
-	forwarded := scenario == Forwarded
-	stream, m, err := e.createStream(ctx, scenario+"-open", 1)
+	pub, owner, via, err := e.publisherOn(ctx, scenario, scenario+"-open")
 	if err != nil {
 		return nil, err
-	}
-	owner, other, err := e.owner(m, stream, 0)
-	if err != nil {
-		return nil, err
-	}
-	via := owner
-	if forwarded {
-		if other == "" {
-			return nil, errSkip("one broker: nothing to forward to")
-		}
-		via = other
-	}
-	c, err := e.client(ctx, via)
-	if err != nil {
-		return nil, err
-	}
-	pub, err := c.Publisher(ctx, stream)
-	if err != nil {
-		return nil, fmt.Errorf("bench: %s open loop: %w", scenario, err)
 	}
 	defer pub.Close()
 	value := make([]byte, e.cfg.size) // never modified: safe to share between records in flight

@@ -79,3 +79,20 @@ func BenchmarkPublishThroughput(b *testing.B) {
 		b.ReportMetric(float64(records)/float64(fsyncs), "records/fsync")
 	}
 }
+
+// fsyncs returns the fsyncs of every open log so far .
+func (s *shardSet) fsyncs() uint64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var n uint64
+	for _, e := range s.mu.entries {
+		select {
+		case <-e.ready:
+			if e.log != nil {
+				n += e.log.Stats().Fsyncs
+			}
+		default:
+		}
+	}
+	return n
+}

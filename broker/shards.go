@@ -165,20 +165,3 @@ func (s *shardSet) close() error {
 	}
 	return errors.Join(errs...)
 }
-
-// fsyncs returns the fsyncs of every open log so far (for benchmarks).
-func (s *shardSet) fsyncs() uint64 {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	var n uint64
-	for _, e := range s.mu.entries {
-		select {
-		case <-e.ready:
-			if e.log != nil {
-				n += e.log.Stats().Fsyncs
-			}
-		default:
-		}
-	}
-	return n
-}
