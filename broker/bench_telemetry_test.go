@@ -47,7 +47,9 @@ func BenchmarkTelemetryOverhead(b *testing.B) {
 	// every span sampled, plus metrics), traces, metrics, sampled10
 	// (parent-based 10% trace sampling, plus metrics), unsampled (every
 	// trace propagated, none recorded, plus metrics) or none (an A/A run
-	// that shows the noise floor).
+	// that shows the noise floor). To see where the cost is: client (only
+	// the SDK traces), broker (only the brokers trace) or headers (no
+	// telemetry; each publish carries a traceparent header).
 	variant := os.Getenv("FELIX_BENCH_TELEMETRY")
 	if variant == "" {
 		variant = "full"
@@ -72,19 +74,24 @@ func BenchmarkTelemetryOverhead(b *testing.B) {
 			c.TracerProvider, c.MeterProvider = nil, nil
 		case "metrics":
 			c.TracerProvider = nil
-		case "traces":
+		case "traces", "broker":
 			c.MeterProvider = nil
+		case "client", "headers":
+			c.TracerProvider, c.MeterProvider = nil, nil
 		}
 	}, 2, stream)}
 
 	for _, m := range []*mode{off, on} {
 		var opts []client.Opt
-		if m == on && variant != "none" {
-			if variant != "metrics" {
-				opts = append(opts, client.WithTracerProvider(tp))
-			}
-			if variant != "traces" {
+		if m == on {
+			switch variant {
+			case "none", "broker", "headers":
+			case "metrics":
 				opts = append(opts, client.WithMeterProvider(mp))
+			case "traces", "client":
+				opts = append(opts, client.WithTracerProvider(tp))
+			default:
+				opts = append(opts, client.WithTracerProvider(tp), client.WithMeterProvider(mp))
 			}
 		}
 		connect := func(br *Broker) *client.Client {
@@ -102,13 +109,22 @@ func BenchmarkTelemetryOverhead(b *testing.B) {
 			hdrhistogram.New(1, int64(10*time.Second/time.Microsecond), 3)}
 	}
 	value := make([]byte, 100)
+	var onOpts []client.PublishOpt
+	if variant == "headers" {
+		onOpts = append(onOpts, client.WithHeaders(map[string]string{
+			"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}))
+	}
 	publish := func(m *mode, path int) {
 		c := m.direct
 		if path == 1 {
 			c = m.fwd
 		}
+		var opts []client.PublishOpt
+		if m == on {
+			opts = onOpts
+		}
 		start := time.Now()
-		ack, err := c.Publish(ctx, "orders", nil, value)
+		ack, err := c.Publish(ctx, "orders", nil, value, opts...)
 		took := time.Since(start)
 		if err != nil {
 			b.Fatal(err)

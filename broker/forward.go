@@ -158,8 +158,25 @@ type forwarded struct {
 	sent    time.Time  // zero when metrics are off
 }
 
-// end ends the forward's client span with the owner's refusal, if any.
-func (fw *forwarded) end(err *transport.Error) { endSpan(fw.span, err) }
+// end gives the forward's client span its attributes (and the offset the
+// owner wrote the record at, when it did) and ends it with the owner's
+// refusal, if any.
+func (fw *forwarded) end(b *Broker, err *transport.Error, offset uint64) {
+	sp := fw.span
+	if sp == nil {
+		return
+	}
+	if sp.IsRecording() {
+		pub := fw.in.pub
+		sp.SetAttributes(msgtrace.System, msgtrace.OpSend, msgtrace.OpNameForward,
+			msgtrace.Destination.String(pub.Stream), msgtrace.Partition.String(strconv.Itoa(fw.in.shard)),
+			b.tel.node, msgtrace.Peer.String(fw.in.owner), msgtrace.Via.String(b.cfg.NodeID), msgtrace.Forwarded.Bool(true))
+		if err == nil {
+			sp.SetAttributes(msgtrace.Offset.Int64(int64(offset)))
+		}
+	}
+	endSpan(sp, err)
+}
 
 // forward sends pub to the shard's owner on this session's lane to it. The
 // caller holds dispatchMu.
@@ -182,18 +199,15 @@ func (p *pubSession) forward(in inbound, m *shardmap.Map, shard int, owner strin
 	fwd.Epoch = m.Epoch
 	fwd.Via = b.cfg.NodeID
 	fw := forwarded{in: in, attempt: attempt, sent: b.tel.now()}
+	// Only what the owner needs goes before the write: the client span's
+	// context. Attributes wait for the answer (forwarded.end).
 	if ctx, sp := b.tel.childSpan(p.serverSpan(&in), "forward "+pub.Stream, trace.SpanKindClient, time.Time{}); sp != nil {
-		if sp.IsRecording() {
-			sp.SetAttributes(msgtrace.System, msgtrace.OpSend, msgtrace.OpNameForward,
-				msgtrace.Destination.String(pub.Stream), msgtrace.Partition.String(strconv.Itoa(shard)),
-				b.tel.node, msgtrace.Peer.String(owner), msgtrace.Via.String(b.cfg.NodeID), msgtrace.Forwarded.Bool(true))
-		}
 		fw.span = sp
 		fwd.Headers = msgtrace.WithHop(ctx, pub.Headers)
 	}
 	fw.in = in // with its server span, if one was started
 	if !l.add(fw) {
-		fw.end(nil)
+		fw.end(b, nil, 0)
 		p.fail(in, &transport.Error{Code: transport.CodeInvalid,
 			Message: fmt.Sprintf("seq %d is already in flight on this stream; sequence numbers must be unique", pub.Seq)})
 		return
@@ -258,10 +272,17 @@ func (l *lane) isDead() bool {
 }
 
 // read relays the owner's answers to the publisher until the lane ends.
+// The telemetry of relayed acks waits (msgtrace.Late) until no further
+// answer is buffered.
 func (l *lane) read() {
 	defer l.p.workers.Done()
+	var late msgtrace.Late
+	defer late.Run()
 	r := transport.NewReader(l.s, l.p.b.cfg.Transport.MaxFrame)
 	for {
+		if !r.Ready() {
+			late.Run()
+		}
 		f, err := r.Read()
 		if err != nil {
 			l.kill(err)
@@ -271,8 +292,11 @@ func (l *lane) read() {
 		case *transport.Ack:
 			if fw, ok := l.take(f.Seq); ok {
 				l.p.acks.send(f)
-				l.acked(&fw, f)
 				l.p.done()
+				if !fw.sent.IsZero() { // telemetry is on
+					offset, answered := f.Offset, time.Now()
+					late.Add(func() { l.acked(&fw, offset, answered) })
+				}
 			}
 		case *transport.Error:
 			fw, ok := l.take(f.Seq)
@@ -287,35 +311,26 @@ func (l *lane) read() {
 	}
 }
 
-// acked records a forward the owner acknowledged, once its ack is on its
-// way to the publisher.
-func (l *lane) acked(fw *forwarded, a *transport.Ack) {
+// acked records a forward the owner acknowledged (writing the record at
+// offset) and this broker answered at answered.
+func (l *lane) acked(fw *forwarded, offset uint64, answered time.Time) {
 	t := l.p.b.tel
-	if !fw.sent.IsZero() {
-		now := time.Now()
-		t.forwardDur.Record(context.Background(), now.Sub(fw.sent).Seconds(), l.forwardDur...)
-		t.publishDur.Record(context.Background(), now.Sub(fw.in.start).Seconds(), t.forwarded...)
-	}
-	if fw.span != nil && fw.span.IsRecording() {
-		fw.span.SetAttributes(msgtrace.Offset.Int64(int64(a.Offset)))
-	}
-	if sp := fw.in.span; sp != nil && sp.IsRecording() {
-		sp.SetAttributes(msgtrace.Offset.Int64(int64(a.Offset)))
-	}
-	fw.end(nil)
-	endSpan(fw.in.span, nil)
+	t.forwardDur.Record(context.Background(), answered.Sub(fw.sent).Seconds(), l.forwardDur...)
+	t.publishDur.Record(context.Background(), answered.Sub(fw.in.start).Seconds(), t.forwarded...)
+	fw.end(l.p.b, nil, offset)
+	l.p.endServer(&fw.in, nil, offset, trace.WithTimestamp(answered))
 }
 
 // answer handles an owner's refusal of a forwarded record: NotOwner means
 // the map moved, so catch up and route again (bounded); anything else goes
 // back to the publisher.
 func (p *pubSession) answer(fw forwarded, e *transport.Error) {
-	fw.end(e)
+	fw.end(p.b, e, 0)
 	if e.Code != transport.CodeNotOwner || fw.attempt+1 >= maxForwardAttempts {
 		e.Seq = fw.in.pub.Seq
 		p.acks.send(e)
 		p.b.tel.countError(e.Code)
-		endSpan(fw.in.span, e)
+		p.endServer(&fw.in, e, 0)
 		p.done()
 		return
 	}
@@ -351,7 +366,7 @@ func (l *lane) kill(cause error) {
 	for _, fw := range pending {
 		e := &transport.Error{Code: transport.CodeUnavailable, Owner: l.owner,
 			Message: fmt.Sprintf("lost %s before it acknowledged; the record may or may not have been written (%v)", l.owner, cause)}
-		fw.end(e)
+		fw.end(l.p.b, e, 0)
 		l.p.fail(fw.in, e)
 	}
 }

@@ -266,22 +266,26 @@ func (p *pubSession) appendLocal(in inbound, cfg shardmap.StreamConfig, shard in
 			p.acks.send(&transport.Ack{Seq: seq, Stream: stream, Shard: int32(shard), Offset: offset,
 				Timestamp: ts, Owner: b.cfg.NodeID, Via: via, Forwarded: via != b.cfg.NodeID})
 		}
-		// Telemetry once the ack is on its way; in is not touched by
-		// anyone else once the record is answered.
-		if !in.start.IsZero() {
-			answered := time.Now()
-			if err == nil && p.peerID == "" {
-				b.tel.publishDur.Record(context.Background(), answered.Sub(in.start).Seconds(), b.tel.local...)
+		p.done()
+		if in.start.IsZero() {
+			return // telemetry is off
+		}
+		// in is not touched by anyone else once the record is answered.
+		answered := time.Now()
+		if err != nil {
+			p.endServer(&in, werr, 0) // no commit follows a failed append
+			return
+		}
+		e.late.Add(func() {
+			t := b.tel
+			if p.peerID == "" {
+				t.publishDur.Record(context.Background(), answered.Sub(in.start).Seconds(), t.local...)
 			}
 			if sp := p.serverSpan(&in); sp != nil {
-				b.tel.traceAppend(sp, id, began, answered, offset, &e.last, err)
-				if err == nil && sp.IsRecording() {
-					sp.SetAttributes(msgtrace.Offset.Int64(int64(offset)))
-				}
-				endSpan(sp, werr, trace.WithTimestamp(answered))
+				t.traceAppend(sp, id, began, answered, offset, e.last)
+				p.endServer(&in, nil, offset, trace.WithTimestamp(answered))
 			}
-		}
-		p.done()
+		})
 	})
 }
 
@@ -290,7 +294,7 @@ func (p *pubSession) fail(in inbound, err *transport.Error) {
 	err.Seq = in.pub.Seq
 	p.acks.send(err)
 	p.b.tel.countError(err.Code)
-	endSpan(p.serverSpan(&in), err)
+	p.endServer(&in, err, 0)
 	p.done()
 }
 

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/felix-broker/felix/internal/msgtrace"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/wal"
 )
@@ -37,10 +38,12 @@ type shardEntry struct {
 	log   *wal.Log
 	err   error
 
-	// last is the timing of the log's latest commit, written by its
-	// OnCommit hook and read by the completions of that commit's records,
-	// all on the goroutine committing the batch.
-	last commitInfo
+	// last is the log's latest commit and late the telemetry of its
+	// records' answers, deferred until the whole batch is answered. Both
+	// belong to the goroutine committing a batch: its completions add to
+	// late, and its OnCommit hook sets last and runs late.
+	last wal.Commit
+	late msgtrace.Late
 }
 
 var errShardsClosed = errors.New("broker: shard logs closed")
@@ -102,7 +105,7 @@ func (s *shardSet) open(id shardmap.ShardID, cfg shardmap.StreamConfig, e *shard
 		RetentionBytes: cfg.RetentionBytes,
 		RetentionAge:   cfg.RetentionAge,
 		Logger:         s.logger,
-		OnCommit:       s.tel.onCommit(&e.last),
+		OnCommit:       s.tel.onCommit(e),
 	})
 	if e.err != nil {
 		s.mu.Lock()

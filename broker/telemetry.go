@@ -208,26 +208,20 @@ func (t *telemetry) countError(code transport.ErrorCode) {
 	t.errors.Add(context.Background(), 1, metric.WithAttributes(attribute.String("code", code.String())))
 }
 
-// onCommit is a shard log's wal.Options.OnCommit: it records the batch and
-// keeps its fsync timing in last for the spans of its records, which the
-// log completes right after, on the same goroutine.
-func (t *telemetry) onCommit(last *commitInfo) func(records, bytes int, fsync time.Duration) {
-	return func(records, bytes int, fsync time.Duration) {
+// onCommit is a shard log's wal.Options.OnCommit. It runs once the
+// batch's acks are on their way: it records the batch, then runs the
+// telemetry its records' completions deferred to e.late.
+func (t *telemetry) onCommit(e *shardEntry) func(wal.Commit) {
+	return func(c wal.Commit) {
 		ctx := context.Background()
-		t.fsyncDur.Record(ctx, fsync.Seconds())
-		t.batchRecords.Record(ctx, int64(records))
-		t.walBytes.Add(ctx, int64(bytes))
+		t.fsyncDur.Record(ctx, c.Sync.Seconds())
+		t.batchRecords.Record(ctx, int64(c.Records))
+		t.walBytes.Add(ctx, int64(c.Bytes))
 		if t.tracer != nil {
-			*last = commitInfo{end: time.Now(), took: fsync, records: records}
+			e.last = c
 		}
+		e.late.Run()
 	}
-}
-
-// commitInfo is the timing of a shard log's latest commit.
-type commitInfo struct {
-	end     time.Time
-	took    time.Duration
-	records int
 }
 
 // takeParent reads the parent of a publish's server span from its headers:
@@ -242,31 +236,49 @@ func (p *pubSession) takeParent(pub *transport.Publish) trace.SpanContext {
 }
 
 // serverSpan returns in's server span, starting it (at in.start) if need
-// be; nil when tracing is off.
+// be; nil when tracing is off. It has no attributes until endServer: on
+// the forward path it is started before the record goes on, and only what
+// must precede the forward (its context) is done then.
 func (p *pubSession) serverSpan(in *inbound) trace.Span {
 	if in.span != nil || !in.traced {
 		return in.span
 	}
-	t, pub := p.b.tel, in.pub
 	ctx := context.Background()
 	if in.parent.IsValid() {
 		ctx = trace.ContextWithRemoteSpanContext(ctx, in.parent)
 	}
-	name, via := "publish "+pub.Stream, p.b.cfg.NodeID
+	name := "publish " + in.pub.Stream
 	if p.peerID != "" {
-		name, via = "forward "+pub.Stream, p.peerID
+		name = "forward " + in.pub.Stream
 	}
-	_, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(in.start))
-	if span.IsRecording() {
-		span.SetAttributes(msgtrace.System, msgtrace.OpReceive, msgtrace.Destination.String(pub.Stream),
+	_, in.span = p.b.tel.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(in.start))
+	return in.span
+}
+
+// endServer gives in's server span (starting it if need be) its
+// attributes, the record's offset when it was written, and err as its
+// status, and ends it.
+func (p *pubSession) endServer(in *inbound, err *transport.Error, offset uint64, opts ...trace.SpanEndOption) {
+	sp := p.serverSpan(in)
+	if sp == nil {
+		return
+	}
+	if sp.IsRecording() {
+		t, via := p.b.tel, p.b.cfg.NodeID
+		if p.peerID != "" {
+			via = p.peerID
+		}
+		sp.SetAttributes(msgtrace.System, msgtrace.OpReceive, msgtrace.Destination.String(in.pub.Stream),
 			t.node, msgtrace.Via.String(via))
 		if in.shard >= 0 {
-			span.SetAttributes(msgtrace.Partition.String(strconv.Itoa(in.shard)), msgtrace.Owner.String(in.owner),
+			sp.SetAttributes(msgtrace.Partition.String(strconv.Itoa(in.shard)), msgtrace.Owner.String(in.owner),
 				msgtrace.Forwarded.Bool(p.peerID != "" || in.owner != p.b.cfg.NodeID))
 		}
+		if err == nil {
+			sp.SetAttributes(msgtrace.Offset.Int64(int64(offset)))
+		}
 	}
-	in.span = span
-	return span
+	endSpan(sp, err, opts...)
 }
 
 // endSpan ends sp (if any) with err as its status.
@@ -295,25 +307,22 @@ func (t *telemetry) childSpan(parent trace.Span, name string, kind trace.SpanKin
 }
 
 // traceAppend records, after the fact, the append of a record the log
-// committed at offset: a span from began (AppendAsync) to end (the ack),
-// under the server span, with a child span for the fsync it waited for.
-func (t *telemetry) traceAppend(server trace.Span, id shardmap.ShardID, began, end time.Time, offset uint64, last *commitInfo, err error) {
+// committed at offset in commit c: a span from began (the append call) to
+// end (the ack), under the server span, with a child span for the fsync it
+// waited for.
+func (t *telemetry) traceAppend(server trace.Span, id shardmap.ShardID, began, end time.Time, offset uint64, c wal.Commit) {
 	_, sp := t.childSpan(server, "append "+id.String(), trace.SpanKindInternal, began)
 	if sp == nil {
 		return
 	}
 	if sp.IsRecording() {
-		if err != nil {
-			sp.SetStatus(codes.Error, err.Error())
-		} else {
-			sp.SetAttributes(msgtrace.Offset.Int64(int64(offset)),
-				msgtrace.MessageID.String(id.String()+"/"+strconv.FormatUint(offset, 10)))
-			if ci := *last; !ci.end.IsZero() {
-				_, fs := t.tracer.Start(trace.ContextWithSpan(context.Background(), sp), "fsync "+id.String(),
-					trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(ci.end.Add(-ci.took)))
-				fs.SetAttributes(msgtrace.BatchSize.Int(ci.records))
-				fs.End(trace.WithTimestamp(ci.end))
-			}
+		sp.SetAttributes(msgtrace.Offset.Int64(int64(offset)),
+			msgtrace.MessageID.String(id.String()+"/"+strconv.FormatUint(offset, 10)))
+		if !c.Start.IsZero() {
+			_, fs := t.tracer.Start(trace.ContextWithSpan(context.Background(), sp), "fsync "+id.String(),
+				trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(c.Start))
+			fs.SetAttributes(msgtrace.BatchSize.Int(c.Records))
+			fs.End(trace.WithTimestamp(c.Start.Add(c.Sync)))
 		}
 	}
 	sp.End(trace.WithTimestamp(end))

@@ -10,6 +10,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/felix-broker/felix/internal/msgtrace"
 	"github.com/felix-broker/felix/transport"
 )
 
@@ -50,6 +51,7 @@ type Future struct {
 	tel   *telemetry
 	span  trace.Span // the producer span; nil when not traced
 	start time.Time  // zero when metrics are off
+	end   time.Time  // when it resolved; zero when telemetry is off
 }
 
 // Done returns a channel closed when the future has resolved.
@@ -73,15 +75,27 @@ func (f *Future) Wait(ctx context.Context) (Ack, error) {
 }
 
 // resolve settles f. Only the one who removed f from its session's
-// pending set calls it, so it runs once.
+// pending set calls it, so it runs once. It leaves f's telemetry to
+// finish, which the caller runs once the waiter is released (later still
+// when it has more answers to give out).
 func (f *Future) resolve(ack Ack, err error) {
+	if f.span != nil || !f.start.IsZero() {
+		f.end = time.Now()
+	}
 	f.ack, f.err = ack, err
 	<-f.window
 	close(f.done)
+}
+
+// finish records f's telemetry once it has resolved.
+func (f *Future) finish() {
 	if f.tel != nil {
-		f.tel.finishPublish(f) // after the waiter is released
+		f.tel.finishPublish(f)
 	}
 }
+
+// traced reports whether f has telemetry to finish.
+func (f *Future) traced() bool { return !f.end.IsZero() }
 
 // errStaleSession says a session died before a record was sent on it: the
 // record can go on a new session.
@@ -157,6 +171,7 @@ func (s *pubSession) send(f *Future, p *transport.Publish) error {
 		// It did not encode (too large, say): nothing was sent.
 		if s.take(p.Seq) != nil {
 			f.resolve(Ack{}, s.publishErr(f, err))
+			f.finish()
 		}
 		return nil
 	}
@@ -193,6 +208,9 @@ func (s *pubSession) fail(cause error) {
 	for _, f := range pending {
 		f.resolve(Ack{}, s.publishErr(f, cause))
 	}
+	for _, f := range pending {
+		f.finish()
+	}
 }
 
 func (s *pubSession) publishErr(f *Future, err error) error {
@@ -211,11 +229,18 @@ func (s *pubSession) inFlight() []*Future {
 }
 
 // readLoop reads the broker's answers and resolves futures until the
-// stream ends. It is the session's one goroutine.
+// stream ends. It is the session's one goroutine. The telemetry of the
+// futures it resolves waits (msgtrace.Late) until no further answer is
+// buffered.
 func (s *pubSession) readLoop() {
 	defer close(s.done)
+	var late msgtrace.Late
+	defer late.Run()
 	r := transport.NewReader(s.str, s.maxFrame)
 	for {
+		if !r.Ready() {
+			late.Run()
+		}
 		f, err := r.Read()
 		if err != nil {
 			s.fail(lost(fmt.Errorf("reading acks from %s: %w", s.addr, err)))
@@ -225,10 +250,16 @@ func (s *pubSession) readLoop() {
 		case *transport.Ack:
 			if fut := s.take(f.Seq); fut != nil {
 				fut.resolve(ackFrom(f), nil)
+				if fut.traced() {
+					late.Add(fut.finish)
+				}
 			}
 		case *transport.Error:
 			if fut := s.take(f.Seq); fut != nil {
 				fut.resolve(Ack{}, s.publishErr(fut, f))
+				if fut.traced() {
+					late.Add(fut.finish)
+				}
 			}
 			if f.Seq == 0 || streamLevel(f.Code) {
 				s.fail(lost(f))

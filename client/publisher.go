@@ -177,7 +177,7 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 		f.start = time.Now()
 	}
 	headers := cfg.headers
-	f.span, headers = tel.startPublish(ctx, stream, cfg.shard, headers)
+	f.span, headers = tel.startPublish(ctx, stream, headers)
 	frame := &transport.Publish{
 		Stream:      stream,
 		Shard:       cfg.shard,
@@ -201,7 +201,7 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 		<-p.window
 		perr := &PublishError{Stream: stream, Shard: int(cfg.shard), Broker: p.c.addr, Err: err}
 		f.err = perr
-		tel.finishPublish(f)
+		f.finish()
 		return nil, perr
 	}
 }

@@ -76,18 +76,13 @@ func newTelemetry(cfg *config) (*telemetry, error) {
 
 // startPublish starts the producer span of a publish, and returns the
 // headers to send: h with the span's context added (a copy), or h itself
-// when not traced.
-func (t *telemetry) startPublish(ctx context.Context, stream string, shard int32, h map[string]string) (trace.Span, map[string]string) {
+// when not traced. The span gets its attributes when it ends
+// (finishPublish): only what the record needs is done before it is sent.
+func (t *telemetry) startPublish(ctx context.Context, stream string, h map[string]string) (trace.Span, map[string]string) {
 	if t.tracer == nil {
 		return nil, h
 	}
 	ctx, sp := t.tracer.Start(ctx, "publish "+stream, trace.WithSpanKind(trace.SpanKindProducer))
-	if sp.IsRecording() {
-		sp.SetAttributes(msgtrace.System, msgtrace.OpSend, msgtrace.OpNamePublish, msgtrace.Destination.String(stream))
-		if shard >= 0 {
-			sp.SetAttributes(msgtrace.Partition.String(strconv.Itoa(int(shard))))
-		}
-	}
 	if !sp.SpanContext().IsValid() {
 		return sp, h
 	}
@@ -97,18 +92,26 @@ func (t *telemetry) startPublish(ctx context.Context, stream string, shard int32
 // finishPublish records a resolved publish; it runs after the waiter was
 // released.
 func (t *telemetry) finishPublish(f *Future) {
+	end := f.end
+	if end.IsZero() {
+		end = time.Now()
+	}
 	if !f.start.IsZero() {
 		opt := t.ok
 		if f.err != nil {
 			opt = t.failed
 		}
-		t.publishDur.Record(context.Background(), time.Since(f.start).Seconds(), opt...)
+		t.publishDur.Record(context.Background(), end.Sub(f.start).Seconds(), opt...)
 	}
 	sp := f.span
 	if sp == nil {
 		return
 	}
 	if sp.IsRecording() {
+		sp.SetAttributes(msgtrace.System, msgtrace.OpSend, msgtrace.OpNamePublish, msgtrace.Destination.String(f.stream))
+		if f.shard >= 0 {
+			sp.SetAttributes(msgtrace.Partition.String(strconv.Itoa(int(f.shard))))
+		}
 		if f.err != nil {
 			sp.RecordError(f.err)
 			sp.SetStatus(codes.Error, f.err.Error())
@@ -120,7 +123,7 @@ func (t *telemetry) finishPublish(f *Future) {
 				msgtrace.Owner.String(a.Owner), msgtrace.Via.String(a.Via), msgtrace.Forwarded.Bool(a.Forwarded))
 		}
 	}
-	sp.End()
+	sp.End(trace.WithTimestamp(end))
 }
 
 // startProcess starts the consumer span of delivering rec, a child of ctx

@@ -98,9 +98,9 @@ func BenchmarkAppend(b *testing.B) {
 			var commitLat []time.Duration // written by the committer, read after Close
 			l, err := Open(filepath.Join(dir, "log"), Options{
 				Logger: slog.New(slog.DiscardHandler),
-				OnCommit: func(_ int, _ int, d time.Duration) {
+				OnCommit: func(c Commit) {
 					if len(commitLat) < cap(commitLat) {
-						commitLat = append(commitLat, d)
+						commitLat = append(commitLat, c.Sync)
 					}
 				},
 			})

@@ -37,12 +37,22 @@ type Options struct {
 	// errors (failed commits). Default: slog.Default(). Never one line per
 	// record.
 	Logger *slog.Logger
-	// OnCommit, if set, is called after each fsync with the batch's record
-	// count, stored bytes and the time spent writing and syncing, by the
-	// goroutine that committed the batch (the committer goroutine, or an
-	// Append that committed its record inline); calls never overlap. It must
-	// not block: it delays every append.
-	OnCommit func(records int, bytes int, fsync time.Duration)
+	// OnCommit, if set, is called once per successful commit, after every
+	// record of the batch was completed (its done callback run, or its
+	// Append released), by the goroutine that committed the batch (the
+	// committer goroutine, or an append that committed inline); calls
+	// never overlap, and the batch's done callbacks ran on the same
+	// goroutine just before. Work that can wait for the answers belongs
+	// here. It must not block: it delays the next commit.
+	OnCommit func(Commit)
+}
+
+// Commit describes one group commit, for Options.OnCommit.
+type Commit struct {
+	Records int           // records made durable
+	Bytes   int           // bytes written
+	Start   time.Time     // when the write began
+	Sync    time.Duration // time spent writing and fsyncing
 }
 
 const (
