@@ -13,6 +13,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/felix-broker/felix/client"
+	"github.com/felix-broker/felix/internal/msgtrace"
 	"github.com/felix-broker/felix/shardmap"
 )
 
@@ -61,7 +62,12 @@ func BenchmarkTelemetryOverhead(b *testing.B) {
 	case "unsampled": // context propagated, nothing recorded
 		sampler = sdktrace.NeverSample()
 	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(felixtel.NewSpanBuffer(dropExporter{}, felixtel.SpanBufferOptions{})), sdktrace.WithSampler(sampler))
+	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithSampler(sampler),
+		sdktrace.WithSpanProcessor(felixtel.NewSpanBuffer(dropExporter{}, felixtel.SpanBufferOptions{}))}
+	if os.Getenv("FELIX_BENCH_SDK_IDS") == "" { // as felix broker builds its provider
+		tpOpts = append(tpOpts, sdktrace.WithIDGenerator(msgtrace.IDs{}))
+	}
+	tp := sdktrace.NewTracerProvider(tpOpts...)
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	b.Cleanup(func() {
 		tp.Shutdown(ctx)

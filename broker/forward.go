@@ -154,20 +154,33 @@ type lane struct {
 type forwarded struct {
 	in      inbound
 	attempt int
-	span    trace.Span // the forward's client span; nil when not traced
-	sent    time.Time  // zero when metrics are off
+	span    trace.Span   // the forward's client span once started, else nil
+	spanID  trace.SpanID // its ID, reserved before the send; zero if not
+	sent    time.Time    // zero when telemetry is off
+}
+
+// clientSpan returns the forward's client span, starting it (at fw.sent,
+// with its reserved ID) if need be; nil when the forward is not traced.
+func (fw *forwarded) clientSpan(p *pubSession) trace.Span {
+	if fw.span != nil || !fw.spanID.IsValid() {
+		return fw.span
+	}
+	ctx := msgtrace.Reserve(trace.ContextWithSpan(context.Background(), p.serverSpan(&fw.in)), fw.spanID)
+	_, fw.span = p.b.tel.tracer.Start(ctx, "forward "+fw.in.pub.Stream,
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(fw.sent))
+	return fw.span
 }
 
 // end gives the forward's client span its attributes (and the offset the
 // owner wrote the record at, when it did) and ends it with the owner's
 // refusal, if any.
-func (fw *forwarded) end(b *Broker, err *transport.Error, offset uint64) {
-	sp := fw.span
+func (fw *forwarded) end(p *pubSession, err *transport.Error, offset uint64) {
+	sp := fw.clientSpan(p)
 	if sp == nil {
 		return
 	}
 	if sp.IsRecording() {
-		pub := fw.in.pub
+		b, pub := p.b, fw.in.pub
 		sp.SetAttributes(msgtrace.System, msgtrace.OpSend, msgtrace.OpNameForward,
 			msgtrace.Destination.String(pub.Stream), msgtrace.Partition.String(strconv.Itoa(fw.in.shard)),
 			b.tel.node, msgtrace.Peer.String(fw.in.owner), msgtrace.Via.String(b.cfg.NodeID), msgtrace.Forwarded.Bool(true))
@@ -199,24 +212,41 @@ func (p *pubSession) forward(in inbound, m *shardmap.Map, shard int, owner strin
 	fwd.Epoch = m.Epoch
 	fwd.Via = b.cfg.NodeID
 	fw := forwarded{in: in, attempt: attempt, sent: b.tel.now()}
-	// Only what the owner needs goes before the write: the client span's
-	// context. Attributes wait for the answer (forwarded.end).
-	if ctx, sp := b.tel.childSpan(p.serverSpan(&in), "forward "+pub.Stream, trace.SpanKindClient, time.Time{}); sp != nil {
-		fw.span = sp
-		fwd.Headers = msgtrace.WithHop(ctx, pub.Headers)
+	// Only what the owner needs goes before the write: the context of the
+	// forward's client span, the parent of the owner's server span.
+	switch {
+	case !in.traced:
+	case b.tel.reserves && in.parent.IsValid():
+		// The provider takes reserved IDs: reserve them now and start the
+		// spans once the record is answered (forwarded.end). The hop
+		// carries the producer's sampling decision, which a parent-based
+		// sampler (the SDK's default) keeps.
+		if in.span == nil && !in.spanID.IsValid() {
+			in.spanID = msgtrace.NewSpanID()
+		}
+		fw.spanID = msgtrace.NewSpanID()
+		fwd.Headers = msgtrace.WithHop(trace.NewSpanContext(trace.SpanContextConfig{
+			TraceID: in.parent.TraceID(), SpanID: fw.spanID,
+			TraceFlags: in.parent.TraceFlags(), TraceState: in.parent.TraceState(),
+		}), pub.Headers)
+	default:
+		if ctx, sp := b.tel.childSpan(p.serverSpan(&in), "forward "+pub.Stream, trace.SpanKindClient, fw.sent); sp != nil {
+			fw.span = sp
+			fwd.Headers = msgtrace.WithHop(trace.SpanContextFromContext(ctx), pub.Headers)
+		}
 	}
-	fw.in = in // with its server span, if one was started
+	fw.in = in // with its server span or reserved ID, if any
 	if !l.add(fw) {
-		fw.end(b, nil, 0)
+		fw.end(p, nil, 0)
 		p.fail(in, &transport.Error{Code: transport.CodeInvalid,
 			Message: fmt.Sprintf("seq %d is already in flight on this stream; sequence numbers must be unique", pub.Seq)})
 		return
 	}
-	b.tel.forwards.Add(context.Background(), 1, l.forwards...)
 	if err := l.w.Write(&fwd); err != nil {
 		l.kill(fmt.Errorf("writing to %s: %w", owner, err))
 		delete(p.lanes, owner)
 	}
+	b.tel.forwards.Add(context.Background(), 1, l.forwards...)
 }
 
 // lane returns this session's lane to node, opening it if need be. The
@@ -272,17 +302,10 @@ func (l *lane) isDead() bool {
 }
 
 // read relays the owner's answers to the publisher until the lane ends.
-// The telemetry of relayed acks waits (msgtrace.Late) until no further
-// answer is buffered.
 func (l *lane) read() {
 	defer l.p.workers.Done()
-	var late msgtrace.Late
-	defer late.Run()
 	r := transport.NewReader(l.s, l.p.b.cfg.Transport.MaxFrame)
 	for {
-		if !r.Ready() {
-			late.Run()
-		}
 		f, err := r.Read()
 		if err != nil {
 			l.kill(err)
@@ -295,7 +318,7 @@ func (l *lane) read() {
 				l.p.done()
 				if !fw.sent.IsZero() { // telemetry is on
 					offset, answered := f.Offset, time.Now()
-					late.Add(func() { l.acked(&fw, offset, answered) })
+					l.p.b.tel.later.Add(func() { l.acked(&fw, offset, answered) })
 				}
 			}
 		case *transport.Error:
@@ -317,7 +340,7 @@ func (l *lane) acked(fw *forwarded, offset uint64, answered time.Time) {
 	t := l.p.b.tel
 	t.forwardDur.Record(context.Background(), answered.Sub(fw.sent).Seconds(), l.forwardDur...)
 	t.publishDur.Record(context.Background(), answered.Sub(fw.in.start).Seconds(), t.forwarded...)
-	fw.end(l.p.b, nil, offset)
+	fw.end(l.p, nil, offset)
 	l.p.endServer(&fw.in, nil, offset, trace.WithTimestamp(answered))
 }
 
@@ -325,7 +348,7 @@ func (l *lane) acked(fw *forwarded, offset uint64, answered time.Time) {
 // the map moved, so catch up and route again (bounded); anything else goes
 // back to the publisher.
 func (p *pubSession) answer(fw forwarded, e *transport.Error) {
-	fw.end(p.b, e, 0)
+	fw.end(p, e, 0)
 	if e.Code != transport.CodeNotOwner || fw.attempt+1 >= maxForwardAttempts {
 		e.Seq = fw.in.pub.Seq
 		p.acks.send(e)
@@ -366,7 +389,7 @@ func (l *lane) kill(cause error) {
 	for _, fw := range pending {
 		e := &transport.Error{Code: transport.CodeUnavailable, Owner: l.owner,
 			Message: fmt.Sprintf("lost %s before it acknowledged; the record may or may not have been written (%v)", l.owner, cause)}
-		fw.end(l.p.b, e, 0)
+		fw.end(l.p, e, 0)
 		l.p.fail(fw.in, e)
 	}
 }

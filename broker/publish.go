@@ -117,6 +117,7 @@ type inbound struct {
 	traced bool              // tracing is on
 	parent trace.SpanContext // the producer's or forwarder's span, if any
 	span   trace.Span        // the server span once started, else nil
+	spanID trace.SpanID      // its ID, if reserved before it started
 
 	// Where dispatch routed it, for the server span; shard is -1 before.
 	shard int
@@ -131,13 +132,6 @@ type inbound struct {
 func (p *pubSession) handle(pub *transport.Publish) bool {
 	t := p.b.tel
 	in := inbound{pub: pub, start: t.now(), shard: -1, last: !p.r.Ready()}
-	src := t.fromClient
-	if p.peerID != "" {
-		src = t.fromPeer
-	}
-	ctx := context.Background()
-	t.recordsIn.Add(ctx, 1, src...)
-	t.bytesIn.Add(ctx, int64(len(pub.Key)+len(pub.Value)), src...)
 	if t.tracer != nil {
 		in.traced = true
 		in.parent = p.takeParent(pub) // takes the hop context off the headers
@@ -157,12 +151,27 @@ func (p *pubSession) handle(pub *transport.Publish) bool {
 	if n := len(pub.Key) + len(pub.Value) + headersLen(pub.Headers); n > p.b.cfg.MaxPayload {
 		p.fail(in, &transport.Error{Code: transport.CodePayloadTooLarge,
 			Message: fmt.Sprintf("record of %d bytes exceeds the broker's limit of %d bytes", n, p.b.cfg.MaxPayload)})
+		p.countIn(int64(len(pub.Key) + len(pub.Value)))
 		return true
 	}
+	n := int64(len(pub.Key) + len(pub.Value))
 	p.dispatchMu.Lock()
 	p.dispatch(in, 0)
 	p.dispatchMu.Unlock()
+	p.countIn(n) // counted once the record is on its way
 	return true
+}
+
+// countIn counts a publish of n key and value bytes taken in.
+func (p *pubSession) countIn(n int64) {
+	t := p.b.tel
+	src := t.fromClient
+	if p.peerID != "" {
+		src = t.fromPeer
+	}
+	ctx := context.Background()
+	t.recordsIn.Add(ctx, 1, src...)
+	t.bytesIn.Add(ctx, n, src...)
 }
 
 func headersLen(h map[string]string) int {
@@ -276,13 +285,14 @@ func (p *pubSession) appendLocal(in inbound, cfg shardmap.StreamConfig, shard in
 			p.endServer(&in, werr, 0) // no commit follows a failed append
 			return
 		}
-		e.late.Add(func() {
+		commit := e.last
+		b.tel.later.Add(func() {
 			t := b.tel
 			if p.peerID == "" {
 				t.publishDur.Record(context.Background(), answered.Sub(in.start).Seconds(), t.local...)
 			}
 			if sp := p.serverSpan(&in); sp != nil {
-				t.traceAppend(sp, id, began, answered, offset, e.last)
+				t.traceAppend(sp, id, began, answered, offset, commit)
 				p.endServer(&in, nil, offset, trace.WithTimestamp(answered))
 			}
 		})

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/felix-broker/felix/internal/msgtrace"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/wal"
 )
@@ -38,12 +37,10 @@ type shardEntry struct {
 	log   *wal.Log
 	err   error
 
-	// last is the log's latest commit and late the telemetry of its
-	// records' answers, deferred until the whole batch is answered. Both
-	// belong to the goroutine committing a batch: its completions add to
-	// late, and its OnCommit hook sets last and runs late.
+	// last is the log's latest commit, for the spans of its records. It
+	// belongs to the goroutine committing a batch: its OnCommit hook sets
+	// it, the completions of the batch's records read it right after.
 	last wal.Commit
-	late msgtrace.Late
 }
 
 var errShardsClosed = errors.New("broker: shard logs closed")

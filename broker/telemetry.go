@@ -34,9 +34,10 @@ var batchBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 
 // and timed is false, and the publish path skips every call but the no-op
 // counter adds.
 type telemetry struct {
-	tracer trace.Tracer // nil: tracing off
-	timed  bool         // a MeterProvider was configured: take timestamps
-	node   attribute.KeyValue
+	tracer   trace.Tracer // nil: tracing off
+	reserves bool         // tracer takes reserved span IDs (msgtrace.IDs)
+	timed    bool         // a MeterProvider was configured: take timestamps
+	node     attribute.KeyValue
 
 	publishDur   metric.Float64Histogram // receipt to ack, on the receiving broker
 	forwardDur   metric.Float64Histogram // forward to owner's answer, by peer
@@ -60,6 +61,9 @@ type telemetry struct {
 	codes                [32][]metric.AddOption // by transport.ErrorCode
 
 	reg metric.Registration // observable gauges' callback
+
+	// later runs the telemetry of answered records, off their path.
+	later msgtrace.Deferred
 }
 
 func recordOpt(kv ...attribute.KeyValue) []metric.RecordOption {
@@ -76,6 +80,7 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 	t := &telemetry{node: msgtrace.NodeID.String(b.cfg.NodeID)}
 	if tp != nil {
 		t.tracer = tp.Tracer(msgtrace.ScopeName)
+		t.reserves = msgtrace.Reserves(t.tracer)
 	}
 	if mp == nil {
 		mp = noop.NewMeterProvider()
@@ -187,6 +192,7 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 }
 
 func (t *telemetry) close() {
+	t.later.Close()
 	if t.reg != nil {
 		t.reg.Unregister()
 	}
@@ -208,19 +214,23 @@ func (t *telemetry) countError(code transport.ErrorCode) {
 	t.errors.Add(context.Background(), 1, metric.WithAttributes(attribute.String("code", code.String())))
 }
 
-// onCommit is a shard log's wal.Options.OnCommit. It runs once the
-// batch's acks are on their way: it records the batch, then runs the
-// telemetry its records' completions deferred to e.late.
+// onCommit is a shard log's wal.Options.OnCommit. It keeps the commit in
+// e.last for the spans of its records, whose completions follow, and
+// leaves recording it for later.
 func (t *telemetry) onCommit(e *shardEntry) func(wal.Commit) {
 	return func(c wal.Commit) {
-		ctx := context.Background()
-		t.fsyncDur.Record(ctx, c.Sync.Seconds())
-		t.batchRecords.Record(ctx, int64(c.Records))
-		t.walBytes.Add(ctx, int64(c.Bytes))
 		if t.tracer != nil {
 			e.last = c
 		}
-		e.late.Run()
+		if !t.timed {
+			return
+		}
+		t.later.Add(func() {
+			ctx := context.Background()
+			t.fsyncDur.Record(ctx, c.Sync.Seconds())
+			t.batchRecords.Record(ctx, int64(c.Records))
+			t.walBytes.Add(ctx, int64(c.Bytes))
+		})
 	}
 }
 
@@ -235,10 +245,11 @@ func (p *pubSession) takeParent(pub *transport.Publish) trace.SpanContext {
 	return msgtrace.RecordContext(pub.Headers)
 }
 
-// serverSpan returns in's server span, starting it (at in.start) if need
-// be; nil when tracing is off. It has no attributes until endServer: on
-// the forward path it is started before the record goes on, and only what
-// must precede the forward (its context) is done then.
+// serverSpan returns in's server span, starting it (at in.start, with its
+// reserved ID if it has one) if need be; nil when tracing is off. It has
+// no attributes until endServer: on the forward path, unless its ID was
+// reserved, it is started before the record goes on, and only what must
+// precede the forward (its context) is done then.
 func (p *pubSession) serverSpan(in *inbound) trace.Span {
 	if in.span != nil || !in.traced {
 		return in.span
@@ -246,6 +257,9 @@ func (p *pubSession) serverSpan(in *inbound) trace.Span {
 	ctx := context.Background()
 	if in.parent.IsValid() {
 		ctx = trace.ContextWithRemoteSpanContext(ctx, in.parent)
+	}
+	if in.spanID.IsValid() {
+		ctx = msgtrace.Reserve(ctx, in.spanID)
 	}
 	name := "publish " + in.pub.Stream
 	if p.peerID != "" {

@@ -20,11 +20,26 @@ import (
 // a broker that does not own the shard, and checks the spans form one
 // trace: SDK producer → forwarder's server span → its forward client span
 // → the owner's server span → append → fsync; and that a subscriber's
-// process span links to the producer span through the stored record.
+// process span links to the producer span through the stored record. It
+// runs with the SDK's own ID generator, where the forwarder starts its
+// spans before forwarding, and with msgtrace.IDs, where it reserves their
+// IDs and starts them once the record is answered.
 func TestForwardedPublishIsOneTrace(t *testing.T) {
+	t.Run("sdk-ids", func(t *testing.T) { testForwardedTrace(t, false) })
+	t.Run("reserved-ids", func(t *testing.T) { testForwardedTrace(t, true) })
+}
+
+func testForwardedTrace(t *testing.T, reserved bool) {
 	spans := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	opts := []sdktrace.TracerProviderOption{sdktrace.WithSyncer(spans)}
+	if reserved {
+		opts = append(opts, sdktrace.WithIDGenerator(msgtrace.IDs{}))
+	}
+	tp := sdktrace.NewTracerProvider(opts...)
 	defer tp.Shutdown(context.Background())
+	if got := msgtrace.Reserves(tp.Tracer("probe")); got != reserved {
+		t.Fatalf("msgtrace.Reserves = %v, want %v", got, reserved)
+	}
 	ip := startInprocWith(t, func(c *Config) { c.TracerProvider = tp }, 2, shardmap.StreamConfig{Name: "orders", Shards: 1})
 	owner, via := ip.owner("orders", 0), ip.nonOwner("orders", 0)
 
@@ -96,6 +111,15 @@ func TestForwardedPublishIsOneTrace(t *testing.T) {
 		if i > 0 && s.Parent.SpanID() != chain[i-1].SpanContext.SpanID() {
 			t.Errorf("%s %q has parent %s, want %s %q", s.SpanKind, s.Name, s.Parent.SpanID(), chain[i-1].SpanKind, chain[i-1].Name)
 		}
+	}
+	for i := 1; i < len(chain); i++ {
+		if chain[i].StartTime.Before(chain[i-1].StartTime) {
+			t.Errorf("%s %q starts at %v, before its parent %q at %v", chain[i].SpanKind, chain[i].Name,
+				chain[i].StartTime, chain[i-1].Name, chain[i-1].StartTime)
+		}
+	}
+	if fwdClient.EndTime.Before(ownerServer.EndTime) {
+		t.Errorf("forward client span ends at %v, before the owner's server span at %v", fwdClient.EndTime, ownerServer.EndTime)
 	}
 	if !fsync.StartTime.Before(fsync.EndTime) || fsync.StartTime.Before(appendSpan.StartTime) || fsync.EndTime.After(appendSpan.EndTime) {
 		t.Errorf("fsync %v..%v is not within append %v..%v", fsync.StartTime, fsync.EndTime, appendSpan.StartTime, appendSpan.EndTime)

@@ -126,6 +126,7 @@ func (c *Client) Close() error {
 		b.close()
 	}
 	c.wg.Wait()
+	c.tel.later.Close()
 	return nil
 }
 

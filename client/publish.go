@@ -10,7 +10,6 @@ import (
 	"github.com/quic-go/quic-go"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/felix-broker/felix/internal/msgtrace"
 	"github.com/felix-broker/felix/transport"
 )
 
@@ -76,8 +75,8 @@ func (f *Future) Wait(ctx context.Context) (Ack, error) {
 
 // resolve settles f. Only the one who removed f from its session's
 // pending set calls it, so it runs once. It leaves f's telemetry to
-// finish, which the caller runs once the waiter is released (later still
-// when it has more answers to give out).
+// finish or finishLater, which the caller runs once the waiter is
+// released.
 func (f *Future) resolve(ack Ack, err error) {
 	if f.span != nil || !f.start.IsZero() {
 		f.end = time.Now()
@@ -94,8 +93,13 @@ func (f *Future) finish() {
 	}
 }
 
-// traced reports whether f has telemetry to finish.
-func (f *Future) traced() bool { return !f.end.IsZero() }
+// finishLater has f's telemetry recorded off the path of the next publish
+// (telemetry.later).
+func (f *Future) finishLater() {
+	if !f.end.IsZero() {
+		f.tel.later.Add(f.finish)
+	}
+}
 
 // errStaleSession says a session died before a record was sent on it: the
 // record can go on a new session.
@@ -229,18 +233,11 @@ func (s *pubSession) inFlight() []*Future {
 }
 
 // readLoop reads the broker's answers and resolves futures until the
-// stream ends. It is the session's one goroutine. The telemetry of the
-// futures it resolves waits (msgtrace.Late) until no further answer is
-// buffered.
+// stream ends. It is the session's one goroutine.
 func (s *pubSession) readLoop() {
 	defer close(s.done)
-	var late msgtrace.Late
-	defer late.Run()
 	r := transport.NewReader(s.str, s.maxFrame)
 	for {
-		if !r.Ready() {
-			late.Run()
-		}
 		f, err := r.Read()
 		if err != nil {
 			s.fail(lost(fmt.Errorf("reading acks from %s: %w", s.addr, err)))
@@ -250,16 +247,12 @@ func (s *pubSession) readLoop() {
 		case *transport.Ack:
 			if fut := s.take(f.Seq); fut != nil {
 				fut.resolve(ackFrom(f), nil)
-				if fut.traced() {
-					late.Add(fut.finish)
-				}
+				fut.finishLater()
 			}
 		case *transport.Error:
 			if fut := s.take(f.Seq); fut != nil {
 				fut.resolve(Ack{}, s.publishErr(fut, f))
-				if fut.traced() {
-					late.Add(fut.finish)
-				}
+				fut.finishLater()
 			}
 			if f.Seq == 0 || streamLevel(f.Code) {
 				s.fail(lost(f))

@@ -40,6 +40,10 @@ type telemetry struct {
 	publishDur metric.Float64Histogram
 	delivered  metric.Int64Counter
 	ok, failed []metric.RecordOption
+
+	// later ends producer spans and records publish latencies off the
+	// path of the next publish.
+	later msgtrace.Deferred
 }
 
 var latencyBuckets = []float64{

@@ -313,10 +313,10 @@ func (l *Log) commit(reqs []*request) {
 	if n := int64(len(reqs)); n > l.stats.maxBatch.Load() {
 		l.stats.maxBatch.Store(n) // only the committer stores it
 	}
-	complete(reqs, base, ts, nil)
 	if l.opts.OnCommit != nil {
 		l.opts.OnCommit(Commit{Records: len(reqs), Bytes: len(arena), Start: began, Sync: took})
 	}
+	complete(reqs, base, ts, nil)
 }
 
 // complete reports the result of each request; offsets count up from base.

@@ -37,13 +37,11 @@ type Options struct {
 	// errors (failed commits). Default: slog.Default(). Never one line per
 	// record.
 	Logger *slog.Logger
-	// OnCommit, if set, is called once per successful commit, after every
-	// record of the batch was completed (its done callback run, or its
-	// Append released), by the goroutine that committed the batch (the
-	// committer goroutine, or an append that committed inline); calls
-	// never overlap, and the batch's done callbacks ran on the same
-	// goroutine just before. Work that can wait for the answers belongs
-	// here. It must not block: it delays the next commit.
+	// OnCommit, if set, is called once per successful commit, after the
+	// fsync and before the batch's records are completed, by the goroutine
+	// that committed the batch (the committer goroutine, or an append that
+	// committed inline), which then runs the batch's done callbacks; calls
+	// never overlap. It must not block: it delays every append.
 	OnCommit func(Commit)
 }
 

@@ -83,18 +83,22 @@ func TestBrokerMetricsScraped(t *testing.T) {
 		}
 		return f
 	}
-	// The subscriber's position is published after each frame; wait until
-	// the owner's lag gauge has caught up with what was delivered.
-	var of stats.Families
+	// The subscriber's position is published after each frame, and
+	// brokers record latencies and batches a moment after they answer
+	// (off the publish path): wait until the owner's lag gauge has caught
+	// up with what was delivered and both have recorded every publish.
+	var of, ff stats.Families
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		of = scrape(owner)
-		if v, ok := of.Sum(stats.MetricSubscriberLag, "stream", "orders", "shard", "0"); ok && v == 0 || time.Now().After(deadline) {
+		of, ff = scrape(owner), scrape(other)
+		lag, ok := of.Sum(stats.MetricSubscriberLag, "stream", "orders", "shard", "0")
+		local, _ := of.Sum(stats.MetricPublishDuration, "path", "local")
+		fwd, _ := ff.Sum(stats.MetricPublishDuration, "path", "forwarded")
+		if ok && lag == 0 && local == each && fwd == each || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	ff := scrape(other)
 
 	var names []string
 	for name := range of {

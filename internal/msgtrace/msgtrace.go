@@ -92,12 +92,12 @@ func ExtractRecord(ctx context.Context, h map[string]string) context.Context {
 	return tc.Extract(ctx, propagation.MapCarrier(h))
 }
 
-// WithHop returns a copy of h carrying the span context of ctx as the hop
-// context. h is not modified.
-func WithHop(ctx context.Context, h map[string]string) map[string]string {
+// WithHop returns a copy of h carrying sc as the hop context. h is not
+// modified.
+func WithHop(sc trace.SpanContext, h map[string]string) map[string]string {
 	out := make(map[string]string, len(h)+2)
 	maps.Copy(out, h)
-	tc.Inject(ctx, hopCarrier(out))
+	tc.Inject(trace.ContextWithSpanContext(context.Background(), sc), hopCarrier(out))
 	return out
 }
 

@@ -98,8 +98,11 @@ func New(ctx context.Context, opts Options) (*Providers, error) {
 			return nil, fmt.Errorf("telemetry: OTLP trace exporter: %w", err)
 		}
 		// The SDK reads OTEL_TRACES_SAMPLER itself; spans are batched by a
-		// SpanBuffer, which costs the publish path no wake-up per span.
-		tp := sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithSpanProcessor(NewSpanBuffer(exp, SpanBufferOptions{})))
+		// SpanBuffer, which costs the publish path no wake-up per span;
+		// msgtrace.IDs lets a forwarding broker start its spans after the
+		// forward instead of before.
+		tp := sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithIDGenerator(msgtrace.IDs{}),
+			sdktrace.WithSpanProcessor(NewSpanBuffer(exp, SpanBufferOptions{})))
 		p.Tracer = tp
 		p.shutdown = append([]func(context.Context) error{tp.Shutdown}, p.shutdown...)
 	}

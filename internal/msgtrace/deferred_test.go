@@ -1,0 +1,81 @@
+package msgtrace
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestDeferredRunsLaterInOrder(t *testing.T) {
+	var d Deferred
+	var mu sync.Mutex
+	var got []int
+	for i := range 5 {
+		d.Add(func() {
+			mu.Lock()
+			got = append(got, i)
+			mu.Unlock()
+		})
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		n := len(got)
+		mu.Unlock()
+		if n == 5 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, v := range got {
+		if v != i {
+			t.Fatalf("ran %v, want 0..4 in order", got)
+		}
+	}
+	if len(got) != 5 {
+		t.Fatalf("ran %v, want 0..4", got)
+	}
+	d.Close()
+}
+
+func TestDeferredCloseRunsQueuedAndLaterInline(t *testing.T) {
+	var d Deferred
+	var n atomic.Int32
+	for range 3 {
+		d.Add(func() { n.Add(1) })
+	}
+	d.Close()
+	if got := n.Load(); got != 3 {
+		t.Fatalf("after Close %d ran, want 3", got)
+	}
+	d.Add(func() { n.Add(1) })
+	if got := n.Load(); got != 4 {
+		t.Fatalf("Add after Close did not run inline: %d ran", got)
+	}
+}
+
+// TestDeferredConcurrent adds from many goroutines across several timer
+// runs; run with -race.
+func TestDeferredConcurrent(t *testing.T) {
+	var d Deferred
+	var n atomic.Int32
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 200 {
+				d.Add(func() { n.Add(1) })
+				if n.Load()%50 == 0 {
+					time.Sleep(DeferDelay)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	d.Close()
+	if got := n.Load(); got != 1600 {
+		t.Fatalf("%d ran, want 1600", got)
+	}
+}
