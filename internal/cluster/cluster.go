@@ -42,6 +42,9 @@ type Options struct {
 	// bench's throughput by 10-20% but made publish-to-delivery latency
 	// worse (delivery and acks share one P), so it is not the default.
 	BrokerProcs int
+	// BrokerEnv is added to the brokers' environment (KEY=value), after
+	// this process's own.
+	BrokerEnv []string
 	// BrokerOutput receives the brokers' logs; default a file per broker in
 	// Dir (broker-N.log).
 	BrokerOutput io.Writer
@@ -201,6 +204,7 @@ func (c *Cluster) startBroker(i int) error {
 	if n := c.BrokerProcs(); n > 0 {
 		cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(n))
 	}
+	cmd.Env = append(cmd.Env, c.opts.BrokerEnv...)
 	out := c.opts.BrokerOutput
 	if out == nil {
 		f, err := os.OpenFile(filepath.Join(c.opts.Dir, b.ID+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/felix-broker/felix/broker"
 	"github.com/felix-broker/felix/internal/cluster"
 )
@@ -47,6 +49,10 @@ func (c *Broker) Run(log *slog.Logger) error {
 	if host == "" {
 		host = hostOf(c.Listen)
 	}
+	var mp metric.MeterProvider // nil: the broker takes no timestamps for metrics
+	if obs.prov.Metrics {
+		mp = obs.prov.Meter
+	}
 	b, err := broker.New(broker.Config{
 		NodeID:         c.ID,
 		Listen:         c.Listen,
@@ -60,7 +66,7 @@ func (c *Broker) Run(log *slog.Logger) error {
 		LeaseTTL:       c.LeaseTTL,
 		Logger:         log,
 		TracerProvider: obs.prov.Tracer,
-		MeterProvider:  obs.prov.Meter,
+		MeterProvider:  mp,
 	})
 	if err != nil {
 		return err

@@ -17,5 +17,9 @@
 // With no endpoint there is no tracer provider at all, so the publish path
 // makes no tracing calls. OTEL_SDK_DISABLED=true turns off OTLP export;
 // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES set the resource, and
-// OTEL_TRACES_SAMPLER picks the sampler.
+// OTEL_TRACES_SAMPLER picks the sampler. OTEL_TRACES_EXPORTER=none turns
+// tracing off; OTEL_TRACES_EXPORTER=discard (Felix's own value) records
+// every span and drops it, and OTEL_METRICS_EXPORTER=none records no
+// metrics: `felixctl bench --telemetry` uses both to measure what
+// telemetry costs.
 package telemetry

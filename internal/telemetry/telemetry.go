@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	promexporter "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -45,6 +46,9 @@ type Options struct {
 type Providers struct {
 	// Meter records metrics; never nil.
 	Meter metric.MeterProvider
+	// Metrics is false when OTEL_METRICS_EXPORTER=none: Meter is then a
+	// no-op and /metrics has only the Go runtime's and the process's.
+	Metrics bool
 	// Tracer is nil unless an OTLP trace endpoint is configured: pass it
 	// as is to broker.Config.TracerProvider (nil means no tracing).
 	Tracer trace.TracerProvider
@@ -80,6 +84,14 @@ func New(ctx context.Context, opts Options) (*Providers, error) {
 
 	disabled := strings.EqualFold(getenv("OTEL_SDK_DISABLED"), "true")
 	endpoint := getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+	if strings.EqualFold(getenv("OTEL_METRICS_EXPORTER"), "none") {
+		p.Meter = noop.NewMeterProvider()
+		if err := p.tracing(ctx, res, getenv, disabled, endpoint); err != nil {
+			return nil, err
+		}
+		return p, nil
+	}
+	p.Metrics = true
 	if !disabled && (endpoint != "" || getenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") != "") {
 		exp, err := otlpmetrichttp.New(ctx)
 		if err != nil {
@@ -91,28 +103,51 @@ func New(ctx context.Context, opts Options) (*Providers, error) {
 	p.Meter = mp
 	p.shutdown = append(p.shutdown, mp.Shutdown)
 
-	if !disabled && (endpoint != "" || getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "") {
-		exp, err := otlptracehttp.New(ctx)
-		if err != nil {
-			p.Shutdown(ctx)
-			return nil, fmt.Errorf("telemetry: OTLP trace exporter: %w", err)
-		}
-		// The SDK reads OTEL_TRACES_SAMPLER itself; spans are batched by a
-		// SpanBuffer, which costs the publish path no wake-up per span;
-		// msgtrace.IDs lets a forwarding broker start its spans after the
-		// forward instead of before.
-		tp := sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithIDGenerator(msgtrace.IDs{}),
-			sdktrace.WithSpanProcessor(NewSpanBuffer(exp, SpanBufferOptions{})))
-		p.Tracer = tp
-		p.shutdown = append([]func(context.Context) error{tp.Shutdown}, p.shutdown...)
+	if err := p.tracing(ctx, res, getenv, disabled, endpoint); err != nil {
+		return nil, err
 	}
-
 	if err := p.registerBuildInfo(opts.Service); err != nil {
 		p.Shutdown(ctx)
 		return nil, err
 	}
 	return p, nil
 }
+
+// tracing sets up the tracer provider: OTLP when an endpoint is
+// configured, or, with OTEL_TRACES_EXPORTER=discard, every span recorded
+// and thrown away (to measure what tracing costs).
+func (p *Providers) tracing(ctx context.Context, res *resource.Resource, getenv func(string) string, disabled bool, endpoint string) error {
+	var exp sdktrace.SpanExporter
+	switch {
+	case disabled || strings.EqualFold(getenv("OTEL_TRACES_EXPORTER"), "none"):
+		return nil
+	case strings.EqualFold(getenv("OTEL_TRACES_EXPORTER"), "discard"):
+		exp = discard{}
+	case endpoint != "" || getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "":
+		var err error
+		if exp, err = otlptracehttp.New(ctx); err != nil {
+			p.Shutdown(ctx)
+			return fmt.Errorf("telemetry: OTLP trace exporter: %w", err)
+		}
+	default:
+		return nil
+	}
+	// The SDK reads OTEL_TRACES_SAMPLER itself; spans are batched by a
+	// SpanBuffer, which costs the publish path no wake-up per span;
+	// msgtrace.IDs lets a forwarding broker start its spans after the
+	// forward instead of before.
+	tp := sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithIDGenerator(msgtrace.IDs{}),
+		sdktrace.WithSpanProcessor(NewSpanBuffer(exp, SpanBufferOptions{})))
+	p.Tracer = tp
+	p.shutdown = append([]func(context.Context) error{tp.Shutdown}, p.shutdown...)
+	return nil
+}
+
+// discard is a span exporter that drops what it is given.
+type discard struct{}
+
+func (discard) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discard) Shutdown(context.Context) error                             { return nil }
 
 // registerBuildInfo exposes felix_build_info{version,goversion,service} 1.
 func (p *Providers) registerBuildInfo(service string) error {
