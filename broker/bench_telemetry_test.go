@@ -13,7 +13,6 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/felix-broker/felix/client"
-	"github.com/felix-broker/felix/internal/msgtrace"
 	"github.com/felix-broker/felix/shardmap"
 )
 
@@ -65,7 +64,7 @@ func BenchmarkTelemetryOverhead(b *testing.B) {
 	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithSampler(sampler),
 		sdktrace.WithSpanProcessor(felixtel.NewSpanBuffer(dropExporter{}, felixtel.SpanBufferOptions{}))}
 	if os.Getenv("FELIX_BENCH_SDK_IDS") == "" { // as felix broker builds its provider
-		tpOpts = append(tpOpts, sdktrace.WithIDGenerator(msgtrace.IDs{}))
+		tpOpts = append(tpOpts, sdktrace.WithIDGenerator(TraceIDGenerator()))
 	}
 	tp := sdktrace.NewTracerProvider(tpOpts...)
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))

@@ -7,8 +7,10 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/felix-broker/felix/internal/msgtrace"
 	"github.com/felix-broker/felix/transport"
 )
 
@@ -55,6 +57,12 @@ type Config struct {
 	// the fsync it waited for. Default nil: no tracing, and the publish
 	// path makes no tracing calls at all. The global provider is never
 	// used implicitly.
+	//
+	// Spans are started and ended in batches off the publish path, except
+	// that a forward needs its client span's ID before it is sent: with an
+	// SDK provider built with TraceIDGenerator the broker reserves that ID
+	// and starts the spans afterwards too; with any other it starts them
+	// before forwarding.
 	TracerProvider trace.TracerProvider
 	// MeterProvider receives the broker's metrics (see the package doc).
 	// Default nil: no metrics, and the publish path takes no timestamps
@@ -93,3 +101,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	return c, nil
 }
+
+// TraceIDGenerator returns the ID generator to build a TracerProvider
+// with (sdktrace.WithIDGenerator), so that a forwarding broker can reserve
+// span IDs and keep span work off the forward path. It generates random
+// IDs like the SDK's default.
+func TraceIDGenerator() sdktrace.IDGenerator { return msgtrace.IDs{} }

@@ -174,7 +174,7 @@ func (fw *forwarded) clientSpan(p *pubSession) trace.Span {
 // end gives the forward's client span its attributes (and the offset the
 // owner wrote the record at, when it did) and ends it with the owner's
 // refusal, if any.
-func (fw *forwarded) end(p *pubSession, err *transport.Error, offset uint64) {
+func (fw *forwarded) end(p *pubSession, err *transport.Error, offset uint64, opts ...trace.SpanEndOption) {
 	sp := fw.clientSpan(p)
 	if sp == nil {
 		return
@@ -188,7 +188,7 @@ func (fw *forwarded) end(p *pubSession, err *transport.Error, offset uint64) {
 			sp.SetAttributes(msgtrace.Offset.Int64(int64(offset)))
 		}
 	}
-	endSpan(sp, err)
+	endSpan(sp, err, opts...)
 }
 
 // forward sends pub to the shard's owner on this session's lane to it. The
@@ -340,7 +340,7 @@ func (l *lane) acked(fw *forwarded, offset uint64, answered time.Time) {
 	t := l.p.b.tel
 	t.forwardDur.Record(context.Background(), answered.Sub(fw.sent).Seconds(), l.forwardDur...)
 	t.publishDur.Record(context.Background(), answered.Sub(fw.in.start).Seconds(), t.forwarded...)
-	fw.end(l.p, nil, offset)
+	fw.end(l.p, nil, offset, trace.WithTimestamp(answered))
 	l.p.endServer(&fw.in, nil, offset, trace.WithTimestamp(answered))
 }
 
