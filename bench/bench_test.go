@@ -28,15 +28,7 @@ func tinyLocal(t *testing.T) *Command {
 // and checks the JSON report a user would read.
 func TestLocalEveryScenario(t *testing.T) {
 	c := tinyLocal(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
-	defer cancel()
-	var out bytes.Buffer
-	rep, err := c.Execute(ctx, slog.New(slog.DiscardHandler), &out)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	t.Logf("bench ran %.1fs", rep.DurationSec)
+	rep, out := execute(t, c, 50*time.Second)
 	var doc struct {
 		Floors    map[string]any   `json:"floors"`
 		Scenarios []map[string]any `json:"scenarios"`
@@ -176,4 +168,18 @@ func checkFile(t *testing.T, path, prefix string) {
 	if len(b) < 1000 || !strings.HasPrefix(string(b), prefix) {
 		t.Errorf("%s: %d bytes starting %q, want a %q file", path, len(b), b[:min(len(b), 16)], prefix)
 	}
+}
+
+// execute runs c within timeout and returns its report and what it wrote.
+func execute(t *testing.T, c *Command, timeout time.Duration) (*Report, *bytes.Buffer) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var out bytes.Buffer
+	rep, err := c.Execute(ctx, slog.New(slog.DiscardHandler), &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("bench ran %.1fs", rep.DurationSec)
+	return rep, &out
 }

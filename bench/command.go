@@ -52,6 +52,8 @@ type Command struct {
 	Subscribers int `help:"Fanout: subscribers of the one stream." default:"8"`
 	FloorCount  int `help:"Samples of each floor, taken half before and half after the scenarios." default:"2000"`
 
+	Telemetry bool `help:"With --local: measure what telemetry costs: run direct and forwarded on two local clusters, one with no telemetry and one tracing every publish (spans dropped in-process) and recording metrics, alternating record by record, and report the p50s and their ratio."`
+
 	JSON     bool   `help:"Write the report as JSON instead of a table."`
 	Output   string `short:"o" help:"Write the report to FILE instead of standard output." type:"path" placeholder:"FILE"`
 	Plot     string `help:"Draw latency percentile curves of the scenarios to FILE (.svg or .png)." type:"path" placeholder:"FILE"`
@@ -86,6 +88,17 @@ func (c *Command) Validate() error {
 			return fmt.Errorf("bench: unknown scenario %q (have %s)", s, strings.Join(Scenarios, ", "))
 		}
 	}
+	if c.Telemetry {
+		if !c.Local {
+			return errors.New("bench: --telemetry needs --local: it starts the two clusters it compares")
+		}
+		if c.Plot != "" {
+			return errors.New("bench: --telemetry draws no plot: drop --plot")
+		}
+		if len(c.telemetryScenarios()) == 0 {
+			return errors.New("bench: --telemetry compares direct and forwarded: name at least one of them in --scenarios")
+		}
+	}
 	if c.Plot != "" && !slices.Contains(PlotFormats, strings.ToLower(filepath.Ext(c.Plot))) {
 		return fmt.Errorf("bench: --plot %s: the file must end in .svg or .png", c.Plot)
 	}
@@ -97,7 +110,7 @@ func (c *Command) Validate() error {
 			return fmt.Errorf("bench: --%s must be at least 1", v.name)
 		}
 	}
-	if c.Size < stampLen && (slices.Contains(c.scenarios(), E2E) || slices.Contains(c.scenarios(), Fanout)) {
+	if c.Size < stampLen && !c.Telemetry && (slices.Contains(c.scenarios(), E2E) || slices.Contains(c.scenarios(), Fanout)) {
 		return fmt.Errorf("bench: --size must be at least %d for e2e and fanout (the payload carries the send time)", stampLen)
 	}
 	if c.Window > client.DefaultMaxInFlight {
@@ -164,6 +177,9 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 			return nil, fmt.Errorf("bench: find this executable (to run brokers and echo): %w", err)
 		}
 		binary = exe
+	}
+	if c.Telemetry {
+		return c.executeTelemetry(ctx, log, out, prog, binary, started)
 	}
 	workDir, err := os.MkdirTemp("", "felix-bench-")
 	if err != nil {
@@ -296,13 +312,8 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 			return nil, err
 		}
 	}
-	if c.JSON {
-		err = rep.writeJSON(out)
-	} else {
-		err = rep.writeTable(out)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("bench: write the report: %w", err)
+	if err := rep.write(out, c.JSON); err != nil {
+		return nil, err
 	}
 	return rep, nil
 }

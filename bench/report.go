@@ -26,6 +26,9 @@ type Report struct {
 	Scenarios    []*Result `json:"scenarios"`
 	Targets      []Target  `json:"targets"`
 	Notes        []string  `json:"notes,omitempty"`
+
+	// Telemetry is what --telemetry measured; that mode runs nothing else.
+	Telemetry *TelemetryOverhead `json:"telemetry_overhead,omitempty"`
 }
 
 // Machine describes where the run happened.
@@ -258,11 +261,28 @@ func (rep *Report) writeJSON(w io.Writer) error {
 }
 
 // writeTable writes the report for a person: the floors, one line per
-// scenario with its latencies and their ratio to the floors, the targets.
+// scenario with its latencies and their ratio to the floors, the
+// telemetry overhead (--telemetry), the targets and the notes.
 func (rep *Report) writeTable(w io.Writer) error {
-	f := rep.Floors
 	fmt.Fprintf(w, "Felix bench: %s, %d-byte records, %d trials; %d CPUs (%s), %s, %s\n",
 		rep.Cluster, rep.PayloadBytes, rep.Trials, rep.Machine.CPUs, rep.Machine.CPUModel, rep.Machine.Kernel, rep.Machine.GoVersion)
+	if rep.Telemetry == nil || len(rep.Scenarios) > 0 { // --telemetry measures no floors and runs no scenario
+		if err := rep.writeScenarios(w); err != nil {
+			return err
+		}
+	}
+	if rep.Telemetry != nil {
+		fmt.Fprintln(w)
+		if err := rep.Telemetry.writeTable(w); err != nil {
+			return err
+		}
+	}
+	return rep.writeTargetsAndNotes(w)
+}
+
+// writeScenarios writes the floors and one line per scenario.
+func (rep *Report) writeScenarios(w io.Writer) error {
+	f := rep.Floors
 	fmt.Fprintf(w, "floors (same run): write+fdatasync p50 %s p99 %s (%s, %s); QUIC RTT between 2 processes p50 %s p99 %s\n",
 		fmtUS(f.Fsync.P50), fmtUS(f.Fsync.P99), f.FsyncFS, f.FsyncDir, fmtUS(f.RTT.P50), fmtUS(f.RTT.P99))
 	fmt.Fprintf(w, "floor = fsync + RTT: p50 %s, p99 %s\n\n", fmtUS(f.Fsync.P50+f.RTT.P50), fmtUS(f.Fsync.P99+f.RTT.P99))
@@ -293,9 +313,14 @@ func (rep *Report) writeTable(w io.Writer) error {
 			fmt.Fprintf(w, "%s: %s\n", r.Label(), r.Note)
 		}
 	}
+	return nil
+}
+
+// writeTargetsAndNotes writes the targets and the notes.
+func (rep *Report) writeTargetsAndNotes(w io.Writer) error {
 	if len(rep.Targets) > 0 {
 		fmt.Fprintln(w, "\ntargets:")
-		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		for _, t := range rep.Targets {
 			verdict := "met"
 			if !t.Met {
@@ -329,4 +354,18 @@ func fmtUS(us float64) string {
 		return fmt.Sprintf("%.2fms", us/1000)
 	}
 	return fmt.Sprintf("%.0fµs", us)
+}
+
+// write writes the report to w: JSON if asJSON, else the table.
+func (r *Report) write(w io.Writer, asJSON bool) error {
+	var err error
+	if asJSON {
+		err = r.writeJSON(w)
+	} else {
+		err = r.writeTable(w)
+	}
+	if err != nil {
+		return fmt.Errorf("bench: write the report: %w", err)
+	}
+	return nil
 }

@@ -16,13 +16,6 @@ import (
 	"github.com/felix-broker/felix/shardmap"
 )
 
-// dropExporter accepts spans and throws them away: the cost of tracing
-// without the cost of a network.
-type dropExporter struct{}
-
-func (dropExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
-func (dropExporter) Shutdown(context.Context) error                             { return nil }
-
 // BenchmarkTelemetryOverhead measures publish latency (SDK publish to ack,
 // one record at a time) of a direct and a forwarded publish on two
 // in-process clusters, one with no telemetry and one with tracing (every
@@ -62,7 +55,7 @@ func BenchmarkTelemetryOverhead(b *testing.B) {
 		sampler = sdktrace.NeverSample()
 	}
 	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithSampler(sampler),
-		sdktrace.WithSpanProcessor(felixtel.NewSpanBuffer(dropExporter{}, felixtel.SpanBufferOptions{}))}
+		sdktrace.WithSpanProcessor(felixtel.NewSpanBuffer(felixtel.Discard{}, felixtel.SpanBufferOptions{}))}
 	if os.Getenv("FELIX_BENCH_SDK_IDS") == "" { // as felix broker builds its provider
 		tpOpts = append(tpOpts, sdktrace.WithIDGenerator(TraceIDGenerator()))
 	}

@@ -25,4 +25,31 @@
 // Peers (other brokers, ALPN felix-peer/1, mTLS with node certificates) open
 // publisher streams to forward records; the owner treats them like a client
 // stream except that it checks the forwarder's map epoch (fencing).
+//
+// # Telemetry
+//
+// With Config.MeterProvider set, a broker records (Prometheus names, as
+// served by `felix broker --admin`): felix_publish_duration_seconds{path}
+// (receipt to ack, local or forwarded), felix_forward_duration_seconds{peer},
+// felix_forwards_total{peer}, felix_wal_fsync_duration_seconds,
+// felix_wal_batch_records (records per fsync), felix_wal_written_bytes_total,
+// felix_records_in_total{source}, felix_payload_in_bytes_total{source},
+// felix_records_out_total, felix_payload_out_bytes_total,
+// felix_errors_total{code}, felix_connections{type}, felix_streams{type},
+// felix_shards_owned, felix_map_epoch and
+// felix_subscriber_lag_records{stream,shard}.
+//
+// With Config.TracerProvider set, each publish gets a server span
+// ("publish <stream>", or "forward <stream>" on the owner of a forwarded
+// record) under the producer's context from the record's headers; a
+// forward adds a client span whose context travels to the owner in the
+// felix-hop-* headers; the owner adds "append <shard>" and "fsync <shard>".
+//
+// None of this runs between a record's receipt and its ack, beyond taking
+// timestamps and parsing the trace context: latencies are recorded and
+// spans started and ended after the ack is written, in batches a couple of
+// milliseconds later (with the times things happened), where the cost of
+// a span on a cold cache does not delay the next record. A forward's span
+// IDs are reserved before it is sent when the provider was built with
+// TraceIDGenerator.
 package broker

@@ -5,13 +5,17 @@ import (
 	"time"
 )
 
-// DeferDelay is how long Deferred lets work gather before running it.
+// DeferDelay is how often Deferred runs the work queued since its last
+// run.
 const DeferDelay = 2 * time.Millisecond
+
+// parkAfter is how many runs in a row find nothing before the runner
+// stops ticking: a second of idleness. Tests shorten it.
+var parkAfter = 500
 
 // Deferred runs telemetry work (ending spans, recording latencies) off the
 // path of the records it describes, in batches: Add queues a function, and
-// the first Add of a batch arms a timer that runs the batch DeferDelay
-// later on a goroutine of its own.
+// a goroutine of the Deferred's own runs what is queued every DeferDelay.
 //
 // Why not right away: on a machine that idles between records, every span
 // costs several microseconds on cold caches, and whatever a broker does
@@ -22,18 +26,24 @@ const DeferDelay = 2 * time.Millisecond
 // fsync. The timestamps the work records are taken when things happen, so
 // deferring changes no figure.
 //
-// Add never blocks on the work and never wakes a goroutine. Close runs
-// what is queued, waits for a batch in progress, and runs later Adds
-// inline.
+// Add takes a mutex and appends: it arms no timer (arming one wakes the
+// runtime's network poller, a system call on the path Add is meant to
+// stay off) and wakes no goroutine, except the first Add after a second
+// with none, which wakes the parked runner. The runner starts with the
+// first Add; Close runs what is queued, stops the runner and makes later
+// Adds run inline.
 type Deferred struct {
-	mu     sync.Mutex
-	fns    []func()
-	spare  []func()
-	timer  *time.Timer
-	closed bool
+	mu      sync.Mutex
+	fns     []func()
+	spare   []func()
+	started bool // the runner was started
+	parked  bool // the runner waits for kick
+	closed  bool
+	kick    chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
 
-	running sync.Mutex     // held while a batch runs
-	armed   sync.WaitGroup // one per timer run due
+	running sync.Mutex // held while a batch runs
 }
 
 // Add queues f.
@@ -45,25 +55,60 @@ func (d *Deferred) Add(f func()) {
 		return
 	}
 	d.fns = append(d.fns, f)
-	if len(d.fns) == 1 {
-		if d.timer == nil {
-			d.armed.Add(1)
-			d.timer = time.AfterFunc(DeferDelay, d.fire)
-		} else if !d.timer.Reset(DeferDelay) {
-			d.armed.Add(1) // it had run or been stopped: one more run is due
-		}
+	wake := false
+	switch {
+	case !d.started:
+		d.started = true
+		d.kick, d.stop, d.done = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+		go d.run()
+	case d.parked:
+		d.parked, wake = false, true
 	}
 	d.mu.Unlock()
+	if wake {
+		d.kick <- struct{}{} // sent once per parking: never blocks
+	}
 }
 
-// fire is the timer's function.
-func (d *Deferred) fire() {
-	defer d.armed.Done()
-	d.flush()
+// run runs the queue every DeferDelay until Close, parking while there is
+// nothing to run.
+func (d *Deferred) run() {
+	defer close(d.done)
+	t := time.NewTicker(DeferDelay)
+	defer t.Stop()
+	for idle := 0; ; {
+		select {
+		case <-d.stop:
+			return
+		case <-t.C:
+		}
+		if d.flush() > 0 {
+			idle = 0
+			continue
+		}
+		if idle++; idle < parkAfter {
+			continue
+		}
+		d.mu.Lock()
+		if len(d.fns) > 0 {
+			d.mu.Unlock()
+			continue
+		}
+		d.parked = true
+		d.mu.Unlock()
+		t.Stop()
+		select {
+		case <-d.stop:
+			return
+		case <-d.kick:
+		}
+		idle = 0
+		t.Reset(DeferDelay)
+	}
 }
 
-// flush runs the queued batch.
-func (d *Deferred) flush() {
+// flush runs the queued batch and returns its length.
+func (d *Deferred) flush() int {
 	d.running.Lock()
 	defer d.running.Unlock()
 	d.mu.Lock()
@@ -79,17 +124,23 @@ func (d *Deferred) flush() {
 		d.spare = fns[:0]
 	}
 	d.mu.Unlock()
+	return len(fns)
 }
 
-// Close runs what is queued and makes later Adds run inline. It returns
-// once no batch is running and no timer run is due.
+// Close runs what is queued, stops the runner and makes later Adds run
+// inline.
 func (d *Deferred) Close() {
 	d.mu.Lock()
-	d.closed = true
-	if d.timer != nil && d.timer.Stop() {
-		d.armed.Done() // the due run will not happen
+	if d.closed {
+		d.mu.Unlock()
+		return
 	}
+	d.closed = true
+	started := d.started
 	d.mu.Unlock()
+	if started {
+		close(d.stop)
+		<-d.done
+	}
 	d.flush()
-	d.armed.Wait()
 }

@@ -79,3 +79,36 @@ func TestDeferredConcurrent(t *testing.T) {
 		t.Fatalf("%d ran, want 1600", got)
 	}
 }
+
+// TestDeferredParksAndWakes lets the runner park for want of work, then
+// checks that the next Add wakes it.
+func TestDeferredParksAndWakes(t *testing.T) {
+	defer func(n int) { parkAfter = n }(parkAfter)
+	parkAfter = 2
+	var d Deferred
+	defer d.Close()
+	ran := make(chan struct{}, 1)
+	d.Add(func() { ran <- struct{}{} })
+	<-ran
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		d.mu.Lock()
+		parked := d.parked
+		d.mu.Unlock()
+		if parked {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the runner did not park")
+		}
+		time.Sleep(DeferDelay)
+	}
+	d.Add(func() { ran <- struct{}{} })
+	select {
+	case <-ran:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Add did not wake the parked runner")
+	}
+	d.Close()
+	d.Close() // idempotent
+}
