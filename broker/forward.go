@@ -314,10 +314,14 @@ func (l *lane) read() {
 		switch f := f.(type) {
 		case *transport.Ack:
 			if fw, ok := l.take(f.Seq); ok {
+				var answered time.Time // taken before the ack leaves, so spans nest
+				if !fw.sent.IsZero() {
+					answered = time.Now()
+				}
 				l.p.acks.send(f)
 				l.p.done()
-				if !fw.sent.IsZero() { // telemetry is on
-					offset, answered := f.Offset, time.Now()
+				if !answered.IsZero() { // telemetry is on
+					offset := f.Offset
 					l.p.b.tel.later.Add(func() { l.acked(&fw, offset, answered) })
 				}
 			}

@@ -261,6 +261,10 @@ func (p *pubSession) appendLocal(in inbound, cfg shardmap.StreamConfig, shard in
 		Key:         pub.Key,
 		Value:       pub.Value,
 	}, func(offset uint64, ts int64, err error) {
+		var answered time.Time // taken before the answer leaves, so spans nest
+		if !in.start.IsZero() {
+			answered = time.Now()
+		}
 		var werr *transport.Error
 		if err != nil {
 			code := transport.CodeInternal
@@ -280,7 +284,6 @@ func (p *pubSession) appendLocal(in inbound, cfg shardmap.StreamConfig, shard in
 			return // telemetry is off
 		}
 		// in is not touched by anyone else once the record is answered.
-		answered := time.Now()
 		if err != nil {
 			p.endServer(&in, werr, 0) // no commit follows a failed append
 			return

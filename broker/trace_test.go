@@ -25,11 +25,15 @@ import (
 // spans before forwarding, and with msgtrace.IDs, where it reserves their
 // IDs and starts them once the record is answered.
 func TestForwardedPublishIsOneTrace(t *testing.T) {
-	t.Run("sdk-ids", func(t *testing.T) { testForwardedTrace(t, false) })
-	t.Run("reserved-ids", func(t *testing.T) { testForwardedTrace(t, true) })
+	t.Run("sdk-ids", func(t *testing.T) { testForwardedTrace(t, false, false) })
+	t.Run("sdk-ids-under-app-span", func(t *testing.T) { testForwardedTrace(t, false, true) })
+	t.Run("reserved-ids", func(t *testing.T) { testForwardedTrace(t, true, false) })
+	t.Run("reserved-ids-under-app-span", func(t *testing.T) { testForwardedTrace(t, true, true) })
 }
 
-func testForwardedTrace(t *testing.T, reserved bool) {
+// testForwardedTrace publishes with a provider that reserves IDs or not,
+// under an application's span or as a root.
+func testForwardedTrace(t *testing.T, reserved, underApp bool) {
 	spans := tracetest.NewInMemoryExporter()
 	opts := []sdktrace.TracerProviderOption{sdktrace.WithSyncer(spans)}
 	if reserved {
@@ -51,7 +55,12 @@ func testForwardedTrace(t *testing.T, reserved bool) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	ack, err := cl.Publish(ctx, "orders", []byte("k"), []byte("v"), client.WithHeaders(map[string]string{"app": "x"}))
+	pubCtx, app := ctx, trace.Span(nil)
+	if underApp {
+		pubCtx, app = tp.Tracer("app").Start(ctx, "request")
+		defer app.End()
+	}
+	ack, err := cl.Publish(pubCtx, "orders", []byte("k"), []byte("v"), client.WithHeaders(map[string]string{"app": "x"}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,6 +112,13 @@ func testForwardedTrace(t *testing.T, reserved bool) {
 	fsync := find("fsync orders/0", trace.SpanKindInternal)
 	process := find("process orders", trace.SpanKindConsumer)
 
+	if underApp && (producer.Parent.SpanID() != app.SpanContext().SpanID() || producer.SpanContext.TraceID() != app.SpanContext().TraceID()) {
+		t.Errorf("producer span has parent %s in trace %s, want the application's span %s", producer.Parent.SpanID(),
+			producer.SpanContext.TraceID(), app.SpanContext().SpanID())
+	}
+	if !underApp && producer.Parent.IsValid() {
+		t.Errorf("producer span has parent %s, want a root", producer.Parent.SpanID())
+	}
 	chain := []tracetest.SpanStub{producer, fwdServer, fwdClient, ownerServer, appendSpan, fsync}
 	for i, s := range chain {
 		if s.SpanContext.TraceID() != producer.SpanContext.TraceID() {

@@ -47,10 +47,13 @@ type Future struct {
 	// window is the publisher's in-flight window, released on resolve.
 	window chan struct{}
 
-	tel   *telemetry
-	span  trace.Span // the producer span; nil when not traced
-	start time.Time  // zero when metrics are off
-	end   time.Time  // when it resolved; zero when telemetry is off
+	tel      *telemetry
+	span     trace.Span        // the producer span once started; nil when not traced
+	reserved trace.SpanContext // its context, when reserved before the send
+	parent   context.Context   // the publish's context, until the reserved span starts
+	root     bool              // the reserved span has no parent
+	start    time.Time         // zero when telemetry is off
+	end      time.Time         // when it resolved; zero when telemetry is off
 }
 
 // Done returns a channel closed when the future has resolved.
@@ -78,7 +81,7 @@ func (f *Future) Wait(ctx context.Context) (Ack, error) {
 // finish or finishLater, which the caller runs once the waiter is
 // released.
 func (f *Future) resolve(ack Ack, err error) {
-	if f.span != nil || !f.start.IsZero() {
+	if !f.start.IsZero() || f.span != nil {
 		f.end = time.Now()
 	}
 	f.ack, f.err = ack, err

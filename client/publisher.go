@@ -176,14 +176,12 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 	if tel.timed {
 		f.start = time.Now()
 	}
-	headers := cfg.headers
-	f.span, headers = tel.startPublish(ctx, stream, headers)
 	frame := &transport.Publish{
 		Stream:      stream,
 		Shard:       cfg.shard,
 		Key:         key,
 		Value:       value,
-		Headers:     headers,
+		Headers:     tel.startPublish(ctx, f, cfg.headers),
 		ProducerID:  cfg.producerID,
 		ProducerSeq: cfg.producerSeq,
 	}

@@ -2,7 +2,9 @@ package client
 
 import (
 	"context"
+	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -21,9 +23,32 @@ import (
 // ("process <stream>", spanning the loop body of [Subscription.Records]),
 // linked to the producer's span. Default: no tracing, at no cost; the
 // global provider is never used implicitly.
+//
+// A producer span's context must go out with the record, so by default the
+// span is started before the record is sent. Build tp with
+// sdktrace.WithIDGenerator(client.TraceIDGenerator()) and the client
+// reserves the span's IDs instead, sends, and starts and ends the span
+// afterwards, off the publish's path, with the times the publish really
+// started and ended. The record carries the sampling decision the SDK's
+// parent-based default sampler makes (the parent's, or sampled for a
+// root); should tp's sampler ever decide otherwise, the client logs it and
+// goes back to starting spans before sending.
 func WithTracerProvider(tp trace.TracerProvider) Opt {
 	return optFunc(func(c *config) { c.tracerProvider = tp })
 }
+
+// IDGenerator is what an OpenTelemetry SDK tracer provider generates
+// trace and span IDs with (the methods of sdktrace.IDGenerator).
+type IDGenerator interface {
+	NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID)
+	NewSpanID(ctx context.Context, traceID trace.TraceID) trace.SpanID
+}
+
+// TraceIDGenerator returns an ID generator to build a tracer provider with
+// (sdktrace.WithIDGenerator), so that publishes can reserve their producer
+// spans' IDs and start the spans after sending (see WithTracerProvider).
+// It generates random IDs like the SDK's default.
+func TraceIDGenerator() IDGenerator { return msgtrace.IDs{} }
 
 // WithMeterProvider records the client's metrics with mp:
 // felix.client.publish.duration (seconds, from publish to ack or error, by
@@ -36,6 +61,11 @@ func WithMeterProvider(mp metric.MeterProvider) Opt {
 type telemetry struct {
 	tracer trace.Tracer // nil: tracing off
 	timed  bool         // a MeterProvider was given
+	// reserve: tracer takes reserved IDs, so producer spans are started
+	// after the send. Cleared for good if a span's sampling ever differs
+	// from the decision sent with its record.
+	reserve atomic.Bool
+	log     *slog.Logger
 
 	publishDur metric.Float64Histogram
 	delivered  metric.Int64Counter
@@ -52,9 +82,10 @@ var latencyBuckets = []float64{
 }
 
 func newTelemetry(cfg *config) (*telemetry, error) {
-	t := &telemetry{}
+	t := &telemetry{log: cfg.logger}
 	if cfg.tracerProvider != nil {
 		t.tracer = cfg.tracerProvider.Tracer(msgtrace.ScopeName)
+		t.reserve.Store(msgtrace.Reserves(t.tracer))
 	}
 	mp := cfg.meterProvider
 	if mp == nil {
@@ -78,19 +109,54 @@ func newTelemetry(cfg *config) (*telemetry, error) {
 	return t, nil
 }
 
-// startPublish starts the producer span of a publish, and returns the
+// startPublish does what must precede the send of f's record for its
+// producer span: it reserves the span's IDs, or starts it, and returns the
 // headers to send: h with the span's context added (a copy), or h itself
-// when not traced. The span gets its attributes when it ends
-// (finishPublish): only what the record needs is done before it is sent.
-func (t *telemetry) startPublish(ctx context.Context, stream string, h map[string]string) (trace.Span, map[string]string) {
+// when not traced. The span gets its attributes when it ends.
+func (t *telemetry) startPublish(ctx context.Context, f *Future, h map[string]string) map[string]string {
 	if t.tracer == nil {
-		return nil, h
+		return h
 	}
-	ctx, sp := t.tracer.Start(ctx, "publish "+stream, trace.WithSpanKind(trace.SpanKindProducer))
-	if !sp.SpanContext().IsValid() {
-		return sp, h
+	if t.reserve.Load() {
+		cfg := trace.SpanContextConfig{SpanID: msgtrace.NewSpanID(), TraceFlags: trace.FlagsSampled}
+		if parent := trace.SpanContextFromContext(ctx); parent.IsValid() {
+			cfg.TraceID, cfg.TraceFlags, cfg.TraceState = parent.TraceID(), parent.TraceFlags()&trace.FlagsSampled, parent.TraceState()
+		} else {
+			cfg.TraceID, f.root = msgtrace.NewTraceID(), true
+		}
+		if f.start.IsZero() {
+			f.start = time.Now()
+		}
+		f.parent, f.reserved = ctx, trace.NewSpanContext(cfg)
+		return msgtrace.WithRecordContext(f.reserved, h)
 	}
-	return sp, msgtrace.WithRecordContext(ctx, h)
+	_, f.span = t.tracer.Start(ctx, "publish "+f.stream, trace.WithSpanKind(trace.SpanKindProducer))
+	if sc := f.span.SpanContext(); sc.IsValid() {
+		return msgtrace.WithRecordContext(sc, h)
+	}
+	return h
+}
+
+// producerSpan returns f's producer span, starting it (at f.start, with
+// its reserved IDs) if need be; nil when f is not traced.
+func (t *telemetry) producerSpan(f *Future) trace.Span {
+	if f.span != nil || !f.reserved.IsValid() {
+		return f.span
+	}
+	ctx := msgtrace.Reserve(f.parent, f.reserved.SpanID())
+	if f.root {
+		ctx = msgtrace.ReserveRoot(f.parent, f.reserved.TraceID(), f.reserved.SpanID())
+	}
+	_, f.span = t.tracer.Start(ctx, "publish "+f.stream, trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(f.start))
+	f.parent = nil
+	if got := f.span.SpanContext(); got.SpanID() != f.reserved.SpanID() || got.IsSampled() != f.reserved.IsSampled() {
+		if t.reserve.CompareAndSwap(true, false) {
+			t.log.Warn("client: tracing: a producer span did not get the IDs or sampling decision sent with its record; producer spans are now started before sending",
+				"sent", f.reserved.SpanID().String(), "sent_sampled", f.reserved.IsSampled(),
+				"got", got.SpanID().String(), "got_sampled", got.IsSampled())
+		}
+	}
+	return f.span
 }
 
 // finishPublish records a resolved publish; it runs after the waiter was
@@ -100,14 +166,14 @@ func (t *telemetry) finishPublish(f *Future) {
 	if end.IsZero() {
 		end = time.Now()
 	}
-	if !f.start.IsZero() {
+	if t.timed {
 		opt := t.ok
 		if f.err != nil {
 			opt = t.failed
 		}
 		t.publishDur.Record(context.Background(), end.Sub(f.start).Seconds(), opt...)
 	}
-	sp := f.span
+	sp := t.producerSpan(f)
 	if sp == nil {
 		return
 	}

@@ -22,23 +22,37 @@ type IDs struct{}
 
 type reservedKey struct{}
 
-// NewIDs returns a random trace ID and the span ID reserved in ctx, or a
-// random one.
+// reserved is what Reserve puts in a context.
+type reserved struct {
+	trace trace.TraceID // for a root span; zero if not reserved
+	span  trace.SpanID
+}
+
+// NewIDs returns the trace and span IDs reserved in ctx, or random ones.
 func (IDs) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {
-	var tid trace.TraceID
-	for !tid.IsValid() {
-		binary.NativeEndian.PutUint64(tid[:8], rand.Uint64())
-		binary.NativeEndian.PutUint64(tid[8:], rand.Uint64())
+	if r, ok := ctx.Value(reservedKey{}).(reserved); ok && r.trace.IsValid() {
+		return r.trace, r.span
 	}
+	tid := NewTraceID()
 	return tid, IDs{}.NewSpanID(ctx, tid)
 }
 
 // NewSpanID returns the span ID reserved in ctx, or a random one.
 func (IDs) NewSpanID(ctx context.Context, _ trace.TraceID) trace.SpanID {
-	if id, ok := ctx.Value(reservedKey{}).(trace.SpanID); ok {
-		return id
+	if r, ok := ctx.Value(reservedKey{}).(reserved); ok {
+		return r.span
 	}
 	return NewSpanID()
+}
+
+// NewTraceID returns a random, valid trace ID.
+func NewTraceID() trace.TraceID {
+	var tid trace.TraceID
+	for !tid.IsValid() {
+		binary.NativeEndian.PutUint64(tid[:8], rand.Uint64())
+		binary.NativeEndian.PutUint64(tid[8:], rand.Uint64())
+	}
+	return tid
 }
 
 // NewSpanID returns a random, valid span ID.
@@ -53,7 +67,13 @@ func NewSpanID() trace.SpanID {
 // Reserve returns ctx carrying id as the span ID of the next span started
 // with it by a provider that generates IDs with IDs.
 func Reserve(ctx context.Context, id trace.SpanID) context.Context {
-	return context.WithValue(ctx, reservedKey{}, id)
+	return context.WithValue(ctx, reservedKey{}, reserved{span: id})
+}
+
+// ReserveRoot is Reserve for a span with no parent, which also needs a
+// trace ID.
+func ReserveRoot(ctx context.Context, tid trace.TraceID, id trace.SpanID) context.Context {
+	return context.WithValue(ctx, reservedKey{}, reserved{trace: tid, span: id})
 }
 
 // Reserves reports whether tracer's provider honours Reserve. It starts
@@ -62,8 +82,7 @@ func Reserve(ctx context.Context, id trace.SpanID) context.Context {
 // exports it.
 func Reserves(tracer trace.Tracer) bool {
 	id := NewSpanID()
-	tid, _ := IDs{}.NewIDs(context.Background())
-	parent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: NewSpanID(), Remote: true})
+	parent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: NewTraceID(), SpanID: NewSpanID(), Remote: true})
 	ctx := Reserve(trace.ContextWithRemoteSpanContext(context.Background(), parent), id)
 	_, sp := tracer.Start(ctx, "felix.probe")
 	return sp.SpanContext().SpanID() == id

@@ -65,12 +65,12 @@ const (
 
 var tc propagation.TraceContext
 
-// WithRecordContext returns a copy of h with the span context of ctx as the
-// record's creation context. h is not modified.
-func WithRecordContext(ctx context.Context, h map[string]string) map[string]string {
+// WithRecordContext returns a copy of h with sc as the record's creation
+// context. h is not modified.
+func WithRecordContext(sc trace.SpanContext, h map[string]string) map[string]string {
 	out := make(map[string]string, len(h)+2)
 	maps.Copy(out, h)
-	tc.Inject(ctx, propagation.MapCarrier(out))
+	tc.Inject(trace.ContextWithSpanContext(context.Background(), sc), propagation.MapCarrier(out))
 	return out
 }
 

@@ -1,0 +1,115 @@
+package client
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/felix-broker/felix/internal/msgtrace"
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// TestProducerSpanReserved publishes with a provider built with
+// TraceIDGenerator: the record goes out with the context of a span that
+// is only started after the ack, with that context, as a root and under
+// the application's span.
+func TestProducerSpanReserved(t *testing.T) {
+	fc := newFakeCluster(t, 1)
+	if err := fc.createStream(shardmap.StreamConfig{Name: "orders", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans), sdktrace.WithIDGenerator(TraceIDGenerator()))
+	defer tp.Shutdown(context.Background())
+	c := connect(t, fc, 0, WithTracerProvider(tp))
+	if !c.tel.reserve.Load() {
+		t.Fatal("the client does not reserve producer span IDs with TraceIDGenerator")
+	}
+
+	ctx := testCtx(t)
+	appCtx, app := tp.Tracer("app").Start(ctx, "request")
+	for i, pctx := range []context.Context{ctx, appCtx} {
+		ack, err := c.Publish(pctx, "orders", nil, []byte("v"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent := msgtrace.RecordContext(fc.stored(t, "orders", ack.Offset).Headers)
+		// The span is started and ended a moment after the ack.
+		var producer *tracetest.SpanStub
+		until(t, func() bool {
+			for _, s := range spans.GetSpans() {
+				if s.Name == "publish orders" && s.SpanContext.SpanID() == sent.SpanID() {
+					producer = &s
+				}
+			}
+			return producer != nil
+		}, "a producer span with the span ID sent with record %d (%s)", i, sent.SpanID())
+		if producer.SpanContext.TraceID() != sent.TraceID() || !producer.SpanContext.IsSampled() || !sent.IsSampled() {
+			t.Errorf("publish %d: producer %v, record carries %v", i, producer.SpanContext, sent)
+		}
+		if i == 1 && (producer.Parent.SpanID() != app.SpanContext().SpanID() || sent.TraceID() != app.SpanContext().TraceID()) {
+			t.Errorf("producer span's parent %s in trace %s, want the application's span %s", producer.Parent.SpanID(), sent.TraceID(), app.SpanContext().SpanID())
+		}
+		if !producer.StartTime.Before(producer.EndTime) {
+			t.Errorf("publish %d: producer span %v..%v", i, producer.StartTime, producer.EndTime)
+		}
+	}
+	app.End()
+	if !c.tel.reserve.Load() {
+		t.Error("the client stopped reserving IDs")
+	}
+}
+
+// TestProducerSpanSamplingMismatch uses a provider whose sampler records
+// nothing: the first record goes out marked sampled (the default
+// sampler's decision for a root), its span turns out unsampled, and the
+// client goes back to starting spans before sending.
+func TestProducerSpanSamplingMismatch(t *testing.T) {
+	fc := newFakeCluster(t, 1)
+	if err := fc.createStream(shardmap.StreamConfig{Name: "orders", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()), sdktrace.WithIDGenerator(TraceIDGenerator()))
+	defer tp.Shutdown(context.Background())
+	c := connect(t, fc, 0, WithTracerProvider(tp))
+	ctx := testCtx(t)
+	if _, err := c.Publish(ctx, "orders", nil, []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	until(t, func() bool { return !c.tel.reserve.Load() }, "the client to stop reserving IDs after a span's sampling differed")
+	ack, err := c.Publish(ctx, "orders", nil, []byte("v"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := msgtrace.RecordContext(fc.stored(t, "orders", ack.Offset).Headers); !got.IsValid() || got.IsSampled() {
+		t.Errorf("second record carries %v, want the unsampled context of a span started before sending", got)
+	}
+}
+
+// stored returns the record of stream's shard 0 at offset.
+func (fc *fakeCluster) stored(t *testing.T, stream string, offset uint64) transport.Record {
+	t.Helper()
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	log := fc.mu.logs[shardmap.ShardID{Stream: stream, Shard: 0}]
+	if offset >= uint64(len(log)) {
+		t.Fatalf("no record at %s/0/%d", stream, offset)
+	}
+	return log[offset]
+}
+
+// until waits up to 10s for cond, failing with what it waited for.
+func until(t *testing.T, cond func() bool, what string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 10s for "+what, args...)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
