@@ -214,31 +214,31 @@ func (p *pubSession) forward(in inbound, m *shardmap.Map, shard int, owner strin
 	fw := forwarded{in: in, attempt: attempt, sent: b.tel.now()}
 	// Only what the owner needs goes before the write: the context of the
 	// forward's client span, the parent of the owner's server span.
-	switch {
-	case !in.traced:
-	case b.tel.reserves && in.parent.IsValid():
-		// The provider takes reserved IDs: reserve them now and start the
-		// spans once the record is answered (forwarded.end). The hop
-		// carries the producer's sampling decision, which a parent-based
-		// sampler (the SDK's default) keeps.
-		if in.span == nil && !in.spanID.IsValid() {
-			in.spanID = msgtrace.NewSpanID()
-		}
+	if in.traced {
 		fw.spanID = msgtrace.NewSpanID()
-		fwd.Headers = msgtrace.WithHop(trace.NewSpanContext(trace.SpanContextConfig{
-			TraceID: in.parent.TraceID(), SpanID: fw.spanID,
-			TraceFlags: in.parent.TraceFlags(), TraceState: in.parent.TraceState(),
-		}), pub.Headers)
-	default:
-		if ctx, sp := b.tel.childSpan(p.serverSpan(&in), "forward "+pub.Stream, trace.SpanKindClient, fw.sent); sp != nil {
-			fw.span = sp
-			fwd.Headers = msgtrace.WithHop(trace.SpanContextFromContext(ctx), pub.Headers)
+		if b.tel.ids.Honoured() && in.parent.IsValid() {
+			// The provider takes reserved IDs: the spans are started once
+			// the record is answered (forwarded.end). The hop carries the
+			// producer's sampling decision, which a parent-based sampler
+			// (the SDK's default) keeps.
+			if fw.in.span == nil && !fw.in.spanID.IsValid() {
+				fw.in.spanID = msgtrace.NewSpanID()
+			}
+			fwd.Headers = msgtrace.WithHop(trace.NewSpanContext(trace.SpanContextConfig{
+				TraceID: in.parent.TraceID(), SpanID: fw.spanID,
+				TraceFlags: in.parent.TraceFlags(), TraceState: in.parent.TraceState(),
+			}), pub.Headers)
+		} else {
+			// Start them now, asking for the reserved ID all the same: the
+			// first forward learns whether the provider honours it.
+			sp := fw.clientSpan(p)
+			b.tel.ids.Learn(sp, fw.spanID)
+			fwd.Headers = msgtrace.WithHop(sp.SpanContext(), pub.Headers)
 		}
 	}
-	fw.in = in // with its server span or reserved ID, if any
 	if !l.add(fw) {
 		fw.end(p, nil, 0)
-		p.fail(in, &transport.Error{Code: transport.CodeInvalid,
+		p.fail(fw.in, &transport.Error{Code: transport.CodeInvalid,
 			Message: fmt.Sprintf("seq %d is already in flight on this stream; sequence numbers must be unique", pub.Seq)})
 		return
 	}

@@ -34,10 +34,10 @@ var batchBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 
 // and timed is false, and the publish path skips every call but the no-op
 // counter adds.
 type telemetry struct {
-	tracer   trace.Tracer // nil: tracing off
-	reserves bool         // tracer takes reserved span IDs (msgtrace.IDs)
-	timed    bool         // a MeterProvider was configured: take timestamps
-	node     attribute.KeyValue
+	tracer trace.Tracer          // nil: tracing off
+	ids    msgtrace.Reservations // tracer takes reserved span IDs (msgtrace.IDs)
+	timed  bool                  // a MeterProvider was configured: take timestamps
+	node   attribute.KeyValue
 
 	publishDur   metric.Float64Histogram // receipt to ack, on the receiving broker
 	forwardDur   metric.Float64Histogram // forward to owner's answer, by peer
@@ -80,7 +80,6 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 	t := &telemetry{node: msgtrace.NodeID.String(b.cfg.NodeID)}
 	if tp != nil {
 		t.tracer = tp.Tracer(msgtrace.ScopeName)
-		t.reserves = msgtrace.Reserves(t.tracer)
 	}
 	if mp == nil {
 		mp = noop.NewMeterProvider()

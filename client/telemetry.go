@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -61,11 +60,11 @@ func WithMeterProvider(mp metric.MeterProvider) Opt {
 type telemetry struct {
 	tracer trace.Tracer // nil: tracing off
 	timed  bool         // a MeterProvider was given
-	// reserve: tracer takes reserved IDs, so producer spans are started
-	// after the send. Cleared for good if a span's sampling ever differs
-	// from the decision sent with its record.
-	reserve atomic.Bool
-	log     *slog.Logger
+	// ids: tracer takes reserved IDs, so producer spans are started after
+	// the send. Refused for good if a span's sampling ever differs from the
+	// decision sent with its record.
+	ids msgtrace.Reservations
+	log *slog.Logger
 
 	publishDur metric.Float64Histogram
 	delivered  metric.Int64Counter
@@ -85,7 +84,6 @@ func newTelemetry(cfg *config) (*telemetry, error) {
 	t := &telemetry{log: cfg.logger}
 	if cfg.tracerProvider != nil {
 		t.tracer = cfg.tracerProvider.Tracer(msgtrace.ScopeName)
-		t.reserve.Store(msgtrace.Reserves(t.tracer))
 	}
 	mp := cfg.meterProvider
 	if mp == nil {
@@ -117,21 +115,24 @@ func (t *telemetry) startPublish(ctx context.Context, f *Future, h map[string]st
 	if t.tracer == nil {
 		return h
 	}
-	if t.reserve.Load() {
-		cfg := trace.SpanContextConfig{SpanID: msgtrace.NewSpanID(), TraceFlags: trace.FlagsSampled}
-		if parent := trace.SpanContextFromContext(ctx); parent.IsValid() {
-			cfg.TraceID, cfg.TraceFlags, cfg.TraceState = parent.TraceID(), parent.TraceFlags()&trace.FlagsSampled, parent.TraceState()
-		} else {
-			cfg.TraceID, f.root = msgtrace.NewTraceID(), true
-		}
-		if f.start.IsZero() {
-			f.start = time.Now()
-		}
-		f.parent, f.reserved = ctx, trace.NewSpanContext(cfg)
+	cfg := trace.SpanContextConfig{SpanID: msgtrace.NewSpanID(), TraceFlags: trace.FlagsSampled}
+	if parent := trace.SpanContextFromContext(ctx); parent.IsValid() {
+		cfg.TraceID, cfg.TraceFlags, cfg.TraceState = parent.TraceID(), parent.TraceFlags()&trace.FlagsSampled, parent.TraceState()
+	} else {
+		cfg.TraceID, f.root = msgtrace.NewTraceID(), true
+	}
+	if f.start.IsZero() {
+		f.start = time.Now()
+	}
+	f.parent, f.reserved = ctx, trace.NewSpanContext(cfg)
+	if t.ids.Honoured() {
 		return msgtrace.WithRecordContext(f.reserved, h)
 	}
-	_, f.span = t.tracer.Start(ctx, "publish "+f.stream, trace.WithSpanKind(trace.SpanKindProducer))
-	if sc := f.span.SpanContext(); sc.IsValid() {
+	// Start it now, asking for the reserved IDs all the same: the first
+	// publish learns whether the provider honours them.
+	sp := t.producerSpan(f)
+	t.ids.Learn(sp, f.reserved.SpanID())
+	if sc := sp.SpanContext(); sc.IsValid() {
 		return msgtrace.WithRecordContext(sc, h)
 	}
 	return h
@@ -149,8 +150,8 @@ func (t *telemetry) producerSpan(f *Future) trace.Span {
 	}
 	_, f.span = t.tracer.Start(ctx, "publish "+f.stream, trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(f.start))
 	f.parent = nil
-	if got := f.span.SpanContext(); got.SpanID() != f.reserved.SpanID() || got.IsSampled() != f.reserved.IsSampled() {
-		if t.reserve.CompareAndSwap(true, false) {
+	if got := f.span.SpanContext(); t.ids.Honoured() && (got.SpanID() != f.reserved.SpanID() || got.IsSampled() != f.reserved.IsSampled()) {
+		if t.ids.Refuse() {
 			t.log.Warn("client: tracing: a producer span did not get the IDs or sampling decision sent with its record; producer spans are now started before sending",
 				"sent", f.reserved.SpanID().String(), "sent_sampled", f.reserved.IsSampled(),
 				"got", got.SpanID().String(), "got_sampled", got.IsSampled())

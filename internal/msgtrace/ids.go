@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"math/rand/v2"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel/trace"
 )
@@ -17,7 +18,8 @@ import (
 // describe it: it reserves the IDs, puts them in the hop context that
 // travels with the record, and starts the spans, with their real start
 // times, once the record is answered. A provider built without IDs still
-// works; the broker then starts those spans before sending (see Reserves).
+// works; the broker then starts those spans before sending (see
+// Reservations).
 type IDs struct{}
 
 type reservedKey struct{}
@@ -76,14 +78,26 @@ func ReserveRoot(ctx context.Context, tid trace.TraceID, id trace.SpanID) contex
 	return context.WithValue(ctx, reservedKey{}, reserved{trace: tid, span: id})
 }
 
-// Reserves reports whether tracer's provider honours Reserve. It starts
-// one span to find out, under an unsampled parent so that parent-based
-// samplers do not record it; the span is never ended, so no processor
-// exports it.
-func Reserves(tracer trace.Tracer) bool {
-	id := NewSpanID()
-	parent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: NewTraceID(), SpanID: NewSpanID(), Remote: true})
-	ctx := Reserve(trace.ContextWithRemoteSpanContext(context.Background(), parent), id)
-	_, sp := tracer.Start(ctx, "felix.probe")
-	return sp.SpanContext().SpanID() == id
+// Reservations is whether a tracer honours Reserve, learned from the
+// first span started with a reservation (no probe span is ever made). Its
+// zero value knows nothing yet; it is safe for concurrent use.
+type Reservations struct{ state atomic.Int32 } // 0 unknown, 1 honoured, 2 not
+
+// Honoured reports whether spans may be started after the fact with
+// reserved IDs: the first one started with a reservation got its ID, and
+// Refuse was not called since.
+func (r *Reservations) Honoured() bool { return r.state.Load() == 1 }
+
+// Learn records whether sp, started with a reservation of id, got it. Only
+// the first call counts.
+func (r *Reservations) Learn(sp trace.Span, id trace.SpanID) {
+	state := int32(2)
+	if sp.SpanContext().SpanID() == id {
+		state = 1
+	}
+	r.state.CompareAndSwap(0, state)
 }
+
+// Refuse stops reservations for good. It reports whether they were
+// honoured until now.
+func (r *Reservations) Refuse() bool { return r.state.Swap(2) == 1 }
