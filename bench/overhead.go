@@ -38,7 +38,7 @@ var (
 const (
 	telemetryOffNote = "brokers with OTEL_TRACES_EXPORTER=none and OTEL_METRICS_EXPORTER=none; client with no tracer or meter provider"
 	telemetryOnNote  = "brokers with OTEL_TRACES_EXPORTER=discard (every span sampled, ended and dropped in-process) and metrics recorded; " +
-		"client with an SDK tracer provider (every span sampled, dropped by an in-process exporter) and an SDK meter provider"
+		"client with an SDK tracer provider built with client.TraceIDGenerator (every span sampled, dropped by an in-process exporter) and an SDK meter provider"
 )
 
 // TelemetryOverhead is what --telemetry measured: direct and forwarded,

@@ -22,7 +22,7 @@ type Report struct {
 	Cluster      string    `json:"cluster"`
 	PayloadBytes int       `json:"payload_bytes"`
 	Trials       int       `json:"trials"`
-	Floors       Floors    `json:"floors"`
+	Floors       Floors    `json:"floors,omitzero"` // zero (and left out) in a --telemetry report
 	Scenarios    []*Result `json:"scenarios"`
 	Targets      []Target  `json:"targets"`
 	Notes        []string  `json:"notes,omitempty"`

@@ -19,12 +19,18 @@ import (
 // BenchmarkTelemetryOverhead measures publish latency (SDK publish to ack,
 // one record at a time) of a direct and a forwarded publish on two
 // in-process clusters, one with no telemetry and one with tracing (every
-// span sampled, batched to a drop exporter) and metrics (an SDK meter
-// provider) on brokers and client. Each iteration publishes one record on
-// each of the four paths, alternating which cluster goes first, so both
-// see the same machine noise. It reports the p50s and the on/off ratios:
+// span sampled, batched to a drop exporter, IDs from TraceIDGenerator
+// unless FELIX_BENCH_SDK_IDS is set) and metrics (an SDK meter provider)
+// on brokers and client. Each iteration publishes one record on each of
+// the four paths, alternating which cluster goes first, so both see the
+// same machine noise. It reports the p50s and the on/off ratios:
 //
 //	go test -run '^$' -bench TelemetryOverhead -benchtime 3000x ./broker/
+//
+// Here the client and all four brokers share this process's CPUs and its
+// scheduler, so the batches of span work compete with the publish path
+// more than across processes; the figure users see is that of `felixctl
+// bench --local --telemetry`, with real broker processes.
 func BenchmarkTelemetryOverhead(b *testing.B) {
 	stream := shardmap.StreamConfig{Name: "orders", Shards: 1}
 	type mode struct {
