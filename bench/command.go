@@ -75,46 +75,47 @@ type settings struct {
 	subscribers                 int
 }
 
-// Validate checks the flags; kong calls it after parsing.
+// Validate checks the flags; kong calls it after parsing (and prefixes
+// its error with the command's name).
 func (c *Command) Validate() error {
 	if !c.Local && c.Cluster == "" && c.Broker == "" {
-		return errors.New("bench: say which cluster: --local, --cluster FILE or --broker ADDR --ca FILE")
+		return errors.New("say which cluster: --local, --cluster FILE or --broker ADDR --ca FILE")
 	}
 	if c.Broker != "" && c.CA == "" {
-		return errors.New("bench: --broker needs --ca, the cluster CA certificate")
+		return errors.New("--broker needs --ca, the cluster CA certificate")
 	}
 	for _, s := range c.scenarios() {
 		if !slices.Contains(Scenarios, s) {
-			return fmt.Errorf("bench: unknown scenario %q (have %s)", s, strings.Join(Scenarios, ", "))
+			return fmt.Errorf("unknown scenario %q (have %s)", s, strings.Join(Scenarios, ", "))
 		}
 	}
 	if c.Telemetry {
 		if !c.Local {
-			return errors.New("bench: --telemetry needs --local: it starts the two clusters it compares")
+			return errors.New("--telemetry needs --local: it starts the two clusters it compares")
 		}
 		if c.Plot != "" {
-			return errors.New("bench: --telemetry draws no plot: drop --plot")
+			return errors.New("--telemetry draws no plot: drop --plot")
 		}
 		if len(c.telemetryScenarios()) == 0 {
-			return errors.New("bench: --telemetry compares direct and forwarded: name at least one of them in --scenarios")
+			return errors.New("--telemetry compares direct and forwarded: name at least one of them in --scenarios")
 		}
 	}
 	if c.Plot != "" && !slices.Contains(PlotFormats, strings.ToLower(filepath.Ext(c.Plot))) {
-		return fmt.Errorf("bench: --plot %s: the file must end in .svg or .png", c.Plot)
+		return fmt.Errorf("--plot %s: the file must end in .svg or .png", c.Plot)
 	}
 	for _, v := range []struct {
 		name string
 		n    int
 	}{{"size", c.Size}, {"trials", c.Trials}, {"count", c.Count}, {"publishers", c.Publishers}, {"window", c.Window}, {"floor-count", c.FloorCount}} {
 		if v.n < 1 {
-			return fmt.Errorf("bench: --%s must be at least 1", v.name)
+			return fmt.Errorf("--%s must be at least 1", v.name)
 		}
 	}
 	if c.Size < stampLen && !c.Telemetry && (slices.Contains(c.scenarios(), E2E) || slices.Contains(c.scenarios(), Fanout)) {
-		return fmt.Errorf("bench: --size must be at least %d for e2e and fanout (the payload carries the send time)", stampLen)
+		return fmt.Errorf("--size must be at least %d for e2e and fanout (the payload carries the send time)", stampLen)
 	}
 	if c.Window > client.DefaultMaxInFlight {
-		return fmt.Errorf("bench: --window must be at most %d", client.DefaultMaxInFlight)
+		return fmt.Errorf("--window must be at most %d", client.DefaultMaxInFlight)
 	}
 	return nil
 }
@@ -164,7 +165,7 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 		log = slog.Default()
 	}
 	if err := c.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("bench: %w", err) // kong adds the prefix itself
 	}
 	started := time.Now()
 	prog := newProgress(os.Stderr, c.Progress)
