@@ -69,4 +69,15 @@
 // [WithClientCert] presents a client certificate for clusters requiring
 // mutual TLS. [WithInsecure] turns verification off and is for development
 // only.
+//
+// # Telemetry
+//
+// [WithTracerProvider] traces publishes (a producer span each, whose
+// context travels with the record, is stored with it, and is the parent of
+// the brokers' spans) and deliveries (a process span linked to the
+// producer's); [WithMeterProvider] records publish latency and deliveries.
+// Neither is on by default, and the global providers are never used. Span
+// ends and latency records run in batches off the publish path; with a
+// tracer provider built with [TraceIDGenerator] the producer span itself
+// is started after the record is sent, with its real start time.
 package client
