@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"runtime"
 	"sync"
 	"time"
@@ -45,7 +44,7 @@ type committer struct {
 // Append commits r, waits until it is fsynced and returns its offset. If
 // ctx is done before r is queued it returns ctx.Err(); once queued, Append
 // waits for the commit, because a record is never half committed. r is not
-// retained after Append returns.
+// retained after Append returns, except its Headers map (see Record).
 //
 // If the log is idle (nothing queued, nothing being committed), Append
 // commits r itself on the caller's goroutine instead of handing it to the
@@ -81,7 +80,8 @@ func (l *Log) Append(ctx context.Context, r *Record) (uint64, error) {
 // AppendAsync queues r. done is called exactly once, on the committer
 // goroutine, after r is fsynced (or failed), in offset order; it must not
 // block. If the log is closed or failed, done is called inline with the
-// error. r must not be modified until done is called.
+// error. r must not be modified until done is called, nor its Headers map
+// ever (see Record).
 func (l *Log) AppendAsync(r *Record, done func(offset uint64, ts int64, err error)) {
 	q := requestPool.Get().(*request)
 	q.rec, q.done = r, done
@@ -274,7 +274,7 @@ func (l *Log) commit(reqs []*request) {
 			ProducerSeq: q.rec.ProducerSeq,
 		}
 		if len(q.rec.Headers) > 0 {
-			rec.Headers = maps.Clone(q.rec.Headers)
+			rec.Headers = q.rec.Headers // kept, not copied: see Record
 		}
 		if n := len(q.rec.Key); n > 0 {
 			rec.Key = arena[keyAt : keyAt+n : keyAt+n]
