@@ -152,7 +152,9 @@ func (t *telemetry) producerSpan(f *Future) trace.Span {
 	f.parent = nil
 	if got := f.span.SpanContext(); t.ids.Honoured() && (got.SpanID() != f.reserved.SpanID() || got.IsSampled() != f.reserved.IsSampled()) {
 		if t.ids.Refuse() {
-			t.log.Warn("client: tracing: a producer span did not get the IDs or sampling decision sent with its record; producer spans are now started before sending",
+			// Expected once with a sampler that is not parent-based with
+			// always-on roots (a trace-ID ratio for roots, say).
+			t.log.Info("client: tracing: a producer span did not get the IDs or sampling decision sent with its record; producer spans are now started before sending",
 				"sent", f.reserved.SpanID().String(), "sent_sampled", f.reserved.IsSampled(),
 				"got", got.SpanID().String(), "got_sampled", got.IsSampled())
 		}
