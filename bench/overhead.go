@@ -149,6 +149,11 @@ func (c *Command) executeTelemetry(ctx context.Context, log *slog.Logger, out io
 			return nil, err
 		}
 		e.ownsData = true
+		if len(envs) > 0 {
+			// The same stream names on both: brokers with the same ids
+			// place them alike, so both sides take the same path.
+			e.runID = envs[0].runID
+		}
 		envs = append(envs, e)
 	}
 

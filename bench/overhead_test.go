@@ -209,8 +209,8 @@ func TestLocalTelemetry(t *testing.T) {
 		if r.RatioP50 <= 0 || len(r.TrialRatios) != c.Trials || r.TrialRatios[0] <= 0 {
 			t.Errorf("%s: ratio %v, trial ratios %v", r.Scenario, r.RatioP50, r.TrialRatios)
 		}
-		if r.PathOff == "" || r.PathOn == "" {
-			t.Errorf("%s: paths %q, %q", r.Scenario, r.PathOff, r.PathOn)
+		if r.PathOff == "" || r.PathOff != r.PathOn {
+			t.Errorf("%s: paths %q off and %q on, want the same one", r.Scenario, r.PathOff, r.PathOn)
 		}
 	}
 	if !slices.Equal(got, []string{Direct, Forwarded}) {
