@@ -14,6 +14,11 @@
 //     sends to the owner (the parent of the owner's server span). The owner
 //     removes it before the record is checked and stored.
 //
+// It also holds the two things that keep telemetry off a record's path:
+// IDs, an ID generator that lets a span's IDs be reserved before the
+// record is sent and the span started afterwards, and Deferred, which runs
+// span and metric work in batches after the record is answered.
+//
 // The package owns no provider and reads no global: callers pass the
 // tracer they were configured with. It does no I/O.
 package msgtrace
