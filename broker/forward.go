@@ -165,7 +165,10 @@ func (fw *forwarded) clientSpan(p *pubSession) trace.Span {
 	if fw.span != nil || !fw.spanID.IsValid() {
 		return fw.span
 	}
-	ctx := msgtrace.Reserve(trace.ContextWithSpan(context.Background(), p.serverSpan(&fw.in)), fw.spanID)
+	ctx := trace.ContextWithSpan(context.Background(), p.serverSpan(&fw.in))
+	if !p.b.tel.ids.Refused() {
+		ctx = msgtrace.Reserve(ctx, fw.spanID)
+	}
 	_, fw.span = p.b.tel.tracer.Start(ctx, "forward "+fw.in.pub.Stream,
 		trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(fw.sent))
 	return fw.span

@@ -306,17 +306,11 @@ func endSpan(sp trace.Span, err *transport.Error, opts ...trace.SpanEndOption) {
 	sp.End(opts...)
 }
 
-// childSpan starts a span under parent, or returns nil if parent is not
-// being recorded.
-func (t *telemetry) childSpan(parent trace.Span, name string, kind trace.SpanKind, start time.Time) (context.Context, trace.Span) {
-	if parent == nil || !parent.SpanContext().IsValid() {
-		return nil, nil
-	}
-	opts := []trace.SpanStartOption{trace.WithSpanKind(kind)}
-	if !start.IsZero() {
-		opts = append(opts, trace.WithTimestamp(start))
-	}
-	return t.tracer.Start(trace.ContextWithSpan(context.Background(), parent), name, opts...)
+// startChild starts an internal span under parent, at start.
+func (t *telemetry) startChild(parent trace.Span, name string, start time.Time) trace.Span {
+	_, sp := t.tracer.Start(trace.ContextWithSpan(context.Background(), parent), name,
+		trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(start))
+	return sp
 }
 
 // traceAppend records, after the fact, the append of a record the log
@@ -324,16 +318,15 @@ func (t *telemetry) childSpan(parent trace.Span, name string, kind trace.SpanKin
 // end (the ack), under the server span, with a child span for the fsync it
 // waited for.
 func (t *telemetry) traceAppend(server trace.Span, id shardmap.ShardID, began, end time.Time, offset uint64, c wal.Commit) {
-	_, sp := t.childSpan(server, "append "+id.String(), trace.SpanKindInternal, began)
-	if sp == nil {
+	if !server.SpanContext().IsValid() {
 		return
 	}
+	sp := t.startChild(server, "append "+id.String(), began)
 	if sp.IsRecording() {
 		sp.SetAttributes(msgtrace.Offset.Int64(int64(offset)),
 			msgtrace.MessageID.String(id.String()+"/"+strconv.FormatUint(offset, 10)))
 		if !c.Start.IsZero() {
-			_, fs := t.tracer.Start(trace.ContextWithSpan(context.Background(), sp), "fsync "+id.String(),
-				trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(c.Start))
+			fs := t.startChild(sp, "fsync "+id.String(), c.Start)
 			fs.SetAttributes(msgtrace.BatchSize.Int(c.Records))
 			fs.End(trace.WithTimestamp(c.Start.Add(c.Sync)))
 		}

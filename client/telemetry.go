@@ -144,9 +144,13 @@ func (t *telemetry) producerSpan(f *Future) trace.Span {
 	if f.span != nil || !f.reserved.IsValid() {
 		return f.span
 	}
-	ctx := msgtrace.Reserve(f.parent, f.reserved.SpanID())
-	if f.root {
-		ctx = msgtrace.ReserveRoot(f.parent, f.reserved.TraceID(), f.reserved.SpanID())
+	ctx := f.parent
+	switch {
+	case t.ids.Refused(): // asking would be wasted work
+	case f.root:
+		ctx = msgtrace.ReserveRoot(ctx, f.reserved.TraceID(), f.reserved.SpanID())
+	default:
+		ctx = msgtrace.Reserve(ctx, f.reserved.SpanID())
 	}
 	_, f.span = t.tracer.Start(ctx, "publish "+f.stream, trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(f.start))
 	f.parent = nil

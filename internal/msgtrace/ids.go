@@ -98,6 +98,10 @@ func (r *Reservations) Learn(sp trace.Span, id trace.SpanID) {
 	r.state.CompareAndSwap(0, state)
 }
 
+// Refused reports whether spans are known not to get reserved IDs, so
+// that asking for them is wasted work.
+func (r *Reservations) Refused() bool { return r.state.Load() == 2 }
+
 // Refuse stops reservations for good. It reports whether they were
 // honoured until now.
 func (r *Reservations) Refuse() bool { return r.state.Swap(2) == 1 }

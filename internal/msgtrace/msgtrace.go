@@ -88,15 +88,6 @@ func RecordContext(h map[string]string) trace.SpanContext {
 	return trace.SpanContextFromContext(tc.Extract(context.Background(), propagation.MapCarrier(h)))
 }
 
-// ExtractRecord returns ctx with the record's creation context in h as its
-// remote parent, or ctx itself if h has none.
-func ExtractRecord(ctx context.Context, h map[string]string) context.Context {
-	if _, ok := h["traceparent"]; !ok {
-		return ctx
-	}
-	return tc.Extract(ctx, propagation.MapCarrier(h))
-}
-
 // WithHop returns a copy of h carrying sc as the hop context. h is not
 // modified.
 func WithHop(sc trace.SpanContext, h map[string]string) map[string]string {
