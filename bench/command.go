@@ -28,6 +28,8 @@ type Command struct {
 	Cluster string `help:"Bench the existing cluster described by this connection file." type:"path" xor:"target" placeholder:"FILE"`
 	Broker  string `help:"Bench the existing cluster this broker belongs to (with --ca)." xor:"target" placeholder:"ADDR"`
 	CA      string `help:"Cluster CA certificate, with --broker." type:"path" placeholder:"FILE"`
+	Cert    string `help:"Client certificate, with --broker (a principal allowed to create, publish to and subscribe to the bench's streams)." type:"path" placeholder:"FILE"`
+	Key     string `help:"Private key of --cert." type:"path" placeholder:"FILE"`
 
 	Brokers     int    `help:"Brokers of the local cluster." default:"3"`
 	BrokerProcs int    `help:"With --local: GOMAXPROCS of each broker process (0: Go's default, all CPUs)." default:"0"`
@@ -81,8 +83,8 @@ func (c *Command) Validate() error {
 	if !c.Local && c.Cluster == "" && c.Broker == "" {
 		return errors.New("say which cluster: --local, --cluster FILE or --broker ADDR --ca FILE")
 	}
-	if c.Broker != "" && c.CA == "" {
-		return errors.New("--broker needs --ca, the cluster CA certificate")
+	if c.Broker != "" && (c.CA == "" || c.Cert == "" || c.Key == "") {
+		return errors.New("--broker needs --ca, the cluster CA certificate, and --cert and --key, a client certificate")
 	}
 	for _, s := range c.scenarios() {
 		if !slices.Contains(Scenarios, s) {
@@ -228,7 +230,7 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 			watch.names, watch.pids = append(watch.names, b.ID), append(watch.pids, pid)
 		}
 		seed = cl.Brokers()[0].Addr
-		opts = append(opts, client.WithCAFile(cl.CAFile()))
+		opts = append(opts, client.WithCAFile(cl.CAFile()), client.WithClientCertFile(cl.AdminCert()))
 		rep.Cluster = fmt.Sprintf("local cluster of %d broker processes (%s)", c.Brokers, filepath.Base(binary))
 		ownsCluster = true
 	case c.Cluster != "":
@@ -240,11 +242,11 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 			return nil, fmt.Errorf("bench: %s lists no broker", c.Cluster)
 		}
 		seed = cf.Brokers[0].Addr
-		opts = append(opts, client.WithCAFile(cf.CAFile))
+		opts = append(opts, client.WithCAFile(cf.CAFile), client.WithClientCertFile(cf.CertFile, cf.KeyFile))
 		rep.Cluster = fmt.Sprintf("cluster %q (%s)", cf.Name, c.Cluster)
 	default:
 		seed = c.Broker
-		opts = append(opts, client.WithCAFile(c.CA))
+		opts = append(opts, client.WithCAFile(c.CA), client.WithClientCertFile(c.Cert, c.Key))
 		rep.Cluster = "cluster of " + c.Broker
 	}
 	if !c.Local {

@@ -79,13 +79,20 @@ func startFloors(ctx context.Context, binary, workDir, dataDir string, size int)
 	if err != nil {
 		return nil, fmt.Errorf("bench: RTT floor: %w", err)
 	}
+	// The echo server, like a broker, accepts only clients with a
+	// certificate: present the dev PKI's admin certificate, so the floor
+	// pays the same handshake and path as the scenarios.
+	cert, err := transport.LoadKeyPair(filepath.Join(certDir, transport.DevAdminName+".crt"), filepath.Join(certDir, transport.DevAdminName+".key"))
+	if err != nil {
+		return nil, fmt.Errorf("bench: RTT floor: %w", err)
+	}
 	addr, err := m.startEcho(ctx, binary, certDir)
 	if err != nil {
 		return nil, err
 	}
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	m.conn, err = transport.Dial(dctx, addr, transport.ClientTLS(ca, nil, "", transport.ALPNClient), transport.Config{})
+	m.conn, err = transport.Dial(dctx, addr, transport.ClientTLS(ca, &cert, "", transport.ALPNClient), transport.Config{})
 	if err != nil {
 		return nil, fmt.Errorf("bench: RTT floor: dial the echo process at %s: %w", addr, err)
 	}

@@ -143,7 +143,7 @@ func (c *Command) executeTelemetry(ctx context.Context, log *slog.Logger, out io
 		{off, nil},
 		{on, []client.Opt{client.WithTracerProvider(tp), client.WithMeterProvider(mp)}},
 	} {
-		opts := append(slices.Clone(base), client.WithCAFile(side.lc.cl.CAFile()))
+		opts := append(slices.Clone(base), client.WithCAFile(side.lc.cl.CAFile()), client.WithClientCertFile(side.lc.cl.AdminCert()))
 		e, err := newEnv(ctx, c.settings(), log, prog, side.lc.cl.Brokers()[0].Addr, append(opts, side.extra...))
 		if err != nil {
 			return nil, err

@@ -1,6 +1,8 @@
 package broker
 
 import (
+	"github.com/felix-broker/felix/auth"
+
 	"context"
 	"errors"
 	"fmt"
@@ -12,13 +14,22 @@ import (
 
 // serveRequest answers one admin request: the shard map from this broker's
 // own copy, everything else by relaying to the control plane.
-func (b *Broker) serveRequest(s *quic.Stream, req *transport.Request) {
+//
+// A relayed request carries the client's principal, and the control plane
+// authorizes that principal, never this broker. A peer makes no admin
+// requests.
+func (b *Broker) serveRequest(s *quic.Stream, req *transport.Request, from caller) {
 	defer s.Close()
 	w := transport.NewWriter(s)
-	if req.Op == "map.get" {
-		w.Write(&transport.Response{Map: b.member.Map()})
+	if from.principal == "" {
+		w.Write(b.authorize(b.member.Map(), from, auth.Action(req.Op), ""))
 		return
 	}
+	if req.Op == "map.get" {
+		w.Write(&transport.Response{Map: b.member.Map().VisibleTo(from.principal)})
+		return
+	}
+	req.Principal = from.principal
 	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.ForwardTimeout)
 	defer cancel()
 	resp, err := b.member.Request(ctx, req)

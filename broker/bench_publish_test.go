@@ -32,7 +32,7 @@ func BenchmarkPublishInProcess(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			brokers, caFile := startBenchBrokers(b, 2)
 			ctx := context.Background()
-			c, err := client.Connect(ctx, brokers[0].Addr().String(), client.WithCAFile(caFile), client.WithLogger(quiet()))
+			c, err := client.Connect(ctx, brokers[0].Addr().String(), client.WithCAFile(caFile), adminCert(caFile), client.WithLogger(quiet()))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -52,7 +52,7 @@ func BenchmarkPublishInProcess(b *testing.B) {
 			}
 			if via != brokers[0] {
 				c.Close()
-				if c, err = client.Connect(ctx, via.Addr().String(), client.WithCAFile(caFile), client.WithLogger(quiet())); err != nil {
+				if c, err = client.Connect(ctx, via.Addr().String(), client.WithCAFile(caFile), adminCert(caFile), client.WithLogger(quiet())); err != nil {
 					b.Fatal(err)
 				}
 				defer c.Close()
@@ -112,7 +112,8 @@ func startBenchBrokers(b *testing.B, n int) ([]*Broker, string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cs, err := ctl.New(ctl.Config{Addr: "127.0.0.1:0", DataDir: filepath.Join(dir, "ctl"), TLS: ctlTLS, LeaseTTL: time.Second, Logger: quiet()})
+	cs, err := ctl.New(ctl.Config{Addr: "127.0.0.1:0", DataDir: filepath.Join(dir, "ctl"), TLS: ctlTLS, LeaseTTL: time.Second,
+		Superusers: []string{transport.DevAdminName}, Logger: quiet()})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -99,7 +99,7 @@ func BenchmarkTelemetryOverhead(b *testing.B) {
 			}
 		}
 		connect := func(br *Broker) *client.Client {
-			opts := append([]client.Opt{client.WithCAFile(filepath.Join(m.ip.dir, "certs", "ca.crt")), client.WithLogger(quiet())}, opts...)
+			opts := append([]client.Opt{client.WithCAFile(filepath.Join(m.ip.dir, "certs", "ca.crt")), adminCert(filepath.Join(m.ip.dir, "certs", "ca.crt")), client.WithLogger(quiet())}, opts...)
 			c, err := client.Connect(ctx, br.Addr().String(), opts...)
 			if err != nil {
 				b.Fatal(err)

@@ -18,7 +18,7 @@ import (
 func BenchmarkPublishThroughput(b *testing.B) {
 	brokers, caFile := startBenchBrokers(b, 1)
 	ctx := context.Background()
-	c, err := client.Connect(ctx, brokers[0].Addr().String(), client.WithCAFile(caFile), client.WithLogger(quiet()))
+	c, err := client.Connect(ctx, brokers[0].Addr().String(), client.WithCAFile(caFile), adminCert(caFile), client.WithLogger(quiet()))
 	if err != nil {
 		b.Fatal(err)
 	}

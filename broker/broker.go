@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/felix-broker/felix/ctl"
+	"github.com/felix-broker/felix/internal/logonce"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -29,6 +31,7 @@ type Broker struct {
 	peers  *peerPool
 	tel    *telemetry
 	subs   subRegistry
+	limits *limits // client resource limits (limits.go)
 
 	// joined is the control plane membership once Start has it; ready is
 	// set once the first map is applied (its logs open) and cleared by
@@ -44,6 +47,10 @@ type Broker struct {
 
 	ln     *transport.Listener
 	member *ctl.Member
+
+	// refusals and denials remember which remote was refused and which
+	// principal was denied what, so each is logged once, not per retry.
+	refusals, denials logonce.Set
 
 	// staleMap, when set, is the map the next routing decision uses
 	// instead of the current one: a test seam that makes a map change
@@ -70,10 +77,15 @@ func New(cfg Config) (*Broker, error) {
 	b.peers = newPeerPool(cfg.PeerTLS, cfg.Transport, b.log)
 	b.mu.conns = map[*quic.Conn]struct{}{}
 	b.mu.pubs = map[*pubSession]struct{}{}
+	if b.limits, err = newLimits(&b.cfg, b.log); err != nil {
+		return nil, fmt.Errorf("broker %s: metrics: %w", cfg.NodeID, err)
+	}
 	if b.tel, err = newTelemetry(b, cfg.TracerProvider, cfg.MeterProvider); err != nil {
 		return nil, fmt.Errorf("broker %s: metrics: %w", cfg.NodeID, err)
 	}
-	b.shards = newShardSet(cfg.DataDir, cfg.SegmentSize, b.log, b.tel)
+	if b.shards, err = newShardSet(cfg, b.log, b.tel); err != nil {
+		return nil, fmt.Errorf("broker %s: %w", cfg.NodeID, err)
+	}
 	return b, nil
 }
 
@@ -189,46 +201,111 @@ func (b *Broker) acceptLoop() {
 // newly owned shards and closes logs of shards no longer owned.
 func (b *Broker) mapLoop() {
 	defer b.wg.Done()
+	var applied *shardmap.Map // Start applied one; applying it again is harmless
 	for {
+		// Changed is taken before Map is read, so that a map arriving
+		// while another is applied is applied next, not missed.
 		changed := b.member.Changed()
+		if m := b.member.Map(); m.NewerThan(applied) {
+			if err := b.applyMap(m); err != nil {
+				b.log.Error("applying shard map", "epoch", m.Epoch, "err", err)
+			}
+			applied = m
+			continue
+		}
 		select {
 		case <-b.ctx.Done():
 			return
 		case <-changed:
 		}
-		m := b.member.Map()
-		if err := b.applyMap(m); err != nil {
-			b.log.Error("applying shard map", "epoch", m.Epoch, "err", err)
-		}
 	}
 }
 
+// applyMap makes the broker's shard logs follow m (see shardSet.apply):
+// first the logs of shards no longer owned are closed and the data of
+// deleted streams removed, whatever fails; then owned shards are opened
+// one by one within the open-log budget, the rest on first use. A shard
+// that fails to open fails only its own publishes and subscriptions (with
+// an unavailable error naming it) and is retried on the next map or on a
+// use a second later. Each kind of event is logged once per map, with
+// counts and the first few shards, never once per shard.
 func (b *Broker) applyMap(m *shardmap.Map) error {
-	owned := m.OwnedBy(b.cfg.NodeID)
-	for _, id := range owned {
-		st, _ := m.Stream(id.Stream)
-		if _, err := b.shards.log(id, st.StreamConfig); err != nil {
-			return fmt.Errorf("broker %s: open shard %s: %w", b.cfg.NodeID, id, err)
-		}
-	}
-	b.shards.retain(m, b.cfg.NodeID)
+	m, r := b.shards.apply(m)
 	b.peers.dropDown(m)
-	b.log.Info("shard map applied", "epoch", m.Epoch, "owned_shards", len(owned))
+	if len(r.deleted) > 0 {
+		b.log.Info("streams deleted; their data removed", "epoch", m.Epoch, "streams", firstFew(r.deleted))
+	}
+	if len(r.deleteErr) > 0 {
+		b.log.Error("closing logs or removing data of deleted streams failed", "epoch", m.Epoch,
+			"failures", len(r.deleteErr), "first", r.deleteErr[0])
+	}
+	if len(r.refused) > 0 {
+		b.log.Warn("streams refused: this broker would hold more than MaxShards shards", "epoch", m.Epoch,
+			"max_shards", b.cfg.MaxShards, "streams", len(r.refused), "shards", r.refusedShards, "first", firstFew(r.refused))
+	}
+	if r.failed > 0 {
+		ids := make([]string, len(r.failedIDs))
+		for i, id := range r.failedIDs {
+			ids[i] = id.String()
+		}
+		b.log.Error("shard logs failed to open; their publishes fail until a retry succeeds", "epoch", m.Epoch,
+			"failed", r.failed, "shards", ids, "first_err", r.failedErr)
+	}
+	b.log.Info("shard map applied", "epoch", m.Epoch, "owned_shards", r.owned, "open_logs", r.open,
+		"opened", r.opened, "closed", r.closed, "open_on_first_use", r.deferred, "failed", r.failed)
 	return nil
+}
+
+// caller is who a connection's streams act for: a forwarding peer (a
+// broker, by its node certificate) or a client principal (by its client
+// certificate). Exactly one of the two is set.
+type caller struct {
+	peerID    string   // the peer broker's node id
+	principal string   // the client's principal name
+	use       *connUse // what the client connection holds (limits.go); nil for a peer
+}
+
+// identify checks that conn's certificate may speak the ALPN it chose: a
+// node certificate on the peer protocol, a client certificate on the
+// client protocol. Roles are separate: a client cannot act as a peer, and
+// a broker's or the control plane's certificate is no client principal.
+func identify(conn *quic.Conn) (caller, error) {
+	id, err := transport.PeerIdentity(conn)
+	if err != nil {
+		return caller{}, err
+	}
+	switch alpn := conn.ConnectionState().TLS.NegotiatedProtocol; {
+	case alpn == transport.ALPNPeer && id.Role == transport.RoleNode:
+		return caller{peerID: id.Name}, nil
+	case alpn == transport.ALPNPeer:
+		return caller{}, transport.Errorf(transport.CodeUnauthorized, "peer connections need a broker's node certificate, not a %s certificate (%q)", id.Role, id.Name)
+	case id.Role == transport.RoleClient:
+		return caller{principal: id.Name}, nil
+	default:
+		return caller{}, transport.Errorf(transport.CodeUnauthorized, "client connections need a client certificate, not a %s certificate (%q)", id.Role, id.Name)
+	}
 }
 
 // serveConn accepts streams on one client or peer connection.
 func (b *Broker) serveConn(conn *quic.Conn) {
 	defer b.wg.Done()
-	peerID := ""
-	if conn.ConnectionState().TLS.NegotiatedProtocol == transport.ALPNPeer {
-		id, err := transport.PeerNodeID(conn)
-		if err != nil {
-			b.log.Warn("refusing peer connection without a node certificate", "remote", conn.RemoteAddr(), "err", err)
-			conn.CloseWithError(quic.ApplicationErrorCode(transport.CodeUnauthorized), "peer connections need a node certificate")
+	from, err := identify(conn)
+	if err != nil {
+		if b.refusals.First(conn.RemoteAddr().String()) {
+			b.log.Warn("connection refused", "remote", conn.RemoteAddr(), "err", err)
+		}
+		conn.CloseWithError(quic.ApplicationErrorCode(transport.CodeUnauthorized), err.Error())
+		return
+	}
+	peerID := from.peerID
+	if peerID == "" { // peers count against no client limit
+		use, lerr := b.limits.admitConn(from.principal)
+		if lerr != nil {
+			conn.CloseWithError(quic.ApplicationErrorCode(lerr.Code), lerr.Message)
 			return
 		}
-		peerID = id
+		defer b.limits.releaseConn(use)
+		from.use = use
 	}
 	if !b.track(conn) {
 		conn.CloseWithError(quic.ApplicationErrorCode(transport.CodeShuttingDown), "broker shutting down")
@@ -246,8 +323,11 @@ func (b *Broker) serveConn(conn *quic.Conn) {
 		if err != nil {
 			return
 		}
+		if from.use != nil && !b.limits.admitStream(from.use, s) {
+			continue
+		}
 		b.wg.Add(1)
-		go b.serveStream(s, peerID)
+		go b.serveStream(s, from)
 	}
 }
 
@@ -269,11 +349,21 @@ func (b *Broker) untrack(conn *quic.Conn) {
 
 // serveStream reads the first frame of a stream and hands the stream to the
 // path it opens.
-func (b *Broker) serveStream(s *quic.Stream, peerID string) {
+func (b *Broker) serveStream(s *quic.Stream, from caller) {
 	defer b.wg.Done()
+	if from.use != nil {
+		defer from.use.streams.Add(-1) // admitted by serveConn
+	}
 	r := transport.NewReader(s, b.cfg.Transport.MaxFrame)
+	s.SetReadDeadline(time.Now().Add(b.cfg.FirstFrameTimeout))
 	f, err := r.Read()
+	s.SetReadDeadline(time.Time{})
 	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			b.limits.hit(limitFirstFrame, from.principal+from.peerID, "")
+			err = &transport.Error{Code: transport.CodeTimeout,
+				Message: fmt.Sprintf("no frame within %v of opening the stream (FirstFrameTimeout)", b.cfg.FirstFrameTimeout)}
+		}
 		b.refuse(s, err)
 		return
 	}
@@ -282,15 +372,15 @@ func (b *Broker) serveStream(s *quic.Stream, peerID string) {
 	case *transport.Publish:
 		b.tel.streams.Add(ctx, 1, b.tel.pubStream...)
 		defer b.tel.streams.Add(ctx, -1, b.tel.pubStream...)
-		b.servePublish(s, r, f, peerID)
+		b.servePublish(s, r, f, from)
 	case *transport.Subscribe:
 		b.tel.streams.Add(ctx, 1, b.tel.subStream...)
 		defer b.tel.streams.Add(ctx, -1, b.tel.subStream...)
-		b.serveSubscribe(s, r, f)
+		b.serveSubscribe(s, r, f, from)
 	case *transport.Request:
 		b.tel.streams.Add(ctx, 1, b.tel.reqStream...)
 		defer b.tel.streams.Add(ctx, -1, b.tel.reqStream...)
-		b.serveRequest(s, f)
+		b.serveRequest(s, f, from)
 	default:
 		b.refuse(s, &transport.Error{Code: transport.CodeUnexpectedFrame,
 			Message: fmt.Sprintf("a stream must start with publish, subscribe or request, not %T", f)})

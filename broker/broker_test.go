@@ -166,7 +166,8 @@ func TestBadInputIsTypedAndContained(t *testing.T) {
 		raw  []byte
 		want error
 	}{
-		{"oversized frame", binary.BigEndian.AppendUint32(nil, 1<<30), transport.ErrFrameTooLarge},
+		{"oversized frame", append(binary.BigEndian.AppendUint32(nil, 1<<30), byte(transport.FrameSubscribe)), transport.ErrFrameTooLarge},
+		{"oversized publish", append(binary.BigEndian.AppendUint32(nil, 1<<30), byte(transport.FramePublish)), transport.ErrPayloadTooLarge},
 		{"unknown frame type", append(binary.BigEndian.AppendUint32(nil, 2), 0xEE, 0x90), transport.ErrUnknownFrame},
 		{"malformed body", append(binary.BigEndian.AppendUint32(nil, 3), byte(transport.FramePublish), 0xc1, 0xc1), transport.ErrMalformed},
 	}

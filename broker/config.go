@@ -41,7 +41,14 @@ type Config struct {
 	CtlTLS *tls.Config
 	// Transport tunes QUIC and framing.
 	Transport transport.Config
-	// MaxPayload bounds a record's key plus value plus headers; default 1 MiB.
+	// MaxPayload is the one maximum record size: the bytes of a record's
+	// key, value, headers (names and values) and producer id. Default
+	// 1 MiB. A record over it is refused with payload_too_large, whatever
+	// the size of the frame it came in: the broker's frame limit
+	// (Transport.MaxFrame, unless set) is derived from it with
+	// transport.PublishFrameLimit, a publish frame over that limit is
+	// skipped and answered payload_too_large too, and one more than 4 times
+	// over it closes the stream with that code.
 	MaxPayload int
 	// ForwardTimeout bounds how long a forwarded publish may wait for the
 	// owner, including re-routing after a map change; default 10s.
@@ -68,6 +75,144 @@ type Config struct {
 	// Default nil: no metrics, and the publish path takes no timestamps
 	// for them.
 	MeterProvider metric.MeterProvider
+
+	// Shard logs: how many are open and how many shards are held (issue
+	// 11). See "Open logs under a budget" in shards.go.
+
+	// MaxOpenShards bounds the shard logs open at once. Logs open on first
+	// use (and, while under the bound, when a map assigns the shard); to
+	// open one more past the bound the broker first closes the least
+	// recently used log nobody is publishing to or subscribed to, and if
+	// every open log is in use the publish or subscription gets an
+	// unavailable error naming the shard. An open log holds 2 file
+	// descriptors, a goroutine, up to wal's TailRecords recent records
+	// and up to a segment (SegmentSize) of tidwall's in-memory tail; a
+	// log closed and opened again pays its recovery (a read of its last
+	// segment) again, so set it above the shards in active use.
+	// Default 1024, or a quarter of what the process's file-descriptor
+	// limit (RLIMIT_NOFILE) leaves after 256 for connections, if that is
+	// smaller; never below 16.
+	MaxOpenShards int
+	// MaxShards bounds the shards this broker holds: streams are admitted
+	// whole (all the shards of the stream the map assigns here) while the
+	// total stays within it, in the order they appear (streams with data
+	// on this broker first after a restart); a stream past it is refused
+	// with one log line per map, and publishes and subscriptions to it
+	// get an unavailable error. Default 16384, the control plane's default
+	// MaxShardsTotal, so that a broker can hold every shard of a default
+	// cluster.
+	MaxShards int
+
+	// Client resource limits (issue 11): each bounds what one client can
+	// make the broker hold. Past a limit the client gets a typed error on
+	// the stream (limit_exceeded unless said otherwise), or a connection
+	// close with that code, and the broker serves everyone else; each
+	// limit hit is counted in felix_limit_hits_total{limit} and logged
+	// once per principal and limit. Peers (other brokers, ALPNPeer) count
+	// against none of them.
+
+	// MaxConns bounds the client connections to this broker. Default 4096.
+	MaxConns int
+	// MaxConnsPerPrincipal bounds the client connections of one principal
+	// (one client certificate name) to this broker. Default 64.
+	MaxConnsPerPrincipal int
+	// MaxStreamsPerConn bounds the open streams (publishers, subscribers,
+	// requests) of one client connection; one more is answered
+	// limit_exceeded and closed. Default 256. (The QUIC limit,
+	// Transport.MaxIncomingStreams, is higher, for peer connections.)
+	MaxStreamsPerConn int
+	// FirstFrameTimeout closes a stream that has not sent its first frame
+	// within it, answering timeout. Default 10s.
+	FirstFrameTimeout time.Duration
+	// MaxSubsPerConn bounds the subscriptions (subscriber streams) open on
+	// one client connection. Default 128.
+	MaxSubsPerConn int
+	// MaxCredit bounds a subscription's outstanding credit, in records: a
+	// Subscribe or Credit frame that would take it past the bound is
+	// answered limit_exceeded and the subscription closed. Default 65536.
+	MaxCredit int
+	// SubscriptionBytes bounds the record bytes (keys, values, headers,
+	// producer ids) a subscription reads and holds at once, which is one
+	// Records frame on its way to the subscriber; a single record larger
+	// than it (up to MaxPayload) is sent alone. Default 1 MiB.
+	SubscriptionBytes int
+	// SubscriptionBytesPerPrincipal bounds those bytes over all the
+	// subscriptions of one principal: a subscriber that does not read
+	// keeps its frame, and its principal's other subscriptions wait for
+	// room. It is at least max(SubscriptionBytes, MaxPayload). Default
+	// 64 MiB.
+	SubscriptionBytesPerPrincipal int
+	// PublishInFlight bounds the records one publisher stream may have
+	// taken in whose answer (ack or error) has not been written to the
+	// stream yet: past it the broker stops reading the stream, which
+	// pushes back on the publisher through QUIC flow control, so a
+	// publisher that does not read its acks holds at most this many.
+	// Default 4096.
+	PublishInFlight int
+	// PublishBytesPerPrincipal bounds, over all the publisher streams of
+	// one principal, the bytes of records taken in and not answered plus
+	// 512 bytes per record whose answer is not written yet; past it the
+	// broker stops reading those streams until answers are written. It is
+	// at least MaxPayload + 512. Default 64 MiB.
+	PublishBytesPerPrincipal int
+	// MaxHeaders bounds the headers of one record; a record with more is
+	// refused with invalid before it is buffered. Default 64.
+	MaxHeaders int
+	// MaxHeaderBytes bounds the bytes of one record's header names and
+	// values; a record with more is refused with payload_too_large. It
+	// counts toward MaxPayload as well. Default 16 KiB.
+	MaxHeaderBytes int
+	// TailBytes bounds the recent records each shard log keeps in memory
+	// for live subscribers (wal.Options.TailBytes). Default the wal's
+	// default, 1 MiB.
+	TailBytes int
+}
+
+// Defaults of the client resource limits, as documented on Config.
+const (
+	DefaultMaxConns                      = 4096
+	DefaultMaxConnsPerPrincipal          = 64
+	DefaultMaxStreamsPerConn             = 256
+	DefaultFirstFrameTimeout             = 10 * time.Second
+	DefaultMaxSubsPerConn                = 128
+	DefaultMaxCredit                     = 65536
+	DefaultSubscriptionBytes             = 1 << 20
+	DefaultSubscriptionBytesPerPrincipal = 64 << 20
+	DefaultPublishInFlight               = 4096
+	DefaultPublishBytesPerPrincipal      = 64 << 20
+	DefaultMaxHeaders                    = 64
+	DefaultMaxHeaderBytes                = 16 << 10
+)
+
+// withLimitDefaults applies the defaults of the client resource limits and
+// derives the frame limit from the record limit. MaxPayload is set.
+func (c Config) withLimitDefaults() Config {
+	setDefault(&c.MaxConns, DefaultMaxConns)
+	setDefault(&c.MaxConnsPerPrincipal, DefaultMaxConnsPerPrincipal)
+	setDefault(&c.MaxStreamsPerConn, DefaultMaxStreamsPerConn)
+	if c.FirstFrameTimeout <= 0 {
+		c.FirstFrameTimeout = DefaultFirstFrameTimeout
+	}
+	setDefault(&c.MaxSubsPerConn, DefaultMaxSubsPerConn)
+	setDefault(&c.MaxCredit, DefaultMaxCredit)
+	setDefault(&c.SubscriptionBytes, DefaultSubscriptionBytes)
+	setDefault(&c.SubscriptionBytesPerPrincipal, DefaultSubscriptionBytesPerPrincipal)
+	c.SubscriptionBytesPerPrincipal = max(c.SubscriptionBytesPerPrincipal, c.SubscriptionBytes, c.MaxPayload)
+	setDefault(&c.PublishInFlight, DefaultPublishInFlight)
+	setDefault(&c.PublishBytesPerPrincipal, DefaultPublishBytesPerPrincipal)
+	c.PublishBytesPerPrincipal = max(c.PublishBytesPerPrincipal, c.MaxPayload+ackReserve)
+	setDefault(&c.MaxHeaders, DefaultMaxHeaders)
+	setDefault(&c.MaxHeaderBytes, DefaultMaxHeaderBytes)
+	if c.Transport.MaxFrame <= 0 {
+		c.Transport.MaxFrame = transport.PublishFrameLimit(c.MaxPayload, c.MaxHeaders)
+	}
+	return c
+}
+
+func setDefault(v *int, def int) {
+	if *v <= 0 {
+		*v = def
+	}
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -95,9 +240,18 @@ func (c Config) withDefaults() (Config, error) {
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = 3 * time.Second
 	}
+	c = c.withLimitDefaults() // before the transport's: it derives MaxFrame
 	c.Transport = c.Transport.WithDefaults()
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+
+	// Shard logs (issue 11).
+	if c.MaxOpenShards <= 0 {
+		c.MaxOpenShards = defaultMaxOpenShards()
+	}
+	if c.MaxShards <= 0 {
+		c.MaxShards = DefaultMaxShards
 	}
 	return c, nil
 }

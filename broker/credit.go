@@ -2,27 +2,49 @@ package broker
 
 import "sync"
 
-// credit counts the records a subscriber has allowed the broker to send.
+// credit counts the records a subscriber has allowed the broker to send,
+// up to a bound (Config.MaxCredit).
 type credit struct {
 	mu      sync.Mutex
 	n       uint64
+	max     uint64
+	over    bool          // a grant took n past max: the subscription ends
 	wake    chan struct{} // capacity 1: signalled when credit arrives
 	done    chan struct{} // closed when the subscriber's side ends
 	stopped bool
 }
 
-func newCredit(initial uint32) *credit {
-	return &credit{n: uint64(initial), wake: make(chan struct{}, 1), done: make(chan struct{})}
+func newCredit(initial uint32, max uint64) *credit {
+	return &credit{n: uint64(initial), max: max, wake: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
-func (c *credit) add(n uint32) {
+// add grants n more records. It returns false, and the subscription ends,
+// if that takes the outstanding credit past the bound.
+func (c *credit) add(n uint32) bool {
 	c.mu.Lock()
 	c.n += uint64(n)
+	over := c.n > c.max
+	if over {
+		c.over = true
+	}
 	c.mu.Unlock()
+	if over {
+		c.stop()
+		return false
+	}
 	select {
 	case c.wake <- struct{}{}:
 	default:
 	}
+	return true
+}
+
+// exceeded reports whether the subscription ended for going over the
+// bound.
+func (c *credit) exceeded() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.over
 }
 
 // take waits for credit and takes up to max of it. It returns false when
@@ -30,6 +52,10 @@ func (c *credit) add(n uint32) {
 func (c *credit) take(max int, abort <-chan struct{}) (int, bool) {
 	for {
 		c.mu.Lock()
+		if c.over {
+			c.mu.Unlock()
+			return 0, false
+		}
 		if c.n > 0 {
 			n := min(uint64(max), c.n)
 			c.n -= n

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"crypto/tls"
 	"path/filepath"
 	"testing"
 
@@ -74,40 +75,73 @@ func TestOwnerCatchesUpToForwarderEpoch(t *testing.T) {
 	}
 }
 
-// TestPeerCannotForwardWithClientCert: the peer protocol needs a node
-// certificate.
-func TestPeerCannotForwardWithClientCert(t *testing.T) {
+// TestPeerIdentity: the peer protocol needs a broker's node certificate
+// (not a client's, not the control plane's, not none), and a peer
+// forwards in its own name only (Via is its certificate's node id).
+func TestPeerIdentity(t *testing.T) {
 	ip := startInproc(t, 1, shardmap.StreamConfig{Name: "orders", Shards: 1})
-	ca, err := transport.LoadCA(filepath.Join(ip.dir, "certs", "ca.crt"))
+	dir := filepath.Join(ip.dir, "certs")
+	ca, err := transport.LoadCA(filepath.Join(dir, "ca.crt"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cert, err := transport.LoadKeyPair(filepath.Join(ip.dir, "certs", "client.crt"), filepath.Join(ip.dir, "certs", "client.key"))
-	if err != nil {
-		t.Fatal(err)
+	load := func(name string) *tls.Certificate {
+		cert, err := transport.LoadKeyPair(filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &cert
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
-	defer cancel()
-	conn, err := transport.Dial(ctx, ip.brokers[0].Addr().String(), transport.ClientTLS(ca, &cert, "", transport.ALPNPeer), transport.Config{})
-	if err != nil {
-		return // refused at the handshake: fine
+	ip.clientCert("mallory")
+	for _, tc := range []struct {
+		name string
+		cert *tls.Certificate
+	}{
+		{"client certificate", load("mallory")},
+		{"control plane certificate", load("ctl")},
+		{"no certificate", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+			defer cancel()
+			conn, err := transport.Dial(ctx, ip.brokers[0].Addr().String(), transport.ClientTLS(ca, tc.cert, "", transport.ALPNPeer), transport.Config{})
+			if err != nil {
+				return // refused at the handshake: fine
+			}
+			defer conn.CloseWithError(0, "")
+			select {
+			case <-conn.Context().Done():
+			case <-ctx.Done():
+				t.Fatal("the peer connection stayed open")
+			}
+		})
 	}
-	defer conn.CloseWithError(0, "")
-	select {
-	case <-conn.Context().Done():
-	case <-ctx.Done():
-		t.Fatal("a peer connection with a client certificate stayed open")
-	}
+
+	t.Run("node certificate forwarding as another node", func(t *testing.T) {
+		ws := openStream(t, ip.dialPeer(ip.brokers[0], cluster.BrokerID(1)))
+		p := publish(1, "orders", "forged")
+		p.Shard, p.Epoch, p.Via = 0, ip.brokers[0].Map().Epoch, cluster.BrokerID(2)
+		ws.send(p)
+		if e, ok := ws.recv().(*transport.Error); !ok || e.Code != transport.CodeUnauthorized {
+			t.Fatalf("forward with Via of another node: %+v, want unauthorized", e)
+		}
+		p = publish(2, "orders", "genuine")
+		p.Shard, p.Epoch, p.Via = 0, ip.brokers[0].Map().Epoch, cluster.BrokerID(1)
+		ws.send(p)
+		if a, ok := ws.recv().(*transport.Ack); !ok || a.Offset != 0 || a.Via != cluster.BrokerID(1) {
+			t.Fatalf("forward in its own name: %+v, want the ack of offset 0", a)
+		}
+	})
 }
 
 func (ip *inproc) logOf(b *Broker, stream string, shard int) interface{ NextOffset() uint64 } {
 	ip.t.Helper()
-	st, _ := b.Map().Stream(stream)
-	l, err := b.shards.log(shardmap.ShardID{Stream: stream, Shard: shard}, st.StreamConfig)
+	e, err := b.shards.acquire(b.Map(), shardmap.ShardID{Stream: stream, Shard: shard})
 	if err != nil {
 		ip.t.Fatal(err)
 	}
-	return l
+	e.release()
+	return e.log
 }
 
 func (s *shardSet) mustLog(t *testing.T, stream string, shard int) interface {

@@ -81,7 +81,9 @@ func (p *peerPool) conn(ctx context.Context, node shardmap.Node) (*quic.Conn, er
 		p.mu.conns[node.ID] = pc
 		p.mu.Unlock()
 		dctx, cancel := context.WithTimeout(ctx, dialTimeout)
-		pc.conn, pc.err = transport.Dial(dctx, node.Addr, p.tls, p.cfg)
+		// Only node.ID's own node certificate will do: an address taken
+		// over by another node, or by a client, is refused.
+		pc.conn, pc.err = transport.Dial(dctx, node.Addr, transport.VerifyPeer(p.tls, transport.RoleNode, node.ID), p.cfg)
 		cancel()
 		close(pc.ready)
 	} else {
@@ -321,7 +323,7 @@ func (l *lane) read() {
 				if !fw.sent.IsZero() {
 					answered = time.Now()
 				}
-				l.p.acks.send(f)
+				l.p.acks.answer(f, fw.in.charge)
 				l.p.done()
 				if !answered.IsZero() { // telemetry is on
 					offset := f.Offset
@@ -358,7 +360,7 @@ func (p *pubSession) answer(fw forwarded, e *transport.Error) {
 	fw.end(p, e, 0)
 	if e.Code != transport.CodeNotOwner || fw.attempt+1 >= maxForwardAttempts {
 		e.Seq = fw.in.pub.Seq
-		p.acks.send(e)
+		p.acks.answer(e, fw.in.charge)
 		p.b.tel.countError(e.Code)
 		p.endServer(&fw.in, e, 0)
 		p.done()

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"go.uber.org/goleak"
 
+	"github.com/felix-broker/felix/client"
 	"github.com/felix-broker/felix/ctl"
 	"github.com/felix-broker/felix/internal/cluster"
 	"github.com/felix-broker/felix/shardmap"
@@ -58,7 +60,8 @@ func startInprocWith(t testing.TB, tweak func(*Config), n int, streams ...shardm
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := ctl.New(ctl.Config{Addr: "127.0.0.1:0", DataDir: filepath.Join(dir, "ctl"), TLS: ctlTLS, LeaseTTL: time.Second, Logger: quiet()})
+	c, err := ctl.New(ctl.Config{Addr: "127.0.0.1:0", DataDir: filepath.Join(dir, "ctl"), TLS: ctlTLS, LeaseTTL: time.Second,
+		Superusers: []string{transport.DevAdminName}, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,22 +133,62 @@ func (ip *inproc) close() {
 	ip.ctl.Close()
 }
 
-// dial opens a client connection to b, verified against the cluster CA.
+// dial opens a client connection to b as the admin principal (a
+// superuser), verified against the cluster CA.
 func (ip *inproc) dial(b *Broker) *quic.Conn {
+	ip.t.Helper()
+	return ip.dialAs(b, transport.DevAdminName)
+}
+
+// dialAs opens a client connection to b as principal name, issuing its
+// client certificate first if the certificate directory has none.
+func (ip *inproc) dialAs(b *Broker, name string) *quic.Conn {
 	t := ip.t
 	t.Helper()
 	ca, err := transport.LoadCA(filepath.Join(ip.dir, "certs", "ca.crt"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	cert := ip.clientCert(name)
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	conn, err := transport.Dial(ctx, b.Addr().String(), transport.ClientTLS(ca, nil, "", transport.ALPNClient), transport.Config{})
+	conn, err := transport.Dial(ctx, b.Addr().String(), transport.ClientTLS(ca, &cert, "", transport.ALPNClient), transport.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.CloseWithError(0, "") })
 	return conn
+}
+
+// clientCert returns the client certificate of principal name, issued
+// from the cluster CA the first time.
+func (ip *inproc) clientCert(name string) tls.Certificate {
+	t := ip.t
+	t.Helper()
+	dir := filepath.Join(ip.dir, "certs")
+	certFile, keyFile := filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+	if cert, err := transport.LoadKeyPair(certFile, keyFile); err == nil {
+		return cert
+	}
+	ca, err := transport.LoadCAKeyPair(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := ca.Issue(transport.RoleClient, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := transport.WriteKeyPair(cert, certFile, keyFile); err != nil {
+		t.Fatal(err)
+	}
+	return cert
+}
+
+// adminCert is the client option presenting the admin (superuser)
+// certificate from the directory of the cluster CA file caFile.
+func adminCert(caFile string) client.Opt {
+	dir := filepath.Dir(caFile)
+	return client.WithClientCertFile(filepath.Join(dir, transport.DevAdminName+".crt"), filepath.Join(dir, transport.DevAdminName+".key"))
 }
 
 // owner returns the broker owning shard of stream.

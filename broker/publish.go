@@ -1,10 +1,13 @@
 package broker
 
 import (
+	"github.com/felix-broker/felix/auth"
+
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,11 +21,6 @@ import (
 	"github.com/felix-broker/felix/wal"
 )
 
-// maxInFlight bounds the records one publisher stream may have taken in and
-// not yet answered; past it the broker stops reading the stream, which
-// pushes back on the publisher through QUIC flow control.
-const maxInFlight = 4096
-
 // pubSession serves one publisher stream, from a client or from a
 // forwarding peer. Its reader goroutine decodes publishes and dispatches
 // them; answers are written by whoever completes each record.
@@ -31,12 +29,20 @@ type pubSession struct {
 	s      *quic.Stream
 	r      *transport.Reader
 	peerID string // the forwarding broker's node id; "" for a client
+	from   caller // who the stream acts for
 	acks   *ackWriter
+
+	// allowed is the stream this client was last authorized to publish
+	// to, at map epoch allowedEpoch: the reader goroutine's cache, so a
+	// publisher of one stream is authorized once per map, not per record.
+	allowed      string
+	allowedEpoch uint64
 
 	ctx    context.Context // cancelled when the session ends
 	cancel context.CancelFunc
 
-	slots   chan struct{}  // one per record in flight
+	slots   chan struct{}  // one per record in flight or answered and not written (Config.PublishInFlight)
+	budget  *byteBudget    // the client principal's publish bytes (Config.PublishBytesPerPrincipal); nil for a peer
 	pending sync.WaitGroup // records in flight
 	workers sync.WaitGroup // the ack flusher and lane readers
 	stopped atomic.Bool    // Close asked the session to stop reading
@@ -49,14 +55,17 @@ type pubSession struct {
 	lanes      map[string]*lane // by owner node id; guarded by dispatchMu
 }
 
-func (b *Broker) servePublish(s *quic.Stream, r *transport.Reader, first *transport.Publish, peerID string) {
+func (b *Broker) servePublish(s *quic.Stream, r *transport.Reader, first *transport.Publish, from caller) {
 	p := &pubSession{
-		b: b, s: s, r: r, peerID: peerID,
-		slots: make(chan struct{}, maxInFlight),
+		b: b, s: s, r: r, peerID: from.peerID, from: from,
+		slots: make(chan struct{}, b.cfg.PublishInFlight),
 		idle:  make(chan struct{}),
 		lanes: map[string]*lane{},
 	}
-	p.acks = newAckWriter(s, &p.workers)
+	if from.use != nil {
+		p.budget = from.use.use.publish
+	}
+	p.acks = newAckWriter(s, &p.workers, p.release)
 	p.ctx, p.cancel = context.WithCancel(b.ctx)
 	defer p.cancel()
 	defer close(p.idle)
@@ -80,6 +89,14 @@ func (b *Broker) servePublish(s *quic.Stream, r *transport.Reader, first *transp
 		f, err := p.r.Read()
 		if err != nil {
 			var werr *transport.Error
+			if errors.Is(err, transport.ErrSkipped) && errors.As(err, &werr) {
+				// A publish over the size limit, skipped whole: answer it
+				// and read on.
+				if !p.refuseSkipped(werr) {
+					break
+				}
+				continue
+			}
 			if errors.As(err, &werr) && !p.stopped.Load() {
 				// The stream cannot be resynchronized after a bad frame:
 				// answer it, finish what was taken in, close the stream.
@@ -126,6 +143,10 @@ type inbound struct {
 	// last: no further frame was buffered on the stream when this one was
 	// read, so the reader may commit it itself (wal.Log.AppendNow).
 	last bool
+
+	// charge is what the record holds of its principal's publish budget
+	// until its answer is written; 0 for a peer's.
+	charge int64
 }
 
 // handle takes one publish in. It returns false when the session is ending.
@@ -142,15 +163,17 @@ func (p *pubSession) handle(pub *transport.Publish) bool {
 		// Only a forwarding peer may speak for an epoch or another broker.
 		pub.Epoch, pub.Via = 0, ""
 	}
-	select {
-	case p.slots <- struct{}{}:
-	case <-p.ctx.Done():
+	hlen := headersLen(pub.Headers)
+	size := len(pub.Key) + len(pub.Value) + hlen + len(pub.ProducerID)
+	if !p.take(&in, size) {
 		return false
 	}
-	p.pending.Add(1)
-	if n := len(pub.Key) + len(pub.Value) + headersLen(pub.Headers); n > p.b.cfg.MaxPayload {
-		p.fail(in, &transport.Error{Code: transport.CodePayloadTooLarge,
-			Message: fmt.Sprintf("record of %d bytes exceeds the broker's limit of %d bytes", n, p.b.cfg.MaxPayload)})
+	if err := p.authorize(pub); err != nil {
+		p.fail(in, err)
+		return true
+	}
+	if err := p.checkRecord(pub, size, hlen); err != nil {
+		p.fail(in, err)
 		p.countIn(int64(len(pub.Key) + len(pub.Value)))
 		return true
 	}
@@ -160,6 +183,112 @@ func (p *pubSession) handle(pub *transport.Publish) bool {
 	p.dispatchMu.Unlock()
 	p.countIn(n) // counted once the record is on its way
 	return true
+}
+
+// authorize checks that the stream may carry pub: a client's principal
+// must be allowed to publish to pub's stream; a peer may only forward in
+// its own name (Via is the peer's node id, as its certificate says).
+func (p *pubSession) authorize(pub *transport.Publish) *transport.Error {
+	if p.peerID != "" {
+		if pub.Via != p.peerID {
+			return transport.Errorf(transport.CodeUnauthorized, "peer %q forwarded a record as %q: a peer forwards in its own name only", p.peerID, pub.Via)
+		}
+		return nil
+	}
+	m := p.b.member.Map()
+	if pub.Stream == p.allowed && m.Epoch == p.allowedEpoch {
+		return nil
+	}
+	if err := p.b.authorize(m, p.from, auth.Publish, pub.Stream); err != nil {
+		return err
+	}
+	p.allowed, p.allowedEpoch = pub.Stream, m.Epoch
+	return nil
+}
+
+// take takes a slot and the principal's budget for a record of size bytes
+// (waiting for them: this is what stops reading a publisher that has too
+// much in flight or too many answers unwritten), and counts the record
+// pending. It returns false when the session is ending.
+func (p *pubSession) take(in *inbound, size int) bool {
+	select {
+	case p.slots <- struct{}{}:
+	default:
+		p.held(limitPublishInFlight, "the stream has %d records in flight or answered and not written (PublishInFlight); read the acks", p.b.cfg.PublishInFlight)
+		select {
+		case p.slots <- struct{}{}:
+		case <-p.ctx.Done():
+			return false
+		}
+	}
+	if p.budget != nil {
+		in.charge = int64(size) + ackReserve
+		if !p.budget.tryAcquire(in.charge) {
+			p.held(limitPublishBytes, "the principal's publisher streams hold %d bytes in flight or in unwritten answers (PublishBytesPerPrincipal)", p.budget.max)
+			if !p.budget.acquire(in.charge, p.ctx.Done(), nil) {
+				<-p.slots
+				return false
+			}
+		}
+	}
+	p.pending.Add(1)
+	return true
+}
+
+// held counts a limit that holds the publisher back (it is not refused:
+// the broker stops reading its stream until the limit frees up).
+func (p *pubSession) held(limit, format string, args ...any) {
+	who := p.from.principal
+	if p.peerID != "" {
+		who = "peer " + p.peerID
+	}
+	p.b.limits.hit(limit, who, fmt.Sprintf(format, args...))
+}
+
+// release gives back what written answers held: their slots and charges.
+// It is the ackWriter's release.
+func (p *pubSession) release(records, bytes int64) {
+	for range records {
+		<-p.slots
+	}
+	if p.budget != nil {
+		p.budget.release(bytes)
+	}
+}
+
+// refuseSkipped answers a publish the stream's reader skipped because its
+// frame was over the size limit.
+func (p *pubSession) refuseSkipped(werr *transport.Error) bool {
+	in := inbound{pub: &transport.Publish{Seq: werr.Seq}, shard: -1}
+	if !p.take(&in, 0) {
+		return false
+	}
+	p.b.limits.hit(limitRecordBytes, p.from.principal+p.peerID, werr.Message)
+	p.fail(in, werr)
+	return true
+}
+
+// checkRecord refuses a record over the header or size limits, before
+// anything of it is buffered. size is the record's bytes, hlen its
+// headers'.
+func (p *pubSession) checkRecord(pub *transport.Publish, size, hlen int) *transport.Error {
+	cfg, who := &p.b.cfg, p.from.principal+p.peerID
+	if len(pub.Headers) > cfg.MaxHeaders {
+		msg := fmt.Sprintf("record has %d headers; the broker's limit is %d (MaxHeaders)", len(pub.Headers), cfg.MaxHeaders)
+		p.b.limits.hit(limitHeaders, who, msg)
+		return &transport.Error{Code: transport.CodeInvalid, Message: msg}
+	}
+	if hlen > cfg.MaxHeaderBytes {
+		msg := fmt.Sprintf("record has %d bytes of headers; the broker's limit is %d (MaxHeaderBytes)", hlen, cfg.MaxHeaderBytes)
+		p.b.limits.hit(limitHeaderBytes, who, msg)
+		return &transport.Error{Code: transport.CodePayloadTooLarge, Message: msg}
+	}
+	if size > cfg.MaxPayload {
+		msg := fmt.Sprintf("record of %d bytes (key, value, headers and producer id) exceeds the broker's limit of %d bytes", size, cfg.MaxPayload)
+		p.b.limits.hit(limitRecordBytes, who, msg)
+		return &transport.Error{Code: transport.CodePayloadTooLarge, Message: msg}
+	}
+	return nil
 }
 
 // countIn counts a publish of n key and value bytes taken in.
@@ -172,6 +301,22 @@ func (p *pubSession) countIn(n int64) {
 	ctx := context.Background()
 	t.recordsIn.Add(ctx, 1, src...)
 	t.bytesIn.Add(ctx, n, src...)
+}
+
+// tailHeaders returns the headers to append pub with. The log keeps the
+// map itself in its in-memory tail, and the decoded map's strings point
+// into the publish frame, key and value included: for a large record the
+// map is copied, so that the tail does not keep the frame alive beside
+// its own copy of the record.
+func tailHeaders(pub *transport.Publish) map[string]string {
+	if len(pub.Headers) == 0 || len(pub.Key)+len(pub.Value) <= 1024 {
+		return pub.Headers
+	}
+	h := make(map[string]string, len(pub.Headers))
+	for k, v := range pub.Headers {
+		h[strings.Clone(k)] = strings.Clone(v)
+	}
+	return h
 }
 
 func headersLen(h map[string]string) int {
@@ -220,7 +365,7 @@ func (p *pubSession) dispatch(in inbound, attempt int) {
 	in.shard, in.owner = shard, owner
 	switch {
 	case owner == b.cfg.NodeID:
-		p.appendLocal(in, st.StreamConfig, shard)
+		p.appendLocal(in, m, shard)
 	case p.peerID != "":
 		p.fail(in, &transport.Error{Code: transport.CodeNotOwner, Epoch: m.Epoch, Owner: owner,
 			Message: fmt.Sprintf("%s does not own %s/%d at epoch %d; %s does", b.cfg.NodeID, pub.Stream, shard, m.Epoch, owner)})
@@ -231,15 +376,16 @@ func (p *pubSession) dispatch(in inbound, attempt int) {
 
 // appendLocal appends pub to this broker's log of the shard; the ack is
 // written by the shard's committer once the record is fsynced.
-func (p *pubSession) appendLocal(in inbound, cfg shardmap.StreamConfig, shard int) {
+func (p *pubSession) appendLocal(in inbound, m *shardmap.Map, shard int) {
 	b, pub := p.b, in.pub
 	id := shardmap.ShardID{Stream: pub.Stream, Shard: shard}
-	e, err := b.shards.entry(id, cfg)
+	e, err := b.shards.acquire(m, id)
 	if err != nil {
 		p.fail(in, &transport.Error{Code: transport.CodeUnavailable,
 			Message: fmt.Sprintf("%s cannot open its log of %s: %v", b.cfg.NodeID, id, err)})
 		return
 	}
+	defer e.release() // once the record is queued, closing the log commits it
 	via := pub.Via
 	if via == "" {
 		via = b.cfg.NodeID
@@ -257,7 +403,7 @@ func (p *pubSession) appendLocal(in inbound, cfg shardmap.StreamConfig, shard in
 	appendFn(&wal.Record{
 		ProducerID:  pub.ProducerID,
 		ProducerSeq: pub.ProducerSeq,
-		Headers:     pub.Headers,
+		Headers:     tailHeaders(pub),
 		Key:         pub.Key,
 		Value:       pub.Value,
 	}, func(offset uint64, ts int64, err error) {
@@ -273,11 +419,11 @@ func (p *pubSession) appendLocal(in inbound, cfg shardmap.StreamConfig, shard in
 			}
 			werr = &transport.Error{Seq: seq, Code: code,
 				Message: fmt.Sprintf("%s could not write %s: %v", b.cfg.NodeID, id, err)}
-			p.acks.send(werr)
+			p.acks.answer(werr, in.charge)
 			b.tel.countError(code)
 		} else {
-			p.acks.send(&transport.Ack{Seq: seq, Stream: stream, Shard: int32(shard), Offset: offset,
-				Timestamp: ts, Owner: b.cfg.NodeID, Via: via, Forwarded: via != b.cfg.NodeID})
+			p.acks.answer(&transport.Ack{Seq: seq, Stream: stream, Shard: int32(shard), Offset: offset,
+				Timestamp: ts, Owner: b.cfg.NodeID, Via: via, Forwarded: via != b.cfg.NodeID}, in.charge)
 		}
 		p.done()
 		if in.start.IsZero() {
@@ -305,14 +451,15 @@ func (p *pubSession) appendLocal(in inbound, cfg shardmap.StreamConfig, shard in
 // fail answers pub with err and releases its slot.
 func (p *pubSession) fail(in inbound, err *transport.Error) {
 	err.Seq = in.pub.Seq
-	p.acks.send(err)
+	p.acks.answer(err, in.charge)
 	p.b.tel.countError(err.Code)
 	p.endServer(&in, err, 0)
 	p.done()
 }
 
+// done counts a record answered. Its slot and charge are released when
+// the answer is written (see ackWriter).
 func (p *pubSession) done() {
-	<-p.slots
 	p.pending.Done()
 }
 

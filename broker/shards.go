@@ -1,41 +1,151 @@
 package broker
 
+// # Shard data on disk
+//
+// A broker keeps the log of shard s of stream x in
+// <DataDir>/streams/<x>/<s>: one directory per stream, named by the
+// stream's name, holding one directory per shard, named by its number in
+// decimal. A valid stream name is one plain path element (see
+// shardmap.ValidateStreamName: no separator, never "." or "..", never
+// starting with '.'), and a shard number is digits only, so two distinct
+// (stream, shard) pairs never share a directory and no stream's directory
+// lies inside another's. (On a case-insensitive filesystem "Orders" and
+// "orders" would share one: the control plane refuses to create a name
+// that differs from an existing one only in case.) Names starting with '.' are the broker's own: a
+// deleted stream's directory is first renamed to .deleted-<x>-<epoch>
+// (atomic: a crash leaves the stream whole or in the trash, never half of
+// it, and a stream of the same name may be created at once), then removed;
+// trash left by a crash is removed when the broker starts.
+//
+// Every directory is created, inspected, renamed and removed through an
+// os.Root opened on <DataDir>/streams, so no name — one that slipped past
+// validation, one from a hand-edited control-plane state, or a rule of a
+// future version — can reach outside it: the root refuses "..", absolute
+// paths and symbolic links leading out. Names are also checked before any
+// disk access, so an invalid name is refused, not merely contained.
+// tidwall/wal (under package wal) opens its files by path; so a shard's
+// directory is created through the root and checked there to be a real
+// directory (not a symbolic link), and only then is its path — the root's
+// path joined with the two checked elements — handed to wal.Open. (What
+// this leaves open is a race with someone who can write the data directory
+// itself, swapping a checked directory for a link before wal opens it;
+// such a user can destroy the data anyway.) package wal builds no path of
+// its own beyond segment files inside the directory it is given.
+//
+// # Open logs under a budget
+//
+// An open shard log holds two file descriptors (tidwall's tail segment and
+// ours, for fdatasync), a committer goroutine, its tail cache and up to a
+// segment of tidwall's in-memory tail. So logs are opened on first use
+// (and, while under the budget, when a map assigns the shard), and at most
+// Config.MaxOpenShards are open at once: opening one more first closes the
+// least recently used log that nobody is using. Users hold a reference
+// while they use a log (a publish from its lookup until its append is
+// queued; a subscription for its lifetime), and only a log with none is
+// ever closed for the budget, so closing never fails an append or a read.
+// The hot path adds to the reference count of the entry it already looked
+// up (under the read lock it took before) and drops it after the append is
+// queued, and reads the clock; recency is a clock advanced by opens, not by
+// records.
+//
+// A broker holds at most Config.MaxShards shards, counted in whole streams:
+// a stream is admitted (all its shards on this broker) or refused, and
+// admitted streams stay admitted, so creating a stream never takes
+// another's place.
+
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/wal"
 )
 
-// shardSet holds the open logs of the shards this broker owns. Logs open on
-// first use or when a map assigns the shard, and close when a map no longer
-// assigns it; their files stay on disk unless the stream is deleted.
+var (
+	errShardsClosed = errors.New("broker: shard logs closed")
+	// errShardLimit: admitting the stream would pass Config.MaxShards.
+	errShardLimit = errors.New("broker: shard limit reached")
+	// errOpenLimit: Config.MaxOpenShards logs are open and all in use.
+	errOpenLimit = errors.New("broker: open shard log limit reached")
+	// errShardGone: the shard is no longer this broker's (moved or deleted).
+	errShardGone = errors.New("broker: shard not on this broker")
+)
+
+// failRetry is how long a failed open is remembered: uses of the shard
+// within it get the same error without another attempt. The next map
+// retries at once.
+const failRetry = time.Second
+
+// trashPrefix starts the name a deleted stream's directory is renamed to.
+const trashPrefix = ".deleted-"
+
+// shardSet holds the logs of the shards this broker owns.
 type shardSet struct {
-	dir         string
+	root        *os.Root // <DataDir>/streams
+	node        string
 	segmentSize int
+	tailBytes   int
+	maxOpen     int
+	maxShards   int
 	logger      *slog.Logger
 	tel         *telemetry
 
-	// mu guards the map of entries, not the logs: an entry is published
-	// before its log has opened so that concurrent users wait on ready
-	// instead of opening twice.
+	// clock is advanced by every open; a use stamps it on the entry, so
+	// the entry with the smallest stamp is (about) the least recently used.
+	clock atomic.Uint64
+
+	// mu guards the entries and the bookkeeping of maps applied, not the
+	// logs: an entry is published before its log has opened so that
+	// concurrent users wait on ready instead of opening twice.
 	mu struct {
 		sync.RWMutex
-		closed  bool
+		closed bool
+		// entries holds every log opening, open or closing (retired).
 		entries map[shardmap.ShardID]*shardEntry
+		// removing holds the streams whose data is being removed; opens
+		// of their shards wait until it is gone.
+		removing map[string]chan struct{}
+		// admitted holds the streams admitted under maxShards, with the
+		// number of their shards this broker owns; total is their sum.
+		admitted map[string]int
+		total    int
+		// failed holds the shards whose last open failed, until retried.
+		failed map[shardmap.ShardID]failure
+		// latest is the newest map seen, applied or used to open a log;
+		// nil before the first. Opens and deletions judge by it, so a
+		// use by an older map cannot revive a deleted stream and an apply
+		// of an older map cannot delete a stream a newer one created.
+		latest *shardmap.Map
 	}
 }
 
+type failure struct {
+	err error
+	at  time.Time
+}
+
 type shardEntry struct {
+	id    shardmap.ShardID
 	ready chan struct{} // closed once log or err is set
 	log   *wal.Log
 	err   error
+
+	refs atomic.Int64  // holders: its opener, publishes, subscriptions
+	used atomic.Uint64 // shardSet.clock at the last use
+	// gone is set (under shardSet.mu) when the entry is retired, and
+	// closed once its log is closed: from then on nobody may acquire it.
+	gone chan struct{}
 
 	// last is the log's latest commit, for the spans of its records. It
 	// belongs to the goroutine committing a batch: its OnCommit hook sets
@@ -43,125 +153,574 @@ type shardEntry struct {
 	last wal.Commit
 }
 
-var errShardsClosed = errors.New("broker: shard logs closed")
+// release drops a reference taken by acquire.
+func (e *shardEntry) release() { e.refs.Add(-1) }
 
-func newShardSet(dir string, segmentSize int, log *slog.Logger, tel *telemetry) *shardSet {
-	s := &shardSet{dir: dir, segmentSize: segmentSize, logger: log, tel: tel}
-	s.mu.entries = map[shardmap.ShardID]*shardEntry{}
-	return s
-}
-
-func (s *shardSet) path(id shardmap.ShardID) string {
-	return filepath.Join(s.dir, "streams", id.Stream, strconv.Itoa(id.Shard))
-}
-
-// log returns the open log of shard id, opening (and recovering) it first
-// if need be.
-func (s *shardSet) log(id shardmap.ShardID, cfg shardmap.StreamConfig) (*wal.Log, error) {
-	e, err := s.entry(id, cfg)
-	if err != nil {
-		return nil, err
+// newShardSet opens (creating it if need be) <DataDir>/streams and removes
+// the trash a crash may have left there.
+func newShardSet(cfg Config, log *slog.Logger, tel *telemetry) (*shardSet, error) {
+	dir := filepath.Join(cfg.DataDir, "streams")
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("create shard data dir: %w", err)
 	}
-	return e.log, nil
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open shard data dir: %w", err)
+	}
+	s := &shardSet{
+		root: root, node: cfg.NodeID, segmentSize: cfg.SegmentSize, tailBytes: cfg.TailBytes,
+		maxOpen: cfg.MaxOpenShards, maxShards: cfg.MaxShards,
+		logger: log, tel: tel,
+	}
+	s.mu.entries = map[shardmap.ShardID]*shardEntry{}
+	s.mu.removing = map[string]chan struct{}{}
+	s.mu.admitted = map[string]int{}
+	s.mu.failed = map[shardmap.ShardID]failure{}
+	s.emptyTrash()
+	return s, nil
 }
 
-// entry returns the entry of shard id once its log is open, opening (and
-// recovering) it first if need be.
-func (s *shardSet) entry(id shardmap.ShardID, cfg shardmap.StreamConfig) (*shardEntry, error) {
+// emptyTrash removes what deletions interrupted by a crash left.
+func (s *shardSet) emptyTrash() {
+	ents, err := fs.ReadDir(s.root.FS(), ".")
+	if err != nil {
+		s.logger.Error("listing shard data dir", "dir", s.root.Name(), "err", err)
+		return
+	}
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), trashPrefix) {
+			continue
+		}
+		if err := s.root.RemoveAll(e.Name()); err != nil {
+			s.logger.Error("removing data of a deleted stream", "dir", e.Name(), "err", err)
+		} else {
+			s.logger.Info("removed data of a stream deleted before a crash", "dir", e.Name())
+		}
+	}
+}
+
+// shardDir creates the directory of shard id through the root, checks that
+// it is a real directory inside it, and returns its path.
+func (s *shardSet) shardDir(id shardmap.ShardID) (string, error) {
+	if err := shardmap.ValidateStreamName(id.Stream); err != nil {
+		return "", err // never reaches the disk
+	}
+	if id.Shard < 0 {
+		return "", fmt.Errorf("broker: shard %s: negative shard number", id)
+	}
+	shard := strconv.Itoa(id.Shard)
+	for _, rel := range []string{id.Stream, filepath.Join(id.Stream, shard)} {
+		if err := s.root.Mkdir(rel, 0o750); err != nil && !errors.Is(err, fs.ErrExist) {
+			return "", fmt.Errorf("create %q in %s: %w", rel, s.root.Name(), err)
+		}
+		fi, err := s.root.Lstat(rel)
+		if err != nil {
+			return "", fmt.Errorf("check %q in %s: %w", rel, s.root.Name(), err)
+		}
+		if !fi.IsDir() {
+			return "", fmt.Errorf("%q in %s is a %v, not a directory", rel, s.root.Name(), fi.Mode().Type())
+		}
+	}
+	return filepath.Join(s.root.Name(), id.Stream, shard), nil
+}
+
+// acquire returns the entry of shard id with its log open, opening (and
+// recovering) it first if need be, and holds a reference to it: the caller
+// must call release once it no longer uses the log. m is the map the caller
+// routed by; only the first use of a shard reads it (or the last map
+// applied, if that is newer).
+func (s *shardSet) acquire(m *shardmap.Map, id shardmap.ShardID) (*shardEntry, error) {
 	s.mu.RLock()
 	e := s.mu.entries[id]
+	if e != nil && e.gone == nil {
+		e.refs.Add(1) // under the read lock: eviction checks refs under the write lock
+		s.mu.RUnlock()
+		return s.ready(e)
+	}
 	s.mu.RUnlock()
-	if e == nil {
+	return s.acquireSlow(m, id)
+}
+
+// ready waits for e's log to open and stamps the use.
+func (s *shardSet) ready(e *shardEntry) (*shardEntry, error) {
+	<-e.ready
+	if e.err != nil {
+		e.release()
+		return nil, e.err
+	}
+	if now := s.clock.Load(); e.used.Load() != now {
+		e.used.Store(now)
+	}
+	return e, nil
+}
+
+func (s *shardSet) acquireSlow(m *shardmap.Map, id shardmap.ShardID) (*shardEntry, error) {
+	for {
 		s.mu.Lock()
 		if s.mu.closed {
 			s.mu.Unlock()
 			return nil, errShardsClosed
 		}
-		e = s.mu.entries[id]
-		if e == nil {
-			e = &shardEntry{ready: make(chan struct{})}
-			s.mu.entries[id] = e
+		if e := s.mu.entries[id]; e != nil {
+			if e.gone == nil {
+				e.refs.Add(1)
+				s.mu.Unlock()
+				return s.ready(e)
+			}
+			gone := e.gone // being closed: wait, then open it again
 			s.mu.Unlock()
-			s.open(id, cfg, e)
-		} else {
-			s.mu.Unlock()
+			<-gone
+			continue
 		}
+		if ch := s.mu.removing[id.Stream]; ch != nil {
+			s.mu.Unlock()
+			<-ch
+			continue
+		}
+		st, err := s.checkLocked(m, id)
+		if err != nil {
+			s.mu.Unlock()
+			return nil, err
+		}
+		if f, ok := s.mu.failed[id]; ok && time.Since(f.at) < failRetry {
+			s.mu.Unlock()
+			return nil, f.err
+		}
+		victims, closing, err := s.makeRoomLocked()
+		if err != nil {
+			s.mu.Unlock()
+			return nil, fmt.Errorf("shard %s: %w", id, err)
+		}
+		if closing != nil {
+			s.mu.Unlock()
+			<-closing // a log being closed still holds its files
+			continue
+		}
+		e := &shardEntry{id: id, ready: make(chan struct{})}
+		e.refs.Store(1)
+		s.mu.entries[id] = e
+		s.mu.Unlock()
+		for _, v := range victims {
+			if err := s.finish(v); err != nil {
+				s.logger.Error("closing idle shard log", "shard", v.id.String(), "err", err)
+			}
+		}
+		s.open(e, st.StreamConfig)
+		return s.ready(e)
 	}
-	<-e.ready
-	if e.err != nil {
-		return nil, e.err
-	}
-	return e, nil
 }
 
-func (s *shardSet) open(id shardmap.ShardID, cfg shardmap.StreamConfig, e *shardEntry) {
+// checkLocked returns the stream of id, by m or by the newest map seen if
+// that is newer, once id is known to be this broker's and admitted.
+func (s *shardSet) checkLocked(m *shardmap.Map, id shardmap.ShardID) (*shardmap.Stream, error) {
+	if err := shardmap.ValidateStreamName(id.Stream); err != nil {
+		return nil, fmt.Errorf("shard %s: %w", id, err) // never admitted, never on disk
+	}
+	m = s.latestLocked(m)
+	st, ok := m.Stream(id.Stream)
+	if !ok || id.Shard < 0 || id.Shard >= len(st.Owners) || st.Owners[id.Shard] != s.node {
+		return nil, fmt.Errorf("%w: %s at map epoch %d", errShardGone, id, m.Epoch)
+	}
+	if _, ok := s.mu.admitted[st.Name]; !ok {
+		n := ownedBy(st, s.node)
+		if s.mu.total+n > s.maxShards {
+			return nil, fmt.Errorf("%w: stream %q would add %d shards to the %d this broker holds (MaxShards %d)",
+				errShardLimit, st.Name, n, s.mu.total, s.maxShards)
+		}
+		s.mu.admitted[st.Name] = n
+		s.mu.total += n
+	}
+	return st, nil
+}
+
+// latestLocked returns the newer of m and the newest map seen, and
+// remembers it.
+func (s *shardSet) latestLocked(m *shardmap.Map) *shardmap.Map {
+	if m.NewerThan(s.mu.latest) {
+		s.mu.latest = m
+	}
+	return s.mu.latest
+}
+
+// makeRoomLocked retires as many unused logs, least recently used first,
+// as it takes for one more to open within the budget, and returns them for
+// the caller to close (with finish) once it has released the lock. Logs
+// being closed count against the budget until they are: if there are not
+// enough unused logs but some are closing, it returns one of those for the
+// caller to wait for and try again.
+func (s *shardSet) makeRoomLocked() (victims []*shardEntry, closing chan struct{}, err error) {
+	over := len(s.mu.entries) + 1 - s.maxOpen
+	if over <= 0 {
+		return nil, nil, nil
+	}
+	var idle []*shardEntry
+	for _, e := range s.mu.entries {
+		switch {
+		case e.gone != nil:
+			closing = e.gone
+		case e.refs.Load() == 0:
+			idle = append(idle, e)
+		}
+	}
+	if len(idle) < over {
+		if closing != nil {
+			return nil, closing, nil
+		}
+		return nil, nil, fmt.Errorf("%w: %d logs open, all in use (MaxOpenShards %d)", errOpenLimit, len(s.mu.entries), s.maxOpen)
+	}
+	slices.SortFunc(idle, func(a, b *shardEntry) int { return cmp.Compare(a.used.Load(), b.used.Load()) })
+	idle = idle[:over]
+	for _, e := range idle {
+		e.gone = make(chan struct{})
+	}
+	return idle, nil, nil
+}
+
+// open opens e's log and makes e ready.
+func (s *shardSet) open(e *shardEntry, cfg shardmap.StreamConfig) {
 	defer close(e.ready)
-	e.log, e.err = wal.Open(s.path(id), wal.Options{
-		Name:           id.String(),
-		SegmentSize:    s.segmentSize,
-		RetentionBytes: cfg.RetentionBytes,
-		RetentionAge:   cfg.RetentionAge,
-		Logger:         s.logger,
-		OnCommit:       s.tel.onCommit(e),
-	})
-	if e.err != nil {
+	e.used.Store(s.clock.Add(1))
+	dir, err := s.shardDir(e.id)
+	if err == nil {
+		e.log, err = wal.Open(dir, wal.Options{
+			Name:           e.id.String(),
+			SegmentSize:    s.segmentSize,
+			TailBytes:      s.tailBytes,
+			RetentionBytes: cfg.RetentionBytes,
+			RetentionAge:   cfg.RetentionAge,
+			Logger:         s.logger,
+			OnCommit:       s.tel.onCommit(e),
+		})
+	}
+	if err != nil {
+		e.err = fmt.Errorf("open log of %s: %w", e.id, err)
 		s.mu.Lock()
-		delete(s.mu.entries, id)
+		if s.mu.entries[e.id] == e && e.gone == nil {
+			delete(s.mu.entries, e.id) // the next use tries again
+		}
+		s.mu.failed[e.id] = failure{err: e.err, at: time.Now()}
 		s.mu.Unlock()
 		return
 	}
+	s.mu.Lock()
+	delete(s.mu.failed, e.id)
+	s.mu.Unlock()
 	first, next := e.log.FirstOffset(), e.log.NextOffset()
-	s.logger.Info("shard opened", "shard", id.String(), "records", next-first, "first", first, "next", next)
+	s.logger.Debug("shard opened", "shard", e.id.String(), "records", next-first, "first", first, "next", next)
 }
 
-// retain closes the logs of shards m does not assign to node, and deletes
-// the data of streams m no longer has.
-func (s *shardSet) retain(m *shardmap.Map, node string) {
+// finish closes the log of a retired entry, once it has opened, and drops
+// the entry.
+func (s *shardSet) finish(e *shardEntry) error {
+	<-e.ready
+	var err error
+	if e.log != nil {
+		err = e.log.Close()
+	}
 	s.mu.Lock()
-	var drop []shardmap.ShardID
-	var dropped []*shardEntry
-	for id, e := range s.mu.entries {
-		st, ok := m.Stream(id.Stream)
-		if ok && id.Shard < len(st.Owners) && st.Owners[id.Shard] == node {
+	if s.mu.entries[e.id] == e {
+		delete(s.mu.entries, e.id)
+	}
+	close(e.gone)
+	s.mu.Unlock()
+	return err
+}
+
+// ownedBy counts the shards of st owned by node.
+func ownedBy(st *shardmap.Stream, node string) int {
+	n := 0
+	for _, o := range st.Owners {
+		if o == node {
+			n++
+		}
+	}
+	return n
+}
+
+// applyResult is what applying one map did, for one aggregated log line
+// per kind of event (never one per shard).
+type applyResult struct {
+	owned    int // shards m assigns to this broker
+	open     int // logs open afterwards
+	opened   int // logs this apply opened
+	deferred int // owned shards left to open on first use (budget)
+	closed   int // logs closed: shards moved away or streams deleted
+
+	failed    int                // owned shards whose log failed to open
+	failedIDs []shardmap.ShardID // the first few of them
+	failedErr error              // the first failure
+
+	refused       []string // streams refused under MaxShards
+	refusedShards int
+
+	deleted   []string // streams whose data was removed
+	deleteErr []error  // removals or closes that failed
+}
+
+const maxListed = 8 // ids or names listed in one log line
+
+// firstFew returns the first names of list, and how many more there are.
+func firstFew(list []string) string {
+	if len(list) <= maxListed {
+		return strings.Join(list, ",")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(list[:maxListed], ","), len(list)-maxListed)
+}
+
+// apply makes the shard set follow m: first it closes the logs of shards m
+// no longer assigns here and removes the data of streams m no longer has,
+// whatever fails; then it admits streams under MaxShards and opens the logs
+// of owned shards, each on its own, while under the open-log budget.
+// Shards that fail are remembered and retried on the next map or lazily
+// on first use after failRetry.
+//
+// It returns the map it applied: m, or the newest map seen if that is newer.
+func (s *shardSet) apply(m *shardmap.Map) (*shardmap.Map, applyResult) {
+	var r applyResult
+	m = s.retain(m, &r)
+	toOpen := s.admit(m, &r)
+	for _, id := range toOpen {
+		s.mu.RLock()
+		_, open := s.mu.entries[id]
+		full := len(s.mu.entries) >= s.maxOpen
+		s.mu.RUnlock()
+		if open {
 			continue
 		}
-		drop = append(drop, id)
-		dropped = append(dropped, e)
-		delete(s.mu.entries, id)
-	}
-	s.mu.Unlock()
-	for i, e := range dropped {
-		<-e.ready
-		if e.log != nil {
-			e.log.Close()
+		if full {
+			r.deferred++
+			continue
 		}
-		id := drop[i]
-		if _, ok := m.Stream(id.Stream); !ok {
-			if err := os.RemoveAll(s.path(id)); err != nil {
-				s.logger.Error("removing data of deleted stream", "shard", id.String(), "err", err)
-			} else {
-				s.logger.Info("stream deleted; shard data removed", "shard", id.String())
+		e, err := s.acquireSlow(m, id)
+		if err != nil {
+			if errors.Is(err, errOpenLimit) {
+				r.deferred++
+				continue
 			}
-		} else {
-			s.logger.Info("shard no longer owned; log closed", "shard", id.String())
+			r.failed++
+			if len(r.failedIDs) < maxListed {
+				r.failedIDs = append(r.failedIDs, id)
+			}
+			if r.failedErr == nil {
+				r.failedErr = err
+			}
+			continue
 		}
+		e.release()
+		r.opened++
 	}
+	r.open = s.openLogs()
+	return m, r
 }
 
+// retain retires the logs of shards m (or the newest map seen, which it
+// returns) does not assign to this broker, closes them, and removes the
+// data of the streams that were in the last map applied (or admitted or
+// open here) and are not in it. Nothing that fails stops the rest.
+func (s *shardSet) retain(m *shardmap.Map, r *applyResult) *shardmap.Map {
+	s.mu.Lock()
+	known := map[string]bool{}
+	if s.mu.latest != nil {
+		for _, st := range s.mu.latest.Streams {
+			known[st.Name] = true
+		}
+	}
+	m = s.latestLocked(m)
+	for id := range s.mu.entries {
+		known[id.Stream] = true
+	}
+	for name := range s.mu.admitted {
+		known[name] = true
+	}
+	var deleted []string
+	for name := range known {
+		if _, ok := m.Stream(name); !ok && shardmap.ValidateStreamName(name) == nil {
+			deleted = append(deleted, name) // an invalid name never had data here
+		}
+	}
+	slices.Sort(deleted)
+	done := make(map[string]chan struct{}, len(deleted))
+	for _, name := range deleted {
+		if s.mu.removing[name] == nil {
+			done[name] = make(chan struct{})
+			s.mu.removing[name] = done[name]
+		}
+		s.mu.total -= s.mu.admitted[name]
+		delete(s.mu.admitted, name)
+	}
+	var retired []*shardEntry
+	for id, e := range s.mu.entries {
+		st, ok := m.Stream(id.Stream)
+		if ok && id.Shard < len(st.Owners) && st.Owners[id.Shard] == s.node {
+			continue
+		}
+		if e.gone == nil {
+			e.gone = make(chan struct{})
+			retired = append(retired, e)
+		}
+	}
+	clear(s.mu.failed) // every map retries what failed
+	s.mu.Unlock()
+
+	for _, e := range retired {
+		if err := s.finish(e); err != nil {
+			r.deleteErr = append(r.deleteErr, fmt.Errorf("close %s: %w", e.id, err))
+		}
+		r.closed++
+	}
+	for _, name := range deleted {
+		ch := done[name]
+		if ch == nil {
+			continue // another apply is removing it
+		}
+		if err := s.removeStream(name, m.Epoch); err != nil {
+			r.deleteErr = append(r.deleteErr, err)
+		} else {
+			r.deleted = append(r.deleted, name)
+		}
+		s.mu.Lock()
+		delete(s.mu.removing, name)
+		close(ch)
+		s.mu.Unlock()
+	}
+	return m
+}
+
+// removeStream removes the data of a deleted stream: it renames the
+// stream's directory into the trash, then removes the trash.
+func (s *shardSet) removeStream(name string, epoch uint64) error {
+	if err := shardmap.ValidateStreamName(name); err != nil {
+		return fmt.Errorf("not removing data of stream %q: %w", name, err) // never touch the disk for it
+	}
+	trash := trashPrefix + name + "-" + strconv.FormatUint(epoch, 10)
+	switch err := s.root.Rename(name, trash); {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil // it never had data here
+	case err != nil:
+		// Rename refused (say, a stale trash of the same name): remove
+		// in place.
+		if err := s.root.RemoveAll(name); err != nil {
+			return fmt.Errorf("remove data of stream %q: %w", name, err)
+		}
+		return nil
+	}
+	if err := s.root.RemoveAll(trash); err != nil {
+		return fmt.Errorf("remove data of stream %q (renamed %s): %w", name, trash, err)
+	}
+	return nil
+}
+
+// admit admits the streams of m under MaxShards and returns the shards to
+// open, in map order. Streams admitted before stay admitted; then streams
+// with data here are admitted before new ones, each group by name, so a
+// restart admits what it held before.
+func (s *shardSet) admit(m *shardmap.Map, r *applyResult) []shardmap.ShardID {
+	type cand struct {
+		st *shardmap.Stream
+		n  int
+	}
+	var cands []cand
+	s.mu.Lock()
+	for i := range m.Streams {
+		st := &m.Streams[i]
+		n := ownedBy(st, s.node)
+		r.owned += n
+		if _, ok := s.mu.admitted[st.Name]; ok {
+			s.mu.admitted[st.Name] = n // ownership may have changed
+		} else if n > 0 {
+			cands = append(cands, cand{st, n})
+		}
+	}
+	s.mu.total = 0
+	for _, n := range s.mu.admitted {
+		s.mu.total += n
+	}
+	s.mu.Unlock()
+	// Streams with data here first (a stat each, outside the lock).
+	var withData, fresh []cand
+	for _, c := range cands {
+		if err := shardmap.ValidateStreamName(c.st.Name); err != nil {
+			// Never admitted, never looked up on disk: its shards fail.
+			r.failed += c.n
+			for shard, o := range c.st.Owners {
+				if o == s.node && len(r.failedIDs) < maxListed {
+					r.failedIDs = append(r.failedIDs, shardmap.ShardID{Stream: c.st.Name, Shard: shard})
+				}
+			}
+			if r.failedErr == nil {
+				r.failedErr = err
+			}
+		} else if _, err := s.root.Lstat(c.st.Name); err == nil {
+			withData = append(withData, c)
+		} else {
+			fresh = append(fresh, c)
+		}
+	}
+	s.mu.Lock()
+	for _, c := range append(withData, fresh...) {
+		if _, ok := s.mu.admitted[c.st.Name]; ok {
+			continue // admitted meanwhile by a first use
+		}
+		if s.mu.total+c.n > s.maxShards {
+			r.refusedShards += c.n
+			r.refused = append(r.refused, c.st.Name)
+			continue
+		}
+		s.mu.admitted[c.st.Name] = c.n
+		s.mu.total += c.n
+	}
+	var toOpen []shardmap.ShardID
+	for _, id := range m.OwnedBy(s.node) {
+		if _, ok := s.mu.admitted[id.Stream]; ok {
+			toOpen = append(toOpen, id)
+		}
+	}
+	s.mu.Unlock()
+	return toOpen
+}
+
+// openLogs returns the number of logs open (or opening, or closing).
+func (s *shardSet) openLogs() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.mu.entries)
+}
+
+// close closes every log and the root.
 func (s *shardSet) close() error {
 	s.mu.Lock()
 	s.mu.closed = true
-	entries := s.mu.entries
-	s.mu.entries = map[shardmap.ShardID]*shardEntry{}
+	var entries []*shardEntry
+	for _, e := range s.mu.entries {
+		if e.gone == nil {
+			e.gone = make(chan struct{})
+			entries = append(entries, e)
+		}
+	}
 	s.mu.Unlock()
 	var errs []error
-	for id, e := range entries {
-		<-e.ready
-		if e.log != nil {
-			if err := e.log.Close(); err != nil {
-				errs = append(errs, fmt.Errorf("close shard %s: %w", id, err))
-			}
+	for _, e := range entries {
+		if err := s.finish(e); err != nil {
+			errs = append(errs, fmt.Errorf("close shard %s: %w", e.id, err))
 		}
+	}
+	// Entries retired by others are closed by them; wait for them so no
+	// log outlives close.
+	for {
+		s.mu.Lock()
+		var gone chan struct{}
+		for _, e := range s.mu.entries {
+			gone = e.gone
+			break
+		}
+		s.mu.Unlock()
+		if gone == nil {
+			break
+		}
+		<-gone
+	}
+	if err := s.root.Close(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

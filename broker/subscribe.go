@@ -1,6 +1,8 @@
 package broker
 
 import (
+	"github.com/felix-broker/felix/auth"
+
 	"context"
 	"errors"
 	"fmt"
@@ -12,20 +14,36 @@ import (
 	"github.com/felix-broker/felix/wal"
 )
 
-const (
-	// maxRecordsPerFrame and maxBytesPerFrame bound one Records frame, and
-	// so the memory one subscription holds at a time.
-	maxRecordsPerFrame = 512
-	maxBytesPerFrame   = 256 << 10
-)
+// maxRecordsPerFrame bounds the records of one Records frame;
+// Config.SubscriptionBytes bounds its bytes, and so the memory one
+// subscription holds at a time.
+const maxRecordsPerFrame = 512
 
 // serveSubscribe streams one shard to a subscriber: from its start point
 // through the log, then live as records commit. It sends no more records
 // than the subscriber has granted credit for; a subscriber that stops
 // granting simply stops receiving and holds nothing of the broker's but
 // its position, so it never slows publishers or other subscribers.
-func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transport.Subscribe) {
+func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transport.Subscribe, from caller) {
 	m := b.member.Map()
+	if err := b.authorize(m, from, auth.Subscribe, sub.Stream); err != nil {
+		b.refuse(s, err)
+		return
+	}
+	if from.use != nil {
+		if n := from.use.subs.Add(1); int(n) > b.cfg.MaxSubsPerConn {
+			from.use.subs.Add(-1)
+			b.refuse(s, b.limits.exceeded(limitSubsPerConn, from.principal,
+				"the connection has %d subscriptions, the broker's limit (MaxSubsPerConn); close some or open another connection", b.cfg.MaxSubsPerConn))
+			return
+		}
+		defer from.use.subs.Add(-1)
+	}
+	if int64(sub.Credit) > int64(b.cfg.MaxCredit) {
+		b.refuse(s, b.limits.exceeded(limitCredit, from.principal,
+			"subscription credit of %d records is over the broker's limit of %d (MaxCredit); subscribe with less credit", sub.Credit, b.cfg.MaxCredit))
+		return
+	}
 	st, ok := m.Stream(sub.Stream)
 	if !ok {
 		b.refuse(s, &transport.Error{Code: transport.CodeUnknownStream, Epoch: m.Epoch,
@@ -43,12 +61,14 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 			Message: fmt.Sprintf("%s does not own %s; subscribe at %s", b.cfg.NodeID, id, owner)})
 		return
 	}
-	log, err := b.shards.log(id, st.StreamConfig)
+	e, err := b.shards.acquire(m, id)
 	if err != nil {
 		b.refuse(s, &transport.Error{Code: transport.CodeUnavailable,
 			Message: fmt.Sprintf("%s cannot open its log of %s: %v", b.cfg.NodeID, id, err)})
 		return
 	}
+	defer e.release() // the subscription keeps its log open
+	log := e.log
 	next := log.FirstOffset()
 	switch sub.Start {
 	case transport.StartLatest:
@@ -67,7 +87,7 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 	b.subs.add(pos)
 	defer b.subs.remove(pos)
 
-	credit := newCredit(sub.Credit)
+	credit := newCredit(sub.Credit, uint64(b.cfg.MaxCredit))
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
@@ -77,13 +97,31 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 			if err != nil {
 				return
 			}
-			if c, ok := f.(*transport.Credit); ok {
-				credit.add(c.Records)
+			if c, ok := f.(*transport.Credit); ok && !credit.add(c.Records) {
+				return // over MaxCredit: the writer answers it
 			}
 		}
 	}()
 
+	// The subscription's reads are charged to its principal's budget: hold
+	// bytes before a read (the most it can return), what the frame holds
+	// from the read until it is written.
+	var budget *byteBudget
+	if from.use != nil {
+		budget = from.use.use.sub
+	}
+	hold := int64(max(b.cfg.SubscriptionBytes, b.cfg.MaxPayload))
+	var charged int64
+	charge := func(n int64) {
+		if budget != nil && n != charged {
+			budget.release(charged - n)
+		}
+		charged = n
+	}
+	defer charge(0)
+
 	w := transport.NewWriter(s)
+	w.SetMaxFrame(max(b.cfg.Transport.MaxFrame, transport.DefaultMaxFrame))
 	out := &transport.Records{Stream: sub.Stream, Shard: sub.Shard}
 loop:
 	for {
@@ -91,8 +129,15 @@ loop:
 		if !ok {
 			break
 		}
+		if budget != nil && !budget.tryAcquire(hold) {
+			b.limits.hit(limitSubscriptionByte, from.principal, fmt.Sprintf("the principal's subscriptions hold %d bytes not yet written (SubscriptionBytesPerPrincipal)", budget.max))
+			if !budget.acquire(hold, b.ctx.Done(), credit.done) {
+				break
+			}
+		}
+		charged = hold
 		_, changed := log.Watch()
-		recs, err := log.Read(next, n, maxBytesPerFrame)
+		recs, err := log.Read(next, n, b.cfg.SubscriptionBytes)
 		if err != nil {
 			code := transport.CodeInternal
 			switch {
@@ -107,6 +152,7 @@ loop:
 		}
 		credit.giveBack(n - len(recs))
 		if len(recs) == 0 {
+			charge(0)
 			select {
 			case <-changed:
 				continue
@@ -116,22 +162,39 @@ loop:
 			break loop
 		}
 		out.Records = out.Records[:0]
-		size := 0
+		size, held := 0, 0
 		for i := range recs {
 			rec := &recs[i]
 			size += len(rec.Key) + len(rec.Value)
+			held += len(rec.Key) + len(rec.Value) + len(rec.ProducerID) + headersLen(rec.Headers)
 			out.Records = append(out.Records, transport.Record{
 				Offset: rec.Offset, Timestamp: rec.Timestamp, Key: rec.Key, Value: rec.Value,
 				Headers: rec.Headers, ProducerID: rec.ProducerID, ProducerSeq: rec.ProducerSeq,
 			})
 		}
-		if err := w.Write(out); err != nil {
+		charge(int64(held))
+		last := recs[len(recs)-1].Offset
+		// Once encoded, the frame is all the subscription holds while a
+		// slow subscriber keeps the write waiting: drop the records.
+		err = w.Buffer(out)
+		clear(out.Records)
+		clear(recs)
+		if err == nil {
+			err = w.Flush()
+		}
+		charge(0)
+		if err != nil {
 			break
 		}
-		next = recs[len(recs)-1].Offset + 1
+		next = last + 1
 		pos.next.Store(next)
 		b.tel.recordsOut.Add(context.Background(), int64(len(recs)))
 		b.tel.bytesOut.Add(context.Background(), int64(size))
+	}
+	if credit.exceeded() {
+		w.Write(b.limits.exceeded(limitCredit, from.principal,
+			"subscription credit went over the broker's limit of %d records (MaxCredit); grant less", b.cfg.MaxCredit))
+		b.tel.countError(transport.CodeLimitExceeded)
 	}
 	s.CancelRead(0)
 	s.Close()

@@ -47,7 +47,7 @@ func testForwardedTrace(t *testing.T, reserved, underApp bool) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	cl, err := client.Connect(ctx, via.Addr().String(), client.WithCAFile(filepath.Join(ip.dir, "certs", "ca.crt")),
+	cl, err := client.Connect(ctx, via.Addr().String(), client.WithCAFile(filepath.Join(ip.dir, "certs", "ca.crt")), adminCert(filepath.Join(ip.dir, "certs", "ca.crt")),
 		client.WithTracerProvider(tp), client.WithLogger(quiet()))
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/felix-broker/felix/auth"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -21,6 +22,9 @@ const (
 	opStreamInfo    = "stream.info"
 	opMapGet        = "map.get"
 	opClusterStatus = "cluster.status"
+	opACLGrant      = "acl.grant"
+	opACLRevoke     = "acl.revoke"
+	opACLList       = "acl.list"
 )
 
 // createWait bounds how long CreateStream waits for the broker it is
@@ -111,6 +115,38 @@ func (c *Client) ClusterStatus(ctx context.Context) (*shardmap.Map, error) {
 	}
 	c.storeMap(resp.Map)
 	return resp.Map, nil
+}
+
+// Grant gives a principal a permission; it needs cluster.admin. Granting
+// what is already granted succeeds. The broker the client is connected to
+// enforces it as soon as the control plane's next map reaches it.
+func (c *Client) Grant(ctx context.Context, g auth.Grant) error {
+	if err := g.Validate(); err != nil {
+		return fmt.Errorf("client: grant: %w", err)
+	}
+	if _, err := c.request(ctx, c.home, &transport.Request{Op: opACLGrant, Grant: g}); err != nil {
+		return fmt.Errorf("client: grant %s: %w", g, err)
+	}
+	return nil
+}
+
+// Revoke takes a permission back; it needs cluster.admin and fails with an
+// error matching transport.ErrInvalid when the grant does not exist.
+func (c *Client) Revoke(ctx context.Context, g auth.Grant) error {
+	if _, err := c.request(ctx, c.home, &transport.Request{Op: opACLRevoke, Grant: g}); err != nil {
+		return fmt.Errorf("client: revoke %s: %w", g, err)
+	}
+	return nil
+}
+
+// Grants lists the permissions in force; it needs cluster.read.
+// Superusers are configuration of the control plane and not listed.
+func (c *Client) Grants(ctx context.Context) ([]auth.Grant, error) {
+	resp, err := c.request(ctx, c.home, &transport.Request{Op: opACLList})
+	if err != nil {
+		return nil, fmt.Errorf("client: list grants: %w", err)
+	}
+	return resp.Grants, nil
 }
 
 // request runs one request stream on the broker b: one Request out, one

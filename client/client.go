@@ -49,6 +49,9 @@ type Client struct {
 //
 // The broker is verified against the cluster CA given with [WithCA] or
 // [WithCAFile]; one of them is required unless [WithInsecure] is given.
+// The client presents the certificate given with [WithClientCert] or
+// [WithClientCertFile] (required): its name is the principal whose
+// permissions every operation is checked against.
 // Connect returns once the connection is up, or with an error if ctx ends
 // or the dial fails (see [DialError]).
 func Connect(ctx context.Context, addr string, opts ...Opt) (*Client, error) {
@@ -62,6 +65,16 @@ func Connect(ctx context.Context, addr string, opts ...Opt) (*Client, error) {
 			return nil, fmt.Errorf("client: connect to %s: %w", addr, err)
 		}
 		cfg.ca = pool
+	}
+	if cfg.cert == nil {
+		if cfg.certFile == "" {
+			return nil, fmt.Errorf("client: connect to %s: no client certificate: brokers accept only clients with a certificate from the cluster CA; pass WithClientCert or WithClientCertFile (`felix dev` writes admin.crt and admin.key, named in felix-cluster.json)", addr)
+		}
+		cert, err := transport.LoadKeyPair(cfg.certFile, cfg.keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("client: connect to %s: %w", addr, err)
+		}
+		cfg.cert = &cert
 	}
 	tel, err := newTelemetry(&cfg)
 	if err != nil {
@@ -231,6 +244,6 @@ func (c *Client) mapWith(ctx context.Context, stream string) (*shardmap.Map, *sh
 }
 
 func unknownStream(stream string, epoch uint64) error {
-	return fmt.Errorf("client: stream %q: %w (%w; shard map epoch %d; create it first, or check the name)",
+	return fmt.Errorf("client: stream %q: %w (%w; shard map epoch %d; create it first, check the name, or ask for a grant on it: the map shows only the streams this client's principal has a permission on)",
 		stream, &transport.Error{Code: transport.CodeUnknownStream, Message: "no such stream"}, shardmap.ErrUnknownStream, epoch)
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -79,7 +80,7 @@ func TestConnectNoBroker(t *testing.T) {
 	}
 	addr := pc.LocalAddr().String()
 	pc.Close()
-	_, err = Connect(context.Background(), addr, WithCA(fc.ca), WithDialTimeout(200*time.Millisecond), WithLogger(quiet))
+	_, err = Connect(context.Background(), addr, fc.clientOpts(WithDialTimeout(200*time.Millisecond), WithLogger(quiet))...)
 	var de *DialError
 	if !errors.As(err, &de) || de.Addr != addr || !de.Timeout() || !contains(err.Error(), "is the broker running") {
 		t.Fatalf("want a timed-out *DialError, got %v", err)
@@ -89,10 +90,39 @@ func TestConnectNoBroker(t *testing.T) {
 func TestConnectWrongCA(t *testing.T) {
 	fc := newFakeCluster(t, 1)
 	other := newFakeCluster(t, 1) // another CA
-	_, err := Connect(context.Background(), fc.brokers[0].addr, WithCA(other.ca), WithLogger(quiet))
+	_, err := Connect(context.Background(), fc.brokers[0].addr, other.clientOpts(WithLogger(quiet))...)
 	var de *DialError
 	if !errors.As(err, &de) {
 		t.Fatalf("want *DialError, got %v", err)
+	}
+}
+
+func TestConnectNeedsClientCert(t *testing.T) {
+	fc := newFakeCluster(t, 1)
+	_, err := Connect(context.Background(), fc.brokers[0].addr, WithCA(fc.ca), WithLogger(quiet))
+	if err == nil || !contains(err.Error(), "no client certificate") {
+		t.Fatalf("connect without a client certificate: %v, want a sentence naming the missing certificate", err)
+	}
+}
+
+// TestConnectRefusesNonBroker: the SDK accepts only a broker's node
+// certificate from the server, so the control plane's certificate (or
+// any other role) cannot pose as a broker.
+func TestConnectRefusesNonBroker(t *testing.T) {
+	fc := newFakeCluster(t, 1)
+	if err := transport.GenerateDevCerts(fc.dir, "ctl"); err != nil {
+		t.Fatal(err)
+	}
+	cert, err := transport.LoadKeyPair(filepath.Join(fc.dir, "ctl.crt"), filepath.Join(fc.dir, "ctl.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	impostor := &fakeBroker{fc: fc, id: "ctl", cert: cert}
+	impostor.start(t, "127.0.0.1:0")
+	t.Cleanup(impostor.stop)
+	_, err = Connect(context.Background(), impostor.addr, fc.clientOpts(WithLogger(quiet))...)
+	if err == nil || !contains(err.Error(), "not a felix-node certificate") {
+		t.Fatalf("connect to a ctl certificate: %v, want a refusal naming the role", err)
 	}
 }
 

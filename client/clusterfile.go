@@ -13,12 +13,14 @@ import (
 // working directory and that ConnectFile and felixctl read by default.
 const DefaultClusterFile = "felix-cluster.json"
 
-// ClusterFile describes how to reach a cluster: its brokers and the CA that
-// signed their certificates.
+// ClusterFile describes how to reach a cluster: its brokers, the CA that
+// signed their certificates, and the client certificate to present.
 type ClusterFile struct {
-	Name    string          `json:"name"`
-	CAFile  string          `json:"ca_file"`
-	Brokers []ClusterBroker `json:"brokers"`
+	Name     string          `json:"name"`
+	CAFile   string          `json:"ca_file"`
+	CertFile string          `json:"cert_file,omitempty"` // client certificate (PEM)
+	KeyFile  string          `json:"key_file,omitempty"`  // its private key (PEM)
+	Brokers  []ClusterBroker `json:"brokers"`
 }
 
 // ClusterBroker is one broker in a ClusterFile.
@@ -30,8 +32,8 @@ type ClusterBroker struct {
 // ErrNoClusterFile is returned by LoadClusterFile when the file is missing.
 var ErrNoClusterFile = errors.New("client: no cluster connection file")
 
-// LoadClusterFile reads a connection file. A relative CAFile is resolved
-// against the file's directory.
+// LoadClusterFile reads a connection file. A relative CAFile, CertFile or
+// KeyFile is resolved against the file's directory.
 func LoadClusterFile(path string) (*ClusterFile, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -47,8 +49,10 @@ func LoadClusterFile(path string) (*ClusterFile, error) {
 	if len(cf.Brokers) == 0 {
 		return nil, fmt.Errorf("client: cluster file %s lists no brokers", path)
 	}
-	if cf.CAFile != "" && !filepath.IsAbs(cf.CAFile) {
-		cf.CAFile = filepath.Join(filepath.Dir(path), cf.CAFile)
+	for _, f := range []*string{&cf.CAFile, &cf.CertFile, &cf.KeyFile} {
+		if *f != "" && !filepath.IsAbs(*f) {
+			*f = filepath.Join(filepath.Dir(path), *f)
+		}
 	}
 	return &cf, nil
 }
@@ -89,6 +93,9 @@ func ConnectFile(ctx context.Context, path string, opts ...Opt) (*Client, error)
 	}
 	if cf.CAFile != "" {
 		opts = append([]Opt{WithCAFile(cf.CAFile)}, opts...)
+	}
+	if cf.CertFile != "" {
+		opts = append([]Opt{WithClientCertFile(cf.CertFile, cf.KeyFile)}, opts...)
 	}
 	var errs []error
 	for _, b := range cf.Brokers {

@@ -208,7 +208,8 @@ func (c *Client) tlsFor(addr string) *tls.Config {
 		}
 		name = host
 	}
-	return transport.ClientTLS(c.cfg.ca, c.cfg.cert, name, transport.ALPNClient)
+	// Only a broker's node certificate will do.
+	return transport.VerifyPeer(transport.ClientTLS(c.cfg.ca, c.cfg.cert, name, transport.ALPNClient), transport.RoleNode, "")
 }
 
 // sleep waits d, or until ctx ends (false).

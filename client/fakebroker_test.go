@@ -79,7 +79,7 @@ func (fc *fakeCluster) close() {
 }
 
 func (fc *fakeCluster) clientOpts(extra ...Opt) []Opt {
-	return append([]Opt{WithCA(fc.ca), WithReconnect(10*time.Millisecond, 100*time.Millisecond), WithDialTimeout(5 * time.Second)}, extra...)
+	return append([]Opt{WithCA(fc.ca), WithClientCertFile(filepath.Join(fc.dir, "admin.crt"), filepath.Join(fc.dir, "admin.key")), WithReconnect(10*time.Millisecond, 100*time.Millisecond), WithDialTimeout(5 * time.Second)}, extra...)
 }
 
 func (fc *fakeCluster) currentMap() *shardmap.Map {

@@ -25,6 +25,8 @@ type config struct {
 	ca         *x509.CertPool
 	caFile     string
 	cert       *tls.Certificate
+	certFile   string // read by Connect when cert is nil
+	keyFile    string
 	serverName string
 	insecure   bool
 
@@ -92,10 +94,18 @@ func WithCA(pool *x509.CertPool) Opt { return optFunc(func(c *config) { c.ca = p
 // read by Connect.
 func WithCAFile(path string) Opt { return optFunc(func(c *config) { c.caFile = path }) }
 
-// WithClientCert presents cert to brokers (mutual TLS), for clusters that
-// require client certificates.
+// WithClientCert presents cert to brokers (mutual TLS). Every broker
+// requires a client certificate from the cluster CA: its common name is the
+// principal the cluster authorizes. Connect fails without WithClientCert or
+// WithClientCertFile.
 func WithClientCert(cert tls.Certificate) Opt {
 	return optFunc(func(c *config) { c.cert = &cert })
+}
+
+// WithClientCertFile presents the PEM certificate in certFile, with its
+// key in keyFile, read by Connect (see [WithClientCert]).
+func WithClientCertFile(certFile, keyFile string) Opt {
+	return optFunc(func(c *config) { c.certFile, c.keyFile = certFile, keyFile })
 }
 
 // WithServerName sets the name every broker's certificate is verified

@@ -1,8 +1,11 @@
 package ctl
 
 import (
+	"strings"
+
 	"github.com/quic-go/quic-go"
 
+	"github.com/felix-broker/felix/auth"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -15,25 +18,31 @@ const (
 	OpStreamInfo    = "stream.info"
 	OpMapGet        = "map.get"
 	OpClusterStatus = "cluster.status"
+	OpACLGrant      = "acl.grant"
+	OpACLRevoke     = "acl.revoke"
+	OpACLList       = "acl.list"
 )
 
 // serveAdmin answers one admin request with a Response or an Error and
-// closes the stream. Any certificate the cluster CA signed may ask: node
-// certificates (brokers proxying their clients) and client certificates.
+// closes the stream. The request is authorized for its principal: the
+// client certificate's name on a client's own connection, or, on a
+// broker's connection (node certificate), the principal the broker relays
+// for its client. A broker is never a principal itself.
 func (s *Server) serveAdmin(conn *quic.Conn, str *quic.Stream, w *transport.Writer, req *transport.Request) {
 	defer str.Close()
 	defer str.CancelRead(streamCodeDone)
 	var resp *transport.Response
-	var err error
-	if _, idErr := transport.PeerIdentity(conn); idErr != nil {
-		err = transport.Errorf(transport.CodeUnauthorized, "admin request %q needs a client or node certificate: %v", req.Op, idErr)
-	} else {
-		resp, err = s.handle(req)
+	principal, err := requestPrincipal(conn, req)
+	if err == nil {
+		resp, err = s.handle(principal, req)
 	}
 	if err != nil {
 		we := wireError(err)
 		if we.Epoch == 0 {
 			we.Epoch = s.Map().Epoch
+		}
+		if we.Code == transport.CodeUnauthorized && s.denials.First(principal+"\x00"+req.Op) {
+			s.log.Warn("admin request denied", "principal", principal, "op", req.Op, "err", we.Message)
 		}
 		_ = w.Write(we)
 		return
@@ -41,34 +50,97 @@ func (s *Server) serveAdmin(conn *quic.Conn, str *quic.Stream, w *transport.Writ
 	_ = w.Write(resp)
 }
 
-// handle executes an admin request.
-func (s *Server) handle(req *transport.Request) (*transport.Response, error) {
+// requestPrincipal returns who an admin request on conn acts for.
+func requestPrincipal(conn *quic.Conn, req *transport.Request) (string, error) {
+	id, err := transport.PeerIdentity(conn)
+	if err != nil {
+		return "", transport.Errorf(transport.CodeUnauthorized, "admin request %q needs a client certificate: %v", req.Op, err)
+	}
+	switch id.Role {
+	case transport.RoleClient:
+		return id.Name, nil
+	case transport.RoleNode:
+		if req.Principal == "" {
+			return "", transport.Errorf(transport.CodeUnauthorized,
+				"broker %q relayed admin request %q without its client's principal; a broker's certificate is not a principal", id.Name, req.Op)
+		}
+		return req.Principal, nil
+	}
+	return "", transport.Errorf(transport.CodeUnauthorized, "a %s certificate (%q) cannot make admin requests", id.Role, id.Name)
+}
+
+// handle executes an admin request for principal.
+func (s *Server) handle(principal string, req *transport.Request) (*transport.Response, error) {
+	m := s.Map()
+	need := func(a auth.Action, stream string) error {
+		if err := m.ACL.Check(principal, a, stream); err != nil {
+			return transport.Errorf(transport.CodeUnauthorized, "%w", err)
+		}
+		return nil
+	}
 	switch req.Op {
 	case OpStreamCreate:
+		if err := need(auth.StreamAdmin, req.Stream.Name); err != nil {
+			return nil, err
+		}
 		if err := s.CreateStream(req.Stream); err != nil {
 			return nil, err
 		}
-		st, _ := s.Map().Stream(req.Stream.Name)
-		return &transport.Response{Streams: streamConfigs(st), Map: s.Map()}, nil
+		m = s.Map()
+		st, _ := m.Stream(req.Stream.Name)
+		return &transport.Response{Streams: streamConfigs(st), Map: m.VisibleTo(principal)}, nil
 	case OpStreamDelete:
+		if err := need(auth.StreamAdmin, req.Stream.Name); err != nil {
+			return nil, err
+		}
 		if err := s.DeleteStream(req.Stream.Name); err != nil {
 			return nil, err
 		}
-		return &transport.Response{Map: s.Map()}, nil
+		return &transport.Response{Map: s.Map().VisibleTo(principal)}, nil
 	case OpStreamList:
-		return &transport.Response{Streams: s.Streams()}, nil
+		var out []shardmap.StreamConfig
+		for _, st := range m.VisibleTo(principal).Streams {
+			out = append(out, st.StreamConfig)
+		}
+		return &transport.Response{Streams: out}, nil
 	case OpStreamInfo:
-		m := s.Map()
+		if !m.ACL.Sees(principal, req.Stream.Name) {
+			return nil, need(auth.ClusterRead, "") // says what would be needed
+		}
 		st, ok := m.Stream(req.Stream.Name)
 		if !ok {
 			return nil, transport.Errorf(transport.CodeUnknownStream, "stream %q: %w (map epoch %d)", req.Stream.Name, ErrUnknownStream, m.Epoch)
 		}
-		return &transport.Response{Streams: streamConfigs(st), Map: m}, nil
-	case OpMapGet, OpClusterStatus:
-		return &transport.Response{Map: s.Map()}, nil
+		return &transport.Response{Streams: streamConfigs(st), Map: m.VisibleTo(principal)}, nil
+	case OpMapGet:
+		return &transport.Response{Map: m.VisibleTo(principal)}, nil
+	case OpClusterStatus:
+		if err := need(auth.ClusterRead, ""); err != nil {
+			return nil, err
+		}
+		return &transport.Response{Map: m.VisibleTo(principal)}, nil
+	case OpACLList:
+		if err := need(auth.ClusterRead, ""); err != nil {
+			return nil, err
+		}
+		return &transport.Response{Grants: m.ACL.Grants}, nil
+	case OpACLGrant, OpACLRevoke:
+		if err := need(auth.ClusterAdmin, ""); err != nil {
+			return nil, err
+		}
+		var err error
+		if req.Op == OpACLGrant {
+			err = s.Grant(req.Grant)
+		} else {
+			err = s.Revoke(req.Grant)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return &transport.Response{Grants: s.Map().ACL.Grants}, nil
 	}
-	return nil, transport.Errorf(transport.CodeInvalid, "unknown admin op %q (want one of %s, %s, %s, %s, %s, %s)",
-		req.Op, OpStreamCreate, OpStreamDelete, OpStreamList, OpStreamInfo, OpMapGet, OpClusterStatus)
+	return nil, transport.Errorf(transport.CodeInvalid, "unknown admin op %q (want one of %s)", req.Op,
+		strings.Join([]string{OpStreamCreate, OpStreamDelete, OpStreamList, OpStreamInfo, OpMapGet, OpClusterStatus, OpACLGrant, OpACLRevoke, OpACLList}, ", "))
 }
 
 func streamConfigs(st *shardmap.Stream) []shardmap.StreamConfig {

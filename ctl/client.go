@@ -18,11 +18,12 @@ type AdminClient struct {
 	addr string
 }
 
-// Dial connects to the control plane at addr for admin requests. tlsConf is
-// normally transport.ClientTLS(ca, &cert, "", transport.ALPNCtl) with a
-// client or node certificate.
+// Dial connects to the control plane at addr for admin requests, as the
+// principal of a client certificate. tlsConf is normally
+// transport.ClientTLS(ca, &cert, "", transport.ALPNCtl); the server must
+// present a control plane certificate.
 func Dial(ctx context.Context, addr string, tlsConf *tls.Config, cfg transport.Config) (*AdminClient, error) {
-	conn, err := transport.Dial(ctx, addr, tlsConf, cfg)
+	conn, err := transport.Dial(ctx, addr, transport.VerifyPeer(tlsConf, transport.RoleCtl, ""), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("ctl: dial %s: %w", addr, err)
 	}

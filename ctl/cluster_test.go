@@ -32,7 +32,7 @@ func TestClusterJoinCreateLeave(t *testing.T) {
 	// rendezvous owners.
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	resp, err := members[1].Request(ctx, &transport.Request{Op: OpStreamCreate, Stream: shardmap.StreamConfig{Name: "orders", Shards: 6}})
+	resp, err := members[1].Request(ctx, &transport.Request{Op: OpStreamCreate, Stream: shardmap.StreamConfig{Name: "orders", Shards: 6}, Principal: transport.DevAdminName})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func TestClusterJoinCreateLeave(t *testing.T) {
 			}
 		}
 	}
-	if _, err := members[0].Request(ctx, &transport.Request{Op: OpStreamCreate, Stream: shardmap.StreamConfig{Name: "orders", Shards: 6}}); !errors.Is(err, transport.ErrStreamExists) {
+	if _, err := members[0].Request(ctx, &transport.Request{Op: OpStreamCreate, Stream: shardmap.StreamConfig{Name: "orders", Shards: 6}, Principal: transport.DevAdminName}); !errors.Is(err, transport.ErrStreamExists) {
 		t.Errorf("second create: err=%v, want ErrStreamExists", err)
 	}
 
@@ -148,7 +148,7 @@ func TestCtlRestart(t *testing.T) {
 	// The members' admin path works on the new connection.
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	resp, err := members[0].Request(ctx, &transport.Request{Op: OpClusterStatus})
+	resp, err := members[0].Request(ctx, &transport.Request{Op: OpClusterStatus, Principal: transport.DevAdminName})
 	if err != nil || resp.Map == nil || resp.Map.Epoch <= before.Epoch {
 		t.Fatalf("cluster.status after restart: %+v, %v", resp, err)
 	}
@@ -162,7 +162,7 @@ func TestClientCertCannotRegister(t *testing.T) {
 
 	_, err := Join(ctx, MemberConfig{
 		CtlAddr: srv.Addr(),
-		TLS:     p.clientTLS(t, "client"),
+		TLS:     p.clientTLS(t, transport.DevAdminName),
 		Node:    transport.Register{NodeID: "client", Addr: "127.0.0.1:7400"},
 		Logger:  testLogger(t),
 	})
@@ -184,7 +184,7 @@ func TestClientCertCannotRegister(t *testing.T) {
 	}
 
 	// The client certificate may make admin requests.
-	c, err := Dial(ctx, srv.Addr(), p.clientTLS(t, "client"), transport.Config{})
+	c, err := Dial(ctx, srv.Addr(), p.clientTLS(t, transport.DevAdminName), transport.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +203,7 @@ func TestAdminRequests(t *testing.T) {
 	srv := startCtl(t, p, t.TempDir(), "127.0.0.1:0")
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	c, err := Dial(ctx, srv.Addr(), p.clientTLS(t, "client"), transport.Config{})
+	c, err := Dial(ctx, srv.Addr(), p.clientTLS(t, transport.DevAdminName), transport.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,8 +235,8 @@ func TestAdminRequests(t *testing.T) {
 		t.Fatalf("stream.list = %+v, %v; want [b]", resp, err)
 	}
 	resp, err = req(OpMapGet, "", 0)
-	if err != nil || !reflect.DeepEqual(resp.Map, srv.Map()) {
-		t.Fatalf("map.get = %+v, %v; want %+v", resp, err, srv.Map())
+	if want := srv.Map().VisibleTo(transport.DevAdminName); err != nil || !reflect.DeepEqual(resp.Map, want) {
+		t.Fatalf("map.get = %+v, %v; want %+v", resp, err, want)
 	}
 	// In-process errors match both the ctl and the wire sentinels.
 	if err := srv.CreateStream(shardmap.StreamConfig{Name: "b", Shards: 1}); !errors.Is(err, ErrStreamExists) || !errors.Is(err, transport.ErrStreamExists) {
@@ -291,8 +291,8 @@ func TestMalformedFrames(t *testing.T) {
 	}
 	readEOF(t, r)
 
-	// The connection still serves requests.
-	_, r = raw.send(&transport.Request{Op: OpMapGet})
+	// The connection still serves requests (relayed for a principal).
+	_, r = raw.send(&transport.Request{Op: OpMapGet, Principal: transport.DevAdminName})
 	resp, ok := readFrame(t, r).(*transport.Response)
 	if !ok || resp.Map == nil {
 		t.Fatalf("map.get after malformed frames: %+v", resp)

@@ -57,7 +57,7 @@ func (p *testPKI) cert(t *testing.T, name string) tls.Certificate {
 }
 
 // clientTLS returns ctl client TLS presenting the certificate named name
-// ("client" for the client certificate, or a node id).
+// (transport.DevAdminName for the admin client certificate, or a node id).
 func (p *testPKI) clientTLS(t *testing.T, name string) *tls.Config {
 	cert := p.cert(t, name)
 	return transport.ClientTLS(p.ca, &cert, "", transport.ALPNCtl)
@@ -80,11 +80,12 @@ func (w testWriter) Write(b []byte) (int, error) {
 func startCtl(t *testing.T, p *testPKI, dataDir, addr string) *Server {
 	t.Helper()
 	srv, err := New(Config{
-		Addr:     addr,
-		DataDir:  dataDir,
-		TLS:      transport.ServerTLS(p.cert(t, "ctl"), p.ca, transport.ALPNCtl),
-		LeaseTTL: shortTTL,
-		Logger:   testLogger(t),
+		Addr:       addr,
+		DataDir:    dataDir,
+		TLS:        transport.ServerTLS(p.cert(t, "ctl"), p.ca, transport.ALPNCtl),
+		LeaseTTL:   shortTTL,
+		Superusers: []string{transport.DevAdminName},
+		Logger:     testLogger(t),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -124,6 +124,9 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	case cfg.Node.NodeID == "" || cfg.Node.Addr == "":
 		return nil, fmt.Errorf("ctl: join: MemberConfig.Node needs NodeID and Addr (got %q, %q)", cfg.Node.NodeID, cfg.Node.Addr)
 	}
+	// Only a control plane certificate will do: a broker's or a client's
+	// cannot pose as ctl.
+	cfg.TLS = transport.VerifyPeer(cfg.TLS, transport.RoleCtl, "")
 	m := &Member{cfg: cfg, log: cfg.Logger.With("component", "ctl-member", "node", cfg.Node.NodeID)}
 	m.mu.changed = make(chan struct{})
 	m.mu.connected = make(chan struct{})

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/felix-broker/felix/auth"
 	"github.com/felix-broker/felix/shardmap"
 )
 
@@ -25,6 +26,7 @@ type snapshot struct {
 	Epoch   uint64
 	Members []shardmap.Node
 	Streams []shardmap.Stream // with their owners
+	Grants  []auth.Grant      // the policy's grants (superusers are configuration)
 }
 
 // The on-disk form has its own types with explicit JSON names so that
@@ -34,6 +36,13 @@ type fileState struct {
 	Epoch   uint64       `json:"epoch"`
 	Members []fileMember `json:"members"`
 	Streams []fileStream `json:"streams"`
+	Grants  []fileGrant  `json:"grants,omitempty"`
+}
+
+type fileGrant struct {
+	Principal string `json:"principal"`
+	Action    string `json:"action"`
+	Pattern   string `json:"pattern"`
 }
 
 type fileMember struct {
@@ -91,6 +100,13 @@ func loadState(dir string) (snapshot, error) {
 		seen[c.Name] = true
 		snap.Streams = append(snap.Streams, shardmap.Stream{StreamConfig: c, Owners: s.Owners})
 	}
+	for _, g := range f.Grants {
+		ag := auth.Grant{Principal: g.Principal, Action: auth.Action(g.Action), Pattern: g.Pattern}
+		if err := ag.Validate(); err != nil {
+			return snapshot{}, fmt.Errorf("ctl: load state %s: corrupt grant: %v", path, err)
+		}
+		snap.Grants = append(snap.Grants, ag)
+	}
 	return snap, nil
 }
 
@@ -106,6 +122,9 @@ func saveState(dir string, snap snapshot) error {
 	for _, c := range snap.Streams {
 		f.Streams = append(f.Streams, fileStream{Name: c.Name, Shards: c.Shards, RetentionBytes: c.RetentionBytes,
 			RetentionAgeNano: int64(c.RetentionAge), Owners: c.Owners})
+	}
+	for _, g := range snap.Grants {
+		f.Grants = append(f.Grants, fileGrant{Principal: g.Principal, Action: string(g.Action), Pattern: g.Pattern})
 	}
 	b, err := json.MarshalIndent(f, "", "  ")
 	if err != nil {

@@ -39,7 +39,7 @@ func TestJoinDoesNotMoveShards(t *testing.T) {
 // TestStreamBeforeAnyMember: shards of a stream created with no members are
 // unplaced ("") until members join, then placed and pinned.
 func TestStreamBeforeAnyMember(t *testing.T) {
-	s := newState(snapshot{}, testTTL)
+	s := newState(snapshot{}, testTTL, nil)
 	if err := s.createStream(shardmap.StreamConfig{Name: "orders", Shards: 4}); err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestPlacementSurvivesRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := newState(snap, testTTL)
+	r := newState(snap, testTTL, nil)
 	if moves := shardmap.Diff(s.Map(), r.Map()); len(moves) != 0 {
 		t.Fatalf("restart moved shards: %v", moves)
 	}

@@ -15,6 +15,8 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/felix-broker/felix/auth"
+	"github.com/felix-broker/felix/internal/logonce"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -35,8 +37,21 @@ type Config struct {
 	// LeaseTTL is how long a broker stays Live without a heartbeat.
 	// Default 3s; brokers heartbeat every LeaseTTL/3.
 	LeaseTTL time.Duration
+	// Superusers are the client principals (certificate common names)
+	// authorized for everything, as Kafka's super.users: the operators who
+	// grant everyone else their permissions. Default none.
+	Superusers []string
 	// Logger receives one line per meaningful event. Default slog.Default().
 	Logger *slog.Logger
+	// MaxShardsTotal bounds the shards of all streams together: a stream
+	// create that would pass it is refused with CodeLimitExceeded
+	// (matching ErrLimitExceeded). Every shard is a log on some broker
+	// and an owner in every map pushed to every broker and client, so
+	// the bound keeps both within what brokers hold by default (see
+	// broker.Config.MaxShards, whose default is the same). Default
+	// DefaultMaxShardsTotal (16384: four streams of shardmap.MaxShards,
+	// or a thousand of 16).
+	MaxShardsTotal int
 
 	// now is the clock; tests may replace it. Default time.Now.
 	now func() time.Time
@@ -44,6 +59,9 @@ type Config struct {
 
 // DefaultAddr is the default control-plane listen address.
 const DefaultAddr = "127.0.0.1:7000"
+
+// DefaultMaxShardsTotal is the default Config.MaxShardsTotal.
+const DefaultMaxShardsTotal = 16384
 
 // DefaultLeaseTTL is the default broker lease.
 const DefaultLeaseTTL = 3 * time.Second
@@ -75,6 +93,9 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.MaxShardsTotal <= 0 {
+		c.MaxShardsTotal = DefaultMaxShardsTotal
+	}
 	if c.now == nil {
 		c.now = time.Now
 	}
@@ -101,6 +122,10 @@ type Server struct {
 		nextSession uint64
 		closed      bool
 	}
+
+	// denials remembers which principal was denied which op, to log each
+	// once, not once per retry.
+	denials logonce.Set
 
 	// wake tells the lease goroutine the earliest lease deadline may have
 	// moved earlier (a node registered). Capacity 1; sends never block.
@@ -132,7 +157,8 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := newState(snap, cfg.LeaseTTL)
+	st := newState(snap, cfg.LeaseTTL, cfg.Superusers)
+	st.maxShardsTotal = cfg.MaxShardsTotal
 	if err := saveState(cfg.DataDir, st.snapshot()); err != nil {
 		return nil, err
 	}
@@ -209,10 +235,10 @@ func (s *Server) Streams() []shardmap.StreamConfig {
 
 // CreateStream registers a stream, persists the registry and pushes the
 // new map. Errors are *transport.Error values (CodeInvalid,
-// CodeStreamExists, CodeInternal) that also match ErrInvalid,
-// ErrStreamExists.
+// CodeStreamExists, CodeLimitExceeded, CodeInternal) that also match
+// ErrInvalid, ErrStreamExists, ErrLimitExceeded.
 func (s *Server) CreateStream(c shardmap.StreamConfig) error {
-	err := s.changeStreams("stream created", func(st *state) error { return st.createStream(c) })
+	err := s.change("stream created", func(st *state) error { return st.createStream(c) })
 	if err != nil {
 		return err
 	}
@@ -224,7 +250,7 @@ func (s *Server) CreateStream(c shardmap.StreamConfig) error {
 // the new map. Errors are *transport.Error values (CodeUnknownStream,
 // CodeInternal) that also match ErrUnknownStream.
 func (s *Server) DeleteStream(name string) error {
-	err := s.changeStreams("stream deleted", func(st *state) error { return st.deleteStream(name) })
+	err := s.change("stream deleted", func(st *state) error { return st.deleteStream(name) })
 	if err != nil {
 		return err
 	}
@@ -232,9 +258,34 @@ func (s *Server) DeleteStream(name string) error {
 	return nil
 }
 
-// changeStreams applies a registry change, persists it, and pushes the map;
-// if the state cannot be written the change is undone.
-func (s *Server) changeStreams(reason string, change func(*state) error) error {
+// Grant adds g to the policy, persists it and pushes the new map. Granting
+// what is already granted succeeds and changes nothing.
+func (s *Server) Grant(g auth.Grant) error {
+	changed := false
+	err := s.change("permission granted", func(st *state) (err error) {
+		changed, err = st.grant(g)
+		return err
+	})
+	if err == nil && changed {
+		s.log.Info("permission granted", "principal", g.Principal, "action", g.Action, "pattern", g.Pattern, "epoch", s.Map().Epoch)
+	}
+	return err
+}
+
+// Revoke removes g from the policy, persists it and pushes the new map.
+// Errors match ErrUnknownGrant when the policy does not hold g.
+func (s *Server) Revoke(g auth.Grant) error {
+	err := s.change("permission revoked", func(st *state) error { return st.revoke(g) })
+	if err == nil {
+		s.log.Info("permission revoked", "principal", g.Principal, "action", g.Action, "pattern", g.Pattern, "epoch", s.Map().Epoch)
+	}
+	return err
+}
+
+// change applies an admin change (streams or policy), persists it, and
+// pushes the map; if the state cannot be written the change is undone. A
+// change that leaves the epoch as it was is neither persisted nor pushed.
+func (s *Server) change(reason string, change func(*state) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mu.closed {
@@ -243,6 +294,9 @@ func (s *Server) changeStreams(reason string, change func(*state) error) error {
 	cp := s.mu.st.checkpoint()
 	if err := change(s.mu.st); err != nil {
 		return wireError(err)
+	}
+	if s.mu.st.epoch == cp.epoch {
+		return nil
 	}
 	if err := saveState(s.cfg.DataDir, s.mu.st.snapshot()); err != nil {
 		s.mu.st.rollback(cp)
@@ -284,8 +338,12 @@ func wireError(err error) *transport.Error {
 		return we
 	case errors.Is(err, ErrStreamExists):
 		return transport.Errorf(transport.CodeStreamExists, "%w", err)
+	case errors.Is(err, ErrUnknownGrant):
+		return transport.Errorf(transport.CodeInvalid, "%w", err)
 	case errors.Is(err, ErrUnknownStream):
 		return transport.Errorf(transport.CodeUnknownStream, "%w", err)
+	case errors.Is(err, ErrLimitExceeded):
+		return transport.Errorf(transport.CodeLimitExceeded, "%w", err)
 	case errors.Is(err, ErrInvalid):
 		return transport.Errorf(transport.CodeInvalid, "%w", err)
 	}

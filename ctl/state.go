@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/felix-broker/felix/auth"
 	"github.com/felix-broker/felix/shardmap"
 )
 
@@ -18,6 +19,12 @@ var (
 	ErrStreamExists = errors.New("ctl: stream exists")
 	// ErrUnknownStream is returned for a stream the registry does not hold.
 	ErrUnknownStream = errors.New("ctl: unknown stream")
+	// ErrUnknownGrant is returned when revoking a grant the policy does not
+	// hold.
+	ErrUnknownGrant = errors.New("ctl: no such grant")
+	// ErrLimitExceeded is returned when creating a stream would pass
+	// Config.MaxShardsTotal; on the wire it is CodeLimitExceeded.
+	ErrLimitExceeded = errors.New("ctl: limit exceeded")
 	// ErrInvalid is returned for a request that can never succeed as sent.
 	ErrInvalid = errors.New("ctl: invalid request")
 	// errStaleSession is returned for a heartbeat on a registration that has
@@ -46,7 +53,13 @@ type state struct {
 	// a broker starting). A shard placed while there were no members has
 	// owner "" until the first member joins.
 	streams map[string]shardmap.Stream
-	cur     *shardmap.Map
+	// policy is who may do what: the persisted grants plus the superusers
+	// of the configuration; it rides in every map (versioned by epoch).
+	policy *auth.Policy
+	cur    *shardmap.Map
+	// maxShardsTotal bounds the shards of all streams together (see
+	// Config.MaxShardsTotal); 0 means DefaultMaxShardsTotal.
+	maxShardsTotal int
 }
 
 // member is one registered node. Membership is permanent: a member that
@@ -61,12 +74,13 @@ type member struct {
 // they register again, and the epoch bumped once past the persisted one so
 // that the first map this incarnation publishes supersedes every map a
 // previous one may have pushed.
-func newState(snap snapshot, ttl time.Duration) *state {
+func newState(snap snapshot, ttl time.Duration, superusers []string) *state {
 	s := &state{
 		ttl:     ttl,
 		epoch:   snap.Epoch + 1,
 		members: make(map[string]*member, len(snap.Members)),
 		streams: make(map[string]shardmap.Stream, len(snap.Streams)),
+		policy:  auth.NewPolicy(superusers, snap.Grants),
 	}
 	for _, n := range snap.Members {
 		n.Live = false
@@ -81,7 +95,7 @@ func newState(snap snapshot, ttl time.Duration) *state {
 
 // snapshot returns what must survive a restart.
 func (s *state) snapshot() snapshot {
-	snap := snapshot{Epoch: s.epoch}
+	snap := snapshot{Epoch: s.epoch, Grants: s.policy.Grants}
 	for _, id := range slices.Sorted(maps.Keys(s.members)) {
 		n := s.members[id].node
 		n.Live = false
@@ -116,6 +130,7 @@ func (s *state) rebuild() {
 		streams = append(streams, st)
 	}
 	s.cur = shardmap.Assemble(s.epoch, nodes, streams)
+	s.cur.ACL = s.policy
 }
 
 // place returns st with an owner for every shard that has none (or whose
@@ -242,13 +257,32 @@ func (s *state) nextExpiry() (time.Time, bool) {
 	return next, found
 }
 
-// createStream adds c to the registry.
+// createStream adds c to the registry. It refuses a name that differs
+// from an existing stream's only in case: the brokers name each stream's
+// directory after it, and on a case-insensitive filesystem the two would
+// share one. It refuses a stream whose shards would take the total past
+// maxShardsTotal.
 func (s *state) createStream(c shardmap.StreamConfig) error {
 	if err := c.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	if _, ok := s.streams[c.Name]; ok {
 		return fmt.Errorf("create stream %q: %w", c.Name, ErrStreamExists)
+	}
+	total := 0
+	for name, st := range s.streams {
+		if strings.EqualFold(name, c.Name) {
+			return fmt.Errorf("%w: stream %q differs from the existing stream %q only in case", ErrInvalid, c.Name, name)
+		}
+		total += st.Shards
+	}
+	limit := s.maxShardsTotal
+	if limit <= 0 {
+		limit = DefaultMaxShardsTotal
+	}
+	if total+c.Shards > limit {
+		return fmt.Errorf("%w: stream %q with %d shards would bring the cluster to %d shards, over its limit of %d (ctl --max-shards-total); delete streams or create fewer shards",
+			ErrLimitExceeded, c.Name, c.Shards, total+c.Shards, limit)
 	}
 	s.streams[c.Name] = shardmap.Stream{StreamConfig: c}
 	s.bump() // places the new stream's shards over the current members
@@ -261,6 +295,33 @@ func (s *state) deleteStream(name string) error {
 		return fmt.Errorf("delete stream %q: %w", name, ErrUnknownStream)
 	}
 	delete(s.streams, name)
+	s.bump()
+	return nil
+}
+
+// grant adds g to the policy. Granting what is already granted changes
+// nothing and reports false.
+func (s *state) grant(g auth.Grant) (changed bool, err error) {
+	if err := g.Validate(); err != nil {
+		return false, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	p := s.policy.With(g)
+	if p == s.policy {
+		return false, nil
+	}
+	s.policy = p
+	s.bump()
+	return true, nil
+}
+
+// revoke removes g from the policy; it fails with ErrUnknownGrant when
+// the policy does not hold it.
+func (s *state) revoke(g auth.Grant) error {
+	p, ok := s.policy.Without(g)
+	if !ok {
+		return fmt.Errorf("revoke %q: %w", g.String(), ErrUnknownGrant)
+	}
+	s.policy = p
 	s.bump()
 	return nil
 }
@@ -279,11 +340,12 @@ func (s *state) stream(name string) (shardmap.StreamConfig, error) {
 type checkpoint struct {
 	epoch   uint64
 	streams map[string]shardmap.Stream
+	policy  *auth.Policy
 	cur     *shardmap.Map
 }
 
 func (s *state) checkpoint() checkpoint {
-	return checkpoint{epoch: s.epoch, streams: maps.Clone(s.streams), cur: s.cur}
+	return checkpoint{epoch: s.epoch, streams: maps.Clone(s.streams), policy: s.policy, cur: s.cur}
 }
 
 // rollback undoes the stream registry changes made since cp, epoch
@@ -291,7 +353,7 @@ func (s *state) checkpoint() checkpoint {
 // in between (the server holds its lock across change, persist and
 // rollback).
 func (s *state) rollback(cp checkpoint) {
-	s.epoch, s.streams, s.cur = cp.epoch, cp.streams, cp.cur
+	s.epoch, s.streams, s.policy, s.cur = cp.epoch, cp.streams, cp.policy, cp.cur
 }
 
 // liveIDs returns the ids of the Live members, sorted; for logs.

@@ -23,7 +23,7 @@ func node(id string) shardmap.Node {
 // under sessions 1, 2, 3.
 func threeNodes(t *testing.T) *state {
 	t.Helper()
-	s := newState(snapshot{}, testTTL)
+	s := newState(snapshot{}, testTTL, nil)
 	for i, id := range []string{"3", "1", "2"} {
 		if _, joined, err := s.register(node(id), uint64(i+1), t0); err != nil || !joined {
 			t.Fatalf("register %s: joined=%v err=%v", id, joined, err)
@@ -236,7 +236,7 @@ func TestPersistRoundTripAndRestart(t *testing.T) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", loaded, snap)
 	}
 
-	r := newState(loaded, testTTL)
+	r := newState(loaded, testTTL, nil)
 	before, after := s.Map(), r.Map()
 	if after.Epoch != before.Epoch+1 {
 		t.Errorf("restart epoch = %d, want %d (one bump)", after.Epoch, before.Epoch+1)

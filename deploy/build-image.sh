@@ -1,7 +1,11 @@
 #!/usr/bin/env sh
-# Builds the felix image from this checkout: a static binary on scratch.
+# Builds the felix image from this checkout: a static binary on scratch,
+# running as 65532:65532, tagged $FELIX_IMAGE (default felix:dev).
 set -eu
 cd "$(dirname "$0")/.."
-CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o deploy/felix ./cmd/felix
-docker build -t "${FELIX_IMAGE:-felix:dev}" deploy
-rm -f deploy/felix
+ctx=$(mktemp -d)
+trap 'rm -rf "$ctx"' EXIT
+CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$ctx/felix" ./cmd/felix
+mkdir -p "$ctx/rootfs/ca" "$ctx/rootfs/certs" "$ctx/rootfs/data"
+chmod 0700 "$ctx/rootfs/ca" "$ctx/rootfs/certs" "$ctx/rootfs/data"
+docker build -t "${FELIX_IMAGE:-felix:dev}" -f deploy/Dockerfile "$ctx"

@@ -1,6 +1,8 @@
 package shardmap
 
 import (
+	"github.com/felix-broker/felix/auth"
+
 	"errors"
 	"fmt"
 	"slices"
@@ -55,17 +57,35 @@ func (c StreamConfig) Validate() error {
 // MaxShards is the largest shard count a stream may have.
 const MaxShards = 4096
 
-// ValidateStreamName reports whether name can name a stream: 1 to 128
-// characters of letters, digits, '-', '_' and '.'.
+// MaxStreamName is the longest stream name, in bytes.
+const MaxStreamName = 128
+
+// ErrInvalidStreamName is matched by every error [ValidateStreamName]
+// returns.
+var ErrInvalidStreamName = errors.New("shardmap: invalid stream name")
+
+// ValidateStreamName reports whether name can name a stream: 1 to
+// [MaxStreamName] ASCII letters, digits, '-', '_' and '.', not starting
+// with '.'.
+//
+// A stream name is used as one path element of the brokers' data
+// directories (see package broker), so the rules make every valid name a
+// plain, visible directory name on any filesystem: no separator ('/' or
+// '\'), no NUL or control character, never "." or ".." (nor anything
+// else starting with '.', which also leaves dot-names free for the
+// brokers' own files), at most 128 bytes (far below NAME_MAX).
 func ValidateStreamName(name string) error {
-	if name == "" || len(name) > 128 {
-		return fmt.Errorf("shardmap: stream name must be 1..128 characters, got %d", len(name))
+	if name == "" || len(name) > MaxStreamName {
+		return fmt.Errorf("%w: must be 1..%d characters, got %d", ErrInvalidStreamName, MaxStreamName, len(name))
+	}
+	if name[0] == '.' {
+		return fmt.Errorf("%w %q: must not start with '.'", ErrInvalidStreamName, name)
 	}
 	for _, c := range name {
 		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
 			c == '-' || c == '_' || c == '.'
 		if !ok {
-			return fmt.Errorf("shardmap: stream name %q: character %q not allowed (use letters, digits, '-', '_', '.')", name, c)
+			return fmt.Errorf("%w %q: character %q not allowed (use letters, digits, '-', '_', '.')", ErrInvalidStreamName, name, c)
 		}
 	}
 	return nil
@@ -84,6 +104,28 @@ type Map struct {
 	Epoch   uint64   `msgpack:"epoch"`
 	Nodes   []Node   `msgpack:"nodes"`   // sorted by ID
 	Streams []Stream `msgpack:"streams"` // sorted by Name
+	// ACL is the authorization policy in force at this epoch; nil in a
+	// map shown to a client (see [Map.VisibleTo]).
+	ACL *auth.Policy `msgpack:"acl,omitempty"`
+}
+
+// VisibleTo returns the map as principal may see it: without the policy,
+// and with only the streams principal may see (see [auth.Policy.Sees]),
+// unless it may read the whole cluster. The result shares m's streams;
+// like m, it must not be modified.
+func (m *Map) VisibleTo(principal string) *Map {
+	v := *m
+	v.ACL = nil
+	if m.ACL.Allows(principal, auth.ClusterRead, "") {
+		return &v
+	}
+	v.Streams = nil
+	for _, st := range m.Streams {
+		if m.ACL.Sees(principal, st.Name) {
+			v.Streams = append(v.Streams, st)
+		}
+	}
+	return &v
 }
 
 // Build computes the map at epoch for the member nodes and streams given.

@@ -84,7 +84,7 @@ func BenchmarkQUICRoundTripProcess(b *testing.B) {
 }
 
 func benchRoundTrip(b *testing.B, p *pki, addr string) {
-	conn := dial(b, addr, ClientTLS(p.ca, nil, "localhost"), Config{})
+	conn := dial(b, addr, ClientTLS(p.ca, &p.client, "localhost"), Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := conn.OpenStreamSync(ctx)

@@ -23,9 +23,24 @@ import (
 type Role string
 
 // Roles.
+//
+// Roles are separate identities: a client certificate cannot act as a peer
+// or as the control plane, the control plane's cannot act as a broker, and
+// a broker's cannot act as the control plane.
 const (
-	RoleNode   Role = "felix-node"   // a broker or ctl: server and client, CN = node id
-	RoleClient Role = "felix-client" // an application or operator: client only
+	RoleNode   Role = "felix-node"   // a broker: server and client, CN = node id
+	RoleCtl    Role = "felix-ctl"    // a control plane member: server and client, CN = its name
+	RoleClient Role = "felix-client" // an application or operator: client only, CN = principal name
+)
+
+// serves reports whether certificates of role r are servers as well as
+// clients (ExtKeyUsage server and client, the name as a SAN).
+func (r Role) serves() bool { return r == RoleNode || r == RoleCtl }
+
+// Names in a development PKI (see [GenerateDevCerts]).
+const (
+	DevCtlName   = "ctl"   // the control plane's certificate, role ctl
+	DevAdminName = "admin" // the operator's client certificate, a superuser
 )
 
 const (
@@ -109,7 +124,7 @@ func (ca *CA) WriteFiles(certFile, keyFile string) error {
 // name and hosts as subject alternative names; a client certificate only
 // connects. hosts are DNS names or IP addresses.
 func (ca *CA) Issue(role Role, name string, hosts ...string) (tls.Certificate, error) {
-	if role != RoleNode && role != RoleClient {
+	if role != RoleNode && role != RoleCtl && role != RoleClient {
 		return tls.Certificate{}, fmt.Errorf("transport: issuing certificate for %q: unknown role %q", name, role)
 	}
 	if name == "" {
@@ -139,7 +154,7 @@ func (ca *CA) Issue(role Role, name string, hosts ...string) (tls.Certificate, e
 	if tmpl.NotAfter.After(ca.Cert.NotAfter) {
 		tmpl.NotAfter = ca.Cert.NotAfter
 	}
-	if role == RoleNode {
+	if role.serves() {
 		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
 		hosts = append([]string{name}, hosts...)
 	}
@@ -181,11 +196,17 @@ func WriteKeyPair(cert tls.Certificate, certFile, keyFile string) error {
 
 // GenerateDevCerts writes a development PKI to dir: ca.crt and ca.key (an
 // existing CA there is reused), <id>.crt and <id>.key for each node id
-// (role node; SANs localhost, 127.0.0.1, ::1 and the id), and client.crt
-// and client.key (role client, CN "client"). Certificates already in dir
-// that the CA verifies for the same role and name, and that are not near
-// expiry, are kept, so running it again changes nothing. Node ids must be
-// file-name safe and cannot be "ca" or "client".
+// (role ctl for the id [DevCtlName], role node for the others; SANs
+// localhost, 127.0.0.1, ::1 and the id), and admin.crt and admin.key (role
+// client, CN [DevAdminName]: the principal a development control plane
+// makes a superuser). Certificates already in dir that the CA verifies for
+// the same role and name, and that are not near expiry, are kept, so
+// running it again changes nothing. Node ids must be file-name safe and
+// cannot be "ca" or "admin".
+//
+// It is for development and tests: it keeps the CA key beside the
+// certificates. A production PKI keeps the CA key offline (see `felix
+// certs`).
 //
 // It is not safe to run concurrently on one dir: run it once before
 // starting the processes that read the files.
@@ -216,9 +237,13 @@ func GenerateDevCerts(dir string, nodeIDs ...string) error {
 		name  string
 		hosts []string
 	}
-	leaves := []leaf{{RoleClient, "client", nil}}
+	leaves := []leaf{{RoleClient, DevAdminName, nil}}
 	for _, id := range nodeIDs {
-		leaves = append(leaves, leaf{RoleNode, id, []string{"localhost", "127.0.0.1", "::1"}})
+		role := RoleNode
+		if id == DevCtlName {
+			role = RoleCtl
+		}
+		leaves = append(leaves, leaf{role, id, []string{"localhost", "127.0.0.1", "::1"}})
 	}
 	for _, l := range leaves {
 		certFile, keyFile := filepath.Join(dir, l.name+".crt"), filepath.Join(dir, l.name+".key")
@@ -244,7 +269,7 @@ func (ca *CA) issued(certFile, keyFile string, role Role, name string) bool {
 		return false
 	}
 	usage := x509.ExtKeyUsageClientAuth
-	if role == RoleNode {
+	if role.serves() {
 		usage = x509.ExtKeyUsageServerAuth
 	}
 	_, err = pair.Leaf.Verify(x509.VerifyOptions{Roots: ca.Pool(), KeyUsages: []x509.ExtKeyUsage{usage}})
@@ -259,7 +284,7 @@ func checkNodeID(id string) error {
 	if id == "" || len(id) > 128 {
 		return fmt.Errorf("node id %q: must be 1..128 characters", id)
 	}
-	if id == "ca" || id == "client" {
+	if id == "ca" || id == DevAdminName {
 		return fmt.Errorf("node id %q: reserved for the %s files", id, id)
 	}
 	for i, c := range id {

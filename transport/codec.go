@@ -2,6 +2,7 @@ package transport
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 )
@@ -36,6 +37,15 @@ func NewReader(r io.Reader, maxFrame int) *Reader {
 	return &Reader{r: r, maxFrame: maxFrame}
 }
 
+// skipFactor bounds the Publish frames a Reader skips: up to skipFactor
+// times its maximum.
+const skipFactor = 4
+
+// ErrSkipped is wrapped by the error [Reader.Read] returns for a frame it
+// refused and skipped whole: the stream is still at a frame boundary and
+// may be read on.
+var ErrSkipped = errors.New("transport: frame skipped; the stream is still usable")
+
 // Read reads and decodes the next frame. The frame does not alias the
 // Reader's buffer.
 //
@@ -47,6 +57,14 @@ func NewReader(r io.Reader, maxFrame int) *Reader {
 // type. After a framing error the stream's position is undefined: answer
 // with the error and close the stream. Other errors come from the
 // underlying reader, wrapped.
+//
+// A [Publish] frame over the maximum is not a framing error but a record
+// over the limit: its body is read and dropped as it arrives (never
+// buffered), and Read returns a [CodePayloadTooLarge] error carrying the
+// frame's Seq and wrapping [ErrSkipped]. The stream stays usable: answer
+// that publish and read on. A Publish frame more than 4 times over the
+// maximum is refused at once with the same code, as a framing error (its
+// body is not read).
 func (r *Reader) Read() (Frame, error) {
 	typ, body, err := r.ReadRaw()
 	if err != nil {
@@ -73,7 +91,7 @@ func (r *Reader) ReadRaw() (FrameType, []byte, error) {
 		return 0, nil, &Error{Code: CodeMalformed, Message: "zero-length frame"}
 	}
 	if n > r.maxFrame {
-		return 0, nil, &Error{Code: CodeFrameTooLarge, Message: fmt.Sprintf("frame of %d bytes, limit %d", n, r.maxFrame)}
+		return 0, nil, r.oversized(n)
 	}
 	if err := r.fill(4 + n); err != nil {
 		return 0, nil, r.readErr(fmt.Sprintf("%d-byte frame", n), err)
@@ -87,6 +105,83 @@ func (r *Reader) ReadRaw() (FrameType, []byte, error) {
 	return typ, body, nil
 }
 
+// oversized handles a frame of length n over the maximum, whose header is
+// buffered: a Publish is skipped (see [Reader.Read]), any other frame is a
+// framing error.
+func (r *Reader) oversized(n int) error {
+	if err := r.fill(frameHeaderLen); err != nil {
+		return r.readErr("header", err)
+	}
+	if FrameType(r.buf[r.start+4]) != FramePublish {
+		return &Error{Code: CodeFrameTooLarge, Message: fmt.Sprintf("frame of %d bytes, limit %d", n, r.maxFrame)}
+	}
+	if n/skipFactor > r.maxFrame {
+		// Far over: refused at once, with the code a skipped one gets.
+		return &Error{Code: CodePayloadTooLarge,
+			Message: fmt.Sprintf("publish frame of %d bytes is far over the limit of %d; the stream is closed", n, r.maxFrame)}
+	}
+	// The Seq is the body's first field: an array header of up to 5 bytes,
+	// then an integer of up to 9.
+	if err := r.fill(frameHeaderLen + min(n-1, 14)); err != nil {
+		return r.readErr(fmt.Sprintf("%d-byte frame", n), err)
+	}
+	seq := publishSeq(r.buf[r.start+frameHeaderLen : r.end])
+	if err := r.discard(4 + n); err != nil {
+		return r.readErr(fmt.Sprintf("%d-byte frame", n), err)
+	}
+	return &Error{Seq: seq, Code: CodePayloadTooLarge, cause: ErrSkipped,
+		Message: fmt.Sprintf("publish frame of %d bytes is over the limit of %d: the record is larger than the node accepts", n, r.maxFrame)}
+}
+
+// publishSeq decodes the Seq at the start of a Publish body, or returns 0.
+func publishSeq(b []byte) uint64 {
+	if len(b) == 0 {
+		return 0
+	}
+	skip := 0
+	switch c := b[0]; {
+	case c&0xf0 == 0x90:
+		skip = 1
+	case c == 0xdc:
+		skip = 3
+	case c == 0xdd:
+		skip = 5
+	default:
+		return 0
+	}
+	if skip >= len(b) {
+		return 0
+	}
+	d := decoder{b: b[skip:]}
+	seq := d.uint64()
+	if d.err != nil {
+		return 0
+	}
+	return seq
+}
+
+// discard consumes the next n bytes of the stream without keeping them:
+// what is buffered, then reads into the (reused) buffer.
+func (r *Reader) discard(n int) error {
+	k := min(n, r.end-r.start)
+	r.start += k
+	n -= k
+	if r.start == r.end {
+		r.start, r.end = 0, 0
+	}
+	for n > 0 {
+		if r.buf == nil {
+			r.buf = make([]byte, readBufSize)
+		}
+		m, err := r.r.Read(r.buf[:min(n, len(r.buf))])
+		n -= m
+		if err != nil && n > 0 {
+			return err
+		}
+	}
+	return nil
+}
+
 // Ready reports whether a whole frame is buffered, so the next Read will
 // not block on the underlying reader. A server answering pipelined frames
 // buffers its answers while Ready and flushes when it is not.
@@ -95,7 +190,13 @@ func (r *Reader) Ready() bool {
 		return false
 	}
 	n := int(binary.BigEndian.Uint32(r.buf[r.start:]))
-	return n == 0 || n > r.maxFrame || r.end-r.start >= 4+n
+	if n == 0 || r.end-r.start >= 4+n {
+		return true
+	}
+	// An oversized frame is refused at once, except a Publish not far
+	// over, which is skipped as it arrives.
+	return n > r.maxFrame && r.end-r.start >= frameHeaderLen &&
+		(FrameType(r.buf[r.start+4]) != FramePublish || n/skipFactor > r.maxFrame)
 }
 
 // fill reads until at least need bytes are buffered from r.start. The
@@ -163,8 +264,9 @@ func NewWriter(w io.Writer) *Writer {
 
 // SetMaxFrame sets the largest frame length N (type byte plus body) the
 // Writer encodes; n <= 0 means [DefaultMaxFrame]. Set it to the peer's
-// limit so an oversized frame fails here, with [CodeFrameTooLarge], and does
-// not cost the stream.
+// limit so an oversized frame fails here, with [CodeFrameTooLarge] (a
+// [Publish]: [CodePayloadTooLarge], as the peer would answer), and does not
+// cost the stream.
 func (w *Writer) SetMaxFrame(n int) {
 	if n <= 0 {
 		n = DefaultMaxFrame
@@ -204,6 +306,10 @@ func (w *Writer) Buffer(f Frame) error {
 	}
 	if n := len(buf) - mark - 4; n > w.maxFrame {
 		w.buf = buf[:mark]
+		if f.Type() == FramePublish {
+			// The same code the peer's Reader gives it (see Reader.Read).
+			return &Error{Code: CodePayloadTooLarge, Message: fmt.Sprintf("publish frame of %d bytes is over the limit of %d: the record is too large", n, w.maxFrame)}
+		}
 		return &Error{Code: CodeFrameTooLarge, Message: fmt.Sprintf("%s frame of %d bytes, limit %d", f.Type(), n, w.maxFrame)}
 	}
 	w.buf = buf

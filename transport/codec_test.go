@@ -172,9 +172,15 @@ func TestWriterLimits(t *testing.T) {
 	if err := w.Buffer(&Ack{Seq: 1}); err != nil {
 		t.Fatal(err)
 	}
+	// A publish over the limit is a record over it: payload_too_large, as
+	// the peer's Reader would answer; any other frame is frame_too_large.
 	err := w.Write(&Publish{Value: make([]byte, 1000)})
+	if !errors.Is(err, ErrPayloadTooLarge) {
+		t.Fatalf("oversized publish Write = %v, want payload_too_large", err)
+	}
+	err = w.Write(&Records{Records: []Record{{Value: make([]byte, 1000)}}})
 	if !errors.Is(err, ErrFrameTooLarge) {
-		t.Fatalf("oversized Write = %v, want frame_too_large", err)
+		t.Fatalf("oversized records Write = %v, want frame_too_large", err)
 	}
 	// A frame failing to encode leaves the batch as it was.
 	err = w.WriteBatch(&Ack{Seq: 2}, (*Publish)(nil))
@@ -305,20 +311,93 @@ func TestReaderBadInput(t *testing.T) {
 func TestReaderFrameTooLarge(t *testing.T) {
 	const max = 1024
 	for _, n := range []uint32{max + 1, 1<<32 - 1} {
-		hdr := binary.BigEndian.AppendUint32(nil, n)
-		_, err := NewReader(&stopReader{t: t, data: hdr}, max).Read()
-		if !errors.Is(err, ErrFrameTooLarge) {
-			t.Fatalf("length %d: Read = %v, want frame_too_large", n, err)
+		// The body of a frame over the limit is never read; a publish far
+		// over it is refused as payload_too_large, any other frame as
+		// frame_too_large.
+		for typ, want := range map[FrameType]*Error{FrameAck: ErrFrameTooLarge, FrameRecords: ErrFrameTooLarge, FramePublish: ErrPayloadTooLarge} {
+			if typ == FramePublish && n/skipFactor <= max {
+				continue // skipped, not refused: see TestReaderSkipsOversizedPublish
+			}
+			hdr := append(binary.BigEndian.AppendUint32(nil, n), byte(typ))
+			_, err := NewReader(&stopReader{t: t, data: hdr}, max).Read()
+			if !errors.Is(err, want) || errors.Is(err, ErrSkipped) {
+				t.Fatalf("%v frame of length %d: Read = %v, want %v, not skipped", typ, n, err, want)
+			}
 		}
 	}
 	// Exactly the limit is fine.
-	b := frame(FramePublish, body(&Publish{Value: make([]byte, 1000)}))
+	b := frame(FrameRecords, body(&Records{Records: []Record{{Value: make([]byte, 1000)}}}))
 	r := NewReader(bytes.NewReader(b), len(b)-4)
 	if _, err := r.Read(); err != nil {
 		t.Fatalf("frame at the limit: %v", err)
 	}
 	if _, err := NewReader(bytes.NewReader(b), len(b)-5).Read(); !errors.Is(err, ErrFrameTooLarge) {
 		t.Fatalf("frame one over the limit: %v", err)
+	}
+}
+
+// TestReaderSkipsOversizedPublish: a publish over the limit, from one byte
+// to four times over, is answered payload_too_large with its Seq, its body
+// is dropped without being buffered, and the frames after it read fine.
+func TestReaderSkipsOversizedPublish(t *testing.T) {
+	const max = 64 << 10
+	for _, over := range []int{1, max, 2 * max} {
+		big := body(&Publish{Seq: 1<<40 + 7, Stream: "s", Value: make([]byte, max+over)})
+		var in []byte
+		in = append(in, frame(FramePublish, body(&Publish{Seq: 1, Stream: "s"}))...)
+		in = append(in, frame(FramePublish, big)...)
+		in = append(in, frame(FramePublish, body(&Publish{Seq: 3, Stream: "s"}))...)
+		// One byte per Read at the boundaries would be slow; iotest's
+		// half reader splits reads so the skip crosses many of them.
+		r := NewReader(iotest.HalfReader(bytes.NewReader(in)), max)
+		f, err := r.Read()
+		if err != nil || f.(*Publish).Seq != 1 {
+			t.Fatalf("first publish: %v, %v", f, err)
+		}
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		_, err = r.Read()
+		runtime.ReadMemStats(&after)
+		var werr *Error
+		if !errors.As(err, &werr) || werr.Code != CodePayloadTooLarge || werr.Seq != 1<<40+7 || !errors.Is(err, ErrSkipped) {
+			t.Fatalf("%d over: Read = %#v, want payload_too_large for Seq %d, skipped", over, err, uint64(1<<40+7))
+		}
+		if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 2*readBufSize {
+			t.Fatalf("skipping a %d-byte frame allocated %d bytes", len(big), alloc)
+		}
+		f, err = r.Read()
+		if err != nil || f.(*Publish).Seq != 3 {
+			t.Fatalf("publish after the skipped one: %v, %v", f, err)
+		}
+	}
+	// A stream that ends inside the skipped body is malformed.
+	in := frame(FramePublish, body(&Publish{Seq: 9, Value: make([]byte, 2*max)}))[:max+100]
+	if _, err := NewReader(bytes.NewReader(in), max).Read(); !errors.Is(err, ErrMalformed) || !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("truncated oversized publish: %v, want malformed (unexpected EOF)", err)
+	}
+}
+
+func TestPublishFrameLimit(t *testing.T) {
+	const record = 1 << 20
+	limit := PublishFrameLimit(record, 64)
+	h := map[string]string{}
+	hb := 0
+	for i := range 64 {
+		k := fmt.Sprintf("k%02d", i)
+		h[k] = strings.Repeat("v", 100)
+		hb += len(k) + 100
+	}
+	pid := strings.Repeat("p", 128)
+	full := &Publish{Seq: 1<<64 - 1, Stream: strings.Repeat("s", 128), Shard: -1, Key: make([]byte, 1000),
+		Value: make([]byte, record-1000-hb-len(pid)), Headers: h, ProducerID: pid, ProducerSeq: 1<<64 - 1,
+		Epoch: 1<<64 - 1, Via: strings.Repeat("n", 128)}
+	if n := len(body(full)) + 1; n > limit {
+		t.Fatalf("a publish of a %d-byte record is a %d-byte frame, over the derived limit %d", record, n, limit)
+	}
+	recs := &Records{Stream: full.Stream, Shard: 1<<31 - 1, Records: []Record{{Offset: 1<<64 - 1, Timestamp: -1,
+		Key: full.Key, Value: full.Value, Headers: h, ProducerID: pid, ProducerSeq: 1<<64 - 1}}}
+	if n := len(body(recs)) + 1; n > limit {
+		t.Fatalf("a records frame of one %d-byte record is %d bytes, over the derived limit %d", record, n, limit)
 	}
 }
 

@@ -35,7 +35,14 @@ type Config struct {
 	// this long (and any handshake taking twice as long). Default 5s.
 	HandshakeTimeout time.Duration
 	// MaxIncomingStreams is how many concurrent bidirectional streams a
-	// peer may open: every publisher and subscriber is one. Default 10000.
+	// peer may open on one connection: every publisher and subscriber is
+	// one, and so is every forwarding lane between two brokers (one per
+	// publisher stream that forwards to that owner). Default 4096.
+	//
+	// quic-go picks a connection's config before the handshake tells a
+	// client from a peer, so this one value applies to both: it is sized
+	// for peer connections, and a broker enforces a lower limit on client
+	// connections itself (broker.Config.MaxStreamsPerConn).
 	MaxIncomingStreams int64
 	// InitialStreamWindow is a stream's initial receive window. Default
 	// 1 MiB.
@@ -51,7 +58,8 @@ type Config struct {
 	MaxConnWindow uint64
 	// MaxFrame is the largest frame length (type byte plus body) a stream
 	// reader accepts; pass it to [NewReader] and [Writer.SetMaxFrame].
-	// Default DefaultMaxFrame (4 MiB).
+	// Default DefaultMaxFrame (4 MiB). A server that bounds records derives
+	// it from its record limit with [PublishFrameLimit].
 	MaxFrame int
 }
 
@@ -60,7 +68,7 @@ const (
 	defaultMaxIdleTimeout      = 5 * time.Second
 	defaultKeepAlivePeriod     = time.Second
 	defaultHandshakeTimeout    = 5 * time.Second
-	defaultMaxIncomingStreams  = 10000
+	defaultMaxIncomingStreams  = 4096
 	defaultInitialStreamWindow = 1 << 20
 	defaultMaxStreamWindow     = 16 << 20
 	defaultInitialConnWindow   = 4 << 20

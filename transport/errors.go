@@ -27,6 +27,7 @@ const (
 	CodeTimeout         ErrorCode = 13 // the operation did not finish in time
 	CodeOutOfRange      ErrorCode = 14 // an offset outside the shard's log
 	CodeUnexpectedFrame ErrorCode = 15 // a known frame type where it is not allowed
+	CodeLimitExceeded   ErrorCode = 16 // a resource limit of the node is reached (connections, streams, subscriptions, credit, headers)
 )
 
 var codeNames = [...]string{
@@ -45,6 +46,7 @@ var codeNames = [...]string{
 	CodeTimeout:         "timeout",
 	CodeOutOfRange:      "out_of_range",
 	CodeUnexpectedFrame: "unexpected_frame",
+	CodeLimitExceeded:   "limit_exceeded",
 }
 
 // String returns the snake-case name of c, such as "not_owner", or
@@ -74,6 +76,7 @@ var (
 	ErrTimeout         = &Error{Code: CodeTimeout}
 	ErrOutOfRange      = &Error{Code: CodeOutOfRange}
 	ErrUnexpectedFrame = &Error{Code: CodeUnexpectedFrame}
+	ErrLimitExceeded   = &Error{Code: CodeLimitExceeded}
 )
 
 // Error is both a frame (sent either way on a stream) and the Go error type

@@ -67,6 +67,32 @@ const frameHeaderLen = 5
 // plus body).
 const DefaultMaxFrame = 4 << 20
 
+// publishFrameOverhead is what a [Publish] or a one-record [Records] frame
+// adds to its record's key, value, producer id and header bytes, with room
+// to spare: the type byte, the field headers, a stream name and node id of
+// up to 128 bytes each, the integers, and the headers a forwarding broker
+// adds for tracing. Each header adds up to 10 bytes more (two string
+// headers).
+const (
+	publishFrameOverhead   = 4 << 10
+	publishHeaderOverhead  = 10
+	defaultFrameMaxHeaders = 64
+)
+
+// PublishFrameLimit returns the frame length limit (for [NewReader] and
+// [Writer.SetMaxFrame]) that lets through every [Publish] of a record of up
+// to maxRecord bytes of key, value, producer id and headers, with up to
+// maxHeaders headers (<= 0 means 64), and every [Records] frame carrying
+// one such record alone. A server derives its frame limit from its record
+// limit with it, so that a record over the limit is refused for its size
+// ([CodePayloadTooLarge]) whatever its frame's size; see [Reader.Read].
+func PublishFrameLimit(maxRecord, maxHeaders int) int {
+	if maxHeaders <= 0 {
+		maxHeaders = defaultFrameMaxHeaders
+	}
+	return maxRecord + publishFrameOverhead + publishHeaderOverhead*maxHeaders
+}
+
 // AppendFrame appends f, header and body, to dst. On error dst is returned
 // unchanged.
 func AppendFrame(dst []byte, f Frame) ([]byte, error) {

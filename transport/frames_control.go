@@ -3,6 +3,7 @@ package transport
 import (
 	"fmt"
 
+	"github.com/felix-broker/felix/auth"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -11,14 +12,22 @@ import (
 // [*Error].
 type Request struct {
 	// Op is one of "stream.create", "stream.delete", "stream.list",
-	// "stream.info", "map.get", "cluster.status".
+	// "stream.info", "map.get", "cluster.status", "acl.grant",
+	// "acl.revoke", "acl.list".
 	Op string
 	// Stream is the stream to create (stream.create), or names the stream
 	// (Stream.Name) for stream.delete and stream.info.
 	Stream shardmap.StreamConfig
+	// Grant is the permission to add (acl.grant) or remove (acl.revoke).
+	Grant auth.Grant
+	// Principal is set by a broker relaying a client's request to the
+	// control plane: the principal the client authenticated as, which the
+	// control plane authorizes instead of the broker. The control plane
+	// ignores it on a request from a client's own connection.
+	Principal string
 }
 
-const requestFields = 2
+const requestFields = 4
 
 // Type implements [Frame].
 func (*Request) Type() FrameType { return FrameRequest }
@@ -29,23 +38,37 @@ func (r *Request) appendBody(b []byte) ([]byte, error) {
 	}
 	b = appendArrayHeader(b, requestFields)
 	b = appendStr(b, r.Op)
-	return appendMsgpack(b, FrameRequest, r.Stream)
+	b, err := appendMsgpack(b, FrameRequest, r.Stream)
+	if err != nil {
+		return b, err
+	}
+	if b, err = appendMsgpack(b, FrameRequest, r.Grant); err != nil {
+		return b, err
+	}
+	return appendStr(b, r.Principal), nil
 }
 
 func (r *Request) decode(d *decoder) {
-	n := d.arrayHeader(requestFields)
+	n := d.arrayHeader(2)
 	r.Op = d.str()
 	d.msgpack(&r.Stream)
-	d.skipN(n - requestFields)
+	read := 2 // an older peer sends only Op and Stream
+	if n >= requestFields {
+		d.msgpack(&r.Grant)
+		r.Principal = d.str()
+		read = requestFields
+	}
+	d.skipN(n - read)
 }
 
 // Response answers a [Request]. Which fields are set depends on the Op.
 type Response struct {
 	Streams []shardmap.StreamConfig
 	Map     *shardmap.Map
+	Grants  []auth.Grant // acl.list
 }
 
-const responseFields = 2
+const responseFields = 3
 
 // Type implements [Frame].
 func (*Response) Type() FrameType { return FrameResponse }
@@ -59,14 +82,22 @@ func (r *Response) appendBody(b []byte) ([]byte, error) {
 	if err != nil {
 		return b, err
 	}
-	return appendMsgpack(b, FrameResponse, r.Map)
+	if b, err = appendMsgpack(b, FrameResponse, r.Map); err != nil {
+		return b, err
+	}
+	return appendMsgpack(b, FrameResponse, r.Grants)
 }
 
 func (r *Response) decode(d *decoder) {
-	n := d.arrayHeader(responseFields)
+	n := d.arrayHeader(2)
 	d.msgpack(&r.Streams)
 	d.msgpack(&r.Map)
-	d.skipN(n - responseFields)
+	read := 2 // an older peer sends only Streams and Map
+	if n >= responseFields {
+		d.msgpack(&r.Grants)
+		read = responseFields
+	}
+	d.skipN(n - read)
 }
 
 // MapUpdate pushes a shard map: ctl to brokers, brokers to clients.

@@ -101,7 +101,7 @@ func newPKI(t testing.TB, nodeIDs ...string) *pki {
 			t.Fatal(err)
 		}
 	}
-	if p.client, err = LoadKeyPair(filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key")); err != nil {
+	if p.client, err = LoadKeyPair(filepath.Join(dir, DevAdminName+".crt"), filepath.Join(dir, DevAdminName+".key")); err != nil {
 		t.Fatal(err)
 	}
 	return p

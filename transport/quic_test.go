@@ -50,7 +50,7 @@ func (ts *testStream) roundTrip(t *testing.T, f Frame) {
 func TestQUICEchoAllFrames(t *testing.T) {
 	p := newPKI(t, "n1")
 	addr := startEcho(t, p, Config{})
-	conn := dial(t, addr, ClientTLS(p.ca, nil, "localhost"), Config{})
+	conn := dial(t, addr, ClientTLS(p.ca, &p.client, "localhost"), Config{})
 	if got := conn.ConnectionState().TLS.NegotiatedProtocol; got != ALPNClient {
 		t.Fatalf("negotiated %q, want %q", got, ALPNClient)
 	}
@@ -91,7 +91,7 @@ func TestQUICGarbageStreamIsolated(t *testing.T) {
 	p := newPKI(t, "n1")
 	const maxFrame = 64 << 10
 	addr := startEcho(t, p, Config{MaxFrame: maxFrame})
-	oversized := binary.BigEndian.AppendUint32(nil, maxFrame+1)
+	oversized := append(binary.BigEndian.AppendUint32(nil, maxFrame+1), byte(FrameAck))
 	tests := []struct {
 		name    string
 		garbage []byte
@@ -99,7 +99,8 @@ func TestQUICGarbageStreamIsolated(t *testing.T) {
 		code    ErrorCode
 	}{
 		{"oversized length", oversized, false, CodeFrameTooLarge},
-		{"huge length", []byte{0xff, 0xff, 0xff, 0xff, 1, 2, 3}, false, CodeFrameTooLarge},
+		{"huge length", []byte{0xff, 0xff, 0xff, 0xff, 2, 2, 3}, false, CodeFrameTooLarge},
+		{"huge publish", []byte{0xff, 0xff, 0xff, 0xff, 1, 2, 3}, false, CodePayloadTooLarge},
 		{"malformed body", frame(FramePublish, []byte{0x9a, 0xc1, 0xc1, 0xc1}), false, CodeMalformed},
 		{"huge declared msgpack length", frame(FramePublish, []byte{0x9a, 0x01, 0xdb, 0xff, 0xff, 0xff, 0xff, 'a'}), false, CodeMalformed},
 		{"truncated frame", frame(FramePublish, body(&Publish{Value: make([]byte, 100)}))[:50], true, CodeMalformed},
@@ -108,7 +109,7 @@ func TestQUICGarbageStreamIsolated(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			conn := dial(t, addr, ClientTLS(p.ca, nil, "localhost"), Config{MaxFrame: maxFrame})
+			conn := dial(t, addr, ClientTLS(p.ca, &p.client, "localhost"), Config{MaxFrame: maxFrame})
 			streams := make([]*testStream, 3)
 			for i := range streams {
 				streams[i] = openStream(t, conn)
@@ -171,20 +172,20 @@ func TestListenDialErrors(t *testing.T) {
 	// A server that is not there: the dial ends with the context.
 	short, cancel2 := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel2()
-	_, err := Dial(short, "127.0.0.1:9", ClientTLS(p.ca, nil, "localhost"), Config{})
+	_, err := Dial(short, "127.0.0.1:9", ClientTLS(p.ca, &p.client, "localhost"), Config{})
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Dial to nothing = %v, want deadline exceeded", err)
 	}
 	// The wrong ALPN is refused at handshake.
 	addr := startEcho(t, p, Config{})
-	if _, err := Dial(ctx, addr, ClientTLS(p.ca, nil, "localhost", "other/1"), Config{}); err == nil {
+	if _, err := Dial(ctx, addr, ClientTLS(p.ca, &p.client, "localhost", "other/1"), Config{}); err == nil {
 		t.Error("Dial with an unknown ALPN succeeded")
 	}
 }
 
 func TestConfigDefaults(t *testing.T) {
 	q := Config{}.QUIC()
-	if q.MaxIncomingStreams != 10000 || q.MaxIdleTimeout != 5*time.Second || q.KeepAlivePeriod != time.Second ||
+	if q.MaxIncomingStreams != 4096 || q.MaxIdleTimeout != 5*time.Second || q.KeepAlivePeriod != time.Second ||
 		q.HandshakeIdleTimeout != 5*time.Second || q.InitialStreamReceiveWindow != 1<<20 || q.MaxStreamReceiveWindow != 16<<20 ||
 		q.InitialConnectionReceiveWindow != 4<<20 || q.MaxConnectionReceiveWindow != 64<<20 {
 		t.Errorf("defaults: %+v", q)
@@ -205,7 +206,7 @@ func TestConfigDefaults(t *testing.T) {
 func TestEchoProcess(t *testing.T) {
 	p := newPKI(t, "n1")
 	addr := startEchoProcess(t, p)
-	conn := dial(t, addr, ClientTLS(p.ca, nil, "localhost"), Config{})
+	conn := dial(t, addr, ClientTLS(p.ca, &p.client, "localhost"), Config{})
 	ts := openStream(t, conn)
 	for _, tc := range sampleFrames()[:5] {
 		ts.roundTrip(t, tc.f)

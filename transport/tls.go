@@ -35,10 +35,12 @@ func LoadKeyPair(certFile, keyFile string) (tls.Certificate, error) {
 
 // ServerTLS returns the TLS configuration of a server presenting cert and
 // speaking the ALPN protocols alpn (all of ALPNClient, ALPNPeer and ALPNCtl
-// when none are given). TLS 1.3 is the minimum. A client certificate is
-// optional, but one that is given must verify against ca (and is then
-// available to [PeerNodeID]); a nil ca accepts no client certificates.
-// Require mTLS where needed (ALPNPeer, ALPNCtl) by calling PeerNodeID.
+// when none are given). TLS 1.3 is the minimum. Every client must present
+// a certificate that verifies against ca (mutual TLS on every ALPN: nothing
+// is anonymous); a connection without one fails its handshake. What the
+// certificate's role may do is the server's to check ([PeerIdentity],
+// [PeerNodeID]). A nil ca accepts no client certificate at all, which only
+// tests of the transport itself want.
 func ServerTLS(cert tls.Certificate, ca *x509.CertPool, alpn ...string) *tls.Config {
 	if len(alpn) == 0 {
 		alpn = []string{ALPNClient, ALPNPeer, ALPNCtl}
@@ -51,7 +53,7 @@ func ServerTLS(cert tls.Certificate, ca *x509.CertPool, alpn ...string) *tls.Con
 	}
 	if ca != nil {
 		c.ClientCAs = ca
-		c.ClientAuth = tls.VerifyClientCertIfGiven
+		c.ClientAuth = tls.RequireAndVerifyClientCert
 	}
 	return c
 }
@@ -94,8 +96,8 @@ func InsecureClientTLS(alpn ...string) *tls.Config {
 
 // Identity is who a verified certificate says its holder is.
 type Identity struct {
-	Role Role   // RoleNode or RoleClient
-	Name string // the node id for RoleNode; the client's name for RoleClient
+	Role Role   // RoleNode, RoleCtl or RoleClient
+	Name string // the node id for RoleNode and RoleCtl; the client's name for RoleClient
 }
 
 // PeerIdentity returns the identity in the certificate the peer of conn
@@ -113,7 +115,7 @@ func identityOf(state tls.ConnectionState) (Identity, error) {
 	leaf := state.VerifiedChains[0][0]
 	for _, ou := range leaf.Subject.OrganizationalUnit {
 		switch Role(ou) {
-		case RoleNode, RoleClient:
+		case RoleNode, RoleCtl, RoleClient:
 			if leaf.Subject.CommonName == "" {
 				return Identity{}, &Error{Code: CodeUnauthorized, Message: "peer certificate has no common name"}
 			}
@@ -136,4 +138,37 @@ func PeerNodeID(conn *quic.Conn) (string, error) {
 		return "", &Error{Code: CodeUnauthorized, Message: fmt.Sprintf("peer %q holds a %s certificate, not a node certificate", id.Name, id.Role)}
 	}
 	return id.Name, nil
+}
+
+// VerifyPeer returns a copy of c that, after the usual verification of the
+// server's certificate chain, also requires the certificate to have role
+// and, when name is not empty, to name name: a broker dialing node n
+// accepts only n's node certificate, a broker dialing the control plane
+// only a ctl certificate, a client only a broker's. A certificate of
+// another role or name fails the handshake with an error saying which.
+func VerifyPeer(c *tls.Config, role Role, name string) *tls.Config {
+	c = c.Clone()
+	prev := c.VerifyConnection
+	c.VerifyConnection = func(cs tls.ConnectionState) error {
+		if prev != nil {
+			if err := prev(cs); err != nil {
+				return err
+			}
+		}
+		if c.InsecureSkipVerify {
+			return nil // nothing was verified, so there is nothing to trust
+		}
+		id, err := identityOf(cs)
+		if err != nil {
+			return err
+		}
+		if id.Role != role {
+			return &Error{Code: CodeUnauthorized, Message: fmt.Sprintf("%s presented a %s certificate (%q), not a %s certificate", cs.ServerName, id.Role, id.Name, role)}
+		}
+		if name != "" && id.Name != name {
+			return &Error{Code: CodeUnauthorized, Message: fmt.Sprintf("expected the certificate of %q, got the certificate of %q", name, id.Name)}
+		}
+		return nil
+	}
+	return c
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,11 +79,9 @@ func TestMTLSPeerNodeID(t *testing.T) {
 	})
 
 	t.Run("no cert", func(t *testing.T) {
-		dial(t, addr, ClientTLS(p.ca, nil, "localhost", ALPNPeer), Config{})
-		srv := accept(t, accepted)
-		id, err := PeerNodeID(srv)
-		if !errors.Is(err, ErrUnauthorized) {
-			t.Fatalf("PeerNodeID = %q, %v; want unauthorized", id, err)
+		// Every protocol needs a client certificate: the handshake fails.
+		for _, alpn := range []string{ALPNPeer, ALPNCtl} {
+			refused(t, addr, ClientTLS(p.ca, nil, "localhost", alpn), accepted)
 		}
 	})
 
@@ -93,7 +92,7 @@ func TestMTLSPeerNodeID(t *testing.T) {
 			t.Fatalf("PeerNodeID = %q, %v; want unauthorized", id, err)
 		}
 		id, err := PeerIdentity(srv)
-		if err != nil || id != (Identity{Role: RoleClient, Name: "client"}) {
+		if err != nil || id != (Identity{Role: RoleClient, Name: DevAdminName}) {
 			t.Fatalf("PeerIdentity = %+v, %v", id, err)
 		}
 	})
@@ -101,34 +100,7 @@ func TestMTLSPeerNodeID(t *testing.T) {
 	t.Run("cert from another CA", func(t *testing.T) {
 		other := newPKI(t, "n2")
 		n2 := other.nodes["n2"]
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		conn, err := Dial(ctx, addr, ClientTLS(p.ca, &n2, "n1", ALPNPeer), Config{})
-		if err != nil {
-			t.Logf("rejected at dial: %v", err)
-		} else {
-			// TLS 1.3: the client may finish before the server rejects
-			// its certificate; the connection must then die at once.
-			defer conn.CloseWithError(0, "")
-			s, err := conn.OpenStreamSync(ctx)
-			if err == nil {
-				s.Write([]byte{0, 0, 0, 1, 11})
-				_, err = s.Read(make([]byte, 1))
-			}
-			if err == nil {
-				t.Fatal("connection with a foreign client certificate works")
-			}
-			var terr *quic.TransportError
-			if !errors.As(err, &terr) || !terr.ErrorCode.IsCryptoError() {
-				t.Fatalf("stream error %v (%T), want a TLS (crypto) error", err, err)
-			}
-			t.Logf("rejected after the client's handshake: %v", err)
-		}
-		select {
-		case c := <-accepted:
-			t.Fatalf("server accepted a connection from %s with a foreign certificate", c.RemoteAddr())
-		case <-time.After(300 * time.Millisecond):
-		}
+		refused(t, addr, ClientTLS(p.ca, &n2, "n1", ALPNPeer), accepted)
 	})
 
 	t.Run("server from another CA", func(t *testing.T) {
@@ -148,12 +120,91 @@ func TestMTLSPeerNodeID(t *testing.T) {
 	})
 
 	t.Run("insecure client", func(t *testing.T) {
-		conn := dial(t, addr, InsecureClientTLS(ALPNPeer), Config{})
+		c := InsecureClientTLS(ALPNPeer)
+		c.Certificates = []tls.Certificate{p.nodes["n2"]}
+		conn := dial(t, addr, c, Config{})
 		accept(t, accepted)
 		if _, err := PeerNodeID(conn); !errors.Is(err, ErrUnauthorized) {
 			t.Fatalf("PeerNodeID over an unverified connection = %v, want unauthorized", err)
 		}
 	})
+}
+
+// refused dials addr with conf and expects the server to refuse the
+// client's certificate: at the handshake, or (TLS 1.3: the client may
+// finish first) at once after it, with a TLS error; and the server must
+// accept nothing.
+func refused(t *testing.T, addr string, conf *tls.Config, accepted <-chan *quic.Conn) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := Dial(ctx, addr, conf, Config{})
+	if err != nil {
+		t.Logf("rejected at dial: %v", err)
+	} else {
+		defer conn.CloseWithError(0, "")
+		s, err := conn.OpenStreamSync(ctx)
+		if err == nil {
+			s.Write([]byte{0, 0, 0, 1, 11})
+			_, err = s.Read(make([]byte, 1))
+		}
+		if err == nil {
+			t.Fatal("the connection works")
+		}
+		var terr *quic.TransportError
+		if !errors.As(err, &terr) || !terr.ErrorCode.IsCryptoError() {
+			t.Fatalf("stream error %v (%T), want a TLS (crypto) error", err, err)
+		}
+		t.Logf("rejected after the client's handshake: %v", err)
+	}
+	select {
+	case c := <-accepted:
+		t.Fatalf("server accepted a connection from %s", c.RemoteAddr())
+	case <-time.After(300 * time.Millisecond):
+	}
+}
+
+// TestVerifyPeer: a dialer accepts only the role, and the name, it expects
+// from the server.
+func TestVerifyPeer(t *testing.T) {
+	p := newPKI(t, "n1", "n2", DevCtlName)
+	addr, accepted := peerServer(t, p) // serves n1's node certificate
+	n2 := p.nodes["n2"]
+	base := ClientTLS(p.ca, &n2, "", ALPNPeer)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		role Role
+		name string
+		ok   bool
+	}{
+		{RoleNode, "n1", true},
+		{RoleNode, "", true},
+		{RoleNode, "n3", false},
+		{RoleCtl, "", false},
+		{RoleClient, "", false},
+	} {
+		conn, err := Dial(ctx, addr, VerifyPeer(base, tc.role, tc.name), Config{})
+		if (err == nil) != tc.ok {
+			t.Errorf("expecting %s %q from n1: err=%v, want ok=%v", tc.role, tc.name, err, tc.ok)
+		}
+		if err == nil {
+			conn.CloseWithError(0, "")
+		} else if !strings.Contains(err.Error(), "certificate") {
+			t.Errorf("refusal does not say what was wrong: %v", err)
+		}
+		select { // the server may have completed its side
+		case c := <-accepted:
+			c.CloseWithError(0, "")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if base.VerifyConnection != nil {
+		t.Error("VerifyPeer modified the config it was given")
+	}
+	if id, err := identityOf(tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{p.nodes[DevCtlName].Leaf}}}); err != nil || id.Role != RoleCtl {
+		t.Errorf("the dev PKI's ctl certificate: %+v, %v; want role ctl", id, err)
+	}
 }
 
 func TestGenerateDevCerts(t *testing.T) {
@@ -168,7 +219,7 @@ func TestGenerateDevCerts(t *testing.T) {
 		}
 		return b
 	}
-	files := []string{"ca.crt", "ca.key", "n1.crt", "n1.key", "n2.crt", "n2.key", "client.crt", "client.key"}
+	files := []string{"ca.crt", "ca.key", "n1.crt", "n1.key", "n2.crt", "n2.key", "admin.crt", "admin.key"}
 	before := map[string][]byte{}
 	for _, f := range files {
 		before[f] = read(f)
@@ -212,7 +263,7 @@ func TestGenerateDevCerts(t *testing.T) {
 	if k, ok := leaf.PublicKey.(*ecdsa.PublicKey); !ok || k.Curve != elliptic.P256() {
 		t.Errorf("public key %T, want ECDSA P-256", leaf.PublicKey)
 	}
-	client, err := LoadKeyPair(filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key"))
+	client, err := LoadKeyPair(filepath.Join(dir, "admin.crt"), filepath.Join(dir, "admin.key"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +278,7 @@ func TestGenerateDevCerts(t *testing.T) {
 	if bytes.Equal(before["n1.crt"], read("n1.crt")) || !bytes.Equal(before["ca.crt"], read("ca.crt")) {
 		t.Error("corrupted n1.crt not replaced, or CA changed")
 	}
-	for _, bad := range []string{"", "client", "ca", "../x", "a/b", ".hidden"} {
+	for _, bad := range []string{"", "admin", "ca", "../x", "a/b", ".hidden"} {
 		if err := GenerateDevCerts(dir, bad); err == nil {
 			t.Errorf("node id %q accepted", bad)
 		}
@@ -265,7 +316,7 @@ func TestEchoStopsWhenListenerCloses(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- Echo(context.Background(), ln, 0) }()
-	conn := dial(t, ln.Addr().String(), ClientTLS(p.ca, nil, "localhost"), Config{})
+	conn := dial(t, ln.Addr().String(), ClientTLS(p.ca, &p.client, "localhost"), Config{})
 	openStream(t, conn).roundTrip(t, &Credit{Records: 1})
 	ln.Close()
 	select {
@@ -293,6 +344,6 @@ func TestDialIPv6(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- Echo(ctx, ln, 0) }()
 	defer func() { cancel(); ln.Close(); <-done }()
-	conn := dial(t, ln.Addr().String(), ClientTLS(p.ca, nil, ""), Config{})
+	conn := dial(t, ln.Addr().String(), ClientTLS(p.ca, &p.client, ""), Config{})
 	openStream(t, conn).roundTrip(t, &Heartbeat{NodeID: "n1", Epoch: 3})
 }

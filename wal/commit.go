@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"time"
+	"unsafe"
 
 	tidwall "github.com/tidwall/wal"
 )
@@ -270,8 +271,13 @@ func (l *Log) commit(reqs []*request) {
 		rec := Record{
 			Offset:      off,
 			Timestamp:   ts,
-			ProducerID:  q.rec.ProducerID,
 			ProducerSeq: q.rec.ProducerSeq,
+		}
+		if n := len(q.rec.ProducerID); n > 0 {
+			// From the arena, like key and value: the appender's string
+			// may keep a larger buffer alive (a whole decoded frame).
+			at := start + recordFixed + uvarintLen(n)
+			rec.ProducerID = unsafe.String(&arena[at], n)
 		}
 		if len(q.rec.Headers) > 0 {
 			rec.Headers = q.rec.Headers // kept, not copied: see Record
@@ -302,7 +308,7 @@ func (l *Log) commit(reqs []*request) {
 	}
 	next := base + uint64(len(reqs))
 	l.c.next, l.c.lastTS = next, ts
-	l.ring.push(recs)
+	l.ring.push(recs, len(arena))
 	clear(recs)
 	l.publish(next)
 

@@ -137,7 +137,7 @@ func (l *Log) load() error {
 	l.first.Store(firstIndex - 1)
 	l.next.Store(lastIndex)
 	l.c.next = lastIndex
-	l.ring.reset(l.opts.TailRecords, lastIndex)
+	l.ring.reset(l.opts.TailRecords, int64(l.opts.TailBytes), lastIndex)
 	if lastIndex >= firstIndex {
 		// Seed the monotonic commit clock from the last record.
 		if data, err := l.twRead(lastIndex); err == nil {

@@ -22,8 +22,16 @@ type Options struct {
 	// Default: 8192.
 	MaxBatch int
 	// TailRecords is how many recent records are kept in memory for live
-	// readers. Default: 4096.
+	// readers, at most. Default: 4096.
 	TailRecords int
+	// TailBytes bounds the memory those records hold: their keys, values,
+	// producer ids and headers, plus 64 bytes per header and a record's
+	// slot (about 100 bytes). The oldest leave to make room; a record
+	// larger than the bound is not kept (readers read it from disk).
+	// Records share the buffer of the batch they were committed in, so a
+	// log may keep up to about twice this alive. Default: 1 MiB, so that
+	// an idle shard holds at most that.
+	TailBytes int
 	// RetentionBytes drops whole oldest records while the log's files are
 	// larger than this. Default 0: unlimited.
 	RetentionBytes int64
@@ -57,6 +65,7 @@ const (
 	defaultSegmentSize    = 1 << 20
 	defaultMaxBatch       = 8192
 	defaultTailRecords    = 4096
+	defaultTailBytes      = 1 << 20
 	defaultRetentionCheck = 10 * time.Second
 )
 
@@ -73,6 +82,9 @@ func (o Options) withDefaults(dir string) Options {
 	}
 	if o.TailRecords <= 0 {
 		o.TailRecords = defaultTailRecords
+	}
+	if o.TailBytes <= 0 {
+		o.TailBytes = defaultTailBytes
 	}
 	if o.RetentionCheck <= 0 {
 		o.RetentionCheck = defaultRetentionCheck

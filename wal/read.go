@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"unsafe"
 
 	tidwall "github.com/tidwall/wal"
 )
@@ -11,40 +12,168 @@ import (
 // ring holds the most recent committed records, so live readers never touch
 // the disk or tidwall's lock. Its lock is its own: readers do not contend
 // with the committer's write or fsync, only with its brief push.
+//
+// It is bounded by records (Options.TailRecords) and by bytes
+// (Options.TailBytes, counted by recordMem): the oldest records leave to
+// make room. Its slice grows as records arrive and shrinks as they leave,
+// so an idle or little-used shard holds little. Records share their
+// batch's buffer (see commit): a record of a partly evicted batch keeps the
+// rest of that buffer alive, so the memory held is at most about twice
+// the bound (a batch mostly over the bound is copied; see push).
 type ring struct {
-	mu    sync.RWMutex
-	buf   []Record // record at offset o is buf[o%len(buf)]
-	start uint64   // offset of the oldest record held
-	n     int      // records held: offsets [start, start+n)
+	mu         sync.RWMutex
+	maxRecords int
+	maxBytes   int64
+	buf        []Record // circular: the record at offset start is buf[head]
+	head       int
+	start      uint64 // offset of the oldest record held
+	n          int    // records held: offsets [start, start+n)
+	bytes      int64  // recordMem of the records held
 }
 
-func (r *ring) reset(capacity int, next uint64) {
+// recordSlot is what a record costs in the ring beyond its data: its slot,
+// and per header the map entry.
+const (
+	recordSlot  = int64(unsafe.Sizeof(Record{}))
+	headerEntry = 64
+)
+
+// recordMem is what the ring counts for holding r.
+func recordMem(r *Record) int64 {
+	n := recordSlot + int64(len(r.Key)+len(r.Value)+len(r.ProducerID))
+	for k, v := range r.Headers {
+		n += int64(len(k)+len(v)) + headerEntry
+	}
+	return n
+}
+
+func (r *ring) reset(maxRecords int, maxBytes int64, next uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.buf = make([]Record, capacity)
-	r.start, r.n = next, 0
+	r.maxRecords, r.maxBytes = maxRecords, maxBytes
+	r.buf, r.head = nil, 0
+	r.start, r.n, r.bytes = next, 0, 0
 }
 
-// push appends records with consecutive offsets following the ones held.
-func (r *ring) push(recs []Record) {
+// at returns the slot of the record at offset off, which is held.
+func (r *ring) at(off uint64) *Record {
+	return &r.buf[(r.head+int(off-r.start))%len(r.buf)]
+}
+
+// push appends records with consecutive offsets following the ones held;
+// arena is the size of the buffer their keys and values share.
+func (r *ring) push(recs []Record, arena int) {
 	if len(recs) == 0 {
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	c := len(r.buf)
-	if len(recs) >= c {
-		recs = recs[len(recs)-c:]
-		r.start, r.n = recs[0].Offset, 0
+	// Keep the newest of recs that fit the bounds on their own.
+	keep, kept := 0, int64(0)
+	for i := len(recs) - 1; i >= 0 && keep < r.maxRecords; i-- {
+		m := recordMem(&recs[i])
+		if kept+m > r.maxBytes {
+			break
+		}
+		kept += m
+		keep++
 	}
-	for i := range recs {
-		r.buf[recs[i].Offset%uint64(c)] = recs[i]
-		if r.n < c {
-			r.n++
-		} else {
-			r.start++
+	if keep < len(recs) {
+		r.drop(r.n) // everything held is older than what is dropped
+		r.start, r.head = recs[len(recs)-keep-1].Offset+1, 0
+		recs = recs[len(recs)-keep:]
+		if keep == 0 {
+			r.shrink()
+			return
+		}
+		if int64(arena) > 2*kept {
+			compact(recs) // do not let a few records keep a big batch's buffer
 		}
 	}
+	// Make room: the oldest records leave.
+	for r.n > 0 && (r.n+len(recs) > r.maxRecords || r.bytes+kept > r.maxBytes) {
+		r.drop(1)
+	}
+	if r.n == 0 {
+		r.start, r.head = recs[0].Offset, 0
+	}
+	r.grow(r.n + len(recs))
+	for i := range recs {
+		*r.at(r.start + uint64(r.n)) = recs[i]
+		r.n++
+	}
+	r.bytes += kept
+	r.shrink()
+}
+
+// drop lets the k oldest records go.
+func (r *ring) drop(k int) {
+	for range k {
+		rec := &r.buf[r.head]
+		r.bytes -= recordMem(rec)
+		*rec = Record{}
+		r.head = (r.head + 1) % len(r.buf)
+		r.start++
+		r.n--
+	}
+}
+
+// grow makes room for need records (need <= maxRecords).
+func (r *ring) grow(need int) {
+	if need <= len(r.buf) {
+		return
+	}
+	r.resize(min(r.maxRecords, max(need, 2*len(r.buf), 16)))
+}
+
+// shrink gives back most of the slice once few records are held.
+func (r *ring) shrink() {
+	switch {
+	case r.n == 0:
+		r.buf, r.head = nil, 0
+	case len(r.buf) > 16 && r.n <= len(r.buf)/4:
+		r.resize(max(16, 2*r.n))
+	}
+}
+
+func (r *ring) resize(capacity int) {
+	buf := make([]Record, capacity)
+	for i := range r.n {
+		buf[i] = r.buf[(r.head+i)%len(r.buf)]
+	}
+	r.buf, r.head = buf, 0
+}
+
+// compact copies the keys, values and producer ids of recs into one
+// buffer of their own.
+func compact(recs []Record) {
+	n := 0
+	for i := range recs {
+		n += len(recs[i].Key) + len(recs[i].Value) + len(recs[i].ProducerID)
+	}
+	buf := make([]byte, 0, n) // never reallocated: the slices below stay valid
+	for i := range recs {
+		rec := &recs[i]
+		if k := len(rec.Key); k > 0 {
+			buf = append(buf, rec.Key...)
+			rec.Key = buf[len(buf)-k : len(buf) : len(buf)]
+		}
+		if k := len(rec.Value); k > 0 {
+			buf = append(buf, rec.Value...)
+			rec.Value = buf[len(buf)-k : len(buf) : len(buf)]
+		}
+		if k := len(rec.ProducerID); k > 0 {
+			buf = append(buf, rec.ProducerID...)
+			rec.ProducerID = unsafe.String(&buf[len(buf)-k], k)
+		}
+	}
+}
+
+// stats returns the records and bytes (recordMem) held.
+func (r *ring) stats() (records int, bytes int64) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.n, r.bytes
 }
 
 // read copies records from offset from on; ok is false if from is older
@@ -59,9 +188,8 @@ func (r *ring) read(from uint64, maxRecords, maxBytes int) (out []Record, ok boo
 	n := min(uint64(maxRecords), end-from)
 	out = make([]Record, 0, n)
 	bytes := 0
-	c := uint64(len(r.buf))
 	for off := from; off < from+n; off++ {
-		rec := &r.buf[off%c]
+		rec := r.at(off)
 		sz := readSize(rec)
 		if len(out) > 0 && maxBytes > 0 && bytes+sz > maxBytes {
 			break

@@ -22,7 +22,8 @@ type cli struct {
 	Broker servercmd.Broker `cmd:"" help:"Run one broker."`
 	Ctl    servercmd.Ctl    `cmd:"" help:"Run the control plane."`
 	Dev    servercmd.Dev    `cmd:"" help:"Run a local cluster: the control plane and three brokers on loopback (the embedded default)."`
-	Certs  servercmd.Certs  `cmd:"" help:"Write a development PKI: cluster CA, node and client certificates."`
+	Certs  servercmd.Certs  `cmd:"" help:"Issue the cluster's certificates: ca, then node, ctl and client (offline steps), or dev (a development PKI)."`
+	Health servercmd.Health `cmd:"" help:"Check an admin endpoint (for container health checks): exit 0 if it answers 2xx."`
 	Echo   servercmd.Echo   `cmd:"" hidden:"" help:"Serve a QUIC echo (the bench's round-trip floor)."`
 }
 

@@ -158,12 +158,13 @@ func TestCommands(t *testing.T) {
 			t.Errorf("flag over env: %+v", r)
 		}
 		b := c.Broker(other)
-		r = felixctl(t, map[string]string{"FELIX_CLUSTER": "/nonexistent.json"}, "pub", "orders", "addr", "--broker", b.Addr, "--ca", c.CAFile())
+		cert, key := c.AdminCert()
+		r = felixctl(t, map[string]string{"FELIX_CLUSTER": "/nonexistent.json"}, "pub", "orders", "addr", "--broker", b.Addr, "--ca", c.CAFile(), "--cert", cert, "--cert-key", key)
 		if r.code != 0 || !strings.HasPrefix(r.stdout, `published "addr" to orders via `+other+" → forwarded to "+owner) {
 			t.Errorf("--broker: %+v", r)
 		}
 		// --via an id the cluster file does not list: found in the map.
-		r = felixctl(t, map[string]string{"FELIX_BROKER": b.Addr, "FELIX_CA": c.CAFile()}, "pub", "orders", "addr", "--via", owner)
+		r = felixctl(t, map[string]string{"FELIX_BROKER": b.Addr, "FELIX_CA": c.CAFile(), "FELIX_CERT": cert, "FELIX_CERT_KEY": key}, "pub", "orders", "addr", "--via", owner)
 		if r.code != 0 || !strings.Contains(r.stdout, "via "+owner+" (the owner)") {
 			t.Errorf("FELIX_BROKER with --via: %+v", r)
 		}
@@ -171,9 +172,56 @@ func TestCommands(t *testing.T) {
 		if r.code != 2 || !strings.Contains(r.stderr, "--broker needs the cluster CA certificate") {
 			t.Errorf("--broker without --ca: %+v", r)
 		}
+		r = felixctl(t, map[string]string{"FELIX_BROKER": b.Addr, "FELIX_CA": c.CAFile()}, "pub", "orders", "x")
+		if r.code != 2 || !strings.Contains(r.stderr, "names no client certificate: add --cert FILE --cert-key FILE") {
+			t.Errorf("--broker without --cert: %+v", r)
+		}
 		r = felixctl(t, nil, "pub", "orders", "x", "--via", "broker-9")
 		if r.code != 2 || !strings.Contains(r.stderr, "the cluster has no broker broker-9; its brokers are broker-0, broker-1, broker-2") {
 			t.Errorf("--via an unknown broker: %+v", r)
+		}
+	})
+
+	t.Run("acl", func(t *testing.T) {
+		cert, key, err := c.IssueClientCert("carol")
+		if err != nil {
+			t.Fatal(err)
+		}
+		carol := map[string]string{"FELIX_CLUSTER": file, "FELIX_CERT": cert, "FELIX_CERT_KEY": key}
+		r := felixctl(t, carol, "pub", "orders", "hi")
+		if r.code != 1 || !strings.Contains(r.stderr, `principal "carol" is not authorized for publish on stream "orders"`) {
+			t.Fatalf("carol publishes without a grant: %+v", r)
+		}
+		if r := felixctl(t, carol, "acl", "grant", "carol", "publish", "orders"); r.code != 1 || !strings.Contains(r.stderr, "not authorized for cluster.admin") {
+			t.Fatalf("carol grants herself: %+v", r)
+		}
+		if r := felixctl(t, env, "acl", "grant", "carol", "publish", "orders"); r.code != 0 || r.stdout != "granted: carol may publish orders\n" {
+			t.Fatalf("admin grants carol: %+v", r)
+		}
+		if r := felixctl(t, env, "acl", "ls"); r.code != 0 || !regexp.MustCompile(`(?m)^carol +publish +orders$`).MatchString(r.stdout) {
+			t.Fatalf("acl ls: %+v", r)
+		}
+		// The grant reaches every broker with the next map; carol's next
+		// publish through any of them is allowed.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			r = felixctl(t, carol, "pub", "orders", "hi", "--via", other)
+			if r.code == 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if r.code != 0 {
+			t.Fatalf("carol publishes after the grant: %+v", r)
+		}
+		if r := felixctl(t, carol, "sub", "orders", "--from", "earliest", "--count", "1", "--wait", "2s"); r.code == 0 || !strings.Contains(r.stderr, "not authorized for subscribe") {
+			t.Fatalf("carol subscribes with only publish: %+v", r)
+		}
+		if r := felixctl(t, env, "acl", "revoke", "carol", "publish", "orders"); r.code != 0 {
+			t.Fatalf("revoke: %+v", r)
+		}
+		if r := felixctl(t, env, "acl", "grant", "carol", "frobnicate"); r.code != 2 || !strings.Contains(r.stderr, `unknown action "frobnicate"`) {
+			t.Fatalf("grant of an unknown action: %+v", r)
 		}
 	})
 

@@ -14,15 +14,41 @@ import (
 
 // target is the cluster a command talks to, as discovery found it.
 type target struct {
-	source  string // where it was found, for messages: "felix-cluster.json", "--broker"
-	caFile  string
-	brokers []client.ClusterBroker // Broker mode: one, with no ID
+	source   string // where it was found, for messages: "felix-cluster.json", "--broker"
+	caFile   string
+	certFile string // the client certificate and its key
+	keyFile  string
+	brokers  []client.ClusterBroker // Broker mode: one, with no ID
 }
 
 // discover finds the cluster: --broker beats --cluster (flags), which beat
 // FELIX_BROKER and FELIX_CLUSTER (environment), which beat the connection
 // file in the working directory.
 func (g *clientFlags) discover(a *app) (*target, error) {
+	t, err := g.discoverBrokers(a)
+	if err != nil {
+		return nil, err
+	}
+	cert, key := g.Cert, g.CertKey
+	if cert == "" {
+		cert, key = a.getenv("FELIX_CERT"), a.getenv("FELIX_CERT_KEY")
+	}
+	if cert != "" {
+		t.certFile, t.keyFile = cert, key
+	}
+	if t.certFile == "" {
+		return nil, usagef("%s names no client certificate: add --cert FILE --cert-key FILE (or set FELIX_CERT and FELIX_CERT_KEY); after `felix dev` they are felix-dev/certs/admin.crt and admin.key", t.source)
+	}
+	if t.keyFile == "" {
+		return nil, usagef("--cert %s needs its private key: add --cert-key FILE (or set FELIX_CERT_KEY)", t.certFile)
+	}
+	if _, err := transport.LoadKeyPair(t.certFile, t.keyFile); err != nil {
+		return nil, fmt.Errorf("cannot use %s and %s as the client certificate: %w", t.certFile, t.keyFile, err)
+	}
+	return t, nil
+}
+
+func (g *clientFlags) discoverBrokers(a *app) (*target, error) {
 	ca := g.CA
 	if ca == "" {
 		ca = a.getenv("FELIX_CA")
@@ -68,7 +94,7 @@ func fileTarget(path, ca, source string) (*target, error) {
 			return nil, err
 		}
 	}
-	return &target{source: path, caFile: ca, brokers: cf.Brokers}, nil
+	return &target{source: path, caFile: ca, certFile: cf.CertFile, keyFile: cf.KeyFile, brokers: cf.Brokers}, nil
 }
 
 // checkCA loads the CA certificate at path once, so that a wrong path or
@@ -135,6 +161,7 @@ func (g *clientFlags) dial(ctx context.Context, a *app, t *target, b client.Clus
 	if t.caFile != "" {
 		opts = append(opts, client.WithCAFile(t.caFile))
 	}
+	opts = append(opts, client.WithClientCertFile(t.certFile, t.keyFile))
 	cl, err := client.Connect(ctx, b.Addr, opts...)
 	if err != nil {
 		return nil, &brokerError{ID: b.ID, Addr: b.Addr, Err: err}

@@ -40,6 +40,7 @@ type cli struct {
 	Sub     subCmd     `cmd:"" help:"Subscribe to a stream and print its records."`
 	Stream  streamCmd  `cmd:"" help:"Create, list, describe and delete streams."`
 	Cluster clusterCmd `cmd:"" help:"Inspect the cluster."`
+	ACL     aclCmd     `cmd:"" name:"acl" help:"Grant, revoke and list permissions."`
 	Demo    demoCmd    `cmd:"" help:"Watch the cross-broker publishing story on a cluster started (and stopped) for it."`
 	benchMount
 
@@ -57,6 +58,8 @@ type clientFlags struct {
 	Cluster     string        `name:"cluster" help:"Cluster connection file (env FELIX_CLUSTER; default ./${conn_file}, written by felix dev)." placeholder:"FILE"`
 	Broker      string        `name:"broker" help:"Broker address to connect to, instead of a connection file (env FELIX_BROKER); needs --ca." placeholder:"ADDR"`
 	CA          string        `name:"ca" help:"Cluster CA certificate to verify brokers with, for --broker (env FELIX_CA)." placeholder:"FILE"`
+	Cert        string        `name:"cert" help:"Client certificate to authenticate with (env FELIX_CERT; default the connection file's)." placeholder:"FILE"`
+	CertKey     string        `name:"cert-key" help:"Private key of --cert (env FELIX_CERT_KEY)." placeholder:"FILE"`
 	JSON        bool          `name:"json" help:"Print data as JSON (one object per record for pub and sub)."`
 	Timeout     time.Duration `help:"Bound on the command's requests (sub: on connecting)." default:"15s"`
 	DialTimeout time.Duration `help:"Bound on connecting to one broker." default:"3s"`

@@ -53,6 +53,7 @@ func felixctl(t *testing.T, env map[string]string, args ...string) result {
 func writeClusterFile(t *testing.T, c *cluster.Cluster, dir string) string {
 	t.Helper()
 	cf := client.ClusterFile{Name: "test", CAFile: c.CAFile()}
+	cf.CertFile, cf.KeyFile = c.AdminCert()
 	for _, b := range c.Brokers() {
 		cf.Brokers = append(cf.Brokers, client.ClusterBroker{ID: b.ID, Addr: b.Addr})
 	}

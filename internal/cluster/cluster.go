@@ -168,7 +168,10 @@ func (c *Cluster) startCtl() error {
 		DataDir:  filepath.Join(c.opts.Dir, "ctl"),
 		TLS:      tlsConf,
 		LeaseTTL: c.opts.LeaseTTL,
-		Logger:   c.opts.Logger,
+		// The dev PKI's admin client is the operator: it may do
+		// everything, and grants everyone else their permissions.
+		Superusers: []string{transport.DevAdminName},
+		Logger:     c.opts.Logger,
 	})
 	if err != nil {
 		return fmt.Errorf("cluster: control plane: %w", err)
@@ -257,6 +260,28 @@ func (c *Cluster) CertDir() string { return c.certDir }
 
 // CAFile returns the cluster CA certificate's path.
 func (c *Cluster) CAFile() string { return filepath.Join(c.certDir, "ca.crt") }
+
+// AdminCert returns the paths of the admin client's certificate and key:
+// the principal the cluster's control plane makes a superuser.
+func (c *Cluster) AdminCert() (certFile, keyFile string) {
+	return filepath.Join(c.certDir, transport.DevAdminName+".crt"), filepath.Join(c.certDir, transport.DevAdminName+".key")
+}
+
+// IssueClientCert issues a client certificate for principal name from the
+// cluster CA and returns the paths of it and its key: a principal with no
+// permission until one is granted.
+func (c *Cluster) IssueClientCert(name string) (certFile, keyFile string, err error) {
+	certFile, keyFile = filepath.Join(c.certDir, name+".crt"), filepath.Join(c.certDir, name+".key")
+	ca, err := transport.LoadCAKeyPair(c.CAFile(), filepath.Join(c.certDir, "ca.key"))
+	if err != nil {
+		return "", "", err
+	}
+	cert, err := ca.Issue(transport.RoleClient, name)
+	if err != nil {
+		return "", "", err
+	}
+	return certFile, keyFile, transport.WriteKeyPair(cert, certFile, keyFile)
+}
 
 // Brokers returns the brokers, running or not.
 func (c *Cluster) Brokers() []*Broker { return c.brokers }

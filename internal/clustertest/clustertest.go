@@ -87,7 +87,7 @@ func Connect(t testing.TB, c *cluster.Cluster, id string, opts ...client.Opt) *c
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	opts = append([]client.Opt{client.WithCAFile(c.CAFile())}, opts...)
+	opts = append([]client.Opt{client.WithCAFile(c.CAFile()), client.WithClientCertFile(c.AdminCert())}, opts...)
 	cl, err := client.Connect(ctx, b.Addr, opts...)
 	if err != nil {
 		t.Fatalf("connecting to %s at %s: %v", id, b.Addr, err)

@@ -107,7 +107,7 @@ func Story(ctx context.Context, w io.Writer, c *cluster.Cluster, opts Options) (
 	for _, b := range c.Brokers() {
 		s.ids = append(s.ids, b.ID)
 		cctx, cancel := context.WithTimeout(ctx, stepTimeout)
-		cl, err := client.Connect(cctx, b.Addr, client.WithCAFile(c.CAFile()), client.WithLogger(logger))
+		cl, err := client.Connect(cctx, b.Addr, client.WithCAFile(c.CAFile()), client.WithClientCertFile(c.AdminCert()), client.WithLogger(logger))
 		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("demo: connect to %s: %w", b.ID, err)

@@ -16,8 +16,9 @@ type observability struct {
 }
 
 // startObservability builds the providers and starts the admin listener
-// on adminAddr ("" for none). ready answers /readyz.
-func startObservability(service, instance, adminAddr string, ready func() error, log *slog.Logger) (*observability, error) {
+// on adminAddr ("" for none), with /debug/pprof/ if pprof is set. ready
+// answers /readyz.
+func startObservability(service, instance, adminAddr string, pprof bool, ready func() error, log *slog.Logger) (*observability, error) {
 	prov, err := telemetry.New(context.Background(), telemetry.Options{Service: service, Instance: instance})
 	if err != nil {
 		return nil, err
@@ -26,12 +27,16 @@ func startObservability(service, instance, adminAddr string, ready func() error,
 	if adminAddr == "" {
 		return o, nil
 	}
-	o.admin, err = telemetry.StartAdmin(telemetry.AdminConfig{Addr: adminAddr, Metrics: prov.Handler(), Ready: ready, Logger: log})
+	o.admin, err = telemetry.StartAdmin(telemetry.AdminConfig{Addr: adminAddr, Metrics: prov.Handler(), Ready: ready, Pprof: pprof, Logger: log})
 	if err != nil {
 		prov.Shutdown(context.Background())
 		return nil, err
 	}
-	log.Info("admin listener serving /metrics, /healthz and /readyz", "addr", o.admin.Addr().String())
+	if pprof {
+		log.Info("admin listener serving /metrics, /healthz, /readyz and /debug/pprof/", "addr", o.admin.Addr().String())
+	} else {
+		log.Info("admin listener serving /metrics, /healthz and /readyz", "addr", o.admin.Addr().String())
+	}
 	return o, nil
 }
 

@@ -27,6 +27,13 @@ type Broker struct {
 	Certs     string        `help:"Directory with ca.crt and <id>.crt/<id>.key." required:"" type:"existingdir" env:"FELIX_CERTS"`
 	LeaseTTL  time.Duration `help:"Control plane lease." default:"3s" env:"FELIX_LEASE_TTL"`
 	Admin     string        `help:"HTTP admin address serving /metrics, /healthz and /readyz, registered in the shard map (empty: none)." default:"127.0.0.1:0" env:"FELIX_ADMIN"`
+	Pprof     bool          `help:"Also serve /debug/pprof/ on the admin listener (it has no authentication: keep it on loopback or an operator network)." env:"FELIX_PPROF"`
+
+	// Client resource limits (limits.go).
+	Limits BrokerLimits `embed:"" group:"Client limits"`
+
+	// Shard log bounds (shards.go).
+	Shards BrokerShards `embed:"" group:"Shard logs"`
 }
 
 func (c *Broker) Run(log *slog.Logger) error {
@@ -35,7 +42,7 @@ func (c *Broker) Run(log *slog.Logger) error {
 		return err
 	}
 	var started atomic.Pointer[broker.Broker]
-	obs, err := startObservability("felix-broker", c.ID, c.Admin, func() error {
+	obs, err := startObservability("felix-broker", c.ID, c.Admin, c.Pprof, func() error {
 		if b := started.Load(); b != nil {
 			return b.Readiness()
 		}
@@ -53,7 +60,7 @@ func (c *Broker) Run(log *slog.Logger) error {
 	if obs.prov.Metrics {
 		mp = obs.prov.Meter
 	}
-	b, err := broker.New(broker.Config{
+	b, err := broker.New(c.Shards.apply(c.Limits.apply(broker.Config{
 		NodeID:         c.ID,
 		Listen:         c.Listen,
 		Advertise:      c.Advertise,
@@ -67,7 +74,7 @@ func (c *Broker) Run(log *slog.Logger) error {
 		Logger:         log,
 		TracerProvider: obs.prov.Tracer,
 		MeterProvider:  mp,
-	})
+	})))
 	if err != nil {
 		return err
 	}

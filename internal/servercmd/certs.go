@@ -1,8 +1,12 @@
 package servercmd
 
 import (
+	"encoding/pem"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -10,18 +14,167 @@ import (
 	"github.com/felix-broker/felix/transport"
 )
 
-// Certs writes a development PKI: the cluster CA, one certificate per node
-// (the control plane is the node "ctl") and a client certificate. It
-// reuses a CA already in the directory, so adding a node keeps the others
-// valid. --host adds names a node is dialed by (a Kubernetes pod's DNS
-// name, say); such a node's certificate is issued anew with them.
+// Certs issues the cluster's certificates in offline steps, as an operator
+// of NATS or CockroachDB would: create the CA once on a machine that keeps
+// its key, then issue one certificate per broker, control plane and client
+// principal, each into a directory of its own holding NAME.crt, NAME.key
+// and a copy of ca.crt, never ca.key. Ship each such directory to the one
+// process it is for. Dev writes everything, the CA key included, into one
+// directory, for development only.
 type Certs struct {
-	Dir   string   `help:"Directory to write ca.crt, <node>.crt/.key and client.crt/.key into." default:"certs" type:"path"`
-	Nodes []string `help:"Node ids to issue certificates for (each is also a DNS name in its certificate)." default:"ctl,broker-0,broker-1,broker-2"`
+	CA     CertsCA     `cmd:"" name:"ca" help:"Create the cluster CA (ca.crt and ca.key) in --ca-dir. Keep this directory offline: ca.key signs every identity in the cluster."`
+	Node   CertsNode   `cmd:"" help:"Issue a broker's certificate (role node, CN = node id) into --out."`
+	Ctl    CertsCtl    `cmd:"" help:"Issue the control plane's certificate (role ctl) into --out."`
+	Client CertsClient `cmd:"" help:"Issue a client certificate (role client, CN = principal name) into --out."`
+	Dev    CertsDev    `cmd:"" help:"Write a development PKI into one directory: the CA with its key beside every node's key and an admin client certificate. Not for production."`
+}
+
+// caFlags are the flags naming the CA directory, shared by every step.
+type caFlags struct {
+	CADir string `name:"ca-dir" help:"Directory holding the cluster CA (ca.crt, ca.key)." default:"ca" type:"path"`
+}
+
+func (f caFlags) files() (cert, key string) {
+	return filepath.Join(f.CADir, "ca.crt"), filepath.Join(f.CADir, "ca.key")
+}
+
+// CertsCA creates the cluster CA.
+type CertsCA struct {
+	caFlags
+	Name         string `help:"Common name of the CA certificate." default:"Felix cluster CA"`
+	Force        bool   `help:"Replace a CA already in --ca-dir: every certificate the old one issued stops verifying." xor:"existing"`
+	KeepExisting bool   `help:"Leave a CA already in --ca-dir as it is and succeed (for provisioning steps that run more than once)." xor:"existing"`
+}
+
+func (c *CertsCA) Run(log *slog.Logger) error {
+	certFile, keyFile := c.files()
+	_, certErr := os.Stat(certFile)
+	_, keyErr := os.Stat(keyFile)
+	if certErr == nil || keyErr == nil {
+		switch {
+		case c.KeepExisting:
+			if _, err := transport.LoadCAKeyPair(certFile, keyFile); err != nil {
+				return fmt.Errorf("--keep-existing: the CA in %s is unusable: %w", c.CADir, err)
+			}
+			fmt.Printf("kept the cluster CA in %s\n", c.CADir)
+			return nil
+		case !c.Force:
+			return fmt.Errorf("%s already holds a CA (ca.crt or ca.key); --force replaces it, which invalidates every certificate it issued", c.CADir)
+		}
+	}
+	ca, err := transport.NewCA(c.Name)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(c.CADir, 0o700); err != nil {
+		return fmt.Errorf("creating %s: %w", c.CADir, err)
+	}
+	if err := ca.WriteFiles(certFile, keyFile); err != nil {
+		return err
+	}
+	fmt.Printf("wrote the cluster CA to %s (ca.crt, ca.key); keep ca.key offline and ship only ca.crt\n", c.CADir)
+	return nil
+}
+
+// leafFlags are the flags of the steps that issue a certificate.
+type leafFlags struct {
+	caFlags
+	Out string `help:"Directory to write NAME.crt, NAME.key and a copy of ca.crt into; it must not hold a CA key (default: ./NAME)." type:"path" placeholder:"DIR"`
+}
+
+// CertsNode issues a broker's certificate.
+type CertsNode struct {
+	ID string `arg:"" help:"Node id of the broker (its --id); also a DNS name in the certificate."`
+	leafFlags
+	Host []string `help:"Another DNS name or IP address clients and peers dial the broker by (repeatable), e.g. its advertised host." placeholder:"NAME"`
+}
+
+func (c *CertsNode) Run(log *slog.Logger) error {
+	return issueLeaf(c.leafFlags, transport.RoleNode, c.ID, c.Host)
+}
+
+// CertsCtl issues the control plane's certificate.
+type CertsCtl struct {
+	Name string `arg:"" optional:"" default:"ctl" help:"Name of the control plane member (default ctl: felix ctl reads ctl.crt and ctl.key from its --certs); also a DNS name in the certificate."`
+	leafFlags
+	Host []string `help:"Another DNS name or IP address brokers dial the control plane by (repeatable), e.g. the host in their --ctl." placeholder:"NAME"`
+}
+
+func (c *CertsCtl) Run(log *slog.Logger) error {
+	return issueLeaf(c.leafFlags, transport.RoleCtl, c.Name, c.Host)
+}
+
+// CertsClient issues a client certificate.
+type CertsClient struct {
+	Name string `arg:"" help:"Principal name the certificate authenticates (what permissions and --superuser name)."`
+	leafFlags
+}
+
+func (c *CertsClient) Run(log *slog.Logger) error {
+	return issueLeaf(c.leafFlags, transport.RoleClient, c.Name, nil)
+}
+
+// issueLeaf issues a certificate of role for name from the CA in
+// f.CADir and writes it, its key and a copy of ca.crt into f.Out.
+func issueLeaf(f leafFlags, role transport.Role, name string, hosts []string) error {
+	if err := checkCertName(name); err != nil {
+		return err
+	}
+	out := f.Out
+	if out == "" {
+		out = name
+	}
+	caCert, caKey := f.files()
+	ca, err := transport.LoadCAKeyPair(caCert, caKey)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("no CA in %s (create one with `felix certs ca --ca-dir %s`): %w", f.CADir, f.CADir, err)
+		}
+		return err
+	}
+	// Never write a key where a CA key lives: the directory is shipped to
+	// a node whole.
+	if _, err := os.Stat(filepath.Join(out, "ca.key")); err == nil {
+		return fmt.Errorf("--out %s holds a CA key (ca.key); issue into a directory of its own, which is what gets shipped", out)
+	}
+	if same, err := sameDir(out, f.CADir); err != nil {
+		return err
+	} else if same {
+		return fmt.Errorf("--out %s is the CA directory; issue into a directory of its own, which is what gets shipped", out)
+	}
+	cert, err := ca.Issue(role, name, hosts...)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(out, 0o700); err != nil {
+		return fmt.Errorf("creating %s: %w", out, err)
+	}
+	if err := transport.WriteKeyPair(cert, filepath.Join(out, name+".crt"), filepath.Join(out, name+".key")); err != nil {
+		return err
+	}
+	if err := writeFileAtomic(filepath.Join(out, "ca.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw}), 0o644); err != nil {
+		return err
+	}
+	names := slices.Clone(cert.Leaf.DNSNames)
+	for _, ip := range cert.Leaf.IPAddresses {
+		names = append(names, ip.String())
+	}
+	if len(names) > 0 {
+		fmt.Printf("wrote %s.crt (%s %q, names %s), %s.key and ca.crt to %s\n", name, role, name, strings.Join(names, ", "), name, out)
+	} else {
+		fmt.Printf("wrote %s.crt (%s %q), %s.key and ca.crt to %s\n", name, role, name, name, out)
+	}
+	return nil
+}
+
+// CertsDev writes a development PKI: today's `felix dev` layout.
+type CertsDev struct {
+	Dir   string   `help:"Directory to write ca.crt, ca.key, <node>.crt/.key and admin.crt/.key into." default:"certs" type:"path"`
+	Nodes []string `help:"Node ids to issue certificates for (\"ctl\" gets the control plane's role; each id is also a DNS name in its certificate)." default:"ctl,broker-0,broker-1,broker-2"`
 	Host  []string `help:"Extra name for a node's certificate, as NODE=NAME (repeatable), e.g. broker-0=broker-0.felix-broker." placeholder:"NODE=NAME"`
 }
 
-func (c *Certs) Run(log *slog.Logger) error {
+func (c *CertsDev) Run(log *slog.Logger) error {
 	extra := map[string][]string{}
 	for _, h := range c.Host {
 		node, name, ok := strings.Cut(h, "=")
@@ -46,7 +199,11 @@ func (c *Certs) Run(log *slog.Logger) error {
 			if len(hosts) == 0 {
 				continue
 			}
-			cert, err := ca.Issue(transport.RoleNode, node, append([]string{"localhost", "127.0.0.1", "::1"}, hosts...)...)
+			role := transport.RoleNode
+			if node == transport.DevCtlName {
+				role = transport.RoleCtl
+			}
+			cert, err := ca.Issue(role, node, append([]string{"localhost", "127.0.0.1", "::1"}, hosts...)...)
 			if err != nil {
 				return fmt.Errorf("issuing %s with %v: %w", node, hosts, err)
 			}
@@ -55,6 +212,71 @@ func (c *Certs) Run(log *slog.Logger) error {
 			}
 		}
 	}
-	fmt.Printf("wrote the cluster CA and certificates for %v in %s\n", c.Nodes, c.Dir)
+	fmt.Printf("wrote a development PKI to %s: the CA (its key too), certificates for %v and the client %q\n",
+		c.Dir, c.Nodes, transport.DevAdminName)
+	fmt.Println("for development only: every process reading this directory holds the CA key (see `felix certs ca`)")
+	return nil
+}
+
+// checkCertName rejects names that are not safe as a file name in --out
+// or as a certificate's common name.
+func checkCertName(name string) error {
+	if name == "" || len(name) > 128 {
+		return fmt.Errorf("name %q: must be 1..128 characters", name)
+	}
+	if name == "ca" {
+		return fmt.Errorf("name %q: reserved for the CA's files", name)
+	}
+	for i, c := range name {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			c == '-' || c == '_' || c == '.' && i > 0
+		if !ok {
+			return fmt.Errorf("name %q: character %q not allowed (use letters, digits, '-', '_', and '.' after the first)", name, c)
+		}
+	}
+	return nil
+}
+
+// sameDir reports whether a and b are the same existing directory.
+func sameDir(a, b string) (bool, error) {
+	ai, err := os.Stat(a)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	bi, err := os.Stat(b)
+	if err != nil {
+		return false, err
+	}
+	return os.SameFile(ai, bi), nil
+}
+
+// writeFileAtomic writes data to a temporary file beside name and renames
+// it over name, so a reader never sees a partial file.
+func writeFileAtomic(name string, data []byte, perm os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(name), "."+filepath.Base(name)+".tmp*")
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", name, err)
+	}
+	tmp := f.Name()
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Chmod(perm)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, name)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("writing %s: %w", name, err)
+	}
 	return nil
 }

@@ -1,44 +1,294 @@
 package servercmd
 
 import (
+	"bytes"
 	"crypto/x509"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"testing"
+
+	"github.com/alecthomas/kong"
 
 	"github.com/felix-broker/felix/transport"
 )
 
-func TestCertsExtraHosts(t *testing.T) {
+var quietLog = slog.New(slog.DiscardHandler)
+
+// certsCLI runs `felix certs args...` through kong, as the binary would.
+func certsCLI(t *testing.T, args ...string) error {
+	t.Helper()
+	var cli struct {
+		Certs  Certs  `cmd:""`
+		Health Health `cmd:""`
+	}
+	p, err := kong.New(&cli, kong.Name("felix"), kong.Exit(func(int) { t.Fatalf("kong exited on %v", args) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, err := p.Parse(args)
+	if err != nil {
+		return err
+	}
+	return ctx.Run(quietLog)
+}
+
+// TestCertsSplit issues a CA, then a broker, a control plane and a client
+// certificate each into a directory of its own, and checks each directory
+// holds exactly its own pair and the CA certificate, and that each
+// certificate verifies for its role, name and hosts.
+func TestCertsSplit(t *testing.T) {
+	root := t.TempDir()
+	caDir := filepath.Join(root, "ca")
+	if err := certsCLI(t, "certs", "ca", "--ca-dir", caDir); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"ca.crt", "ca.key"} {
+		if _, err := os.Stat(filepath.Join(caDir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(caDir, "ca.key")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("ca.key: mode %v, err %v; want 0600", fi.Mode().Perm(), err)
+	}
+	pool, err := transport.LoadCA(filepath.Join(caDir, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		args  []string
+		role  transport.Role
+		name  string
+		hosts []string // names the certificate must verify for
+	}{
+		{[]string{"node", "broker-0", "--host", "broker-0.felix.svc", "--host", "10.0.0.7"}, transport.RoleNode, "broker-0",
+			[]string{"broker-0", "broker-0.felix.svc", "10.0.0.7"}},
+		{[]string{"ctl", "--host", "felix-ctl"}, transport.RoleCtl, "ctl", []string{"ctl", "felix-ctl"}},
+		{[]string{"client", "admin"}, transport.RoleClient, "admin", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := filepath.Join(root, "out-"+tc.name)
+			args := append([]string{"certs"}, tc.args...)
+			args = append(args, "--ca-dir", caDir, "--out", out)
+			if err := certsCLI(t, args...); err != nil {
+				t.Fatal(err)
+			}
+			entries, err := os.ReadDir(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, e := range entries {
+				names = append(names, e.Name())
+			}
+			want := []string{"ca.crt", tc.name + ".crt", tc.name + ".key"}
+			slices.Sort(want)
+			if !slices.Equal(names, want) {
+				t.Fatalf("%s holds %v, want %v (never ca.key)", out, names, want)
+			}
+			if fi, _ := os.Stat(filepath.Join(out, tc.name+".key")); fi.Mode().Perm() != 0o600 {
+				t.Errorf("%s.key mode %v, want 0600", tc.name, fi.Mode().Perm())
+			}
+			caCopy, _ := os.ReadFile(filepath.Join(out, "ca.crt"))
+			caOrig, _ := os.ReadFile(filepath.Join(caDir, "ca.crt"))
+			if !bytes.Equal(caCopy, caOrig) {
+				t.Error("the ca.crt in --out differs from the CA's")
+			}
+
+			pair, err := transport.LoadKeyPair(filepath.Join(out, tc.name+".crt"), filepath.Join(out, tc.name+".key"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			leaf := pair.Leaf
+			if leaf.Subject.CommonName != tc.name || !slices.Equal(leaf.Subject.OrganizationalUnit, []string{string(tc.role)}) {
+				t.Fatalf("subject %v, want CN %q OU %q", leaf.Subject, tc.name, tc.role)
+			}
+			usages := []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+			if tc.role != transport.RoleClient {
+				usages = append(usages, x509.ExtKeyUsageServerAuth)
+			}
+			for _, u := range usages {
+				if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{u}}); err != nil {
+					t.Errorf("usage %v: %v", u, err)
+				}
+			}
+			if tc.role == transport.RoleClient {
+				if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err == nil {
+					t.Error("a client certificate verifies as a server")
+				}
+			}
+			for _, h := range tc.hosts {
+				if err := leaf.VerifyHostname(h); err != nil {
+					t.Error(err)
+				}
+			}
+			if leaf.IsCA {
+				t.Error("a leaf certificate is a CA")
+			}
+		})
+	}
+}
+
+// TestCertsCAOverwrite checks that `certs ca` refuses to replace a CA,
+// that --keep-existing keeps it, and that --force replaces it.
+func TestCertsCAOverwrite(t *testing.T) {
+	caDir := filepath.Join(t.TempDir(), "ca")
+	if err := certsCLI(t, "certs", "ca", "--ca-dir", caDir); err != nil {
+		t.Fatal(err)
+	}
+	read := func() []byte {
+		b, err := os.ReadFile(filepath.Join(caDir, "ca.key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append(b, must(os.ReadFile(filepath.Join(caDir, "ca.crt")))...)
+	}
+	orig := read()
+	if err := certsCLI(t, "certs", "ca", "--ca-dir", caDir); err == nil {
+		t.Fatal("a second `certs ca` replaced the CA without --force")
+	}
+	if !bytes.Equal(read(), orig) {
+		t.Fatal("a refused `certs ca` changed the CA")
+	}
+	if err := certsCLI(t, "certs", "ca", "--ca-dir", caDir, "--keep-existing"); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(read(), orig) {
+		t.Fatal("--keep-existing changed the CA")
+	}
+	if err := certsCLI(t, "certs", "ca", "--ca-dir", caDir, "--keep-existing", "--force"); err == nil {
+		t.Fatal("--keep-existing with --force was accepted")
+	}
+	// Half a CA is not a CA to keep, nor one to silently replace.
+	os.Remove(filepath.Join(caDir, "ca.crt"))
+	if err := certsCLI(t, "certs", "ca", "--ca-dir", caDir); err == nil {
+		t.Fatal("`certs ca` replaced a lone ca.key without --force")
+	}
+	if err := certsCLI(t, "certs", "ca", "--ca-dir", caDir, "--keep-existing"); err == nil {
+		t.Fatal("--keep-existing accepted a lone ca.key")
+	}
+	if err := certsCLI(t, "certs", "ca", "--ca-dir", caDir, "--force"); err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(read(), orig) {
+		t.Fatal("--force did not replace the CA")
+	}
+}
+
+// TestCertsOutNeverHoldsCAKey checks that a certificate is never issued
+// into the CA's directory or any directory holding a CA key, and that bad
+// names are refused before anything is written.
+func TestCertsOutNeverHoldsCAKey(t *testing.T) {
+	root := t.TempDir()
+	caDir := filepath.Join(root, "ca")
+	if err := certsCLI(t, "certs", "ca", "--ca-dir", caDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := certsCLI(t, "certs", "node", "broker-0", "--ca-dir", caDir, "--out", caDir); err == nil {
+		t.Fatal("issued into the CA directory")
+	}
+	if err := certsCLI(t, "certs", "node", "broker-0", "--ca-dir", caDir, "--out", filepath.Join(caDir, ".")); err == nil {
+		t.Fatal("issued into the CA directory (spelled differently)")
+	}
+	other := filepath.Join(root, "other")
+	os.MkdirAll(other, 0o700)
+	os.WriteFile(filepath.Join(other, "ca.key"), []byte("x"), 0o600)
+	if err := certsCLI(t, "certs", "client", "alice", "--ca-dir", caDir, "--out", other); err == nil {
+		t.Fatal("issued into a directory holding a ca.key")
+	}
+	if _, err := os.Stat(filepath.Join(caDir, "broker-0.key")); err == nil {
+		t.Fatal("a refused issue wrote a key")
+	}
+	for _, name := range []string{"ca", "..", ".hidden", "a/b", "../x", "x y"} {
+		if err := certsCLI(t, "certs", "client", name, "--ca-dir", caDir, "--out", filepath.Join(root, "bad")); err == nil {
+			t.Errorf("name %q accepted", name)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(root, "bad")); err == nil {
+		t.Error("a refused name created its --out")
+	}
+	// No CA: a clear error, nothing written.
+	if err := certsCLI(t, "certs", "node", "n1", "--ca-dir", filepath.Join(root, "none"), "--out", filepath.Join(root, "n1")); err == nil {
+		t.Fatal("issued without a CA")
+	}
+}
+
+// TestCertsDev checks the development PKI: one directory with the CA key,
+// node, ctl and admin certificates of the right roles, and extra hosts.
+func TestCertsDev(t *testing.T) {
 	dir := t.TempDir()
-	c := &Certs{Dir: dir, Nodes: []string{"ctl", "felix-broker-0"}, Host: []string{"felix-broker-0=felix-broker-0.felix-broker"}}
-	if err := c.Run(slog.New(slog.DiscardHandler)); err != nil {
+	if err := certsCLI(t, "certs", "dev", "--dir", dir, "--nodes", "ctl,felix-broker-0",
+		"--host", "felix-broker-0=felix-broker-0.felix-broker", "--host", "ctl=felix-ctl"); err != nil {
 		t.Fatal(err)
 	}
-	pair, err := transport.LoadKeyPair(filepath.Join(dir, "felix-broker-0.crt"), filepath.Join(dir, "felix-broker-0.key"))
+	pool, err := transport.LoadCA(filepath.Join(dir, "ca.crt"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, err := transport.LoadCA(filepath.Join(dir, "ca.crt"))
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name string
+		role transport.Role
+		host string
+	}{
+		{"felix-broker-0", transport.RoleNode, "felix-broker-0.felix-broker"},
+		{"ctl", transport.RoleCtl, "felix-ctl"},
+		{transport.DevAdminName, transport.RoleClient, ""},
+	} {
+		pair, err := transport.LoadKeyPair(filepath.Join(dir, tc.name+".crt"), filepath.Join(dir, tc.name+".key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := pair.Leaf.Subject.OrganizationalUnit; !slices.Equal(got, []string{string(tc.role)}) {
+			t.Errorf("%s: role %v, want %s", tc.name, got, tc.role)
+		}
+		if _, err := pair.Leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+			t.Errorf("%s: not signed by the dev CA: %v", tc.name, err)
+		}
+		if tc.host != "" {
+			if err := pair.Leaf.VerifyHostname(tc.host); err != nil {
+				t.Error(err)
+			}
+		}
 	}
-	if err := pair.Leaf.VerifyHostname("felix-broker-0.felix-broker"); err != nil {
-		t.Fatal(err)
+	if _, err := os.Stat(filepath.Join(dir, "ca.key")); err != nil {
+		t.Fatal("the dev PKI has no ca.key beside the certificates")
 	}
-	if !slices.Contains(pair.Leaf.DNSNames, "felix-broker-0") {
-		t.Fatalf("node id missing from SANs %v", pair.Leaf.DNSNames)
-	}
-	if _, err := pair.Leaf.Verify(x509Opts(ca)); err != nil {
-		t.Fatalf("not signed by the dev CA: %v", err)
-	}
-	bad := &Certs{Dir: dir, Nodes: []string{"ctl"}, Host: []string{"other=x"}}
-	if err := bad.Run(slog.New(slog.DiscardHandler)); err == nil {
+	if err := certsCLI(t, "certs", "dev", "--dir", dir, "--nodes", "ctl", "--host", "other=x"); err == nil {
 		t.Fatal("a --host for a node not in --nodes was accepted")
 	}
 }
 
-func x509Opts(pool *x509.CertPool) x509.VerifyOptions {
-	return x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+// TestHealth checks `felix health` against a 200 and a 503.
+func TestHealth(t *testing.T) {
+	var ready atomic.Bool
+	ready.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if !ready.Load() {
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+		}
+	}))
+	defer srv.Close()
+	if err := certsCLI(t, "health", "--url", srv.URL); err != nil {
+		t.Fatal(err)
+	}
+	ready.Store(false)
+	if err := certsCLI(t, "health", "--url", srv.URL); err == nil {
+		t.Fatal("a 503 passed the health check")
+	}
+	srv.Close()
+	if err := certsCLI(t, "health", "--url", srv.URL, "--timeout", "500ms"); err == nil {
+		t.Fatal("a closed listener passed the health check")
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -20,11 +20,16 @@ import (
 
 // Ctl runs the control plane until SIGINT or SIGTERM.
 type Ctl struct {
-	Listen   string        `help:"QUIC address to listen on." default:"127.0.0.1:7000" env:"FELIX_LISTEN"`
-	Data     string        `help:"State directory." required:"" type:"path" env:"FELIX_DATA"`
-	Certs    string        `help:"Directory with ca.crt and ctl.crt/ctl.key." required:"" type:"existingdir" env:"FELIX_CERTS"`
-	LeaseTTL time.Duration `help:"Broker lease: a broker silent this long is marked down." default:"3s" env:"FELIX_LEASE_TTL"`
-	Admin    string        `help:"HTTP admin address serving /metrics, /healthz and /readyz (empty: none)." default:"127.0.0.1:0" env:"FELIX_ADMIN"`
+	Listen    string        `help:"QUIC address to listen on." default:"127.0.0.1:7000" env:"FELIX_LISTEN"`
+	Data      string        `help:"State directory." required:"" type:"path" env:"FELIX_DATA"`
+	Certs     string        `help:"Directory with ca.crt and ctl.crt/ctl.key." required:"" type:"existingdir" env:"FELIX_CERTS"`
+	LeaseTTL  time.Duration `help:"Broker lease: a broker silent this long is marked down." default:"3s" env:"FELIX_LEASE_TTL"`
+	Superuser []string      `help:"Client principal (certificate common name) authorized for everything, who grants the others their permissions (repeatable)." env:"FELIX_SUPERUSERS" placeholder:"NAME"`
+	Admin     string        `help:"HTTP admin address serving /metrics, /healthz and /readyz (empty: none)." default:"127.0.0.1:0" env:"FELIX_ADMIN"`
+	Pprof     bool          `help:"Also serve /debug/pprof/ on the admin listener (it has no authentication: keep it on loopback or an operator network)." env:"FELIX_PPROF"`
+
+	// Shard bound (see ctl.Config.MaxShardsTotal).
+	MaxShardsTotal int `help:"Most shards of all streams together; a stream create past it is refused with limit_exceeded." default:"16384" env:"FELIX_MAX_SHARDS_TOTAL"`
 }
 
 func (c *Ctl) Run(log *slog.Logger) error {
@@ -33,7 +38,7 @@ func (c *Ctl) Run(log *slog.Logger) error {
 		return err
 	}
 	var started atomic.Pointer[ctl.Server]
-	obs, err := startObservability("felix-ctl", "ctl", c.Admin, func() error {
+	obs, err := startObservability("felix-ctl", "ctl", c.Admin, c.Pprof, func() error {
 		if started.Load() == nil {
 			return errors.New("control plane starting")
 		}
@@ -43,7 +48,10 @@ func (c *Ctl) Run(log *slog.Logger) error {
 		return err
 	}
 	defer obs.close()
-	s, err := ctl.New(ctl.Config{Addr: c.Listen, DataDir: c.Data, TLS: tlsConf, LeaseTTL: c.LeaseTTL, Logger: log})
+	if len(c.Superuser) == 0 {
+		log.Warn("no --superuser: no principal can grant permissions until one is configured")
+	}
+	s, err := ctl.New(ctl.Config{Addr: c.Listen, DataDir: c.Data, TLS: tlsConf, LeaseTTL: c.LeaseTTL, Superusers: c.Superuser, MaxShardsTotal: c.MaxShardsTotal, Logger: log})
 	if err != nil {
 		return err
 	}

@@ -28,6 +28,7 @@ type Dev struct {
 	BasePort int      `help:"Port of broker-0; broker-N listens on BasePort+N (0: any free ports)." default:"7100"`
 	Stream   []string `help:"Streams to create if missing, as NAME:SHARDS." default:"orders:1"`
 	ConnFile string   `help:"Connection file felixctl and the SDK read when run from this directory." default:"${conn_file}" type:"path"`
+	Pprof    bool     `help:"Serve /debug/pprof/ on each broker's admin listener (loopback)."`
 }
 
 func (c *Dev) Run(log *slog.Logger) error {
@@ -41,6 +42,9 @@ func (c *Dev) Run(log *slog.Logger) error {
 		return err
 	}
 	opts := cluster.Options{Dir: c.Dir, Binary: self, Brokers: c.Brokers, CtlPort: c.CtlPort, Logger: log}
+	if c.Pprof {
+		opts.BrokerEnv = append(opts.BrokerEnv, "FELIX_PPROF=true")
+	}
 	if c.BasePort != 0 {
 		for i := range c.Brokers {
 			opts.BrokerPorts = append(opts.BrokerPorts, c.BasePort+i)
@@ -72,6 +76,7 @@ func (c *Dev) Run(log *slog.Logger) error {
 	cluster.WriteOwnership(os.Stdout, m)
 
 	cf := client.ClusterFile{Name: "dev", CAFile: cl.CAFile()}
+	cf.CertFile, cf.KeyFile = cl.AdminCert()
 	for _, b := range cl.Brokers() {
 		cf.Brokers = append(cf.Brokers, client.ClusterBroker{ID: b.ID, Addr: b.Addr})
 	}

@@ -20,12 +20,19 @@ type AdminConfig struct {
 	// Ready answers /readyz: nil means ready (200), an error is the reason
 	// for 503. nil Ready means always ready.
 	Ready func() error
+	// Pprof serves the runtime profiles under /debug/pprof/; default off.
+	// Profiles show a process's code paths, stacks and timing to whoever
+	// can reach the listener, so turn them on only where that is an
+	// operator.
+	Pprof bool
 	// Logger gets serve errors; default slog.Default().
 	Logger *slog.Logger
 }
 
 // Admin is a running admin listener: /metrics, /healthz (the process is
-// alive and serving HTTP) and /readyz (the process is ready for traffic).
+// alive and serving HTTP), /readyz (the process is ready for traffic) and,
+// if configured, /debug/pprof/. It has no authentication: bind it to
+// loopback or an operator network.
 type Admin struct {
 	ln   net.Listener
 	srv  *http.Server
@@ -45,12 +52,13 @@ func StartAdmin(cfg AdminConfig) (*Admin, error) {
 	if cfg.Metrics != nil {
 		mux.Handle("GET /metrics", cfg.Metrics)
 	}
-	// Profiles, for finding where a broker's time goes under load (the
-	// admin listener is meant for loopback or an operator network only).
-	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
-	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
-	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	if cfg.Pprof {
+		// Profiles, for finding where a broker's time goes under load.
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")

@@ -1,0 +1,129 @@
+package broker
+
+import (
+	"context"
+	"crypto/tls"
+	"path/filepath"
+	"testing"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/felix-broker/felix/auth"
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// TestAuthorization: a principal may publish, subscribe and see only what
+// it was granted, checked at the broker it is connected to before any
+// forward; a denied publish writes nothing; admin requests are relayed in
+// the client's name.
+func TestAuthorization(t *testing.T) {
+	ip := startInproc(t, 2, shardmap.StreamConfig{Name: "orders", Shards: 1}, shardmap.StreamConfig{Name: "secret", Shards: 1})
+	owner, other := ip.owner("orders", 0), ip.nonOwner("orders", 0)
+
+	// bob has no permission at all.
+	bob := ip.dialAs(other, "bob")
+	pubs := openStream(t, bob)
+	pubs.send(publish(1, "orders", "denied"))
+	wantError(t, pubs.recv(), transport.ErrUnauthorized)
+	sub := openStream(t, bob)
+	sub.send(&transport.Subscribe{Stream: "orders", Start: transport.StartEarliest, Credit: 10})
+	wantError(t, sub.recv(), transport.ErrUnauthorized)
+	create := openStream(t, bob)
+	create.send(&transport.Request{Op: "stream.create", Stream: shardmap.StreamConfig{Name: "bobs", Shards: 1}})
+	wantError(t, create.recv(), transport.ErrUnauthorized)
+	del := openStream(t, bob)
+	del.send(&transport.Request{Op: "stream.delete", Stream: shardmap.StreamConfig{Name: "orders"}})
+	wantError(t, del.recv(), transport.ErrUnauthorized)
+	if next := ip.logOf(owner, "orders", 0).NextOffset(); next != 0 {
+		t.Fatalf("a denied publish was written: next offset %d", next)
+	}
+	if _, ok := ip.ctl.Map().Stream("orders"); !ok {
+		t.Fatal("a denied delete removed the stream")
+	}
+
+	// Granted publish on orders, through the non-owner: forwarded, acked.
+	for _, g := range []auth.Grant{{Principal: "bob", Action: auth.Publish, Pattern: "orders"}, {Principal: "bob", Action: auth.Subscribe, Pattern: "orders"}} {
+		if err := ip.ctl.Grant(g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ip.waitEpoch(ip.ctl.Map().Epoch)
+	pubs = openStream(t, bob)
+	pubs.send(publish(2, "orders", "allowed"))
+	if a := wantAck(t, pubs.recv(), 2); !a.Forwarded || a.Offset != 0 {
+		t.Fatalf("ack %+v: want forwarded, offset 0", a)
+	}
+	// ... but not on secret, on the same publisher stream.
+	pubs.send(publish(3, "secret", "denied"))
+	wantError(t, pubs.recv(), transport.ErrUnauthorized)
+
+	// The map bob gets shows orders only, and no policy.
+	get := openStream(t, bob)
+	get.send(&transport.Request{Op: "map.get"})
+	resp, ok := get.recv().(*transport.Response)
+	if !ok || resp.Map.ACL != nil || len(resp.Map.Streams) != 1 || resp.Map.Streams[0].Name != "orders" {
+		t.Fatalf("bob's map: %+v", resp)
+	}
+
+	// A revoke reaches the broker with the next map.
+	if err := ip.ctl.Revoke(auth.Grant{Principal: "bob", Action: auth.Publish, Pattern: "orders"}); err != nil {
+		t.Fatal(err)
+	}
+	ip.waitEpoch(ip.ctl.Map().Epoch)
+	pubs.send(publish(4, "orders", "revoked"))
+	wantError(t, pubs.recv(), transport.ErrUnauthorized)
+	sub = openStream(t, ip.dialAs(owner, "bob"))
+	sub.send(&transport.Subscribe{Stream: "orders", Start: transport.StartEarliest, Credit: 10})
+	if recs, ok := sub.recv().(*transport.Records); !ok || len(recs.Records) == 0 || string(recs.Records[0].Value) != "allowed" {
+		t.Fatalf("bob's subscription: %+v", recs)
+	}
+}
+
+// TestClientConnectionNeedsClientCert: a broker's or the control plane's
+// certificate is no client principal, and a client without a certificate
+// cannot connect at all.
+func TestClientConnectionNeedsClientCert(t *testing.T) {
+	ip := startInproc(t, 1, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	ca, err := transport.LoadCA(filepath.Join(ip.dir, "certs", "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctlCert, nodeCert := ip.clientCert("ctl"), ip.clientCert(ip.brokers[0].NodeID())
+	for name, cert := range map[string]*tls.Certificate{"ctl": &ctlCert, "node": &nodeCert, "none": nil} {
+		ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+		conn, err := transport.Dial(ctx, ip.brokers[0].Addr().String(), transport.ClientTLS(ca, cert, "", transport.ALPNClient), transport.Config{})
+		if err == nil {
+			err = publishOnce(ctx, conn)
+			conn.CloseWithError(0, "")
+		}
+		cancel()
+		if err == nil {
+			t.Errorf("a client with the %s certificate published", name)
+		}
+	}
+	if next := ip.logOf(ip.brokers[0], "orders", 0).NextOffset(); next != 0 {
+		t.Fatalf("a refused client's publish was written: next offset %d", next)
+	}
+}
+
+// publishOnce publishes one record on conn and returns the error, if any,
+// of any step up to the ack.
+func publishOnce(ctx context.Context, conn *quic.Conn) error {
+	s, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if err := transport.NewWriter(s).Write(publish(1, "orders", "x")); err != nil {
+		return err
+	}
+	f, err := transport.NewReader(s, 0).Read()
+	if err != nil {
+		return err
+	}
+	if e, ok := f.(*transport.Error); ok {
+		return e
+	}
+	return nil
+}

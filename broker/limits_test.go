@@ -1,0 +1,435 @@
+package broker
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/felix-broker/felix/auth"
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// Each test here makes one client ("mallory") go past one resource limit
+// and checks that it gets the typed error (or is held back, for the limits
+// that stop reading), that what the broker holds stays within the bound,
+// and that a well-behaved client (the admin principal) keeps publishing.
+
+// startLimited starts brokers with tweak applied, an "orders" stream, and
+// grants mallory publish and subscribe on it.
+func startLimited(t *testing.T, n int, tweak func(*Config)) *inproc {
+	t.Helper()
+	ip := startInprocWith(t, func(c *Config) {
+		c.Logger = quiet()
+		tweak(c)
+	}, n, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	for _, a := range []auth.Action{auth.Publish, auth.Subscribe} {
+		if err := ip.ctl.Grant(auth.Grant{Principal: "mallory", Action: a, Pattern: "orders"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ip.waitEpoch(ip.ctl.Map().Epoch)
+	return ip
+}
+
+// wellBehaved publishes one record as the admin principal through b on a
+// fresh connection and fails the test unless it is acked.
+func wellBehaved(t *testing.T, ip *inproc, b *Broker) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	if err := publishOnce(ctx, ip.dial(b)); err != nil {
+		t.Fatalf("a well-behaved publisher failed: %v", err)
+	}
+}
+
+// wantLimitClose expects conn to have been closed with limit_exceeded.
+func wantLimitClose(t *testing.T, conn *quic.Conn) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	err := publishOnce(ctx, conn)
+	var ae *quic.ApplicationError
+	if !errors.As(err, &ae) || ae.ErrorCode != quic.ApplicationErrorCode(transport.CodeLimitExceeded) {
+		t.Fatalf("connection over the limit: %v, want closed with limit_exceeded", err)
+	}
+}
+
+// waitUntil polls cond for up to waitFor.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestConnectionLimits(t *testing.T) {
+	ip := startLimited(t, 2, func(c *Config) { c.MaxConns, c.MaxConnsPerPrincipal = 3, 2 })
+	owner, other := ip.owner("orders", 0), ip.nonOwner("orders", 0)
+
+	// Per principal: the third connection of mallory is closed.
+	m1, m2 := ip.dialAs(owner, "mallory"), ip.dialAs(owner, "mallory")
+	for _, c := range []*quic.Conn{m1, m2} {
+		if err := publishOnce(context.Background(), c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantLimitClose(t, ip.dialAs(owner, "mallory"))
+
+	// In total: a third principal fills the broker; the next one is refused.
+	admin := ip.dial(owner)
+	if err := publishOnce(context.Background(), admin); err != nil {
+		t.Fatal(err)
+	}
+	wantLimitClose(t, ip.dialAs(owner, "carol"))
+
+	// Peers are not clients: a publish forwarded to the full owner works.
+	wellBehaved(t, ip, other)
+
+	// A connection that closes gives its place back.
+	m1.CloseWithError(0, "")
+	waitUntil(t, "mallory's connection to be released", func() bool {
+		c := ip.dialAs(owner, "mallory")
+		defer c.CloseWithError(0, "")
+		return publishOnce(context.Background(), c) == nil
+	})
+}
+
+func TestStreamsPerConnection(t *testing.T) {
+	ip := startLimited(t, 1, func(c *Config) { c.MaxStreamsPerConn = 4 })
+	b := ip.brokers[0]
+	conn := ip.dialAs(b, "mallory")
+	var open []*wireStream
+	for i := range 4 {
+		ws := openStream(t, conn)
+		ws.send(publish(uint64(i), "orders", "x"))
+		wantAck(t, ws.recv(), uint64(i))
+		open = append(open, ws)
+	}
+	extra := openStream(t, conn)
+	extra.send(publish(9, "orders", "x"))
+	wantError(t, extra.recv(), transport.ErrLimitExceeded)
+	extra.recvEnd()
+	wellBehaved(t, ip, b)
+
+	// A stream that ends gives its place back.
+	open[0].s.Close()
+	open[0].recvEnd()
+	waitUntil(t, "the closed stream to be released", func() bool {
+		ws := openStream(t, conn)
+		ws.send(publish(10, "orders", "x"))
+		_, ok := ws.recv().(*transport.Ack)
+		ws.s.Close()
+		return ok
+	})
+}
+
+func TestFirstFrameTimeout(t *testing.T) {
+	ip := startLimited(t, 1, func(c *Config) { c.FirstFrameTimeout = 300 * time.Millisecond })
+	b := ip.brokers[0]
+	conn := ip.dialAs(b, "mallory")
+	// Half a frame header: the broker waits for the rest, up to the
+	// timeout.
+	idle := openStream(t, conn)
+	if _, err := idle.s.Write([]byte{0, 0}); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	wantError(t, idle.recv(), transport.ErrTimeout)
+	idle.recvEnd()
+	if took := time.Since(began); took > 5*time.Second {
+		t.Fatalf("idle stream closed after %v", took)
+	}
+	// A stream that sends its first frame is not cut off later.
+	ws := openStream(t, conn)
+	ws.send(publish(1, "orders", "x"))
+	wantAck(t, ws.recv(), 1)
+	time.Sleep(500 * time.Millisecond)
+	ws.send(publish(2, "orders", "y"))
+	wantAck(t, ws.recv(), 2)
+	wellBehaved(t, ip, b)
+}
+
+func TestSubscriptionsAndCredit(t *testing.T) {
+	ip := startLimited(t, 1, func(c *Config) { c.MaxSubsPerConn, c.MaxCredit = 2, 100 })
+	b := ip.brokers[0]
+	conn := ip.dialAs(b, "mallory")
+
+	// Credit over the bound, at subscribe or later.
+	sub := openStream(t, conn)
+	sub.send(&transport.Subscribe{Stream: "orders", Credit: 101})
+	wantError(t, sub.recv(), transport.ErrLimitExceeded)
+	sub.recvEnd()
+	sub = openStream(t, conn)
+	sub.send(&transport.Subscribe{Stream: "orders", Start: transport.StartLatest, Credit: 60})
+	sub.send(&transport.Credit{Records: 41})
+	wantError(t, sub.recv(), transport.ErrLimitExceeded)
+	sub.recvEnd()
+
+	// Subscriptions per connection.
+	var subs []*wireStream
+	for range 2 {
+		s := openStream(t, conn)
+		s.send(&transport.Subscribe{Stream: "orders", Start: transport.StartEarliest, Credit: 100})
+		subs = append(subs, s)
+	}
+	// Both are live: a record reaches them (the log was empty).
+	wellBehaved(t, ip, b)
+	for _, s := range subs {
+		if recs, ok := s.recv().(*transport.Records); !ok || len(recs.Records) != 1 {
+			t.Fatalf("subscription got %+v", recs)
+		}
+	}
+	third := openStream(t, conn)
+	third.send(&transport.Subscribe{Stream: "orders", Credit: 10})
+	wantError(t, third.recv(), transport.ErrLimitExceeded)
+	third.recvEnd()
+	wellBehaved(t, ip, b)
+}
+
+// TestSubscriptionBytes: many subscriptions of large records that never
+// read hold at most their principal's budget of records, and another
+// principal's subscriber gets everything.
+func TestSubscriptionBytes(t *testing.T) {
+	const (
+		record = 100 << 10
+		perSub = 64 << 10
+		budget = 256 << 10
+	)
+	ip := startLimited(t, 1, func(c *Config) {
+		c.MaxPayload, c.SubscriptionBytes, c.SubscriptionBytesPerPrincipal = 128<<10, perSub, budget
+	})
+	b := ip.brokers[0]
+	pub := openStream(t, ip.dial(b))
+	for i := range 60 {
+		pub.send(&transport.Publish{Seq: uint64(i), Stream: "orders", Shard: 0, Value: make([]byte, record)})
+		wantAck(t, pub.recv(), uint64(i))
+	}
+
+	conn := ip.dialAs(b, "mallory")
+	for range 20 {
+		s := openStream(t, conn)
+		s.send(&transport.Subscribe{Stream: "orders", Credit: 1000})
+	}
+	use := func() *principalUse {
+		b.limits.mu.Lock()
+		defer b.limits.mu.Unlock()
+		return b.limits.mu.principals["mallory"]
+	}
+	waitUntil(t, "mallory's subscriptions to hold records", func() bool {
+		u := use()
+		return u != nil && u.sub.inUse() > 0
+	})
+	for range 50 {
+		if n := use().sub.inUse(); n > budget {
+			t.Fatalf("mallory's subscriptions hold %d bytes, budget %d", n, budget)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	// The admin principal is not held back.
+	sub := openStream(t, ip.dial(b))
+	sub.send(&transport.Subscribe{Stream: "orders", Credit: 1000})
+	got := 0
+	for got < 60 {
+		got += len(sub.recv().(*transport.Records).Records)
+	}
+	pub.send(&transport.Publish{Seq: 100, Stream: "orders", Shard: 0, Value: []byte("after")})
+	wantAck(t, pub.recv(), 100)
+}
+
+// floodUnread publishes n records of size bytes on a stream of a
+// connection whose receive window is tiny, never reading the acks. It
+// returns the stream; the writes go on in the background until the broker
+// stops reading or the stream is closed.
+func floodUnread(t *testing.T, ip *inproc, b *Broker, n, size int) (*wireStream, *sync.WaitGroup) {
+	t.Helper()
+	conn := ip.dialAsWith(b, "mallory", transport.Config{InitialStreamWindow: 2 << 10, MaxStreamWindow: 2 << 10})
+	ws := openStream(t, conn)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		w := transport.NewWriter(ws.s)
+		for i := range n {
+			if w.Write(&transport.Publish{Seq: uint64(i), Stream: "orders", Shard: 0, Value: make([]byte, size)}) != nil {
+				return
+			}
+		}
+	})
+	return ws, &wg
+}
+
+// settled waits until f stops changing and returns its last value.
+func settled(f func() uint64) uint64 {
+	last := f()
+	for {
+		time.Sleep(200 * time.Millisecond)
+		if v := f(); v != last {
+			last = v
+			continue
+		}
+		return last
+	}
+}
+
+// TestAckBacklog: a publisher that never reads its acks is stopped after
+// PublishInFlight unwritten answers; once it reads, every record is
+// answered.
+func TestAckBacklog(t *testing.T) {
+	const inFlight, n = 64, 5000
+	ip := startLimited(t, 1, func(c *Config) { c.PublishInFlight = inFlight })
+	b := ip.brokers[0]
+	ws, wg := floodUnread(t, ip, b, n, 100)
+	log := ip.logOf(b, "orders", 0)
+	taken := settled(log.NextOffset)
+	// What fits the publisher's 2 KiB window, plus the slots.
+	if taken > 2<<10/20+inFlight {
+		t.Fatalf("the broker took in %d records from a publisher that reads no acks", taken)
+	}
+	b.mu.Lock()
+	for p := range b.mu.pubs {
+		if got := p.acks.backlogged(); got > inFlight*100 {
+			t.Errorf("ack backlog of %d bytes", got)
+		}
+		if len(p.slots) > inFlight {
+			t.Errorf("%d slots taken", len(p.slots))
+		}
+	}
+	b.mu.Unlock()
+	wellBehaved(t, ip, b)
+
+	// Reading the acks lets everything through.
+	for i := range n {
+		wantAck(t, ws.recv(), uint64(i))
+	}
+	wg.Wait()
+}
+
+// TestPublishBytesPerPrincipal: the records in flight and unwritten
+// answers of a principal's publishers stay within its budget.
+func TestPublishBytesPerPrincipal(t *testing.T) {
+	const budget, size, n = 64 << 10, 4 << 10, 500
+	ip := startLimited(t, 1, func(c *Config) { c.PublishBytesPerPrincipal, c.MaxPayload = budget, 8<<10 })
+	b := ip.brokers[0]
+	ws, wg := floodUnread(t, ip, b, n, size)
+	log := ip.logOf(b, "orders", 0)
+	taken := settled(log.NextOffset)
+	if taken >= n/2 {
+		t.Fatalf("the broker took in %d records", taken)
+	}
+	b.limits.mu.Lock()
+	u := b.limits.mu.principals["mallory"]
+	b.limits.mu.Unlock()
+	if got := u.publish.inUse(); got > budget || got == 0 {
+		t.Fatalf("mallory's publishers hold %d bytes, budget %d", got, budget)
+	}
+	wellBehaved(t, ip, b)
+	for i := range n {
+		wantAck(t, ws.recv(), uint64(i))
+	}
+	wg.Wait()
+	waitUntil(t, "the budget to be given back", func() bool { return u.publish.inUse() == 0 })
+}
+
+func TestHeaderLimits(t *testing.T) {
+	ip := startLimited(t, 1, func(c *Config) {})
+	b := ip.brokers[0]
+	ws := openStream(t, ip.dialAs(b, "mallory"))
+	headers := func(n, size int) map[string]string {
+		h := make(map[string]string, n)
+		for i := range n {
+			h[fmt.Sprintf("h%06d", i)] = strings.Repeat("v", size)
+		}
+		return h
+	}
+	cases := []struct {
+		headers map[string]string
+		want    error
+	}{
+		{headers(DefaultMaxHeaders+1, 0), transport.ErrInvalid},
+		{headers(4, DefaultMaxHeaderBytes/4), transport.ErrPayloadTooLarge},
+		// 200,000 headers: a frame over the size limit, skipped unread.
+		{headers(200000, 0), transport.ErrPayloadTooLarge},
+		{headers(DefaultMaxHeaders, 10), nil},
+	}
+	for i, tc := range cases {
+		ws.send(&transport.Publish{Seq: uint64(i), Stream: "orders", Shard: 0, Headers: tc.headers, Value: []byte("x")})
+		if tc.want == nil {
+			wantAck(t, ws.recv(), uint64(i))
+			continue
+		}
+		if e := wantError(t, ws.recv(), tc.want); e.Seq != uint64(i) {
+			t.Fatalf("error for seq %d, want %d", e.Seq, i)
+		}
+	}
+	if next := ip.logOf(b, "orders", 0).NextOffset(); next != 1 {
+		t.Fatalf("%d records written, want only the good one", next)
+	}
+	wellBehaved(t, ip, b)
+}
+
+// TestOneRecordSizeLimit: a record over MaxPayload gets payload_too_large
+// whatever its frame's size; the stream goes on, except after a frame far
+// over the limit, which closes it with the same code.
+func TestOneRecordSizeLimit(t *testing.T) {
+	const limit = 64 << 10
+	ip := startLimited(t, 1, func(c *Config) { c.MaxPayload = limit })
+	b := ip.brokers[0]
+	if want := transport.PublishFrameLimit(limit, DefaultMaxHeaders); b.cfg.Transport.MaxFrame != want {
+		t.Fatalf("frame limit %d, want %d derived from the record limit", b.cfg.Transport.MaxFrame, want)
+	}
+	ws := openStream(t, ip.dialAs(b, "mallory"))
+	ws.send(publish(1, "orders", "first"))
+	wantAck(t, ws.recv(), 1)
+	for i, size := range []int{limit + 1, limit + 2<<10, 2 * limit, 3 * limit} {
+		seq := uint64(10 + i)
+		ws.send(&transport.Publish{Seq: seq, Stream: "orders", Shard: 0, Value: make([]byte, size)})
+		if e := wantError(t, ws.recv(), transport.ErrPayloadTooLarge); e.Seq != seq {
+			t.Fatalf("%d bytes: error for seq %d, want %d", size, e.Seq, seq)
+		}
+		ws.send(publish(seq, "orders", "fits"))
+		wantAck(t, ws.recv(), seq)
+	}
+	// A producer id counts toward the record.
+	ws.send(&transport.Publish{Seq: 20, Stream: "orders", Shard: 0, Value: make([]byte, limit-10), ProducerID: strings.Repeat("p", 11)})
+	wantError(t, ws.recv(), transport.ErrPayloadTooLarge)
+
+	// Far over: refused at once, the stream closed, with the same code.
+	hdr := append(binary.BigEndian.AppendUint32(nil, uint32(8*b.cfg.Transport.MaxFrame)), byte(transport.FramePublish))
+	if _, err := ws.s.Write(hdr); err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, ws.recv(), transport.ErrPayloadTooLarge)
+	ws.recvEnd()
+	wellBehaved(t, ip, b)
+}
+
+// dialAsWith is dialAs with a transport config of the client's own.
+func (ip *inproc) dialAsWith(b *Broker, name string, cfg transport.Config) *quic.Conn {
+	t := ip.t
+	t.Helper()
+	ca, err := transport.LoadCA(filepath.Join(ip.dir, "certs", "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert := ip.clientCert(name)
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	conn, err := transport.Dial(ctx, b.Addr().String(), transport.ClientTLS(ca, &cert, "", transport.ALPNClient), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.CloseWithError(0, "") })
+	return conn
+}

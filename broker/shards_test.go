@@ -1,0 +1,505 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/felix-broker/felix/ctl"
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+	"github.com/felix-broker/felix/wal"
+)
+
+// publishShard publishes one record to shard of stream on ws and returns the
+// answer.
+func publishShard(ws *wireStream, seq uint64, stream string, shard int, value string) transport.Frame {
+	ws.t.Helper()
+	p := publish(seq, stream, value)
+	p.Shard = int32(shard)
+	ws.send(p)
+	return ws.recv()
+}
+
+// untilNil waits until check returns nil, failing with its last error
+// after waitFor.
+func untilNil(t *testing.T, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// dirNames lists dir, sorted.
+func dirNames(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+// readAll reads every record of a shard's log.
+func readAll(t *testing.T, b *Broker, stream string, shard int) []string {
+	t.Helper()
+	e, err := b.shards.acquire(b.Map(), shardmap.ShardID{Stream: stream, Shard: shard})
+	if err != nil {
+		t.Fatalf("%s/%d: %v", stream, shard, err)
+	}
+	defer e.release()
+	var out []string
+	for off := e.log.FirstOffset(); off < e.log.NextOffset(); {
+		recs, err := e.log.Read(off, 100, 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range recs {
+			out = append(out, string(r.Value))
+		}
+		off += uint64(len(recs))
+	}
+	return out
+}
+
+// TestTroublesomeStreamNames: next to stream "0" holding records, streams
+// with every troublesome name are created, published to and deleted
+// through ctl. Names unsafe as a directory are refused at creation with a
+// typed error and reach neither ctl's state nor the disk; valid names that
+// look alike ("00", prefixes of each other, the longest) get their own
+// directories, and deleting them removes only theirs. "0"'s records
+// survive all of it and a restart.
+func TestTroublesomeStreamNames(t *testing.T) {
+	ip := startInproc(t, 1, shardmap.StreamConfig{Name: "0", Shards: 2})
+	b := ip.brokers[0]
+	ws := openStream(t, ip.dial(b))
+	want := map[int][]string{}
+	seq := uint64(0)
+	for i := range 10 {
+		shard := i % 2
+		v := fmt.Sprintf("zero-%d", i)
+		wantAck(t, publishShard(ws, seq, "0", shard, v), seq)
+		want[shard] = append(want[shard], v)
+		seq++
+	}
+	streamsDir := filepath.Join(ip.dir, b.NodeID(), "streams")
+	parentBefore := dirNames(t, filepath.Join(ip.dir, b.NodeID()))
+
+	bad := []string{".", "..", "...", ".hidden", ".deleted-0-1", "a/b", "../x", "../0", "0/../1", `a\b`,
+		"a\x00b", "a\nb", "ünïcode", "名前", "", strings.Repeat("x", shardmap.MaxStreamName+1)}
+	for _, name := range bad {
+		err := ip.ctl.CreateStream(shardmap.StreamConfig{Name: name, Shards: 1})
+		if !errors.Is(err, ctl.ErrInvalid) || !errors.Is(err, transport.ErrInvalid) {
+			t.Errorf("create %q: err=%v, want a typed invalid error", name, err)
+		}
+		if err := ip.ctl.DeleteStream(name); !errors.Is(err, transport.ErrUnknownStream) {
+			t.Errorf("delete %q: err=%v, want unknown stream", name, err)
+		}
+		// A publish by that name is refused too, and opens nothing.
+		f := publishShard(ws, seq, name, 0, "x")
+		if _, ok := f.(*transport.Error); !ok {
+			t.Errorf("publish to %q: got %T %+v, want an error", name, f, f)
+		}
+		seq++
+	}
+
+	good := []string{"00", "0.", "0..0", "0-", "0_", "o", "or", "order", "orders", "orders2", "Zero",
+		strings.Repeat("x", shardmap.MaxStreamName)}
+	for round := range 2 { // the second round recreates every name after its delete
+		for _, name := range good {
+			if err := ip.ctl.CreateStream(shardmap.StreamConfig{Name: name, Shards: 2}); err != nil {
+				t.Fatalf("create %q: %v", name, err)
+			}
+		}
+		ip.waitEpoch(ip.ctl.Map().Epoch)
+		for _, name := range good {
+			for shard := range 2 {
+				a := wantAck(t, publishShard(ws, seq, name, shard, name), seq)
+				if a.Offset != 0 {
+					t.Fatalf("round %d: first record of %s/%d at offset %d: the data of another stream or incarnation leaked in", round, name, shard, a.Offset)
+				}
+				seq++
+			}
+		}
+		got := dirNames(t, streamsDir)
+		wantDirs := append([]string{"0"}, good...)
+		slices.Sort(wantDirs)
+		if !slices.Equal(got, wantDirs) {
+			t.Fatalf("round %d: streams dir holds %q, want %q", round, got, wantDirs)
+		}
+		for _, name := range good {
+			if err := ip.ctl.DeleteStream(name); err != nil {
+				t.Fatalf("delete %q: %v", name, err)
+			}
+		}
+		ip.waitEpoch(ip.ctl.Map().Epoch)
+		untilNil(t, func() error {
+			if got := dirNames(t, streamsDir); !slices.Equal(got, []string{"0"}) {
+				return fmt.Errorf("round %d: after deleting, the streams dir holds %q, want only 0", round, got)
+			}
+			return nil
+		})
+	}
+	if got := dirNames(t, filepath.Join(ip.dir, b.NodeID())); !slices.Equal(got, parentBefore) {
+		t.Fatalf("the broker's data dir changed from %q to %q", parentBefore, got)
+	}
+	if got := dirNames(t, filepath.Join(streamsDir, "0")); !slices.Equal(got, []string{"0", "1"}) {
+		t.Fatalf("stream 0's dir holds %q", got)
+	}
+
+	// Restart: "0" holds exactly its records, and offsets continue.
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b = ip.startBroker(0)
+	ip.brokers[0] = b
+	for shard := range 2 {
+		if got := readAll(t, b, "0", shard); !slices.Equal(got, want[shard]) {
+			t.Fatalf("after restart 0/%d holds %q, want %q", shard, got, want[shard])
+		}
+	}
+	ws = openStream(t, ip.dial(b))
+	if a := wantAck(t, publishShard(ws, 0, "0", 0, "after"), 0); a.Offset != uint64(len(want[0])) {
+		t.Fatalf("offset after restart %d, want %d", a.Offset, len(want[0]))
+	}
+}
+
+// testShardSet is a shard set on its own, as the broker of node n1 would
+// hold it, with maps made by hand: it shows what the broker does with a map
+// that ctl would never push (names that are not valid).
+func testShardSet(t *testing.T, dataDir string, tweak func(*Config)) *shardSet {
+	t.Helper()
+	cfg := Config{NodeID: "n1", DataDir: dataDir, MaxOpenShards: 64, MaxShards: 1024}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	s, err := newShardSet(cfg, quiet(), &telemetry{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func handMap(epoch uint64, streams ...shardmap.StreamConfig) *shardmap.Map {
+	return shardmap.Build(epoch, []shardmap.Node{{ID: "n1", Addr: "x:1", Live: true}}, streams)
+}
+
+// TestInvalidNamesInAMapNeverReachTheDisk: a map naming streams ".",
+// "..", "a/b" or "../0" (which ctl refuses, but a hand-edited state or a
+// bug could produce) makes the broker refuse those shards with an error;
+// it creates, opens and removes nothing for them, also when they are
+// deleted, and stream "0" keeps its records across a restart.
+func TestInvalidNamesInAMapNeverReachTheDisk(t *testing.T) {
+	dataDir := t.TempDir()
+	s := testShardSet(t, dataDir, nil)
+	bad := []string{".", "..", ".hidden", "a/b", "../0", "../../escape", "/abs"}
+	streams := []shardmap.StreamConfig{{Name: "0", Shards: 2}}
+	for _, name := range bad {
+		streams = append(streams, shardmap.StreamConfig{Name: name, Shards: 2})
+	}
+	m1 := handMap(1, streams...)
+	_, r := s.apply(m1)
+	if r.failed != 2*len(bad) || r.opened != 2 {
+		t.Fatalf("apply: opened %d, failed %d (first %v); want 2 opened, %d failed", r.opened, r.failed, r.failedErr, 2*len(bad))
+	}
+	for shard := range 2 {
+		e, err := s.acquire(m1, shardmap.ShardID{Stream: "0", Shard: shard})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			if _, err := e.log.Append(context.Background(), &wal.Record{Value: fmt.Appendf(nil, "%d", i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e.release()
+	}
+	for _, name := range bad {
+		if _, err := s.acquire(m1, shardmap.ShardID{Stream: name, Shard: 0}); !errors.Is(err, shardmap.ErrInvalidStreamName) {
+			t.Errorf("acquire %q: err=%v, want an invalid-name error", name, err)
+		}
+	}
+	if got := dirNames(t, dataDir); !slices.Equal(got, []string{"streams"}) {
+		t.Fatalf("data dir holds %q", got)
+	}
+	if got := dirNames(t, filepath.Join(dataDir, "streams")); !slices.Equal(got, []string{"0"}) {
+		t.Fatalf("streams dir holds %q", got)
+	}
+
+	// The bad streams are deleted: nothing is removed for them.
+	_, r = s.apply(handMap(2, shardmap.StreamConfig{Name: "0", Shards: 2}))
+	if len(r.deleteErr) != 0 || len(r.deleted) != 0 {
+		// They were never admitted or opened, so there is nothing to delete.
+		t.Fatalf("apply without the bad streams: deleted %q, errors %v", r.deleted, r.deleteErr)
+	}
+	if err := s.removeStream(".", 3); err == nil {
+		t.Fatal("removeStream(\".\") did not refuse")
+	}
+	if err := s.close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s = testShardSet(t, dataDir, nil)
+	defer s.close()
+	m := handMap(3, shardmap.StreamConfig{Name: "0", Shards: 2})
+	s.apply(m)
+	for shard := range 2 {
+		e, err := s.acquire(m, shardmap.ShardID{Stream: "0", Shard: shard})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := e.log.NextOffset(); n != 3 {
+			t.Fatalf("0/%d holds %d records after restart, want 3", shard, n)
+		}
+		e.release()
+	}
+}
+
+// TestDeletedStreamTrashIsAtomic: a deletion interrupted after its rename
+// leaves trash that the next start removes; a stream of the same name
+// created meanwhile starts empty.
+func TestDeletedStreamTrashIsAtomic(t *testing.T) {
+	dataDir := t.TempDir()
+	trash := filepath.Join(dataDir, "streams", trashPrefix+"orders-7", "0")
+	if err := os.MkdirAll(trash, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	s := testShardSet(t, dataDir, nil)
+	defer s.close()
+	if got := dirNames(t, filepath.Join(dataDir, "streams")); len(got) != 0 {
+		t.Fatalf("trash left after start: %q", got)
+	}
+}
+
+// openFDs counts this process's open file descriptors.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd:", err)
+	}
+	return len(ents)
+}
+
+// TestOpenLogBudget: with MaxOpenShards 4 and a stream of 20 shards on one
+// broker, publishing to every shard, round after round, works; no more
+// than 4 logs are ever open and the process's file descriptors grow by no
+// more than those logs hold; every record is there after a restart.
+func TestOpenLogBudget(t *testing.T) {
+	const budget, shards, rounds = 4, 20, 3
+	ip := startInprocWith(t, func(c *Config) { c.MaxOpenShards = budget }, 1, shardmap.StreamConfig{Name: "many", Shards: shards})
+	b := ip.brokers[0]
+	ws := openStream(t, ip.dial(b))
+	before := openFDs(t)
+	if n := b.shards.openLogs(); n > budget {
+		t.Fatalf("%d logs open after start, budget %d", n, budget)
+	}
+	seq := uint64(0)
+	peakLogs, peakFDs := 0, 0
+	for round := range rounds {
+		for shard := range shards {
+			a := wantAck(t, publishShard(ws, seq, "many", shard, fmt.Sprint(round)), seq)
+			if a.Offset != uint64(round) {
+				t.Fatalf("%d/%d: offset %d, want %d", round, shard, a.Offset, round)
+			}
+			seq++
+			peakLogs = max(peakLogs, b.shards.openLogs())
+			peakFDs = max(peakFDs, openFDs(t))
+		}
+	}
+	if peakLogs > budget {
+		t.Fatalf("%d logs open at the peak, budget %d", peakLogs, budget)
+	}
+	// The logs open before the first publish were already counted; a
+	// little slack for QUIC and the runtime.
+	if grew := peakFDs - before; grew > budget*fdsPerShard+8 {
+		t.Fatalf("file descriptors grew by %d (from %d), budget %d logs", grew, before, budget)
+	}
+	t.Logf("peak: %d logs, %d fds (%d before publishing)", peakLogs, peakFDs, before)
+
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b = ip.startBroker(0)
+	ip.brokers[0] = b
+	for shard := range shards {
+		if got := readAll(t, b, "many", shard); !slices.Equal(got, []string{"0", "1", "2"}) {
+			t.Fatalf("many/%d holds %q after restart", shard, got)
+		}
+	}
+	if n := b.shards.openLogs(); n > budget {
+		t.Fatalf("%d logs open after reading them all, budget %d", n, budget)
+	}
+}
+
+// TestOpenLogBudgetInUse: logs pinned by subscriptions are never closed
+// for the budget; with all of it pinned a publish to another shard gets a
+// typed unavailable error naming the shard, and once a subscription ends
+// the publish succeeds.
+func TestOpenLogBudgetInUse(t *testing.T) {
+	const budget = 4
+	ip := startInprocWith(t, func(c *Config) { c.MaxOpenShards = budget }, 1, shardmap.StreamConfig{Name: "s", Shards: 8})
+	b := ip.brokers[0]
+	conn := ip.dial(b)
+	var subs []*wireStream
+	for shard := range budget {
+		sub := openStream(t, conn)
+		sub.send(&transport.Subscribe{Stream: "s", Shard: int32(shard), Start: transport.StartEarliest, Credit: 10})
+		subs = append(subs, sub)
+	}
+	pinned := func() int {
+		b.shards.mu.RLock()
+		defer b.shards.mu.RUnlock()
+		n := 0
+		for _, e := range b.shards.mu.entries {
+			if e.refs.Load() > 0 {
+				n++
+			}
+		}
+		return n
+	}
+	deadline := time.Now().Add(waitFor)
+	for pinned() < budget {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d subscriptions pinned, want %d", pinned(), budget)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	ws := openStream(t, ip.dial(b))
+	e := wantError(t, publishShard(ws, 1, "s", 6, "x"), transport.ErrUnavailable)
+	if !strings.Contains(e.Message, "s/6") || !strings.Contains(e.Message, "MaxOpenShards") {
+		t.Fatalf("error %q should name the shard and the limit", e.Message)
+	}
+	// The subscriptions still work: a record published to shard 0 arrives.
+	wantAck(t, publishShard(ws, 2, "s", 0, "live"), 2)
+	if recs, ok := subs[0].recv().(*transport.Records); !ok || string(recs.Records[0].Value) != "live" {
+		t.Fatalf("subscription of s/0 got %+v", recs)
+	}
+	subs[1].s.CancelRead(0)
+	subs[1].s.Close()
+	deadline = time.Now().Add(waitFor)
+	for pinned() >= budget {
+		if time.Now().After(deadline) {
+			t.Fatal("the ended subscription still pins its log")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	wantAck(t, publishShard(ws, 3, "s", 6, "x"), 3)
+}
+
+// TestApplyMapSurvivesAFailingShard: one shard whose directory cannot be
+// created (a regular file stands in its place) fails alone: the other
+// shards of its stream and other streams work, publishes to it get a
+// typed unavailable error naming it, a deleted stream's logs are still
+// closed and its data removed, and once the obstacle is gone the shard
+// opens on a later use.
+func TestApplyMapSurvivesAFailingShard(t *testing.T) {
+	ip := startInproc(t, 1)
+	b := ip.brokers[0]
+	streamsDir := filepath.Join(ip.dir, b.NodeID(), "streams")
+	if err := os.MkdirAll(filepath.Join(streamsDir, "bad"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	obstacle := filepath.Join(streamsDir, "bad", "1")
+	if err := os.WriteFile(obstacle, []byte("not a directory"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []shardmap.StreamConfig{{Name: "bad", Shards: 3}, {Name: "victim", Shards: 4}} {
+		if err := ip.ctl.CreateStream(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ip.waitEpoch(ip.ctl.Map().Epoch)
+	ws := openStream(t, ip.dial(b))
+	wantAck(t, publishShard(ws, 1, "bad", 0, "ok"), 1)
+	wantAck(t, publishShard(ws, 2, "bad", 2, "ok"), 2)
+	e := wantError(t, publishShard(ws, 3, "bad", 1, "x"), transport.ErrUnavailable)
+	if !strings.Contains(e.Message, "bad/1") {
+		t.Fatalf("error %q does not name the shard", e.Message)
+	}
+	for shard := range 4 {
+		wantAck(t, publishShard(ws, uint64(10+shard), "victim", shard, "v"), uint64(10+shard))
+	}
+
+	if err := ip.ctl.DeleteStream("victim"); err != nil {
+		t.Fatal(err)
+	}
+	ip.waitEpoch(ip.ctl.Map().Epoch)
+	untilNil(t, func() error {
+		if _, err := os.Stat(filepath.Join(streamsDir, "victim")); !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("the deleted stream's data is still there (stat: %v)", err)
+		}
+		return nil
+	})
+	b.shards.mu.RLock()
+	for id := range b.shards.mu.entries {
+		if id.Stream == "victim" {
+			t.Errorf("log of deleted shard %s still open", id)
+		}
+	}
+	b.shards.mu.RUnlock()
+
+	if err := os.Remove(obstacle); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(failRetry + waitFor)
+	for seq := uint64(100); ; seq++ {
+		f := publishShard(ws, seq, "bad", 1, "later")
+		if _, ok := f.(*transport.Ack); ok {
+			break
+		}
+		wantError(t, f, transport.ErrUnavailable)
+		if time.Now().After(deadline) {
+			t.Fatal("the shard never opened once its directory could be made")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestMaxShardsAdmitsWholeStreams: past MaxShards a stream is refused as a
+// whole, with a typed error to its publishers, while admitted streams
+// keep working; deleting one admits the refused stream.
+func TestMaxShardsAdmitsWholeStreams(t *testing.T) {
+	ip := startInprocWith(t, func(c *Config) { c.MaxShards = 4 }, 1,
+		shardmap.StreamConfig{Name: "a", Shards: 3}, shardmap.StreamConfig{Name: "b", Shards: 2})
+	b := ip.brokers[0]
+	ws := openStream(t, ip.dial(b))
+	for shard := range 3 {
+		wantAck(t, publishShard(ws, uint64(shard), "a", shard, "a"), uint64(shard))
+	}
+	e := wantError(t, publishShard(ws, 10, "b", 0, "b"), transport.ErrUnavailable)
+	if !strings.Contains(e.Message, "MaxShards") {
+		t.Fatalf("error %q does not say which limit", e.Message)
+	}
+	if _, err := os.Stat(filepath.Join(ip.dir, b.NodeID(), "streams", "b")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a refused stream has a directory: %v", err)
+	}
+	if err := ip.ctl.DeleteStream("a"); err != nil {
+		t.Fatal(err)
+	}
+	ip.waitEpoch(ip.ctl.Map().Epoch)
+	untilNil(t, func() error { // once the deletion is applied
+		if f, ok := publishShard(ws, 11, "b", 1, "b").(*transport.Error); ok {
+			return f
+		}
+		return nil
+	})
+}
