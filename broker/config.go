@@ -103,7 +103,7 @@ type Config struct {
 	// cluster.
 	MaxShards int
 
-	// Client resource limits (issue 11): each bounds what one client can
+	// Client resource limits: each bounds what one client can
 	// make the broker hold. Past a limit the client gets a typed error on
 	// the stream (limit_exceeded unless said otherwise), or a connection
 	// close with that code, and the broker serves everyone else; each

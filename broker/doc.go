@@ -26,6 +26,34 @@
 // publisher streams to forward records; the owner treats them like a client
 // stream except that it checks the forwarder's map epoch (fencing).
 //
+// # Identity and authorization
+//
+// Every connection is mutual TLS with a certificate from the cluster CA;
+// its role decides what it may be. On the client protocol the peer must
+// hold a client certificate, whose common name is the principal; on the
+// peer protocol a broker's node certificate, whose node id is the only
+// name it may forward in (Publish.Via). Each publish, subscribe and map
+// read is authorized for the principal under the policy carried by the
+// current shard map (see package auth) at this broker, before anything
+// is routed; a publisher stream caches the decision for its stream and
+// map epoch, so the check costs a comparison per record. Admin requests
+// are relayed to the control plane with the principal, which authorizes
+// it there. Denials are unauthorized errors, logged once per principal,
+// action and stream.
+//
+// # Limits
+//
+// What one client can make a broker hold is bounded (see the limit
+// fields of [Config]): connections in total and per principal, streams
+// and subscriptions per connection, the first frame's deadline, credit
+// and bytes per subscription and per principal, unanswered records per
+// publisher stream and publish bytes per principal, header count and
+// size, one record size (with the frame limit derived from it), the
+// in-memory tail per shard, and shard logs open at once and owned.
+// Past a bound the client gets a typed error or flow control holds it
+// back; each hit is counted in felix_limit_hits_total{limit} and logged
+// once per principal and limit. Peers count against none of them.
+//
 // # Telemetry
 //
 // With Config.MeterProvider set, a broker records (Prometheus names, as
@@ -35,7 +63,8 @@
 // felix_wal_batch_records (records per fsync), felix_wal_written_bytes_total,
 // felix_records_in_total{source}, felix_payload_in_bytes_total{source},
 // felix_records_out_total, felix_payload_out_bytes_total,
-// felix_errors_total{code}, felix_connections{type}, felix_streams{type},
+// felix_errors_total{code}, felix_limit_hits_total{limit},
+// felix_connections{type}, felix_streams{type},
 // felix_shards_owned, felix_map_epoch and
 // felix_subscriber_lag_records{stream,shard}.
 //

@@ -143,21 +143,8 @@ func (ip *inproc) dial(b *Broker) *quic.Conn {
 // dialAs opens a client connection to b as principal name, issuing its
 // client certificate first if the certificate directory has none.
 func (ip *inproc) dialAs(b *Broker, name string) *quic.Conn {
-	t := ip.t
-	t.Helper()
-	ca, err := transport.LoadCA(filepath.Join(ip.dir, "certs", "ca.crt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert := ip.clientCert(name)
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
-	defer cancel()
-	conn, err := transport.Dial(ctx, b.Addr().String(), transport.ClientTLS(ca, &cert, "", transport.ALPNClient), transport.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.CloseWithError(0, "") })
-	return conn
+	ip.t.Helper()
+	return ip.dialAsWith(b, name, transport.Config{})
 }
 
 // clientCert returns the client certificate of principal name, issued

@@ -260,7 +260,8 @@ func TestMalformedFrames(t *testing.T) {
 		{"garbage body", []byte{0, 0, 0, 4, byte(transport.FrameRequest), 0xc1, 0xc1, 0xc1}, transport.ErrMalformed},
 		{"zero length", []byte{0, 0, 0, 0}, transport.ErrMalformed},
 		{"unknown type", []byte{0, 0, 0, 1, 0xee}, transport.ErrUnknownFrame},
-		{"huge length", []byte{0x7f, 0xff, 0xff, 0xff, 1}, transport.ErrFrameTooLarge},
+		{"huge length", []byte{0x7f, 0xff, 0xff, 0xff, byte(transport.FrameRequest)}, transport.ErrFrameTooLarge},
+		{"huge publish", []byte{0x7f, 0xff, 0xff, 0xff, byte(transport.FramePublish)}, transport.ErrPayloadTooLarge},
 		{"wrong first frame", mustFrame(t, &transport.Heartbeat{NodeID: "b0"}), transport.ErrUnexpectedFrame},
 	} {
 		_, r := raw.stream(tc.b)

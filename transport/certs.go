@@ -118,6 +118,13 @@ func (ca *CA) WriteFiles(certFile, keyFile string) error {
 	return WriteKeyPair(tls.Certificate{Certificate: [][]byte{ca.Cert.Raw}, PrivateKey: ca.Key}, certFile, keyFile)
 }
 
+// WriteCert writes the CA's certificate alone (never its key) as PEM,
+// replacing certFile atomically: what a node or client is given to verify
+// the cluster with.
+func (ca *CA) WriteCert(certFile string) error {
+	return writeFileAtomic(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw}), 0o644)
+}
+
 // Issue returns a new certificate signed by ca, with an ECDSA P-256 key,
 // for role with common name name (the node id for RoleNode). A node
 // certificate serves and connects (ExtKeyUsage server and client) and has

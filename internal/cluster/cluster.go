@@ -230,6 +230,16 @@ func (c *Cluster) startBroker(i int) error {
 	return nil
 }
 
+// Pid returns the process id of broker b, or 0 when it is not running.
+func (b *Broker) Pid() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cmd == nil || b.cmd.Process == nil {
+		return 0
+	}
+	return b.cmd.Process.Pid
+}
+
 // AdminAddr returns the HTTP admin address (/metrics, /healthz, /readyz)
 // broker id registered in the control plane's map, or "" if it has none.
 func (c *Cluster) AdminAddr(id string) string {

@@ -1,7 +1,6 @@
 package servercmd
 
 import (
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -152,7 +151,7 @@ func issueLeaf(f leafFlags, role transport.Role, name string, hosts []string) er
 	if err := transport.WriteKeyPair(cert, filepath.Join(out, name+".crt"), filepath.Join(out, name+".key")); err != nil {
 		return err
 	}
-	if err := writeFileAtomic(filepath.Join(out, "ca.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw}), 0o644); err != nil {
+	if err := ca.WriteCert(filepath.Join(out, "ca.crt")); err != nil {
 		return err
 	}
 	names := slices.Clone(cert.Leaf.DNSNames)
@@ -253,30 +252,3 @@ func sameDir(a, b string) (bool, error) {
 	return os.SameFile(ai, bi), nil
 }
 
-// writeFileAtomic writes data to a temporary file beside name and renames
-// it over name, so a reader never sees a partial file.
-func writeFileAtomic(name string, data []byte, perm os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(name), "."+filepath.Base(name)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("writing %s: %w", name, err)
-	}
-	tmp := f.Name()
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Chmod(perm)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, name)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("writing %s: %w", name, err)
-	}
-	return nil
-}
