@@ -251,4 +251,3 @@ func sameDir(a, b string) (bool, error) {
 	}
 	return os.SameFile(ai, bi), nil
 }
-
