@@ -48,8 +48,8 @@ type Broker struct {
 	ln     *transport.Listener
 	member *ctl.Member
 
-	// refusals and denials remember which remote was refused and which
-	// principal was denied what, so each is logged once, not per retry.
+	// refusals and denials remember which certificate was refused on which
+	// protocol and which principal was denied what, so each is logged once.
 	refusals, denials logonce.Set
 
 	// staleMap, when set, is the map the next routing decision uses
@@ -291,7 +291,7 @@ func (b *Broker) serveConn(conn *quic.Conn) {
 	defer b.wg.Done()
 	from, err := identify(conn)
 	if err != nil {
-		if b.refusals.First(conn.RemoteAddr().String()) {
+		if b.refusals.First(err.Error()) { // once per certificate and protocol
 			b.log.Warn("connection refused", "remote", conn.RemoteAddr(), "err", err)
 		}
 		conn.CloseWithError(quic.ApplicationErrorCode(transport.CodeUnauthorized), err.Error())
