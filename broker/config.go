@@ -12,6 +12,7 @@ import (
 
 	"github.com/felix-broker/felix/internal/msgtrace"
 	"github.com/felix-broker/felix/transport"
+	"github.com/felix-broker/felix/wal"
 )
 
 // Config configures a Broker. The zero value of every optional field means
@@ -57,6 +58,16 @@ type Config struct {
 	LeaseTTL time.Duration
 	// SegmentSize is the shard logs' segment size; default the wal default.
 	SegmentSize int
+	// AcceptLoss names shards, as "stream/shard", whose logs may open
+	// although acknowledged records are missing from them (a damaged or
+	// truncated log: wal.LostRecordsError). Such a shard is otherwise
+	// unavailable, with one error log line and felix.wal.lost.records
+	// counting the records. Accepting continues the log past the lost
+	// offsets, which are never reused and read as corrupt. An operator's
+	// decision for named shards, after trying to restore their files.
+	AcceptLoss []string
+	// Knobs are testing knobs: tests set them, production code never does.
+	Knobs Knobs
 	// Logger receives one line per meaningful event; default slog.Default().
 	Logger *slog.Logger
 	// TracerProvider traces publishes through this broker: a server span
@@ -166,6 +177,36 @@ type Config struct {
 	// for live subscribers (wal.Options.TailBytes). Default the wal's
 	// default, 1 MiB.
 	TailBytes int
+
+	// Idempotent publish: what each shard's owner remembers of the
+	// producers publishing to it with a ProducerID and a ProducerSeq, to
+	// write each of their records once however often it is retried. See
+	// "Idempotent publish" in producers.go.
+
+	// MaxProducers bounds the producers each open shard log remembers;
+	// past it the least recently used is forgotten (its next record is
+	// accepted whatever its sequence, and a retry of an older one is
+	// written again). Default 10,000.
+	MaxProducers int
+	// ProducerExpiry is how long a shard remembers a producer that
+	// publishes nothing to it: a retry later than this after the
+	// producer's last record is written again. Default 15 minutes.
+	ProducerExpiry time.Duration
+	// ProducerWindow is how many of each producer's most recent records
+	// a shard remembers the acks of: a retry of one of them gets its
+	// original ack (offset and all); a retry of an older one gets
+	// duplicate_sequence (written once, offset no longer known). Keep it
+	// at least the SDK's in-flight window for idempotent publishers.
+	// Default 256 (16 bytes each).
+	ProducerWindow int
+	// ProducerRebuildBytes bounds how much of the end of a shard's log is
+	// read to rebuild its producers when the log is opened (after a
+	// restart, say): the scan goes back from the newest record until a
+	// record older than ProducerExpiry, this many bytes of records (keys,
+	// values, headers, producer ids), MaxProducers producers or the first
+	// record. Producers seen only before that are unknown after the
+	// restart. Default 64 MiB.
+	ProducerRebuildBytes int64
 }
 
 // Defaults of the client resource limits, as documented on Config.
@@ -207,6 +248,25 @@ func (c Config) withLimitDefaults() Config {
 		c.Transport.MaxFrame = transport.PublishFrameLimit(c.MaxPayload, c.MaxHeaders)
 	}
 	return c
+}
+
+// withProducerDefaults applies the defaults of the idempotent-publish
+// bounds.
+func (c Config) withProducerDefaults() Config {
+	setDefault(&c.MaxProducers, DefaultMaxProducers)
+	setDefault(&c.ProducerWindow, DefaultProducerWindow)
+	if c.ProducerExpiry <= 0 {
+		c.ProducerExpiry = DefaultProducerExpiry
+	}
+	if c.ProducerRebuildBytes <= 0 {
+		c.ProducerRebuildBytes = DefaultProducerRebuildBytes
+	}
+	return c
+}
+
+func (c Config) producerLimits() producerLimits {
+	c = c.withProducerDefaults()
+	return producerLimits{max: c.MaxProducers, expiry: c.ProducerExpiry, window: c.ProducerWindow, rebuildBytes: c.ProducerRebuildBytes}
 }
 
 func setDefault(v *int, def int) {
@@ -253,6 +313,7 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxShards <= 0 {
 		c.MaxShards = DefaultMaxShards
 	}
+	c = c.withProducerDefaults()
 	return c, nil
 }
 
@@ -261,3 +322,11 @@ func (c Config) withDefaults() (Config, error) {
 // span IDs and keep span work off the forward path. It generates random
 // IDs like the SDK's default.
 func TraceIDGenerator() sdktrace.IDGenerator { return msgtrace.IDs{} }
+
+// Knobs are the broker's testing knobs (Config.Knobs). The zero value is
+// production behaviour.
+type Knobs struct {
+	// WALFS is the filesystem seam under every shard log (wal.Options.FS),
+	// for injecting write and fsync faults. Default nil: the OS.
+	WALFS wal.FS
+}

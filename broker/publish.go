@@ -390,6 +390,13 @@ func (p *pubSession) appendLocal(in inbound, m *shardmap.Map, shard int) {
 	if via == "" {
 		via = b.cfg.NodeID
 	}
+	var prod *producer // set for an idempotent publish to append
+	pseq := pub.ProducerSeq
+	if pub.ProducerID != "" && pseq > 0 {
+		if prod = p.admitIdempotent(in, e, shard, via); prod == nil {
+			return // answered, or shares the outcome of the same record in flight
+		}
+	}
 	began := b.tel.now()
 	seq, stream := pub.Seq, pub.Stream
 	// With no further frame buffered the reader would only wait for one,
@@ -407,6 +414,9 @@ func (p *pubSession) appendLocal(in inbound, m *shardmap.Map, shard int) {
 		Key:         pub.Key,
 		Value:       pub.Value,
 	}, func(offset uint64, ts int64, err error) {
+		if prod != nil {
+			e.producers.committed(prod, pseq, offset, ts, err)
+		}
 		var answered time.Time // taken before the answer leaves, so spans nest
 		if !in.start.IsZero() {
 			answered = time.Now()
@@ -414,8 +424,14 @@ func (p *pubSession) appendLocal(in inbound, m *shardmap.Map, shard int) {
 		var werr *transport.Error
 		if err != nil {
 			code := transport.CodeInternal
-			if errors.Is(err, wal.ErrClosed) {
+			switch {
+			case errors.Is(err, wal.ErrClosed):
 				code = transport.CodeShuttingDown
+			case errors.Is(err, wal.ErrFailed):
+				// The log failed a write or an fsync and stopped (fail-stop):
+				// this record's outcome is unknown, and the shard takes no
+				// more until its log is reopened.
+				code = transport.CodeUnavailable
 			}
 			werr = &transport.Error{Seq: seq, Code: code,
 				Message: fmt.Sprintf("%s could not write %s: %v", b.cfg.NodeID, id, err)}
@@ -446,6 +462,9 @@ func (p *pubSession) appendLocal(in inbound, m *shardmap.Map, shard int) {
 			}
 		})
 	})
+	if prod != nil {
+		e.producers.enqueued(prod) // a later sequence of prod may now be queued
+	}
 }
 
 // fail answers pub with err and releases its slot.

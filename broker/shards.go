@@ -100,6 +100,10 @@ type shardSet struct {
 	maxShards   int
 	logger      *slog.Logger
 	tel         *telemetry
+	walFS       wal.FS          // Config.Knobs.WALFS
+	acceptLoss  map[string]bool // Config.AcceptLoss, by ShardID.String()
+
+	producerLimits producerLimits // of every shard's producer table
 
 	// clock is advanced by every open; a use stamps it on the entry, so
 	// the entry with the smallest stamp is (about) the least recently used.
@@ -151,6 +155,10 @@ type shardEntry struct {
 	// belongs to the goroutine committing a batch: its OnCommit hook sets
 	// it, the completions of the batch's records read it right after.
 	last wal.Commit
+
+	// producers is the shard's idempotent producer table, set with log
+	// (see producers.go).
+	producers *producerTable
 }
 
 // release drops a reference taken by acquire.
@@ -171,7 +179,12 @@ func newShardSet(cfg Config, log *slog.Logger, tel *telemetry) (*shardSet, error
 		root: root, node: cfg.NodeID, segmentSize: cfg.SegmentSize, tailBytes: cfg.TailBytes,
 		maxOpen: cfg.MaxOpenShards, maxShards: cfg.MaxShards,
 		logger: log, tel: tel,
+		walFS: cfg.Knobs.WALFS, acceptLoss: map[string]bool{},
 	}
+	for _, id := range cfg.AcceptLoss {
+		s.acceptLoss[id] = true
+	}
+	s.producerLimits = cfg.producerLimits()
 	s.mu.entries = map[shardmap.ShardID]*shardEntry{}
 	s.mu.removing = map[string]chan struct{}{}
 	s.mu.admitted = map[string]int{}
@@ -390,6 +403,8 @@ func (s *shardSet) open(e *shardEntry, cfg shardmap.StreamConfig) {
 			RetentionAge:   cfg.RetentionAge,
 			Logger:         s.logger,
 			OnCommit:       s.tel.onCommit(e),
+			AcceptLoss:     s.acceptLoss[e.id.String()],
+			FS:             s.walFS,
 		})
 	}
 	if err != nil {
@@ -398,15 +413,34 @@ func (s *shardSet) open(e *shardEntry, cfg shardmap.StreamConfig) {
 		if s.mu.entries[e.id] == e && e.gone == nil {
 			delete(s.mu.entries, e.id) // the next use tries again
 		}
+		_, again := s.mu.failed[e.id]
 		s.mu.failed[e.id] = failure{err: e.err, at: time.Now()}
 		s.mu.Unlock()
+		var lost *wal.LostRecordsError
+		if errors.As(err, &lost) && !again {
+			s.reportLost(e.id, lost)
+		}
 		return
 	}
 	s.mu.Lock()
 	delete(s.mu.failed, e.id)
 	s.mu.Unlock()
+	s.openProducers(e)
 	first, next := e.log.FirstOffset(), e.log.NextOffset()
 	s.logger.Debug("shard opened", "shard", e.id.String(), "records", next-first, "first", first, "next", next)
+}
+
+// reportLost tells the operator, once per failing streak of opens, that
+// the log of id lost acknowledged records: an error line and the metric.
+// The shard stays unavailable (its publishes and subscriptions get
+// unavailable with the error) until its files are restored or the loss is
+// accepted (Config.AcceptLoss), because reusing the offsets would ack new
+// records at offsets that were acked before to others.
+func (s *shardSet) reportLost(id shardmap.ShardID, lost *wal.LostRecordsError) {
+	s.logger.Error("shard log lost acknowledged records; shard unavailable until its files are restored or the loss is accepted with --accept-loss="+id.String(),
+		"shard", id.String(), "from", lost.From, "to", lost.To-1, "records", lost.To-lost.From,
+		"dir", lost.Dir, "reason", lost.Reason)
+	s.tel.countLost(id, lost.To-lost.From)
 }
 
 // finish closes the log of a retired entry, once it has opened, and drops

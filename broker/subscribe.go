@@ -139,15 +139,9 @@ loop:
 		_, changed := log.Watch()
 		recs, err := log.Read(next, n, b.cfg.SubscriptionBytes)
 		if err != nil {
-			code := transport.CodeInternal
-			switch {
-			case errors.Is(err, wal.ErrOutOfRange):
-				code = transport.CodeOutOfRange // retention passed the subscriber
-			case errors.Is(err, wal.ErrClosed):
-				code = transport.CodeShuttingDown
-			}
-			w.Write(&transport.Error{Code: code, Message: fmt.Sprintf("reading %s at offset %d: %v", id, next, err)})
-			b.tel.countError(code)
+			e := readError(b.cfg.NodeID, id, next, err)
+			w.Write(e)
+			b.tel.countError(e.Code)
 			break
 		}
 		credit.giveBack(n - len(recs))
@@ -198,4 +192,24 @@ loop:
 	}
 	s.CancelRead(0)
 	s.Close()
+}
+
+// readError is the wire error for a failed read of id's log at offset at.
+func readError(node string, id shardmap.ShardID, at uint64, err error) *transport.Error {
+	var ce *wal.CorruptError
+	switch {
+	case errors.As(err, &ce):
+		// The subscriber gets the damaged range and can skip it; the
+		// records after it are served.
+		return &transport.Error{Code: transport.CodeCorrupt, From: ce.From, To: ce.To,
+			Message: fmt.Sprintf("%s: records at offsets %d-%d are damaged in %s's log (%s); subscribe at offset %d to skip them",
+				id, ce.From, ce.To, node, ce.Reason, ce.To+1)}
+	case errors.Is(err, wal.ErrOutOfRange):
+		// Below FirstOffset (retention passed the subscriber), or past
+		// the end; a read at NextOffset waits instead.
+		return &transport.Error{Code: transport.CodeOutOfRange, Message: fmt.Sprintf("reading %s at offset %d: %v", id, at, err)}
+	case errors.Is(err, wal.ErrClosed):
+		return &transport.Error{Code: transport.CodeShuttingDown, Message: fmt.Sprintf("reading %s at offset %d: %v", id, at, err)}
+	}
+	return &transport.Error{Code: transport.CodeInternal, Message: fmt.Sprintf("reading %s at offset %d: %v", id, at, err)}
 }

@@ -50,6 +50,7 @@ type telemetry struct {
 	bytesOut     metric.Int64Counter
 	forwards     metric.Int64Counter
 	errors       metric.Int64Counter
+	lost         metric.Int64Counter // acked records found missing when opening a shard log
 	conns        metric.Int64UpDownCounter
 	streams      metric.Int64UpDownCounter
 
@@ -131,6 +132,9 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 	t.errors, err = m.Int64Counter("felix.errors", metric.WithUnit("{error}"),
 		metric.WithDescription("Error answers sent to publishers and subscribers, by wire error code."))
 	must(err)
+	t.lost, err = m.Int64Counter("felix.wal.lost.records", metric.WithUnit("{record}"),
+		metric.WithDescription("Acknowledged records found missing when opening a shard log, by stream and shard; the shard is unavailable until its files are restored or the loss is accepted."))
+	must(err)
 	t.conns, err = m.Int64UpDownCounter("felix.connections", metric.WithUnit("{connection}"),
 		metric.WithDescription("Open QUIC connections, by type (client or peer)."))
 	must(err)
@@ -211,6 +215,12 @@ func (t *telemetry) countError(code transport.ErrorCode) {
 		return
 	}
 	t.errors.Add(context.Background(), 1, metric.WithAttributes(attribute.String("code", code.String())))
+}
+
+// countLost counts records a shard log lost (see shardSet.reportLost).
+func (t *telemetry) countLost(id shardmap.ShardID, records uint64) {
+	t.lost.Add(context.Background(), int64(records), metric.WithAttributes(
+		attribute.String("stream", id.Stream), attribute.String("shard", strconv.Itoa(id.Shard))))
 }
 
 // onCommit is a shard log's wal.Options.OnCommit. It keeps the commit in

@@ -6,8 +6,12 @@
 // bounded window of records in flight; one subscription stream per shard,
 // attached to the shard's owner as the shard map says; and request streams
 // for admin calls. It never computes shard ownership itself (it obeys the
-// map the brokers serve) and never retries a publish on its own: a record
-// whose outcome is unknown is reported as such ([ErrConnectionLost]).
+// map the brokers serve) and never retries a publish on its own unless
+// asked to: a record whose outcome is unknown is reported as such
+// ([ErrConnectionLost]), except by an idempotent client
+// ([WithIdempotence]), whose publishers send such records again, with the
+// same producer id and sequence, so that each is committed exactly once
+// and in order (see "Idempotent publishing" below).
 //
 // # Usage
 //
@@ -40,6 +44,20 @@
 // A [Publisher] is one ordered stream: its records are committed in the
 // order sent (within each shard).
 //
+// # Idempotent publishing
+//
+// With [WithIdempotence], every Publisher numbers its records (a random
+// producer id per Publisher and shard, sequences from 1) and the shard's
+// owner writes each (producer id, sequence) once. A record whose outcome
+// becomes unknown (lost connection, unavailable owner, broker shutting
+// down) is not failed: the Publisher sends it again on a new stream,
+// before any later record, and a copy the owner had already committed is
+// answered with its original ack (Ack.Duplicate). Its Future resolves
+// with that ack. Only when a record has stayed unresolved for
+// [WithRetryTimeout] does it fail, with an error matching
+// [ErrRetriesExhausted] (and [ErrConnectionLost]): its outcome is then
+// unknown.
+//
 // # Subscribing
 //
 // A subscription reads every shard of a stream (or one, with [Shard]) from
@@ -54,12 +72,33 @@
 // [Subscription.Next] reports), there is no extra goroutine hand-off per
 // record, and the context of the call bounds the wait.
 //
+// # Damaged records
+//
+// If a shard's owner finds records of its log damaged on disk (it serves
+// every intact record around the damage), a subscription that reaches them
+// ends, after every record before them, with a [*CorruptError] naming the
+// stream, shard and damaged offsets (errors.Is(err, [ErrCorrupt])). It is
+// not retried: the damage does not heal. Like a Kafka consumer that seeks
+// past a corrupt record, the application decides whether to skip it; to
+// do so, resubscribe from where it stopped with that shard moved past the
+// damage:
+//
+//	var cerr *client.CorruptError
+//	if errors.As(err, &cerr) {
+//		next := sub.Next()
+//		next[cerr.Shard] = cerr.To + 1
+//		sub, err = c.Subscribe(ctx, stream, client.AtOffsets(next))
+//	}
+//
+// or subscribe with [SkipCorrupt], which logs a warning with the range
+// and goes on after it by itself.
+//
 // # Errors
 //
 // Errors from brokers are [*transport.Error] values: compare them with
 // errors.Is against transport's sentinels (transport.ErrUnknownStream,
 // transport.ErrUnavailable, ...). The SDK's own are [ErrClosed],
-// [ErrWindowFull] and [ErrConnectionLost]; a failed publish is a
+// [ErrWindowFull], [ErrConnectionLost] and [ErrCorrupt]; a failed publish is a
 // [*PublishError] naming the record's stream, shard and broker, and a
 // failed dial a [*DialError] whose message says what to check.
 //

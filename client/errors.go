@@ -24,7 +24,39 @@ var (
 	// the record may or may not have been written. The error wraps the
 	// cause. Publishes after the connection is back work normally.
 	ErrConnectionLost = errors.New("client: connection lost, outcome unknown (the record may or may not have been written)")
+
+	// ErrCorrupt matches every [*CorruptError]: a subscription reached
+	// records that are damaged in the owner's log.
+	ErrCorrupt = errors.New("client: corrupt records")
 )
+
+// CorruptError ends a subscription that reached records damaged in the
+// log of a shard's owner (a disk fault: a flipped bit, a cut file). From
+// and To are the damaged offsets, inclusive; no record of the range can
+// be delivered, and every record before From was. The records after To
+// are intact: to go on past the damage, subscribe again with
+// [AtOffsets] at To+1 for that shard (see the package doc), or subscribe
+// with [SkipCorrupt]. Err is the broker's [*transport.Error]
+// (errors.Is(err, transport.ErrCorrupt)).
+type CorruptError struct {
+	Stream   string
+	Shard    int
+	From, To uint64
+	Broker   string // address of the broker that reported it
+	Err      error
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("client: subscription to %s/%d: records at offsets %d-%d are damaged in the owner's log (reported by %s); "+
+		"they cannot be delivered: subscribe at offset %d (AtOffsets) or with SkipCorrupt to go on past them, and check the owner's disk",
+		e.Stream, e.Shard, e.From, e.To, e.Broker, e.To+1)
+}
+
+// Is reports whether target is ErrCorrupt.
+func (e *CorruptError) Is(target error) bool { return target == ErrCorrupt }
+
+// Unwrap returns the broker's error.
+func (e *CorruptError) Unwrap() error { return e.Err }
 
 // PublishError is the error a publish fails with: the record's stream and
 // shard, the broker it was sent through, and why. Err is a

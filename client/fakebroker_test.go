@@ -30,7 +30,8 @@ type fakeCluster struct {
 		sync.Mutex
 		m       *shardmap.Map
 		logs    map[shardmap.ShardID][]transport.Record
-		changed chan struct{} // closed and replaced on every append
+		changed chan struct{}                  // closed and replaced on every append
+		damaged map[shardmap.ShardID][2]uint64 // offsets served as corrupt (see damage)
 	}
 	// staleGets makes this many map.get answers carry stale instead.
 	staleGets atomic.Int32
@@ -136,6 +137,9 @@ func (fc *fakeCluster) read(id shardmap.ShardID, off uint64, n int) ([]transport
 		return nil, fc.mu.changed, end
 	}
 	hi := min(end, off+uint64(n))
+	if d, ok := fc.mu.damaged[id]; ok && off < d[0] {
+		hi = min(hi, d[0]) // records stop before the damage
+	}
 	return append([]transport.Record(nil), log[off:hi]...), fc.mu.changed, end
 }
 
@@ -378,6 +382,10 @@ func (b *fakeBroker) serveSubscribe(conn *quic.Conn, sub *transport.Subscribe, r
 		var changed <-chan struct{}
 		if n > 0 {
 			var recs []transport.Record
+			if e := b.fc.damagedAt(id, next); e != nil {
+				_ = w.Write(e)
+				return
+			}
 			recs, changed, _ = b.fc.read(id, next, int(min(n, 64)))
 			if len(recs) > 0 {
 				if err := w.Write(&transport.Records{Stream: sub.Stream, Shard: sub.Shard, Records: recs}); err != nil {

@@ -46,6 +46,12 @@ type config struct {
 	dialTimeout time.Duration
 	transport   transport.Config
 
+	// idempotent: publishers number their records and send again those
+	// of unknown outcome (WithIdempotence), for up to retryTimeout
+	// (default DefaultRetryTimeout).
+	idempotent   bool
+	retryTimeout time.Duration
+
 	// backoffMin and backoffMax bound the delay between redials of a
 	// broker that failed. Defaults 100ms and 5s.
 	backoffMin, backoffMax time.Duration
@@ -72,6 +78,12 @@ func newConfig(opts []Opt) config {
 	}
 	if c.maxInFlight <= 0 {
 		c.maxInFlight = DefaultMaxInFlight
+		if c.idempotent {
+			c.maxInFlight = DefaultIdempotentMaxInFlight
+		}
+	}
+	if c.retryTimeout <= 0 {
+		c.retryTimeout = DefaultRetryTimeout
 	}
 	if c.dialTimeout <= 0 {
 		c.dialTimeout = DefaultDialTimeout
@@ -149,6 +161,45 @@ func WithReconnect(min, max time.Duration) Opt {
 	return optFunc(func(c *config) { c.backoffMin, c.backoffMax = min, max })
 }
 
+// WithIdempotence makes every publisher of the client idempotent: it
+// numbers its records itself (a random producer id per Publisher and
+// shard, sequences from 1 in send order), and when a record's outcome is
+// unknown — the connection or stream died, or the broker answered
+// unavailable, shutting_down, timeout or internal — it sends the record
+// again by itself, with the same producer id and sequence, on a new
+// stream (redialing the broker as needed) before any later record. The
+// shard's owner writes each (producer id, sequence) once: a retry of a
+// record it had committed gets the original ack, with Ack.Duplicate set.
+// So each record is committed exactly once, in the order sent, and its
+// Future resolves with its ack; the application does not retry.
+//
+// This covers Publisher.Publish/PublishAsync and Client.Publish/
+// PublishAsync. The shard of each record is picked by the client from the
+// shard map (the key's hash, as the broker would). A record stays
+// unresolved for at most the retry timeout ([WithRetryTimeout]): past it
+// the publisher gives up on it, and it fails with an error matching
+// [ErrRetriesExhausted] and [ErrConnectionLost] (outcome unknown). A
+// record the broker refuses for good (payload_too_large, unauthorized,
+// unknown_stream, ...) fails with that error as usual. One that fails
+// with transport.ErrDuplicateSequence was written once before but longer
+// ago than the owner remembers acks for (the brokers' --producer-window,
+// 256 by default; keep WithMaxInFlight at most that): it is in the shard
+// once, its offset unknown.
+//
+// The brokers remember a producer for --producer-expiry (15 minutes by
+// default) after its last record and across their restarts (they read
+// back the end of each log); a retry later than that may be written
+// twice. Unless WithMaxInFlight is given, an idempotent client keeps at
+// most [DefaultIdempotentMaxInFlight] records in flight per publisher.
+// WithProducer is ignored by idempotent publishers.
+func WithIdempotence() Opt { return optFunc(func(c *config) { c.idempotent = true }) }
+
+// WithRetryTimeout bounds how long an idempotent publisher (see
+// [WithIdempotence]) keeps sending a record of unknown outcome again,
+// counted from when its outcome first became unknown. Default
+// [DefaultRetryTimeout].
+func WithRetryTimeout(d time.Duration) Opt { return optFunc(func(c *config) { c.retryTimeout = d }) }
+
 // PublishOpt configures one publish.
 type PublishOpt interface{ applyPublish(*publishConfig) }
 
@@ -177,6 +228,14 @@ func WithHeaders(h map[string]string) PublishOpt {
 
 // WithProducer tags the record with a producer id and its sequence number
 // within that producer, stored with the record and given to subscribers.
+//
+// With seq > 0 the publish is idempotent at the shard's owner: sequences
+// are per producer id and shard, start at 1 and go up by one in send
+// order; a sequence already committed is answered with its original ack
+// (Ack.Duplicate) and not written again, and a gap is refused with
+// transport.ErrOutOfOrderSequence. The application then retries records
+// of unknown outcome itself, in order; [WithIdempotence] does all of
+// this for it. Seq 0 means not idempotent: the id is metadata only.
 func WithProducer(id string, seq uint64) PublishOpt {
 	return publishOptFunc(func(c *publishConfig) { c.producerID, c.producerSeq = id, seq })
 }
@@ -189,8 +248,9 @@ type subOptFunc func(*subConfig)
 func (f subOptFunc) applySub(c *subConfig) { f(c) }
 
 type subConfig struct {
-	shard  int // -1: all shards
-	credit uint32
+	shard       int // -1: all shards
+	credit      uint32
+	skipCorrupt bool // see SkipCorrupt (subscribe.go)
 }
 
 // Shard subscribes to shard n only. By default a subscription covers every

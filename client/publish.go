@@ -22,6 +22,11 @@ type Ack struct {
 	Owner     string    // node id of the shard's owner, which committed it
 	Via       string    // node id of the broker the record was published through
 	Forwarded bool      // Via forwarded it to Owner
+	// Duplicate: the record had been committed by an earlier attempt of
+	// the same idempotent publish (WithIdempotence retried it, its first
+	// ack having been lost); it was not written again, and Offset and
+	// Timestamp are the original's.
+	Duplicate bool
 }
 
 func ackFrom(a *transport.Ack) Ack {
@@ -33,6 +38,7 @@ func ackFrom(a *transport.Ack) Ack {
 		Owner:     a.Owner,
 		Via:       a.Via,
 		Forwarded: a.Forwarded,
+		Duplicate: a.Duplicate,
 	}
 }
 
@@ -54,6 +60,14 @@ type Future struct {
 	root     bool              // the reserved span has no parent
 	start    time.Time         // zero when telemetry is off
 	end      time.Time         // when it resolved; zero when telemetry is off
+
+	// Idempotent publishers only (see idempotent.go): the frame, kept to
+	// be sent again; the record's place in the publisher's send order;
+	// when its outcome first became unknown, and why.
+	frame    *transport.Publish
+	order    uint64
+	failedAt time.Time
+	cause    error
 }
 
 // Done returns a channel closed when the future has resolved.
@@ -119,6 +133,7 @@ type pubSession struct {
 	addr     string
 	str      *quic.Stream
 	maxFrame int
+	idem     *idemState // non-nil for an idempotent publisher
 
 	// wmu serializes writers. It is held from choosing a record's Seq to
 	// writing it, so Seqs go on the wire in order, and never while waiting
@@ -172,10 +187,17 @@ func (s *pubSession) send(f *Future, p *transport.Publish) error {
 	s.mu.seq++
 	p.Seq = s.mu.seq
 	s.mu.pending[p.Seq] = f
+	if f.frame != nil && p.ProducerSeq == 0 {
+		// Sequences are taken in the order records go on the wire.
+		p.ProducerID, p.ProducerSeq = s.idem.next(p.Stream, p.Shard)
+	}
 	s.mu.Unlock()
 
 	if err := s.w.Buffer(p); err != nil {
 		// It did not encode (too large, say): nothing was sent.
+		if s.idem != nil {
+			s.idem.refused(p) // its sequence is skipped: renumber what follows
+		}
 		if s.take(p.Seq) != nil {
 			f.resolve(Ack{}, s.publishErr(f, err))
 			f.finish()
@@ -212,6 +234,11 @@ func (s *pubSession) fail(cause error) {
 	s.mu.pending = nil
 	s.mu.Unlock()
 	cancelStream(s.str)
+	if s.idem != nil && retriable(cause) {
+		// Outcome unknown: the publisher sends them again.
+		s.idem.unresolve(pending, cause)
+		return
+	}
 	for _, f := range pending {
 		f.resolve(Ack{}, s.publishErr(f, cause))
 	}
@@ -253,6 +280,24 @@ func (s *pubSession) readLoop() {
 				fut.finishLater()
 			}
 		case *transport.Error:
+			if s.idem != nil && f.Seq != 0 && f.Code != transport.CodeDuplicateSequence {
+				if retriable(f) {
+					// Send this one and every record after it again,
+					// in order, on a new stream.
+					s.fail(lost(f))
+					return
+				}
+				if fut := s.take(f.Seq); fut != nil {
+					// Not written: later records of its shard will be
+					// refused out of order; they are sent again under a
+					// new producer id.
+					s.idem.refused(fut.frame)
+					fut.resolve(Ack{}, s.publishErr(fut, f))
+					fut.finishLater()
+					s.fail(lost(f))
+					return
+				}
+			}
 			if fut := s.take(f.Seq); fut != nil {
 				fut.resolve(Ack{}, s.publishErr(fut, f))
 				fut.finishLater()

@@ -35,22 +35,34 @@ type Publisher struct {
 	// opening serializes opening a new stream, honoring callers' contexts.
 	opening chan struct{}
 
+	// idem numbers the records and sends again those of unknown outcome,
+	// for an idempotent client (WithIdempotence); nil otherwise.
+	idem *idemState
+
 	// mu guards the current stream and whether the publisher is closed.
 	mu struct {
 		sync.Mutex
-		sess   *pubSession
+		sess *pubSession
+		// ready: sess takes new records. An idempotent publisher's new
+		// stream is not ready until the records of unknown outcome have
+		// been sent again on it.
+		ready  bool
 		closed bool
 	}
 }
 
 func newPublisher(c *Client, stream string) *Publisher {
-	return &Publisher{
+	p := &Publisher{
 		c:       c,
 		stream:  stream,
 		sticky:  rand.Uint32(),
 		window:  make(chan struct{}, c.cfg.maxInFlight),
 		opening: make(chan struct{}, 1),
 	}
+	if c.cfg.idempotent {
+		p.idem = newIdemState(p, c.cfg.retryTimeout)
+	}
+	return p
 }
 
 // Publisher opens an ordered publish stream for stream on the broker the
@@ -115,10 +127,14 @@ func (p *Publisher) Flush(ctx context.Context) error {
 	p.mu.Lock()
 	s := p.mu.sess
 	p.mu.Unlock()
-	if s == nil {
-		return nil
+	var futures []*Future
+	if s != nil {
+		futures = s.inFlight()
 	}
-	for _, f := range s.inFlight() {
+	if p.idem != nil {
+		futures = append(futures, p.idem.unresolvedFutures()...)
+	}
+	for _, f := range futures {
 		select {
 		case <-f.done:
 		case <-ctx.Done():
@@ -151,6 +167,9 @@ func (p *Publisher) shutdown() {
 		s.fail(errClosedInFlight)
 		<-s.done
 	}
+	if p.idem != nil {
+		p.idem.abandon(func(*Future) error { return errClosedInFlight }, false)
+	}
 }
 
 // publish takes a window slot and sends the record on the current
@@ -168,6 +187,18 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 	if cfg.shard < 0 && len(key) == 0 {
 		cfg.shard = p.keylessShard(stream)
 	}
+	if p.idem != nil && cfg.shard < 0 {
+		// Sequences are per shard: the shard is picked here, by the map.
+		_, st, err := p.c.mapWith(ctx, stream)
+		if err != nil {
+			return nil, &PublishError{Stream: stream, Shard: -1, Broker: p.c.addr, Err: err}
+		}
+		if len(key) == 0 {
+			cfg.shard = int32(p.sticky % uint32(st.Shards))
+		} else {
+			cfg.shard = int32(shardmap.ShardFor(key, st.Shards))
+		}
+	}
 	if err := p.acquire(ctx, block); err != nil {
 		return nil, &PublishError{Stream: stream, Shard: int(cfg.shard), Broker: p.c.addr, Err: err}
 	}
@@ -184,6 +215,13 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 		Headers:     tel.startPublish(ctx, f, cfg.headers),
 		ProducerID:  cfg.producerID,
 		ProducerSeq: cfg.producerSeq,
+	}
+	if p.idem != nil {
+		// The publisher numbers it (when it goes on the wire), and keeps
+		// the frame to send it again.
+		frame.ProducerID, frame.ProducerSeq = "", 0
+		f.frame = frame
+		p.idem.stamp(f)
 	}
 	for attempt := 0; ; attempt++ {
 		s, err := p.session(ctx)
@@ -252,6 +290,9 @@ func (p *Publisher) session(ctx context.Context) (*pubSession, error) {
 	if s, err := p.current(); s != nil || err != nil {
 		return s, err
 	}
+	if p.idem != nil {
+		return p.openIdem(ctx)
+	}
 
 	conn, err := p.c.home.get(ctx)
 	if err != nil {
@@ -273,7 +314,7 @@ func (p *Publisher) session(ctx context.Context) (*pubSession, error) {
 		cancelStream(str)
 		return nil, ErrClosed
 	}
-	p.mu.sess = s
+	p.mu.sess, p.mu.ready = s, true
 	// Add under mu: shutdown takes mu before Close waits on wg.
 	p.c.wg.Add(1)
 	go func() {
@@ -289,7 +330,7 @@ func (p *Publisher) current() (*pubSession, error) {
 	if p.mu.closed {
 		return nil, ErrClosed
 	}
-	if s := p.mu.sess; s != nil && s.alive() {
+	if s := p.mu.sess; s != nil && p.mu.ready && s.alive() && (p.idem == nil || !p.idem.hasUnresolved()) {
 		return s, nil
 	}
 	return nil, nil

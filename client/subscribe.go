@@ -52,6 +52,8 @@ type Subscription struct {
 	credit uint32
 	shards []*shardSub
 
+	skipCorrupt bool // see SkipCorrupt
+
 	ctx    context.Context // ends on Stop, Client.Close or a terminal error
 	cancel context.CancelFunc
 
@@ -82,6 +84,13 @@ type batch struct {
 	sh      *shardSub
 	records []Record
 }
+
+// SkipCorrupt makes a subscription go on past records damaged in a shard
+// owner's log instead of ending with a [*CorruptError]: it logs a warning
+// with the shard and the damaged offsets and resumes the shard after them.
+// The records in the damaged range are never delivered. Without it, the
+// application decides (see [CorruptError]).
+func SkipCorrupt() SubOpt { return subOptFunc(func(c *subConfig) { c.skipCorrupt = true }) }
 
 // Subscribe subscribes to stream from the position from. By default it
 // covers every shard of the stream, each read from its owner; [Shard]
@@ -117,12 +126,13 @@ func (c *Client) Subscribe(ctx context.Context, stream string, from Start, opts 
 	}
 
 	s := &Subscription{
-		c:       c,
-		stream:  stream,
-		credit:  cfg.credit,
-		batches: make(chan batch, len(shards)+1),
-		stopped: make(chan struct{}),
-		closed:  make(chan struct{}),
+		c:           c,
+		stream:      stream,
+		credit:      cfg.credit,
+		skipCorrupt: cfg.skipCorrupt,
+		batches:     make(chan batch, len(shards)+1),
+		stopped:     make(chan struct{}),
+		closed:      make(chan struct{}),
 	}
 	s.ctx, s.cancel = context.WithCancel(c.ctx)
 	s.mu.next = make(map[int]uint64)
@@ -158,6 +168,8 @@ func (c *Client) Subscribe(ctx context.Context, stream string, from Start, opts 
 //     subscription goes on and Records can be called again),
 //   - with (Record{}, err) when the subscription fails for good, for
 //     example the stream was deleted (err is also [Subscription.Err]),
+//     or a shard reached records damaged in its owner's log (a
+//     [*CorruptError], after every record before the damage),
 //   - without an error after Stop or Client.Close.
 //
 // Only one goroutine may iterate at a time.
@@ -395,6 +407,20 @@ func (sh *shardSub) run() {
 			}
 		case isWire && werr.Code == transport.CodeUnknownStream && !sh.received && failures < 5:
 			// A stream just created may not have reached that broker yet.
+		case isWire && werr.Code == transport.CodeCorrupt:
+			cerr := &CorruptError{Stream: s.stream, Shard: sh.shard, From: werr.From, To: werr.To, Broker: addr, Err: werr}
+			if !s.skipCorrupt {
+				s.stop(cerr)
+				return
+			}
+			// Go on after the damage at once: it will not heal.
+			c.cfg.logger.Warn("client: subscription skips damaged records", "shard", sh.String(),
+				"from", cerr.From, "to", cerr.To, "broker", addr, "err", werr.Message)
+			if !sh.received || sh.nextRecv <= cerr.To {
+				sh.received, sh.nextRecv = true, cerr.To+1
+			}
+			redirect = addr
+			continue
 		case isWire && !retryable(werr.Code):
 			s.stop(fmt.Errorf("client: subscription to %s via %s: %w", sh, addr, err))
 			return

@@ -28,6 +28,21 @@ const (
 	CodeOutOfRange      ErrorCode = 14 // an offset outside the shard's log
 	CodeUnexpectedFrame ErrorCode = 15 // a known frame type where it is not allowed
 	CodeLimitExceeded   ErrorCode = 16 // a resource limit of the node is reached (connections, streams, subscriptions, credit, headers)
+
+	// CodeOutOfOrderSequence: an idempotent publish (ProducerID and
+	// ProducerSeq > 0) skipped a sequence number of its producer on the
+	// shard; nothing was written. Sending the missing records first, in
+	// order, makes it succeed.
+	CodeOutOfOrderSequence ErrorCode = 17
+	// CodeDuplicateSequence: an idempotent publish repeated a sequence
+	// number its producer committed on the shard longer ago than the owner
+	// remembers acks for; nothing was written again (the record is in the
+	// log once), but its original offset is no longer known.
+	CodeDuplicateSequence ErrorCode = 18
+	// CodeCorrupt: records of the shard's log are damaged on disk; the
+	// Error's From and To give the damaged offsets (inclusive). The
+	// records after To are intact: subscribe at To+1 to skip the damage.
+	CodeCorrupt ErrorCode = 19
 )
 
 var codeNames = [...]string{
@@ -47,6 +62,10 @@ var codeNames = [...]string{
 	CodeOutOfRange:      "out_of_range",
 	CodeUnexpectedFrame: "unexpected_frame",
 	CodeLimitExceeded:   "limit_exceeded",
+
+	CodeOutOfOrderSequence: "out_of_order_sequence",
+	CodeDuplicateSequence:  "duplicate_sequence",
+	CodeCorrupt:            "corrupt",
 }
 
 // String returns the snake-case name of c, such as "not_owner", or
@@ -77,6 +96,10 @@ var (
 	ErrOutOfRange      = &Error{Code: CodeOutOfRange}
 	ErrUnexpectedFrame = &Error{Code: CodeUnexpectedFrame}
 	ErrLimitExceeded   = &Error{Code: CodeLimitExceeded}
+
+	ErrOutOfOrderSequence = &Error{Code: CodeOutOfOrderSequence}
+	ErrDuplicateSequence  = &Error{Code: CodeDuplicateSequence}
+	ErrCorrupt            = &Error{Code: CodeCorrupt}
 )
 
 // Error is both a frame (sent either way on a stream) and the Go error type
@@ -88,6 +111,8 @@ type Error struct {
 	Message string
 	Epoch   uint64 // with CodeNotOwner: the refusing node's map epoch
 	Owner   string // with CodeNotOwner/CodeUnavailable: the owner node id if known
+	From    uint64 // with CodeCorrupt: the first damaged offset
+	To      uint64 // with CodeCorrupt: the last damaged offset (inclusive)
 
 	// cause is the local error behind this one, for Unwrap; it is not sent.
 	cause error
@@ -143,12 +168,22 @@ func (e *Error) appendBody(b []byte) ([]byte, error) {
 	if e == nil {
 		return b, errNilFrame(FrameError)
 	}
-	b = appendArrayHeader(b, 5)
+	// From and To are trailing fields, sent only when set: an older peer
+	// skips them, and every other error encodes as before.
+	fields := 5
+	if e.From != 0 || e.To != 0 {
+		fields = 7
+	}
+	b = appendArrayHeader(b, fields)
 	b = appendUint(b, e.Seq)
 	b = appendUint(b, uint64(e.Code))
 	b = appendStr(b, e.Message)
 	b = appendUint(b, e.Epoch)
 	b = appendStr(b, e.Owner)
+	if fields == 7 {
+		b = appendUint(b, e.From)
+		b = appendUint(b, e.To)
+	}
 	return b, nil
 }
 
@@ -159,6 +194,11 @@ func (e *Error) decode(d *decoder) {
 	e.Message = d.str()
 	e.Epoch = d.uint64()
 	e.Owner = d.str()
+	if n >= 7 {
+		e.From = d.uint64()
+		e.To = d.uint64()
+		n -= 2
+	}
 	d.skipN(n - 5)
 }
 

@@ -66,9 +66,19 @@ type Ack struct {
 	Owner     string // node id that committed it
 	Via       string // node id the client published through
 	Forwarded bool
+	// Duplicate: the record had been committed before, by an earlier
+	// attempt of the same idempotent publish (same ProducerID and
+	// ProducerSeq); it was not written again, and Offset and Timestamp
+	// are the original's.
+	Duplicate bool
 }
 
-const ackFields = 8
+// ackFields is the fields an Ack is sent with; one from a peer of an
+// earlier version has ackFieldsMin (no Duplicate).
+const (
+	ackFields    = 9
+	ackFieldsMin = 8
+)
 
 // Type implements [Frame].
 func (*Ack) Type() FrameType { return FrameAck }
@@ -86,11 +96,12 @@ func (a *Ack) appendBody(b []byte) ([]byte, error) {
 	b = appendStr(b, a.Owner)
 	b = appendStr(b, a.Via)
 	b = appendBool(b, a.Forwarded)
+	b = appendBool(b, a.Duplicate)
 	return b, nil
 }
 
 func (a *Ack) decode(d *decoder) {
-	n := d.arrayHeader(ackFields)
+	n := d.arrayHeader(ackFieldsMin)
 	a.Seq = d.uint64()
 	a.Stream = d.str()
 	a.Shard = d.int32()
@@ -99,5 +110,10 @@ func (a *Ack) decode(d *decoder) {
 	a.Owner = d.str()
 	a.Via = d.str()
 	a.Forwarded = d.bool()
-	d.skipN(n - ackFields)
+	a.Duplicate = false
+	if n > ackFieldsMin {
+		a.Duplicate = d.bool()
+		n--
+	}
+	d.skipN(n - ackFieldsMin)
 }

@@ -46,7 +46,7 @@ func sampleFrames() []namedFrame {
 		{"publish/extremes", &Publish{Seq: 128, Shard: -2147483648, Value: big, Stream: long, Headers: many, ProducerSeq: 1 << 32, Epoch: 65536}},
 		{"publish/max-shard", &Publish{Shard: 2147483647, Key: bytes.Repeat([]byte{1}, 256)}},
 		{"ack/zero", &Ack{}},
-		{"ack/full", &Ack{Seq: 3, Stream: "orders", Shard: 2, Offset: 1 << 40, Timestamp: time.Now().UnixNano(), Owner: "n1", Via: "n2", Forwarded: true}},
+		{"ack/full", &Ack{Seq: 3, Stream: "orders", Shard: 2, Offset: 1 << 40, Timestamp: time.Now().UnixNano(), Owner: "n1", Via: "n2", Forwarded: true, Duplicate: true}},
 		{"ack/extremes", &Ack{Seq: 1<<64 - 1, Shard: -1, Offset: 1<<64 - 1, Timestamp: -1 << 63}},
 		{"error/sentinel", &Error{Code: CodeMalformed}},
 		{"error/full", &Error{Seq: 5, Code: CodeNotOwner, Message: "shard orders/2 is owned by n3", Epoch: 9, Owner: "n3"}},

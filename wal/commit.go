@@ -294,6 +294,10 @@ func (l *Log) commit(reqs []*request) {
 
 	began := time.Now()
 	err := l.writeAndSync(base+1, sizes)
+	if err == nil {
+		// Into the page cache, before the acks: see hwm.go.
+		err = l.hwm.write(base + uint64(len(reqs)))
+	}
 	took := time.Since(began)
 	if err != nil {
 		err = fmt.Errorf("wal: shard %q: commit offsets %d-%d: %w: %w", l.name, base, base+uint64(len(reqs))-1, ErrFailed, err)
@@ -373,18 +377,18 @@ func (l *Log) writeAndSync(first uint64, sizes []int) error {
 		if err := l.openTail(rolled); err != nil {
 			return l.syncFallback(err)
 		}
-		if err := syncDir(l.dir); err != nil { // the new segment's name must survive a crash
+		if err := l.syncDir(); err != nil { // the new segment's name must survive a crash
 			return err
 		}
 	}
 	l.tail.size = size
-	if got, err := fileSize(l.tail.f); err != nil || got != size {
+	if got, err := l.tail.f.Size(); err != nil || got != size {
 		if err == nil {
 			err = fmt.Errorf("tail segment %s is %d bytes, expected %d", segmentName(l.tail.index), got, size)
 		}
 		return l.syncFallback(err)
 	}
-	if err := fdatasync(l.tail.f); err != nil {
+	if err := l.tail.f.Sync(); err != nil {
 		return fmt.Errorf("fdatasync %s: %w", segmentName(l.tail.index), err)
 	}
 	return nil
@@ -409,5 +413,5 @@ func (l *Log) syncFallback(cause error) error {
 	if err := l.openTail(segs[len(segs)-1].index); err != nil {
 		return err
 	}
-	return syncDir(l.dir)
+	return l.syncDir()
 }

@@ -16,7 +16,20 @@
 //
 // Offsets are dense and start at 0 for each shard. Offset o is stored at
 // tidwall index o+1. Retention moves FirstOffset forward; NextOffset never
-// goes backwards, also across restarts.
+// goes backwards, also across restarts: a committed high-water mark (the
+// file hwm, see hwm.go) records NextOffset after each commit, and a log
+// whose segments end below it lost acknowledged records, which a crash
+// cannot do (a torn tail is never acked). Open then fails with a
+// *LostRecordsError (errors.Is ErrLostRecords) naming the lost offsets and
+// cuts no record, unless Options.AcceptLoss: the offsets are then
+// filled with markers that read as *CorruptError and the log continues
+// after them, so an acknowledged offset is never given to another record.
+// The mark costs no fsync: it is written (pwrite, page cache) after each
+// batch's fdatasync and before its acks, and fdatasynced on Open and Close.
+// It is exact after a process crash; after an OS crash or power loss it may
+// lag by the kernel's writeback delay, so a loss of records acked in that
+// window is not detected. A log without the file (older than it) opens as
+// before and gets one.
 //
 // # Durability
 //
@@ -30,6 +43,44 @@
 // record that is incomplete or fails its checksum (a torn write), so a crash
 // never leaves garbage at the end of the log. Records in earlier segments
 // are never cut: a damaged one is reported as a *CorruptError when read.
+//
+// # Fault injection
+//
+// Options.FS is a testing knob: the filesystem under the file operations
+// this package performs itself (FaultFS fails chosen ones, after pebble's
+// vfs/errorfs). It covers the tail segment's fdatasync and size check after
+// each batch, the directory fsyncs, the high-water-mark file, and the
+// repair's read and cut of the tail segment on Open. It cannot cover what
+// tidwall/wal does with its own files: the writes of batches into segments,
+// segment creation on a roll, reads for Read and retention's truncations.
+// A failed write of a batch is tested through the mark's write, which
+// fails the batch exactly as a segment write would.
+//
+// # Damage
+//
+// wal reads segments through tidwall/wal and, for a segment tidwall cannot
+// parse (it parses a segment file whole, so one bad length prefix fails
+// every record in it), or whose entry does not verify as the record it
+// should be, parses the format itself: entry by entry, and past damage it
+// resynchronises on the next entry holding a record whose checksum holds.
+// Such a record is placed by the offset stored in its own header (covered
+// by the checksum), which must lie in the segment's range (its file name to
+// the next file's) and after the last record found. The offsets of the
+// range that no intact record holds are damaged.
+//
+// Read serves every intact record before and after damage, each at its
+// offset, and a read that reaches damaged offsets returns a *CorruptError
+// naming the shard and the damaged range From..To: read on at To+1 to skip
+// it. Damage costs only what it touched: a flipped bit in a length prefix,
+// a header or a payload costs that one record; a segment cut short costs
+// its records from the cut on; bytes that belong to no record (garbage
+// appended) cost nothing. Each damaged segment is logged once, with its
+// damaged ranges.
+//
+// Limits: a payload that itself holds a stored Felix record (bytes copied
+// from a segment, with an offset in the damaged segment's range) could be
+// taken for a record while resynchronising inside a damaged entry; records
+// are never returned at an offset other than their own, and never twice.
 //
 // # Usage
 //

@@ -18,6 +18,8 @@ type Log struct {
 	opts   Options
 	logger *slog.Logger
 	tw     *tidwall.Log
+	fs     FS       // Options.FS: the seam under our own file operations
+	hwm    *hwmFile // committed high-water mark; written by the commit role
 
 	// mu guards the queue between appenders and the committer, and the
 	// commit role: whoever sets committing owns l.c until it clears it.
@@ -39,13 +41,14 @@ type Log struct {
 	// tidwall then replaces the tail file.
 	tail struct {
 		sync.Mutex
-		f     *os.File
+		f     File
 		index uint64 // tidwall index of the file's first entry
 		size  int64  // bytes tidwall has written to it
 	}
 
 	ring   ring       // recent committed records
 	readMu sync.Mutex // serialises tidwall reads: tidwall mutates its segment cache under its read lock
+	scans  scanCache  // damaged segments parsed by the wal itself (damage.go)
 
 	first  atomic.Uint64 // first retained offset
 	next   atomic.Uint64 // one past the last committed offset; stored under watch's lock
@@ -88,8 +91,10 @@ type Stats struct {
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // Open opens the log in dir, creating dir if needed. It cuts a torn tail
-// off the last segment (logging what it cut), then starts the committer and,
-// if retention is configured, the retention goroutine.
+// off the last segment (logging what it cut), checks that the log still
+// reaches its committed high-water mark (a *LostRecordsError if not, unless
+// opts.AcceptLoss), then starts the committer and, if retention is
+// configured, the retention goroutine.
 func Open(dir string, opts Options) (*Log, error) {
 	opts = opts.withDefaults(dir)
 	l := &Log{
@@ -97,6 +102,7 @@ func Open(dir string, opts Options) (*Log, error) {
 		name:          opts.Name,
 		opts:          opts,
 		logger:        opts.Logger,
+		fs:            opts.FS,
 		wake:          make(chan struct{}, 1),
 		committerDone: make(chan struct{}),
 		quit:          make(chan struct{}),
@@ -104,16 +110,13 @@ func Open(dir string, opts Options) (*Log, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("wal: create dir %q: %w", dir, err)
 	}
-	if err := repairTail(dir, &l.opts); err != nil {
-		return nil, err
-	}
-	tw, err := tidwall.Open(dir, tidwallOptions(&l.opts))
+	hwm, mark, state, err := openHWM(l.fs, dir)
 	if err != nil {
-		return nil, fmt.Errorf("wal: shard %q: open log %q: %w", l.name, dir, err)
+		return nil, fmt.Errorf("wal: shard %q: high-water mark: %w", l.name, err)
 	}
-	l.tw = tw
-	if err := l.load(); err != nil {
-		_ = tw.Close()
+	l.hwm = hwm
+	if err := l.open(mark, state); err != nil {
+		_ = hwm.f.Close()
 		return nil, err
 	}
 	go l.runCommitter()
@@ -122,6 +125,58 @@ func Open(dir string, opts Options) (*Log, error) {
 		go l.runRetention()
 	}
 	return l, nil
+}
+
+// open repairs and loads the log, checks it against the committed
+// high-water mark mark (found in the given state) and writes the mark anew.
+func (l *Log) open(mark uint64, state hwmState) error {
+	floor := uint64(0) // repair must not cut below it
+	switch state {
+	case hwmValid:
+		floor = mark
+	case hwmDamaged:
+		l.logger.Warn("wal: high-water-mark file is damaged; opening without checking for lost records",
+			"shard", l.name, "file", l.hwm.path)
+	}
+	if err := repairTail(l.dir, &l.opts, floor); err != nil {
+		return err
+	}
+	tw, err := tidwall.Open(l.dir, tidwallOptions(&l.opts))
+	if err != nil {
+		return fmt.Errorf("wal: shard %q: open log %q: %w", l.name, l.dir, err)
+	}
+	l.tw = tw
+	fail := func(err error) error {
+		if l.tail.f != nil {
+			_ = l.tail.f.Close()
+		}
+		_ = tw.Close()
+		return err
+	}
+	if err := l.load(); err != nil {
+		return fail(err)
+	}
+	if next := l.next.Load(); next < floor {
+		lost := &LostRecordsError{Shard: l.name, Dir: l.dir, From: next, To: floor,
+			Reason: fmt.Sprintf("the segments end at offset %d", next)}
+		if !l.opts.AcceptLoss {
+			return fail(lost)
+		}
+		if err := l.fillLost(next, floor); err != nil {
+			return fail(err)
+		}
+		l.logger.Error("wal: accepted the loss of acknowledged records; their offsets are marked lost and not reused",
+			"shard", l.name, "from", lost.From, "to", lost.To-1, "records", lost.To-lost.From, "dir", l.dir)
+	}
+	// The mark is durable before the first append: from here on it only
+	// grows with the commits.
+	if err := l.hwm.write(l.next.Load()); err != nil {
+		return fail(fmt.Errorf("wal: shard %q: %w", l.name, err))
+	}
+	if err := l.hwm.sync(); err != nil {
+		return fail(fmt.Errorf("wal: shard %q: %w", l.name, err))
+	}
+	return nil
 }
 
 // load reads the state of a freshly opened tidwall log.
@@ -156,18 +211,34 @@ func (l *Log) load() error {
 	if err := l.openTail(segs[len(segs)-1].index); err != nil {
 		return err
 	}
-	return syncDir(l.dir) // tidwall may have created or renamed files
+	return l.syncDir() // tidwall may have created or renamed files
+}
+
+// syncDir fsyncs the log's directory through l.fs.
+func (l *Log) syncDir() error {
+	d, err := l.fs.OpenDir(l.dir)
+	if err != nil {
+		return fmt.Errorf("wal: open dir %q for sync: %w", l.dir, err)
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("wal: sync dir %q: %w", l.dir, err)
+	}
+	return nil
 }
 
 // openTail makes the segment starting at index the file the committer
 // syncs. Callers hold l.tail's lock or own l exclusively.
 func (l *Log) openTail(index uint64) error {
 	path := l.dir + string(os.PathSeparator) + segmentName(index)
-	f, err := os.Open(path)
+	f, err := l.fs.OpenFile(path, os.O_RDONLY, 0)
 	if err != nil {
 		return fmt.Errorf("wal: shard %q: open tail segment %q: %w", l.name, path, err)
 	}
-	size, err := fileSize(f)
+	size, err := f.Size()
 	if err != nil {
 		_ = f.Close()
 		return fmt.Errorf("wal: shard %q: stat tail segment %q: %w", l.name, path, err)
@@ -261,6 +332,13 @@ func (l *Log) close() error {
 		errs = append(errs, fmt.Errorf("wal: shard %q: close tail segment: %w", l.name, err))
 	}
 	l.tail.Unlock()
+	// Every commit has written the mark; make it durable.
+	if err := l.hwm.sync(); err != nil {
+		errs = append(errs, fmt.Errorf("wal: shard %q: %w", l.name, err))
+	}
+	if err := l.hwm.f.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("wal: shard %q: close %s: %w", l.name, hwmName, err))
+	}
 	l.readMu.Lock()
 	if err := l.tw.Close(); err != nil && !errors.Is(err, tidwall.ErrCorrupt) {
 		errs = append(errs, fmt.Errorf("wal: shard %q: close log: %w", l.name, err))

@@ -51,6 +51,19 @@ type Options struct {
 	// committed inline), which then runs the batch's done callbacks; calls
 	// never overlap. It must not block: it delays every append.
 	OnCommit func(Commit)
+
+	// AcceptLoss lets Open continue past acknowledged records that are
+	// missing (a *LostRecordsError otherwise): it cuts the damaged tail,
+	// fills the lost offsets with markers that reads report as corrupt
+	// (*CorruptError), logs the loss, and continues at the old high-water
+	// mark, so no acknowledged offset is ever given to another record. An
+	// operator's decision for one shard, never a default.
+	AcceptLoss bool
+
+	// FS is a testing knob: the filesystem under the operations the
+	// package performs itself (see FS for what it covers). Default nil:
+	// the OS. Production code never sets it.
+	FS FS
 }
 
 // Commit describes one group commit, for Options.OnCommit.
@@ -91,6 +104,9 @@ func (o Options) withDefaults(dir string) Options {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.FS == nil {
+		o.FS = osFS{}
 	}
 	return o
 }

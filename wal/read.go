@@ -176,12 +176,18 @@ func (r *ring) stats() (records int, bytes int64) {
 	return r.n, r.bytes
 }
 
-// read copies records from offset from on; ok is false if from is older
-// than the ring.
-func (r *ring) read(from uint64, maxRecords, maxBytes int) (out []Record, ok bool) {
+// read copies records with offsets from from up to, not including, limit;
+// ok is false if from is not held.
+//
+// limit is the NextOffset the reader observed: a commit pushes its records
+// here before it publishes the new NextOffset (so that a reader that sees
+// the new end finds them), so the ring may briefly hold records past the
+// end a reader knows of. Returning them would let a subscriber run ahead of
+// NextOffset, and its next read would be out of range.
+func (r *ring) read(from, limit uint64, maxRecords, maxBytes int) (out []Record, ok bool) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	end := r.start + uint64(r.n)
+	end := min(r.start+uint64(r.n), limit)
 	if from < r.start || from >= end {
 		return nil, false
 	}
@@ -207,8 +213,14 @@ func (r *ring) read(from uint64, maxRecords, maxBytes int) (out []Record, ok boo
 //
 // A read at NextOffset returns no records and no error; wait with Watch.
 // A read below FirstOffset or above NextOffset returns an *OutOfRangeError.
+// Read never returns a record at or past the NextOffset it observed, so a
+// reader that goes on after the last record it got never reads past the
+// end.
+//
 // A record that fails its checksum is never returned: Read stops before it,
-// and a read starting at it returns a *CorruptError.
+// and a read starting at it returns a *CorruptError with the whole damaged
+// range; the records after it are read from To+1 (see Damage in the
+// package doc).
 //
 // Recent records come from memory; older ones from disk. Returned records
 // may share memory with the Log: do not modify them.
@@ -227,7 +239,7 @@ func (l *Log) Read(from uint64, maxRecords int, maxBytes int) ([]Record, error) 
 	if from == next {
 		return nil, nil
 	}
-	if recs, ok := l.ring.read(from, maxRecords, maxBytes); ok {
+	if recs, ok := l.ring.read(from, next, maxRecords, maxBytes); ok {
 		return recs, nil
 	}
 	return l.readLog(from, next, maxRecords, maxBytes)
@@ -256,12 +268,21 @@ func (l *Log) readLog(from, next uint64, maxRecords, maxBytes int) ([]Record, er
 	return out, nil
 }
 
-// readOne reads and verifies the committed record at off from tidwall.
+// readOne reads and verifies the committed record at off from disk:
+// through tidwall, or, for a segment tidwall cannot parse or whose entry
+// at off does not verify, by parsing the segment file itself (damage.go).
 func (l *Log) readOne(off uint64) (Record, error) {
+	if s := l.scans.cached(off); s != nil {
+		return l.readScanned(s, off, nil)
+	}
 	data, err := l.twRead(off + 1)
 	switch {
 	case err == nil:
-		return decodeRecord(l.name, data, off)
+		rec, derr := decodeRecord(l.name, data, off)
+		if derr == nil {
+			return rec, nil
+		}
+		err = derr
 	case errors.Is(err, tidwall.ErrNotFound):
 		// Retention dropped it since we checked.
 		first := l.first.Load()
@@ -272,10 +293,17 @@ func (l *Log) readOne(off uint64) (Record, error) {
 	case errors.Is(err, tidwall.ErrClosed):
 		return Record{}, ErrClosed
 	case errors.Is(err, tidwall.ErrCorrupt):
-		return Record{}, &CorruptError{Shard: l.name, Offset: off, Reason: "segment holding it is unreadable", Err: err}
 	default:
 		return Record{}, fmt.Errorf("wal: shard %q: read offset %d: %w", l.name, off, err)
 	}
+	// The segment is damaged: tidwall failed on it, or it parsed the
+	// segment into entries that are not the records they should be.
+	s, serr := l.scan(off)
+	if serr != nil {
+		return Record{}, &CorruptError{Shard: l.name, Offset: off, From: off, To: off,
+			Reason: fmt.Sprintf("segment holding it is unreadable (%v)", serr), Err: err}
+	}
+	return l.readScanned(s, off, err)
 }
 
 // twRead reads tidwall index i. It serialises tidwall reads (tidwall

@@ -104,7 +104,7 @@ func appendRecord(dst []byte, r *Record, offset uint64, ts int64) (out []byte, k
 // it never panics, whatever data holds.
 func decodeRecord(shard string, data []byte, want uint64) (Record, error) {
 	corrupt := func(reason string) (Record, error) {
-		return Record{}, &CorruptError{Shard: shard, Offset: want, Reason: reason}
+		return Record{}, &CorruptError{Shard: shard, Offset: want, From: want, To: want, Reason: reason}
 	}
 	if len(data) < recordFixed {
 		return corrupt(fmt.Sprintf("record of %d bytes is shorter than its header", len(data)))

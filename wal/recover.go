@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	tidwall "github.com/tidwall/wal"
 )
@@ -19,7 +20,12 @@ import (
 // entry that is incomplete or fails record verification, including the
 // offset it must hold. Earlier segments were fsynced before the next one was
 // created and are never cut.
-func repairTail(dir string, o *Options) error {
+//
+// A cut below floor, the committed high-water mark, would drop acknowledged
+// records: that is damage, not a crash. Then repairTail changes nothing and
+// returns a *LostRecordsError, unless o.AcceptLoss (Open then fills the lost
+// offsets with markers).
+func repairTail(dir string, o *Options, floor uint64) error {
 	segs, pending, err := listSegments(dir)
 	if err != nil {
 		return err
@@ -44,7 +50,7 @@ func repairTail(dir string, o *Options) error {
 		return nil
 	}
 	last := segs[len(segs)-1]
-	data, err := os.ReadFile(last.path)
+	data, err := readFile(o.FS, last.path)
 	if err != nil {
 		return fmt.Errorf("wal: shard %q: read tail segment %q: %w", o.Name, last.path, err)
 	}
@@ -52,7 +58,12 @@ func repairTail(dir string, o *Options) error {
 	if keep == len(data) {
 		return nil
 	}
-	f, err := os.OpenFile(last.path, os.O_WRONLY, 0)
+	end := last.index - 1 + uint64(records)
+	if end < floor && !o.AcceptLoss {
+		return &LostRecordsError{Shard: o.Name, Dir: dir, From: end, To: floor,
+			Reason: fmt.Sprintf("segment %s is damaged at byte %d of %d: %s", filepath.Base(last.path), keep, len(data), reason)}
+	}
+	f, err := o.FS.OpenFile(last.path, os.O_WRONLY, 0)
 	if err != nil {
 		return fmt.Errorf("wal: shard %q: open tail segment %q for repair: %w", o.Name, last.path, err)
 	}
@@ -71,7 +82,7 @@ func repairTail(dir string, o *Options) error {
 		"file", last.path,
 		"bytes_cut", len(data)-keep,
 		"records_kept", records,
-		"next_offset", last.index-1+uint64(records),
+		"next_offset", end,
 		"reason", reason)
 	return nil
 }
@@ -85,8 +96,11 @@ func validPrefix(data []byte, base uint64, shard string) (keep, records int, rea
 		if !ok {
 			return keep, records, "incomplete entry"
 		}
-		if _, err := decodeRecord(shard, entry, base+uint64(records)); err != nil {
-			return keep, records, err.Error()
+		// A lost-record marker (an accepted loss) is kept like a record.
+		if !isLostMarker(entry, base+uint64(records)) {
+			if _, err := decodeRecord(shard, entry, base+uint64(records)); err != nil {
+				return keep, records, err.Error()
+			}
 		}
 		keep += n
 		records++

@@ -189,5 +189,6 @@ func (l *Log) truncateFront(cut uint64) error {
 		}
 	}
 	l.first.Store(cut)
+	l.scans.drop() // the segment files were rewritten
 	return syncDir(l.dir)
 }

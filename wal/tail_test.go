@@ -78,7 +78,7 @@ func TestTailBigBatch(t *testing.T) {
 	if r.start != uint64(256-n) {
 		t.Fatalf("tail starts at %d with %d records, want the newest", r.start, n)
 	}
-	out, ok := r.read(r.start, 1000, 0)
+	out, ok := r.read(r.start, 256, 1000, 0)
 	if !ok || len(out) != n {
 		t.Fatalf("read %d records, %v", len(out), ok)
 	}
@@ -90,7 +90,7 @@ func TestTailBigBatch(t *testing.T) {
 			t.Fatalf("offset %d still points into the batch's buffer", rec.Offset)
 		}
 	}
-	if _, ok := r.read(r.start-1, 1, 0); ok {
+	if _, ok := r.read(r.start-1, 256, 1, 0); ok {
 		t.Fatal("read below the tail succeeded")
 	}
 }

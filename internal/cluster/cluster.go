@@ -69,7 +69,8 @@ type Broker struct {
 	Addr    string
 	DataDir string
 
-	mu     sync.Mutex // guards the running process
+	mu     sync.Mutex // guards the running process and env
+	env    []string   // added to this broker's environment after Options.BrokerEnv
 	cmd    *exec.Cmd
 	exited chan struct{}
 	logf   *os.File
@@ -190,6 +191,14 @@ func (c *Cluster) startBroker(i int) error {
 	b := c.brokers[i]
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.cmd != nil && b.exitedLocked() {
+		// It died on its own (or was killed from outside): reap it.
+		b.cmd = nil
+		if b.logf != nil {
+			b.logf.Close()
+			b.logf = nil
+		}
+	}
 	if b.cmd != nil {
 		return fmt.Errorf("cluster: %s is already running", b.ID)
 	}
@@ -208,6 +217,7 @@ func (c *Cluster) startBroker(i int) error {
 		cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(n))
 	}
 	cmd.Env = append(cmd.Env, c.opts.BrokerEnv...)
+	cmd.Env = append(cmd.Env, b.env...)
 	out := c.opts.BrokerOutput
 	if out == nil {
 		f, err := os.OpenFile(filepath.Join(c.opts.Dir, b.ID+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -228,6 +238,25 @@ func (c *Cluster) startBroker(i int) error {
 		close(exited)
 	}(b.exited)
 	return nil
+}
+
+// exitedLocked reports whether b's process has exited; b.mu is held and
+// b.cmd is not nil.
+func (b *Broker) exitedLocked() bool {
+	select {
+	case <-b.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// Running reports whether broker b's process is running (started and not
+// exited, whether it was stopped, killed or died on its own).
+func (b *Broker) Running() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.cmd != nil && !b.exitedLocked()
 }
 
 // Pid returns the process id of broker b, or 0 when it is not running.
@@ -367,8 +396,9 @@ func (c *Cluster) signal(id string, sig syscall.Signal) error {
 	return nil
 }
 
-// Restart starts broker id again (same id, address and data) after Kill or
-// Stop, and waits until it is live in the map.
+// Restart starts broker id again (same id, address and data) after Kill,
+// Stop, or its process dying on its own, and waits until it is live in the
+// map. It fails if the broker is running.
 func (c *Cluster) Restart(ctx context.Context, id string) error {
 	for i, b := range c.brokers {
 		if b.ID != id {
@@ -384,6 +414,20 @@ func (c *Cluster) Restart(ctx context.Context, id string) error {
 		return err
 	}
 	return fmt.Errorf("cluster: no broker %q", id)
+}
+
+// RestartWithEnv is Restart with env (KEY=value) added to the broker's
+// environment from now on, after Options.BrokerEnv: a flag for this
+// broker only (FELIX_ACCEPT_LOSS, say).
+func (c *Cluster) RestartWithEnv(ctx context.Context, id string, env ...string) error {
+	b := c.Broker(id)
+	if b == nil {
+		return fmt.Errorf("cluster: no broker %q", id)
+	}
+	b.mu.Lock()
+	b.env = append(b.env, env...)
+	b.mu.Unlock()
+	return c.Restart(ctx, id)
 }
 
 // RestartCtl closes the control plane and starts a new one on the same

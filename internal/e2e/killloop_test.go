@@ -50,8 +50,13 @@ func TestKillLoop(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range *killPublishers {
 		via := c.Brokers()[i%len(c.Brokers())].ID
-		cl := clustertest.Connect(t, c, via, client.WithReconnect(20*time.Millisecond, 500*time.Millisecond), client.WithDialTimeout(time.Second))
-		wg.Go(func() { publishUntil(ctx, stop, cl, i, &rec) })
+		opts := []client.Opt{client.WithReconnect(20*time.Millisecond, 500*time.Millisecond), client.WithDialTimeout(time.Second)}
+		idempotent := i%2 == 1 // half the publishers retry unknown outcomes to exactly once
+		if idempotent {
+			opts = append(opts, client.WithIdempotence(), client.WithRetryTimeout(time.Minute))
+		}
+		cl := clustertest.Connect(t, c, via, opts...)
+		wg.Go(func() { publishUntil(ctx, stop, cl, i, idempotent, &rec) })
 	}
 	sub := newTailChecker(t, ctx, c, shards)
 
@@ -71,6 +76,8 @@ func TestKillLoop(t *testing.T) {
 	wg.Wait()
 
 	// One marker per shard, acknowledged last: reading up to it reads all.
+	// (A new client: the first one's broker may have been killed.)
+	admin = clustertest.Connect(t, c, "broker-0")
 	ends := make([]uint64, shards)
 	for s := range shards {
 		v := fmt.Sprintf("end-%d", s)
@@ -83,8 +90,14 @@ func TestKillLoop(t *testing.T) {
 		ends[s] = ack.Offset
 	}
 	logs := readShards(t, ctx, admin, ends)
-	r := history.Check(rec.Publishes(), logs, time.Minute)
-	t.Logf("%d kill -9 cycles, %d publishers through 3 brokers: %s", *killCycles, *killPublishers, r)
+	pubs := rec.Publishes()
+	r := history.Check(pubs, logs, time.Minute)
+	t.Logf("%d kill -9 cycles, %d publishers (%d idempotent) through 3 brokers: %s", *killCycles, *killPublishers, *killPublishers/2, r)
+	for _, p := range pubs {
+		if p.Publisher%2 == 1 && p.Publisher < *killPublishers && p.Outcome != history.Acked {
+			t.Errorf("idempotent publisher %d: %s ended %v, want acked exactly once", p.Publisher, p.Value, p.Outcome)
+		}
+	}
 	if !r.OK() {
 		t.Errorf("history check failed: lost %v; duplicated %v; misplaced %v; phantom %v; gaps %v; reordered %v",
 			r.Lost, r.Duplicated, r.Misplaced, r.Phantom, r.Gaps, r.Reordered)
@@ -96,8 +109,13 @@ func TestKillLoop(t *testing.T) {
 }
 
 // publishUntil publishes unique values one at a time, recording each
-// outcome, until stop is closed.
-func publishUntil(ctx context.Context, stop <-chan struct{}, cl *client.Client, id int, rec *history.Recorder) {
+// outcome, until stop is closed. An idempotent publisher's client retries
+// unknown outcomes itself, so it is given longer.
+func publishUntil(ctx context.Context, stop <-chan struct{}, cl *client.Client, id int, idempotent bool, rec *history.Recorder) {
+	timeout := 3 * time.Second
+	if idempotent {
+		timeout = time.Minute
+	}
 	for n := 0; ; n++ {
 		select {
 		case <-stop:
@@ -105,14 +123,14 @@ func publishUntil(ctx context.Context, stop <-chan struct{}, cl *client.Client, 
 		default:
 		}
 		v := fmt.Sprintf("p%d-%d", id, n)
-		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		pctx, cancel := context.WithTimeout(ctx, timeout)
 		call := time.Now()
 		ack, err := cl.Publish(pctx, "kl", []byte(v), []byte(v))
 		cancel()
 		p := history.Publish{Publisher: id, Value: v, Call: call, Return: time.Now()}
 		switch {
 		case err == nil:
-			p.Outcome, p.Shard, p.Offset = history.Acked, ack.Shard, ack.Offset
+			p.Outcome, p.Shard, p.Offset, p.Retried = history.Acked, ack.Shard, ack.Offset, ack.Duplicate
 		case definitelyNotWritten(err):
 			p.Outcome = history.Failed
 		default:

@@ -34,6 +34,9 @@ type Broker struct {
 
 	// Shard log bounds (shards.go).
 	Shards BrokerShards `embed:"" group:"Shard logs"`
+
+	// Idempotent publish bounds (producers.go).
+	Producers BrokerProducers `embed:"" group:"Idempotent producers"`
 }
 
 func (c *Broker) Run(log *slog.Logger) error {
@@ -60,7 +63,7 @@ func (c *Broker) Run(log *slog.Logger) error {
 	if obs.prov.Metrics {
 		mp = obs.prov.Meter
 	}
-	b, err := broker.New(c.Shards.apply(c.Limits.apply(broker.Config{
+	b, err := broker.New(c.Producers.apply(c.Shards.apply(c.Limits.apply(broker.Config{
 		NodeID:         c.ID,
 		Listen:         c.Listen,
 		Advertise:      c.Advertise,
@@ -74,7 +77,7 @@ func (c *Broker) Run(log *slog.Logger) error {
 		Logger:         log,
 		TracerProvider: obs.prov.Tracer,
 		MeterProvider:  mp,
-	})))
+	}))))
 	if err != nil {
 		return err
 	}

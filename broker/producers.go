@@ -1,0 +1,555 @@
+package broker
+
+// # Idempotent publish
+//
+// A publish with a ProducerID and a ProducerSeq > 0 is idempotent: the
+// owner of its shard writes each (producer id, sequence) at most once, so a
+// producer may retry a record whose outcome it does not know (a lost
+// connection, an unavailable owner) without writing it twice. Sequences
+// are per producer and per shard, start anywhere (1 for a new producer)
+// and go up by one: a producer's records on one shard are committed in
+// sequence order. ProducerSeq 0 means "not idempotent": the producer id is
+// then metadata only, stored with the record as before.
+//
+// Each shard's owner keeps a producer table (producerTable) beside its
+// log: per producer id, the last sequence committed, the acks (offset,
+// commit time) of its most recent Config.ProducerWindow sequences, the
+// highest sequence accepted (queued for the log, maybe not yet
+// committed), and when it was last used. A publish of sequence s, where
+// committed <= accepted are the producer's:
+//
+//   - s == accepted+1, or the producer is unknown (new, expired or
+//     evicted): accepted and appended;
+//   - committed < s <= accepted (in flight: queued, not yet committed):
+//     not appended again; it waits for the queued record and shares its
+//     outcome (the same ack, marked Duplicate, or the same error);
+//   - s <= committed and its ack is remembered: answered with the
+//     original ack (stream, shard, offset, timestamp, owner), marked
+//     Duplicate, and nothing is written;
+//   - s <= committed and older than the acks remembered:
+//     duplicate_sequence (it is in the log once; its offset is not known
+//     any more); nothing is written;
+//   - s > accepted+1 (a gap), or s older than anything known of a
+//     producer the table learned of midway: out_of_order_sequence;
+//     nothing is written.
+//
+// Records of one producer on one shard reach the log in sequence order:
+// one publisher stream dispatches its records one at a time, and should a
+// producer have records on two streams at once (a retry on a new
+// connection while the old one's records are still being queued), a
+// publish waits until the record accepted before it is queued
+// (producer.enqueuing), so the log never holds s+1 before s.
+//
+// A failed append (the log failed or closed) gives its sequence back:
+// accepted drops below it, so the retry is appended.
+//
+// The table is bounded: at most Config.MaxProducers producers per shard
+// (past it the least recently used is forgotten), and a producer unused
+// for Config.ProducerExpiry is forgotten on its next use or when room is
+// needed. A forgotten producer is a new one: its next sequence is accepted
+// whatever it is, so a retry that comes after its producer was forgotten
+// is written again. Memory: about 100 bytes per producer plus 16 bytes per
+// remembered ack, at most MaxProducers × (100 + 16 × ProducerWindow) per
+// open shard log (about 40 MiB with the defaults, if 10,000 producers each
+// published 256 records to the same shard within the expiry).
+//
+// # Rebuilt from the log
+//
+// The table is not persisted: when a shard's log is opened (at start, or
+// again after the open-log budget closed it), the table is rebuilt by
+// reading the log backwards from its end (wal.Log.Read, a chunk at a
+// time), newest record first, until it reaches a record older than
+// ProducerExpiry, has read Config.ProducerRebuildBytes of records (keys,
+// values, headers, producer ids), knows MaxProducers producers, or reaches
+// the log's first record. Memory is bounded by one chunk of record
+// headers; time by the bytes read. A producer whose last record lies
+// before where the scan stopped is unknown after the restart (as if it had
+// expired), and one whose recent records go back further than the scan
+// has fewer acks remembered (older retries get duplicate_sequence). A
+// damaged record met by the scan is skipped.
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/felix-broker/felix/transport"
+	"github.com/felix-broker/felix/wal"
+)
+
+// Defaults of the idempotent-publish bounds, as documented on Config.
+const (
+	DefaultMaxProducers         = 10000
+	DefaultProducerExpiry       = 15 * time.Minute
+	DefaultProducerWindow       = 256
+	DefaultProducerRebuildBytes = 64 << 20
+)
+
+// producerLimits are the bounds of every shard's producer table.
+type producerLimits struct {
+	max          int
+	expiry       time.Duration
+	window       int
+	rebuildBytes int64
+}
+
+// seqAck is what is remembered of a committed sequence: its ack.
+type seqAck struct {
+	offset uint64
+	ts     int64 // commit time, unix ns
+}
+
+// producer is one producer's entry in a shard's producer table. Its fields
+// are guarded by the table's mu.
+type producer struct {
+	id        string
+	floor     uint64 // sequences <= floor are before anything known of the producer
+	committed uint64 // last sequence committed (floor when none known)
+	accepted  uint64 // highest sequence queued or committed; >= committed
+	// acks holds the acks of sequences committed-n+1 .. committed, the
+	// oldest at acks[head]; it grows up to the window, then wraps.
+	acks      []seqAck
+	head, n   int
+	seen      int64 // last use, unix ns
+	enqueuing bool  // a record accepted is being queued for the log
+	// waiters are publishes of in-flight sequences waiting for the
+	// outcome of the record queued with that sequence.
+	waiters map[uint64][]func(seqAck, error)
+
+	prev, next *producer // recency list, most recent first
+}
+
+// push remembers the ack of seq, committed.
+func (p *producer) push(seq uint64, a seqAck, window int) {
+	if seq != p.committed+1 {
+		// The sequence jumped (a new producer, or a gap the owner let
+		// through after forgetting it): what is remembered is no longer
+		// a run ending at committed.
+		p.head, p.n = 0, 0
+		p.acks = p.acks[:0]
+		p.floor = seq - 1
+	}
+	p.committed = seq
+	if p.n < window {
+		if len(p.acks) < window {
+			p.acks = append(p.acks, a)
+		} else {
+			p.acks[(p.head+p.n)%len(p.acks)] = a
+		}
+		p.n++
+		return
+	}
+	p.acks[p.head] = a
+	p.head = (p.head + 1) % len(p.acks)
+}
+
+// ackOf returns the remembered ack of seq, if any.
+func (p *producer) ackOf(seq uint64) (seqAck, bool) {
+	if seq > p.committed || p.committed-seq >= uint64(p.n) {
+		return seqAck{}, false
+	}
+	i := p.n - 1 - int(p.committed-seq)
+	return p.acks[(p.head+i)%len(p.acks)], true
+}
+
+// producerTable is one shard's table of producers (see the top of this
+// file). Its mutex guards every producer entry: it is taken briefly to
+// judge a publish, after its record is queued, and when it commits; no
+// wait (except for a concurrent queueing of the same producer, cond) and
+// no I/O happens under it.
+type producerTable struct {
+	shard string
+	lim   producerLimits
+	now   func() time.Time
+
+	mu struct {
+		sync.Mutex
+		byID map[string]*producer
+		lru  producer   // sentinel of the recency list
+		cond *sync.Cond // signalled when a producer stops enqueuing
+	}
+}
+
+func newProducerTable(shard string, lim producerLimits) *producerTable {
+	t := &producerTable{shard: shard, lim: lim, now: time.Now}
+	t.mu.byID = map[string]*producer{}
+	t.mu.lru.next, t.mu.lru.prev = &t.mu.lru, &t.mu.lru
+	t.mu.cond = sync.NewCond(&t.mu.Mutex)
+	return t
+}
+
+// admitKind is what to do with an idempotent publish.
+type admitKind int
+
+const (
+	admitAppend     admitKind = iota // append it, then call enqueued and committed
+	admitWait                        // in flight: the waiter will get the outcome
+	admitDuplicate                   // committed: answer ack
+	admitTooOld                      // committed, ack forgotten: duplicate_sequence
+	admitOutOfOrder                  // a gap, or before what is known: out_of_order_sequence
+)
+
+type admission struct {
+	kind admitKind
+	p    *producer
+	ack  seqAck // admitDuplicate
+	// For the error messages: the producer's last committed and accepted
+	// sequences, and floor.
+	committed, accepted, floor uint64
+}
+
+// admit judges sequence seq (> 0) of producer id. For admitAppend the
+// caller must queue the record, then call enqueued(a.p), and pass the
+// record's outcome to committed. For admitWait the caller registers with
+// await.
+func (t *producerTable) admit(id string, seq uint64) admission {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.now().UnixNano()
+	p := t.mu.byID[id]
+	for p != nil && p.enqueuing {
+		t.mu.cond.Wait()
+		p = t.mu.byID[id] // it may have been evicted meanwhile
+	}
+	if p != nil && t.expired(p, now) {
+		t.removeLocked(p)
+		p = nil
+	}
+	if p == nil {
+		t.makeRoomLocked(now)
+		p = &producer{id: strings.Clone(id), floor: seq - 1, committed: seq - 1, accepted: seq - 1}
+		t.mu.byID[p.id] = p
+		t.pushFrontLocked(p)
+	} else {
+		t.unlinkLocked(p)
+		t.pushFrontLocked(p)
+	}
+	p.seen = now
+	a := admission{p: p, committed: p.committed, accepted: p.accepted, floor: p.floor}
+	switch {
+	case seq == p.accepted+1:
+		p.accepted = seq
+		p.enqueuing = true
+		a.kind = admitAppend
+	case seq > p.accepted || seq <= p.floor:
+		a.kind = admitOutOfOrder
+	case seq > p.committed:
+		a.kind = admitWait
+	default:
+		if ack, ok := p.ackOf(seq); ok {
+			a.kind, a.ack = admitDuplicate, ack
+		} else {
+			a.kind = admitTooOld
+		}
+	}
+	return a
+}
+
+// await registers w for the outcome of sequence seq of p, in flight when
+// admit said admitWait. It returns false if seq is no longer in flight
+// there (it completed, or p was forgotten, meanwhile): admit it again.
+func (t *producerTable) await(p *producer, seq uint64, w func(seqAck, error)) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.mu.byID[p.id] != p || seq <= p.committed || seq > p.accepted {
+		return false
+	}
+	if p.waiters == nil {
+		p.waiters = map[uint64][]func(seqAck, error){}
+	}
+	p.waiters[seq] = append(p.waiters[seq], w)
+	return true
+}
+
+// enqueued says the record admitted for p is queued (or failed to be).
+func (t *producerTable) enqueued(p *producer) {
+	t.mu.Lock()
+	p.enqueuing = false
+	t.mu.Unlock()
+	t.mu.cond.Broadcast()
+}
+
+// committed records the outcome of sequence seq of p, queued after
+// admitAppend, and hands it to the publishes waiting for it.
+func (t *producerTable) committed(p *producer, seq uint64, offset uint64, ts int64, err error) {
+	a := seqAck{offset: offset, ts: ts}
+	t.mu.Lock()
+	if err != nil {
+		// Not written: the sequence may be sent again.
+		if p.accepted >= seq {
+			p.accepted = seq - 1
+		}
+	} else if seq > p.committed {
+		p.push(seq, a, t.lim.window)
+		p.accepted = max(p.accepted, seq)
+	}
+	waiting := p.waiters[seq]
+	delete(p.waiters, seq)
+	t.mu.Unlock()
+	for _, w := range waiting {
+		w(a, err)
+	}
+}
+
+// expired reports whether p has been unused for the expiry and has
+// nothing in flight.
+func (t *producerTable) expired(p *producer, now int64) bool {
+	return now-p.seen > int64(t.lim.expiry) && p.accepted == p.committed && !p.enqueuing && len(p.waiters) == 0
+}
+
+// makeRoomLocked forgets expired producers from the least recently used
+// end, then the least recently used one if the table is still full.
+func (t *producerTable) makeRoomLocked(now int64) {
+	for last := t.mu.lru.prev; last != &t.mu.lru && t.expired(last, now); last = t.mu.lru.prev {
+		t.removeLocked(last)
+	}
+	for len(t.mu.byID) >= t.lim.max && t.mu.lru.prev != &t.mu.lru {
+		// Its records in flight still complete: they update the entry
+		// no longer in the table, and answer their waiters.
+		t.removeLocked(t.mu.lru.prev)
+	}
+}
+
+func (t *producerTable) removeLocked(p *producer) {
+	delete(t.mu.byID, p.id)
+	t.unlinkLocked(p)
+}
+
+func (t *producerTable) unlinkLocked(p *producer) {
+	p.prev.next, p.next.prev = p.next, p.prev
+	p.prev, p.next = nil, nil
+}
+
+func (t *producerTable) pushFrontLocked(p *producer) {
+	p.prev, p.next = &t.mu.lru, t.mu.lru.next
+	p.prev.next, p.next.prev = p, p
+}
+
+func (t *producerTable) pushBackLocked(p *producer) {
+	p.prev, p.next = t.mu.lru.prev, &t.mu.lru
+	p.prev.next, p.next.prev = p, p
+}
+
+// size returns the producers in the table.
+func (t *producerTable) size() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.mu.byID)
+}
+
+// rebuildChunk is how many records the rebuild reads back at a time.
+const rebuildChunk = 1024
+
+// rebuildStats says what a rebuild read.
+type rebuildStats struct {
+	records   int    // records read
+	bytes     int64  // their bytes (keys, values, headers, producer ids)
+	from      uint64 // offset the scan reached back to
+	producers int
+	skipped   int    // damaged records skipped
+	stop      string // why the scan stopped
+}
+
+// rebuild fills the table, which must be empty and unused, from the end of
+// l (see "Rebuilt from the log" above).
+func (t *producerTable) rebuild(l *wal.Log) (rebuildStats, error) {
+	type rec struct {
+		id  string // points into the log's memory until cloned
+		seq uint64
+		ack seqAck
+	}
+	type learnt struct {
+		p    *producer
+		acks []seqAck // newest first
+		done bool     // the run of consecutive sequences has ended
+	}
+	oldest := t.now().Add(-t.lim.expiry).UnixNano()
+	found := map[string]*learnt{}
+	var order []*learnt // newest producer first
+	var st rebuildStats
+	first, hi := l.FirstOffset(), l.NextOffset()
+	st.from = hi
+	chunk := make([]rec, 0, rebuildChunk)
+	var err error
+scan:
+	for {
+		switch {
+		case hi <= first:
+			st.stop = "reached the first record"
+			break scan
+		case st.bytes >= t.lim.rebuildBytes:
+			st.stop = "read ProducerRebuildBytes"
+			break scan
+		case len(found) >= t.lim.max:
+			st.stop = "found MaxProducers producers"
+			break scan
+		}
+		lo := first
+		if hi-first > rebuildChunk {
+			lo = hi - rebuildChunk
+		}
+		chunk = chunk[:0]
+		for off := lo; off < hi; {
+			recs, rerr := l.Read(off, int(hi-off), 1<<20)
+			var cerr *wal.CorruptError
+			switch {
+			case errors.As(rerr, &cerr):
+				st.skipped++
+				off++
+				continue
+			case rerr != nil:
+				err = fmt.Errorf("reading %s at offset %d: %w", t.shard, off, rerr)
+				st.stop = "read failed"
+				break scan
+			case len(recs) == 0:
+				off = hi
+				continue
+			}
+			for i := range recs {
+				r := &recs[i]
+				if r.Offset >= hi {
+					break
+				}
+				st.records++
+				st.bytes += int64(len(r.Key) + len(r.Value) + len(r.ProducerID) + headersLen(r.Headers))
+				chunk = append(chunk, rec{id: r.ProducerID, seq: r.ProducerSeq, ack: seqAck{offset: r.Offset, ts: r.Timestamp}})
+				off = r.Offset + 1
+			}
+		}
+		for i := len(chunk) - 1; i >= 0; i-- {
+			r := chunk[i]
+			if r.ack.ts < oldest {
+				st.from = r.ack.offset + 1
+				st.stop = "reached ProducerExpiry"
+				break scan
+			}
+			if r.id == "" || r.seq == 0 {
+				continue
+			}
+			lp := found[r.id]
+			if lp == nil {
+				if len(found) >= t.lim.max {
+					continue
+				}
+				lp = &learnt{p: &producer{id: strings.Clone(r.id), committed: r.seq, accepted: r.seq, seen: r.ack.ts}}
+				found[lp.p.id] = lp
+				order = append(order, lp)
+				lp.acks = append(lp.acks, r.ack)
+				continue
+			}
+			if lp.done {
+				continue
+			}
+			if want := lp.p.committed - uint64(len(lp.acks)); r.seq == want && len(lp.acks) < t.lim.window {
+				lp.acks = append(lp.acks, r.ack)
+			} else {
+				lp.done = true // a gap, an older run, or the window is full
+			}
+		}
+		st.from = lo
+		hi = lo
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, lp := range order {
+		p := lp.p
+		p.floor = p.committed - uint64(len(lp.acks))
+		p.acks = make([]seqAck, len(lp.acks))
+		for i, a := range lp.acks {
+			p.acks[len(lp.acks)-1-i] = a
+		}
+		p.n = len(p.acks)
+		t.mu.byID[p.id] = p
+		t.pushBackLocked(p) // found newest first
+	}
+	st.producers = len(order)
+	return st, err
+}
+
+// openProducers gives e, whose log has just opened, its producer table,
+// rebuilt from the log. A failed rebuild leaves what it learnt before the
+// failure and is logged; the shard serves all the same.
+func (s *shardSet) openProducers(e *shardEntry) {
+	t := newProducerTable(e.id.String(), s.producerLimits)
+	began := time.Now()
+	st, err := t.rebuild(e.log)
+	e.producers = t
+	if err != nil {
+		s.logger.Error("rebuilding the idempotent producer table from the log; producers older than where it stopped are unknown (their retries are written again)",
+			"shard", e.id.String(), "producers", st.producers, "records", st.records, "from", st.from, "err", err)
+		return
+	}
+	if st.skipped > 0 {
+		s.logger.Warn("rebuilding the idempotent producer table skipped damaged records", "shard", e.id.String(), "skipped", st.skipped)
+	}
+	if st.producers > 0 {
+		s.logger.Debug("idempotent producer table rebuilt", "shard", e.id.String(), "producers", st.producers,
+			"records", st.records, "bytes", st.bytes, "from", st.from, "stop", st.stop, "took", time.Since(began))
+	}
+}
+
+// admitIdempotent judges an idempotent publish (ProducerID set,
+// ProducerSeq > 0) on the shard's owner, before it is appended. It
+// returns the producer to append it for, or nil when in has been answered
+// (a duplicate, a refusal) or will be, with the outcome of the same
+// sequence in flight.
+func (p *pubSession) admitIdempotent(in inbound, e *shardEntry, shard int, via string) *producer {
+	b, pub := p.b, in.pub
+	t := e.producers
+	for {
+		a := t.admit(pub.ProducerID, pub.ProducerSeq)
+		switch a.kind {
+		case admitAppend:
+			return a.p
+		case admitDuplicate:
+			p.answerDuplicate(in, shard, via, a.ack)
+		case admitTooOld:
+			p.fail(in, &transport.Error{Code: transport.CodeDuplicateSequence, Owner: b.cfg.NodeID,
+				Message: fmt.Sprintf("producer %q committed sequence %d on %s before the last %d it remembers acks for (it is at %d); not written again, its offset is no longer known",
+					pub.ProducerID, pub.ProducerSeq, t.shard, t.lim.window, a.committed)})
+		case admitOutOfOrder:
+			msg := fmt.Sprintf("producer %q sent sequence %d to %s, expected %d: send the records before it first, in order; nothing was written",
+				pub.ProducerID, pub.ProducerSeq, t.shard, a.accepted+1)
+			if pub.ProducerSeq <= a.floor {
+				msg = fmt.Sprintf("producer %q sent sequence %d to %s, older than the first it knows of (%d): its outcome is not known here; nothing was written",
+					pub.ProducerID, pub.ProducerSeq, t.shard, a.floor+1)
+			}
+			p.fail(in, &transport.Error{Code: transport.CodeOutOfOrderSequence, Owner: b.cfg.NodeID, Message: msg})
+		case admitWait:
+			w := func(ack seqAck, err error) {
+				if err != nil {
+					p.fail(in, appendError(b, t.shard, err))
+					return
+				}
+				p.answerDuplicate(in, shard, via, ack)
+			}
+			if !t.await(a.p, pub.ProducerSeq, w) {
+				continue
+			}
+		}
+		return nil
+	}
+}
+
+// answerDuplicate answers in, a retry of a record already committed at
+// ack, with the original's ack.
+func (p *pubSession) answerDuplicate(in inbound, shard int, via string, ack seqAck) {
+	b, pub := p.b, in.pub
+	p.acks.answer(&transport.Ack{Seq: pub.Seq, Stream: pub.Stream, Shard: int32(shard), Offset: ack.offset,
+		Timestamp: ack.ts, Owner: b.cfg.NodeID, Via: via, Forwarded: via != b.cfg.NodeID, Duplicate: true}, in.charge)
+	p.done()
+	if !in.start.IsZero() {
+		p.endServer(&in, nil, ack.offset)
+	}
+}
+
+// appendError is the answer to a record the log of shard failed to write.
+func appendError(b *Broker, shard string, err error) *transport.Error {
+	code := transport.CodeInternal
+	if errors.Is(err, wal.ErrClosed) {
+		code = transport.CodeShuttingDown
+	}
+	return &transport.Error{Code: code, Message: fmt.Sprintf("%s could not write %s: %v", b.cfg.NodeID, shard, err)}
+}

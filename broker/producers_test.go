@@ -1,0 +1,310 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/felix-broker/felix/client"
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// idem builds an idempotent publish of value to shard 0 of stream.
+func idem(seq uint64, stream, producer string, pseq uint64, value string) *transport.Publish {
+	p := publish(seq, stream, value)
+	p.Shard = 0
+	p.ProducerID, p.ProducerSeq = producer, pseq
+	return p
+}
+
+func wantCode(t *testing.T, f transport.Frame, seq uint64, code transport.ErrorCode) *transport.Error {
+	t.Helper()
+	e, ok := f.(*transport.Error)
+	if !ok || e.Code != code {
+		t.Fatalf("seq %d: want %v, got %T %+v", seq, code, f, f)
+	}
+	if e.Seq != seq {
+		t.Fatalf("error for seq %d, want %d", e.Seq, seq)
+	}
+	return e
+}
+
+func (ws *wireStream) roundTrip(p *transport.Publish) transport.Frame {
+	ws.t.Helper()
+	ws.send(p)
+	return ws.recv()
+}
+
+// TestIdempotentPublish: on the owner, a repeated sequence gets the
+// original ack and is written once; a gap and a sequence before anything
+// known get out_of_order_sequence, one older than the acks remembered
+// duplicate_sequence; sequence 0 is not idempotent.
+func TestIdempotentPublish(t *testing.T) {
+	ip := startInprocWith(t, func(c *Config) { c.ProducerWindow = 3 }, 1, shardmap.StreamConfig{Name: "idem", Shards: 1})
+	b := ip.brokers[0]
+	ws := openStream(t, ip.dial(b))
+
+	var offsets []uint64
+	for i := uint64(1); i <= 5; i++ {
+		a := wantAck(t, ws.roundTrip(idem(i, "idem", "p1", i, "v")), i)
+		if a.Duplicate {
+			t.Fatalf("first publish of sequence %d acked as a duplicate", i)
+		}
+		offsets = append(offsets, a.Offset)
+	}
+	// The last three sequences are remembered: their original acks.
+	for _, s := range []uint64{5, 4, 3} {
+		a := wantAck(t, ws.roundTrip(idem(10+s, "idem", "p1", s, "again")), 10+s)
+		if !a.Duplicate || a.Offset != offsets[s-1] || a.Owner != b.NodeID() || a.Stream != "idem" || a.Shard != 0 {
+			t.Fatalf("retry of sequence %d: %+v, want the original ack at offset %d marked duplicate", s, a, offsets[s-1])
+		}
+	}
+	wantCode(t, ws.roundTrip(idem(20, "idem", "p1", 2, "old")), 20, transport.CodeDuplicateSequence)
+	e := wantCode(t, ws.roundTrip(idem(21, "idem", "p1", 7, "gap")), 21, transport.CodeOutOfOrderSequence)
+	if !errors.Is(e, transport.ErrOutOfOrderSequence) {
+		t.Fatalf("%v does not match ErrOutOfOrderSequence", e)
+	}
+	// The gap wrote nothing: 6 is next.
+	if a := wantAck(t, ws.roundTrip(idem(22, "idem", "p1", 6, "six")), 22); a.Duplicate || a.Offset != offsets[4]+1 {
+		t.Fatalf("sequence 6: %+v", a)
+	}
+	// A producer first seen at sequence 100 knows nothing before it.
+	wantAck(t, ws.roundTrip(idem(23, "idem", "p2", 100, "p2")), 23)
+	wantCode(t, ws.roundTrip(idem(24, "idem", "p2", 99, "p2-old")), 24, transport.CodeOutOfOrderSequence)
+	// Sequence 0 is metadata only: written every time.
+	wantAck(t, ws.roundTrip(idem(25, "idem", "p1", 0, "zero")), 25)
+	wantAck(t, ws.roundTrip(idem(26, "idem", "p1", 0, "zero")), 26)
+
+	want := []string{"v", "v", "v", "v", "v", "six", "p2", "zero", "zero"}
+	if got := readAll(t, b, "idem", 0); !slices.Equal(got, want) {
+		t.Fatalf("log holds %q, want %q", got, want)
+	}
+}
+
+// TestIdempotentPublishForwarded: a retry through another broker (or
+// straight to the owner) of a record forwarded before gets the original
+// ack, relayed, and the record is in the owner's log once.
+func TestIdempotentPublishForwarded(t *testing.T) {
+	ip := startInproc(t, 2, shardmap.StreamConfig{Name: "fwd", Shards: 1})
+	owner, other := ip.owner("fwd", 0), ip.nonOwner("fwd", 0)
+	first := openStream(t, ip.dial(other))
+	a1 := wantAck(t, first.roundTrip(idem(1, "fwd", "px", 1, "one")), 1)
+	if !a1.Forwarded || a1.Owner != owner.NodeID() {
+		t.Fatalf("first publish not forwarded to the owner: %+v", a1)
+	}
+	// The client lost the ack, reconnected and retried through the same
+	// broker, then straight to the owner.
+	again := openStream(t, ip.dial(other))
+	a2 := wantAck(t, again.roundTrip(idem(7, "fwd", "px", 1, "one")), 7)
+	if !a2.Duplicate || a2.Offset != a1.Offset || !a2.Forwarded || a2.Via != other.NodeID() {
+		t.Fatalf("forwarded retry: %+v, want the original ack (offset %d) marked duplicate, via %s", a2, a1.Offset, other.NodeID())
+	}
+	direct := openStream(t, ip.dial(owner))
+	a3 := wantAck(t, direct.roundTrip(idem(1, "fwd", "px", 1, "one")), 1)
+	if !a3.Duplicate || a3.Offset != a1.Offset || a3.Forwarded {
+		t.Fatalf("direct retry: %+v", a3)
+	}
+	wantCode(t, again.roundTrip(idem(8, "fwd", "px", 3, "gap")), 8, transport.CodeOutOfOrderSequence)
+	wantAck(t, again.roundTrip(idem(9, "fwd", "px", 2, "two")), 9)
+	if got := readAll(t, owner, "fwd", 0); !slices.Equal(got, []string{"one", "two"}) {
+		t.Fatalf("owner's log holds %q", got)
+	}
+}
+
+// TestIdempotentPublishAfterRestart: the owner's producer table is
+// rebuilt from its log when it restarts, so a retry of a record
+// committed before the restart is still answered with its original ack.
+func TestIdempotentPublishAfterRestart(t *testing.T) {
+	ip := startInproc(t, 1, shardmap.StreamConfig{Name: "rs", Shards: 1})
+	b := ip.brokers[0]
+	ws := openStream(t, ip.dial(b))
+	var acks []*transport.Ack
+	for i := uint64(1); i <= 3; i++ {
+		acks = append(acks, wantAck(t, ws.roundTrip(idem(i, "rs", "pr", i, "r")), i))
+		wantAck(t, ws.roundTrip(idem(100+i, "rs", "other", 10+i, "o")), 100+i) // interleaved
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b = ip.startBroker(0)
+	ip.brokers[0] = b
+	ws = openStream(t, ip.dial(b))
+	for _, s := range []uint64{3, 2} {
+		a := wantAck(t, ws.roundTrip(idem(s, "rs", "pr", s, "r")), s)
+		if !a.Duplicate || a.Offset != acks[s-1].Offset || a.Timestamp != acks[s-1].Timestamp {
+			t.Fatalf("retry of %d after restart: %+v, want the original %+v", s, a, acks[s-1])
+		}
+	}
+	wantCode(t, ws.roundTrip(idem(5, "rs", "pr", 5, "gap")), 5, transport.CodeOutOfOrderSequence)
+	wantAck(t, ws.roundTrip(idem(6, "rs", "other", 13, "o")), 6)
+	if a := wantAck(t, ws.roundTrip(idem(7, "rs", "pr", 4, "r4")), 7); a.Duplicate || a.Offset != 6 {
+		t.Fatalf("sequence 4 after restart: %+v, want a new record at offset 6", a)
+	}
+	if got := readAll(t, b, "rs", 0); len(got) != 7 {
+		t.Fatalf("log holds %q, want 7 records", got)
+	}
+}
+
+// TestProducerTableInFlight: a retry of a sequence queued and not yet
+// committed is not appended again; it gets the outcome of the queued
+// record, success or failure (after which the sequence may be sent
+// again).
+func TestProducerTableInFlight(t *testing.T) {
+	tab := newProducerTable("s/0", producerLimits{max: 2, expiry: time.Minute, window: 4})
+	a := tab.admit("p", 1)
+	if a.kind != admitAppend {
+		t.Fatalf("first: %v", a.kind)
+	}
+	tab.enqueued(a.p)
+	r := tab.admit("p", 1)
+	if r.kind != admitWait {
+		t.Fatalf("retry in flight: %v, want admitWait", r.kind)
+	}
+	var got []seqAck
+	if !tab.await(r.p, 1, func(ack seqAck, err error) { got = append(got, ack) }) {
+		t.Fatal("await refused a sequence in flight")
+	}
+	if n := tab.admit("p", 2); n.kind != admitAppend {
+		t.Fatalf("next while 1 is in flight: %v", n.kind)
+	} else {
+		tab.enqueued(n.p)
+	}
+	tab.committed(a.p, 1, 40, 99, nil)
+	if len(got) != 1 || got[0].offset != 40 {
+		t.Fatalf("waiter got %+v", got)
+	}
+	// 2 fails: it is given back.
+	var failed error
+	r = tab.admit("p", 2)
+	tab.await(r.p, 2, func(_ seqAck, err error) { failed = err })
+	tab.committed(a.p, 2, 0, 0, errors.New("disk on fire"))
+	if failed == nil {
+		t.Fatal("waiter of a failed record got no error")
+	}
+	if n := tab.admit("p", 2); n.kind != admitAppend {
+		t.Fatalf("2 after its failure: %v, want admitAppend", n.kind)
+	} else {
+		tab.enqueued(n.p)
+		tab.committed(n.p, 2, 41, 100, nil)
+	}
+	if d := tab.admit("p", 1); d.kind != admitDuplicate || d.ack.offset != 40 {
+		t.Fatalf("1: %+v", d)
+	}
+	// Bounded: a third producer evicts the least recently used.
+	tab.enqueued(tab.admit("q", 1).p)
+	tab.enqueued(tab.admit("r", 1).p)
+	if n := tab.size(); n != 2 {
+		t.Fatalf("%d producers, want 2", n)
+	}
+	if a := tab.admit("p", 9); a.kind != admitAppend {
+		t.Fatalf("an evicted producer is new: %v", a.kind)
+	}
+}
+
+// dropClientConns closes every connection made to b (clients' and
+// peers'), as a network fault would.
+func dropClientConns(b *Broker) int {
+	b.mu.Lock()
+	conns := make([]*quic.Conn, 0, len(b.mu.conns))
+	for c := range b.mu.conns {
+		conns = append(conns, c)
+	}
+	b.mu.Unlock()
+	for _, c := range conns {
+		c.CloseWithError(quic.ApplicationErrorCode(transport.CodeUnavailable), "test: connection dropped")
+	}
+	return len(conns)
+}
+
+// TestIdempotentPublisherExactlyOnce: the SDK's idempotent publisher
+// sends records of unknown outcome again by itself while the connection
+// to its broker is cut again and again; every record resolves with an
+// ack, and each is in its shard's log exactly once, in the order sent.
+func TestIdempotentPublisherExactlyOnce(t *testing.T) {
+	ip := startInproc(t, 2, shardmap.StreamConfig{Name: "eo", Shards: 2})
+	via := ip.brokers[0]
+	caFile := filepath.Join(ip.dir, "certs", "ca.crt")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := client.Connect(ctx, via.Addr().String(), client.WithCAFile(caFile), adminCert(caFile), client.WithLogger(quiet()),
+		client.WithIdempotence(), client.WithReconnect(5*time.Millisecond, 50*time.Millisecond), client.WithRetryTimeout(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pub, err := c.Publisher(ctx, "eo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+
+	const n = 3000
+	stop := make(chan struct{})
+	killed := make(chan int)
+	go func() {
+		kills := 0
+		defer func() { killed <- kills }()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(30 * time.Millisecond):
+				if dropClientConns(via) > 0 {
+					kills++
+				}
+			}
+		}
+	}()
+	futures := make([]*client.Future, n)
+	for i := range n {
+		key := fmt.Sprintf("k%d", i%7)
+		f, err := pub.PublishAsync(ctx, []byte(key), []byte(strconv.Itoa(i)))
+		if err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+		futures[i] = f
+	}
+	dups := 0
+	for i, f := range futures {
+		a, err := f.Wait(ctx)
+		if err != nil {
+			close(stop)
+			<-killed
+			t.Fatalf("record %d: %v", i, err)
+		}
+		if a.Duplicate {
+			dups++
+		}
+	}
+	close(stop)
+	kills := <-killed
+	seen := map[string]int{}
+	for shard := range 2 {
+		last := -1
+		for _, v := range readAll(t, ip.owner("eo", shard), "eo", shard) {
+			seen[v]++
+			i, _ := strconv.Atoi(v)
+			if i <= last {
+				t.Fatalf("shard %d: record %d after %d", shard, i, last)
+			}
+			last = i
+		}
+	}
+	for i := range n {
+		if got := seen[strconv.Itoa(i)]; got != 1 {
+			t.Fatalf("record %d is in the log %d times", i, got)
+		}
+	}
+	if len(seen) != n {
+		t.Fatalf("%d distinct records in the logs, want %d", len(seen), n)
+	}
+	t.Logf("%d records, %d connection drops, %d acked as duplicates of an earlier attempt", n, kills, dups)
+}

@@ -1,0 +1,374 @@
+package client
+
+// # Idempotent publishers (WithIdempotence)
+//
+// Each Publisher of an idempotent client numbers its records per shard:
+// the records it sends to shard s of stream x carry a producer id of its
+// own (random, per Publisher and shard) and sequences 1, 2, 3, ... in the
+// order they go on the wire. The shard's owner writes each (producer id,
+// sequence) once (see broker's producers.go).
+//
+// When a record's outcome is unknown — its stream or connection died, or
+// the broker answered unavailable, shutting_down, timeout or internal — or
+// the owner refused it out_of_order_sequence (an earlier one was lost),
+// the publisher does not fail it: it abandons the stream, and the records
+// that were waiting on it ("unresolved", in send order) are sent again,
+// first thing, on a new stream (redialing the broker as needed), with the
+// same producer ids and sequences, before any record published since. A
+// record the owner had committed is answered with its original ack
+// (Ack.Duplicate set); one it had not is written. Each record thus ends up
+// in its shard once, in the order sent.
+//
+// A record refused for good (payload_too_large, unauthorized, ...) is not
+// written and fails; the records sent after it to the same shard would be
+// refused out of order, so they are sent again under a fresh producer id
+// of that shard, sequences from 1. (They cannot have been written under
+// the old id: the owner accepts sequence n+1 of an id only after n.)
+//
+// Retries are bounded: when a record has stayed unresolved for the retry
+// timeout (WithRetryTimeout), the publisher gives up on every unresolved
+// record — they fail with an error matching [ErrRetriesExhausted] and
+// [ErrConnectionLost], their outcome unknown — and their shards get fresh
+// producer ids.
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/felix-broker/felix/transport"
+)
+
+// ErrRetriesExhausted is what a record of an idempotent publisher fails
+// with when it stayed of unknown outcome for the retry timeout
+// (WithRetryTimeout) and the publisher gave up on it: it may or may not
+// have been written. The error also matches [ErrConnectionLost] and wraps
+// the last cause.
+var ErrRetriesExhausted = errors.New("client: gave up retrying a record of unknown outcome (it may or may not have been written)")
+
+// Defaults of the idempotent publisher.
+const (
+	// DefaultRetryTimeout bounds how long an idempotent publisher retries
+	// a record of unknown outcome.
+	DefaultRetryTimeout = 2 * time.Minute
+	// DefaultIdempotentMaxInFlight is the publish window of an idempotent
+	// client unless WithMaxInFlight is given: the brokers' default
+	// ProducerWindow, so that every retried record gets its original ack.
+	DefaultIdempotentMaxInFlight = 256
+)
+
+type shardKey struct {
+	stream string
+	shard  int32
+}
+
+// idemShard is the producer id a publisher uses on one shard and the last
+// sequence it took there.
+type idemShard struct {
+	id   string
+	last uint64
+}
+
+// idemState is an idempotent publisher's numbering and its unresolved
+// records. Lock order: a session's mu, then idemState.mu.
+type idemState struct {
+	p        *Publisher
+	base     string
+	retryFor time.Duration
+
+	mu struct {
+		sync.Mutex
+		ids        uint64 // producer ids made
+		shards     map[shardKey]*idemShard
+		order      uint64    // send order of the last record published
+		unresolved []*Future // outcome unknown, to send again; by order
+		refused    map[shardKey]refusal
+		resending  bool // the resender goroutine runs
+	}
+}
+
+// refusal is the lowest sequence of a shard's producer id refused for
+// good since the unresolved records were last sent again.
+type refusal struct {
+	id  string
+	seq uint64
+}
+
+func newIdemState(p *Publisher, retryFor time.Duration) *idemState {
+	st := &idemState{p: p, base: fmt.Sprintf("%016x", rand.Uint64()), retryFor: retryFor}
+	st.mu.shards = map[shardKey]*idemShard{}
+	st.mu.refused = map[shardKey]refusal{}
+	return st
+}
+
+// newIDLocked returns a producer id never used before by this publisher.
+func (st *idemState) newIDLocked() string {
+	st.mu.ids++
+	return st.base + "." + strconv.FormatUint(st.mu.ids, 10)
+}
+
+// stamp gives f its place in the send order.
+func (st *idemState) stamp(f *Future) {
+	st.mu.Lock()
+	st.mu.order++
+	f.order = st.mu.order
+	st.mu.Unlock()
+}
+
+// next takes the next sequence of shard of stream. The caller holds the
+// session's mu, so sequences are taken in wire order.
+func (st *idemState) next(stream string, shard int32) (string, uint64) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	k := shardKey{stream, shard}
+	sh := st.mu.shards[k]
+	if sh == nil {
+		sh = &idemShard{id: st.newIDLocked()}
+		st.mu.shards[k] = sh
+	}
+	sh.last++
+	return sh.id, sh.last
+}
+
+// refused notes that the record sent as frame was refused for good.
+func (st *idemState) refused(frame *transport.Publish) {
+	if frame == nil || frame.ProducerSeq == 0 {
+		return
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	k := shardKey{frame.Stream, frame.Shard}
+	if r, ok := st.mu.refused[k]; !ok || r.id != frame.ProducerID || frame.ProducerSeq < r.seq {
+		st.mu.refused[k] = refusal{id: frame.ProducerID, seq: frame.ProducerSeq}
+	}
+}
+
+// unresolve takes records whose outcome became unknown (cause) to send
+// them again, and makes sure the resender runs.
+func (st *idemState) unresolve(pending map[uint64]*Future, cause error) {
+	if len(pending) == 0 {
+		return
+	}
+	now := time.Now()
+	st.mu.Lock()
+	for _, f := range pending {
+		if f.failedAt.IsZero() {
+			f.failedAt = now
+		}
+		f.cause = cause
+		st.mu.unresolved = append(st.mu.unresolved, f)
+	}
+	slices.SortFunc(st.mu.unresolved, byOrder)
+	start := !st.mu.resending
+	st.mu.resending = true
+	st.mu.Unlock()
+	if start {
+		st.p.c.wg.Add(1) // the caller is a counted goroutine (a session's reader), or holds the publisher's opening slot
+		go st.p.resendLoop()
+	}
+}
+
+// takeUnresolved returns the unresolved records to send again, in order,
+// first renumbering those sent after a record refused for good.
+func (st *idemState) takeUnresolved() []*Future {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	fs := st.mu.unresolved
+	st.mu.unresolved = nil
+	for k, r := range st.mu.refused {
+		sh := st.mu.shards[k]
+		renumbered := false
+		for _, f := range fs {
+			fr := f.frame
+			if fr.Stream != k.stream || fr.Shard != k.shard || fr.ProducerID != r.id || fr.ProducerSeq <= r.seq {
+				continue
+			}
+			if !renumbered && sh != nil && sh.id == r.id {
+				sh.id, sh.last = st.newIDLocked(), 0
+			}
+			renumbered = true
+			sh.last++
+			fr.ProducerID, fr.ProducerSeq = sh.id, sh.last
+		}
+		if !renumbered && sh != nil && sh.id == r.id {
+			// Nothing after it is left: start the shard afresh anyway,
+			// so the next record is not refused out of order.
+			sh.id, sh.last = st.newIDLocked(), 0
+		}
+		delete(st.mu.refused, k)
+	}
+	return fs
+}
+
+// putBack returns records taken by takeUnresolved and not sent.
+func (st *idemState) putBack(fs []*Future) {
+	st.mu.Lock()
+	st.mu.unresolved = append(fs, st.mu.unresolved...)
+	slices.SortFunc(st.mu.unresolved, byOrder)
+	st.mu.Unlock()
+}
+
+// hasUnresolved reports whether records wait to be sent again.
+func (st *idemState) hasUnresolved() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return len(st.mu.unresolved) > 0
+}
+
+// deadline returns when the publisher gives up on its oldest unresolved
+// record; ok is false (and the resender stops) when there is none.
+func (st *idemState) deadline() (time.Time, bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.mu.unresolved) == 0 {
+		st.mu.resending = false
+		return time.Time{}, false
+	}
+	oldest := st.mu.unresolved[0].failedAt
+	for _, f := range st.mu.unresolved {
+		if f.failedAt.Before(oldest) {
+			oldest = f.failedAt
+		}
+	}
+	return oldest.Add(st.retryFor), true
+}
+
+func byOrder(a, b *Future) int { return cmp.Compare(a.order, b.order) }
+
+// abandon fails every unresolved record with err (wrapped as a
+// PublishError), and gives their shards fresh producer ids when fresh.
+func (st *idemState) abandon(err func(*Future) error, fresh bool) {
+	st.mu.Lock()
+	fs := st.mu.unresolved
+	st.mu.unresolved = nil
+	if fresh {
+		for _, f := range fs {
+			k := shardKey{f.frame.Stream, f.frame.Shard}
+			if sh := st.mu.shards[k]; sh != nil && sh.id == f.frame.ProducerID {
+				sh.id, sh.last = st.newIDLocked(), 0
+			}
+		}
+	}
+	st.mu.Unlock()
+	for _, f := range fs {
+		f.resolve(Ack{}, &PublishError{Stream: f.stream, Shard: int(f.shard), Broker: st.p.c.addr, Err: err(f)})
+	}
+	for _, f := range fs {
+		f.finish()
+	}
+}
+
+// unresolvedFutures returns the records waiting to be sent again.
+func (st *idemState) unresolvedFutures() []*Future {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return slices.Clone(st.mu.unresolved)
+}
+
+// resendLoop sends the unresolved records again until there are none,
+// giving up on them at their deadline. It is the publisher's goroutine
+// while there are unresolved records.
+func (p *Publisher) resendLoop() {
+	defer p.c.wg.Done()
+	st := p.idem
+	for {
+		deadline, ok := st.deadline()
+		if !ok {
+			return
+		}
+		ctx, cancel := context.WithDeadline(p.c.ctx, deadline)
+		_, err := p.session(ctx)
+		cancel()
+		switch {
+		case err == nil:
+		case errors.Is(err, ErrClosed) || p.c.ctx.Err() != nil:
+			st.abandon(func(*Future) error { return errClosedInFlight }, false)
+		case !time.Now().Before(deadline):
+			st.abandon(func(f *Future) error {
+				return fmt.Errorf("%w after %v: %w (last: %w; then %w)", ErrRetriesExhausted, st.retryFor, ErrConnectionLost, f.cause, err)
+			}, true)
+			p.c.cfg.logger.Warn("client: idempotent publisher gave up retrying records of unknown outcome", "broker", p.c.addr, "after", st.retryFor, "err", err)
+		default:
+			// The broker cannot be reached yet; the dial backs off.
+			sleep(p.c.ctx, 10*time.Millisecond)
+		}
+	}
+}
+
+// openIdem opens a new stream for an idempotent publisher and sends the
+// unresolved records on it, in order, before anyone else may use it. The
+// caller holds the opening slot.
+func (p *Publisher) openIdem(ctx context.Context) (*pubSession, error) {
+	p.mu.Lock()
+	old := p.mu.sess
+	p.mu.Unlock()
+	if old != nil {
+		// Records sent after the unresolved ones would overtake them:
+		// they are unresolved too.
+		old.fail(lost(errors.New("publish stream abandoned to send records of unknown outcome again")))
+	}
+	conn, err := p.c.home.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	str, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("opening publish stream to %s: %w", p.c.addr, errors.Join(errStaleSession, err))
+	}
+	s := newPubSession(p.c.addr, str, p.c.maxFrame())
+	s.idem = p.idem
+
+	p.mu.Lock()
+	if p.mu.closed || p.c.closed.Load() {
+		p.mu.Unlock()
+		cancelStream(str)
+		return nil, ErrClosed
+	}
+	p.mu.sess, p.mu.ready = s, false
+	p.c.wg.Add(1)
+	go func() {
+		defer p.c.wg.Done()
+		s.readLoop()
+	}()
+	p.mu.Unlock()
+
+	fs := p.idem.takeUnresolved()
+	for i, f := range fs {
+		if err := s.send(f, f.frame); errors.Is(err, errStaleSession) {
+			p.idem.putBack(fs[i:])
+			return nil, fmt.Errorf("sending records of unknown outcome again to %s: %w", p.c.addr, err)
+		}
+	}
+	p.mu.Lock()
+	p.mu.ready = true
+	p.mu.Unlock()
+	return s, nil
+}
+
+// retriable reports whether an idempotent publisher sends again a record
+// that failed with err: its outcome is unknown, or it was not written and
+// may be on a retry.
+func retriable(err error) bool {
+	if errors.Is(err, ErrClosed) {
+		return false
+	}
+	var werr *transport.Error
+	if !errors.As(err, &werr) {
+		return errors.Is(err, ErrConnectionLost)
+	}
+	switch werr.Code {
+	case transport.CodeUnavailable, transport.CodeShuttingDown, transport.CodeTimeout, transport.CodeInternal,
+		transport.CodeNotOwner, transport.CodeOutOfOrderSequence:
+		return true
+	}
+	return errors.Is(err, ErrConnectionLost) // a stream-level error ended the stream
+}
