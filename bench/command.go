@@ -24,12 +24,20 @@ import (
 //
 //	Bench bench.Command `cmd:"" help:"Measure latency and throughput against the floors."`
 type Command struct {
-	Local   bool   `help:"Start a local cluster (control plane in-process, brokers as processes of this executable) and bench it." xor:"target"`
-	Cluster string `help:"Bench the existing cluster described by this connection file." type:"path" xor:"target" placeholder:"FILE"`
-	Broker  string `help:"Bench the existing cluster this broker belongs to (with --ca)." xor:"target" placeholder:"ADDR"`
-	CA      string `help:"Cluster CA certificate, with --broker." type:"path" placeholder:"FILE"`
-	Cert    string `help:"Client certificate, with --broker (a principal allowed to create, publish to and subscribe to the bench's streams)." type:"path" placeholder:"FILE"`
-	Key     string `help:"Private key of --cert." type:"path" placeholder:"FILE"`
+	Local bool `help:"Start a local cluster (control plane in-process, brokers as processes of this executable) and bench it. Without it the bench runs against the cluster felixctl finds like every other command (--cluster, --broker, --context, ./felix-cluster.json), as a principal allowed to create, publish to and subscribe to the bench's streams."`
+
+	// The existing cluster to bench, without --local: a connection file,
+	// or one broker with the cluster CA and a client certificate.
+	// felixctl fills them from its discovery (its global flags); they are
+	// not flags of their own.
+	Cluster string `kong:"-"`
+	Broker  string `kong:"-"`
+	CA      string `kong:"-"`
+	Cert    string `kong:"-"`
+	Key     string `kong:"-"`
+	// Source names the cluster in the report when given by Broker
+	// ("felix-cluster.json", "context prod").
+	Source string `kong:"-"`
 
 	Brokers     int    `help:"Brokers of the local cluster." default:"3"`
 	BrokerProcs int    `help:"With --local: GOMAXPROCS of each broker process (0: Go's default, all CPUs)." default:"0"`
@@ -56,7 +64,9 @@ type Command struct {
 
 	Telemetry bool `help:"With --local: measure what telemetry costs: run direct and forwarded on two local clusters, one with no telemetry and one tracing every publish (spans dropped in-process) and recording metrics, alternating record by record, and report the p50s and their ratio."`
 
-	JSON     bool   `help:"Write the report as JSON instead of a table."`
+	// JSON writes the report as JSON instead of a table (felixctl's
+	// global --json).
+	JSON     bool   `kong:"-"`
 	Output   string `short:"o" help:"Write the report to FILE instead of standard output." type:"path" placeholder:"FILE"`
 	Plot     string `help:"Draw latency percentile curves of the scenarios to FILE (.svg or .png)." type:"path" placeholder:"FILE"`
 	Progress bool   `help:"Show a progress bar on standard error (when it is a terminal)." default:"true" negatable:""`
@@ -79,13 +89,10 @@ type settings struct {
 
 // Validate checks the flags; kong calls it after parsing (and prefixes
 // its error with the command's name).
+//
+// It checks the flags only: which cluster to bench (Cluster, Broker, set
+// by felixctl's discovery after parsing) is checked by Execute.
 func (c *Command) Validate() error {
-	if !c.Local && c.Cluster == "" && c.Broker == "" {
-		return errors.New("say which cluster: --local, --cluster FILE or --broker ADDR --ca FILE")
-	}
-	if c.Broker != "" && (c.CA == "" || c.Cert == "" || c.Key == "") {
-		return errors.New("--broker needs --ca, the cluster CA certificate, and --cert and --key, a client certificate")
-	}
 	for _, s := range c.scenarios() {
 		if !slices.Contains(Scenarios, s) {
 			return fmt.Errorf("unknown scenario %q (have %s)", s, strings.Join(Scenarios, ", "))
@@ -118,6 +125,18 @@ func (c *Command) Validate() error {
 	}
 	if c.Window > client.DefaultMaxInFlight {
 		return fmt.Errorf("--window must be at most %d", client.DefaultMaxInFlight)
+	}
+	return nil
+}
+
+// checkTarget checks that one cluster is named: Local, a connection file,
+// or a broker with the CA and a client certificate.
+func (c *Command) checkTarget() error {
+	if !c.Local && c.Cluster == "" && c.Broker == "" {
+		return errors.New("say which cluster: --local, or an existing one (--cluster FILE, --broker ADDR --ca FILE, --context NAME, ./felix-cluster.json)")
+	}
+	if c.Broker != "" && (c.CA == "" || c.Cert == "" || c.Key == "") {
+		return errors.New("a broker to bench needs the cluster CA certificate (--ca) and a client certificate (--cert, --cert-key)")
 	}
 	return nil
 }
@@ -168,6 +187,9 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 	}
 	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("bench: %w", err) // kong adds the prefix itself
+	}
+	if err := c.checkTarget(); err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
 	}
 	started := time.Now()
 	prog := newProgress(os.Stderr, c.Progress)
@@ -248,6 +270,9 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 		seed = c.Broker
 		opts = append(opts, client.WithCAFile(c.CA), client.WithClientCertFile(c.Cert, c.Key))
 		rep.Cluster = "cluster of " + c.Broker
+		if c.Source != "" {
+			rep.Cluster += " (" + c.Source + ")"
+		}
 	}
 	if !c.Local {
 		rep.Notes = append(rep.Notes, "existing cluster: broker CPU and RSS are not measured; the fsync floor is measured in "+

@@ -49,8 +49,9 @@
 // # Usage
 //
 //	felixctl bench --local --json --plot latency.svg
-//	felixctl bench --cluster felix-cluster.json --scenarios direct,forwarded
-//	felixctl bench --broker 10.0.0.5:7100 --ca ca.crt --dir /var/lib/felix
+//	felixctl bench --scenarios direct,forwarded          # the cluster of ./felix-cluster.json, like every felixctl command
+//	felixctl bench --cluster other.json
+//	felixctl bench --broker 10.0.0.5:7100 --ca ca.crt --cert me.crt --cert-key me.key --dir /var/lib/felix
 //	felixctl bench --local --telemetry --count 5000
 //
 // Against an existing cluster, --dir should be a directory on the brokers'

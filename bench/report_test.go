@@ -96,18 +96,25 @@ func TestKongMount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Parse([]string{"bench", "--local", "--json", "--plot", "x.png", "--scenarios", "direct,e2e", "--no-progress"}); err != nil {
+	if _, err := p.Parse([]string{"bench", "--local", "--plot", "x.png", "--scenarios", "direct,e2e", "--no-progress"}); err != nil {
 		t.Fatal(err)
 	}
 	c := cli.Bench
-	if !c.Local || !c.JSON || c.Plot == "" || c.Progress || len(c.Scenarios) != 2 ||
+	if !c.Local || c.Plot == "" || c.Progress || len(c.Scenarios) != 2 ||
 		c.Size != 128 || c.Publishers != 64 || c.Trials != 3 || c.Duration != 3*time.Second {
 		t.Errorf("parsed %+v", c)
 	}
+	// Which cluster, and --json, are felixctl's global flags, not bench's:
+	// felixctl fills Cluster, Broker, CA, Cert, Key and JSON.
+	if err := (&Command{}).checkTarget(); err == nil {
+		t.Error("no cluster named: accepted")
+	}
+	if err := (&Command{Broker: "a:1"}).checkTarget(); err == nil {
+		t.Error("a broker without a CA: accepted")
+	}
 	for _, bad := range [][]string{
-		{"bench"},                               // no cluster named
-		{"bench", "--local", "--broker", "a:1"}, // two
-		{"bench", "--broker", "a:1"},            // no CA
+		{"bench", "--local", "--broker", "a:1"},
+		{"bench", "--local", "--json"},
 		{"bench", "--local", "--scenarios", "nope"},
 		{"bench", "--local", "--plot", "x.jpg"},
 	} {

@@ -64,7 +64,7 @@
 // felix_records_in_total{source}, felix_payload_in_bytes_total{source},
 // felix_records_out_total, felix_payload_out_bytes_total,
 // felix_errors_total{code}, felix_limit_hits_total{limit},
-// felix_connections{type}, felix_streams{type},
+// felix_connections{type}, felix_quic_streams{type} (open QUIC streams),
 // felix_shards_owned, felix_map_epoch and
 // felix_subscriber_lag_records{stream,shard}.
 //

@@ -138,7 +138,7 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 	t.conns, err = m.Int64UpDownCounter("felix.connections", metric.WithUnit("{connection}"),
 		metric.WithDescription("Open QUIC connections, by type (client or peer)."))
 	must(err)
-	t.streams, err = m.Int64UpDownCounter("felix.streams", metric.WithUnit("{stream}"),
+	t.streams, err = m.Int64UpDownCounter("felix.quic.streams", metric.WithUnit("{stream}"),
 		metric.WithDescription("Open QUIC streams, by type (publish, subscribe, request)."))
 	must(err)
 	shardsOwned, err := m.Int64ObservableGauge("felix.shards.owned", metric.WithUnit("{shard}"),

@@ -21,12 +21,19 @@ type ClusterFile struct {
 	CertFile string          `json:"cert_file,omitempty"` // client certificate (PEM)
 	KeyFile  string          `json:"key_file,omitempty"`  // its private key (PEM)
 	Brokers  []ClusterBroker `json:"brokers"`
+	// Admin is the HTTP admin address of the process that runs the
+	// control plane (for `felix dev`: /metrics, /healthz, /readyz, and
+	// its supervisor's POST /restart?broker=ID), if it has one.
+	Admin string `json:"admin,omitempty"`
 }
 
 // ClusterBroker is one broker in a ClusterFile.
 type ClusterBroker struct {
 	ID   string `json:"id"`
 	Addr string `json:"addr"`
+	// Admin is the broker's HTTP admin address (/metrics, /healthz,
+	// /readyz), if known when the file was written.
+	Admin string `json:"admin,omitempty"`
 }
 
 // ErrNoClusterFile is returned by LoadClusterFile when the file is missing.

@@ -217,7 +217,7 @@ func (m *Map) Owner(stream string, shard int) (Node, error) {
 		return Node{}, fmt.Errorf("%w %q (map epoch %d)", ErrUnknownStream, stream, m.Epoch)
 	}
 	if shard < 0 || shard >= len(s.Owners) {
-		return Node{}, fmt.Errorf("%w: stream %q has %d shards, not shard %d", ErrNoShard, stream, len(s.Owners), shard)
+		return Node{}, fmt.Errorf("%w: stream %q has %s, numbered from 0; there is no shard %d", ErrNoShard, stream, shardCount(len(s.Owners)), shard)
 	}
 	n, ok := m.Node(s.Owners[shard])
 	if !ok {
@@ -225,6 +225,14 @@ func (m *Map) Owner(stream string, shard int) (Node, error) {
 		return Node{}, fmt.Errorf("shardmap: shard %s/%d owned by %q, which is not a member (map epoch %d)", stream, shard, s.Owners[shard], m.Epoch)
 	}
 	return n, nil
+}
+
+// shardCount says "1 shard" or "n shards".
+func shardCount(n int) string {
+	if n == 1 {
+		return "1 shard"
+	}
+	return strconv.Itoa(n) + " shards"
 }
 
 // Route returns the shard key maps to in stream and the node owning it.

@@ -7,17 +7,20 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime"
 
 	"github.com/alecthomas/kong"
 
 	"github.com/felix-broker/felix/client"
 	"github.com/felix-broker/felix/internal/servercmd"
+	"github.com/felix-broker/felix/internal/telemetry"
 )
 
 // cli is the command line; kong fills it from flags and FELIX_* variables.
 type cli struct {
-	LogFormat string `help:"Log format: text or json." enum:"text,json" default:"text" env:"FELIX_LOG_FORMAT"`
-	LogLevel  string `help:"Log level: debug, info, warn or error." enum:"debug,info,warn,error" default:"info" env:"FELIX_LOG_LEVEL"`
+	Version   kong.VersionFlag `help:"Print the version (the build's module version and commit, as felix_build_info reports it) and exit."`
+	LogFormat string           `help:"Log format: text or json." enum:"text,json" default:"text" env:"FELIX_LOG_FORMAT"`
+	LogLevel  string           `help:"Log level: debug, info, warn or error." enum:"debug,info,warn,error" default:"info" env:"FELIX_LOG_LEVEL"`
 
 	Broker servercmd.Broker `cmd:"" help:"Run one broker."`
 	Ctl    servercmd.Ctl    `cmd:"" help:"Run the control plane."`
@@ -33,11 +36,25 @@ func main() {
 		kong.Name("felix"),
 		kong.Description("Felix: a clustered, durable, low-latency publish/subscribe broker."),
 		kong.UsageOnError(),
-		kong.Vars{"conn_file": client.DefaultClusterFile},
+		kong.Vars{"conn_file": client.DefaultClusterFile, "version": "felix " + telemetry.Version() + buildSuffix()},
 	)
 	logger := servercmd.NewLogger(c.LogFormat, c.LogLevel)
 	if err := ctx.Run(logger); err != nil {
 		fmt.Fprintf(os.Stderr, "felix: %v\n", err)
 		os.Exit(1)
 	}
+}
+
+// buildSuffix says how the binary was built: " (commit 0123456789ab,
+// modified; go1.26.0 linux/amd64)".
+func buildSuffix() string {
+	build := runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH
+	if rev, mod := telemetry.Revision(); rev != "" {
+		c := "commit " + rev[:min(len(rev), 12)]
+		if mod {
+			c += ", modified"
+		}
+		build = c + "; " + build
+	}
+	return " (" + build + ")"
 }

@@ -31,17 +31,14 @@ func (g grantArgs) grant() (auth.Grant, error) {
 }
 
 type aclGrantCmd struct {
-	clientFlags
 	grantArgs
 }
 
 type aclRevokeCmd struct {
-	clientFlags
 	grantArgs
 }
 
 type aclLsCmd struct {
-	clientFlags
 }
 
 // grantJSON is a grant as --json prints it.
@@ -56,9 +53,12 @@ func (c *aclGrantCmd) Run(a *app) error {
 	if err != nil {
 		return err
 	}
-	return request(a, &c.clientFlags, "", func(ctx context.Context, cl *conn) error {
+	return request(a, a.flags, "", func(ctx context.Context, cl *conn) error {
 		if err := cl.Grant(ctx, g); err != nil {
 			return err
+		}
+		if a.flags.JSON {
+			return printJSON(a.stdout, map[string]any{"granted": grantJSON{Principal: g.Principal, Action: string(g.Action), Pattern: g.Pattern}})
 		}
 		fmt.Fprintf(a.stdout, "granted: %s\n", g)
 		return nil
@@ -70,9 +70,12 @@ func (c *aclRevokeCmd) Run(a *app) error {
 	if err != nil {
 		return err
 	}
-	return request(a, &c.clientFlags, "", func(ctx context.Context, cl *conn) error {
+	return request(a, a.flags, "", func(ctx context.Context, cl *conn) error {
 		if err := cl.Revoke(ctx, g); err != nil {
 			return err
+		}
+		if a.flags.JSON {
+			return printJSON(a.stdout, map[string]any{"revoked": grantJSON{Principal: g.Principal, Action: string(g.Action), Pattern: g.Pattern}})
 		}
 		fmt.Fprintf(a.stdout, "revoked: %s\n", g)
 		return nil
@@ -80,18 +83,19 @@ func (c *aclRevokeCmd) Run(a *app) error {
 }
 
 func (c *aclLsCmd) Run(a *app) error {
-	g := &c.clientFlags
+	g := a.flags
 	return request(a, g, "", func(ctx context.Context, cl *conn) error {
 		grants, err := cl.Grants(ctx)
 		if err != nil {
 			return err
 		}
 		if g.JSON {
-			out := make([]grantJSON, 0, len(grants))
 			for _, gr := range grants {
-				out = append(out, grantJSON{Principal: gr.Principal, Action: string(gr.Action), Pattern: gr.Pattern})
+				if err := printJSON(a.stdout, grantJSON{Principal: gr.Principal, Action: string(gr.Action), Pattern: gr.Pattern}); err != nil {
+					return err
+				}
 			}
-			return printJSON(a.stdout, out)
+			return nil
 		}
 		if len(grants) == 0 {
 			fmt.Fprintln(a.stdout, "no permissions granted (superusers, set on the control plane, may do everything)")

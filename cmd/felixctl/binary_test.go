@@ -40,6 +40,30 @@ func TestBinary(t *testing.T) {
 	if out, code := exitCode("--help"); code != 0 || !strings.Contains(out, "Exit codes:") {
 		t.Errorf("--help: exit %d\n%s", code, out)
 	}
+	// The version, from the build (telemetry.Version, as felix_build_info).
+	for _, args := range [][]string{{"--version"}, {"version"}, {"stream", "ls", "--version"}} {
+		if out, code := exitCode(args...); code != 0 || !regexp.MustCompile(`^felixctl \S+ \(.*go1\.\d+`).MatchString(out) {
+			t.Errorf("%v: exit %d\n%s", args, code, out)
+		}
+	}
+	// Completion scripts, generated from the command line's model.
+	if out, code := exitCode("completion", "bash"); code != 0 || !strings.Contains(out, "complete -o default -F _felixctl felixctl") ||
+		!strings.Contains(out, `"stream") echo "`) || !strings.Contains(out, "--json") {
+		t.Errorf("completion bash: exit %d\n%s", code, out)
+	}
+	if out, code := exitCode("completion", "zsh"); code != 0 || !strings.Contains(out, "bashcompinit") {
+		t.Errorf("completion zsh: exit %d\n%s", code, out)
+	}
+	if bash, err := exec.LookPath("bash"); err == nil {
+		// The script loads, and completes subcommands and flags.
+		script, _ := exitCode("completion", "bash")
+		probe := script + "\nCOMP_WORDS=(felixctl stream c); COMP_CWORD=2; _felixctl; echo \"${COMPREPLY[@]}\"\n" +
+			"COMP_WORDS=(felixctl sub orders --fr); COMP_CWORD=3; _felixctl; echo \"${COMPREPLY[@]}\"\n"
+		out, err := exec.Command(bash, "-c", probe).CombinedOutput()
+		if err != nil || string(out) != "create\n--from\n" {
+			t.Errorf("bash completion: %v %q", err, out)
+		}
+	}
 	if out, code := exitCode("frobnicate"); code != 2 {
 		t.Errorf("unknown command: exit %d\n%s", code, out)
 	}
@@ -49,7 +73,7 @@ func TestBinary(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, felixctl, "demo", "--pace", "0")
+	cmd := exec.CommandContext(ctx, felixctl, "demo", "--fast")
 	cmd.Dir = dir
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -81,7 +105,7 @@ func TestDemoTmux(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, felixctl, "demo", "--tmux", "--no-attach", "--hold", "2m", "--pace", "0", "--socket", socket, "--session", "demo")
+	cmd := exec.CommandContext(ctx, felixctl, "demo", "--tmux", "--no-attach", "--hold", "2m", "--fast", "--socket", socket, "--session", "demo")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +154,7 @@ func TestDemoTmux(t *testing.T) {
 	}
 	owner := m[1]
 	for _, id := range []string{"broker-0", "broker-1", "broker-2"} {
-		if !regexp.MustCompile(`(?m)^` + id + ` +127\.0\.0\.1:\d+ +live +\d$`).MatchString(clusterPane) {
+		if !regexp.MustCompile(`(?m)^` + id + ` +127\.0\.0\.1:\d+ +live +(no shards|1 shard)$`).MatchString(clusterPane) {
 			t.Errorf("cluster pane: %s is not shown live", id)
 		}
 	}
@@ -140,7 +164,6 @@ func TestDemoTmux(t *testing.T) {
 		`published "direct" to orders via ` + owner + ` (the owner) — written locally, no hop (shard 0, offset 1)`,
 		"$ felixctl pub orders seq --count 6 --via broker-0,broker-1,broker-2",
 		"$ felixctl pub orders par --count 24 --concurrency 12 --via broker-0,broker-1,broker-2",
-		"# " + demo.Why,
 	} {
 		if !strings.Contains(pubPane, want) {
 			t.Errorf("publisher pane lacks %q", want)
@@ -148,6 +171,15 @@ func TestDemoTmux(t *testing.T) {
 	}
 	if !regexp.MustCompile(`(?m)^published "hello" to orders via broker-\d → forwarded to ` + owner + ` → acknowledged \(shard 0, offset 0\)$`).MatchString(pubPane) {
 		t.Errorf("publisher pane: no forwarded hello")
+	}
+	// The closing text, typed as comments wrapped between words to the
+	// pane's width.
+	var why []string
+	for _, m := range regexp.MustCompile(`(?m)^\$ # (.*)$`).FindAllStringSubmatch(pubPane, -1) {
+		why = append(why, strings.TrimSpace(m[1]))
+	}
+	if strings.Join(why, " ") != demo.Why {
+		t.Errorf("publisher pane: the closing comments read %q, want %q", strings.Join(why, " "), demo.Why)
 	}
 	if n := len(regexp.MustCompile(`(?m)^published "par-\d{3}" `).FindAllString(pubPane, -1)); n != 24 {
 		t.Errorf("publisher pane: %d of 24 concurrent records acknowledged", n)

@@ -13,7 +13,6 @@ type clusterCmd struct {
 }
 
 type clusterStatusCmd struct {
-	clientFlags
 }
 
 // statusJSON is the cluster status as --json prints it.
@@ -33,7 +32,7 @@ type nodeJSON struct {
 }
 
 func (s *clusterStatusCmd) Run(a *app) error {
-	g := &s.clientFlags
+	g := a.flags
 	ctx, cancel := context.WithTimeout(a.ctx, g.Timeout)
 	defer cancel()
 	c, err := g.connect(ctx, a, "")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -98,9 +100,152 @@ func TestCommands(t *testing.T) {
 			t.Errorf("sub --json: %v %+v", err, r)
 		}
 		// Fewer records than --count within --wait: a failure that says so.
-		r = felixctl(t, env, "sub", "orders", "--from", "latest", "--count", "1", "--wait", "300ms")
-		if r.code != 1 || !strings.Contains(r.stderr, "received 0 of 1 records from orders within 300ms") {
+		r = felixctl(t, env, "sub", "orders", "--from", "latest", "--count", "2", "--wait", "300ms")
+		if r.code != 1 || !strings.Contains(r.stderr, "received 0 of 2 records from orders within 300ms") {
 			t.Errorf("sub past --wait: %+v", r)
+		}
+		// Without --count, --wait is how long to listen: exit 0 after it.
+		start := time.Now()
+		r = felixctl(t, env, "sub", "orders", "--from", "latest", "--wait", "500ms")
+		if r.code != 0 || r.stdout != "" || time.Since(start) < 500*time.Millisecond {
+			t.Errorf("sub --wait without --count: %+v", r)
+		}
+		// An offset must be an offset; a shard must be one of the stream's.
+		r = felixctl(t, env, "sub", "orders", "--from", "-5")
+		if r.code != 2 || !strings.Contains(r.stderr, "felixctl: --from must be earliest, latest or an offset (0 or more), got -5") {
+			t.Errorf("sub --from -5: %+v", r)
+		}
+		r = felixctl(t, env, "sub", "orders", "--shard", "3", "--count", "1")
+		if r.code != 2 || !strings.Contains(r.stderr, `felixctl: stream "orders" has 1 shard: --shard must be 0, got 3`) {
+			t.Errorf("sub --shard 3: %+v", r)
+		}
+		if strings.Contains(r.stderr, "shardmap:") || strings.Contains(r.stderr, "client:") {
+			t.Errorf("an internal package prefix leaks: %q", r.stderr)
+		}
+	})
+
+	t.Run("values from stdin and files, headers, large values", func(t *testing.T) {
+		r := felixctlIn(t, env, "from stdin", "pub", "orders", "-", "--header", "trace=abc", "-H", "kind=note", "--json")
+		var ack pubJSON
+		if err := json.Unmarshal([]byte(r.stdout), &ack); err != nil || r.code != 0 || ack.Value != "from stdin" {
+			t.Fatalf("pub - : %v %+v", err, r)
+		}
+		r = felixctl(t, env, "sub", "orders", "--from", fmt.Sprint(ack.Offset), "--count", "1", "--wait", "20s", "--json")
+		var rec subJSON
+		if err := json.Unmarshal([]byte(r.stdout), &rec); err != nil || rec.Value != "from stdin" ||
+			rec.Headers["trace"] != "abc" || rec.Headers["kind"] != "note" {
+			t.Errorf("the record published from stdin: %v %+v", err, r)
+		}
+		big := strings.Repeat("x", 5000)
+		file := filepath.Join(t.TempDir(), "big.txt")
+		if err := os.WriteFile(file, []byte(big), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		r = felixctl(t, env, "pub", "orders", "--file", file, "--via", owner)
+		if r.code != 0 || !strings.HasPrefix(r.stdout, `published "`+big[:32]+`…" (4.9 KiB) to orders via `+owner) || len(r.stdout) > 200 {
+			t.Errorf("pub --file of 5000 bytes: %+v", r)
+		}
+		if r := felixctl(t, env, "pub", "orders", "x", "--header", "nokey"); r.code != 2 || !strings.Contains(r.stderr, `--header "nokey": write it as KEY=VALUE`) {
+			t.Errorf("a header without '=': %+v", r)
+		}
+		if r := felixctl(t, env, "pub", "--help"); r.code != 0 || !strings.Contains(r.stdout, "--max-record-bytes") || !strings.Contains(r.stdout, "1 MiB") {
+			t.Errorf("pub --help does not document the record size limit: %+v", r)
+		}
+	})
+
+	t.Run("global flags anywhere", func(t *testing.T) {
+		// Before the command, after it, and between its words.
+		for _, args := range [][]string{
+			{"--json", "stream", "ls"},
+			{"stream", "--json", "ls"},
+			{"stream", "ls", "--json"},
+			{"--cluster", file, "--json", "stream", "ls"},
+		} {
+			r := felixctl(t, env, args...)
+			var st streamJSON
+			if err := json.Unmarshal([]byte(strings.SplitN(r.stdout, "\n", 2)[0]), &st); r.code != 0 || err != nil || st.Name == "" {
+				t.Errorf("%v: %v %+v", args, err, r)
+			}
+		}
+		// A command's help lists its own flags, not the connection flags.
+		r := felixctl(t, env, "pub", "--help")
+		if strings.Contains(r.stdout, "--cert-key=FILE") || !strings.Contains(r.stdout, "--concurrency") || !strings.Contains(r.stdout, "Connection flags") {
+			t.Errorf("pub --help: %+v", r)
+		}
+		if r := felixctl(t, env, "--help"); !strings.Contains(r.stdout, "--cert-key=FILE") {
+			t.Errorf("--help lacks the connection flags: %+v", r)
+		}
+	})
+
+	t.Run("version", func(t *testing.T) {
+		for _, args := range [][]string{{"version"}, {"--version"}} {
+			r := felixctl(t, env, args...)
+			if r.code != 0 || !regexp.MustCompile(`^felixctl \S+ \(`).MatchString(r.stdout) {
+				t.Errorf("%v: %+v", args, r)
+			}
+		}
+		r := felixctl(t, env, "version", "--json")
+		var v versionJSON
+		if err := json.Unmarshal([]byte(r.stdout), &v); err != nil || v.Version == "" || v.GoVersion == "" {
+			t.Errorf("version --json: %v %+v", err, r)
+		}
+	})
+
+	t.Run("contexts", func(t *testing.T) {
+		cfg := t.TempDir()
+		cenv := map[string]string{"XDG_CONFIG_HOME": cfg}
+		t.Chdir(t.TempDir()) // no felix-cluster.json here
+		if r := felixctl(t, cenv, "context", "ls"); r.code != 0 || !strings.HasPrefix(r.stdout, "no contexts saved in "+filepath.Join(cfg, "felix")) {
+			t.Errorf("context ls, none: %+v", r)
+		}
+		if r := felixctl(t, cenv, "cluster", "status"); r.code != 1 || !strings.Contains(r.stderr, "no cluster to talk to") {
+			t.Errorf("no context, no file: %+v", r)
+		}
+		if r := felixctl(t, cenv, "context", "add", "local", "--cluster", file, "--description", "the test cluster"); r.code != 0 || r.stdout != "saved context local: "+file+"\n" {
+			t.Fatalf("context add: %+v", r)
+		}
+		b := c.Broker(other)
+		cert, key := c.AdminCert()
+		if r := felixctl(t, cenv, "context", "add", "one", "--broker", b.Addr, "--ca", c.CAFile(), "--cert", cert, "--cert-key", key, "--use"); r.code != 0 ||
+			!strings.Contains(r.stdout, "selected context one") {
+			t.Fatalf("context add --use: %+v", r)
+		}
+		r := felixctl(t, cenv, "context", "ls")
+		if r.code != 0 || !regexp.MustCompile(`(?m)^ +local +`+regexp.QuoteMeta(file)+` +the test cluster$`).MatchString(r.stdout) ||
+			!regexp.MustCompile(`(?m)^\* +one +`+regexp.QuoteMeta(b.Addr)).MatchString(r.stdout) {
+			t.Errorf("context ls: %+v", r)
+		}
+		// The selected context is used when nothing else names a cluster.
+		r = felixctl(t, cenv, "pub", "orders", "ctx")
+		if r.code != 0 || !strings.HasPrefix(r.stdout, `published "ctx" to orders via `+other) {
+			t.Errorf("pub through the selected context: %+v", r)
+		}
+		// --context beats the selected one; the environment beats the
+		// selected one; a flag beats the environment.
+		if r := felixctl(t, cenv, "--context", "local", "cluster", "status"); r.code != 0 {
+			t.Errorf("--context local: %+v", r)
+		}
+		withEnv := map[string]string{"XDG_CONFIG_HOME": cfg, "FELIX_CONTEXT": "nope"}
+		if r := felixctl(t, withEnv, "cluster", "status"); r.code != 2 || !strings.Contains(r.stderr, `there is no context "nope"; the saved ones are local, one`) {
+			t.Errorf("FELIX_CONTEXT=nope: %+v", r)
+		}
+		if r := felixctl(t, withEnv, "cluster", "status", "--context", "local"); r.code != 0 {
+			t.Errorf("--context over FELIX_CONTEXT: %+v", r)
+		}
+		if r := felixctl(t, cenv, "context", "use", "local"); r.code != 0 || !strings.HasPrefix(r.stdout, "selected context local: ") {
+			t.Errorf("context use: %+v", r)
+		}
+		r = felixctl(t, cenv, "context", "ls", "--json")
+		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		var first contextJSON
+		if len(lines) != 2 || json.Unmarshal([]byte(lines[0]), &first) != nil || first.Name != "local" || !first.Selected || first.Cluster != file {
+			t.Errorf("context ls --json: %+v", r)
+		}
+		if r := felixctl(t, cenv, "context", "rm", "local"); r.code != 0 || r.stdout != "deleted context local\n" {
+			t.Errorf("context rm: %+v", r)
+		}
+		if r := felixctl(t, cenv, "context", "add", "bad"); r.code != 2 || !strings.Contains(r.stderr, "say where the cluster is") {
+			t.Errorf("context add with no cluster: %+v", r)
 		}
 	})
 
@@ -113,9 +258,8 @@ func TestCommands(t *testing.T) {
 			t.Errorf("stream ls: %+v", r)
 		}
 		r = felixctl(t, env, "stream", "ls", "--json")
-		var list []streamJSON
-		if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list) != 2 {
-			t.Errorf("stream ls --json: %v %+v", err, r)
+		if list := ndjson[streamJSON](t, r.stdout); len(list) != 2 || list[0].Name != "orders" || list[1].Shards != 3 {
+			t.Errorf("stream ls --json: %+v", r)
 		}
 		r = felixctl(t, env, "stream", "info", "orders")
 		if r.code != 0 || !strings.HasPrefix(r.stdout, "stream orders: 1 shard, retention unlimited\n") ||
@@ -255,23 +399,45 @@ func TestCommands(t *testing.T) {
 		}()
 		r := felixctl(t, env, "cluster", "stats", "--count", "1", "--interval", "1s", "--json")
 		<-done
-		var rows []map[string]any
-		if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil || r.code != 0 || len(rows) != 3 {
-			t.Fatalf("%v %+v", err, r)
+		rows := ndjson[map[string]any](t, r.stdout)
+		if r.code != 0 || len(rows) != 3 {
+			t.Fatalf("%+v", r)
 		}
 		for _, row := range rows {
 			if row["live"] != true || row["epoch"].(float64) == 0 {
 				t.Errorf("row %v", row)
 			}
-			if row["node"] == owner && row["shards_owned"].(float64) != 1 {
+			if _, ok := row["quic_streams"]; !ok {
+				t.Errorf("row %v has no quic_streams", row)
+			}
+			if row["node"] == owner && (row["shards_owned"].(float64) != 1 || row["streams"].(float64) < 1) {
 				t.Errorf("owner row %v", row)
 			}
 		}
-		r = felixctl(t, env, "cluster", "stats", "--count", "1", "--interval", "200ms")
-		if r.code != 0 || !strings.Contains(r.stdout, "FSYNC p50") || !strings.Contains(r.stdout, owner) {
+		// Piped (not a terminal): several tables, and no clear-screen
+		// escapes between them.
+		r = felixctl(t, env, "cluster", "stats", "--count", "2", "--interval", "200ms")
+		if r.code != 0 || !strings.Contains(r.stdout, "FSYNC p50") || !strings.Contains(r.stdout, owner) ||
+			strings.Count(r.stdout, "felix cluster: epoch") != 2 || strings.Contains(r.stdout, "\x1b") {
 			t.Errorf("%+v", r)
 		}
 	})
+
+	// A stream with one shard on the broker about to be killed and one
+	// elsewhere, and a record on the latter.
+	wide, downShard, upShard := twoShardStream(t, other)
+	if r := felixctl(t, env, "stream", "create", wide, "--shards", "2"); r.code != 0 {
+		t.Fatalf("%+v", r)
+	}
+	if _, err := c.WaitMap(context.Background(), func(m *shardmap.Map) bool {
+		st, ok := m.Stream(wide)
+		return ok && st.Owners[downShard] == other && st.Owners[upShard] != other
+	}); err != nil {
+		t.Fatalf("stream %s is not placed as rendezvous hashing says: %v", wide, err)
+	}
+	if r := felixctl(t, env, "pub", wide, "up", "--shard", fmt.Sprint(upShard)); r.code != 0 {
+		t.Fatalf("%+v", r)
+	}
 
 	// Kill a broker that does not own orders/0: the cluster is unhealthy
 	// (exit 3), publishing through it fails with a sentence.
@@ -285,7 +451,7 @@ func TestCommands(t *testing.T) {
 	}
 	t.Run("cluster status unhealthy", func(t *testing.T) {
 		r := felixctl(t, env, "cluster", "status")
-		if r.code != exitUnhealthy || !regexp.MustCompile(`(?m)^`+other+` +\S+ +down +0$`).MatchString(r.stdout) ||
+		if r.code != exitUnhealthy || !regexp.MustCompile(`(?m)^`+other+` +\S+ +down +1 shard$`).MatchString(r.stdout) ||
 			!strings.Contains(r.stderr, "felixctl: the cluster is unhealthy: "+other+" is down, and its shards are unavailable until it is back: restart it") {
 			t.Errorf("%+v", r)
 		}
@@ -294,12 +460,45 @@ func TestCommands(t *testing.T) {
 		if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || st.Healthy || r.code != exitUnhealthy {
 			t.Errorf("%v %+v", err, r)
 		}
+		// cluster stats too: the table shows it down, and the exit is 3.
+		r = felixctl(t, env, "cluster", "stats", "--count", "1", "--interval", "100ms")
+		if r.code != exitUnhealthy || !regexp.MustCompile(`(?m)^ *`+other+` +down `).MatchString(r.stdout) ||
+			!strings.Contains(r.stderr, other+" is down") {
+			t.Errorf("cluster stats with a broker down: %+v", r)
+		}
+	})
+	t.Run("sub with a shard's owner down", func(t *testing.T) {
+		// The shard on the live broker flows; the other is named, with
+		// why; the exit is 1 once --wait passes, not later.
+		start := time.Now()
+		r := felixctl(t, env, "sub", wide, "--count", "2", "--wait", "3s", "--check", "500ms")
+		took := time.Since(start)
+		down := fmt.Sprintf("%s/%d", wide, downShard)
+		if r.code != 1 || r.stdout != fmt.Sprintf("received \"up\" from %s (shard %d, offset 0)\n", wide, upShard) {
+			t.Errorf("sub: %+v", r)
+		}
+		if !strings.Contains(r.stderr, "felixctl: shard "+down+" cannot be read: its owner "+other+" ("+c.Broker(other).Addr+") is down") ||
+			!strings.Contains(r.stderr, "the other shards go on") {
+			t.Errorf("sub does not say which shard is stuck and why: %q", r.stderr)
+		}
+		if !strings.Contains(r.stderr, "felixctl: received 1 of 2 records from "+wide+" within 3s (--wait): shard "+down+" could not be read: its owner "+other) {
+			t.Errorf("sub's final error: %q", r.stderr)
+		}
+		if took > 6*time.Second {
+			t.Errorf("sub took %s with --wait 3s", took)
+		}
+		// Without --count: listening for --wait is not met either.
+		r = felixctl(t, env, "sub", wide, "--wait", "1s")
+		if r.code != 1 || !strings.Contains(r.stderr, "felixctl: listened to "+wide+" for 1s (--wait), but shard "+down+" could not be read") {
+			t.Errorf("sub --wait without --count: %+v", r)
+		}
 	})
 	t.Run("pub through a dead broker", func(t *testing.T) {
+		// The others answer, and say it is down: the sentence says so.
 		r := felixctl(t, env, "pub", "orders", "x", "--via", other, "--dial-timeout", "500ms")
-		want := fmt.Sprintf("felixctl: %s (%s) is not reachable: is `felix dev` running?\n", other, c.Broker(other).Addr)
-		if r.code != 1 || r.stderr != want {
-			t.Errorf("got %q, want %q", r.stderr, want)
+		want := fmt.Sprintf("felixctl: %s (%s) is down or unreachable; the other brokers answer (", other, c.Broker(other).Addr)
+		if r.code != 1 || !strings.HasPrefix(r.stderr, want) || !strings.Contains(r.stderr, "the control plane has "+other+" down: restart it") {
+			t.Errorf("got %q, want %q...", r.stderr, want)
 		}
 		// Without --via, the brokers still up answer.
 		if r := felixctl(t, env, "pub", "orders", "y"); r.code != 0 {
@@ -340,4 +539,38 @@ func TestNothingRunning(t *testing.T) {
 	if want := fmt.Sprintf("felixctl: broker-1 (%s) is not reachable: is `felix dev` running?\n", c.Broker("broker-1").Addr); r.code != 1 || r.stderr != want {
 		t.Errorf("got %q, want %q", r.stderr, want)
 	}
+}
+
+// twoShardStream names a stream of two shards of which rendezvous hashing
+// (over broker-0..2) puts one on broker id and the other elsewhere.
+func twoShardStream(t *testing.T, id string) (name string, onID, elsewhere int) {
+	t.Helper()
+	ids := []string{"broker-0", "broker-1", "broker-2"}
+	for i := range 1000 {
+		name := fmt.Sprintf("wide-%d", i)
+		o0, o1 := shardmap.Owner(name, 0, ids), shardmap.Owner(name, 1, ids)
+		switch {
+		case o0 == id && o1 != id:
+			return name, 0, 1
+		case o1 == id && o0 != id:
+			return name, 1, 0
+		}
+	}
+	t.Fatal("no stream name splits its two shards as wanted")
+	return "", 0, 0
+}
+
+// ndjson decodes one JSON object per line.
+func ndjson[T any](t *testing.T, out string) []T {
+	t.Helper()
+	var list []T
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var v T
+		if err := json.Unmarshal([]byte(line), &v); err != nil {
+			t.Errorf("not one JSON object per line: %v: %q", err, line)
+			return nil
+		}
+		list = append(list, v)
+	}
+	return list
 }

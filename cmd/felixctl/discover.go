@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -19,11 +21,16 @@ type target struct {
 	certFile string // the client certificate and its key
 	keyFile  string
 	brokers  []client.ClusterBroker // Broker mode: one, with no ID
+	context  string                 // the context it came from, if any
+	file     *client.ClusterFile    // the connection file, if it came from one
 }
 
-// discover finds the cluster: --broker beats --cluster (flags), which beat
-// FELIX_BROKER and FELIX_CLUSTER (environment), which beat the connection
-// file in the working directory.
+// discover finds the cluster. First match wins: the flags --broker,
+// --cluster, --context; the environment FELIX_BROKER, FELIX_CLUSTER,
+// FELIX_CONTEXT; the connection file in the working directory; the
+// selected context. --cert/--cert-key (FELIX_CERT, FELIX_CERT_KEY) beat
+// the certificate of whichever source was found, as --ca (FELIX_CA) beats
+// its CA.
 func (g *clientFlags) discover(a *app) (*target, error) {
 	t, err := g.discoverBrokers(a)
 	if err != nil {
@@ -58,12 +65,56 @@ func (g *clientFlags) discoverBrokers(a *app) (*target, error) {
 		return brokerTarget(g.Broker, ca, "--broker")
 	case g.Cluster != "":
 		return fileTarget(g.Cluster, ca, "--cluster")
+	case g.ContextName != "":
+		return contextTarget(a, g.ContextName, ca, "--context")
 	case a.getenv("FELIX_BROKER") != "":
 		return brokerTarget(a.getenv("FELIX_BROKER"), ca, "FELIX_BROKER")
 	case a.getenv("FELIX_CLUSTER") != "":
 		return fileTarget(a.getenv("FELIX_CLUSTER"), ca, "FELIX_CLUSTER")
+	case a.getenv("FELIX_CONTEXT") != "":
+		return contextTarget(a, a.getenv("FELIX_CONTEXT"), ca, "FELIX_CONTEXT")
+	}
+	if _, err := os.Stat(client.DefaultClusterFile); err != nil {
+		if dir, err := configDir(a); err == nil {
+			if name := selectedContext(dir); name != "" {
+				return contextTarget(a, name, ca, "")
+			}
+		}
 	}
 	return fileTarget(client.DefaultClusterFile, ca, "")
+}
+
+// contextTarget is the saved context name; source says how it was named
+// ("" when it is the selected one).
+func contextTarget(a *app, name, ca, source string) (*target, error) {
+	dir, err := configDir(a)
+	if err != nil {
+		return nil, err
+	}
+	sc, err := loadContext(dir, name)
+	if err != nil {
+		if source == "" {
+			return nil, fmt.Errorf("the selected context is gone: %w (select another with `felixctl context use NAME`)", err)
+		}
+		return nil, err
+	}
+	if ca == "" {
+		ca = sc.CA
+	}
+	var t *target
+	if sc.Cluster != "" {
+		t, err = fileTarget(sc.Cluster, ca, "context "+name)
+	} else {
+		t, err = brokerTarget(sc.Broker, ca, "context "+name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if sc.Cert != "" {
+		t.certFile, t.keyFile = sc.Cert, sc.CertKey
+	}
+	t.context = name
+	return t, nil
 }
 
 func brokerTarget(addr, ca, source string) (*target, error) {
@@ -94,7 +145,11 @@ func fileTarget(path, ca, source string) (*target, error) {
 			return nil, err
 		}
 	}
-	return &target{source: path, caFile: ca, certFile: cf.CertFile, keyFile: cf.KeyFile, brokers: cf.Brokers}, nil
+	name := path
+	if strings.HasPrefix(source, "context ") {
+		name = source + " (" + path + ")"
+	}
+	return &target{source: name, caFile: ca, certFile: cf.CertFile, keyFile: cf.KeyFile, brokers: cf.Brokers, file: cf}, nil
 }
 
 // checkCA loads the CA certificate at path once, so that a wrong path or
@@ -124,7 +179,11 @@ func (g *clientFlags) connect(ctx context.Context, a *app, via string) (*conn, e
 		return g.connectAny(ctx, a, t)
 	}
 	if b, ok := t.find(via); ok {
-		return g.dial(ctx, a, t, b)
+		c, err := g.dial(ctx, a, t, b)
+		if err != nil {
+			return nil, g.whyNot(ctx, a, t, b, nil, err)
+		}
+		return c, nil
 	}
 	// The id is not in the file (or there is no file): ask the cluster.
 	home, err := g.connectAny(ctx, a, t)
@@ -144,7 +203,60 @@ func (g *clientFlags) connect(ctx context.Context, a *app, via string) (*conn, e
 		}
 		return nil, usagef("--via %s: the cluster has no broker %s; its brokers are %s", via, via, strings.Join(ids, ", "))
 	}
-	return g.dial(ctx, a, t, client.ClusterBroker{ID: node.ID, Addr: node.Addr})
+	b := client.ClusterBroker{ID: node.ID, Addr: node.Addr}
+	c, err := g.dial(ctx, a, t, b)
+	if err != nil {
+		return nil, g.whyNot(ctx, a, t, b, home, err)
+	}
+	return c, nil
+}
+
+// whyNot adds to the error of dialing broker b what the rest of the
+// cluster says about it: whether another broker answers (through home,
+// when already connected), and whether the control plane has b down.
+func (g *clientFlags) whyNot(ctx context.Context, a *app, t *target, b client.ClusterBroker, home *conn, err error) error {
+	be := &brokerError{ID: b.ID, Addr: b.Addr, Err: err}
+	var dialErr *client.DialError
+	if !errors.As(err, &dialErr) || tlsProblem(err) || dnsProblem(err) != nil || b.ID == "" {
+		return be
+	}
+	if home == nil {
+		others := &target{source: t.source, caFile: t.caFile, certFile: t.certFile, keyFile: t.keyFile}
+		for _, o := range t.brokers {
+			if o.ID != b.ID {
+				others.brokers = append(others.brokers, o)
+			}
+		}
+		if len(others.brokers) == 0 {
+			return be
+		}
+		h, herr := g.connectAny(ctx, a, others)
+		if herr != nil {
+			return be
+		}
+		defer h.Close()
+		home = h
+	}
+	be.othersUp = home.id
+	if home.id == "" {
+		be.othersUp = home.addr
+	}
+	if m, merr := home.Map(ctx); merr == nil {
+		if n, ok := m.Node(b.ID); ok {
+			be.known, be.live = true, n.Live
+		}
+	}
+	return be
+}
+
+// dnsProblem returns the DNS error in err's chain, if any: a name that
+// does not resolve from this host.
+func dnsProblem(err error) *net.DNSError {
+	var d *net.DNSError
+	if errors.As(err, &d) {
+		return d
+	}
+	return nil
 }
 
 func (t *target) find(id string) (client.ClusterBroker, bool) {

@@ -6,9 +6,11 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 
 	"github.com/felix-broker/felix/client"
+	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
 
@@ -61,6 +63,12 @@ type brokerError struct {
 	ID   string // "" when the broker was given by address
 	Addr string
 	Err  error
+
+	// What the rest of the cluster said, when this broker could not be
+	// reached (whyNot): the broker that answered instead, and whether
+	// its map knows this one and has it live.
+	othersUp    string
+	known, live bool
 }
 
 func (e *brokerError) Error() string { return e.name() + ": " + e.Err.Error() }
@@ -150,7 +158,7 @@ func explain(err error) (string, int) {
 		return "no cluster to talk to: " + what + ". Start a local cluster in this directory with `felix dev` (`go run ./cmd/felix dev`), " +
 			"or point felixctl at one with --cluster FILE (FELIX_CLUSTER) or --broker ADDR --ca FILE (FELIX_BROKER, FELIX_CA)", exitFailure
 	case errors.Is(err, client.ErrNoClusterFile):
-		return "no cluster to talk to: " + strings.ReplaceAll(err.Error(), "client: ", ""), exitFailure
+		return "no cluster to talk to: " + plainError(err), exitFailure
 	case errors.As(err, &noBroker):
 		if len(noBroker.errs) == 1 {
 			return explainDial(noBroker.errs[0]), exitFailure
@@ -177,6 +185,14 @@ func explain(err error) (string, int) {
 			owner = wire.Owner + ", its owner,"
 		}
 		return fmt.Sprintf("%s could not write to %s: %s is down or unreachable, and nothing was written. Check `felixctl cluster status`", where, shardName(stream, pubErr), owner), exitFailure
+	case errors.As(err, &wire) && wire.Code == transport.CodePayloadTooLarge:
+		msg := wire.Message
+		if msg == "" {
+			msg = "the record is too large"
+		}
+		return fmt.Sprintf("%s refused the record: %s. A record (key, value and headers) may be at most the broker's --max-record-bytes, 1 MiB unless the cluster was started with another", where, msg), exitFailure
+	case errors.Is(err, shardmap.ErrNoShard):
+		return fmt.Sprintf("%s: see the stream's shards with `felixctl stream info %s`", plainError(err), stream), exitFailure
 	case errors.Is(err, client.ErrConnectionLost):
 		return fmt.Sprintf("the connection to %s was lost before it answered: a record in flight may or may not have been written (check with `felixctl sub`); is the broker still running?", where), exitFailure
 	case errors.Is(err, context.DeadlineExceeded):
@@ -190,22 +206,42 @@ func explain(err error) (string, int) {
 		}
 		return fmt.Sprintf("%s refused the request: %s", where, msg), exitFailure
 	}
-	return strings.ReplaceAll(err.Error(), "client: ", ""), exitFailure
+	return plainError(err), exitFailure
 }
 
-// explainDial says that broker b could not be reached, and why if the
-// reason is TLS.
+// internalPrefix matches the package prefixes of Felix's errors
+// ("client: ", "shardmap: "...), which mean nothing to a person at a shell.
+var internalPrefix = regexp.MustCompile(`\b(client|shardmap|transport|broker|ctl|auth|wal|stats|cluster|bench|telemetry|servercmd|demo): `)
+
+// plainError is err's message without internal package prefixes.
+func plainError(err error) string {
+	return internalPrefix.ReplaceAllString(err.Error(), "")
+}
+
+// explainDial says that broker b could not be reached, and why: TLS, a
+// name that does not resolve here, the broker down while the others
+// answer, or nothing answering at all.
 func explainDial(b *brokerError) string {
 	var dialErr *client.DialError
 	if !errors.As(b, &dialErr) {
 		// Nothing was dialed: the client could not be set up (a CA file
 		// that is not a certificate, say).
-		return fmt.Sprintf("cannot connect to %s: %s", b.name(), strings.ReplaceAll(b.Err.Error(), "client: ", ""))
+		return fmt.Sprintf("cannot connect to %s: %s", b.name(), plainError(b.Err))
 	}
 	if tlsProblem(b) {
 		return fmt.Sprintf("%s did not pass TLS verification: is the CA (--ca, or the connection file's) the one that signed this cluster's certificates?", b.name())
 	}
-	if b.ID == "" {
+	if d := dnsProblem(b); d != nil {
+		return fmt.Sprintf("cannot resolve %s from this host, so %s cannot be reached: give the broker an advertised address reachable from here (felix broker --advertise HOST:PORT, FELIX_ADVERTISE)", d.Name, b.name())
+	}
+	switch {
+	case b.othersUp != "" && b.known && !b.live:
+		return fmt.Sprintf("%s is down or unreachable; the other brokers answer (%s did), and the control plane has %s down: restart it (under felix dev: `felixctl dev restart %s`)", b.name(), b.othersUp, b.ID, b.ID)
+	case b.othersUp != "" && b.known:
+		return fmt.Sprintf("%s is not reachable from this host, though the control plane has it live and the other brokers answer (%s did): is its advertised address %s reachable from here (felix broker --advertise)?", b.name(), b.othersUp, b.Addr)
+	case b.othersUp != "":
+		return fmt.Sprintf("%s is down or unreachable; the other brokers answer (%s did)", b.name(), b.othersUp)
+	case b.ID == "":
 		return fmt.Sprintf("%s is not reachable: is it running, and is --broker right?", b.name())
 	}
 	return fmt.Sprintf("%s is not reachable: is `felix dev` running?", b.name())
@@ -230,4 +266,22 @@ func shardName(stream string, pubErr *client.PublishError) string {
 		return fmt.Sprintf("%s/%d", stream, pubErr.Shard)
 	}
 	return stream
+}
+
+// negativeValue matches the parser's complaint about a value that starts
+// with '-' ("--from: expected string value but got "-5" (short flag)...").
+var negativeValue = regexp.MustCompile(`^--([a-z-]+): expected \w+ value but got "(-[^"]*)" \(short flag\)`)
+
+// parseMessage is the sentence for an error of the command line parser.
+func parseMessage(err error) string {
+	if m := negativeValue.FindStringSubmatch(err.Error()); m != nil {
+		switch m[1] {
+		case "from":
+			return fmt.Sprintf("--from must be earliest, latest or an offset (0 or more), got %s", m[2])
+		case "shard":
+			return fmt.Sprintf("--shard must be a shard number (0 or more), got %s", m[2])
+		}
+		return fmt.Sprintf("--%s %s: a value starting with '-' reads as a flag; if you mean it, write --%s=%s", m[1], m[2], m[1], m[2])
+	}
+	return err.Error()
 }

@@ -1,19 +1,24 @@
 // Command felixctl is the operator and user CLI of Felix: publish and
 // subscribe (`pub`, `sub`), manage streams (`stream create|ls|info|rm`),
-// check the cluster (`cluster status`), and watch the seed's story on a
-// cluster it starts itself (`demo`, `demo --tmux`).
+// permissions (`acl`) and saved clusters (`context`), check the cluster
+// (`cluster status|stats`), run a local one (`dev`, `dev restart ID`),
+// measure it (`bench`), and watch the seed's story on a cluster it starts
+// itself (`demo`, `demo --tmux`).
 //
-// It finds the cluster with no flags after `felix dev` (the connection file
-// felix-cluster.json in the working directory), or from --cluster FILE /
-// FELIX_CLUSTER, or --broker ADDR with --ca FILE (FELIX_BROKER, FELIX_CA);
-// flags beat the environment, which beats the file.
+// It finds the cluster, first match wins: the flags --broker ADDR (with
+// --ca FILE), --cluster FILE, --context NAME; the environment
+// FELIX_BROKER (FELIX_CA), FELIX_CLUSTER, FELIX_CONTEXT; the connection
+// file felix-cluster.json in the working directory (written by `felix
+// dev`); the selected context (`felixctl context use NAME`). The
+// connection flags and --json are global: they go before or after the
+// command. --json prints one JSON object per line.
 //
 // Exit codes: 0 success, 1 failure, 2 usage, 3 the cluster is unhealthy
-// (`cluster status` with a broker down).
+// (`cluster status` or `cluster stats` with a broker down).
 //
-// felixctl also carries the hidden server commands `broker`, `echo` and
-// `dev` (internal/servercmd), so that `demo` starts real broker processes
-// from its own executable with nothing else installed.
+// felixctl also carries the hidden server commands `broker` and `echo`
+// (internal/servercmd), so that `demo`, `dev` and `bench` start real
+// broker processes from its own executable with nothing else installed.
 package main
 
 import (
@@ -23,6 +28,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -32,8 +38,11 @@ import (
 	"github.com/felix-broker/felix/internal/servercmd"
 )
 
-// cli is the command line.
+// cli is the command line. The connection and output flags are global:
+// they are accepted anywhere on the line (`felixctl --json stream ls` and
+// `felixctl stream ls --json` are the same), and every command shares them.
 type cli struct {
+	clientFlags
 	globals
 
 	Pub     pubCmd     `cmd:"" help:"Publish records and print the path each took."`
@@ -41,48 +50,57 @@ type cli struct {
 	Stream  streamCmd  `cmd:"" help:"Create, list, describe and delete streams."`
 	Cluster clusterCmd `cmd:"" help:"Inspect the cluster."`
 	ACL     aclCmd     `cmd:"" name:"acl" help:"Grant, revoke and list permissions."`
+	Context contextCmd `cmd:"" help:"Save, select and list named clusters (contexts), like nats context."`
 	Demo    demoCmd    `cmd:"" help:"Watch the cross-broker publishing story on a cluster started (and stopped) for it."`
+	Dev     devCmd     `cmd:"" help:"Run a local cluster in this directory (like felix dev), or restart one of its brokers."`
 	benchMount
+	Version    versionCmd    `cmd:"" help:"Print felixctl's version (the build's module version and commit)."`
+	Completion completionCmd `cmd:"" help:"Print a shell completion script: eval \"$(felixctl completion bash)\" (bash or zsh)."`
 
 	// Server commands run from felixctl's own executable by demo (and
 	// bench): hidden, for the harness, not for users.
 	Broker servercmd.Broker `cmd:"" hidden:"" help:"Run one broker (used by demo)."`
 	Echo   servercmd.Echo   `cmd:"" hidden:"" help:"Serve a QUIC echo (used by bench)."`
-	Dev    servercmd.Dev    `cmd:"" hidden:"" help:"Run a local cluster like felix dev (used by demo --tmux)."`
 }
 
-// clientFlags are the flags of every command that talks to a cluster. They
-// are per command rather than global because `bench` (package bench)
-// defines --cluster, --broker and --ca of its own, with the same meaning.
+// clientFlags are the flags of every command that talks to a cluster,
+// global so that they may come before or after the command.
 type clientFlags struct {
-	Cluster     string        `name:"cluster" help:"Cluster connection file (env FELIX_CLUSTER; default ./${conn_file}, written by felix dev)." placeholder:"FILE"`
-	Broker      string        `name:"broker" help:"Broker address to connect to, instead of a connection file (env FELIX_BROKER); needs --ca." placeholder:"ADDR"`
-	CA          string        `name:"ca" help:"Cluster CA certificate to verify brokers with, for --broker (env FELIX_CA)." placeholder:"FILE"`
-	Cert        string        `name:"cert" help:"Client certificate to authenticate with (env FELIX_CERT; default the connection file's)." placeholder:"FILE"`
-	CertKey     string        `name:"cert-key" help:"Private key of --cert (env FELIX_CERT_KEY)." placeholder:"FILE"`
-	JSON        bool          `name:"json" help:"Print data as JSON (one object per record for pub and sub)."`
-	Timeout     time.Duration `help:"Bound on the command's requests (sub: on connecting)." default:"15s"`
-	DialTimeout time.Duration `help:"Bound on connecting to one broker." default:"3s"`
+	Cluster     string        `name:"cluster" group:"Connection" help:"Cluster connection file (env FELIX_CLUSTER; default ./${conn_file}, written by felix dev)." placeholder:"FILE"`
+	Broker      string        `name:"broker" group:"Connection" help:"Broker address to connect to, instead of a connection file (env FELIX_BROKER); needs --ca." placeholder:"ADDR"`
+	CA          string        `name:"ca" group:"Connection" help:"Cluster CA certificate to verify brokers with, for --broker (env FELIX_CA)." placeholder:"FILE"`
+	Cert        string        `name:"cert" group:"Connection" help:"Client certificate to authenticate with (env FELIX_CERT; default the connection file's)." placeholder:"FILE"`
+	CertKey     string        `name:"cert-key" group:"Connection" help:"Private key of --cert (env FELIX_CERT_KEY)." placeholder:"FILE"`
+	ContextName string        `name:"context" group:"Connection" help:"Use the saved context NAME (env FELIX_CONTEXT; see felixctl context)." placeholder:"NAME"`
+	JSON        bool          `name:"json" help:"Print data as JSON: one object per line (NDJSON), for every command."`
+	Timeout     time.Duration `group:"Connection" help:"Bound on the command's requests (sub: on connecting)." default:"15s"`
+	DialTimeout time.Duration `group:"Connection" help:"Bound on connecting to one broker." default:"3s"`
 }
 
 // globals are the flags of every command.
 type globals struct {
-	LogFormat string `hidden:"" help:"Log format of the server commands: text or json." enum:"text,json" default:"text" env:"FELIX_LOG_FORMAT"`
-	LogLevel  string `hidden:"" help:"Log level: debug, info, warn or error (default: info for server commands, warn otherwise)." enum:",debug,info,warn,error" default:"" env:"FELIX_LOG_LEVEL"`
+	VersionFlag kong.VersionFlag `name:"version" help:"Print the version and exit."`
+	LogFormat   string           `hidden:"" help:"Log format of the server commands: text or json." enum:"text,json" default:"text" env:"FELIX_LOG_FORMAT"`
+	LogLevel    string           `hidden:"" help:"Log level: debug, info, warn or error (default: info for server commands, warn otherwise)." enum:",debug,info,warn,error" default:"" env:"FELIX_LOG_LEVEL"`
 }
 
 // app is what commands are given besides their flags: where to write,
 // the environment, and the logger.
 type app struct {
 	stdout, stderr io.Writer
+	stdin          io.Reader
 	getenv         func(string) string
-	log            *slog.Logger
+	// flags are the global connection and output flags.
+	flags *clientFlags
+	// model is the parsed command line model (for completion).
+	model *kong.Application
+	log   *slog.Logger
 	// ctx ends on SIGINT or SIGTERM.
 	ctx context.Context
 }
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
+	os.Exit(runIO(os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv))
 }
 
 // exitPanic carries kong's exit code (after --help, say) out of Parse.
@@ -91,14 +109,20 @@ type exitPanic struct{ code int }
 // run runs felixctl with args and returns its exit code; main and the
 // tests call it.
 func run(args []string, stdout, stderr io.Writer, getenv func(string) string) (code int) {
+	return runIO(args, strings.NewReader(""), stdout, stderr, getenv)
+}
+
+// runIO is run with standard input (read by `pub STREAM -`).
+func runIO(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) (code int) {
 	var c cli
 	parser, err := kong.New(&c,
 		kong.Name("felixctl"),
 		kong.Description("felixctl publishes, subscribes and manages a Felix cluster.\n\nAfter `felix dev` it needs no flags: it reads ./"+client.DefaultClusterFile+". Exit codes: 0 ok, 1 failure, 2 usage, 3 cluster unhealthy."),
 		kong.Writers(stdout, stderr),
 		kong.Exit(func(code int) { panic(exitPanic{code}) }),
-		kong.Vars{"conn_file": client.DefaultClusterFile},
+		kong.Vars{"conn_file": client.DefaultClusterFile, "version": "felixctl " + versionLine(), "max_record": maxRecordText},
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+		kong.Help(helpPrinter),
 	)
 	if err != nil {
 		panic(err) // the command structs are wrong: a bug
@@ -114,16 +138,16 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) (c
 	}()
 	kctx, err := parser.Parse(args)
 	if err != nil {
-		fmt.Fprintf(stderr, "felixctl: %v\nrun `felixctl --help` for usage\n", err)
+		fmt.Fprintf(stderr, "felixctl: %s\nrun `felixctl --help` for usage\n", parseMessage(err))
 		return exitUsage
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	a := &app{stdout: stdout, stderr: stderr, getenv: getenv, ctx: ctx}
+	a := &app{stdout: stdout, stderr: stderr, stdin: stdin, getenv: getenv, ctx: ctx, flags: &c.clientFlags, model: parser.Model}
 	server := false
-	switch kctx.Selected().Name {
-	case "broker", "echo", "dev":
+	switch kctx.Command() {
+	case "broker", "echo", "dev", "dev run":
 		server = true
 	}
 	level := c.LogLevel
@@ -145,4 +169,30 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) (c
 		return code
 	}
 	return exitOK
+}
+
+// helpPrinter is kong's help, except that a command's help does not repeat
+// the global connection flags (they are in `felixctl --help`), only says
+// they exist.
+func helpPrinter(options kong.HelpOptions, ctx *kong.Context) error {
+	if ctx.Selected() == nil {
+		return kong.DefaultHelpPrinter(options, ctx)
+	}
+	var hidden []*kong.Flag
+	for _, f := range ctx.Model.Flags {
+		if f.Group != nil && f.Group.Key == "Connection" && !f.Hidden {
+			f.Hidden = true
+			hidden = append(hidden, f)
+		}
+	}
+	defer func() {
+		for _, f := range hidden {
+			f.Hidden = false
+		}
+	}()
+	if err := kong.DefaultHelpPrinter(options, ctx); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(ctx.Stdout, "\nConnection flags (--cluster, --broker, --ca, --cert, --cert-key, --context, --timeout, --dial-timeout)\ngo before or after the command: see `felixctl --help`.")
+	return err
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -45,6 +46,15 @@ func felixctl(t *testing.T, env map[string]string, args ...string) result {
 	var stdout, stderr bytes.Buffer
 	code := run(args, &stdout, &stderr, func(k string) string { return env[k] })
 	t.Logf("felixctl %v → exit %d\n%s%s", args, code, stdout.String(), stderr.String())
+	return result{stdout.String(), stderr.String(), code}
+}
+
+// felixctlIn is felixctl with stdin as its standard input.
+func felixctlIn(t *testing.T, env map[string]string, stdin string, args ...string) result {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := runIO(args, strings.NewReader(stdin), &stdout, &stderr, func(k string) string { return env[k] })
+	t.Logf("felixctl %v < %q → exit %d\n%s%s", args, stdin, code, stdout.String(), stderr.String())
 	return result{stdout.String(), stderr.String(), code}
 }
 

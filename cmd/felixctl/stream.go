@@ -19,8 +19,6 @@ type streamCmd struct {
 }
 
 type streamCreateCmd struct {
-	clientFlags
-
 	Name           string        `arg:"" help:"Stream name: letters, digits, '-', '_' and '.'."`
 	Shards         int           `help:"Number of shards (fixed for the stream's life)." default:"1"`
 	RetentionBytes int64         `help:"Bound on each shard's log size in bytes (0: unlimited)." default:"0"`
@@ -28,18 +26,13 @@ type streamCreateCmd struct {
 }
 
 type streamLsCmd struct {
-	clientFlags
 }
 
 type streamInfoCmd struct {
-	clientFlags
-
 	Name string `arg:"" help:"Stream name."`
 }
 
 type streamRmCmd struct {
-	clientFlags
-
 	Name string `arg:"" help:"Stream name."`
 }
 
@@ -73,7 +66,7 @@ func request(a *app, g *clientFlags, stream string, f func(ctx context.Context, 
 }
 
 func (s *streamCreateCmd) Run(a *app) error {
-	g := &s.clientFlags
+	g := a.flags
 	sc := shardmap.StreamConfig{Name: s.Name, Shards: s.Shards, RetentionBytes: s.RetentionBytes, RetentionAge: s.RetentionAge}
 	if err := sc.Validate(); err != nil {
 		return usagef("cannot create stream %q: %v", s.Name, err)
@@ -93,18 +86,19 @@ func (s *streamCreateCmd) Run(a *app) error {
 }
 
 func (s *streamLsCmd) Run(a *app) error {
-	g := &s.clientFlags
+	g := a.flags
 	return request(a, g, "", func(ctx context.Context, c *conn) error {
 		streams, err := c.Streams(ctx)
 		if err != nil {
 			return err
 		}
 		if g.JSON {
-			out := make([]streamJSON, 0, len(streams))
 			for _, sc := range streams {
-				out = append(out, toJSON(sc, nil))
+				if err := printJSON(a.stdout, toJSON(sc, nil)); err != nil {
+					return err
+				}
 			}
-			return printJSON(a.stdout, out)
+			return nil
 		}
 		if len(streams) == 0 {
 			fmt.Fprintln(a.stdout, "no streams: create one with `felixctl stream create NAME --shards N`")
@@ -120,7 +114,7 @@ func (s *streamLsCmd) Run(a *app) error {
 }
 
 func (s *streamInfoCmd) Run(a *app) error {
-	g := &s.clientFlags
+	g := a.flags
 	return request(a, g, s.Name, func(ctx context.Context, c *conn) error {
 		sc, err := c.StreamInfo(ctx, s.Name)
 		if err != nil {
@@ -138,7 +132,7 @@ func (s *streamInfoCmd) Run(a *app) error {
 }
 
 func (s *streamRmCmd) Run(a *app) error {
-	g := &s.clientFlags
+	g := a.flags
 	return request(a, g, s.Name, func(ctx context.Context, c *conn) error {
 		if err := c.DeleteStream(ctx, s.Name); err != nil {
 			return err
@@ -209,8 +203,10 @@ func plural(n int) string {
 	return "s"
 }
 
+// printJSON writes v as one line of JSON: --json is NDJSON everywhere,
+// one object per line (a record, a stream, a grant, a broker's stats).
 func printJSON(w io.Writer, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
+	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}

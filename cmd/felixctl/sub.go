@@ -15,14 +15,13 @@ import (
 )
 
 type subCmd struct {
-	clientFlags
-
 	Stream string        `arg:"" help:"Stream to subscribe to."`
-	From   string        `help:"Where to start: earliest, latest, or an offset (an offset needs --shard, or a stream of one shard)." default:"earliest"`
+	From   string        `help:"Where to start: earliest, latest, or an offset (0 or more; an offset needs --shard, or a stream of one shard)." default:"earliest"`
 	Shard  int           `help:"Subscribe to this shard only (-1: every shard)." default:"-1"`
-	Count  int           `help:"Exit after this many records (0: run until interrupted)." default:"0"`
+	Count  int           `help:"Exit after this many records (0: run until interrupted, or until --wait)." default:"0"`
 	Via    string        `help:"Broker id to attach through; each shard is still read from its owner." placeholder:"BROKER-ID"`
-	Wait   time.Duration `help:"Fail if --count records have not arrived within this long (0: wait as long as it takes)." default:"0"`
+	Wait   time.Duration `help:"With --count: fail if the records have not all arrived within this long. Without: listen this long, then exit (0: as long as it takes). Either way, exit 1 if a shard could not be read." default:"0"`
+	Check  time.Duration `hidden:"" help:"How often to check that every shard's owner can be reached." default:"2s"`
 }
 
 // subJSON is one record as --json prints it.
@@ -45,19 +44,25 @@ func (s *subCmd) start() (client.Start, error) {
 	}
 	n, err := strconv.ParseUint(s.From, 10, 64)
 	if err != nil {
-		return client.Start{}, usagef("--from must be earliest, latest or an offset, got %q", s.From)
+		return client.Start{}, usagef("--from must be earliest, latest or an offset (0 or more), got %q", s.From)
 	}
 	return client.AtOffset(n), nil
 }
 
 func (s *subCmd) Run(a *app) error {
-	g := &s.clientFlags
+	g := a.flags
 	from, err := s.start()
 	if err != nil {
 		return err
 	}
 	if s.Count < 0 {
 		return usagef("--count must not be negative, got %d", s.Count)
+	}
+	if s.Shard < -1 {
+		return usagef("--shard must be a shard number (0 or more), got %d", s.Shard)
+	}
+	if s.Wait < 0 {
+		return usagef("--wait must not be negative, got %s", s.Wait)
 	}
 	cctx, cancel := context.WithTimeout(a.ctx, g.Timeout)
 	defer cancel()
@@ -66,6 +71,11 @@ func (s *subCmd) Run(a *app) error {
 		return err
 	}
 	defer c.Close()
+	if s.Shard >= 0 {
+		if err := checkShard(cctx, c, s.Stream, s.Shard); err != nil {
+			return err
+		}
+	}
 	var opts []client.SubOpt
 	if s.Shard >= 0 {
 		opts = append(opts, client.Shard(s.Shard))
@@ -85,17 +95,46 @@ func (s *subCmd) Run(a *app) error {
 		ctx, cancel = context.WithTimeout(ctx, s.Wait)
 		defer cancel()
 	}
+	// Watch that every shard's owner can be reached, and say so when one
+	// cannot: the SDK retries quietly, the person at the terminal should
+	// not wait without knowing why.
+	w := newShardWatch(a, g, c, s.Stream, s.Shard)
+	wctx, stopWatch := context.WithCancel(a.ctx)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		w.run(wctx, s.Check)
+	}()
+	defer func() {
+		stopWatch()
+		<-watchDone
+	}()
+
 	n := 0
 	for rec, err := range sub.Records(ctx) {
 		if err != nil {
 			switch {
 			case errors.Is(err, context.DeadlineExceeded) && a.ctx.Err() == nil:
-				return fmt.Errorf("received %d of %d records from %s within %s (--wait)", n, s.Count, s.Stream, s.Wait)
+				stopWatch()
+				<-watchDone
+				stuck := w.problems()
+				if s.Count == 0 && len(stuck) == 0 {
+					return nil // listened for --wait: done
+				}
+				if s.Count == 0 {
+					return fmt.Errorf("listened to %s for %s (--wait), but %s", s.Stream, s.Wait, andList(stuck))
+				}
+				msg := fmt.Sprintf("received %d of %d %s from %s within %s (--wait)", n, s.Count, records(s.Count), s.Stream, s.Wait)
+				if len(stuck) > 0 {
+					msg += ": " + andList(stuck)
+				}
+				return errors.New(msg)
 			case a.ctx.Err() != nil:
 				return nil // interrupted: the normal end of an open-ended subscription
 			}
 			return &brokerError{ID: c.id, Addr: c.addr, Err: &streamError{Stream: s.Stream, Err: err}}
 		}
+		w.received(rec.Shard)
 		if g.JSON {
 			b, _ := json.Marshal(subJSON{Stream: rec.Stream, Shard: rec.Shard, Offset: rec.Offset, Key: string(rec.Key),
 				Value: string(rec.Value), Headers: rec.Headers, Timestamp: rec.Timestamp})
@@ -115,6 +154,13 @@ func (s *subCmd) Run(a *app) error {
 		return &brokerError{ID: c.id, Addr: c.addr, Err: &streamError{Stream: s.Stream, Err: err}}
 	}
 	return nil
+}
+
+func records(n int) string {
+	if n == 1 {
+		return "record"
+	}
+	return "records"
 }
 
 // header says where the subscription is attached and where its records

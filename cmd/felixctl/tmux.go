@@ -9,8 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/felix-broker/felix/client"
 	"github.com/felix-broker/felix/internal/demo"
@@ -140,7 +142,9 @@ func (d *demoCmd) runTmux(a *app, self string) error {
 			shellQuote(bin+":"+os.Getenv("PATH")), shellQuote("tmux wait-for -S "+channel), shellQuote(bash))
 	}
 	chan0 := d.Session + "-cluster"
-	top, err := newPane("new-session", "-d", "-s", d.Session, "-x", "220", "-y", "56", shell(chan0))
+	// 60 rows: the cluster's output (about 18 lines) on top, and below it
+	// the subscriber's 35 (its command, its header, 32 records, a prompt).
+	top, err := newPane("new-session", "-d", "-s", d.Session, "-x", "220", "-y", "60", shell(chan0))
 	if err != nil {
 		return err
 	}
@@ -158,7 +162,7 @@ func (d *demoCmd) runTmux(a *app, self string) error {
 		return err
 	}
 	right.channel = d.Session + "-publisher"
-	bottom, err := newPane("split-window", "-v", "-t", top.id, shell(d.Session+"-subscriber"))
+	bottom, err := newPane("split-window", "-v", "-l", "39", "-t", top.id, shell(d.Session+"-subscriber"))
 	if err != nil {
 		return err
 	}
@@ -239,7 +243,7 @@ func (d *demoCmd) drive(ctx context.Context, a *app, work string, top, bottom, r
 	}
 	pause := func() error {
 		select {
-		case <-time.After(d.Pace):
+		case <-time.After(d.pace()):
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
@@ -270,8 +274,43 @@ func (d *demoCmd) drive(ctx context.Context, a *app, work string, top, bottom, r
 	if err := bottom.waitPrompt(ctx, step); err != nil {
 		return fmt.Errorf("the subscriber did not receive all %d records: %w", total, err)
 	}
-	// The one-line explanation of the last burst, as a shell comment.
-	return right.run(ctx, "# "+demo.Why, step)
+	// The explanation of the last burst, as shell comments wrapped to the
+	// pane's width (a terminal would break the line mid-word).
+	width := 100
+	if out, err := right.t.run(ctx, "display-message", "-p", "-t", right.id, "#{pane_width}"); err == nil {
+		if n, err := strconv.Atoi(out); err == nil && n > 20 {
+			width = n
+		}
+	}
+	for _, line := range wrapWords(demo.Why, width-len("$ # ")-1) {
+		if err := right.run(ctx, "# "+line, step); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// wrapWords breaks text into lines of at most width runes, between words.
+func wrapWords(text string, width int) []string {
+	var lines []string
+	var cur []string
+	n := 0
+	for _, w := range strings.Fields(text) {
+		l := utf8.RuneCountInString(w)
+		if n > 0 && n+1+l > width {
+			lines = append(lines, strings.Join(cur, " "))
+			cur, n = nil, 0
+		}
+		if n > 0 {
+			n++
+		}
+		cur = append(cur, w)
+		n += l
+	}
+	if len(cur) > 0 {
+		lines = append(lines, strings.Join(cur, " "))
+	}
+	return lines
 }
 
 // ownership connects to the cluster in connFile and returns the owner of

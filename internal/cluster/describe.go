@@ -15,13 +15,13 @@ import (
 func WriteOwnership(w io.Writer, m *shardmap.Map) {
 	fmt.Fprintf(w, "shard map epoch %d\n", m.Epoch)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tADDRESS\tSTATE\tSHARDS")
+	fmt.Fprintln(tw, "NODE\tADDRESS\tSTATE\tOWNS")
 	for _, n := range m.Nodes {
 		state := "live"
 		if !n.Live {
 			state = "down"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", n.ID, n.Addr, state, len(m.OwnedBy(n.ID)))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", n.ID, n.Addr, state, shardCount(len(m.OwnedBy(n.ID))))
 	}
 	tw.Flush()
 	if len(m.Streams) == 0 {
@@ -36,6 +36,19 @@ func WriteOwnership(w io.Writer, m *shardmap.Map) {
 		}
 	}
 	tw.Flush()
+}
+
+// shardCount says how many shards a node owns, in words, so that the
+// count does not read as a shard number beside the STREAM SHARD OWNER
+// table: "1 shard", "3 shards", "no shards".
+func shardCount(n int) string {
+	switch n {
+	case 0:
+		return "no shards"
+	case 1:
+		return "1 shard"
+	}
+	return fmt.Sprintf("%d shards", n)
 }
 
 // Ownership returns WriteOwnership's text.

@@ -30,7 +30,9 @@ type Options struct {
 	// Stream is the stream the story publishes to; default "orders".
 	Stream string
 	// Pause is how long the story waits between scenes, so a person can
-	// follow it; default none.
+	// follow it; default none (the fast telling tests use). The story has
+	// about seven pauses' worth of scenes and beats: felixctl demo's
+	// default of 6s makes it about 45 seconds, as the seed's.
 	Pause time.Duration
 	// Logger receives the control plane's and the SDK's logs; default
 	// discards them (the story is the output).
@@ -158,11 +160,16 @@ func (s *story) close() {
 func (s *story) printf(format string, args ...any) { fmt.Fprintf(s.w, format, args...) }
 
 // scene waits opts.Pause (or until ctx ends) before the next scene.
-func (s *story) scene(ctx context.Context) error {
-	if s.pause <= 0 {
+func (s *story) scene(ctx context.Context) error { return s.beat(ctx, 1) }
+
+// beat waits the fraction f of opts.Pause (or until ctx ends): a shorter
+// pause within a scene.
+func (s *story) beat(ctx context.Context, f float64) error {
+	d := time.Duration(float64(s.pause) * f)
+	if d <= 0 {
 		return ctx.Err()
 	}
-	t := time.NewTimer(s.pause)
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
@@ -203,6 +210,9 @@ func (s *story) settle(ctx context.Context, c *cluster.Cluster) error {
 	}
 	s.printf("\nthe cluster settled on this ownership (rendezvous hashing of the shard against the node ids):\n\n")
 	cluster.WriteOwnership(s.w, m)
+	if err := s.scene(ctx); err != nil {
+		return err
+	}
 
 	sub, err := s.clients[owner.ID].Subscribe(ctx, s.stream, client.Earliest())
 	if err != nil {
@@ -295,6 +305,9 @@ func (s *story) helloAndDirect(ctx context.Context) error {
 	}
 	s.res.Direct = ack
 	s.printf("%s\n", Published("direct", ack))
+	if err := s.beat(ctx, 0.5); err != nil {
+		return err
+	}
 
 	recs, err := s.receive(ctx, 2)
 	s.res.First = recs
@@ -321,6 +334,9 @@ func (s *story) oneAtATime(ctx context.Context) error {
 		}
 		sent = append(sent, v)
 		s.printf("  %s\n", Published(v, ack))
+		if err := s.beat(ctx, 1.0/6); err != nil {
+			return err
+		}
 	}
 	recs, err := s.receive(ctx, len(sent))
 	s.res.Sequential = recs
@@ -376,10 +392,16 @@ func (s *story) twelveAtATime(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := s.beat(ctx, 0.5); err != nil {
+		return err
+	}
 	got := values(recs)
 	s.printf("the subscriber received, in offset order:\n")
 	for chunk := range slices.Chunk(got, 12) {
 		s.printf("  %s\n", strings.Join(chunk, " "))
+	}
+	if err := s.beat(ctx, 0.5); err != nil {
+		return err
 	}
 	sorted := slices.Sorted(slices.Values(got))
 	if !slices.Equal(sorted, sent) {

@@ -67,11 +67,11 @@ func TestRun(t *testing.T) {
 
 	expect(q("starting a control plane and three broker processes ..."))
 	expect(`shard map epoch \d+`)
-	expect(`NODE +ADDRESS +STATE +SHARDS`)
+	expect(`NODE +ADDRESS +STATE +OWNS`)
 	for _, id := range []string{"broker-0", "broker-1", "broker-2"} {
-		shards := "0"
+		shards := "no shards"
 		if id == owner {
-			shards = "1"
+			shards = "1 shard"
 		}
 		expect(q(id) + ` +127\.0\.0\.1:\d+ +live +` + shards)
 	}
@@ -144,7 +144,7 @@ func TestRunCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var out bytes.Buffer
 	done := make(chan error, 1)
-	w := &notifyWriter{w: &out, match: "owns orders/0", hit: cancel}
+	w := &notifyWriter{w: &out, match: "the cluster settled on this ownership", hit: cancel}
 	go func() {
 		_, err := demo.Run(ctx, w, demo.Options{Binary: clustertest.Binary(t), Dir: t.TempDir(), Pause: time.Minute})
 		done <- err

@@ -137,7 +137,7 @@ func TestBrokerMetricsScraped(t *testing.T) {
 		{of, stats.MetricMapEpoch, nil, atLeast(1), ">= 1"},
 		{of, stats.MetricConnections, []string{"type", "client"}, atLeast(1), ">= 1"},
 		{of, stats.MetricConnections, []string{"type", "peer"}, atLeast(1), ">= 1"},
-		{of, stats.MetricStreams, []string{"type", "subscribe"}, equal(1), "1"},
+		{of, stats.MetricQUICStreams, []string{"type", "subscribe"}, equal(1), "1"},
 		{of, stats.MetricSubscriberLag, []string{"stream", "orders", "shard", "0"}, equal(0), "0"},
 		{of, "felix_wal_written_bytes_total", nil, atLeast(2 * each), ">= 100"},
 	} {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"net/http"
 
 	"github.com/felix-broker/felix/internal/telemetry"
 )
@@ -19,6 +20,12 @@ type observability struct {
 // on adminAddr ("" for none), with /debug/pprof/ if pprof is set. ready
 // answers /readyz.
 func startObservability(service, instance, adminAddr string, pprof bool, ready func() error, log *slog.Logger) (*observability, error) {
+	return startObservabilityWith(service, instance, adminAddr, pprof, ready, nil, log)
+}
+
+// startObservabilityWith is startObservability with more routes on the
+// admin listener (see telemetry.AdminConfig.Handlers).
+func startObservabilityWith(service, instance, adminAddr string, pprof bool, ready func() error, handlers map[string]http.Handler, log *slog.Logger) (*observability, error) {
 	prov, err := telemetry.New(context.Background(), telemetry.Options{Service: service, Instance: instance})
 	if err != nil {
 		return nil, err
@@ -27,7 +34,7 @@ func startObservability(service, instance, adminAddr string, pprof bool, ready f
 	if adminAddr == "" {
 		return o, nil
 	}
-	o.admin, err = telemetry.StartAdmin(telemetry.AdminConfig{Addr: adminAddr, Metrics: prov.Handler(), Ready: ready, Pprof: pprof, Logger: log})
+	o.admin, err = telemetry.StartAdmin(telemetry.AdminConfig{Addr: adminAddr, Metrics: prov.Handler(), Ready: ready, Pprof: pprof, Logger: log, Handlers: handlers})
 	if err != nil {
 		prov.Shutdown(context.Background())
 		return nil, err

@@ -2,14 +2,17 @@ package servercmd
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -21,6 +24,13 @@ import (
 
 // Dev runs the embedded default: the control plane in-process and brokers
 // as processes of this same executable, on loopback, until interrupted.
+//
+// Its process is also the brokers' supervisor: its admin listener serves
+// the control plane's /metrics, /healthz and /readyz, and POST
+// /restart?broker=ID (`felixctl dev restart ID`), which starts a broker
+// that died or was killed again (or restarts a running one), and GET
+// /brokers, their processes. The connection file names every process's
+// admin address.
 type Dev struct {
 	Dir      string   `help:"Directory for certificates, state, data and broker logs." default:"felix-dev" type:"path"`
 	Brokers  int      `help:"Number of brokers." default:"3"`
@@ -28,7 +38,21 @@ type Dev struct {
 	BasePort int      `help:"Port of broker-0; broker-N listens on BasePort+N (0: any free ports)." default:"7100"`
 	Stream   []string `help:"Streams to create if missing, as NAME:SHARDS." default:"orders:1"`
 	ConnFile string   `help:"Connection file felixctl and the SDK read when run from this directory." default:"${conn_file}" type:"path"`
+	Admin    string   `help:"HTTP admin address of this process: the control plane's /metrics, /healthz and /readyz, and the supervisor's POST /restart?broker=ID (felixctl dev restart). Loopback: it has no authentication." default:"127.0.0.1:0"`
 	Pprof    bool     `help:"Serve /debug/pprof/ on each broker's admin listener (loopback)."`
+}
+
+// DevBroker is one broker process as GET /brokers and POST /restart of
+// felix dev's admin listener describe it.
+type DevBroker struct {
+	ID      string `json:"id"`
+	Addr    string `json:"addr"`
+	Admin   string `json:"admin,omitempty"`
+	Pid     int    `json:"pid,omitempty"`
+	Running bool   `json:"running"`
+	// WasRunning, in a /restart answer: the broker was running and was
+	// stopped (SIGTERM) before it was started again.
+	WasRunning bool `json:"was_running,omitempty"`
 }
 
 func (c *Dev) Run(log *slog.Logger) error {
@@ -50,6 +74,25 @@ func (c *Dev) Run(log *slog.Logger) error {
 			opts.BrokerPorts = append(opts.BrokerPorts, c.BasePort+i)
 		}
 	}
+
+	// The admin listener comes first, so that the connection file can name
+	// it; it answers 503 until the cluster is up.
+	var running atomic.Pointer[cluster.Cluster]
+	sup := &supervisor{cluster: &running, log: log}
+	obs, err := startObservabilityWith("felix-dev", "dev", c.Admin, false, func() error {
+		if running.Load() == nil {
+			return errors.New("the cluster is starting")
+		}
+		return nil
+	}, map[string]http.Handler{
+		"POST /restart": http.HandlerFunc(sup.restart),
+		"GET /brokers":  http.HandlerFunc(sup.brokers),
+	}, log)
+	if err != nil {
+		return fmt.Errorf("%w\nis another `felix dev` running? try --admin 127.0.0.1:0", err)
+	}
+	defer obs.close()
+
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	fmt.Printf("starting the control plane and %d brokers in %s ...\n", c.Brokers, c.Dir)
@@ -58,6 +101,11 @@ func (c *Dev) Run(log *slog.Logger) error {
 		return fmt.Errorf("%w\nis another `felix dev` already running on these ports? try --ctl-port 0 --base-port 0", err)
 	}
 	defer cl.Close()
+	reg, err := ctlMetrics(obs.prov.Meter, cl.Ctl())
+	if err != nil {
+		return err
+	}
+	defer reg.Unregister()
 
 	for _, spec := range c.Stream {
 		sc, err := parseStreamSpec(spec)
@@ -72,23 +120,24 @@ func (c *Dev) Run(log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	running.Store(cl)
 	fmt.Println()
 	cluster.WriteOwnership(os.Stdout, m)
 
-	cf := client.ClusterFile{Name: "dev", CAFile: cl.CAFile()}
-	cf.CertFile, cf.KeyFile = cl.AdminCert()
-	for _, b := range cl.Brokers() {
-		cf.Brokers = append(cf.Brokers, client.ClusterBroker{ID: b.ID, Addr: b.Addr})
-	}
-	if err := cf.Write(c.ConnFile); err != nil {
+	admin := obs.adminAdvertise("127.0.0.1")
+	if err := c.writeConnFile(cl, m, admin); err != nil {
 		return err
 	}
 	defer os.Remove(c.ConnFile)
+	ctlcmd := FelixctlCommand()
 	fmt.Printf("\nconnection file: %s (felixctl and client.ConnectFile read it from this directory)\n", c.ConnFile)
-	fmt.Printf("try:  felixctl pub orders hello --via %s\n      felixctl sub orders --from earliest\n", cl.Brokers()[0].ID)
+	fmt.Printf("try:  %s pub orders hello --via %s\n      %s sub orders --from earliest\n", ctlcmd, cl.Brokers()[0].ID, ctlcmd)
+	fmt.Printf("admin (control plane metrics and health, broker restarts): http://%s\n", admin)
 	fmt.Printf("broker logs: %s\nctrl-c stops the cluster\n", filepath.Join(c.Dir, "broker-*.log"))
 
-	// Report liveness and ownership changes until interrupted.
+	// Report liveness and ownership changes until interrupted, and keep
+	// the connection file's admin addresses current (a restarted broker
+	// has a new one).
 	last := m
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
@@ -103,14 +152,17 @@ func (c *Dev) Run(log *slog.Logger) error {
 		if m.Epoch == last.Epoch {
 			continue
 		}
+		changedAdmin := false
 		for _, n := range m.Nodes {
-			if old, ok := last.Node(n.ID); !ok || old.Live != n.Live {
-				state := "live"
-				if !n.Live {
-					state = "down"
+			old, ok := last.Node(n.ID)
+			if !ok || old.Live != n.Live {
+				if n.Live {
+					fmt.Printf("epoch %d: %s is live\n", m.Epoch, n.ID)
+				} else {
+					fmt.Printf("epoch %d: %s is down; restart it with `%s dev restart %s`\n", m.Epoch, n.ID, ctlcmd, n.ID)
 				}
-				fmt.Printf("epoch %d: %s is %s\n", m.Epoch, n.ID, state)
 			}
+			changedAdmin = changedAdmin || !ok || old.Admin != n.Admin
 		}
 		for _, mv := range shardmap.Diff(last, m) {
 			switch {
@@ -122,8 +174,110 @@ func (c *Dev) Run(log *slog.Logger) error {
 				fmt.Printf("epoch %d: %s moved from %s to %s\n", m.Epoch, mv.ShardID, mv.From, mv.To)
 			}
 		}
+		if changedAdmin {
+			if err := c.writeConnFile(cl, m, admin); err != nil {
+				log.Warn("cannot update the connection file", "file", c.ConnFile, "err", err)
+			}
+		}
 		last = m
 	}
+}
+
+// writeConnFile writes the connection file: the brokers with their admin
+// addresses from m, the certificates, and this process's admin address.
+func (c *Dev) writeConnFile(cl *cluster.Cluster, m *shardmap.Map, admin string) error {
+	cf := client.ClusterFile{Name: "dev", CAFile: cl.CAFile(), Admin: admin}
+	cf.CertFile, cf.KeyFile = cl.AdminCert()
+	for _, b := range cl.Brokers() {
+		cb := client.ClusterBroker{ID: b.ID, Addr: b.Addr}
+		if n, ok := m.Node(b.ID); ok {
+			cb.Admin = n.Admin
+		}
+		cf.Brokers = append(cf.Brokers, cb)
+	}
+	return cf.Write(c.ConnFile)
+}
+
+// FelixctlCommand is how to run felixctl from where this process was
+// started: `go run ./cmd/felixctl` when this process itself was started by
+// `go run` (its executable is in the go command's temporary build
+// directory, and felixctl is then most likely not installed), else
+// `felixctl`.
+func FelixctlCommand() string {
+	if isGoRun(os.Args[0]) {
+		return "go run ./cmd/felixctl"
+	}
+	return "felixctl"
+}
+
+// isGoRun reports whether arg0 is an executable `go run` built: it lives
+// in a go-build temporary directory (…/go-build1234/b001/exe/felix).
+func isGoRun(arg0 string) bool {
+	return strings.Contains(filepath.ToSlash(arg0), "/go-build") && strings.Contains(filepath.ToSlash(arg0), "/exe/")
+}
+
+// supervisor serves felix dev's broker restarts.
+type supervisor struct {
+	cluster *atomic.Pointer[cluster.Cluster] // nil until the cluster is up
+	log     *slog.Logger
+}
+
+func (s *supervisor) describe(cl *cluster.Cluster, b *cluster.Broker) DevBroker {
+	return DevBroker{ID: b.ID, Addr: b.Addr, Admin: cl.AdminAddr(b.ID), Pid: b.Pid(), Running: b.Running()}
+}
+
+// brokers serves GET /brokers: every broker process, as JSON.
+func (s *supervisor) brokers(w http.ResponseWriter, r *http.Request) {
+	cl := s.cluster.Load()
+	if cl == nil {
+		http.Error(w, "the cluster is starting", http.StatusServiceUnavailable)
+		return
+	}
+	out := []DevBroker{}
+	for _, b := range cl.Brokers() {
+		out = append(out, s.describe(cl, b))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(out)
+}
+
+// restart serves POST /restart?broker=ID: it starts the broker again
+// (stopping it first if it is running) and answers once it is live in the
+// map, with the broker as JSON.
+func (s *supervisor) restart(w http.ResponseWriter, r *http.Request) {
+	cl := s.cluster.Load()
+	if cl == nil {
+		http.Error(w, "the cluster is starting", http.StatusServiceUnavailable)
+		return
+	}
+	id := r.URL.Query().Get("broker")
+	b := cl.Broker(id)
+	if b == nil {
+		var ids []string
+		for _, b := range cl.Brokers() {
+			ids = append(ids, b.ID)
+		}
+		http.Error(w, fmt.Sprintf("there is no broker %q; the brokers are %s", id, strings.Join(ids, ", ")), http.StatusNotFound)
+		return
+	}
+	was := b.Running()
+	if was {
+		if err := cl.Stop(id); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	if err := cl.Restart(ctx, id); err != nil {
+		http.Error(w, fmt.Sprintf("%s did not come back: %v", id, err), http.StatusInternalServerError)
+		return
+	}
+	s.log.Info("broker restarted on request", "broker", id, "pid", b.Pid(), "was_running", was)
+	d := s.describe(cl, b)
+	d.WasRunning = was
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(d)
 }
 
 // parseStreamSpec parses NAME:SHARDS (SHARDS defaults to 1).

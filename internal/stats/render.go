@@ -16,18 +16,18 @@ import (
 // WriteTable writes rows as an aligned table, one broker per line.
 func WriteTable(w io.Writer, rows []Row) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "NODE\tSTATE\tEPOCH\tSHARDS\tCONNS\tIN/s\tOUT/s\tFWD/s\tERR/s\tPUB p50\tPUB p99\tFSYNC p50\tREC/FSYNC\tMAX LAG\t")
+	fmt.Fprintln(tw, "NODE\tSTATE\tEPOCH\tSTREAMS\tSHARDS\tCONNS\tIN/s\tOUT/s\tFWD/s\tERR/s\tPUB p50\tPUB p99\tFSYNC p50\tREC/FSYNC\tMAX LAG\t")
 	for _, r := range rows {
 		state := "live"
 		if !r.Live {
 			state = "down"
 		}
 		if r.Error != "" {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", r.Node, state)
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", r.Node, state)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f\t\n",
-			r.Node, state, r.Epoch, r.ShardsOwned, r.Connections,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f\t\n",
+			r.Node, state, r.Epoch, r.Streams, r.ShardsOwned, r.Connections,
 			num(r.InPerSec), num(r.OutPerSec), num(r.FwdPerSec), num(r.ErrPerSec),
 			dur(r.PublishP50), dur(r.PublishP99), dur(r.FsyncP50), num(r.PerFsync), r.MaxLag)
 	}
@@ -42,7 +42,8 @@ func WriteTable(w io.Writer, rows []Row) error {
 	return nil
 }
 
-// WriteJSON writes rows as a JSON array; unknown quantiles are null.
+// WriteJSON writes rows as JSON, one object per line (NDJSON); unknown
+// quantiles are null.
 func WriteJSON(w io.Writer, rows []Row) error {
 	type jrow struct {
 		Row
@@ -57,14 +58,14 @@ func WriteJSON(w io.Writer, rows []Row) error {
 		}
 		return &v
 	}
-	out := make([]jrow, len(rows))
-	for i, r := range rows {
-		out[i] = jrow{Row: r, PublishP50: opt(r.PublishP50), PublishP99: opt(r.PublishP99),
-			FsyncP50: opt(r.FsyncP50), PerFsync: opt(r.PerFsync)}
-	}
 	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(out)
+	for _, r := range rows {
+		if err := enc.Encode(jrow{Row: r, PublishP50: opt(r.PublishP50), PublishP99: opt(r.PublishP99),
+			FsyncP50: opt(r.FsyncP50), PerFsync: opt(r.PerFsync)}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func num(v float64) string {
@@ -104,8 +105,12 @@ type Options struct {
 	// Count is how many tables to print; 0 means until ctx ends. Each
 	// table covers one interval.
 	Count int
-	// JSON prints each table as a JSON array instead.
+	// JSON prints each table as JSON instead, one object per broker and
+	// line.
 	JSON bool
+	// OnTable, if set, is called with the rows of each table once it is
+	// printed (felixctl exits 3 when the last one shows a broker down).
+	OnTable func([]Row)
 	// HTTP scrapes; nil means a client with a 5s timeout.
 	HTTP *http.Client
 	// Clear is written before each table after the first (e.g. "\x1b[H\x1b[2J"
@@ -137,6 +142,7 @@ func Run(ctx context.Context, w io.Writer, opts Options) error {
 		cur := ScrapeAll(ctx, opts.HTTP, m)
 		rows := Summarize(prev, cur)
 		prev = cur
+		countStreams(rows, m)
 		if i > 0 && opts.Clear != "" {
 			io.WriteString(w, opts.Clear)
 		}
@@ -149,6 +155,24 @@ func Run(ctx context.Context, w io.Writer, opts Options) error {
 		if err != nil {
 			return err
 		}
+		if opts.OnTable != nil {
+			opts.OnTable(rows)
+		}
 	}
 	return nil
+}
+
+// countStreams fills each row's Streams: the streams of m with a shard
+// owned by the row's broker.
+func countStreams(rows []Row, m *shardmap.Map) {
+	for i := range rows {
+		for _, st := range m.Streams {
+			for _, o := range st.Owners {
+				if o == rows[i].Node {
+					rows[i].Streams++
+					break
+				}
+			}
+		}
+	}
 }

@@ -38,7 +38,8 @@ const (
 	MetricForwards        = "felix_forwards_total"
 	MetricErrors          = "felix_errors_total"
 	MetricConnections     = "felix_connections"
-	MetricStreams         = "felix_streams"
+	MetricQUICStreams     = "felix_quic_streams" // open QUIC streams, by type
+	MetricQUICStreamsOld  = "felix_streams"      // its name before it was renamed
 	MetricShardsOwned     = "felix_shards_owned"
 	MetricMapEpoch        = "felix_map_epoch"
 	MetricSubscriberLag   = "felix_subscriber_lag_records"
@@ -264,7 +265,8 @@ type Row struct {
 	Epoch         uint64  `json:"epoch"`
 	ShardsOwned   int     `json:"shards_owned"`
 	Connections   int     `json:"connections"`
-	Streams       int     `json:"streams"`
+	QUICStreams   int     `json:"quic_streams"` // open QUIC streams (client and peer)
+	Streams       int     `json:"streams"`      // Felix streams with a shard owned here (from the map)
 	Interval      float64 `json:"interval_seconds"`
 	InPerSec      float64 `json:"records_in_per_second"`
 	InBytesPerSec float64 `json:"bytes_in_per_second"`
@@ -299,8 +301,11 @@ func Summarize(prev, cur []Scrape) []Row {
 		epoch, _ := f.Sum(MetricMapEpoch)
 		owned, _ := f.Sum(MetricShardsOwned)
 		conns, _ := f.Sum(MetricConnections)
-		streams, _ := f.Sum(MetricStreams)
-		r.Epoch, r.ShardsOwned, r.Connections, r.Streams = uint64(epoch), int(owned), int(conns), int(streams)
+		quic, ok := f.Sum(MetricQUICStreams)
+		if !ok {
+			quic, _ = f.Sum(MetricQUICStreamsOld)
+		}
+		r.Epoch, r.ShardsOwned, r.Connections, r.QUICStreams = uint64(epoch), int(owned), int(conns), int(quic)
 		r.MaxLag = f.Max(MetricSubscriberLag)
 
 		p, havePrev := before[s.Node]

@@ -27,6 +27,10 @@ type AdminConfig struct {
 	Pprof bool
 	// Logger gets serve errors; default slog.Default().
 	Logger *slog.Logger
+	// Handlers are more routes, by http.ServeMux pattern ("POST /restart"):
+	// what the process serves beside metrics and health (felix dev's
+	// supervisor).
+	Handlers map[string]http.Handler
 }
 
 // Admin is a running admin listener: /metrics, /healthz (the process is
@@ -58,6 +62,9 @@ func StartAdmin(cfg AdminConfig) (*Admin, error) {
 		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	}
+	for pattern, h := range cfg.Handlers {
+		mux.Handle(pattern, h)
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -190,11 +190,70 @@ func (p *Providers) Shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Version returns the felix module version this binary was built from, or
-// "devel".
+// version is set for release builds with
+//
+//	go build -ldflags "-X github.com/felix-broker/felix/internal/telemetry.version=v1.2.3" ./cmd/...
+//
+// and then beats what the build recorded.
+var version string
+
+// Version returns the version of felix this binary was built from, the one
+// felix_build_info{version}, `felix --version` and `felixctl version`
+// report: the -ldflags -X override (release builds) if set; else the main
+// module's version as the go command stamped it (`go install
+// module@v1.2.3`, or, since Go 1.24, a pseudo-version with the commit and
+// "+dirty" for `go build` in a git checkout); else "devel+COMMIT" (with
+// "-dirty" for uncommitted changes) from the VCS settings; else "devel".
 func Version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
+	if version != "" {
+		return version
 	}
-	return "devel"
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "devel"
+	}
+	return versionOf(bi)
+}
+
+// versionOf is Version's reading of build info.
+func versionOf(bi *debug.BuildInfo) string {
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	var rev string
+	var modified bool
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			modified = s.Value == "true"
+		}
+	}
+	if rev == "" {
+		return "devel"
+	}
+	v := "devel+" + rev[:min(len(rev), 12)]
+	if modified {
+		v += "-dirty"
+	}
+	return v
+}
+
+// Revision returns the VCS commit this binary was built from and whether
+// the tree had uncommitted changes, or "" when the build recorded none.
+func Revision() (rev string, modified bool) {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "", false
+	}
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			modified = s.Value == "true"
+		}
+	}
+	return rev, modified
 }
