@@ -313,33 +313,10 @@ func (p *Publisher) openIdem(ctx context.Context) (*pubSession, error) {
 		// they are unresolved too.
 		old.fail(lost(errors.New("publish stream abandoned to send records of unknown outcome again")))
 	}
-	conn, err := p.c.home.get(ctx)
+	s, err := p.openStream(ctx, false)
 	if err != nil {
 		return nil, err
 	}
-	str, err := conn.OpenStreamSync(ctx)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, fmt.Errorf("opening publish stream to %s: %w", p.c.addr, errors.Join(errStaleSession, err))
-	}
-	s := newPubSession(p.c.addr, str, p.c.maxFrame())
-	s.idem = p.idem
-
-	p.mu.Lock()
-	if p.mu.closed || p.c.closed.Load() {
-		p.mu.Unlock()
-		cancelStream(str)
-		return nil, ErrClosed
-	}
-	p.mu.sess, p.mu.ready = s, false
-	p.c.wg.Add(1)
-	go func() {
-		defer p.c.wg.Done()
-		s.readLoop()
-	}()
-	p.mu.Unlock()
 
 	fs := p.idem.takeUnresolved()
 	for i, f := range fs {

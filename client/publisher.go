@@ -293,7 +293,13 @@ func (p *Publisher) session(ctx context.Context) (*pubSession, error) {
 	if p.idem != nil {
 		return p.openIdem(ctx)
 	}
+	return p.openStream(ctx, true)
+}
 
+// openStream opens a publish stream on the home broker, installs it as the
+// publisher's session (ready for new records or not) and starts its
+// reader. The caller holds the opening slot.
+func (p *Publisher) openStream(ctx context.Context, ready bool) (*pubSession, error) {
 	conn, err := p.c.home.get(ctx)
 	if err != nil {
 		return nil, err
@@ -307,6 +313,7 @@ func (p *Publisher) session(ctx context.Context) (*pubSession, error) {
 		return nil, fmt.Errorf("opening publish stream to %s: %w", p.c.addr, errors.Join(errStaleSession, err))
 	}
 	s := newPubSession(p.c.addr, str, p.c.maxFrame())
+	s.idem = p.idem
 
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -314,7 +321,7 @@ func (p *Publisher) session(ctx context.Context) (*pubSession, error) {
 		cancelStream(str)
 		return nil, ErrClosed
 	}
-	p.mu.sess, p.mu.ready = s, true
+	p.mu.sess, p.mu.ready = s, ready
 	// Add under mu: shutdown takes mu before Close waits on wg.
 	p.c.wg.Add(1)
 	go func() {

@@ -7,7 +7,6 @@ package main
 import (
 	"fmt"
 	"os"
-	"runtime"
 
 	"github.com/alecthomas/kong"
 
@@ -36,25 +35,11 @@ func main() {
 		kong.Name("felix"),
 		kong.Description("Felix: a clustered, durable, low-latency publish/subscribe broker."),
 		kong.UsageOnError(),
-		kong.Vars{"conn_file": client.DefaultClusterFile, "version": "felix " + telemetry.Version() + buildSuffix()},
+		kong.Vars{"conn_file": client.DefaultClusterFile, "version": "felix " + telemetry.VersionLine()},
 	)
 	logger := servercmd.NewLogger(c.LogFormat, c.LogLevel)
 	if err := ctx.Run(logger); err != nil {
 		fmt.Fprintf(os.Stderr, "felix: %v\n", err)
 		os.Exit(1)
 	}
-}
-
-// buildSuffix says how the binary was built: " (commit 0123456789ab,
-// modified; go1.26.0 linux/amd64)".
-func buildSuffix() string {
-	build := runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH
-	if rev, mod := telemetry.Revision(); rev != "" {
-		c := "commit " + rev[:min(len(rev), 12)]
-		if mod {
-			c += ", modified"
-		}
-		build = c + "; " + build
-	}
-	return " (" + build + ")"
 }

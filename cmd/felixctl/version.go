@@ -38,16 +38,5 @@ func (v *versionCmd) Run(a *app) error {
 	return err
 }
 
-// versionLine is the version and how the binary was built:
-// "v0.0.0-20260101120000-0123456789ab+dirty (commit 0123456789ab, modified; go1.26.0 linux/amd64)".
-func versionLine() string {
-	build := runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH
-	if rev, mod := telemetry.Revision(); rev != "" {
-		c := "commit " + rev[:min(len(rev), 12)]
-		if mod {
-			c += ", modified"
-		}
-		build = c + "; " + build
-	}
-	return telemetry.Version() + " (" + build + ")"
-}
+// versionLine is the version and how the binary was built.
+func versionLine() string { return telemetry.VersionLine() }

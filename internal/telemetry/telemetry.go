@@ -242,6 +242,21 @@ func versionOf(bi *debug.BuildInfo) string {
 
 // Revision returns the VCS commit this binary was built from and whether
 // the tree had uncommitted changes, or "" when the build recorded none.
+// VersionLine is the version and how the binary was built, as
+// `--version` prints it: "v0.0.0-…-0123456789ab+dirty (commit
+// 0123456789ab, modified; go1.26.0 linux/amd64)".
+func VersionLine() string {
+	build := runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH
+	if rev, mod := Revision(); rev != "" {
+		c := "commit " + rev[:min(len(rev), 12)]
+		if mod {
+			c += ", modified"
+		}
+		build = c + "; " + build
+	}
+	return Version() + " (" + build + ")"
+}
+
 func Revision() (rev string, modified bool) {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
