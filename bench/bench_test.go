@@ -19,6 +19,7 @@ func tinyLocal(t *testing.T) *Command {
 		Scenarios: Scenarios, Size: 128, Trials: 2, Count: 30, Warmup: 5,
 		Rate: 400, OpenDuration: 150 * time.Millisecond,
 		Publishers: 6, Window: 4, Duration: 400 * time.Millisecond, TPWarmup: 100 * time.Millisecond,
+		Shards: []int{6, 12}, Load: []float64{50}, LoadDuration: 200 * time.Millisecond,
 		Subscribers: 3, FloorCount: 60,
 		JSON: true, Plot: filepath.Join(t.TempDir(), "latency.svg"),
 	}
@@ -30,9 +31,10 @@ func TestLocalEveryScenario(t *testing.T) {
 	c := tinyLocal(t)
 	rep, out := execute(t, c, 50*time.Second)
 	var doc struct {
-		Floors    map[string]any   `json:"floors"`
-		Scenarios []map[string]any `json:"scenarios"`
-		Targets   []map[string]any `json:"targets"`
+		Floors     map[string]any   `json:"floors"`
+		Scenarios  []map[string]any `json:"scenarios"`
+		Targets    []map[string]any `json:"targets"`
+		ShardSweep []map[string]any `json:"shard_sweep"`
 	}
 	if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
 		t.Fatalf("the report is not JSON: %v\n%s", err, out.String())
@@ -58,6 +60,7 @@ func TestLocalEveryScenario(t *testing.T) {
 		"forwarded/open":       float64(c.Trials * openN),
 		"e2e/closed":           float64(c.Trials * c.Count),
 		"throughput/pipelined": -1, // depends on the machine
+		"load/open":            -1,
 		"fanout/closed":        float64(c.Trials * c.Count * c.Subscribers),
 	}
 	seen := map[string]bool{}
@@ -106,8 +109,12 @@ func TestLocalEveryScenario(t *testing.T) {
 		}
 		switch key {
 		case "direct/open", "forwarded/open":
-			if num(s, "send_lag_p99_us") < 0 || num(s, "rate_per_s") != float64(c.Rate) {
-				t.Errorf("%s: open-loop fields %v %v", key, s["send_lag_p99_us"], s["rate_per_s"])
+			if num(s, "generator_lag_p99_us") < 0 || num(s, "send_wait_p99_us") < 0 || num(s, "rate_per_s") != float64(c.Rate) {
+				t.Errorf("%s: open-loop fields %v %v %v", key, s["generator_lag_p99_us"], s["send_wait_p99_us"], s["rate_per_s"])
+			}
+		case "load/open":
+			if num(s, "load_pct") != 50 || num(s, "rate_per_s") < 1 || num(s, "generator_lag_p99_us") < 0 || num(s, "shards") != 6 {
+				t.Errorf("load: fields %v %v %v %v", s["load_pct"], s["rate_per_s"], s["generator_lag_p99_us"], s["shards"])
 			}
 		case "throughput/pipelined":
 			if num(s, "broker_cpu_pct") <= 0 || num(s, "broker_rss_mib") <= 0 || num(s, "broker_peak_rss_mib") < num(s, "broker_rss_mib") {
@@ -116,6 +123,11 @@ func TestLocalEveryScenario(t *testing.T) {
 			if procs, _ := s["processes"].([]any); len(procs) != 1+c.Brokers {
 				t.Errorf("throughput: %d processes watched, want the bench and %d brokers", len(procs), c.Brokers)
 			}
+			if num(s, "wal_records_per_fsync") < 1 {
+				t.Errorf("throughput: wal_records_per_fsync %v", s["wal_records_per_fsync"])
+			}
+			num(s, "idle_shard_kib")
+			num(s, "open_shard_kib")
 		case "direct/closed", "forwarded/closed":
 			// One record in flight on a shard nobody else writes: one
 			// fsync each.
@@ -135,8 +147,13 @@ func TestLocalEveryScenario(t *testing.T) {
 			t.Errorf("floor %s: %v", k, doc.Floors[k])
 		}
 	}
-	if len(doc.Targets) != 6 {
-		t.Errorf("%d targets checked, want 6: %v", len(doc.Targets), doc.Targets)
+	// direct p50 and p99, forwarded hop, e2e, throughput, broker RSS,
+	// light load, load 50% and the shards sweep.
+	if len(doc.Targets) != 9 {
+		t.Errorf("%d targets checked, want 9: %v", len(doc.Targets), doc.Targets)
+	}
+	if len(doc.ShardSweep) != 2 || doc.ShardSweep[0]["shards"] != 6.0 || doc.ShardSweep[1]["shards"] != 12.0 || doc.ShardSweep[0]["ratio_to_fewest"] != 1.0 {
+		t.Errorf("shard sweep %v", doc.ShardSweep)
 	}
 
 	// The plot, in both formats.
@@ -152,7 +169,8 @@ func TestLocalEveryScenario(t *testing.T) {
 	if err := rep.writeTable(&table); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"floors (same run)", "direct open 400/s", "throughput 6x4", "fanout x3", "targets:"} {
+	for _, s := range []string{"floors (same run)", "direct open 400/s", "throughput 6x4 (6 shards)", "throughput 6x4 (12 shards)",
+		"load 50%", "generator lag (not charged)", "shards sweep:", "IDLE/SHARD", "fanout x3", "targets:"} {
 		if !strings.Contains(table.String(), s) {
 			t.Errorf("table lacks %q:\n%s", s, table.String())
 		}

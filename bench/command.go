@@ -17,6 +17,7 @@ import (
 
 	"github.com/felix-broker/felix/client"
 	"github.com/felix-broker/felix/internal/cluster"
+	"github.com/felix-broker/felix/shardmap"
 )
 
 // Command is `felixctl bench`: kong fills it from the command line. Mount
@@ -55,12 +56,18 @@ type Command struct {
 
 	Publishers int           `help:"Throughput: concurrent publishers (one QUIC stream each)." default:"64"`
 	Window     int           `help:"Throughput: records in flight per publisher (1 is closed loop)." default:"32"`
-	Shards     int           `help:"Throughput: shards of the stream (default: 2 per broker)."`
+	Shards     []int         `help:"Throughput: shards of the stream (default: 2 per broker). Several (--shards 6,96,768) make a sweep: the throughput scenario runs over each, on a stream of its own deleted afterwards, and the report gives acked records/s, records per fsync, the largest broker's RSS and the memory per idle shard for each." sep:","`
 	Duration   time.Duration `help:"Throughput: measured length of each trial." default:"3s"`
 	TPWarmup   time.Duration `name:"throughput-warmup" help:"Throughput: warm-up before each trial." default:"500ms"`
 
+	Load         []float64     `help:"Latency under load: after the throughput scenario (over the first --shards), open loop over its publishers at these percentages of the acked records/s it measured, one row each; empty (--load '') skips them." default:"10,50,80" sep:","`
+	LoadDuration time.Duration `help:"Latency under load: length of each trial at each percentage." default:"2s"`
+
 	Subscribers int `help:"Fanout: subscribers of the one stream." default:"8"`
 	FloorCount  int `help:"Samples of each floor, taken half before and half after the scenarios." default:"2000"`
+
+	AB    string `name:"ab" help:"With --local: compare this build with another felix executable (cluster A runs this build, cluster B runs FELIX), side by side in one run: direct and forwarded closed loop with records alternating between them, throughput in alternating trials; every figure as the ratio B/A." type:"path" placeholder:"FELIX"`
+	ABRev string `name:"ab-rev" help:"With --local: --ab with felix built from git revision REV of the repository around the working directory (exported with git archive into a temporary directory; the working tree is not touched)." placeholder:"REV"`
 
 	Telemetry bool `help:"With --local: measure what telemetry costs: run direct and forwarded on two local clusters, one with no telemetry and one tracing every publish (spans dropped in-process) and recording metrics, alternating record by record, and report the p50s and their ratio."`
 
@@ -82,7 +89,8 @@ type settings struct {
 	size, trials, count, warmup int
 	rate                        int
 	openDuration                time.Duration
-	publishers, window, shards  int
+	loadDuration                time.Duration
+	publishers, window          int
 	duration, throughputWarmup  time.Duration
 	subscribers                 int
 }
@@ -107,6 +115,19 @@ func (c *Command) Validate() error {
 		}
 		if len(c.telemetryScenarios()) == 0 {
 			return errors.New("--telemetry compares direct and forwarded: name at least one of them in --scenarios")
+		}
+	}
+	if err := c.validateAB(); err != nil {
+		return err
+	}
+	for _, n := range c.Shards {
+		if n < 1 || n > shardmap.MaxShards {
+			return fmt.Errorf("--shards %d: a stream has 1 to %d shards", n, shardmap.MaxShards)
+		}
+	}
+	for _, pct := range c.Load {
+		if pct <= 0 {
+			return fmt.Errorf("--load %g: a percentage of the measured throughput must be above 0", pct)
 		}
 	}
 	if c.Plot != "" && !slices.Contains(PlotFormats, strings.ToLower(filepath.Ext(c.Plot))) {
@@ -205,6 +226,9 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 	}
 	if c.Telemetry {
 		return c.executeTelemetry(ctx, log, out, prog, binary, started)
+	}
+	if c.AB != "" || c.ABRev != "" {
+		return c.executeAB(ctx, log, out, prog, binary, started)
 	}
 	workDir, err := os.MkdirTemp("", "felix-bench-")
 	if err != nil {
@@ -331,6 +355,7 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 		return nil, err
 	}
 	rep.setFloors(floors.floors())
+	rep.ShardSweep = shardSweep(rep.Scenarios)
 	rep.checkTargets()
 	rep.DurationSec = round1(time.Since(started).Seconds())
 	prog.close() // before the report is written; the deferred close is then a no-op
@@ -370,17 +395,65 @@ func (c *Command) runScenario(ctx context.Context, e *env, s string) ([]*Result,
 		r, err := e.runDelivery(ctx, Fanout, c.Subscribers)
 		return []*Result{r}, err
 	case Throughput:
-		r, err := e.runThroughput(ctx)
-		return []*Result{r}, err
+		return c.runThroughputScenario(ctx, e)
 	}
 	return nil, fmt.Errorf("bench: unknown scenario %q", s)
+}
+
+// runThroughputScenario runs the throughput scenario over each shard count
+// of --shards (the sweep), and the latency-under-load rows (--load) after
+// the first of them, over the same publishers.
+func (c *Command) runThroughputScenario(ctx context.Context, e *env) ([]*Result, error) {
+	counts := c.shardCounts(len(e.nodes))
+	var out []*Result
+	for k, n := range counts {
+		name := Throughput
+		if len(counts) > 1 {
+			name = fmt.Sprintf("%s-%d", Throughput, n)
+		}
+		rs, err := func() ([]*Result, error) {
+			ps, err := e.throughputPublishers(ctx, name, n)
+			if err != nil {
+				return nil, err
+			}
+			defer ps.close()
+			r, err := e.runThroughput(ctx, ps)
+			if err != nil {
+				return nil, err
+			}
+			rs := []*Result{r}
+			if k > 0 {
+				return rs, nil
+			}
+			for _, pct := range c.Load {
+				lr, err := e.runLoad(ctx, ps, r.ThroughputMsgsPerS, pct)
+				if err != nil {
+					return nil, err
+				}
+				rs = append(rs, lr)
+			}
+			return rs, nil
+		}()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rs...)
+		if len(counts) > 1 {
+			// The next step starts from brokers without this stream's
+			// shards: its RSS and its memory per shard are its own.
+			if err := e.deleteStream(ctx, name); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return out, nil
 }
 
 func (c *Command) settings() settings {
 	return settings{
 		size: c.Size, trials: c.Trials, count: c.Count, warmup: max(0, c.Warmup),
-		rate: c.Rate, openDuration: c.OpenDuration,
-		publishers: c.Publishers, window: c.Window, shards: c.Shards,
+		rate: c.Rate, openDuration: c.OpenDuration, loadDuration: c.LoadDuration,
+		publishers: c.Publishers, window: c.Window,
 		duration: c.Duration, throughputWarmup: c.TPWarmup,
 		subscribers: max(1, c.Subscribers),
 	}

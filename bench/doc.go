@@ -3,14 +3,16 @@
 //
 // It owns: driving a Felix cluster with the Go SDK in the scenarios the
 // performance targets name (direct, forwarded, e2e, throughput, fanout),
-// closed loop (one record in flight) and open loop at a fixed rate;
-// measuring the machine's floors in the same run (write+fdatasync of one
-// record on the brokers' disk, and a QUIC round trip to an echo process);
-// and reporting every latency next to those floors, as a table, as JSON
-// and as a percentile plot. It never changes a cluster beyond the bench
-// streams it creates (and deletes again), and it never reaches into a
-// broker: what it reports is what a client sees, plus what /proc says of
-// the broker processes it started.
+// closed loop (one record in flight), open loop at a fixed rate, and open
+// loop at fractions of the throughput measured in the same run (latency
+// under load); measuring the machine's floors in the same run
+// (write+fdatasync of one record on the brokers' disk, and a QUIC round
+// trip to an echo process); and reporting every latency next to those
+// floors, as a table, as JSON and as a percentile plot. It never changes a
+// cluster beyond the bench streams it creates (and deletes again), and it
+// never reaches into a broker: what it reports is what a client sees, what
+// /proc says of the broker processes it started, and what the brokers'
+// /metrics say of their WAL batches.
 //
 // # Method
 //
@@ -19,18 +21,63 @@
 // recorded; the reported percentiles are the median over the trials, the
 // max is the largest seen, and the spread of p50 and p99 over the trials is
 // reported with them. Closed loop measures service time: a record is sent
-// when the previous one is acked. Open loop sends at a fixed rate whatever
-// the acks do and measures each latency from the record's intended send
-// time, so a stall delays every record scheduled during it and shows in the
-// percentiles (coordinated-omission correction); the generator's own lag
-// (actual minus intended send time, which on a machine with coarse timers
-// is part of what open loop reports) is reported beside it.
+// when the previous one is acked.
+//
+// Open loop sends at a fixed rate whatever the acks do. One generator
+// goroutine sleeps on a timer until each record is due (pacer); it never
+// spins, because on a 2-core machine a busy-waiting generator takes the
+// CPU the brokers need. Each latency runs from the record's intended send
+// time, so a stall delays every record scheduled during it and shows in
+// the percentiles (coordinated-omission correction), with one exception:
+// when the generator's own timer overshoots (timers are coarse here: a
+// 200 µs sleep can take a millisecond), the records it then finds due are
+// charged from its wake-up, and the overshoot is reported as the
+// generator's lag beside the row. Whatever the system makes a send wait
+// for after that (a full window, a blocked write, the sends before it in
+// the same burst) is charged, and reported as the send wait. One
+// collector goroutine per publisher timestamps its acks in send order.
+//
+// Latency under load (the load rows, --load) is open loop over the
+// throughput scenario's publishers and stream at fractions (10%, 50%, 80%
+// by default) of the acked records/s that scenario measured just before,
+// record i through publisher i mod publishers: the way OpenMessaging
+// Benchmark users read a system, at loads it sustains rather than at
+// saturation, where closed-loop pipelined latency is only queueing.
 //
 // records_per_fsync is derived from the acks: the owner's log stamps every
 // record of one commit (one write and one fdatasync) with the same commit
 // timestamp, so acks of one shard that share a timestamp were made durable
 // by one fsync. It counts only the bench's records: on a cluster that
-// carries other traffic it is a lower bound.
+// carries other traffic it is a lower bound. The throughput rows add
+// wal_records_per_fsync, the brokers' own count (felix_wal_batch_records
+// between two scrapes of /metrics around the measured part), which also
+// sees one fsync shared by several shards.
+//
+// # Shards sweep
+//
+// With several --shards (--shards 6,96,768) the throughput scenario runs
+// over a stream of each count in turn (the load rows over the first), each
+// stream deleted before the next is created, and the report adds a sweep:
+// records/s and its ratio to the fewest shards, records per fsync, the
+// largest broker's RSS, and the memory per shard, the brokers' summed RSS
+// growth divided by the shard count, read once the stream exists (idle
+// shards: no log open yet) and again after one record to each shard (open
+// logs). RSS moves by pages and with the Go heap: with few shards the
+// per-shard figure is rough.
+//
+// # A/B
+//
+// With --local --ab FELIX (or --ab-rev REV, which builds cmd/felix at a git
+// revision from a git archive export into a temporary directory) the bench
+// runs only a comparison of two builds: cluster A's brokers run this
+// executable, cluster B's run FELIX, both under this build's in-process
+// control plane. Direct and forwarded run closed loop on both at once,
+// each record sent to one cluster and then the other, which goes first
+// alternating from record to record; throughput runs in alternating
+// trials (A B, B A, …), never both clusters loaded at once. The report
+// gives each side's p50 and p99 (and records/s) and every figure as the
+// ratio B/A, overall and per trial, with the spread of the per-trial
+// ratios: a change's effect as a ratio measured in one run.
 //
 // # Telemetry overhead
 //
@@ -53,6 +100,9 @@
 //	felixctl bench --cluster other.json
 //	felixctl bench --broker 10.0.0.5:7100 --ca ca.crt --cert me.crt --cert-key me.key --dir /var/lib/felix
 //	felixctl bench --local --telemetry --count 5000
+//	felixctl bench --local --scenarios throughput --shards 6,96,768 --load ''
+//	felixctl bench --local --ab /tmp/before/felix          # A: this build, B: the other; ratios B/A
+//	felixctl bench --local --ab-rev HEAD~1 --scenarios direct,forwarded
 //
 // Against an existing cluster, --dir should be a directory on the brokers'
 // data disk (the fsync floor is measured there), the bench should run on a

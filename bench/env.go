@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/felix-broker/felix/client"
@@ -136,6 +137,20 @@ func (e *env) createStream(ctx context.Context, scenario string, shards int) (st
 		}
 	}
 	return name, m, nil
+}
+
+// deleteStream deletes the bench stream createStream(scenario) made.
+func (e *env) deleteStream(ctx context.Context, scenario string) error {
+	name := fmt.Sprintf("felix-bench-%s-%s", e.runID, scenario)
+	c, err := e.anyClient(ctx)
+	if err != nil {
+		return err
+	}
+	if err := c.DeleteStream(ctx, name); err != nil {
+		return fmt.Errorf("bench: delete stream %s: %w", name, err)
+	}
+	e.streams = slices.DeleteFunc(e.streams, func(s string) bool { return s == name })
+	return nil
 }
 
 // owner returns the owner of shard of stream in m, and another live broker

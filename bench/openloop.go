@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
@@ -24,31 +25,80 @@ func newSchedule(start time.Time, ratePerSec int) schedule {
 // at returns the intended send time of record i.
 func (s schedule) at(i int) time.Time { return s.start.Add(time.Duration(i) * s.interval) }
 
+// pacer is the open-loop generator's clock. It sleeps on a timer until
+// each record's intended send time and never spins: on a 2-core machine a
+// busy-waiting generator takes the CPU the brokers need (measured: 93% of
+// a core, and three times the brokers' latency). Timers there are coarse
+// (a 200 µs sleep can take over a millisecond), so a wake-up often finds
+// several records due; they are sent back to back.
+type pacer struct {
+	sched schedule
+	timer *time.Timer
+	wake  time.Time // when the last sleep ended
+}
+
+func newPacer(ratePerSec int) *pacer {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &pacer{sched: newSchedule(time.Now(), ratePerSec), timer: t}
+}
+
+// next waits until record i is due and returns its intended send time and
+// the time Felix is charged from: the intended time, or the pacer's
+// wake-up when its own timer overshot past it. Whatever delays the send
+// after that (a full window, a blocked write, the sends before it in the
+// same burst) is charged; the timer's overshoot is the generator's lag,
+// not Felix's.
+func (p *pacer) next(ctx context.Context, i int) (intended, charged time.Time, err error) {
+	intended = p.sched.at(i)
+	if d := time.Until(intended); d > 0 {
+		p.timer.Reset(d)
+		select {
+		case <-p.timer.C:
+		case <-ctx.Done():
+			p.timer.Stop()
+			return intended, intended, context.Cause(ctx)
+		}
+		p.wake = time.Now()
+	}
+	charged = intended
+	if p.wake.After(intended) {
+		charged = p.wake
+	}
+	return intended, charged, nil
+}
+
+func (p *pacer) stop() { p.timer.Stop() }
+
 // coRecorder records open-loop latencies corrected for coordinated
-// omission: a record's latency runs from its intended send time, not from
-// when the generator got round to sending it. A generator that is held up
-// (a full window, a stalled connection, a late timer) therefore cannot hide
-// the stall by sending late: every record scheduled during it carries the
-// wait. The lag between intended and actual send is recorded apart, so a
-// reader can see how much of the latency is the generator's own.
+// omission: a record's latency runs from the time it was due, not from
+// when the generator got round to sending it. A generator held up by the
+// system (a full window, a stalled connection) therefore cannot hide the
+// stall by sending late: every record scheduled during it carries the
+// wait. "Due" is the intended send time, or the generator's wake-up when
+// its timer overshot: that overshoot is the generator's, recorded apart as
+// its lag and not charged.
 type coRecorder struct {
-	lat *hdrhistogram.Histogram // done - intended
-	raw *hdrhistogram.Histogram // done - sent: what a naive harness reports
-	lag *hdrhistogram.Histogram // sent - intended
+	lat  *hdrhistogram.Histogram // done - charged: what open loop reports
+	raw  *hdrhistogram.Histogram // done - sent: what a naive harness reports
+	lag  *hdrhistogram.Histogram // charged - intended: the generator's timer overshoot
+	wait *hdrhistogram.Histogram // sent - charged: what the send waited for (charged)
 
 	first, last time.Time // earliest intended send, latest ack
 }
 
 func newCORecorder() *coRecorder {
-	return &coRecorder{lat: newHist(), raw: newHist(), lag: newHist()}
+	return &coRecorder{lat: newHist(), raw: newHist(), lag: newHist(), wait: newHist()}
 }
 
-// Record adds one record sent at sent, meant to be sent at intended, whose
-// ack arrived at done.
-func (r *coRecorder) Record(intended, sent, done time.Time) {
-	record(r.lat, done.Sub(intended))
+// Record adds one record meant to be sent at intended, charged from
+// charged (intended, or the generator's later wake-up), sent at sent,
+// whose ack arrived at done.
+func (r *coRecorder) Record(intended, charged, sent, done time.Time) {
+	record(r.lat, done.Sub(charged))
 	record(r.raw, done.Sub(sent))
-	record(r.lag, sent.Sub(intended))
+	record(r.lag, charged.Sub(intended))
+	record(r.wait, sent.Sub(charged))
 	if r.first.IsZero() || intended.Before(r.first) {
 		r.first = intended
 	}
@@ -57,76 +107,122 @@ func (r *coRecorder) Record(intended, sent, done time.Time) {
 	}
 }
 
-// inflight is one open-loop record waiting for its ack.
-type inflight struct {
-	intended, sent time.Time
-	fut            *client.Future
-	measured       bool
+// merge adds o's records to r.
+func (r *coRecorder) merge(o *coRecorder) {
+	r.lat.Merge(o.lat)
+	r.raw.Merge(o.raw)
+	r.lag.Merge(o.lag)
+	r.wait.Merge(o.wait)
+	if !o.first.IsZero() && (r.first.IsZero() || o.first.Before(r.first)) {
+		r.first = o.first
+	}
+	if o.last.After(r.last) {
+		r.last = o.last
+	}
 }
 
-// openLoop sends warmup+n records at ratePerSec through send, which must
-// not wait for the ack (PublishAsync), and records every measured one in
-// rec. The calling goroutine sends; one collector goroutine, owned and
-// waited for here, takes the futures in send order and timestamps each ack
-// as it resolves. Between sends the sender sleeps until the next intended
-// time; when it is behind (the sleep overshot, or send blocked on a full
-// window) it sends at once, and the lag counts against the latency.
-func openLoop(ctx context.Context, ratePerSec, warmup, n int, rec *coRecorder, acks *ackGroups, prog *progress,
-	send func(context.Context) (*client.Future, error)) error {
+// trial returns what the recorder saw as one trial.
+func (r *coRecorder) trial(acks *ackGroups) trial {
+	return trial{hist: r.lat, lag: r.lag, raw: r.raw, wait: r.wait, acks: acks,
+		count: r.lat.TotalCount(), elapsed: r.last.Sub(r.first)}
+}
+
+// inflight is one open-loop record waiting for its ack.
+type inflight struct {
+	intended, charged, sent time.Time
+	fut                     *client.Future
+	measured                bool
+}
+
+// sendFunc sends one record without waiting for its ack (PublishAsync).
+type sendFunc func(context.Context) (*client.Future, error)
+
+// openLoop sends warmup+n records at ratePerSec, record i through
+// sends[i mod len(sends)], and returns the measured ones (those after the
+// warm-up). The calling goroutine is the generator: it sleeps on a pacer
+// until each record is due and sends it; each send function has one
+// collector goroutine, owned and waited for here, that takes its futures in
+// send order (one publisher's acks come back in that order) and timestamps
+// each ack as it resolves.
+func openLoop(ctx context.Context, ratePerSec, warmup, n int, sends []sendFunc, prog *progress) (*coRecorder, *ackGroups, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	queue := make(chan inflight, 1<<14)
-	collected := make(chan error, 1)
-	go func() {
-		err := collect(ctx, queue, rec, acks, prog)
-		if err != nil {
-			cancel(err) // stops the sender
-			for range queue {
+	cols := make([]*collector, len(sends))
+	var wg sync.WaitGroup
+	for k := range sends {
+		// A publisher has at most its window in flight: its sends block
+		// before its queue fills.
+		col := &collector{queue: make(chan inflight, client.DefaultMaxInFlight+1), rec: newCORecorder(), acks: newAckGroups()}
+		cols[k] = col
+		wg.Go(func() {
+			if err := col.run(ctx, prog); err != nil {
+				col.err = err
+				cancel(err) // stops the generator and the other collectors
+				for range col.queue {
+				}
 			}
-		}
-		collected <- err
-	}()
+		})
+	}
 
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	sched := newSchedule(time.Now(), ratePerSec)
+	p := newPacer(ratePerSec)
+	defer p.stop()
 	var sendErr error
 	for i := range warmup + n {
-		intended := sched.at(i)
-		if d := time.Until(intended); d > 0 {
-			timer.Reset(d)
-			select {
-			case <-timer.C:
-			case <-ctx.Done():
+		intended, charged, err := p.next(ctx, i)
+		if err != nil {
+			break
+		}
+		col := cols[i%len(cols)]
+		sent := time.Now()
+		fut, err := sends[i%len(sends)](ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				sendErr = fmt.Errorf("open loop: record %d: %w", i, err)
 			}
+			break
+		}
+		select {
+		case col.queue <- inflight{intended: intended, charged: charged, sent: sent, fut: fut, measured: i >= warmup}:
+		case <-ctx.Done():
 		}
 		if ctx.Err() != nil {
 			break
 		}
-		sent := time.Now()
-		fut, err := send(ctx)
-		if err != nil {
-			sendErr = fmt.Errorf("open loop: record %d: %w", i, err)
-			break
-		}
-		select {
-		case queue <- inflight{intended: intended, sent: sent, fut: fut, measured: i >= warmup}:
-		case <-ctx.Done():
-		}
 	}
-	close(queue)
-	if collErr := <-collected; collErr != nil {
-		return collErr
+	for _, col := range cols {
+		close(col.queue)
+	}
+	wg.Wait()
+	for _, col := range cols {
+		if col.err != nil {
+			return nil, nil, col.err
+		}
 	}
 	if sendErr != nil {
-		return sendErr
+		return nil, nil, sendErr
 	}
-	return ctx.Err()
+	if err := context.Cause(ctx); err != nil {
+		return nil, nil, err
+	}
+	rec, acks := newCORecorder(), newAckGroups()
+	for _, col := range cols {
+		rec.merge(col.rec)
+		acks.merge(col.acks)
+	}
+	return rec, acks, nil
 }
 
-// collect waits for each queued future in order and records it.
-func collect(ctx context.Context, queue <-chan inflight, rec *coRecorder, acks *ackGroups, prog *progress) error {
-	for f := range queue {
+// collector waits for one publisher's futures in send order and records
+// each. Its goroutine owns rec, acks and err until openLoop's wait returns.
+type collector struct {
+	queue chan inflight
+	rec   *coRecorder
+	acks  *ackGroups
+	err   error
+}
+
+func (c *collector) run(ctx context.Context, prog *progress) error {
+	for f := range c.queue {
 		select {
 		case <-f.fut.Done():
 		case <-ctx.Done():
@@ -138,8 +234,8 @@ func collect(ctx context.Context, queue <-chan inflight, rec *coRecorder, acks *
 			return fmt.Errorf("open loop: %w", err)
 		}
 		if f.measured {
-			rec.Record(f.intended, f.sent, done)
-			acks.add(ack)
+			c.rec.Record(f.intended, f.charged, f.sent, done)
+			c.acks.add(ack)
 		}
 		prog.add(1)
 	}

@@ -34,10 +34,10 @@ func TestCORecorderStall(t *testing.T) {
 			done = done.Add(stall)
 		}
 		free = done
-		rec.Record(intended, sent, done)
+		rec.Record(intended, intended, sent, done) // the system held the generator up: charged from the intended time
 	}
 
-	raw, lat, lag := percentilesOf(rec.raw), percentilesOf(rec.lat), percentilesOf(rec.lag)
+	raw, lat, wait, lag := percentilesOf(rec.raw), percentilesOf(rec.lat), percentilesOf(rec.wait), percentilesOf(rec.lag)
 	// From the actual send, only the stalled record is slow: p99 stays at
 	// the service time. That is the lie open loop exists to avoid.
 	if raw.P99 > 1.1*usOf(service) {
@@ -54,13 +54,66 @@ func TestCORecorderStall(t *testing.T) {
 	if lat.P50 > 1.1*usOf(service) {
 		t.Errorf("corrected p50 %v µs: records outside the stall should take the service time", lat.P50)
 	}
-	// The lag is the corrected latency minus the service time: none for
-	// most records, the stall for the first one after it.
-	if lag.Max < usOf(stall)*0.99 || lag.P50 > 1 {
-		t.Errorf("send lag p50 %v max %v µs", lag.P50, lag.Max)
+	// The send wait is the corrected latency minus the service time: none
+	// for most records, the stall for the first one after it. It is the
+	// system's doing, charged; the generator itself was never late.
+	if wait.Max < usOf(stall)*0.99 || wait.P50 > 1 {
+		t.Errorf("send wait p50 %v max %v µs", wait.P50, wait.Max)
+	}
+	if lag.Max > 1 {
+		t.Errorf("generator lag max %v µs, want none", lag.Max)
 	}
 	if got, want := rec.last.Sub(rec.first), sched.at(n-1).Sub(sched.start)+service; got < want-10*time.Millisecond || got > want+10*time.Millisecond {
 		t.Errorf("measured span %v, want about %v", got, want)
+	}
+}
+
+// TestCORecorderCharges: the generator's timer overshoot is its own lag,
+// not charged to Felix; a wait the system imposes on the send is charged.
+func TestCORecorderCharges(t *testing.T) {
+	rec := newCORecorder()
+	t0 := time.Unix(1000, 0)
+	ms := time.Millisecond
+	// Due at t0, the timer woke 1 ms late, the ack came 300 µs after.
+	rec.Record(t0, t0.Add(ms), t0.Add(ms), t0.Add(ms+300*time.Microsecond))
+	// Due at t0+1ms, after the same wake-up, but the send blocked 2 ms on
+	// a full window: charged from the wake-up, wait included.
+	rec.Record(t0.Add(ms), t0.Add(ms), t0.Add(3*ms), t0.Add(3*ms+300*time.Microsecond))
+	lat, lag, wait, raw := percentilesOf(rec.lat), percentilesOf(rec.lag), percentilesOf(rec.wait), percentilesOf(rec.raw)
+	if lat.P50 != 300 || lat.Max < 2290 || lat.Max > 2310 {
+		t.Errorf("latency p50 %v max %v µs, want 300 and 2300", lat.P50, lat.Max)
+	}
+	if lag.Max < 999 || lag.Max > 1001 || lag.P50 > 1 {
+		t.Errorf("generator lag p50 %v max %v µs, want 0 and 1000", lag.P50, lag.Max)
+	}
+	if wait.Max < 1999 || wait.Max > 2001 {
+		t.Errorf("send wait max %v µs, want 2000", wait.Max)
+	}
+	if raw.Max < 299 || raw.Max > 301 {
+		t.Errorf("uncorrected max %v µs, want 300", raw.Max)
+	}
+}
+
+// TestPacer: the pacer sleeps until each record is due, never sends one
+// early, and charges from its wake-up only what its timer overshot.
+func TestPacer(t *testing.T) {
+	p := newPacer(2000)
+	defer p.stop()
+	for i := range 40 {
+		intended, charged, err := p.next(t.Context(), i)
+		now := time.Now()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now.Before(intended) {
+			t.Fatalf("record %d released %v before it was due", i, intended.Sub(now))
+		}
+		if charged.Before(intended) || charged.After(now) {
+			t.Fatalf("record %d charged from %v, due %v, released %v", i, charged, intended, now)
+		}
+		if charged != intended && charged != p.wake {
+			t.Fatalf("record %d charged from %v: neither its due time nor the wake-up", i, charged)
+		}
 	}
 }
 

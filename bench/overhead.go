@@ -94,12 +94,12 @@ func (c *Command) executeTelemetry(ctx context.Context, log *slog.Logger, out io
 	}
 	base := []client.Opt{client.WithLogger(log), client.WithMaxInFlight(max(c.Window, client.DefaultMaxInFlight))}
 
-	off, err := c.startLocal(ctx, log, prog, binary, "off", telemetryOffEnv)
+	off, err := c.startLocal(ctx, log, prog, binary, "telemetry-off", telemetryOffEnv)
 	if err != nil {
 		return nil, err
 	}
 	defer off.close()
-	on, err := c.startLocal(ctx, log, prog, binary, "on", telemetryOnEnv)
+	on, err := c.startLocal(ctx, log, prog, binary, "telemetry-on", telemetryOnEnv)
 	if err != nil {
 		return nil, err
 	}
@@ -182,7 +182,7 @@ func (c *Command) executeTelemetry(ctx context.Context, log *slog.Logger, out io
 	return rep, nil
 }
 
-// localCluster is one of the clusters --telemetry starts, with the
+// localCluster is one of the clusters --telemetry or --ab starts, with the
 // directory it lives in.
 type localCluster struct {
 	cl     *cluster.Cluster
@@ -190,30 +190,31 @@ type localCluster struct {
 	remove bool // the directory is a temporary one of ours
 }
 
-// startLocal starts a local cluster whose brokers get env, in a temporary
-// directory (or in DIR/telemetry-name with --dir).
+// startLocal starts a local cluster of binary whose brokers get env, in a
+// temporary directory (or in DIR/name with --dir); name says which of the
+// compared clusters it is ("telemetry-off", "ab-a").
 func (c *Command) startLocal(ctx context.Context, log *slog.Logger, prog *progress, binary, name string, env []string) (*localCluster, error) {
 	lc := &localCluster{}
 	if c.Dir != "" {
-		lc.dir = filepath.Join(c.Dir, "telemetry-"+name)
+		lc.dir = filepath.Join(c.Dir, name)
 		if err := os.MkdirAll(lc.dir, 0o755); err != nil {
 			return nil, fmt.Errorf("bench: %w", err)
 		}
 	} else {
-		dir, err := os.MkdirTemp("", "felix-bench-telemetry-"+name+"-")
+		dir, err := os.MkdirTemp("", "felix-bench-"+name+"-")
 		if err != nil {
 			return nil, fmt.Errorf("bench: %w", err)
 		}
 		lc.dir, lc.remove = dir, !c.Keep
 	}
-	log.Info("starting a local cluster", "telemetry", name, "brokers", c.Brokers, "dir", lc.dir, "binary", binary, "env", strings.Join(env, " "))
-	prog.phase(fmt.Sprintf("starting %d brokers (telemetry %s)", c.Brokers, name), 0)
+	log.Info("starting a local cluster", "cluster", name, "brokers", c.Brokers, "dir", lc.dir, "binary", binary, "env", strings.Join(env, " "))
+	prog.phase(fmt.Sprintf("starting %d brokers (%s)", c.Brokers, name), 0)
 	sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	cl, err := cluster.Start(sctx, cluster.Options{Dir: lc.dir, Binary: binary, Brokers: c.Brokers, BrokerProcs: c.BrokerProcs, BrokerEnv: env})
 	if err != nil {
 		lc.close()
-		return nil, fmt.Errorf("bench: start a local cluster (telemetry %s) in %s: %w", name, lc.dir, err)
+		return nil, fmt.Errorf("bench: start a local cluster (%s, %s) in %s: %w", name, binary, lc.dir, err)
 	}
 	lc.cl = cl
 	return lc, nil
@@ -232,7 +233,7 @@ func (lc *localCluster) close() {
 // overheadSide is one cluster's publisher in measureOverhead.
 type overheadSide struct {
 	scenario   string
-	name       string // "off" or "on"
+	name       string // "off" or "on"; "A" or "B"
 	pub        *client.Publisher
 	owner, via string
 	forwarded  bool
@@ -247,61 +248,24 @@ func (s *overheadSide) publish(ctx context.Context) (time.Duration, error) {
 	ack, err := s.pub.Publish(ctx, nil, s.value, client.WithShard(0))
 	d := time.Since(t0)
 	if err != nil {
-		return 0, fmt.Errorf("bench: %s, telemetry %s: publish: %w", s.scenario, s.name, err)
+		return 0, fmt.Errorf("bench: %s, side %s: publish: %w", s.scenario, s.name, err)
 	}
 	if ack.Forwarded != s.forwarded || ack.Owner != s.owner {
-		return 0, fmt.Errorf("bench: %s, telemetry %s: record took the path %s -> %s (forwarded %v), expected %s -> %s: did the shard map change during the run?",
+		return 0, fmt.Errorf("bench: %s, side %s: record took the path %s -> %s (forwarded %v), expected %s -> %s: did the shard map change during the run?",
 			s.scenario, s.name, ack.Via, ack.Owner, ack.Forwarded, s.via, s.owner)
 	}
 	return d, nil
 }
 
 // measureOverhead runs scenario (direct or forwarded), closed loop, on
-// both clusters at once: each record goes to off and to on, one after the
-// other, the first of the two alternating from record to record, so that
-// whatever else the machine does falls on both alike.
+// both clusters at once (see alternateClosed), off against on.
 func measureOverhead(ctx context.Context, off, on *env, scenario string) (*OverheadResult, error) {
-	cfg := off.cfg
-	value := make([]byte, cfg.size) // never modified: shared by both sides
-	var sides []*overheadSide
-	for _, x := range []struct {
-		name string
-		e    *env
-	}{{"off", off}, {"on", on}} {
-		pub, owner, via, err := x.e.publisherOn(ctx, scenario, scenario+"-overhead")
-		if err != nil {
-			return nil, err
-		}
-		defer pub.Close()
-		sides = append(sides, &overheadSide{
-			name: x.name, pub: pub, owner: owner, via: via, forwarded: scenario == Forwarded,
-			scenario: scenario, value: value,
-		})
+	sides, err := alternateClosed(ctx, [2]*env{off, on}, [2]string{"off", "on"}, scenario, "-overhead", "telemetry off/on")
+	if err != nil {
+		return nil, err
 	}
-
-	r := &OverheadResult{Scenario: scenario,
-		PathOff: sides[0].via + " -> " + sides[0].owner, PathOn: sides[1].via + " -> " + sides[1].owner}
-	for t := range cfg.trials {
-		off.prog.phase(fmt.Sprintf("%s telemetry off/on %d/%d", scenario, t+1, cfg.trials), cfg.warmup+cfg.count)
-		for _, s := range sides {
-			s.hist = newHist()
-		}
-		for i := range cfg.warmup + cfg.count {
-			for k := range sides {
-				s := sides[(i+k)%len(sides)] // off first on even records, on first on odd ones
-				d, err := s.publish(ctx)
-				if err != nil {
-					return nil, err
-				}
-				if i >= cfg.warmup {
-					record(s.hist, d)
-				}
-			}
-			off.prog.add(1)
-		}
-		for _, s := range sides {
-			s.trials = append(s.trials, percentilesOf(s.hist))
-		}
+	r := &OverheadResult{Scenario: scenario, PathOff: sides[0].path(), PathOn: sides[1].path()}
+	for t := range sides[0].trials {
 		pOff, pOn := sides[0].trials[t], sides[1].trials[t]
 		r.TrialP50Off, r.TrialP50On = append(r.TrialP50Off, pOff.P50), append(r.TrialP50On, pOn.P50)
 		r.TrialRatios = append(r.TrialRatios, ratio3(pOn.P50, pOff.P50))
@@ -314,6 +278,56 @@ func measureOverhead(ctx context.Context, off, on *env, scenario string) (*Overh
 	r.WithinTarget = r.RatioP50 > 0 && r.RatioP50 <= OverheadTarget
 	return r, nil
 }
+
+// alternateClosed runs scenario (direct or forwarded), closed loop, on two
+// clusters at once: each record goes to one and then to the other, the
+// first of the two alternating from record to record, so that whatever
+// else the machine does falls on both alike. It returns each side with
+// its trials' percentiles. suffix names the streams, label the progress
+// phase.
+func alternateClosed(ctx context.Context, envs [2]*env, names [2]string, scenario, suffix, label string) ([2]*overheadSide, error) {
+	var sides [2]*overheadSide
+	cfg := envs[0].cfg
+	value := make([]byte, cfg.size) // never modified: shared by both sides
+	for k, e := range envs {
+		pub, owner, via, err := e.publisherOn(ctx, scenario, scenario+suffix)
+		if err != nil {
+			return sides, err
+		}
+		defer pub.Close()
+		sides[k] = &overheadSide{
+			name: names[k], pub: pub, owner: owner, via: via, forwarded: scenario == Forwarded,
+			scenario: scenario, value: value,
+		}
+	}
+	prog := envs[0].prog
+	for t := range cfg.trials {
+		prog.phase(fmt.Sprintf("%s %s %d/%d", scenario, label, t+1, cfg.trials), cfg.warmup+cfg.count)
+		for _, s := range sides {
+			s.hist = newHist()
+		}
+		for i := range cfg.warmup + cfg.count {
+			for k := range sides {
+				s := sides[(i+k)%len(sides)] // the first side first on even records, the second on odd ones
+				d, err := s.publish(ctx)
+				if err != nil {
+					return sides, err
+				}
+				if i >= cfg.warmup {
+					record(s.hist, d)
+				}
+			}
+			prog.add(1)
+		}
+		for _, s := range sides {
+			s.trials = append(s.trials, percentilesOf(s.hist))
+		}
+	}
+	return sides, nil
+}
+
+// path is the side's path, "via -> owner".
+func (s *overheadSide) path() string { return s.via + " -> " + s.owner }
 
 // ratio3 returns a / b rounded to three decimals, 0 when b is 0.
 func ratio3(a, b float64) float64 {

@@ -115,7 +115,8 @@ type ProcUsage struct {
 	PeakRSSMiB float64 `json:"peak_rss_mib"`
 }
 
-// procWatch measures a set of processes over an interval.
+// procWatch measures a set of processes over an interval. A nil
+// *procWatch measures nothing.
 type procWatch struct {
 	names  []string
 	pids   []int
@@ -125,6 +126,9 @@ type procWatch struct {
 // begin samples every process at the start of the interval. A process
 // that cannot be read is left out of the result.
 func (w *procWatch) begin() {
+	if w == nil {
+		return
+	}
 	w.before = make([]procSample, len(w.pids))
 	for i, pid := range w.pids {
 		w.before[i], _ = readProc(pid)
@@ -133,6 +137,9 @@ func (w *procWatch) begin() {
 
 // end samples them again and returns their usage over wall seconds.
 func (w *procWatch) end(wallSeconds float64) []ProcUsage {
+	if w == nil {
+		return nil
+	}
 	var out []ProcUsage
 	for i, pid := range w.pids {
 		after, err := readProc(pid)

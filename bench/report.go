@@ -27,8 +27,14 @@ type Report struct {
 	Targets      []Target  `json:"targets"`
 	Notes        []string  `json:"notes,omitempty"`
 
+	// ShardSweep is the throughput scenario over each shard count of
+	// --shards, when it names more than one.
+	ShardSweep []*ShardStep `json:"shard_sweep,omitempty"`
+
 	// Telemetry is what --telemetry measured; that mode runs nothing else.
 	Telemetry *TelemetryOverhead `json:"telemetry_overhead,omitempty"`
+	// AB is what --ab measured; that mode runs nothing else.
+	AB *ABComparison `json:"ab,omitempty"`
 }
 
 // Machine describes where the run happened.
@@ -94,32 +100,50 @@ type Result struct {
 	P50SpreadPct     float64     `json:"p50_spread_pct"` // (max - min) / median of the trials' p50
 	P99SpreadPct     float64     `json:"p99_spread_pct"`
 	ThroughputSpread float64     `json:"throughput_spread_pct"`
-	RatePerSec       int         `json:"rate_per_s,omitempty"`
-	SendLagP50       *float64    `json:"send_lag_p50_us,omitempty"`     // open loop: actual - intended send
-	SendLagP99       *float64    `json:"send_lag_p99_us,omitempty"`     // open loop
-	UncorrectedP50   *float64    `json:"uncorrected_p50_us,omitempty"`  // open loop: from the actual send
-	UncorrectedP99   *float64    `json:"uncorrected_p99_us,omitempty"`  // open loop
-	Publishers       int         `json:"publishers,omitempty"`          // throughput
-	Window           int         `json:"window,omitempty"`              // throughput: records in flight per publisher
-	Shards           int         `json:"shards,omitempty"`              // throughput
-	Subscribers      int         `json:"subscribers,omitempty"`         // e2e, fanout
-	BrokerCPUPct     *float64    `json:"broker_cpu_pct,omitempty"`      // throughput: all brokers, % of one core
-	BrokerRSSMiB     *float64    `json:"broker_rss_mib,omitempty"`      // throughput: largest broker RSS at the end
-	BrokerPeakRSSMiB *float64    `json:"broker_peak_rss_mib,omitempty"` // throughput: largest broker peak RSS
-	ClientCPUPct     *float64    `json:"client_cpu_pct,omitempty"`      // throughput: this process
-	Processes        []ProcUsage `json:"processes,omitempty"`           // throughput: last trial, per process
-	Note             string      `json:"note,omitempty"`
+	RatePerSec       int         `json:"rate_per_s,omitempty"`           // open loop: the intended rate
+	LoadPct          float64     `json:"load_pct,omitempty"`             // load: the rate as a percentage of the throughput row's msg/s
+	GeneratorLagP50  *float64    `json:"generator_lag_p50_us,omitempty"` // open loop: the generator's timer overshoot past the intended send, not charged
+	GeneratorLagP99  *float64    `json:"generator_lag_p99_us,omitempty"` // open loop
+	SendWaitP50      *float64    `json:"send_wait_p50_us,omitempty"`     // open loop: from due to the send (a full window, the burst before it), charged
+	SendWaitP99      *float64    `json:"send_wait_p99_us,omitempty"`     // open loop
+	UncorrectedP50   *float64    `json:"uncorrected_p50_us,omitempty"`   // open loop: from the actual send
+	UncorrectedP99   *float64    `json:"uncorrected_p99_us,omitempty"`   // open loop
+	Publishers       int         `json:"publishers,omitempty"`           // throughput, load
+	Window           int         `json:"window,omitempty"`               // throughput: records in flight per publisher
+	Shards           int         `json:"shards,omitempty"`               // throughput, load
+	Subscribers      int         `json:"subscribers,omitempty"`          // e2e, fanout
+	BrokerCPUPct     *float64    `json:"broker_cpu_pct,omitempty"`       // throughput: all brokers, % of one core
+	BrokerRSSMiB     *float64    `json:"broker_rss_mib,omitempty"`       // throughput: largest broker RSS at the end
+	BrokerPeakRSSMiB *float64    `json:"broker_peak_rss_mib,omitempty"`  // throughput: largest broker peak RSS
+	ClientCPUPct     *float64    `json:"client_cpu_pct,omitempty"`       // throughput: this process
+	Processes        []ProcUsage `json:"processes,omitempty"`            // throughput: last trial, per process
+	// WALRecordsPerFsync is records per fsync as the brokers count them
+	// (felix_wal_batch_records over the measured part, all brokers): unlike
+	// RecordsPerFsync it sees a commit shared by several shards, and other
+	// traffic. Throughput only; absent when /metrics cannot be scraped.
+	WALRecordsPerFsync *float64 `json:"wal_records_per_fsync,omitempty"`
+	// IdleShardKiB is the brokers' RSS growth (summed over them) from
+	// creating the stream, divided by its shards: what a shard costs
+	// before its first record. OpenShardKiB is the same after one record
+	// to each shard (its log open, its tail cache started). Throughput
+	// with --local only; RSS moves by whole pages and with the Go heap, so
+	// few shards give a rough figure.
+	IdleShardKiB *float64 `json:"idle_shard_kib,omitempty"`
+	OpenShardKiB *float64 `json:"open_shard_kib,omitempty"`
+	Note         string   `json:"note,omitempty"`
 
 	hist *hdrhistogram.Histogram // every trial's latencies, for the plot
 }
 
 // Label names the result in tables and plots.
 func (r *Result) Label() string {
-	switch r.Mode {
-	case ModeOpen:
+	switch {
+	case r.Scenario == Load:
+		return fmt.Sprintf("%s %g%% %d/s (%d shards)", r.Scenario, r.LoadPct, r.RatePerSec, r.Shards)
+	case r.Mode == ModeOpen:
 		return fmt.Sprintf("%s open %d/s", r.Scenario, r.RatePerSec)
-	case ModePipelined:
-		return fmt.Sprintf("%s %dx%d", r.Scenario, r.Publishers, r.Window)
+	case r.Mode == ModePipelined:
+		return fmt.Sprintf("%s %dx%d (%d shards)", r.Scenario, r.Publishers, r.Window, r.Shards)
 	}
 	if r.Scenario == Fanout {
 		return fmt.Sprintf("%s x%d", r.Scenario, r.Subscribers)
@@ -131,7 +155,7 @@ func (r *Result) Label() string {
 func summarize(scenario, mode string, trials []trial) *Result {
 	r := &Result{Scenario: scenario, Mode: mode, Trials: len(trials)}
 	var pcts []Percentiles
-	var hists, lags, raws []*hdrhistogram.Histogram
+	var hists, lags, raws, waits []*hdrhistogram.Histogram
 	acks := newAckGroups()
 	var cpu, clientCPU []float64
 	for _, t := range trials {
@@ -146,7 +170,7 @@ func summarize(scenario, mode string, trials []trial) *Result {
 		r.TrialThroughput = append(r.TrialThroughput, tp)
 		hists = append(hists, t.hist)
 		if t.lag != nil {
-			lags, raws = append(lags, t.lag), append(raws, t.raw)
+			lags, raws, waits = append(lags, t.lag), append(raws, t.raw), append(waits, t.wait)
 		}
 		acks.merge(t.acks)
 		if t.usage != nil {
@@ -171,8 +195,9 @@ func summarize(scenario, mode string, trials []trial) *Result {
 	r.ThroughputSpread = spreadPct(r.TrialThroughput)
 	r.hist = merged(hists...)
 	if len(lags) > 0 {
-		lag, raw := percentilesOf(merged(lags...)), percentilesOf(merged(raws...))
-		r.SendLagP50, r.SendLagP99 = ptr(lag.P50), ptr(lag.P99)
+		lag, raw, wait := percentilesOf(merged(lags...)), percentilesOf(merged(raws...)), percentilesOf(merged(waits...))
+		r.GeneratorLagP50, r.GeneratorLagP99 = ptr(lag.P50), ptr(lag.P99)
+		r.SendWaitP50, r.SendWaitP99 = ptr(wait.P50), ptr(wait.P99)
 		r.UncorrectedP50, r.UncorrectedP99 = ptr(raw.P50), ptr(raw.P99)
 	}
 	if rpf, ok := acks.perFsync(); ok {
@@ -264,6 +289,17 @@ func (rep *Report) checkTargets() {
 			le("broker RSS", "every broker's peak RSS < 300 MiB", *tp.BrokerPeakRSSMiB, 300, "MiB")
 		}
 	}
+	if open := rep.find(Direct, ModeOpen); open != nil && direct != nil {
+		le("light load p50", fmt.Sprintf("direct open loop %d/s p50 <= direct closed p50 (light load costs no more than a lone record)", open.RatePerSec),
+			open.P50, direct.P50, "us")
+	}
+	for _, r := range rep.Scenarios {
+		if r.Scenario == Load && r.LoadPct == 50 && direct != nil {
+			le("load 50% p99", "open-loop p99 at 50% of the measured throughput <= 3 x direct closed p99", r.P99, 3*direct.P99, "us")
+			break
+		}
+	}
+	rep.checkSweep()
 }
 
 // writeJSON writes the report as indented JSON.
@@ -279,14 +315,25 @@ func (rep *Report) writeJSON(w io.Writer) error {
 func (rep *Report) writeTable(w io.Writer) error {
 	fmt.Fprintf(w, "Felix bench: %s, %d-byte records, %d trials; %d CPUs (%s), %s, %s\n",
 		rep.Cluster, rep.PayloadBytes, rep.Trials, rep.Machine.CPUs, rep.Machine.CPUModel, rep.Machine.Kernel, rep.Machine.GoVersion)
-	if rep.Telemetry == nil || len(rep.Scenarios) > 0 { // --telemetry measures no floors and runs no scenario
+	if (rep.Telemetry == nil && rep.AB == nil) || len(rep.Scenarios) > 0 { // --telemetry and --ab measure no floors and run no scenario
 		if err := rep.writeScenarios(w); err != nil {
+			return err
+		}
+	}
+	if len(rep.ShardSweep) > 0 {
+		if err := writeSweep(w, rep.ShardSweep); err != nil {
 			return err
 		}
 	}
 	if rep.Telemetry != nil {
 		fmt.Fprintln(w)
 		if err := rep.Telemetry.writeTable(w); err != nil {
+			return err
+		}
+	}
+	if rep.AB != nil {
+		fmt.Fprintln(w)
+		if err := rep.AB.writeTable(w); err != nil {
 			return err
 		}
 	}
@@ -314,13 +361,21 @@ func (rep *Report) writeScenarios(w io.Writer) error {
 		return err
 	}
 	for _, r := range rep.Scenarios {
-		if r.SendLagP50 != nil {
-			fmt.Fprintf(w, "%s: latency from the intended send time; the generator's send lag p50 %s p99 %s; from the actual send p50 %s p99 %s\n",
-				r.Label(), fmtUS(*r.SendLagP50), fmtUS(*r.SendLagP99), fmtUS(*r.UncorrectedP50), fmtUS(*r.UncorrectedP99))
+		if r.GeneratorLagP50 != nil {
+			fmt.Fprintf(w, "%s: latency from the intended send time (from the generator's wake-up where its timer overshot); generator lag (not charged) p50 %s p99 %s; send wait (charged) p50 %s p99 %s; from the actual send p50 %s p99 %s\n",
+				r.Label(), fmtUS(*r.GeneratorLagP50), fmtUS(*r.GeneratorLagP99), fmtUS(deref(r.SendWaitP50)), fmtUS(deref(r.SendWaitP99)),
+				fmtUS(*r.UncorrectedP50), fmtUS(*r.UncorrectedP99))
 		}
 		if r.BrokerCPUPct != nil {
 			fmt.Fprintf(w, "%s: brokers used %.0f%% CPU (of one core), largest broker RSS %.1f MiB (peak %.1f MiB); the bench itself %.0f%% CPU\n",
 				r.Label(), *r.BrokerCPUPct, *r.BrokerRSSMiB, *r.BrokerPeakRSSMiB, deref(r.ClientCPUPct))
+		}
+		if r.WALRecordsPerFsync != nil {
+			fmt.Fprintf(w, "%s: %.2f records per fsync as the brokers' WALs count them (felix_wal_batch_records)\n", r.Label(), *r.WALRecordsPerFsync)
+		}
+		if r.IdleShardKiB != nil && len(rep.ShardSweep) == 0 {
+			fmt.Fprintf(w, "%s: memory per shard (brokers' RSS growth / %d shards) idle %.1f KiB, open %s KiB\n",
+				r.Label(), r.Shards, *r.IdleShardKiB, fmtOpt(r.OpenShardKiB))
 		}
 		if r.Note != "" {
 			fmt.Fprintf(w, "%s: %s\n", r.Label(), r.Note)
@@ -349,6 +404,13 @@ func (rep *Report) writeTargetsAndNotes(w io.Writer) error {
 		fmt.Fprintf(w, "note: %s\n", n)
 	}
 	return nil
+}
+
+func fmtOpt(f *float64) string {
+	if f == nil {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.1f", *f)
 }
 
 func deref(f *float64) float64 {

@@ -12,6 +12,7 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 
 	"github.com/felix-broker/felix/client"
+	"github.com/felix-broker/felix/internal/stats"
 )
 
 // Scenario names.
@@ -21,6 +22,11 @@ const (
 	E2E        = "e2e"        // publish until a subscriber has the record
 	Throughput = "throughput" // concurrent pipelined publishers
 	Fanout     = "fanout"     // one stream, many subscribers
+
+	// Load is open loop over the throughput scenario's publishers at
+	// fractions of the throughput it measured (--load); it runs as part of
+	// throughput, not on its own.
+	Load = "load"
 )
 
 // Scenarios lists every scenario in the order they run.
@@ -36,12 +42,14 @@ const (
 // trial is what one trial of a scenario measured.
 type trial struct {
 	hist    *hdrhistogram.Histogram // latencies of the measured records
-	lag     *hdrhistogram.Histogram // open loop: actual minus intended send
+	lag     *hdrhistogram.Histogram // open loop: the generator's lag (timer overshoot), not charged
+	wait    *hdrhistogram.Histogram // open loop: what the send waited for (a full window), charged
 	raw     *hdrhistogram.Histogram // open loop: latency from the actual send
 	count   int64                   // what throughput counts: acks or deliveries
 	elapsed time.Duration           // wall time of the measured part
 	acks    *ackGroups
 	usage   []ProcUsage
+	wal     *stats.Histogram // throughput: the brokers' WAL batches over the measured part
 }
 
 // publisherOn creates a one-shard stream named after name and returns a
@@ -127,7 +135,8 @@ func (e *env) runPublish(ctx context.Context, scenario string) (*Result, error) 
 
 // runOpen is the direct or forwarded scenario in open loop: records sent
 // at cfg.rate per second whatever the acks do, latency measured from each
-// record's intended send time.
+// record's intended send time (or the generator's wake-up, when its timer
+// overshot).
 func (e *env) runOpen(ctx context.Context, scenario string) (*Result, error) {
 	pub, owner, via, err := e.publisherOn(ctx, scenario, scenario+"-open")
 	if err != nil {
@@ -144,14 +153,11 @@ func (e *env) runOpen(ctx context.Context, scenario string) (*Result, error) {
 	var trials []trial
 	for t := range e.cfg.trials {
 		e.prog.phase(fmt.Sprintf("%s open %d/s %d/%d", scenario, e.cfg.rate, t+1, e.cfg.trials), warmup+n)
-		rec, acks := newCORecorder(), newAckGroups()
-		if err := openLoop(ctx, e.cfg.rate, warmup, n, rec, acks, e.prog, send); err != nil {
+		rec, acks, err := openLoop(ctx, e.cfg.rate, warmup, n, []sendFunc{send}, e.prog)
+		if err != nil {
 			return nil, fmt.Errorf("bench: %s: %w", scenario, err)
 		}
-		trials = append(trials, trial{
-			hist: rec.lat, lag: rec.lag, raw: rec.raw, acks: acks,
-			count: rec.lat.TotalCount(), elapsed: rec.last.Sub(rec.first),
-		})
+		trials = append(trials, rec.trial(acks))
 	}
 	res := summarize(scenario, ModeOpen, trials)
 	res.Path = fmt.Sprintf("%s -> %s", via, owner)

@@ -3,80 +3,252 @@ package bench
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"sync"
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
 
 	"github.com/felix-broker/felix/client"
+	"github.com/felix-broker/felix/internal/stats"
 )
 
-// runThroughput is the throughput scenario: cfg.publishers Publishers, each
-// one QUIC stream with up to cfg.window records in flight, publisher p
-// writing shard p mod shards through that shard's owner. Each trial runs a
-// warm-up, then counts the acks that arrive within cfg.duration; the
-// brokers' CPU and memory are sampled over the same interval.
-func (e *env) runThroughput(ctx context.Context) (*Result, error) {
-	shards := e.cfg.shards
-	if shards <= 0 {
-		shards = 2 * len(e.nodes)
+// pubSet is the throughput scenario's publishers: n Publishers on one
+// stream of shards shards, publisher p writing shard p mod shards through
+// that shard's owner.
+type pubSet struct {
+	stream string
+	shards int
+	pubs   []*client.Publisher
+	value  []byte // never modified: shared by every record in flight
+
+	// What creating the stream and opening its shards cost the brokers
+	// (--local only; nil otherwise).
+	idleShardKiB, openShardKiB *float64
+}
+
+// shardOf returns the shard publisher p writes.
+func (ps *pubSet) shardOf(p int) int { return p % ps.shards }
+
+func (ps *pubSet) close() {
+	for _, p := range ps.pubs {
+		p.Close()
 	}
-	stream, m, err := e.createStream(ctx, Throughput, shards)
+}
+
+// throughputPublishers creates the stream bench-<runID>-<name> of shards
+// shards and cfg.publishers Publishers on it. On a local cluster it first
+// measures what the stream's shards cost the brokers in memory, idle and
+// then with one record each (see Result.IdleShardKiB).
+func (e *env) throughputPublishers(ctx context.Context, name string, shards int) (*pubSet, error) {
+	before, haveRSS := e.brokersRSS()
+	stream, m, err := e.createStream(ctx, name, shards)
 	if err != nil {
 		return nil, err
 	}
-	pubs := make([]*client.Publisher, e.cfg.publishers)
-	for p := range pubs {
-		owner, _, err := e.owner(m, stream, p%shards)
+	ps := &pubSet{stream: stream, shards: shards, value: make([]byte, e.cfg.size)}
+	if haveRSS {
+		if ps.idleShardKiB, ps.openShardKiB, err = e.shardMemory(ctx, stream, shards, before); err != nil {
+			return nil, err
+		}
+	}
+	ps.pubs = make([]*client.Publisher, e.cfg.publishers)
+	for p := range ps.pubs {
+		owner, _, err := e.owner(m, stream, ps.shardOf(p))
 		if err != nil {
+			ps.close()
 			return nil, err
 		}
 		c, err := e.client(ctx, owner)
 		if err != nil {
+			ps.close()
 			return nil, err
 		}
-		if pubs[p], err = c.Publisher(ctx, stream); err != nil {
-			return nil, fmt.Errorf("bench: throughput: publisher %d: %w", p, err)
+		if ps.pubs[p], err = c.Publisher(ctx, stream); err != nil {
+			ps.close()
+			return nil, fmt.Errorf("bench: %s: publisher %d: %w", name, p, err)
 		}
-		defer pubs[p].Close()
 	}
-	value := make([]byte, e.cfg.size) // never modified: shared by every record in flight
+	return ps, nil
+}
 
+// memorySettle is how long the brokers get to act on a new stream (or on
+// the first record of each shard) before their RSS is read.
+const memorySettle = 500 * time.Millisecond
+
+// shardMemory measures the brokers' RSS growth per shard of stream: after
+// its creation (idle shards), then after one record to each shard.
+func (e *env) shardMemory(ctx context.Context, stream string, shards int, before uint64) (idle, open *float64, err error) {
+	perShard := func(after uint64) *float64 {
+		grown := float64(after) - float64(before) // may be negative: the Go heap moves
+		return ptr(round1(grown / float64(shards)))
+	}
+	select {
+	case <-time.After(memorySettle):
+	case <-ctx.Done():
+		return nil, nil, ctx.Err()
+	}
+	if after, ok := e.brokersRSS(); ok {
+		idle = perShard(after)
+	}
+	c, err := e.anyClient(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	pub, err := c.Publisher(ctx, stream)
+	if err != nil {
+		return nil, nil, fmt.Errorf("bench: %s: %w", stream, err)
+	}
+	defer pub.Close()
+	value := make([]byte, e.cfg.size)
+	futs := make([]*client.Future, 0, shards)
+	for s := range shards {
+		f, err := pub.PublishAsync(ctx, nil, value, client.WithShard(s))
+		if err != nil {
+			return nil, nil, fmt.Errorf("bench: %s: one record to shard %d: %w", stream, s, err)
+		}
+		futs = append(futs, f)
+	}
+	for s, f := range futs {
+		if _, err := f.Wait(ctx); err != nil {
+			return nil, nil, fmt.Errorf("bench: %s: one record to shard %d: %w", stream, s, err)
+		}
+	}
+	select {
+	case <-time.After(memorySettle):
+	case <-ctx.Done():
+		return nil, nil, ctx.Err()
+	}
+	if after, ok := e.brokersRSS(); ok {
+		open = perShard(after)
+	}
+	return idle, open, nil
+}
+
+// brokersRSS returns the RSS of the watched brokers together, in KiB;
+// false when there are none (a cluster that is not ours).
+func (e *env) brokersRSS() (uint64, bool) {
+	if e.watch == nil {
+		return 0, false
+	}
+	var sum uint64
+	n := 0
+	for i, pid := range e.watch.pids {
+		if e.watch.names[i] == selfName {
+			continue
+		}
+		s, err := readProc(pid)
+		if err != nil {
+			return 0, false
+		}
+		sum += s.rssKiB
+		n++
+	}
+	return sum, n > 0
+}
+
+// walBatches returns the brokers' felix_wal_batch_records histogram,
+// merged over every broker: its Sum is records written, its Count fsyncs.
+// ok is false when any live broker's /metrics cannot be read.
+func (e *env) walBatches(ctx context.Context) (stats.Histogram, bool) {
+	c, err := e.anyClient(ctx)
+	if err != nil {
+		return stats.Histogram{}, false
+	}
+	m, err := c.Map(ctx)
+	if err != nil {
+		return stats.Histogram{}, false
+	}
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var out stats.Histogram
+	for _, s := range stats.ScrapeAll(sctx, &http.Client{}, m) {
+		if !s.Live {
+			continue
+		}
+		if s.Err != nil {
+			return stats.Histogram{}, false
+		}
+		h := s.Fams.Histogram(stats.MetricBatchRecords)
+		out.Count += h.Count
+		out.Sum += h.Sum
+	}
+	return out, true
+}
+
+// runThroughput is the throughput scenario over ps: each publisher keeps
+// cfg.window records in flight. Each trial runs a warm-up, then counts the
+// acks that arrive within cfg.duration; the brokers' CPU and memory and
+// their WAL batches are sampled over the same interval.
+func (e *env) runThroughput(ctx context.Context, ps *pubSet) (*Result, error) {
 	var trials []trial
 	for t := range e.cfg.trials {
-		warm := e.cfg.throughputWarmup
-		e.prog.timed(fmt.Sprintf("throughput %dx%d %d/%d", e.cfg.publishers, e.cfg.window, t+1, e.cfg.trials), warm+e.cfg.duration)
-		start := time.Now()
-		mStart, mEnd := start.Add(warm), start.Add(warm+e.cfg.duration)
-		workers := make([]*tpWorker, len(pubs))
-		var wg sync.WaitGroup
-		for p, pub := range pubs {
-			w := &tpWorker{pub: pub, shard: p % shards, value: value, window: e.cfg.window,
-				mStart: mStart, mEnd: mEnd, hist: newHist(), acks: newAckGroups()}
-			workers[p] = w
-			wg.Go(func() { w.run(ctx) })
-		}
-		time.Sleep(time.Until(mStart))
-		e.watch.begin()
-		time.Sleep(time.Until(mEnd))
-		usage := e.watch.end(time.Since(mStart).Seconds())
-		wg.Wait()
-
-		tr := trial{hist: newHist(), acks: newAckGroups(), elapsed: mEnd.Sub(mStart), usage: usage}
-		for p, w := range workers {
-			if w.err != nil {
-				return nil, fmt.Errorf("bench: throughput: publisher %d (shard %d): %w", p, w.shard, w.err)
-			}
-			tr.hist.Merge(w.hist)
-			tr.acks.merge(w.acks)
-			tr.count += w.count
+		tr, err := e.throughputTrial(ctx, ps, fmt.Sprintf("%d/%d", t+1, e.cfg.trials))
+		if err != nil {
+			return nil, err
 		}
 		trials = append(trials, tr)
 	}
+	return e.throughputResult(ps, trials), nil
+}
+
+// throughputResult summarizes the trials of runThroughput.
+func (e *env) throughputResult(ps *pubSet, trials []trial) *Result {
 	res := summarize(Throughput, ModePipelined, trials)
-	res.Publishers, res.Window, res.Shards = e.cfg.publishers, e.cfg.window, shards
+	res.Publishers, res.Window, res.Shards = len(ps.pubs), e.cfg.window, ps.shards
 	res.Path = "publisher -> owner (each publisher on its shard's owner)"
-	return res, nil
+	var wal stats.Histogram
+	walOK := true
+	for _, t := range trials {
+		walOK = walOK && t.wal != nil
+		if t.wal != nil {
+			wal.Count += t.wal.Count
+			wal.Sum += t.wal.Sum
+		}
+	}
+	if walOK && wal.Count > 0 {
+		res.WALRecordsPerFsync = ptr(float64(int64(wal.Mean()*100+0.5)) / 100)
+	}
+	res.IdleShardKiB, res.OpenShardKiB = ps.idleShardKiB, ps.openShardKiB
+	return res
+}
+
+// throughputTrial runs one trial of the throughput scenario over ps.
+func (e *env) throughputTrial(ctx context.Context, ps *pubSet, label string) (trial, error) {
+	warm := e.cfg.throughputWarmup
+	e.prog.timed(fmt.Sprintf("throughput %dx%d, %d shards %s", len(ps.pubs), e.cfg.window, ps.shards, label), warm+e.cfg.duration)
+	start := time.Now()
+	mStart, mEnd := start.Add(warm), start.Add(warm+e.cfg.duration)
+	workers := make([]*tpWorker, len(ps.pubs))
+	var wg sync.WaitGroup
+	for p, pub := range ps.pubs {
+		w := &tpWorker{pub: pub, shard: ps.shardOf(p), value: ps.value, window: e.cfg.window,
+			mStart: mStart, mEnd: mEnd, hist: newHist(), acks: newAckGroups()}
+		workers[p] = w
+		wg.Go(func() { w.run(ctx) })
+	}
+	time.Sleep(time.Until(mStart))
+	e.watch.begin()
+	walBefore, ok1 := e.walBatches(ctx)
+	time.Sleep(time.Until(mEnd))
+	walAfter, ok2 := e.walBatches(ctx)
+	usage := e.watch.end(time.Since(mStart).Seconds())
+	wg.Wait()
+
+	tr := trial{hist: newHist(), acks: newAckGroups(), elapsed: mEnd.Sub(mStart), usage: usage}
+	if ok1 && ok2 {
+		d := walAfter.Sub(walBefore)
+		tr.wal = &d
+	}
+	for p, w := range workers {
+		if w.err != nil {
+			return trial{}, fmt.Errorf("bench: throughput: publisher %d (shard %d): %w", p, w.shard, w.err)
+		}
+		tr.hist.Merge(w.hist)
+		tr.acks.merge(w.acks)
+		tr.count += w.count
+	}
+	return tr, nil
 }
 
 // tpWorker is one throughput publisher. Its goroutine keeps window records

@@ -12,7 +12,7 @@ import (
 // felixctl's own executable through the hidden `broker` and `echo`
 // commands (main.go).
 type benchMount struct {
-	Bench benchCmd `cmd:"" help:"Measure publish latency and throughput against the floors measured in the same run: on a cluster it starts (--local), or on the one felixctl finds like every other command."`
+	Bench benchCmd `cmd:"" help:"Measure publish latency, latency under load and throughput against the floors measured in the same run: on a cluster it starts (--local), or on the one felixctl finds like every other command. --shards 6,96,768 sweeps shard counts; --local --ab FELIX compares two builds side by side."`
 }
 
 // benchCmd runs bench.Command on the cluster felixctl's discovery finds
