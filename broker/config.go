@@ -86,6 +86,14 @@ type Config struct {
 	// Default nil: no metrics, and the publish path takes no timestamps
 	// for them.
 	MeterProvider metric.MeterProvider
+	// ShardMetrics bounds the shards the per-shard gauges
+	// (felix.shard.log.size, felix.shard.next.offset,
+	// felix.shard.records, labelled stream and shard) report: the first
+	// this many shards this broker owns, in stream and shard order; the
+	// rest are counted in felix.shard.metrics.omitted. Three series per
+	// owned shard is what a scrape then carries. Default 1024; -1 turns
+	// the per-shard gauges off.
+	ShardMetrics int
 
 	// Shard logs: how many are open and how many shards are held (issue
 	// 11). See "Open logs under a budget" in shards.go.
@@ -305,6 +313,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.ShardMetrics == 0 {
+		c.ShardMetrics = DefaultShardMetrics
+	}
 
 	// Shard logs (issue 11).
 	if c.MaxOpenShards <= 0 {
@@ -316,6 +327,9 @@ func (c Config) withDefaults() (Config, error) {
 	c = c.withProducerDefaults()
 	return c, nil
 }
+
+// DefaultShardMetrics is Config.ShardMetrics's default.
+const DefaultShardMetrics = 1024
 
 // TraceIDGenerator returns the ID generator to build a TracerProvider
 // with (sdktrace.WithIDGenerator), so that a forwarding broker can reserve

@@ -65,14 +65,24 @@
 // felix_records_out_total, felix_payload_out_bytes_total,
 // felix_errors_total{code}, felix_limit_hits_total{limit},
 // felix_connections{type}, felix_quic_streams{type} (open QUIC streams),
-// felix_shards_owned, felix_map_epoch and
-// felix_subscriber_lag_records{stream,shard}.
+// felix_shards_owned, felix_map_epoch,
+// felix_subscriber_lag_records{stream,shard}, and per owned shard
+// felix_shard_log_size_bytes, felix_shard_next_offset and
+// felix_shard_records{stream,shard} (read at scrape time from the open
+// logs, bounded by Config.ShardMetrics; see shards_metrics.go), with
+// felix_shard_metrics_omitted.
 //
 // With Config.TracerProvider set, each publish gets a server span
 // ("publish <stream>", or "forward <stream>" on the owner of a forwarded
 // record) under the producer's context from the record's headers; a
 // forward adds a client span whose context travels to the owner in the
 // felix-hop-* headers; the owner adds "append <shard>" and "fsync <shard>".
+// Spans carry the messaging conventions' attributes (system, operation,
+// destination, partition, message id, messaging.message.body.size, and
+// messaging.client.id for a record with a producer id), a forward's client
+// span server.address and server.port (the owner's address in the map),
+// and a failed span error status with error.type, the wire error code's
+// name (also as felix.error.code).
 //
 // None of this runs between a record's receipt and its ack, beyond taking
 // timestamps and parsing the trace context: latencies are recorded and

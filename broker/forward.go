@@ -188,7 +188,18 @@ func (fw *forwarded) end(p *pubSession, err *transport.Error, offset uint64, opt
 		b, pub := p.b, fw.in.pub
 		sp.SetAttributes(msgtrace.System, msgtrace.OpSend, msgtrace.OpNameForward,
 			msgtrace.Destination.String(pub.Stream), msgtrace.Partition.String(strconv.Itoa(fw.in.shard)),
-			b.tel.node, msgtrace.Peer.String(fw.in.owner), msgtrace.Via.String(b.cfg.NodeID), msgtrace.Forwarded.Bool(true))
+			b.tel.node, msgtrace.Peer.String(fw.in.owner), msgtrace.Via.String(b.cfg.NodeID), msgtrace.Forwarded.Bool(true),
+			msgtrace.BodySize.Int(len(pub.Value)))
+		if pub.ProducerID != "" {
+			sp.SetAttributes(msgtrace.ClientID.String(pub.ProducerID))
+		}
+		// The peer's address as the map has it now (the span ends after
+		// the answer; an address seldom changes in between).
+		if m := b.currentMap(); m != nil {
+			if n, ok := m.Node(fw.in.owner); ok {
+				sp.SetAttributes(msgtrace.Server(n.Addr)...)
+			}
+		}
 		if err == nil {
 			sp.SetAttributes(msgtrace.Offset.Int64(int64(offset)))
 		}

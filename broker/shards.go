@@ -131,6 +131,10 @@ type shardSet struct {
 		// use by an older map cannot revive a deleted stream and an apply
 		// of an older map cannot delete a stream a newer one created.
 		latest *shardmap.Map
+		// closedStats holds what the logs closed for the budget last
+		// showed, for the per-shard gauges (see shards_metrics.go), while
+		// their shards are this broker's.
+		closedStats map[shardmap.ShardID]shardStats
 	}
 }
 
@@ -189,6 +193,7 @@ func newShardSet(cfg Config, log *slog.Logger, tel *telemetry) (*shardSet, error
 	s.mu.removing = map[string]chan struct{}{}
 	s.mu.admitted = map[string]int{}
 	s.mu.failed = map[shardmap.ShardID]failure{}
+	s.mu.closedStats = map[shardmap.ShardID]shardStats{}
 	s.emptyTrash()
 	return s, nil
 }
@@ -448,12 +453,17 @@ func (s *shardSet) reportLost(id shardmap.ShardID, lost *wal.LostRecordsError) {
 func (s *shardSet) finish(e *shardEntry) error {
 	<-e.ready
 	var err error
+	var last shardStats
 	if e.log != nil {
+		last = statsOf(e.log)
 		err = e.log.Close()
 	}
 	s.mu.Lock()
 	if s.mu.entries[e.id] == e {
 		delete(s.mu.entries, e.id)
+	}
+	if e.log != nil && !s.mu.closed && ownedIn(s.mu.latest, e.id, s.node) {
+		s.mu.closedStats[e.id] = last // closed for the budget: still ours
 	}
 	close(e.gone)
 	s.mu.Unlock()
@@ -591,6 +601,11 @@ func (s *shardSet) retain(m *shardmap.Map, r *applyResult) *shardmap.Map {
 		if e.gone == nil {
 			e.gone = make(chan struct{})
 			retired = append(retired, e)
+		}
+	}
+	for id := range s.mu.closedStats {
+		if !ownedIn(m, id, s.node) {
+			delete(s.mu.closedStats, id)
 		}
 	}
 	clear(s.mu.failed) // every map retries what failed

@@ -150,6 +150,19 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 	lag, err := m.Int64ObservableGauge("felix.subscriber.lag.records", metric.WithUnit("{record}"),
 		metric.WithDescription("Records committed and not yet sent to the furthest-behind subscriber, by stream and shard."))
 	must(err)
+	// Per owned shard, bounded by Config.ShardMetrics (see shards_metrics.go).
+	shardBytes, err := m.Int64ObservableGauge("felix.shard.log.size", metric.WithUnit("By"),
+		metric.WithDescription("Bytes of a shard's log files on this broker (its owner), by stream and shard."))
+	must(err)
+	shardNext, err := m.Int64ObservableGauge("felix.shard.next.offset",
+		metric.WithDescription("The offset a shard's next record will get (one past the last), by stream and shard."))
+	must(err)
+	shardRecords, err := m.Int64ObservableGauge("felix.shard.records", metric.WithUnit("{record}"),
+		metric.WithDescription("Records a shard's log holds (next offset minus the first retention kept), by stream and shard."))
+	must(err)
+	shardOmitted, err := m.Int64ObservableGauge("felix.shard.metrics.omitted", metric.WithUnit("{shard}"),
+		metric.WithDescription("Owned shards left out of the per-shard gauges by the broker's --shard-metrics bound."))
+	must(err)
 	if len(errs) > 0 {
 		return nil, errs[0]
 	}
@@ -186,8 +199,19 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 			o.ObserveInt64(lag, int64(n), metric.WithAttributes(
 				attribute.String("stream", id.Stream), attribute.String("shard", strconv.Itoa(id.Shard))))
 		}
+		if limit := b.cfg.ShardMetrics; limit > 0 && b.shards != nil {
+			stats, omitted := b.shards.stats(mp, limit)
+			for _, st := range stats {
+				at := metric.WithAttributeSet(attribute.NewSet(
+					attribute.String("stream", st.id.Stream), attribute.String("shard", strconv.Itoa(st.id.Shard))))
+				o.ObserveInt64(shardBytes, st.bytes, at)
+				o.ObserveInt64(shardNext, int64(st.next), at)
+				o.ObserveInt64(shardRecords, int64(st.records()), at)
+			}
+			o.ObserveInt64(shardOmitted, int64(omitted))
+		}
 		return nil
-	}, shardsOwned, epoch, lag)
+	}, shardsOwned, epoch, lag, shardBytes, shardNext, shardRecords, shardOmitted)
 	if err != nil {
 		return nil, err
 	}
@@ -292,7 +316,10 @@ func (p *pubSession) endServer(in *inbound, err *transport.Error, offset uint64,
 			via = p.peerID
 		}
 		sp.SetAttributes(msgtrace.System, msgtrace.OpReceive, msgtrace.Destination.String(in.pub.Stream),
-			t.node, msgtrace.Via.String(via))
+			t.node, msgtrace.Via.String(via), msgtrace.BodySize.Int(len(in.pub.Value)))
+		if in.pub.ProducerID != "" {
+			sp.SetAttributes(msgtrace.ClientID.String(in.pub.ProducerID))
+		}
 		if in.shard >= 0 {
 			sp.SetAttributes(msgtrace.Partition.String(strconv.Itoa(in.shard)), msgtrace.Owner.String(in.owner),
 				msgtrace.Forwarded.Bool(p.peerID != "" || in.owner != p.b.cfg.NodeID))
@@ -304,14 +331,16 @@ func (p *pubSession) endServer(in *inbound, err *transport.Error, offset uint64,
 	endSpan(sp, err, opts...)
 }
 
-// endSpan ends sp (if any) with err as its status.
+// endSpan ends sp (if any) with err as its status, its wire code name
+// as error.type (and felix.error.code, kept for dashboards that use it).
 func endSpan(sp trace.Span, err *transport.Error, opts ...trace.SpanEndOption) {
 	if sp == nil {
 		return
 	}
 	if err != nil && sp.IsRecording() {
 		sp.SetStatus(codes.Error, err.Error())
-		sp.SetAttributes(msgtrace.Code.String(err.Code.String()))
+		code := err.Code.String()
+		sp.SetAttributes(msgtrace.ErrorType.String(code), msgtrace.Code.String(code))
 	}
 	sp.End(opts...)
 }

@@ -2,12 +2,14 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -58,9 +60,12 @@ func testForwardedTrace(t *testing.T, reserved, underApp bool) {
 		pubCtx, app = tp.Tracer("app").Start(ctx, "request")
 		defer app.End()
 	}
+	seq := uint64(0)
 	publish := func() client.Ack {
 		t.Helper()
-		ack, err := cl.Publish(pubCtx, "orders", []byte("k"), []byte("v"), client.WithHeaders(map[string]string{"app": "x"}))
+		seq++
+		ack, err := cl.Publish(pubCtx, "orders", []byte("k"), []byte("value"), client.WithHeaders(map[string]string{"app": "x"}),
+			client.WithProducer("producer-7", seq))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -154,17 +159,21 @@ func testForwardedTrace(t *testing.T, reserved, underApp bool) {
 		}
 	}
 
+	ownerNode, _ := via.currentMap().Node(owner.NodeID())
+	record := []attribute.KeyValue{msgtrace.BodySize.Int(len("value")), msgtrace.ClientID.String("producer-7")}
 	want := map[string][]attribute.KeyValue{
-		"producer": {msgtrace.System, msgtrace.OpSend, msgtrace.Destination.String("orders"), msgtrace.Partition.String("0"),
+		"producer": append([]attribute.KeyValue{msgtrace.System, msgtrace.OpSend, msgtrace.Destination.String("orders"), msgtrace.Partition.String("0"),
 			msgtrace.Offset.Int64(int64(ack.Offset)), msgtrace.Via.String(via.NodeID()), msgtrace.Forwarded.Bool(true)},
-		"forwarder server": {msgtrace.System, msgtrace.OpReceive, msgtrace.Destination.String("orders"), msgtrace.Partition.String("0"),
+			append(record, msgtrace.Server(via.Addr().String())...)...),
+		"forwarder server": append([]attribute.KeyValue{msgtrace.System, msgtrace.OpReceive, msgtrace.Destination.String("orders"), msgtrace.Partition.String("0"),
 			msgtrace.NodeID.String(via.NodeID()), msgtrace.Via.String(via.NodeID()), msgtrace.Forwarded.Bool(true),
-			msgtrace.Offset.Int64(int64(ack.Offset))},
-		"forward client": {msgtrace.System, msgtrace.OpSend, msgtrace.Destination.String("orders"), msgtrace.Partition.String("0"),
+			msgtrace.Offset.Int64(int64(ack.Offset))}, record...),
+		"forward client": append([]attribute.KeyValue{msgtrace.System, msgtrace.OpSend, msgtrace.Destination.String("orders"), msgtrace.Partition.String("0"),
 			msgtrace.NodeID.String(via.NodeID()), msgtrace.Peer.String(owner.NodeID()), msgtrace.Forwarded.Bool(true)},
-		"owner server": {msgtrace.System, msgtrace.OpReceive, msgtrace.Destination.String("orders"), msgtrace.Partition.String("0"),
+			append(record, msgtrace.Server(ownerNode.Addr)...)...),
+		"owner server": append([]attribute.KeyValue{msgtrace.System, msgtrace.OpReceive, msgtrace.Destination.String("orders"), msgtrace.Partition.String("0"),
 			msgtrace.NodeID.String(owner.NodeID()), msgtrace.Via.String(via.NodeID()), msgtrace.Forwarded.Bool(true),
-			msgtrace.Offset.Int64(int64(ack.Offset))},
+			msgtrace.Offset.Int64(int64(ack.Offset))}, record...),
 		"append": {msgtrace.Offset.Int64(int64(ack.Offset)), msgtrace.MessageID.String(fmt.Sprintf("orders/0/%d", ack.Offset))},
 		"fsync":  {msgtrace.BatchSize.Int(1)},
 		"process": {msgtrace.System, msgtrace.OpProcess, msgtrace.Destination.String("orders"), msgtrace.Partition.String("0"),
@@ -191,6 +200,61 @@ func testForwardedTrace(t *testing.T, reserved, underApp bool) {
 	if t.Failed() {
 		for _, s := range spans.GetSpans() {
 			t.Logf("%s %q trace %s span %s parent %s", s.SpanKind, s.Name, s.SpanContext.TraceID(), s.SpanContext.SpanID(), s.Parent.SpanID())
+		}
+	}
+}
+
+// TestFailedPublishSpans: a refused publish's spans say why in the
+// conventions' terms: error status, error.type with the wire code's name
+// (and felix.error.code), with the record's size and the broker dialed.
+func TestFailedPublishSpans(t *testing.T) {
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	defer tp.Shutdown(context.Background())
+	ip := startInprocWith(t, func(c *Config) { c.TracerProvider = tp; c.MaxPayload = 1024 }, 1, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	b := ip.brokers[0]
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	ca := filepath.Join(ip.dir, "certs", "ca.crt")
+	cl, err := client.Connect(ctx, b.Addr().String(), client.WithCAFile(ca), adminCert(ca), client.WithTracerProvider(tp), client.WithLogger(quiet()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	value := make([]byte, 4096)
+	if _, err := cl.Publish(ctx, "orders", nil, value); !errors.Is(err, client.ErrPayloadTooLarge) {
+		t.Fatalf("publish of %d bytes: %v, want payload_too_large", len(value), err)
+	}
+	find := func(kind trace.SpanKind) tracetest.SpanStub {
+		t.Helper()
+		for deadline := time.Now().Add(waitFor); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			for _, s := range spans.GetSpans() {
+				if s.Name == "publish orders" && s.SpanKind == kind {
+					return s
+				}
+			}
+		}
+		t.Fatalf("no %s span", kind)
+		return tracetest.SpanStub{}
+	}
+	want := map[trace.SpanKind][]attribute.KeyValue{
+		trace.SpanKindProducer: append([]attribute.KeyValue{msgtrace.ErrorType.String("payload_too_large"),
+			msgtrace.Code.String("payload_too_large"), msgtrace.BodySize.Int(len(value))}, msgtrace.Server(b.Addr().String())...),
+		trace.SpanKindServer: {msgtrace.ErrorType.String("payload_too_large"), msgtrace.Code.String("payload_too_large")},
+	}
+	for kind, kvs := range want {
+		s := find(kind)
+		if s.Status.Code != codes.Error {
+			t.Errorf("%s span status %v, want Error", kind, s.Status)
+		}
+		have := map[attribute.Key]attribute.Value{}
+		for _, kv := range s.Attributes {
+			have[kv.Key] = kv.Value
+		}
+		for _, kv := range kvs {
+			if v, ok := have[kv.Key]; !ok || v != kv.Value {
+				t.Errorf("%s span: %s = %v, want %v", kind, kv.Key, v.Emit(), kv.Value.Emit())
+			}
 		}
 	}
 }

@@ -9,8 +9,6 @@ import (
 
 	"github.com/quic-go/quic-go"
 
-	"github.com/felix-broker/felix/auth"
-	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
 
@@ -33,12 +31,12 @@ const createWait = 5 * time.Second
 
 // CreateStream creates a stream with cfg.Name, cfg.Shards shards and the
 // retention given. It fails with an error matching
-// transport.ErrStreamExists if the stream exists.
+// [ErrStreamExists] if the stream exists.
 //
 // It returns once the broker the client is connected to has the stream in
 // its shard map (or after a few seconds if it does not see it yet), so that
 // a Publish or Subscribe right after finds it.
-func (c *Client) CreateStream(ctx context.Context, cfg shardmap.StreamConfig) error {
+func (c *Client) CreateStream(ctx context.Context, cfg StreamConfig) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("client: create stream %q: %w", cfg.Name, err)
 	}
@@ -65,7 +63,7 @@ func (c *Client) CreateStream(ctx context.Context, cfg shardmap.StreamConfig) er
 
 // DeleteStream deletes the stream named name and its records.
 func (c *Client) DeleteStream(ctx context.Context, name string) error {
-	req := &transport.Request{Op: opStreamDelete, Stream: shardmap.StreamConfig{Name: name}}
+	req := &transport.Request{Op: opStreamDelete, Stream: StreamConfig{Name: name}}
 	if _, err := c.request(ctx, c.home, req); err != nil {
 		return fmt.Errorf("client: delete stream %q: %w", name, err)
 	}
@@ -73,7 +71,7 @@ func (c *Client) DeleteStream(ctx context.Context, name string) error {
 }
 
 // Streams lists the streams of the cluster.
-func (c *Client) Streams(ctx context.Context) ([]shardmap.StreamConfig, error) {
+func (c *Client) Streams(ctx context.Context) ([]StreamConfig, error) {
 	resp, err := c.request(ctx, c.home, &transport.Request{Op: opStreamList})
 	if err != nil {
 		return nil, fmt.Errorf("client: list streams: %w", err)
@@ -82,15 +80,15 @@ func (c *Client) Streams(ctx context.Context) ([]shardmap.StreamConfig, error) {
 }
 
 // StreamInfo returns the configuration of the stream named name; it fails
-// with an error matching transport.ErrUnknownStream if there is none.
-func (c *Client) StreamInfo(ctx context.Context, name string) (shardmap.StreamConfig, error) {
-	req := &transport.Request{Op: opStreamInfo, Stream: shardmap.StreamConfig{Name: name}}
+// with an error matching [ErrUnknownStream] if there is none.
+func (c *Client) StreamInfo(ctx context.Context, name string) (StreamConfig, error) {
+	req := &transport.Request{Op: opStreamInfo, Stream: StreamConfig{Name: name}}
 	resp, err := c.request(ctx, c.home, req)
 	if err != nil {
-		return shardmap.StreamConfig{}, fmt.Errorf("client: stream info %q: %w", name, err)
+		return StreamConfig{}, fmt.Errorf("client: stream info %q: %w", name, err)
 	}
 	if len(resp.Streams) == 0 {
-		return shardmap.StreamConfig{}, fmt.Errorf("client: stream info %q: %w", name, &transport.Error{Code: transport.CodeUnknownStream, Message: "empty answer"})
+		return StreamConfig{}, fmt.Errorf("client: stream info %q: %w", name, &transport.Error{Code: transport.CodeUnknownStream, Message: "empty answer"})
 	}
 	return resp.Streams[0], nil
 }
@@ -99,13 +97,13 @@ func (c *Client) StreamInfo(ctx context.Context, name string) (shardmap.StreamCo
 // (falling back to the other brokers of the last map seen when it is
 // down). The client keeps the newest map it has seen to route
 // subscriptions.
-func (c *Client) Map(ctx context.Context) (*shardmap.Map, error) {
+func (c *Client) Map(ctx context.Context) (*Map, error) {
 	return c.refreshMap(ctx)
 }
 
 // ClusterStatus returns the control plane's view of the cluster: members,
 // their liveness, and the shard map.
-func (c *Client) ClusterStatus(ctx context.Context) (*shardmap.Map, error) {
+func (c *Client) ClusterStatus(ctx context.Context) (*Map, error) {
 	resp, err := c.request(ctx, c.home, &transport.Request{Op: opClusterStatus})
 	if err != nil {
 		return nil, fmt.Errorf("client: cluster status: %w", err)
@@ -120,7 +118,7 @@ func (c *Client) ClusterStatus(ctx context.Context) (*shardmap.Map, error) {
 // Grant gives a principal a permission; it needs cluster.admin. Granting
 // what is already granted succeeds. The broker the client is connected to
 // enforces it as soon as the control plane's next map reaches it.
-func (c *Client) Grant(ctx context.Context, g auth.Grant) error {
+func (c *Client) Grant(ctx context.Context, g Grant) error {
 	if err := g.Validate(); err != nil {
 		return fmt.Errorf("client: grant: %w", err)
 	}
@@ -131,8 +129,8 @@ func (c *Client) Grant(ctx context.Context, g auth.Grant) error {
 }
 
 // Revoke takes a permission back; it needs cluster.admin and fails with an
-// error matching transport.ErrInvalid when the grant does not exist.
-func (c *Client) Revoke(ctx context.Context, g auth.Grant) error {
+// error matching [ErrInvalid] when the grant does not exist.
+func (c *Client) Revoke(ctx context.Context, g Grant) error {
 	if _, err := c.request(ctx, c.home, &transport.Request{Op: opACLRevoke, Grant: g}); err != nil {
 		return fmt.Errorf("client: revoke %s: %w", g, err)
 	}
@@ -141,7 +139,7 @@ func (c *Client) Revoke(ctx context.Context, g auth.Grant) error {
 
 // Grants lists the permissions in force; it needs cluster.read.
 // Superusers are configuration of the control plane and not listed.
-func (c *Client) Grants(ctx context.Context) ([]auth.Grant, error) {
+func (c *Client) Grants(ctx context.Context) ([]Grant, error) {
 	resp, err := c.request(ctx, c.home, &transport.Request{Op: opACLList})
 	if err != nil {
 		return nil, fmt.Errorf("client: list grants: %w", err)

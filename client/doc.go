@@ -15,17 +15,30 @@
 //
 // # Usage
 //
-//	c, err := client.Connect(ctx, "broker-0:7400", client.WithCAFile("ca.crt"))
+// One import serves: the types and error sentinels an application needs
+// ([StreamConfig], [ErrUnknownStream], [ErrUnavailable], ...) are in this
+// package (see types.go).
+//
+//	c, err := client.Connect(ctx, "localhost:7100", client.WithCAFile("ca.crt"))
 //	if err != nil {
-//		return err
+//		return err // says what to check: the address, the CA
 //	}
 //	defer c.Close()
 //
-//	err = c.CreateStream(ctx, shardmap.StreamConfig{Name: "orders", Shards: 8})
+//	err = c.CreateStream(ctx, client.StreamConfig{Name: "orders", Shards: 8})
+//	if err != nil && !errors.Is(err, client.ErrStreamExists) {
+//		return err
+//	}
 //	ack, err := c.Publish(ctx, "orders", []byte("customer-42"), []byte("hello"))
+//	if err != nil {
+//		return err
+//	}
 //	fmt.Printf("offset %d on %s/%d, owner %s, via %s\n", ack.Offset, ack.Stream, ack.Shard, ack.Owner, ack.Via)
 //
 //	sub, err := c.Subscribe(ctx, "orders", client.Earliest())
+//	if err != nil {
+//		return err
+//	}
 //	defer sub.Stop()
 //	for rec, err := range sub.Records(ctx) {
 //		if err != nil {
@@ -33,6 +46,9 @@
 //		}
 //		fmt.Printf("%s/%d@%d %s\n", rec.Stream, rec.Shard, rec.Offset, rec.Value)
 //	}
+//
+// [ConnectFile] connects with the file `felix dev` writes
+// (felix-cluster.json: the brokers, the CA and a client certificate).
 //
 // # Publishing
 //
@@ -95,12 +111,14 @@
 //
 // # Errors
 //
-// Errors from brokers are [*transport.Error] values: compare them with
-// errors.Is against transport's sentinels (transport.ErrUnknownStream,
-// transport.ErrUnavailable, ...). The SDK's own are [ErrClosed],
-// [ErrWindowFull], [ErrConnectionLost] and [ErrCorrupt]; a failed publish is a
-// [*PublishError] naming the record's stream, shard and broker, and a
-// failed dial a [*DialError] whose message says what to check.
+// Errors from brokers are [*BrokerError] values (the transport package's
+// Error): compare them with errors.Is against this package's sentinels
+// ([ErrUnknownStream], [ErrUnavailable], [ErrUnauthorized], ...), which
+// are transport's own, so comparing with either works. The SDK's own are
+// [ErrClosed], [ErrWindowFull], [ErrConnectionLost] and [ErrCorrupt]; a
+// failed publish is a [*PublishError] naming the record's stream, shard
+// and broker, and a failed dial a [*DialError] whose message says what to
+// check.
 //
 // # Security
 //
@@ -115,6 +133,11 @@
 // context travels with the record, is stored with it, and is the parent of
 // the brokers' spans) and deliveries (a process span linked to the
 // producer's); [WithMeterProvider] records publish latency and deliveries.
+// Producer spans name the broker the record went to (server.address,
+// server.port), its size (messaging.message.body.size) and its producer
+// id (messaging.client.id, with [WithProducer] or [WithIdempotence]); a
+// failed one has error.type: the broker's wire code name
+// ("unavailable"), or the SDK's cause ("connection_lost", "closed").
 // Neither is on by default, and the global providers are never used. Span
 // ends and latency records run in batches off the publish path; with a
 // tracer provider built with [TraceIDGenerator] the producer span itself

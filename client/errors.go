@@ -6,9 +6,9 @@ import (
 	"strconv"
 )
 
-// Sentinel errors of the SDK. Compare with errors.Is; wire errors from the
-// broker are [*transport.Error] values and compare the same way against the
-// transport sentinels (errors.Is(err, transport.ErrUnknownStream)).
+// Sentinel errors of the SDK. Compare with errors.Is; errors from the
+// brokers are [*BrokerError] values and compare the same way against the
+// sentinels of types.go (errors.Is(err, ErrUnknownStream)).
 var (
 	// ErrClosed is returned by calls on a closed [Client], [Publisher] or
 	// [Subscription].
@@ -36,8 +36,8 @@ var (
 // be delivered, and every record before From was. The records after To
 // are intact: to go on past the damage, subscribe again with
 // [AtOffsets] at To+1 for that shard (see the package doc), or subscribe
-// with [SkipCorrupt]. Err is the broker's [*transport.Error]
-// (errors.Is(err, transport.ErrCorrupt)).
+// with [SkipCorrupt]. Err is the broker's [*BrokerError]
+// (errors.Is(err, transport.ErrCorrupt) holds too).
 type CorruptError struct {
 	Stream   string
 	Shard    int
@@ -60,9 +60,8 @@ func (e *CorruptError) Unwrap() error { return e.Err }
 
 // PublishError is the error a publish fails with: the record's stream and
 // shard, the broker it was sent through, and why. Err is a
-// [*transport.Error] from the broker (errors.Is(err,
-// transport.ErrUnavailable)), or wraps [ErrConnectionLost] or [ErrClosed]
-// when the outcome is unknown.
+// [*BrokerError] from the broker (errors.Is(err, [ErrUnavailable])), or
+// wraps [ErrConnectionLost] or [ErrClosed] when the outcome is unknown.
 type PublishError struct {
 	Stream string
 	Shard  int    // -1 when the broker was to pick the shard from the key

@@ -22,6 +22,7 @@ import (
 // node s mod len(nodes), so tests know who owns what.
 type fakeCluster struct {
 	t       testing.TB
+	cfg     transport.Config // the brokers' listeners'
 	dir     string
 	ca      *x509.CertPool
 	brokers []*fakeBroker
@@ -40,7 +41,14 @@ type fakeCluster struct {
 
 func newFakeCluster(t testing.TB, n int) *fakeCluster {
 	t.Helper()
-	fc := &fakeCluster{t: t, dir: t.TempDir()}
+	return newFakeClusterWith(t, n, transport.Config{})
+}
+
+// newFakeClusterWith is newFakeCluster with the brokers' listeners
+// configured by cfg (small receive windows, to make a client block).
+func newFakeClusterWith(t testing.TB, n int, cfg transport.Config) *fakeCluster {
+	t.Helper()
+	fc := &fakeCluster{t: t, dir: t.TempDir(), cfg: cfg}
 	fc.mu.logs = map[shardmap.ShardID][]transport.Record{}
 	fc.mu.changed = make(chan struct{})
 	ids := make([]string, n)
@@ -150,7 +158,11 @@ type fakeBroker struct {
 	cert tls.Certificate
 	addr string
 
-	holdAcks  atomic.Bool  // drop publishes without answering
+	holdAcks atomic.Bool // drop publishes without answering
+	// stallSubs makes subscriptions send the whole log whatever the
+	// credit and never read their stream again (a broker that does not
+	// read: the client's credit writes block once the window is full).
+	stallSubs atomic.Bool
 	published atomic.Int64 // publish frames received
 	subs      atomic.Int64 // subscribe frames received
 
@@ -169,7 +181,7 @@ func (b *fakeBroker) start(t testing.TB, addr string) {
 	var ln *transport.Listener
 	var err error
 	for range 50 { // the port of a restarted broker may take a moment to free
-		ln, err = transport.Listen(addr, transport.ServerTLS(b.cert, b.fc.ca, transport.ALPNClient), transport.Config{})
+		ln, err = transport.Listen(addr, transport.ServerTLS(b.cert, b.fc.ca, transport.ALPNClient), b.fc.cfg)
 		if err == nil {
 			break
 		}
@@ -353,6 +365,24 @@ func (b *fakeBroker) serveSubscribe(conn *quic.Conn, sub *transport.Subscribe, r
 		next = end
 	case transport.StartOffset:
 		next = sub.Offset
+	}
+
+	if b.stallSubs.Load() {
+		for {
+			recs, _, _ := b.fc.read(id, next, 64)
+			if len(recs) == 0 {
+				break
+			}
+			if err := w.Write(&transport.Records{Stream: sub.Stream, Shard: sub.Shard, Records: recs}); err != nil {
+				return
+			}
+			next += uint64(len(recs))
+		}
+		select {
+		case <-conn.Context().Done():
+		case <-b.ctx.Done():
+		}
+		return
 	}
 
 	var credit atomic.Int64

@@ -181,7 +181,7 @@ func WithReconnect(min, max time.Duration) Opt {
 // [ErrRetriesExhausted] and [ErrConnectionLost] (outcome unknown). A
 // record the broker refuses for good (payload_too_large, unauthorized,
 // unknown_stream, ...) fails with that error as usual. One that fails
-// with transport.ErrDuplicateSequence was written once before but longer
+// with [ErrDuplicateSequence] was written once before but longer
 // ago than the owner remembers acks for (the brokers' --producer-window,
 // 256 by default; keep WithMaxInFlight at most that): it is in the shard
 // once, its offset unknown.
@@ -233,7 +233,7 @@ func WithHeaders(h map[string]string) PublishOpt {
 // are per producer id and shard, start at 1 and go up by one in send
 // order; a sequence already committed is answered with its original ack
 // (Ack.Duplicate) and not written again, and a gap is refused with
-// transport.ErrOutOfOrderSequence. The application then retries records
+// [ErrOutOfOrderSequence]. The application then retries records
 // of unknown outcome itself, in order; [WithIdempotence] does all of
 // this for it. Seq 0 means not idempotent: the id is metadata only.
 func WithProducer(id string, seq uint64) PublishOpt {

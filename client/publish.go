@@ -60,6 +60,11 @@ type Future struct {
 	root     bool              // the reserved span has no parent
 	start    time.Time         // zero when telemetry is off
 	end      time.Time         // when it resolved; zero when telemetry is off
+	// For the producer span's attributes: the value's size, and, set as
+	// the record is sent, the broker it went to and its producer id.
+	bodySize   int
+	broker     string
+	producerID string
 
 	// Idempotent publishers only (see idempotent.go): the frame, kept to
 	// be sent again; the record's place in the publisher's send order;
@@ -191,6 +196,7 @@ func (s *pubSession) send(f *Future, p *transport.Publish) error {
 		// Sequences are taken in the order records go on the wire.
 		p.ProducerID, p.ProducerSeq = s.idem.next(p.Stream, p.Shard)
 	}
+	f.broker, f.producerID = s.addr, p.ProducerID
 	s.mu.Unlock()
 
 	if err := s.w.Buffer(p); err != nil {

@@ -141,7 +141,7 @@ func (c *Client) Subscribe(ctx context.Context, stream string, from Start, opts 
 		if kind == transport.StartOffset {
 			s.mu.next[n] = off
 		}
-		s.shards = append(s.shards, &shardSub{s: s, shard: n, startKind: kind, startOff: off})
+		s.shards = append(s.shards, &shardSub{s: s, shard: n, startKind: kind, startOff: off, creditDue: make(chan struct{}, 1)})
 	}
 
 	c.mu.Lock()
@@ -305,8 +305,16 @@ func (s *Subscription) shardExited() {
 }
 
 // shardSub is the subscription to one shard: a goroutine that attaches to
-// the shard's owner and reattaches after failures, and the credit the
-// iterator grants back as it delivers.
+// the shard's owner and reattaches after failures, and, per attachment, a
+// credit writer that grants back the credit of the records the iterator
+// delivers.
+//
+// Nothing is written to the network on the application's goroutine: the
+// iterator only counts what it delivered (consumed) and, at half the
+// credit, signals the credit writer, which takes the count and writes the
+// Credit frame. A broker that stops reading can block that write (QUIC
+// flow control) but never the iterator, nor Stop, which cancels the
+// stream and so ends a blocked write.
 type shardSub struct {
 	s         *Subscription
 	shard     int
@@ -317,44 +325,83 @@ type shardSub struct {
 	received bool
 	nextRecv uint64
 
-	// mu guards the current stream's writer, shared by the shard goroutine
-	// (Subscribe) and the iterator (Credit), and the credit accounting:
-	// granted-but-unsent + buffered + ungranted == the subscription's credit.
+	// creditDue (capacity 1) is signalled when ungranted reaches half the
+	// credit; the current attachment's credit writer drains it.
+	creditDue chan struct{}
+
+	// mu guards the current stream, which Stop cancels, and the credit
+	// accounting, shared by the shard goroutine, the credit writer and
+	// the iterator: granted-but-unsent + buffered + ungranted == the
+	// subscription's credit. No I/O is done under it.
 	mu struct {
 		sync.Mutex
-		w         *transport.Writer // nil while detached
-		str       *quic.Stream      // the current stream, nil while detached
-		buffered  int64             // received, not yet delivered
-		ungranted uint32            // delivered, not yet granted back
+		str       *quic.Stream // the current stream, nil while detached
+		buffered  int64        // received, not yet delivered
+		ungranted uint32       // delivered (or dropped as duplicates), not yet granted back
 	}
 }
 
-// consumed accounts for n buffered records delivered to the application
-// and grants their credit back to the broker, half the credit at a time.
+// consumed accounts for n buffered records delivered to the application;
+// their credit goes back to the broker, half the credit at a time, by the
+// credit writer.
 func (sh *shardSub) consumed(n int) {
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
 	sh.mu.buffered -= int64(n)
-	sh.grantLocked(uint32(n))
+	sh.mu.ungranted += uint32(n)
+	due := sh.mu.ungranted >= sh.creditBatch()
+	sh.mu.Unlock()
+	if due {
+		sh.signalCredit()
+	}
 }
 
 // grant gives back the credit of n records that were never buffered
 // (duplicates dropped on arrival).
 func (sh *shardSub) grant(n int) {
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	sh.grantLocked(uint32(n))
+	sh.mu.ungranted += uint32(n)
+	due := sh.mu.ungranted >= sh.creditBatch()
+	sh.mu.Unlock()
+	if due {
+		sh.signalCredit()
+	}
 }
 
-func (sh *shardSub) grantLocked(n uint32) {
-	sh.mu.ungranted += n
-	if sh.mu.w == nil || sh.mu.ungranted < max(sh.s.credit/2, 1) {
-		return
+// creditBatch is how much credit is granted back at once: half the
+// subscription's.
+func (sh *shardSub) creditBatch() uint32 { return max(sh.s.credit/2, 1) }
+
+func (sh *shardSub) signalCredit() {
+	select {
+	case sh.creditDue <- struct{}{}:
+	default: // already signalled
 	}
-	if err := sh.mu.w.Write(&transport.Credit{Records: sh.mu.ungranted}); err != nil {
-		sh.mu.w = nil // the shard goroutine sees the stream die and reattaches
+}
+
+// writeCredit is an attachment's credit writer: it writes the credit the
+// iterator signals until stop is closed. A failed write cancels the
+// stream, so the shard goroutine's read ends and it reattaches (with the
+// credit recomputed from what is buffered).
+func (sh *shardSub) writeCredit(w *transport.Writer, str *quic.Stream, stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		case <-sh.creditDue:
+		}
+		sh.mu.Lock()
+		n := sh.mu.ungranted
+		if n < sh.creditBatch() { // a signal left from an earlier stream
+			sh.mu.Unlock()
+			continue
+		}
+		sh.mu.ungranted = 0
+		sh.mu.Unlock()
+		if err := w.Write(&transport.Credit{Records: n}); err != nil {
+			cancelStream(str)
+			return
+		}
 	}
-	sh.mu.ungranted = 0
 }
 
 func (sh *shardSub) String() string { return fmt.Sprintf("%s/%d", sh.s.stream, sh.shard) }
@@ -491,11 +538,15 @@ func (sh *shardSub) attach(ctx context.Context, addr string) (progressed bool, e
 	sh.mu.str = str
 	sh.mu.Unlock()
 	started := time.Now()
+	stopCredit := make(chan struct{})
+	creditDone := make(chan struct{})
 	defer func() {
 		sh.mu.Lock()
-		sh.mu.w, sh.mu.str = nil, nil
+		sh.mu.str = nil
 		sh.mu.Unlock()
-		cancelStream(str)
+		cancelStream(str) // ends a credit write blocked by flow control
+		close(stopCredit)
+		<-creditDone
 		if time.Since(started) > c.cfg.backoffMax {
 			progressed = true
 		}
@@ -509,16 +560,20 @@ func (sh *shardSub) attach(ctx context.Context, addr string) (progressed bool, e
 	w.SetMaxFrame(c.maxFrame())
 	sh.mu.Lock()
 	// The new stream's credit keeps received-but-undelivered records
-	// counted: buffered + credit == the subscription's credit.
+	// counted: buffered + credit == the subscription's credit. Credit
+	// granted back to the old stream and not yet sent is part of it.
 	sub.Credit = uint32(max(int64(s.credit)-sh.mu.buffered, 1))
-	err = w.Write(sub)
-	if err == nil {
-		sh.mu.w, sh.mu.ungranted = w, 0
-	}
+	sh.mu.ungranted = 0
 	sh.mu.Unlock()
-	if err != nil {
+	// Not under the lock: Stop cancels str, which ends a blocked write.
+	if err := w.Write(sub); err != nil {
+		close(creditDone)
 		return false, c.streamErr(ctx, addr, err)
 	}
+	go func() {
+		defer close(creditDone)
+		sh.writeCredit(w, str, stopCredit)
+	}()
 
 	r := transport.NewReader(str, c.maxFrame())
 	for {

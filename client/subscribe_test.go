@@ -308,3 +308,88 @@ func TestSubscribeTerminalError(t *testing.T) {
 	}
 	<-sub.Closed()
 }
+
+// TestSubscriptionStopWhileBrokerDoesNotRead: the iterator never writes to
+// the network, so a broker that stops reading (its receive window full of
+// credit frames) blocks neither the application's loop nor Stop.
+func TestSubscriptionStopWhileBrokerDoesNotRead(t *testing.T) {
+	// A 1 KiB receive window: a few hundred credit frames fill it.
+	fc := newFakeClusterWith(t, 1, transport.Config{InitialStreamWindow: 1 << 10, MaxStreamWindow: 1 << 10})
+	fc.brokers[0].stallSubs.Store(true)
+	if err := fc.createStream(StreamConfig{Name: "s", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 3000
+	for range n {
+		fc.append(shardmap.ShardID{Stream: "s", Shard: 0}, &transport.Publish{Value: []byte("x")})
+	}
+	c := connect(t, fc, 0)
+	ctx := testCtx(t)
+	// Credit(2): a Credit frame (a few bytes) per record delivered, unless
+	// the credit writer coalesces them; the loop below waits for each to
+	// be taken, so each is a frame of its own, until the window is full.
+	sub, err := c.Subscribe(ctx, "s", Earliest(), Credit(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh := sub.shards[0]
+	unsent := func() uint32 {
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		return sh.mu.ungranted
+	}
+	type result struct{ records, blockedAt int }
+	got := make(chan result, 1)
+	go func() { // the application
+		var r result
+		for _, err := range sub.Records(ctx) {
+			if err != nil {
+				break
+			}
+			r.records++
+			deadline := time.Now().Add(500 * time.Millisecond)
+			for unsent() != 0 && time.Now().Before(deadline) {
+				time.Sleep(100 * time.Microsecond)
+			}
+			if unsent() != 0 { // the credit writer is stuck in a write
+				r.blockedAt = r.records
+				break
+			}
+			if r.records == n {
+				break
+			}
+		}
+		got <- r
+	}()
+	select {
+	case r := <-got:
+		if r.blockedAt == 0 {
+			t.Fatalf("the broker's window never filled (%d records delivered): this tests nothing", r.records)
+		}
+		t.Logf("credit writes blocked after %d records", r.blockedAt)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the application's loop blocked (on a credit write?)")
+	}
+	// The application goes on while the credit writer is blocked.
+	more := 0
+	for _, err := range sub.Records(ctx) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if more++; more == 100 {
+			break
+		}
+	}
+	stopped := make(chan struct{})
+	start := time.Now()
+	go func() {
+		sub.Stop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+		t.Logf("Stop returned in %v", time.Since(start))
+	case <-time.After(2 * time.Second):
+		t.Fatal("Stop blocked behind a credit write the broker does not read")
+	}
+}

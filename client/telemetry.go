@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strconv"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/felix-broker/felix/internal/msgtrace"
+	"github.com/felix-broker/felix/transport"
 )
 
 // WithTracerProvider traces the client's publishes and deliveries with tp:
@@ -185,13 +187,23 @@ func (t *telemetry) finishPublish(f *Future) {
 		return
 	}
 	if sp.IsRecording() {
-		sp.SetAttributes(msgtrace.System, msgtrace.OpSend, msgtrace.OpNamePublish, msgtrace.Destination.String(f.stream))
+		sp.SetAttributes(msgtrace.System, msgtrace.OpSend, msgtrace.OpNamePublish, msgtrace.Destination.String(f.stream),
+			msgtrace.BodySize.Int(f.bodySize))
+		sp.SetAttributes(msgtrace.Server(f.broker)...)
+		if f.producerID != "" {
+			sp.SetAttributes(msgtrace.ClientID.String(f.producerID))
+		}
 		if f.shard >= 0 {
 			sp.SetAttributes(msgtrace.Partition.String(strconv.Itoa(int(f.shard))))
 		}
 		if f.err != nil {
 			sp.RecordError(f.err)
 			sp.SetStatus(codes.Error, f.err.Error())
+			sp.SetAttributes(msgtrace.ErrorType.String(errorType(f.err)))
+			var werr *transport.Error
+			if !errors.Is(f.err, ErrConnectionLost) && errors.As(f.err, &werr) {
+				sp.SetAttributes(msgtrace.Code.String(werr.Code.String()))
+			}
 		} else {
 			a := f.ack
 			sp.SetAttributes(msgtrace.Partition.String(strconv.Itoa(a.Shard)),
@@ -201,6 +213,30 @@ func (t *telemetry) finishPublish(f *Future) {
 		}
 	}
 	sp.End(trace.WithTimestamp(end))
+}
+
+// errorType is a failed publish's error.type: the broker's wire code name
+// ("unavailable"), or, when no broker answered, what the SDK saw
+// ("connection_lost", "closed", "dial", "timeout", "canceled"), else
+// "_OTHER". A low-cardinality name, as the conventions ask.
+func errorType(err error) string {
+	var werr *transport.Error
+	var derr *DialError
+	switch {
+	case errors.Is(err, ErrConnectionLost):
+		return "connection_lost"
+	case errors.As(err, &werr):
+		return werr.Code.String()
+	case errors.Is(err, ErrClosed):
+		return "closed"
+	case errors.As(err, &derr):
+		return "dial"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	}
+	return "_OTHER"
 }
 
 // startProcess starts the consumer span of delivering rec, a child of ctx
@@ -215,7 +251,11 @@ func (t *telemetry) startProcess(ctx context.Context, rec *Record) trace.Span {
 		sp.SetAttributes(msgtrace.System, msgtrace.OpProcess, msgtrace.OpNameProcess,
 			msgtrace.Destination.String(rec.Stream), msgtrace.Partition.String(strconv.Itoa(rec.Shard)),
 			msgtrace.Offset.Int64(int64(rec.Offset)),
-			msgtrace.MessageID.String(rec.Stream+"/"+strconv.Itoa(rec.Shard)+"/"+strconv.FormatUint(rec.Offset, 10)))
+			msgtrace.MessageID.String(rec.Stream+"/"+strconv.Itoa(rec.Shard)+"/"+strconv.FormatUint(rec.Offset, 10)),
+			msgtrace.BodySize.Int(len(rec.Value)))
+		if rec.ProducerID != "" {
+			sp.SetAttributes(msgtrace.ClientID.String(rec.ProducerID))
+		}
 	}
 	return sp
 }

@@ -2,9 +2,13 @@ package client
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
@@ -112,5 +116,88 @@ func until(t *testing.T, cond func() bool, what string, args ...any) {
 			t.Fatalf("waited 10s for "+what, args...)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestProducerSpanAttributes: a producer span names the broker it went to
+// (server.address, server.port), the record's size and its producer id;
+// a failed one has error.type, the wire code's name.
+func TestProducerSpanAttributes(t *testing.T) {
+	fc := newFakeCluster(t, 1)
+	if err := fc.createStream(StreamConfig{Name: "orders", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	defer tp.Shutdown(context.Background())
+	c := connect(t, fc, 0, WithTracerProvider(tp))
+	ctx := testCtx(t)
+	if _, err := c.Publish(ctx, "orders", nil, []byte("hello"), WithProducer("p-1", 0)); err != nil {
+		t.Fatal(err)
+	}
+	// Shard 3 of a one-shard stream: the broker refuses it.
+	if _, err := c.Publish(ctx, "orders", nil, []byte("hi"), WithShard(3)); !errors.Is(err, ErrUnknownStream) {
+		t.Fatalf("publish to shard 3: %v, want unknown_stream", err)
+	}
+	var ok, failed *tracetest.SpanStub
+	until(t, func() bool {
+		for _, s := range spans.GetSpans() {
+			if s.Name != "publish orders" {
+				continue
+			}
+			if s.Status.Code == codes.Error {
+				failed = &s
+			} else {
+				ok = &s
+			}
+		}
+		return ok != nil && failed != nil
+	}, "a producer span of each publish")
+	server := msgtrace.Server(fc.brokers[0].addr)
+	for _, tc := range []struct {
+		span *tracetest.SpanStub
+		want []attribute.KeyValue
+		not  []attribute.Key
+	}{
+		{ok, append([]attribute.KeyValue{msgtrace.BodySize.Int(5), msgtrace.ClientID.String("p-1")}, server...),
+			[]attribute.Key{msgtrace.ErrorType, msgtrace.Code}},
+		{failed, append([]attribute.KeyValue{msgtrace.BodySize.Int(2), msgtrace.ErrorType.String("unknown_stream"),
+			msgtrace.Code.String("unknown_stream"), msgtrace.Partition.String("3")}, server...),
+			[]attribute.Key{msgtrace.ClientID}},
+	} {
+		have := map[attribute.Key]attribute.Value{}
+		for _, kv := range tc.span.Attributes {
+			have[kv.Key] = kv.Value
+		}
+		for _, kv := range tc.want {
+			if v, ok := have[kv.Key]; !ok || v != kv.Value {
+				t.Errorf("span %s (status %v): %s = %v, want %v", tc.span.Name, tc.span.Status.Code, kv.Key, v.Emit(), kv.Value.Emit())
+			}
+		}
+		for _, k := range tc.not {
+			if v, ok := have[k]; ok {
+				t.Errorf("span %s (status %v) has %s = %v", tc.span.Name, tc.span.Status.Code, k, v.Emit())
+			}
+		}
+	}
+}
+
+func TestErrorType(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{&PublishError{Err: &transport.Error{Code: transport.CodeUnavailable}}, "unavailable"},
+		{fmt.Errorf("x: %w", ErrPayloadTooLarge), "payload_too_large"},
+		{&PublishError{Err: lost(&transport.Error{Code: transport.CodeShuttingDown})}, "connection_lost"},
+		{&PublishError{Err: errClosedInFlight}, "closed"},
+		{&PublishError{Err: &DialError{Addr: "x:1", Err: errDialTimeout}}, "dial"},
+		{&PublishError{Err: context.DeadlineExceeded}, "timeout"},
+		{&PublishError{Err: context.Canceled}, "canceled"},
+		{errors.New("what"), "_OTHER"},
+	} {
+		if got := errorType(tc.err); got != tc.want {
+			t.Errorf("errorType(%v) = %q, want %q", tc.err, got, tc.want)
+		}
 	}
 }

@@ -27,7 +27,7 @@
 //
 // # Usage
 //
-//	ln, err := transport.Listen(":7400", transport.ServerTLS(cert, ca), cfg)
+//	ln, err := transport.Listen(":7100", transport.ServerTLS(cert, ca), cfg)
 //	...
 //	conn, err := ln.Accept(ctx)
 //	if conn.ConnectionState().TLS.NegotiatedProtocol == transport.ALPNPeer {

@@ -367,7 +367,9 @@ func (l *Log) writeAndSync(first uint64, sizes []int) error {
 	if size > limit {
 		rolled, size = first, 0
 	}
+	var written int64
 	for i, s := range sizes {
+		written += int64(s)
 		size += int64(s)
 		if size >= limit {
 			rolled, size = first+uint64(i)+1, 0
@@ -382,6 +384,7 @@ func (l *Log) writeAndSync(first uint64, sizes []int) error {
 		}
 	}
 	l.tail.size = size
+	l.size.Add(written)
 	if got, err := l.tail.f.Size(); err != nil || got != size {
 		if err == nil {
 			err = fmt.Errorf("tail segment %s is %d bytes, expected %d", segmentName(l.tail.index), got, size)

@@ -67,6 +67,11 @@ type Log struct {
 		lastBatch, maxBatch    atomic.Int64
 	}
 
+	// size is the bytes of the segment files: listed when the log opens
+	// and after a retention pass, grown by each commit (both under
+	// l.tail's lock, so they do not interleave).
+	size atomic.Int64
+
 	// retention serialises retention passes with each other and with Close.
 	retention struct {
 		sync.Mutex
@@ -168,6 +173,9 @@ func (l *Log) open(mark uint64, state hwmState) error {
 		l.logger.Error("wal: accepted the loss of acknowledged records; their offsets are marked lost and not reused",
 			"shard", l.name, "from", lost.From, "to", lost.To-1, "records", lost.To-lost.From, "dir", l.dir)
 	}
+	if err := l.measure(); err != nil {
+		return fail(err)
+	}
 	// The mark is durable before the first append: from here on it only
 	// grows with the commits.
 	if err := l.hwm.write(l.next.Load()); err != nil {
@@ -214,6 +222,21 @@ func (l *Log) load() error {
 	return l.syncDir() // tidwall may have created or renamed files
 }
 
+// measure sets l.size from the segment files. Callers hold l.tail's lock
+// or own l exclusively.
+func (l *Log) measure() error {
+	segs, _, err := listSegments(l.dir)
+	if err != nil {
+		return err
+	}
+	var total int64
+	for _, s := range segs {
+		total += s.size
+	}
+	l.size.Store(total)
+	return nil
+}
+
 // syncDir fsyncs the log's directory through l.fs.
 func (l *Log) syncDir() error {
 	d, err := l.fs.OpenDir(l.dir)
@@ -257,6 +280,10 @@ func (l *Log) FirstOffset() uint64 { return l.first.Load() }
 // NextOffset returns one past the last committed offset: the offset the
 // next commit will get.
 func (l *Log) NextOffset() uint64 { return l.next.Load() }
+
+// Size returns the bytes of the log's segment files on disk, as of the
+// last commit or retention pass. It does no I/O.
+func (l *Log) Size() int64 { return l.size.Load() }
 
 // Stats returns commit totals since Open.
 func (l *Log) Stats() Stats {

@@ -190,5 +190,8 @@ func (l *Log) truncateFront(cut uint64) error {
 	}
 	l.first.Store(cut)
 	l.scans.drop() // the segment files were rewritten
+	if err := l.measure(); err != nil {
+		return err
+	}
 	return syncDir(l.dir)
 }

@@ -20,12 +20,15 @@
 // span and metric work in batches after the record is answered.
 //
 // The package owns no provider and reads no global: callers pass the
-// tracer they were configured with. It does no I/O.
+// tracer they were configured with. It does no I/O (Server only splits an
+// address).
 package msgtrace
 
 import (
 	"context"
 	"maps"
+	"net"
+	"strconv"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
@@ -60,7 +63,31 @@ const (
 	Peer        = attribute.Key("felix.peer.id")   // the other broker of a forward hop
 	BatchSize   = attribute.Key("felix.wal.batch_records")
 	Code        = attribute.Key("felix.error.code")
+
+	// Of the general conventions, on failed spans and on spans of a
+	// request to another process.
+	ErrorType     = semconv.ErrorTypeKey                // a failed span's wire error code name ("unavailable"), or the SDK's cause ("connection_lost")
+	BodySize      = semconv.MessagingMessageBodySizeKey // the record's value, in bytes
+	ClientID      = semconv.MessagingClientIDKey        // the producer id, when the record has one
+	ServerAddress = semconv.ServerAddressKey            // the broker a client span went to (the SDK's broker, a forward's owner)
+	ServerPort    = semconv.ServerPortKey
 )
+
+// Server returns server.address and server.port for addr ("host:port"):
+// only server.address when addr has no port, nothing when addr is "".
+func Server(addr string) []attribute.KeyValue {
+	if addr == "" {
+		return nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return []attribute.KeyValue{ServerAddress.String(addr)}
+	}
+	if n, err := strconv.Atoi(port); err == nil {
+		return []attribute.KeyValue{ServerAddress.String(host), ServerPort.Int(n)}
+	}
+	return []attribute.KeyValue{ServerAddress.String(host)}
+}
 
 // Header keys.
 const (

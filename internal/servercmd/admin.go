@@ -26,7 +26,7 @@ func startObservability(service, instance, adminAddr string, pprof bool, ready f
 // startObservabilityWith is startObservability with more routes on the
 // admin listener (see telemetry.AdminConfig.Handlers).
 func startObservabilityWith(service, instance, adminAddr string, pprof bool, ready func() error, handlers map[string]http.Handler, log *slog.Logger) (*observability, error) {
-	prov, err := telemetry.New(context.Background(), telemetry.Options{Service: service, Instance: instance})
+	prov, err := telemetry.New(context.Background(), telemetry.Options{Service: service, Instance: instance, Logger: log})
 	if err != nil {
 		return nil, err
 	}

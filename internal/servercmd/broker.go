@@ -28,6 +28,9 @@ type Broker struct {
 	LeaseTTL  time.Duration `help:"Control plane lease." default:"3s" env:"FELIX_LEASE_TTL"`
 	Admin     string        `help:"HTTP admin address serving /metrics, /healthz and /readyz, registered in the shard map (empty: none)." default:"127.0.0.1:0" env:"FELIX_ADMIN"`
 	Pprof     bool          `help:"Also serve /debug/pprof/ on the admin listener (it has no authentication: keep it on loopback or an operator network)." env:"FELIX_PPROF"`
+	// AdminAdvertise is to --admin what --advertise is to --listen.
+	AdminAdvertise string `help:"Admin address registered in the shard map, for felixctl cluster stats and scrapers outside this host's network (a port published on the host, say) (default: the bound admin address, an unspecified host replaced by --advertise's)." env:"FELIX_ADMIN_ADVERTISE"`
+	ShardMetrics   int    `help:"Most shards the per-shard gauges (felix_shard_log_size_bytes, felix_shard_next_offset, felix_shard_records: three series per owned shard, labelled stream and shard) report, the first in stream and shard order; -1: none." default:"1024" env:"FELIX_SHARD_METRICS"`
 
 	// Client resource limits (limits.go).
 	Limits BrokerLimits `embed:"" group:"Client limits"`
@@ -59,6 +62,10 @@ func (c *Broker) Run(log *slog.Logger) error {
 	if host == "" {
 		host = hostOf(c.Listen)
 	}
+	adminAddr := obs.adminAdvertise(host)
+	if c.AdminAdvertise != "" && adminAddr != "" {
+		adminAddr = c.AdminAdvertise
+	}
 	var mp metric.MeterProvider // nil: the broker takes no timestamps for metrics
 	if obs.prov.Metrics {
 		mp = obs.prov.Meter
@@ -67,7 +74,7 @@ func (c *Broker) Run(log *slog.Logger) error {
 		NodeID:         c.ID,
 		Listen:         c.Listen,
 		Advertise:      c.Advertise,
-		Admin:          obs.adminAdvertise(host),
+		Admin:          adminAddr,
 		DataDir:        c.Data,
 		ServerTLS:      tlsConf.Server,
 		PeerTLS:        tlsConf.Peer,
@@ -77,6 +84,7 @@ func (c *Broker) Run(log *slog.Logger) error {
 		Logger:         log,
 		TracerProvider: obs.prov.Tracer,
 		MeterProvider:  mp,
+		ShardMetrics:   c.ShardMetrics,
 	}))))
 	if err != nil {
 		return err

@@ -5,7 +5,12 @@
 // /readyz off the QUIC port.
 //
 // Only binaries use it. Libraries (broker, client) take providers in their
-// config and never reach for globals; this package sets no global either.
+// config and never reach for globals; this package sets none either, but
+// for the OpenTelemetry API's error handler and internal logger, which
+// have no other seam: [New] points them at the process's slog logger
+// ([Options.Logger]), so a failed OTLP export is a log line in the
+// process's format (--log-format json), repeated at most once a minute,
+// not a line from the standard library's log package.
 //
 // # Export
 //

@@ -2,10 +2,12 @@ package telemetry
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
@@ -19,6 +21,9 @@ import (
 //
 // When MaxQueue spans are waiting (the exporter is slow or down), new
 // spans are dropped and counted (Dropped), never blocking the caller.
+// A failed export, and spans dropped since the last export, are reported
+// to OnError (by default otel.Handle, which New routes to the process's
+// slog logger).
 type SpanBuffer struct {
 	exp      sdktrace.SpanExporter
 	interval time.Duration
@@ -32,6 +37,10 @@ type SpanBuffer struct {
 	done    chan struct{}
 	once    sync.Once
 	dropped atomic.Uint64
+	onError func(error)
+	// reported is the Dropped count last reported to onError; owned by
+	// the export goroutine.
+	reported uint64
 }
 
 // SpanBufferOptions configures a SpanBuffer; zero means the default.
@@ -39,6 +48,9 @@ type SpanBufferOptions struct {
 	Interval time.Duration // how often to export; default 1s
 	MaxBatch int           // spans that trigger an early export; default 2048
 	MaxQueue int           // spans kept before dropping; default 8 × MaxBatch
+	// OnError is told of each failed periodic export and of spans dropped;
+	// default otel.Handle.
+	OnError func(error)
 }
 
 // NewSpanBuffer returns a running SpanBuffer exporting to exp. Shutdown
@@ -53,7 +65,10 @@ func NewSpanBuffer(exp sdktrace.SpanExporter, o SpanBufferOptions) *SpanBuffer {
 	if o.MaxQueue <= 0 {
 		o.MaxQueue = 8 * o.MaxBatch
 	}
-	b := &SpanBuffer{exp: exp, interval: o.Interval, maxBatch: o.MaxBatch, maxQueue: o.MaxQueue,
+	if o.OnError == nil {
+		o.OnError = otel.Handle
+	}
+	b := &SpanBuffer{exp: exp, interval: o.Interval, maxBatch: o.MaxBatch, maxQueue: o.MaxQueue, onError: o.OnError,
 		full: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go b.run()
 	return b
@@ -98,7 +113,13 @@ func (b *SpanBuffer) run() {
 		case <-t.C:
 		case <-b.full:
 		}
-		b.export(context.Background())
+		if err := b.export(context.Background()); err != nil {
+			b.onError(fmt.Errorf("telemetry: exporting spans: %w", err))
+		}
+		if d := b.dropped.Load(); d != b.reported {
+			b.onError(fmt.Errorf("telemetry: span queue full (the exporter is slow or down): %d spans dropped (%d in all)", d-b.reported, d))
+			b.reported = d
+		}
 	}
 }
 

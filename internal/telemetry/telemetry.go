@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"runtime"
@@ -38,6 +39,11 @@ type Options struct {
 	Instance string
 	// Getenv reads the environment; default os.Getenv (a test seam).
 	Getenv func(string) string
+	// Logger receives what the OpenTelemetry SDK reports about itself
+	// (failed exports, warnings), in the process's log format; default
+	// slog.Default(). New installs it as the OpenTelemetry error handler
+	// and logger, which are process globals.
+	Logger *slog.Logger
 }
 
 // Providers are a process's telemetry: a meter provider whose metrics are
@@ -64,6 +70,11 @@ func New(ctx context.Context, opts Options) (*Providers, error) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	logOTelTo(logger)
 	res, err := resource.New(ctx,
 		resource.WithAttributes(semconv.ServiceName(opts.Service), semconv.ServiceInstanceID(opts.Instance),
 			semconv.ServiceVersion(Version())),
@@ -240,8 +251,6 @@ func versionOf(bi *debug.BuildInfo) string {
 	return v
 }
 
-// Revision returns the VCS commit this binary was built from and whether
-// the tree had uncommitted changes, or "" when the build recorded none.
 // VersionLine is the version and how the binary was built, as
 // `--version` prints it: "v0.0.0-…-0123456789ab+dirty (commit
 // 0123456789ab, modified; go1.26.0 linux/amd64)".
@@ -257,6 +266,8 @@ func VersionLine() string {
 	return Version() + " (" + build + ")"
 }
 
+// Revision returns the VCS commit this binary was built from and whether
+// the tree had uncommitted changes, or "" when the build recorded none.
 func Revision() (rev string, modified bool) {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {

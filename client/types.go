@@ -1,0 +1,103 @@
+package client
+
+import (
+	"github.com/felix-broker/felix/auth"
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// The types an application meets through the SDK, so that one import
+// serves: they are aliases, identical to the types of the packages that
+// define them (shardmap, transport), which an application need not import.
+type (
+	// StreamConfig is what a stream is created with ([Client.CreateStream])
+	// and what [Client.StreamInfo] and [Client.Streams] return: its name,
+	// its number of shards (fixed at creation) and its retention.
+	StreamConfig = shardmap.StreamConfig
+
+	// Map is one version of the cluster's shard map ([Client.Map],
+	// [Client.ClusterStatus]): its epoch, the brokers and which one owns
+	// each shard. It is shared: never modify it.
+	Map = shardmap.Map
+
+	// BrokerError is the error a broker answers with: a wire error code
+	// (Code, whose String is its name, such as "unavailable"), a message,
+	// and fields a caller can act on (Owner, Epoch; From and To for
+	// damaged records). Compare it with errors.Is against the sentinels
+	// below; errors.As(err, &berr) with berr a *BrokerError gets the fields.
+	BrokerError = transport.Error
+
+	// ErrorCode is a wire error code: the Code of a [BrokerError].
+	ErrorCode = transport.ErrorCode
+
+	// Grant authorizes a principal (a client certificate's common name)
+	// to do an Action on the streams a pattern matches ([Client.Grant]).
+	Grant = auth.Grant
+
+	// Action is an operation a [Grant] authorizes: [ActionPublish],
+	// [ActionSubscribe], [ActionStreamAdmin], [ActionClusterRead],
+	// [ActionClusterAdmin].
+	Action = auth.Action
+)
+
+// The actions a [Grant] can authorize.
+const (
+	ActionPublish      = auth.Publish
+	ActionSubscribe    = auth.Subscribe
+	ActionStreamAdmin  = auth.StreamAdmin  // create and delete streams
+	ActionClusterRead  = auth.ClusterRead  // status, map, grants
+	ActionClusterAdmin = auth.ClusterAdmin // grant and revoke
+)
+
+// Sentinels for the errors brokers answer with. Each is the transport
+// package's sentinel itself, so errors.Is(err, client.ErrUnavailable) and
+// errors.Is(err, transport.ErrUnavailable) agree: a [*BrokerError] matches
+// the sentinel with its code, whatever its other fields. (Damaged records
+// end a subscription with a [*CorruptError], which matches the SDK's own
+// [ErrCorrupt] and, through its Unwrap, transport's.)
+var (
+	// ErrUnknownStream: no such stream (or shard). Create it first, check
+	// the name, or ask for a grant on it: a principal sees only the
+	// streams it has a permission on.
+	ErrUnknownStream = transport.ErrUnknownStream
+	// ErrStreamExists: CreateStream of a stream that exists.
+	ErrStreamExists = transport.ErrStreamExists
+	// ErrUnauthorized: the client's principal lacks the permission; the
+	// message names the principal, the operation and the stream.
+	ErrUnauthorized = transport.ErrUnauthorized
+	// ErrPayloadTooLarge: a record (key, value, headers and producer id)
+	// is over the brokers' record limit (--max-record-bytes, 1 MiB by
+	// default).
+	ErrPayloadTooLarge = transport.ErrPayloadTooLarge
+	// ErrUnavailable: the shard's owner cannot be reached now (it is down,
+	// or its log stopped taking writes); the outcome of a publish that got
+	// it is unknown unless the client is idempotent.
+	ErrUnavailable = transport.ErrUnavailable
+	// ErrLimitExceeded: a resource limit of the broker is reached
+	// (connections, streams, subscriptions, credit, headers, bytes in
+	// flight).
+	ErrLimitExceeded = transport.ErrLimitExceeded
+	// ErrInvalid: a well-formed request the broker or control plane
+	// refuses as invalid (for example Revoke of a grant that does not
+	// exist).
+	ErrInvalid = transport.ErrInvalid
+	// ErrTimeout: the broker did not finish the operation in time.
+	ErrTimeout = transport.ErrTimeout
+	// ErrShuttingDown: the broker is shutting down; try another.
+	ErrShuttingDown = transport.ErrShuttingDown
+	// ErrOutOfRange: an offset outside the shard's log.
+	ErrOutOfRange = transport.ErrOutOfRange
+	// ErrOutOfOrderSequence: an idempotent publish skipped a sequence
+	// number (see [WithIdempotence]).
+	ErrOutOfOrderSequence = transport.ErrOutOfOrderSequence
+	// ErrDuplicateSequence: a record was written once before, longer ago
+	// than the owner remembers its offset.
+	ErrDuplicateSequence = transport.ErrDuplicateSequence
+	// ErrNoShard: a shard number the stream does not have ([Shard] past
+	// the stream's shard count).
+	ErrNoShard = shardmap.ErrNoShard
+	// ErrInvalidStreamName: a stream name the SDK refuses before sending
+	// anything (1 to 128 letters, digits, '-', '_', '.'; not starting with
+	// '.').
+	ErrInvalidStreamName = shardmap.ErrInvalidStreamName
+)
