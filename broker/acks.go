@@ -9,105 +9,168 @@ import (
 	"github.com/felix-broker/felix/transport"
 )
 
-// ackWriter serializes the frames a broker writes back on one publisher
-// stream. Acks are written by whichever goroutine completes the record (a
-// shard's committer, or the reader of a forwarding lane) without waking
-// anyone: TryWriteAll queues the frame in quic-go's send buffer without
-// blocking. Only when the stream's flow-control window is full does the
-// frame go to a backlog that a short-lived flusher goroutine writes with a
-// blocking Write, so a client that stops reading acks never stalls a
-// shard's committer.
+// frameWriter serializes the frames several goroutines write on one QUIC
+// stream, and never blocks any of them on the network: TryWriteAll queues
+// a frame in quic-go's send buffer without blocking. Only when the
+// stream's flow-control window is full (or the stream is not open yet)
+// does the frame go to a backlog, which one flusher goroutine at a time
+// writes with blocking writes, in order, and then hands the stream back
+// to the fast path. So a client that stops reading acks never stalls a
+// shard's committer, and an owner that stops reading forwards never
+// stalls the publisher stream's reader.
+//
+// Two kinds of stream use it: a publisher stream's answers (ackWriter,
+// written by the shard committers and the lanes' readers), and a
+// forwarding lane's publishes (written by the session's reader and its
+// retrier). A lane's writer starts with no stream: the lane's connector
+// goroutine holds the flusher role while it dials, so what is forwarded
+// meanwhile waits in the backlog, in order (see lane).
 //
 // An answer to a record holds the record's slot and its charge against
 // its principal's budget until the answer is written (handed to QUIC
 // under the publisher's flow control), not merely queued: a publisher
 // that does not read its acks fills its slots with unwritten answers, and
 // the session's reader, which takes a slot per record, stops reading it.
-type ackWriter struct {
-	s       *quic.Stream
+type frameWriter struct {
 	wg      *sync.WaitGroup            // counts the flusher
-	release func(records, bytes int64) // gives back what written answers held
+	release func(records, bytes int64) // gives back what written answers held; nil if frames hold nothing
+	failed  func(error)                // told once of the first write error; may be nil
 
+	// mu guards the stream's write side; it is never held across a write
+	// that can block (the flusher writes with it released).
 	mu struct {
 		sync.Mutex
-		scratch  []byte // encoding buffer for the fast path
-		backlog  []byte // encoded frames waiting for the flusher
-		held     held   // what the answers in backlog hold
-		flushing bool   // a flusher owns the stream's write side
-		err      error  // first write error; later frames are dropped
+		s        *quic.Stream // nil until attached
+		scratch  []byte       // encoding buffer for the fast path
+		backlog  []byte       // encoded frames waiting for the flusher
+		held     held         // what the answers in backlog hold
+		flushing bool         // a flusher (or a connector) owns the stream's write side
+		err      error        // first write error; later frames are dropped
 	}
 }
+
+// ackWriter writes the answers on one publisher stream.
+type ackWriter = frameWriter
 
 // held is what answers hold until they are written: one slot each, and
 // their records' charges.
 type held struct{ records, bytes int64 }
 
 func newAckWriter(s *quic.Stream, wg *sync.WaitGroup, release func(records, bytes int64)) *ackWriter {
-	return &ackWriter{s: s, wg: wg, release: release}
+	a := &frameWriter{wg: wg, release: release}
+	a.mu.s = s
+	return a
 }
 
-// send writes f, a frame that answers no record (a stream-level error),
-// or queues it behind frames already queued. It never blocks on the
-// network.
-func (a *ackWriter) send(f transport.Frame) { a.write(f, held{}) }
+// newDetachedWriter returns a writer with no stream yet, whose caller
+// holds the flusher role until attach (or abort).
+func newDetachedWriter(wg *sync.WaitGroup, failed func(error)) *frameWriter {
+	a := &frameWriter{wg: wg, failed: failed}
+	a.mu.flushing = true
+	return a
+}
+
+// send writes f, a frame that answers no record (a stream-level error, a
+// forward), or queues it behind frames already queued. It never blocks on
+// the network. It returns an error only if f cannot be encoded; nothing
+// is written then and the stream goes on.
+func (a *frameWriter) send(f transport.Frame) error { return a.write(f, held{}) }
 
 // answer is send for the answer to one record, whose slot and charge
 // (bytes) are released once f is written or dropped.
-func (a *ackWriter) answer(f transport.Frame, charge int64) { a.write(f, held{1, charge}) }
+func (a *frameWriter) answer(f transport.Frame, charge int64) { a.write(f, held{1, charge}) }
 
-func (a *ackWriter) write(f transport.Frame, h held) {
+func (a *frameWriter) write(f transport.Frame, h held) error {
 	a.mu.Lock()
 	if a.mu.err != nil {
 		a.mu.Unlock()
 		a.free(h)
-		return
+		return nil
 	}
 	if !a.mu.flushing {
 		var err error
-		a.mu.scratch, err = transport.AppendFrame(a.mu.scratch[:0], f)
-		if err == nil {
-			err = a.s.TryWriteAll(a.mu.scratch)
+		if a.mu.scratch, err = transport.AppendFrame(a.mu.scratch[:0], f); err != nil {
+			a.mu.Unlock()
+			a.free(h)
+			return err
 		}
+		err = a.mu.s.TryWriteAll(a.mu.scratch)
 		if err == nil || !errors.Is(err, quic.ErrWouldBlock) {
-			if err != nil {
+			first := err != nil
+			if first {
 				a.mu.err = err
 			}
 			a.mu.Unlock()
 			a.free(h)
-			return
+			if first {
+				a.fail(err)
+			}
+			return nil
 		}
 		a.mu.backlog = append(a.mu.backlog, a.mu.scratch...)
 		a.mu.held.add(h)
 		a.mu.flushing = true
 		a.wg.Add(1)
 		a.mu.Unlock()
-		go a.flush()
-		return
+		go func() {
+			defer a.wg.Done()
+			a.flush()
+		}()
+		return nil
 	}
+	mark := len(a.mu.backlog)
 	var err error
 	if a.mu.backlog, err = transport.AppendFrame(a.mu.backlog, f); err != nil {
-		a.mu.err = err
+		a.mu.backlog = a.mu.backlog[:mark]
 		a.mu.Unlock()
 		a.free(h)
-		return
+		return err
 	}
 	a.mu.held.add(h)
 	a.mu.Unlock()
+	return nil
 }
 
 func (h *held) add(o held) { h.records, h.bytes = h.records+o.records, h.bytes+o.bytes }
 
-func (a *ackWriter) free(h held) {
-	if h != (held{}) {
+func (a *frameWriter) free(h held) {
+	if h != (held{}) && a.release != nil {
 		a.release(h.records, h.bytes)
 	}
 }
 
+func (a *frameWriter) fail(err error) {
+	if a.failed != nil {
+		a.failed(err)
+	}
+}
+
+// attach gives a detached writer its stream; its caller, which holds the
+// flusher role, then writes the backlog with flush.
+func (a *frameWriter) attach(s *quic.Stream) {
+	a.mu.Lock()
+	a.mu.s = s
+	a.mu.Unlock()
+}
+
+// abort drops the backlog of a detached writer that will never have a
+// stream, releasing what it held; later frames are dropped too.
+func (a *frameWriter) abort(err error) {
+	a.mu.Lock()
+	if a.mu.err == nil {
+		a.mu.err = err
+	}
+	h := a.mu.held
+	a.mu.held, a.mu.backlog = held{}, nil
+	a.mu.flushing = false
+	a.mu.Unlock()
+	a.free(h)
+}
+
 // flush writes the backlog with blocking writes until it is empty, then
 // hands the stream back to the fast path. After a write error it drops
-// the backlog, releasing what it held.
-func (a *ackWriter) flush() {
-	defer a.wg.Done()
+// the backlog, releasing what it held. Its caller holds the flusher role.
+func (a *frameWriter) flush() {
 	var buf []byte
 	for {
 		a.mu.Lock()
@@ -122,19 +185,26 @@ func (a *ackWriter) flush() {
 		buf, a.mu.backlog = a.mu.backlog, buf[:0]
 		h := a.mu.held
 		a.mu.held = held{}
+		s := a.mu.s
 		a.mu.Unlock()
-		_, err := a.s.Write(buf)
+		_, err := s.Write(buf)
 		a.free(h)
 		if err != nil {
 			a.mu.Lock()
-			a.mu.err = err
+			first := a.mu.err == nil
+			if first {
+				a.mu.err = err
+			}
 			a.mu.Unlock()
+			if first {
+				a.fail(err)
+			}
 		}
 	}
 }
 
 // backlogged returns the bytes of frames waiting for the flusher.
-func (a *ackWriter) backlogged() int {
+func (a *frameWriter) backlogged() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return len(a.mu.backlog)

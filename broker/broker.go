@@ -52,11 +52,6 @@ type Broker struct {
 	// protocol and which principal was denied what, so each is logged once.
 	refusals, denials logonce.Set
 
-	// staleMap, when set, is the map the next routing decision uses
-	// instead of the current one: a test seam that makes a map change
-	// land between a forward and its commit.
-	staleMap atomic.Pointer[shardmap.Map]
-
 	// mu guards the set of live sessions so Close can drain them.
 	mu struct {
 		sync.Mutex
@@ -137,10 +132,11 @@ func (b *Broker) Addr() net.Addr { return b.ln.Addr() }
 
 // routingMap returns the map to route a publish by.
 func (b *Broker) routingMap() *shardmap.Map {
-	if m := b.staleMap.Swap(nil); m != nil {
-		return m
+	m := b.member.Map()
+	if k := b.cfg.Knobs.RouteMap; k != nil {
+		return k(m)
 	}
-	return b.member.Map()
+	return m
 }
 
 // Map returns the latest shard map the broker holds.

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/felix-broker/felix/internal/msgtrace"
+	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 	"github.com/felix-broker/felix/wal"
 )
@@ -343,4 +345,13 @@ type Knobs struct {
 	// WALFS is the filesystem seam under every shard log (wal.Options.FS),
 	// for injecting write and fsync faults. Default nil: the OS.
 	WALFS wal.FS
+	// RouteMap, if set, is given the map each publish is about to be
+	// routed by and returns the one to route it by instead: a seam that
+	// makes a map change land between a forward and its commit. Default
+	// nil: the current map (the publish path pays one nil check).
+	RouteMap func(current *shardmap.Map) *shardmap.Map
+	// DialPeer, if set, runs before a forwarding lane dials its owner
+	// (once per lane, never per record); an error fails the dial. A test
+	// blocks it to hold one lane connecting. Default nil.
+	DialPeer func(ctx context.Context, nodeID string) error
 }

@@ -26,6 +26,100 @@
 // publisher streams to forward records; the owner treats them like a client
 // stream except that it checks the forwarder's map epoch (fencing).
 //
+// # Goroutines of the publish path
+//
+// Each piece of a publisher stream's state has one owner, and no lock is
+// held across anything that can block (a wait for a map, a dial, a
+// stream opening, a flow-controlled write, an fsync):
+//
+//   - The session's reader (servePublish, one per publisher stream) owns
+//     the stream's read side and the authorization cache. It takes each
+//     record in (a slot of Config.PublishInFlight and the principal's
+//     bytes: the only waits that hold it back, and they are the
+//     publisher's own flow control), routes it by the map and either
+//     appends it to the local log (committing it inline with AppendNow
+//     when nothing more is buffered and the log is idle) or puts it on
+//     the lane to its owner. Only a peer stream's reader ever waits for a
+//     map (a forward carrying a newer epoch than this broker holds); that
+//     holds back that forwarding lane alone, and nothing else waits on it.
+//   - A shard's committer (package wal) owns the log's write side; it
+//     calls each record's completion, which writes the answer.
+//   - A lane (forward.go, one per session and owner) has a connector
+//     goroutine that dials and opens the lane's stream while forwards
+//     routed meanwhile wait in its writer's backlog, in order; then it
+//     writes that backlog, starts the lane's reader, and ends. The reader
+//     owns the lane's read side: it relays each Ack to the publisher and
+//     hands a NotOwner refusal to the session's retrier, never waiting
+//     for a map or a lock held across one.
+//   - The retrier (one per session, running only while refusals wait)
+//     catches up to the refusing owner's map and routes each refused
+//     record again, in the order refused.
+//   - A frameWriter (acks.go) serializes the frames written on one
+//     stream: answers on the publisher stream, forwards on a lane.
+//     TryWriteAll queues a frame in quic-go's send buffer without
+//     blocking; only while the flow-control window is full does a
+//     flusher goroutine write the backlog with blocking writes.
+//
+// The mutexes on the path, each held for memory operations only: the
+// session's lanes (lookup or insertion of a lane, which is opened without
+// waiting for it) and retry queue; a lane's pending forwards; a
+// frameWriter's buffers (encoding and a non-blocking TryWriteAll; the
+// flusher writes with it released); the principal's byte budget; the
+// shard set's index (an RLock) and a shard's producer table. How to check
+// it: every blocking call on the path (member.Refresh, peerPool.conn,
+// OpenStreamSync, quic Stream.Write, wal's fsync) is made by a goroutine
+// that holds none of them (the reader, the connector, the retrier, a
+// flusher, the committer), which reading forward.go, publish.go and
+// acks.go shows, and TestAcksFlowWhileALaneConnects holds one lane's dial
+// open (Config.Knobs.DialPeer) and shows that the same stream's records
+// for other shards are still read, committed and acknowledged meanwhile.
+//
+// # Hand-offs per path
+//
+// A hand-off is one goroutine waking another. quic-go's connection loop
+// receives and sends each connection's packets, so a frame read wakes it
+// and then the reading goroutine, and a frame written wakes it.
+//
+// Direct (the client's broker owns the shard), before and after issue 13:
+// quic-go loop → session reader, which appends and, with the log idle and
+// nothing more buffered, fsyncs and writes the ack itself → quic-go loop.
+// One Felix goroutine; under load the reader queues and the shard's
+// committer fsyncs and writes the ack: two. Locks per record: the slot
+// (a channel), the principal's budget, the shard index, the log's queue,
+// the ack writer. Before, the reader also took dispatchMu and swapped a
+// test seam's atomic pointer (a shared cache-line write) per record;
+// now it pays one nil check (Config.Knobs.RouteMap).
+//
+// Forwarded (client → forwarder F → owner O → F → client), before and
+// after: F's reader → quic-go (F→O) → O's peer-stream reader (→ O's
+// committer under load) → quic-go (O→F) → F's lane reader → quic-go
+// (F→client): three Felix goroutines (four under load), the fewest with
+// blocking stream reads, since each of the three streams needs a reader.
+// What changed is what they hold and wait for. Before: F's reader took
+// dispatchMu and, under it, could wait for a map refresh (up to
+// ForwardTimeout), a dial and stream opening (up to 3 s) and a
+// flow-controlled write to O; O's reader did its appends under its own
+// dispatchMu; F's lane reader, on a NotOwner, waited for a refresh and
+// then for dispatchMu, so every ack on that lane waited behind the
+// reader's dial or write. After: F's reader puts the forward on the lane
+// with a non-blocking write (or in the backlog of a lane still
+// connecting or with a full window) and holds no lock beyond that;
+// F's lane reader takes the pending forward, writes the answer with a
+// non-blocking write, and hands refusals to the retrier; O's reader holds
+// no lock while it appends or fsyncs. Locks per forwarded record at F:
+// slot, budget, lanes, the lane's pending map (twice: add, take), the
+// lane's writer and the ack writer; none is held across a wait.
+//
+// Re-routed after NotOwner: before, F's lane reader refreshed and
+// re-dispatched itself (stalling that lane's acks); now the lane reader
+// queues the refusal → retrier (one hand-off, only on a map change) →
+// the retrier refreshes and routes it again like the reader would.
+// Refusals are re-routed in the order they came, but a record the reader
+// routes by the new map meanwhile can overtake a refused one of the same
+// shard (as before): keeping a shard's order across a re-route needs the
+// reader to queue a shard's records behind its refused ones, a per-shard
+// queue not built yet.
+//
 // # Identity and authorization
 //
 // Every connection is mutual TLS with a certificate from the cluster CA;

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
 	"github.com/quic-go/quic-go"
@@ -164,7 +165,16 @@ func (s *shardSet) mustLog(t *testing.T, stream string, shard int) interface {
 // and re-routes. The publisher sees exactly one ack, from the owner, which
 // holds the record; the refusing broker wrote nothing.
 func TestForwarderReroutesAfterMapChange(t *testing.T) {
-	ip := startInproc(t, 3, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	// The next routing decision (on any broker) takes staleMap, if set.
+	var staleMap atomic.Pointer[shardmap.Map]
+	ip := startInprocWith(t, func(c *Config) {
+		c.Knobs.RouteMap = func(m *shardmap.Map) *shardmap.Map {
+			if s := staleMap.Swap(nil); s != nil {
+				return s
+			}
+			return m
+		}
+	}, 3, shardmap.StreamConfig{Name: "orders", Shards: 1})
 	owner := ip.owner("orders", 0)
 	var fwd, wrong *Broker
 	for _, b := range ip.brokers {
@@ -185,13 +195,13 @@ func TestForwarderReroutesAfterMapChange(t *testing.T) {
 	stale := shardmap.Assemble(cur.Epoch-1, cur.Nodes, []shardmap.Stream{moved})
 
 	ws := openStream(t, ip.dial(fwd))
-	fwd.staleMap.Store(stale)
+	staleMap.Store(stale)
 	ws.send(publish(1, "orders", "rerouted"))
 	a := wantAck(t, ws.recv(), 1)
 	if a.Owner != owner.NodeID() || !a.Forwarded || a.Via != fwd.NodeID() || a.Offset != 0 {
 		t.Fatalf("ack %+v: want %s at offset 0 via %s", a, owner.NodeID(), fwd.NodeID())
 	}
-	if fwd.staleMap.Load() != nil {
+	if staleMap.Load() != nil {
 		t.Fatal("the stale map was never used for routing")
 	}
 	if next := ip.logOf(owner, "orders", 0).NextOffset(); next != 1 {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -134,22 +135,40 @@ func (p *peerPool) close() {
 
 // lane carries the records one publisher stream forwards to one owner, on
 // one stream of the pooled peer connection, so they reach the owner in the
-// order they were routed. Its reader relays the owner's answers.
+// order they were routed.
+//
+// Nothing on a lane blocks whoever routes onto it: a new lane is returned
+// at once, and its connector goroutine dials the peer and opens the
+// stream while the forwards routed meanwhile wait in its writer's
+// backlog, in order; once the stream is open the connector writes that
+// backlog, starts the lane's reader and ends. After that a forward is
+// queued in quic-go's send buffer without blocking (frameWriter), or,
+// while the owner's flow-control window is full, behind the others in the
+// backlog that a flusher writes. The reader relays the owner's answers,
+// and hands a NotOwner refusal to the session's retrier without waiting
+// for anything.
 type lane struct {
 	p     *pubSession
 	owner string
-	s     *quic.Stream
-	w     *transport.Writer // written under p.dispatchMu
+	addr  string       // the owner's address when the lane was opened
+	w     *frameWriter // forwards to the owner; detached while connecting
+
+	// ctx bounds the connector's dial; kill cancels it.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	// Precomputed metric attributes (peer=owner).
 	forwardDur []metric.RecordOption
 	forwards   []metric.AddOption
 
-	// mu guards the forwards awaiting the owner's answer, by Seq.
+	dead atomic.Bool // set (under mu) once the lane is killed
+
+	// mu guards the stream once open and the forwards awaiting the
+	// owner's answer, by Seq. It is never held across a blocking call.
 	mu struct {
 		sync.Mutex
+		s       *quic.Stream // nil while connecting: nothing has reached the owner
 		pending map[uint64]forwarded
-		dead    bool
 	}
 }
 
@@ -207,20 +226,14 @@ func (fw *forwarded) end(p *pubSession, err *transport.Error, offset uint64, opt
 	endSpan(sp, err, opts...)
 }
 
-// forward sends pub to the shard's owner on this session's lane to it. The
-// caller holds dispatchMu.
+// forward sends pub to the shard's owner on this session's lane to it. It
+// never blocks: the lane queues what it cannot write yet.
 func (p *pubSession) forward(in inbound, m *shardmap.Map, shard int, owner string, attempt int) {
 	b, pub := p.b, in.pub
 	node, ok := m.Node(owner)
 	if !ok || !node.Live {
 		p.fail(in, &transport.Error{Code: transport.CodeUnavailable, Owner: owner, Epoch: m.Epoch,
 			Message: fmt.Sprintf("%s/%d is owned by %s, which is down; it is unavailable until %s returns", pub.Stream, shard, owner, owner)})
-		return
-	}
-	l, err := p.lane(node)
-	if err != nil {
-		p.fail(in, &transport.Error{Code: transport.CodeUnavailable, Owner: owner, Epoch: m.Epoch,
-			Message: fmt.Sprintf("%s (%s), the owner of %s/%d, is not reachable from %s: %v", owner, node.Addr, pub.Stream, shard, b.cfg.NodeID, err)})
 		return
 	}
 	fwd := *pub
@@ -252,55 +265,122 @@ func (p *pubSession) forward(in inbound, m *shardmap.Map, shard int, owner strin
 			fwd.Headers = msgtrace.WithHop(sp.SpanContext(), pub.Headers)
 		}
 	}
-	if !l.add(fw) {
-		fw.end(p, nil, 0)
-		p.fail(fw.in, &transport.Error{Code: transport.CodeInvalid,
-			Message: fmt.Sprintf("seq %d is already in flight on this stream; sequence numbers must be unique", pub.Seq)})
-		return
+	var l *lane
+	for {
+		if l = p.laneTo(node); l == nil {
+			fw.end(p, nil, 0)
+			p.fail(fw.in, &transport.Error{Code: transport.CodeShuttingDown,
+				Message: fmt.Sprintf("the publisher stream on %s is closing", b.cfg.NodeID)})
+			return
+		}
+		added, dup := l.add(fw)
+		if dup {
+			fw.end(p, nil, 0)
+			p.fail(fw.in, &transport.Error{Code: transport.CodeInvalid,
+				Message: fmt.Sprintf("seq %d is already in flight on this stream; sequence numbers must be unique", pub.Seq)})
+			return
+		}
+		if added {
+			break
+		}
+		// The lane died between lookup and add: the next lookup opens a
+		// new one.
 	}
-	if err := l.w.Write(&fwd); err != nil {
-		l.kill(fmt.Errorf("writing to %s: %w", owner, err))
-		delete(p.lanes, owner)
+	if err := l.w.send(&fwd); err != nil {
+		// Not encodable: nothing was written, the lane goes on.
+		if fw, ok := l.take(pub.Seq); ok {
+			werr := &transport.Error{Code: transport.CodeInternal, Message: fmt.Sprintf("%s could not forward the record: %v", b.cfg.NodeID, err)}
+			errors.As(err, &werr)
+			fw.end(p, werr, 0)
+			p.fail(fw.in, werr)
+		}
+		return
 	}
 	b.tel.forwards.Add(context.Background(), 1, l.forwards...)
 }
 
-// lane returns this session's lane to node, opening it if need be. The
-// caller holds dispatchMu.
-func (p *pubSession) lane(node shardmap.Node) (*lane, error) {
-	if l := p.lanes[node.ID]; l != nil && !l.isDead() {
-		return l, nil
+// laneTo returns this session's lane to node, opening one (without
+// waiting for it to connect) if there is none or the one there has died;
+// nil once the session has closed its lanes.
+func (p *pubSession) laneTo(node shardmap.Node) *lane {
+	p.lanes.Lock()
+	defer p.lanes.Unlock()
+	if p.lanes.closed {
+		return nil
 	}
-	ctx, cancel := context.WithTimeout(p.ctx, dialTimeout)
-	defer cancel()
-	conn, err := p.b.peers.conn(ctx, node)
-	if err != nil {
-		return nil, err
+	if l := p.lanes.m[node.ID]; l != nil && !l.dead.Load() {
+		return l
 	}
-	s, err := conn.OpenStreamSync(ctx)
-	if err != nil {
-		return nil, err
-	}
-	l := &lane{p: p, owner: node.ID, s: s, w: transport.NewWriter(s)}
+	l := &lane{p: p, owner: node.ID, addr: node.Addr}
+	l.w = newDetachedWriter(&p.workers, func(err error) { l.kill(fmt.Errorf("writing to %s: %w", node.ID, err)) })
+	l.ctx, l.cancel = context.WithCancel(p.ctx)
 	peer := attribute.String("peer", node.ID)
 	l.forwardDur = recordOpt(peer)
 	l.forwards = addOpt(peer)
 	l.mu.pending = map[uint64]forwarded{}
-	p.lanes[node.ID] = l
+	p.lanes.m[node.ID] = l
 	p.workers.Add(1)
-	go l.read()
-	return l, nil
+	go l.connect(node)
+	return l
 }
 
-func (l *lane) add(fw forwarded) bool {
+// connect dials the lane's owner (or takes the pooled connection to it),
+// opens the lane's stream, starts its reader and writes what was routed
+// to it meanwhile. It holds the lane writer's flusher role until then.
+func (l *lane) connect(node shardmap.Node) {
+	defer l.p.workers.Done()
+	s, err := l.open(node)
+	if err != nil {
+		l.w.abort(err)
+		l.kill(err)
+		return
+	}
+	l.mu.Lock()
+	if l.dead.Load() {
+		l.mu.Unlock()
+		l.w.abort(errors.New("lane closed"))
+		s.CancelRead(quic.StreamErrorCode(transport.CodeUnavailable))
+		s.CancelWrite(quic.StreamErrorCode(transport.CodeUnavailable))
+		return
+	}
+	l.mu.s = s
+	l.mu.Unlock()
+	l.w.attach(s)
+	l.p.workers.Add(1)
+	go l.read(s)
+	l.w.flush()
+}
+
+func (l *lane) open(node shardmap.Node) (*quic.Stream, error) {
+	ctx, cancel := context.WithTimeout(l.ctx, dialTimeout)
+	defer cancel()
+	if k := l.p.b.cfg.Knobs.DialPeer; k != nil {
+		if err := k(ctx, node.ID); err != nil {
+			return nil, err
+		}
+	}
+	conn, err := l.p.b.peers.conn(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	return conn.OpenStreamSync(ctx)
+}
+
+// add records fw as awaiting the owner's answer. It reports whether it
+// did, and whether fw's Seq is already awaiting one (dup); neither when
+// the lane is dead.
+func (l *lane) add(fw forwarded) (added, dup bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.dead.Load() {
+		return false, false
+	}
 	seq := fw.in.pub.Seq
 	if _, dup := l.mu.pending[seq]; dup {
-		return false
+		return false, true
 	}
 	l.mu.pending[seq] = fw
-	return true
+	return true, false
 }
 
 func (l *lane) take(seq uint64) (forwarded, bool) {
@@ -311,16 +391,12 @@ func (l *lane) take(seq uint64) (forwarded, bool) {
 	return f, ok
 }
 
-func (l *lane) isDead() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.mu.dead
-}
-
 // read relays the owner's answers to the publisher until the lane ends.
-func (l *lane) read() {
+// It never waits for anything but the owner: refusals to re-route go to
+// the session's retrier.
+func (l *lane) read(s *quic.Stream) {
 	defer l.p.workers.Done()
-	r := transport.NewReader(l.s, l.p.b.cfg.Transport.MaxFrame)
+	r := transport.NewReader(s, l.p.b.cfg.Transport.MaxFrame)
 	for {
 		f, err := r.Read()
 		if err != nil {
@@ -365,8 +441,9 @@ func (l *lane) acked(fw *forwarded, offset uint64, answered time.Time) {
 }
 
 // answer handles an owner's refusal of a forwarded record: NotOwner means
-// the map moved, so catch up and route again (bounded); anything else goes
-// back to the publisher.
+// the map moved, so the record goes to the session's retrier, which
+// catches up and routes it again (bounded); anything else goes back to
+// the publisher. It never blocks.
 func (p *pubSession) answer(fw forwarded, e *transport.Error) {
 	fw.end(p, e, 0)
 	if e.Code != transport.CodeNotOwner || fw.attempt+1 >= maxForwardAttempts {
@@ -377,38 +454,83 @@ func (p *pubSession) answer(fw forwarded, e *transport.Error) {
 		p.done()
 		return
 	}
-	ctx, cancel := context.WithTimeout(p.ctx, p.b.cfg.ForwardTimeout)
-	_, err := p.b.member.Refresh(ctx, e.Epoch)
-	cancel()
-	if err != nil {
-		p.fail(fw.in, &transport.Error{Code: transport.CodeUnavailable,
-			Message: fmt.Sprintf("%s was refused by %s (not the owner at epoch %d) and could not get that map: %v", p.b.cfg.NodeID, e.Owner, e.Epoch, err)})
-		return
+	p.retry.Lock()
+	p.retry.queue = append(p.retry.queue, refused{in: fw.in, attempt: fw.attempt, epoch: e.Epoch, by: e.Owner})
+	start := !p.retry.running
+	if start {
+		p.retry.running = true
+		p.workers.Add(1)
 	}
-	in := fw.in
-	in.last = false // re-routed from the lane's reader: queue, never commit inline here
-	p.dispatchMu.Lock()
-	p.dispatch(in, fw.attempt+1)
-	p.dispatchMu.Unlock()
+	p.retry.Unlock()
+	if start {
+		go p.retrier()
+	}
+}
+
+// refused is a forward an owner refused with NotOwner at epoch.
+type refused struct {
+	in      inbound
+	attempt int
+	epoch   uint64 // the refusing owner's map epoch
+	by      string // the refusing owner's id
+}
+
+// retrier re-routes refused forwards, in the order they were refused:
+// for each it catches up to the refusing owner's map (waiting for the
+// control plane if need be, holding nothing) and dispatches it again.
+// It runs while there are refusals to handle; the lanes' readers start
+// it, so they never wait for a map.
+func (p *pubSession) retrier() {
+	defer p.workers.Done()
+	for {
+		p.retry.Lock()
+		if len(p.retry.queue) == 0 {
+			p.retry.running = false
+			p.retry.queue = nil
+			p.retry.Unlock()
+			return
+		}
+		r := p.retry.queue[0]
+		p.retry.queue = p.retry.queue[1:]
+		p.retry.Unlock()
+
+		ctx, cancel := context.WithTimeout(p.ctx, p.b.cfg.ForwardTimeout)
+		_, err := p.b.member.Refresh(ctx, r.epoch)
+		cancel()
+		if err != nil {
+			p.fail(r.in, &transport.Error{Code: transport.CodeUnavailable,
+				Message: fmt.Sprintf("%s was refused by %s (not the owner at epoch %d) and could not get that map: %v", p.b.cfg.NodeID, r.by, r.epoch, err)})
+			continue
+		}
+		in := r.in
+		in.last = false // re-routed off the reader: queue, never commit inline here
+		p.dispatch(in, r.attempt+1)
+	}
 }
 
 // kill ends the lane and fails every forward still waiting on it: the owner
 // may or may not have written them, and the publisher must be told so.
 func (l *lane) kill(cause error) {
 	l.mu.Lock()
-	if l.mu.dead {
+	if l.dead.Load() {
 		l.mu.Unlock()
 		return
 	}
-	l.mu.dead = true
-	pending := l.mu.pending
+	l.dead.Store(true)
+	pending, s := l.mu.pending, l.mu.s
 	l.mu.pending = nil
 	l.mu.Unlock()
-	l.s.CancelRead(quic.StreamErrorCode(transport.CodeUnavailable))
-	l.s.CancelWrite(quic.StreamErrorCode(transport.CodeUnavailable))
+	l.cancel()
+	if s != nil {
+		s.CancelRead(quic.StreamErrorCode(transport.CodeUnavailable))
+		s.CancelWrite(quic.StreamErrorCode(transport.CodeUnavailable))
+	}
 	for _, fw := range pending {
 		e := &transport.Error{Code: transport.CodeUnavailable, Owner: l.owner,
 			Message: fmt.Sprintf("lost %s before it acknowledged; the record may or may not have been written (%v)", l.owner, cause)}
+		if s == nil { // never connected: nothing was sent
+			e.Message = fmt.Sprintf("%s (%s), the owner of %s/%d, is not reachable from %s: %v", l.owner, l.addr, fw.in.pub.Stream, fw.in.shard, l.p.b.cfg.NodeID, cause)
+		}
 		fw.end(l.p, e, 0)
 		l.p.fail(fw.in, e)
 	}

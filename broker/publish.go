@@ -22,8 +22,10 @@ import (
 )
 
 // pubSession serves one publisher stream, from a client or from a
-// forwarding peer. Its reader goroutine decodes publishes and dispatches
-// them; answers are written by whoever completes each record.
+// forwarding peer (see the package doc, "Goroutines of the publish path",
+// for who owns what). Its reader goroutine decodes publishes, takes them
+// in and routes them; answers are written by whoever completes each
+// record; no lock is held across anything that can block.
 type pubSession struct {
 	b      *Broker
 	s      *quic.Stream
@@ -44,15 +46,26 @@ type pubSession struct {
 	slots   chan struct{}  // one per record in flight or answered and not written (Config.PublishInFlight)
 	budget  *byteBudget    // the client principal's publish bytes (Config.PublishBytesPerPrincipal); nil for a peer
 	pending sync.WaitGroup // records in flight
-	workers sync.WaitGroup // the ack flusher and lane readers
+	workers sync.WaitGroup // lane connectors and readers, the retrier, the writers' flushers
 	stopped atomic.Bool    // Close asked the session to stop reading
 	idle    chan struct{}  // closed when the session has answered everything
 
-	// dispatchMu serializes routing: the reader and lane retries both
-	// dispatch, and lanes are created and written under it, so the records
-	// of this stream reach each owner in the order they were routed.
-	dispatchMu sync.Mutex
-	lanes      map[string]*lane // by owner node id; guarded by dispatchMu
+	// lanes are the session's forwarding lanes, by owner node id. The
+	// reader and the retrier route onto them; the mutex guards only the
+	// lookup or insertion (a lane is opened without waiting for it).
+	lanes struct {
+		sync.Mutex
+		m      map[string]*lane
+		closed bool // closeLanes ran: nothing more is forwarded
+	}
+
+	// retry queues forwards refused with NotOwner for the retrier, which
+	// runs while the queue is not empty (forward.go).
+	retry struct {
+		sync.Mutex
+		queue   []refused
+		running bool
+	}
 }
 
 func (b *Broker) servePublish(s *quic.Stream, r *transport.Reader, first *transport.Publish, from caller) {
@@ -60,8 +73,8 @@ func (b *Broker) servePublish(s *quic.Stream, r *transport.Reader, first *transp
 		b: b, s: s, r: r, peerID: from.peerID, from: from,
 		slots: make(chan struct{}, b.cfg.PublishInFlight),
 		idle:  make(chan struct{}),
-		lanes: map[string]*lane{},
 	}
+	p.lanes.m = map[string]*lane{}
 	if from.use != nil {
 		p.budget = from.use.use.publish
 	}
@@ -178,9 +191,7 @@ func (p *pubSession) handle(pub *transport.Publish) bool {
 		return true
 	}
 	n := int64(len(pub.Key) + len(pub.Value))
-	p.dispatchMu.Lock()
 	p.dispatch(in, 0)
-	p.dispatchMu.Unlock()
 	p.countIn(n) // counted once the record is on its way
 	return true
 }
@@ -330,7 +341,9 @@ func headersLen(h map[string]string) int {
 // dispatch routes pub by the broker's current map: a local append when this
 // broker owns the shard, a forward when it does not, a NotOwner refusal
 // when a peer forwarded it here by a map this broker no longer agrees
-// with. The caller holds dispatchMu.
+// with. The session's reader calls it, and its retrier for a re-route;
+// it holds no lock. Only a peer's reader can wait in it, for a map as new
+// as the forwarder's, which holds back that stream alone.
 func (p *pubSession) dispatch(in inbound, attempt int) {
 	b, pub := p.b, in.pub
 	m := b.routingMap()
@@ -494,6 +507,7 @@ func (p *pubSession) finish() {
 	select {
 	case <-answered:
 	case <-time.After(p.b.cfg.ForwardTimeout):
+		p.cancel()     // a re-route waiting for a map gives up
 		p.closeLanes() // lanes fail what they still hold
 		<-answered
 	}
@@ -503,11 +517,13 @@ func (p *pubSession) finish() {
 	p.s.Close()
 }
 
+// closeLanes closes the session's lanes, failing what they still hold,
+// and stops it forwarding more.
 func (p *pubSession) closeLanes() {
-	p.dispatchMu.Lock()
-	lanes := p.lanes
-	p.lanes = map[string]*lane{}
-	p.dispatchMu.Unlock()
+	p.lanes.Lock()
+	lanes := p.lanes.m
+	p.lanes.m, p.lanes.closed = nil, true
+	p.lanes.Unlock()
 	for _, l := range lanes {
 		l.close()
 	}
