@@ -178,11 +178,28 @@
 // and a failed span error status with error.type, the wire error code's
 // name (also as felix.error.code).
 //
+// Telemetry sits at the edges of the publish path (events.go): the path
+// records what happens to a record in a pubEvents value carried with it
+// (received, routed to the local log, forwarded, committed — the group
+// commit that made it durable —, answered; the trace context it came
+// with; its route; its offset or refusal) and hands it to one call,
+// telemetry.observe, when the record is answered; every span, latency
+// and count of a publish is built from those events there, as franz-go's
+// hooks let kotel build its own. The routing code (publish.go,
+// forward.go) holds no span and makes no tracing call: receipt takes the
+// time and the trace context off the headers (telemetry.received), a
+// forward asks for the headers to send (telemetry.forwardContext), an
+// answer stamps the time and observes. A forward refused with NotOwner
+// ends its client span there too (telemetry.rerouted) before the record
+// is routed again.
+//
 // None of this runs between a record's receipt and its ack, beyond taking
-// timestamps and parsing the trace context: latencies are recorded and
-// spans started and ended after the ack is written, in batches a couple of
-// milliseconds later (with the times things happened), where the cost of
-// a span on a cold cache does not delay the next record. A forward's span
-// IDs are reserved before it is sent when the provider was built with
-// TraceIDGenerator.
+// timestamps and parsing the trace context: counters are added at the
+// answer, after its write; latencies are recorded and spans started and
+// ended in batches a couple of milliseconds later (with the times things
+// happened), where the cost of a span on a cold cache does not delay the
+// next record. A forward's span IDs are reserved before it is sent when
+// the provider was built with TraceIDGenerator (its hop context in the
+// felix-hop-* headers carries the reserved client span ID); otherwise
+// the forward's server and client spans are started before it is sent.
 package broker

@@ -6,17 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/trace"
 
-	"github.com/felix-broker/felix/internal/msgtrace"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -157,10 +152,6 @@ type lane struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	// Precomputed metric attributes (peer=owner).
-	forwardDur []metric.RecordOption
-	forwards   []metric.AddOption
-
 	dead atomic.Bool // set (under mu) once the lane is killed
 
 	// mu guards the stream once open and the forwards awaiting the
@@ -172,58 +163,10 @@ type lane struct {
 	}
 }
 
+// forwarded is a record on a lane, awaiting the owner's answer.
 type forwarded struct {
 	in      inbound
 	attempt int
-	span    trace.Span   // the forward's client span once started, else nil
-	spanID  trace.SpanID // its ID, reserved before the send; zero if not
-	sent    time.Time    // zero when telemetry is off
-}
-
-// clientSpan returns the forward's client span, starting it (at fw.sent,
-// with its reserved ID) if need be; nil when the forward is not traced.
-func (fw *forwarded) clientSpan(p *pubSession) trace.Span {
-	if fw.span != nil || !fw.spanID.IsValid() {
-		return fw.span
-	}
-	ctx := trace.ContextWithSpan(context.Background(), p.serverSpan(&fw.in))
-	if !p.b.tel.ids.Refused() {
-		ctx = msgtrace.Reserve(ctx, fw.spanID)
-	}
-	_, fw.span = p.b.tel.tracer.Start(ctx, "forward "+fw.in.pub.Stream,
-		trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(fw.sent))
-	return fw.span
-}
-
-// end gives the forward's client span its attributes (and the offset the
-// owner wrote the record at, when it did) and ends it with the owner's
-// refusal, if any.
-func (fw *forwarded) end(p *pubSession, err *transport.Error, offset uint64, opts ...trace.SpanEndOption) {
-	sp := fw.clientSpan(p)
-	if sp == nil {
-		return
-	}
-	if sp.IsRecording() {
-		b, pub := p.b, fw.in.pub
-		sp.SetAttributes(msgtrace.System, msgtrace.OpSend, msgtrace.OpNameForward,
-			msgtrace.Destination.String(pub.Stream), msgtrace.Partition.String(strconv.Itoa(fw.in.shard)),
-			b.tel.node, msgtrace.Peer.String(fw.in.owner), msgtrace.Via.String(b.cfg.NodeID), msgtrace.Forwarded.Bool(true),
-			msgtrace.BodySize.Int(len(pub.Value)))
-		if pub.ProducerID != "" {
-			sp.SetAttributes(msgtrace.ClientID.String(pub.ProducerID))
-		}
-		// The peer's address as the map has it now (the span ends after
-		// the answer; an address seldom changes in between).
-		if m := b.currentMap(); m != nil {
-			if n, ok := m.Node(fw.in.owner); ok {
-				sp.SetAttributes(msgtrace.Server(n.Addr)...)
-			}
-		}
-		if err == nil {
-			sp.SetAttributes(msgtrace.Offset.Int64(int64(offset)))
-		}
-	}
-	endSpan(sp, err, opts...)
 }
 
 // forward sends pub to the shard's owner on this session's lane to it. It
@@ -240,42 +183,19 @@ func (p *pubSession) forward(in inbound, m *shardmap.Map, shard int, owner strin
 	fwd.Shard = int32(shard)
 	fwd.Epoch = m.Epoch
 	fwd.Via = b.cfg.NodeID
-	fw := forwarded{in: in, attempt: attempt, sent: b.tel.now()}
-	// Only what the owner needs goes before the write: the context of the
-	// forward's client span, the parent of the owner's server span.
-	if in.traced {
-		fw.spanID = msgtrace.NewSpanID()
-		if b.tel.ids.Honoured() && in.parent.IsValid() {
-			// The provider takes reserved IDs: the spans are started once
-			// the record is answered (forwarded.end). The hop carries the
-			// producer's sampling decision, which a parent-based sampler
-			// (the SDK's default) keeps.
-			if fw.in.span == nil && !fw.in.spanID.IsValid() {
-				fw.in.spanID = msgtrace.NewSpanID()
-			}
-			fwd.Headers = msgtrace.WithHop(trace.NewSpanContext(trace.SpanContextConfig{
-				TraceID: in.parent.TraceID(), SpanID: fw.spanID,
-				TraceFlags: in.parent.TraceFlags(), TraceState: in.parent.TraceState(),
-			}), pub.Headers)
-		} else {
-			// Start them now, asking for the reserved ID all the same: the
-			// first forward learns whether the provider honours it.
-			sp := fw.clientSpan(p)
-			b.tel.ids.Learn(sp, fw.spanID)
-			fwd.Headers = msgtrace.WithHop(sp.SpanContext(), pub.Headers)
-		}
-	}
+	// Only what the owner needs goes before the write: the hop context
+	// (the parent of the owner's server span), if traced.
+	fwd.Headers = b.tel.forwardContext(&in.ev, owner, pub.Headers)
+	fw := forwarded{in: in, attempt: attempt}
 	var l *lane
 	for {
 		if l = p.laneTo(node); l == nil {
-			fw.end(p, nil, 0)
 			p.fail(fw.in, &transport.Error{Code: transport.CodeShuttingDown,
 				Message: fmt.Sprintf("the publisher stream on %s is closing", b.cfg.NodeID)})
 			return
 		}
 		added, dup := l.add(fw)
 		if dup {
-			fw.end(p, nil, 0)
 			p.fail(fw.in, &transport.Error{Code: transport.CodeInvalid,
 				Message: fmt.Sprintf("seq %d is already in flight on this stream; sequence numbers must be unique", pub.Seq)})
 			return
@@ -291,12 +211,9 @@ func (p *pubSession) forward(in inbound, m *shardmap.Map, shard int, owner strin
 		if fw, ok := l.take(pub.Seq); ok {
 			werr := &transport.Error{Code: transport.CodeInternal, Message: fmt.Sprintf("%s could not forward the record: %v", b.cfg.NodeID, err)}
 			errors.As(err, &werr)
-			fw.end(p, werr, 0)
 			p.fail(fw.in, werr)
 		}
-		return
 	}
-	b.tel.forwards.Add(context.Background(), 1, l.forwards...)
 }
 
 // laneTo returns this session's lane to node, opening one (without
@@ -314,9 +231,6 @@ func (p *pubSession) laneTo(node shardmap.Node) *lane {
 	l := &lane{p: p, owner: node.ID, addr: node.Addr}
 	l.w = newDetachedWriter(&p.workers, func(err error) { l.kill(fmt.Errorf("writing to %s: %w", node.ID, err)) })
 	l.ctx, l.cancel = context.WithCancel(p.ctx)
-	peer := attribute.String("peer", node.ID)
-	l.forwardDur = recordOpt(peer)
-	l.forwards = addOpt(peer)
 	l.mu.pending = map[uint64]forwarded{}
 	p.lanes.m[node.ID] = l
 	p.workers.Add(1)
@@ -406,16 +320,7 @@ func (l *lane) read(s *quic.Stream) {
 		switch f := f.(type) {
 		case *transport.Ack:
 			if fw, ok := l.take(f.Seq); ok {
-				var answered time.Time // taken before the ack leaves, so spans nest
-				if !fw.sent.IsZero() {
-					answered = time.Now()
-				}
-				l.p.acks.answer(f, fw.in.charge)
-				l.p.done()
-				if !answered.IsZero() { // telemetry is on
-					offset := f.Offset
-					l.p.b.tel.later.Add(func() { l.acked(&fw, offset, answered) })
-				}
+				l.p.reply(&fw.in, f)
 			}
 		case *transport.Error:
 			fw, ok := l.take(f.Seq)
@@ -430,30 +335,16 @@ func (l *lane) read(s *quic.Stream) {
 	}
 }
 
-// acked records a forward the owner acknowledged (writing the record at
-// offset) and this broker answered at answered.
-func (l *lane) acked(fw *forwarded, offset uint64, answered time.Time) {
-	t := l.p.b.tel
-	t.forwardDur.Record(context.Background(), answered.Sub(fw.sent).Seconds(), l.forwardDur...)
-	t.publishDur.Record(context.Background(), answered.Sub(fw.in.start).Seconds(), t.forwarded...)
-	fw.end(l.p, nil, offset, trace.WithTimestamp(answered))
-	l.p.endServer(&fw.in, nil, offset, trace.WithTimestamp(answered))
-}
-
 // answer handles an owner's refusal of a forwarded record: NotOwner means
 // the map moved, so the record goes to the session's retrier, which
 // catches up and routes it again (bounded); anything else goes back to
 // the publisher. It never blocks.
 func (p *pubSession) answer(fw forwarded, e *transport.Error) {
-	fw.end(p, e, 0)
 	if e.Code != transport.CodeNotOwner || fw.attempt+1 >= maxForwardAttempts {
-		e.Seq = fw.in.pub.Seq
-		p.acks.answer(e, fw.in.charge)
-		p.b.tel.countError(e.Code)
-		p.endServer(&fw.in, e, 0)
-		p.done()
+		p.fail(fw.in, e)
 		return
 	}
+	p.b.tel.rerouted(&fw.in.ev, e) // this forward is over; the record goes on
 	p.retry.Lock()
 	p.retry.queue = append(p.retry.queue, refused{in: fw.in, attempt: fw.attempt, epoch: e.Epoch, by: e.Owner})
 	start := !p.retry.running
@@ -529,9 +420,8 @@ func (l *lane) kill(cause error) {
 		e := &transport.Error{Code: transport.CodeUnavailable, Owner: l.owner,
 			Message: fmt.Sprintf("lost %s before it acknowledged; the record may or may not have been written (%v)", l.owner, cause)}
 		if s == nil { // never connected: nothing was sent
-			e.Message = fmt.Sprintf("%s (%s), the owner of %s/%d, is not reachable from %s: %v", l.owner, l.addr, fw.in.pub.Stream, fw.in.shard, l.p.b.cfg.NodeID, cause)
+			e.Message = fmt.Sprintf("%s (%s), the owner of %s/%d, is not reachable from %s: %v", l.owner, l.addr, fw.in.pub.Stream, fw.in.ev.shard, l.p.b.cfg.NodeID, cause)
 		}
-		fw.end(l.p, e, 0)
 		l.p.fail(fw.in, e)
 	}
 }

@@ -537,12 +537,8 @@ func (p *pubSession) admitIdempotent(in inbound, e *shardEntry, shard int, via s
 // ack, with the original's ack.
 func (p *pubSession) answerDuplicate(in inbound, shard int, via string, ack seqAck) {
 	b, pub := p.b, in.pub
-	p.acks.answer(&transport.Ack{Seq: pub.Seq, Stream: pub.Stream, Shard: int32(shard), Offset: ack.offset,
-		Timestamp: ack.ts, Owner: b.cfg.NodeID, Via: via, Forwarded: via != b.cfg.NodeID, Duplicate: true}, in.charge)
-	p.done()
-	if !in.start.IsZero() {
-		p.endServer(&in, nil, ack.offset)
-	}
+	p.reply(&in, &transport.Ack{Seq: pub.Seq, Stream: pub.Stream, Shard: int32(shard), Offset: ack.offset,
+		Timestamp: ack.ts, Owner: b.cfg.NodeID, Via: via, Forwarded: via != b.cfg.NodeID, Duplicate: true})
 }
 
 // appendError is the answer to a record the log of shard failed to write.

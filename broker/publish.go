@@ -13,9 +13,7 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
-	"go.opentelemetry.io/otel/trace"
 
-	"github.com/felix-broker/felix/internal/msgtrace"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 	"github.com/felix-broker/felix/wal"
@@ -136,22 +134,8 @@ func (b *Broker) servePublish(s *quic.Stream, r *transport.Reader, first *transp
 
 // inbound is one publish this broker took in, carried from its receipt to
 // its answer.
-//
-// Its server span is started lazily, with its receipt as start time: on
-// the forward path just before the forward (its client span is a child
-// whose context must travel with the record), on the local path only once
-// the ack is on its way, so that no span work delays the append.
 type inbound struct {
-	pub    *transport.Publish
-	start  time.Time         // receipt; zero when telemetry is off
-	traced bool              // tracing is on
-	parent trace.SpanContext // the producer's or forwarder's span, if any
-	span   trace.Span        // the server span once started, else nil
-	spanID trace.SpanID      // its ID, if reserved before it started
-
-	// Where dispatch routed it, for the server span; shard is -1 before.
-	shard int
-	owner string
+	pub *transport.Publish
 
 	// last: no further frame was buffered on the stream when this one was
 	// read, so the reader may commit it itself (wal.Log.AppendNow).
@@ -160,18 +144,16 @@ type inbound struct {
 	// charge is what the record holds of its principal's publish budget
 	// until its answer is written; 0 for a peer's.
 	charge int64
+
+	// ev is what happens to it, for telemetry (events.go), which builds
+	// its spans and metrics from it once it is answered.
+	ev pubEvents
 }
 
 // handle takes one publish in. It returns false when the session is ending.
 func (p *pubSession) handle(pub *transport.Publish) bool {
-	t := p.b.tel
-	in := inbound{pub: pub, start: t.now(), shard: -1, last: !p.r.Ready()}
-	if t.tracer != nil {
-		in.traced = true
-		in.parent = p.takeParent(pub) // takes the hop context off the headers
-	} else {
-		msgtrace.StripHop(pub.Headers) // never stored, never counted
-	}
+	// received takes the hop context off the headers, traced or not.
+	in := inbound{pub: pub, last: !p.r.Ready(), ev: p.b.tel.received(pub, p.peerID)}
 	if p.peerID == "" {
 		// Only a forwarding peer may speak for an epoch or another broker.
 		pub.Epoch, pub.Via = 0, ""
@@ -185,14 +167,12 @@ func (p *pubSession) handle(pub *transport.Publish) bool {
 		p.fail(in, err)
 		return true
 	}
+	in.ev.taken = true // counted in at its answer
 	if err := p.checkRecord(pub, size, hlen); err != nil {
 		p.fail(in, err)
-		p.countIn(int64(len(pub.Key) + len(pub.Value)))
 		return true
 	}
-	n := int64(len(pub.Key) + len(pub.Value))
 	p.dispatch(in, 0)
-	p.countIn(n) // counted once the record is on its way
 	return true
 }
 
@@ -270,7 +250,8 @@ func (p *pubSession) release(records, bytes int64) {
 // refuseSkipped answers a publish the stream's reader skipped because its
 // frame was over the size limit.
 func (p *pubSession) refuseSkipped(werr *transport.Error) bool {
-	in := inbound{pub: &transport.Publish{Seq: werr.Seq}, shard: -1}
+	pub := &transport.Publish{Seq: werr.Seq}
+	in := inbound{pub: pub, ev: p.b.tel.untraced(pub, p.peerID)}
 	if !p.take(&in, 0) {
 		return false
 	}
@@ -300,18 +281,6 @@ func (p *pubSession) checkRecord(pub *transport.Publish, size, hlen int) *transp
 		return &transport.Error{Code: transport.CodePayloadTooLarge, Message: msg}
 	}
 	return nil
-}
-
-// countIn counts a publish of n key and value bytes taken in.
-func (p *pubSession) countIn(n int64) {
-	t := p.b.tel
-	src := t.fromClient
-	if p.peerID != "" {
-		src = t.fromPeer
-	}
-	ctx := context.Background()
-	t.recordsIn.Add(ctx, 1, src...)
-	t.bytesIn.Add(ctx, n, src...)
 }
 
 // tailHeaders returns the headers to append pub with. The log keeps the
@@ -375,7 +344,7 @@ func (p *pubSession) dispatch(in inbound, attempt int) {
 		return
 	}
 	owner := st.Owners[shard]
-	in.shard, in.owner = shard, owner
+	in.ev.route(shard, owner)
 	switch {
 	case owner == b.cfg.NodeID:
 		p.appendLocal(in, m, shard)
@@ -410,7 +379,7 @@ func (p *pubSession) appendLocal(in inbound, m *shardmap.Map, shard int) {
 			return // answered, or shares the outcome of the same record in flight
 		}
 	}
-	began := b.tel.now()
+	b.tel.stampRouted(&in.ev)
 	seq, stream := pub.Seq, pub.Stream
 	// With no further frame buffered the reader would only wait for one,
 	// so it may commit this record itself when the log is idle (saving the
@@ -430,11 +399,6 @@ func (p *pubSession) appendLocal(in inbound, m *shardmap.Map, shard int) {
 		if prod != nil {
 			e.producers.committed(prod, pseq, offset, ts, err)
 		}
-		var answered time.Time // taken before the answer leaves, so spans nest
-		if !in.start.IsZero() {
-			answered = time.Now()
-		}
-		var werr *transport.Error
 		if err != nil {
 			code := transport.CodeInternal
 			switch {
@@ -446,47 +410,40 @@ func (p *pubSession) appendLocal(in inbound, m *shardmap.Map, shard int) {
 				// more until its log is reopened.
 				code = transport.CodeUnavailable
 			}
-			werr = &transport.Error{Seq: seq, Code: code,
-				Message: fmt.Sprintf("%s could not write %s: %v", b.cfg.NodeID, id, err)}
-			p.acks.answer(werr, in.charge)
-			b.tel.countError(code)
-		} else {
-			p.acks.answer(&transport.Ack{Seq: seq, Stream: stream, Shard: int32(shard), Offset: offset,
-				Timestamp: ts, Owner: b.cfg.NodeID, Via: via, Forwarded: via != b.cfg.NodeID}, in.charge)
-		}
-		p.done()
-		if in.start.IsZero() {
-			return // telemetry is off
-		}
-		// in is not touched by anyone else once the record is answered.
-		if err != nil {
-			p.endServer(&in, werr, 0) // no commit follows a failed append
+			p.reply(&in, &transport.Error{Seq: seq, Code: code,
+				Message: fmt.Sprintf("%s could not write %s: %v", b.cfg.NodeID, id, err)})
 			return
 		}
-		commit := e.last
-		b.tel.later.Add(func() {
-			t := b.tel
-			if p.peerID == "" {
-				t.publishDur.Record(context.Background(), answered.Sub(in.start).Seconds(), t.local...)
-			}
-			if sp := p.serverSpan(&in); sp != nil {
-				t.traceAppend(sp, id, began, answered, offset, commit)
-				p.endServer(&in, nil, offset, trace.WithTimestamp(answered))
-			}
-		})
+		in.ev.commit = e.last // committed: the commit its log just made
+		p.reply(&in, &transport.Ack{Seq: seq, Stream: stream, Shard: int32(shard), Offset: offset,
+			Timestamp: ts, Owner: b.cfg.NodeID, Via: via, Forwarded: via != b.cfg.NodeID})
 	})
 	if prod != nil {
 		e.producers.enqueued(prod) // a later sequence of prod may now be queued
 	}
 }
 
-// fail answers pub with err and releases its slot.
+// fail answers pub with err.
 func (p *pubSession) fail(in inbound, err *transport.Error) {
 	err.Seq = in.pub.Seq
-	p.acks.answer(err, in.charge)
-	p.b.tel.countError(err.Code)
-	p.endServer(&in, err, 0)
+	p.reply(&in, err)
+}
+
+// reply writes in's answer, f (an *transport.Ack or a *transport.Error),
+// counts the record answered, and hands its events to telemetry. The
+// record's slot and charge are released when the answer is written.
+func (p *pubSession) reply(in *inbound, f transport.Frame) {
+	t := p.b.tel
+	t.stampAnswered(&in.ev)
+	switch f := f.(type) {
+	case *transport.Ack:
+		in.ev.offset = f.Offset
+	case *transport.Error:
+		in.ev.err = f
+	}
+	p.acks.answer(f, in.charge)
 	p.done()
+	t.observe(&in.ev)
 }
 
 // done counts a record answered. Its slot and charge are released when

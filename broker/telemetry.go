@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
@@ -31,13 +30,17 @@ var batchBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 
 // telemetry is the broker's instruments. They are created once by New; on
 // the hot path they are recorded with option slices built here, so that
 // recording allocates nothing. With no providers configured, tracer is nil
-// and timed is false, and the publish path skips every call but the no-op
-// counter adds.
+// and timed is false, and the publish path takes no timestamp and makes
+// no telemetry call. What a publish records is built from its events in
+// events.go.
 type telemetry struct {
 	tracer trace.Tracer          // nil: tracing off
 	ids    msgtrace.Reservations // tracer takes reserved span IDs (msgtrace.IDs)
 	timed  bool                  // a MeterProvider was configured: take timestamps
 	node   attribute.KeyValue
+	nodeID string
+
+	currentMap func() *shardmap.Map // the broker's, for a forward's server.address
 
 	publishDur   metric.Float64Histogram // receipt to ack, on the receiving broker
 	forwardDur   metric.Float64Histogram // forward to owner's answer, by peer
@@ -65,6 +68,9 @@ type telemetry struct {
 
 	// later runs the telemetry of answered records, off their path.
 	later msgtrace.Deferred
+
+	peers  sync.Map   // peer id → *peerMetricOpts, made once per peer
+	events eventQueue // answered records' events, for the next batch (events.go)
 }
 
 func recordOpt(kv ...attribute.KeyValue) []metric.RecordOption {
@@ -78,7 +84,7 @@ func addOpt(kv ...attribute.KeyValue) []metric.AddOption {
 // newTelemetry creates the broker's instruments and observable gauges.
 // The gauges' callback reads b, so it is registered once b is built.
 func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
-	t := &telemetry{node: msgtrace.NodeID.String(b.cfg.NodeID)}
+	t := &telemetry{node: msgtrace.NodeID.String(b.cfg.NodeID), nodeID: b.cfg.NodeID, currentMap: b.currentMap}
 	if tp != nil {
 		t.tracer = tp.Tracer(msgtrace.ScopeName)
 	}
@@ -265,112 +271,6 @@ func (t *telemetry) onCommit(e *shardEntry) func(wal.Commit) {
 			t.walBytes.Add(ctx, int64(c.Bytes))
 		})
 	}
-}
-
-// takeParent reads the parent of a publish's server span from its headers:
-// the forwarder's hop context on a peer stream, the producer's on a client
-// stream. It removes any hop context from the headers either way.
-func (p *pubSession) takeParent(pub *transport.Publish) trace.SpanContext {
-	ctx := context.Background()
-	if hop, ok := msgtrace.TakeHop(ctx, pub.Headers); ok && p.peerID != "" {
-		return trace.SpanContextFromContext(hop)
-	}
-	return msgtrace.RecordContext(pub.Headers)
-}
-
-// serverSpan returns in's server span, starting it (at in.start, with its
-// reserved ID if it has one) if need be; nil when tracing is off. It has
-// no attributes until endServer: on the forward path, unless its ID was
-// reserved, it is started before the record goes on, and only what must
-// precede the forward (its context) is done then.
-func (p *pubSession) serverSpan(in *inbound) trace.Span {
-	if in.span != nil || !in.traced {
-		return in.span
-	}
-	ctx := context.Background()
-	if in.parent.IsValid() {
-		ctx = trace.ContextWithRemoteSpanContext(ctx, in.parent)
-	}
-	if in.spanID.IsValid() {
-		ctx = msgtrace.Reserve(ctx, in.spanID)
-	}
-	name := "publish " + in.pub.Stream
-	if p.peerID != "" {
-		name = "forward " + in.pub.Stream
-	}
-	_, in.span = p.b.tel.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(in.start))
-	return in.span
-}
-
-// endServer gives in's server span (starting it if need be) its
-// attributes, the record's offset when it was written, and err as its
-// status, and ends it.
-func (p *pubSession) endServer(in *inbound, err *transport.Error, offset uint64, opts ...trace.SpanEndOption) {
-	sp := p.serverSpan(in)
-	if sp == nil {
-		return
-	}
-	if sp.IsRecording() {
-		t, via := p.b.tel, p.b.cfg.NodeID
-		if p.peerID != "" {
-			via = p.peerID
-		}
-		sp.SetAttributes(msgtrace.System, msgtrace.OpReceive, msgtrace.Destination.String(in.pub.Stream),
-			t.node, msgtrace.Via.String(via), msgtrace.BodySize.Int(len(in.pub.Value)))
-		if in.pub.ProducerID != "" {
-			sp.SetAttributes(msgtrace.ClientID.String(in.pub.ProducerID))
-		}
-		if in.shard >= 0 {
-			sp.SetAttributes(msgtrace.Partition.String(strconv.Itoa(in.shard)), msgtrace.Owner.String(in.owner),
-				msgtrace.Forwarded.Bool(p.peerID != "" || in.owner != p.b.cfg.NodeID))
-		}
-		if err == nil {
-			sp.SetAttributes(msgtrace.Offset.Int64(int64(offset)))
-		}
-	}
-	endSpan(sp, err, opts...)
-}
-
-// endSpan ends sp (if any) with err as its status, its wire code name
-// as error.type (and felix.error.code, kept for dashboards that use it).
-func endSpan(sp trace.Span, err *transport.Error, opts ...trace.SpanEndOption) {
-	if sp == nil {
-		return
-	}
-	if err != nil && sp.IsRecording() {
-		sp.SetStatus(codes.Error, err.Error())
-		code := err.Code.String()
-		sp.SetAttributes(msgtrace.ErrorType.String(code), msgtrace.Code.String(code))
-	}
-	sp.End(opts...)
-}
-
-// startChild starts an internal span under parent, at start.
-func (t *telemetry) startChild(parent trace.Span, name string, start time.Time) trace.Span {
-	_, sp := t.tracer.Start(trace.ContextWithSpan(context.Background(), parent), name,
-		trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(start))
-	return sp
-}
-
-// traceAppend records, after the fact, the append of a record the log
-// committed at offset in commit c: a span from began (the append call) to
-// end (the ack), under the server span, with a child span for the fsync it
-// waited for.
-func (t *telemetry) traceAppend(server trace.Span, id shardmap.ShardID, began, end time.Time, offset uint64, c wal.Commit) {
-	if !server.SpanContext().IsValid() {
-		return
-	}
-	sp := t.startChild(server, "append "+id.String(), began)
-	if sp.IsRecording() {
-		sp.SetAttributes(msgtrace.Offset.Int64(int64(offset)),
-			msgtrace.MessageID.String(id.String()+"/"+strconv.FormatUint(offset, 10)))
-		if !c.Start.IsZero() {
-			fs := t.startChild(sp, "fsync "+id.String(), c.Start)
-			fs.SetAttributes(msgtrace.BatchSize.Int(c.Records))
-			fs.End(trace.WithTimestamp(c.Start.Add(c.Sync)))
-		}
-	}
-	sp.End(trace.WithTimestamp(end))
 }
 
 // subRegistry tracks live subscriptions for the lag gauge.

@@ -1,0 +1,418 @@
+package broker
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/felix-broker/felix/internal/msgtrace"
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+	"github.com/felix-broker/felix/wal"
+)
+
+// Telemetry at the edges: the publish path records what happens to a
+// record in a pubEvents value (timestamps, the trace context it came
+// with, its route, its outcome) and hands it to telemetry.observe once
+// the record is answered; every span, latency and count of a publish is
+// built from it here, in the way franz-go's hooks and kotel keep tracing
+// and metrics out of the client's path. The path itself makes two other
+// calls: telemetry.received (the timestamp and the trace context off the
+// headers) and, on a forward, telemetry.forwardContext (the hop context
+// the owner needs, with span IDs reserved for the spans built later).
+
+// pubEvents is what the publish path records about one record, from its
+// receipt to its answer. The path only stamps it (see the methods that
+// take a timestamp) and sets its route; telemetry reads it. With
+// telemetry off, received is zero and nothing else is recorded.
+type pubEvents struct {
+	pub  *transport.Publish
+	peer string // the forwarding broker, on a peer's stream; "" on a client's
+
+	received time.Time  // the publish was read
+	routed   time.Time  // it was handed to this broker's log (the append span's start)
+	answered time.Time  // its answer was about to be written
+	commit   wal.Commit // the group commit that made it durable (when traced)
+
+	// Its route: shard is -1 until it is routed.
+	shard int
+	owner string
+
+	// Its outcome: the offset it was written at, or the refusal it got.
+	offset uint64
+	err    *transport.Error
+
+	taken bool // authorized and taken in: counted in felix_records_in
+
+	hop   hopEvents // the current forward to the owner, if any
+	trace pubTrace  // tracing state; built and read by telemetry only
+}
+
+// hopEvents is one forward of a record to its owner.
+type hopEvents struct {
+	peer      string    // the owner it went to
+	forwarded time.Time // when it was put on the lane to the owner
+
+	spanID trace.SpanID // the client span's ID, reserved before the send
+	span   trace.Span   // the client span, if started before the send
+}
+
+// pubTrace is a record's tracing state between its receipt and its
+// answer: the parent of its server span and, when that span had to be
+// started or its ID reserved before a forward, those.
+type pubTrace struct {
+	on     bool // the broker traces
+	parent trace.SpanContext
+	spanID trace.SpanID // the server span's reserved ID, if any
+	span   trace.Span   // the server span, if started before the answer
+}
+
+// route records where the record was routed.
+func (ev *pubEvents) route(shard int, owner string) { ev.shard, ev.owner = shard, owner }
+
+// received returns the events of a publish just read from a publisher
+// stream (of peer, or of a client when peer is ""): the time, and the
+// parent of its server span from its headers (a forwarder's hop context
+// on a peer stream, the producer's on a client stream). It removes any
+// hop context from the headers, traced or not.
+func (t *telemetry) received(pub *transport.Publish, peer string) pubEvents {
+	ev := pubEvents{pub: pub, peer: peer, received: t.now(), shard: -1}
+	if t.tracer == nil {
+		msgtrace.StripHop(pub.Headers) // never stored, never counted
+		return ev
+	}
+	ev.trace.on = true
+	if hop, ok := msgtrace.TakeHop(context.Background(), pub.Headers); ok && peer != "" {
+		ev.trace.parent = trace.SpanContextFromContext(hop)
+	} else {
+		ev.trace.parent = msgtrace.RecordContext(pub.Headers)
+	}
+	return ev
+}
+
+// untraced returns the events of a publish the stream's reader could not
+// read (skipped whole): it is counted, not traced.
+func (t *telemetry) untraced(pub *transport.Publish, peer string) pubEvents {
+	return pubEvents{pub: pub, peer: peer, received: t.now(), shard: -1}
+}
+
+// stampRouted records that the record is being handed to this broker's log.
+func (t *telemetry) stampRouted(ev *pubEvents) { ev.routed = t.now() }
+
+// stampAnswered records that the record's answer is about to be written
+// (taken before it leaves, so the spans built from it nest inside the
+// producer's).
+func (t *telemetry) stampAnswered(ev *pubEvents) { ev.answered = t.now() }
+
+// forwardContext records a forward of the record to owner and returns
+// the headers to send it with: h, plus the hop context (the parent of the
+// owner's server span) when tracing is on. It is the only tracing work
+// before the answer: when the provider takes reserved span IDs
+// (TraceIDGenerator) it reserves the IDs of the server and client spans
+// built after the answer; otherwise it starts them now, and the first
+// forward learns which is the case.
+func (t *telemetry) forwardContext(ev *pubEvents, owner string, h map[string]string) map[string]string {
+	ev.hop = hopEvents{peer: owner, forwarded: t.now()}
+	if !ev.trace.on {
+		return h
+	}
+	ev.hop.spanID = msgtrace.NewSpanID()
+	if p := ev.trace.parent; t.ids.Honoured() && p.IsValid() {
+		// The hop carries the producer's sampling decision, which a
+		// parent-based sampler (the SDK's default) keeps.
+		if ev.trace.span == nil && !ev.trace.spanID.IsValid() {
+			ev.trace.spanID = msgtrace.NewSpanID()
+		}
+		return msgtrace.WithHop(trace.NewSpanContext(trace.SpanContextConfig{
+			TraceID: p.TraceID(), SpanID: ev.hop.spanID,
+			TraceFlags: p.TraceFlags(), TraceState: p.TraceState(),
+		}), h)
+	}
+	// Start them now, asking for the reserved ID all the same: the first
+	// forward learns whether the provider honours it.
+	sp := t.clientSpan(ev)
+	t.ids.Learn(sp, ev.hop.spanID)
+	return msgtrace.WithHop(sp.SpanContext(), h)
+}
+
+// observe builds the telemetry of a record once it is answered: counts
+// now (cheap, and read by the tests right after an answer), latencies
+// and spans a moment later in a batch, with the times things happened.
+// ev is copied into the batch (no allocation per record; the caller's
+// inbound stays on its stack).
+func (t *telemetry) observe(ev *pubEvents) {
+	if ev.received.IsZero() {
+		return // telemetry is off
+	}
+	t.count(ev)
+	q := &t.events
+	q.Lock()
+	q.evs = append(q.evs, *ev)
+	first := len(q.evs) == 1
+	q.Unlock()
+	if first {
+		t.later.Add(t.buildEvents) // once per batch
+	}
+}
+
+// eventQueue holds the events of answered records until the next batch
+// of deferred telemetry builds them.
+type eventQueue struct {
+	sync.Mutex
+	evs   []pubEvents
+	spare []pubEvents
+}
+
+// buildEvents builds the telemetry of the records observed since it last
+// ran. msgtrace.Deferred runs it, once per batch that has records.
+func (t *telemetry) buildEvents() {
+	q := &t.events
+	q.Lock()
+	evs := q.evs
+	q.evs, q.spare = q.spare[:0], nil
+	q.Unlock()
+	for i := range evs {
+		t.build(&evs[i])
+		evs[i] = pubEvents{} // let go of the records
+	}
+	q.Lock()
+	if q.spare == nil {
+		q.spare = evs[:0]
+	}
+	q.Unlock()
+}
+
+// rerouted builds the telemetry of a forward the owner refused with
+// refusal (NotOwner), after which the record is routed again: its client
+// span ends, and the record goes on with no forward in ev.
+func (t *telemetry) rerouted(ev *pubEvents, refusal *transport.Error) {
+	if ev.received.IsZero() {
+		return
+	}
+	if ev.trace.on {
+		t.serverSpan(ev) // the parent of this and any later forward, now
+	}
+	e := new(pubEvents)
+	*e = *ev
+	e.err, e.answered = refusal, time.Now()
+	ev.hop = hopEvents{}
+	t.later.Add(func() { t.buildHop(e) })
+}
+
+// count records a record's counters at its answer.
+func (t *telemetry) count(ev *pubEvents) {
+	ctx := context.Background()
+	if ev.taken {
+		src := t.fromClient
+		if ev.peer != "" {
+			src = t.fromPeer
+		}
+		t.recordsIn.Add(ctx, 1, src...)
+		t.bytesIn.Add(ctx, int64(len(ev.pub.Key)+len(ev.pub.Value)), src...)
+	}
+	if ev.err != nil {
+		t.countError(ev.err.Code)
+	}
+}
+
+// build records an answered record's latencies and spans.
+func (t *telemetry) build(ev *pubEvents) {
+	ctx := context.Background()
+	acked := ev.err == nil
+	forwarded := !ev.hop.forwarded.IsZero()
+	t.buildHop(ev)
+	if acked && ev.peer == "" {
+		path := t.local
+		if forwarded {
+			path = t.forwarded
+		}
+		t.publishDur.Record(ctx, ev.answered.Sub(ev.received).Seconds(), path...)
+	}
+	if !ev.trace.on {
+		return
+	}
+	server := t.serverSpan(ev)
+	if acked && !ev.routed.IsZero() {
+		t.traceAppend(server, shardmap.ShardID{Stream: ev.pub.Stream, Shard: ev.shard}, ev.routed, ev.answered, ev.offset, ev.commit)
+	}
+	t.endServer(ev)
+}
+
+// buildHop records ev's forward, if any: its count and latency, and its
+// client span.
+func (t *telemetry) buildHop(ev *pubEvents) {
+	if ev.hop.forwarded.IsZero() {
+		return
+	}
+	ctx := context.Background()
+	po := t.peerOpts(ev.hop.peer)
+	t.forwards.Add(ctx, 1, po.add...)
+	if ev.err == nil {
+		t.forwardDur.Record(ctx, ev.answered.Sub(ev.hop.forwarded).Seconds(), po.rec...)
+	}
+	if ev.trace.on {
+		t.endClient(ev)
+	}
+}
+
+// peerMetricOpts are the metric options of a peer (peer=id).
+type peerMetricOpts struct {
+	rec []metric.RecordOption
+	add []metric.AddOption
+}
+
+// peerOpts returns the metric options of peer id, made once per peer.
+func (t *telemetry) peerOpts(id string) *peerMetricOpts {
+	if o, ok := t.peers.Load(id); ok {
+		return o.(*peerMetricOpts)
+	}
+	kv := attribute.String("peer", id)
+	o, _ := t.peers.LoadOrStore(id, &peerMetricOpts{rec: recordOpt(kv), add: addOpt(kv)})
+	return o.(*peerMetricOpts)
+}
+
+// serverSpan returns ev's server span, starting it (at ev.received, with
+// its reserved ID if it has one) if need be; nil when tracing is off. It
+// has no attributes until endServer.
+func (t *telemetry) serverSpan(ev *pubEvents) trace.Span {
+	if ev.trace.span != nil || !ev.trace.on {
+		return ev.trace.span
+	}
+	ctx := context.Background()
+	if ev.trace.parent.IsValid() {
+		ctx = trace.ContextWithRemoteSpanContext(ctx, ev.trace.parent)
+	}
+	if ev.trace.spanID.IsValid() {
+		ctx = msgtrace.Reserve(ctx, ev.trace.spanID)
+	}
+	name := "publish " + ev.pub.Stream
+	if ev.peer != "" {
+		name = "forward " + ev.pub.Stream
+	}
+	_, ev.trace.span = t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(ev.received))
+	return ev.trace.span
+}
+
+// endServer gives ev's server span (starting it if need be) its
+// attributes, the record's offset when it was written, and the refusal
+// as its status, and ends it when the record was answered.
+func (t *telemetry) endServer(ev *pubEvents) {
+	sp := t.serverSpan(ev)
+	if sp == nil {
+		return
+	}
+	if sp.IsRecording() {
+		via := t.nodeID
+		if ev.peer != "" {
+			via = ev.peer
+		}
+		sp.SetAttributes(msgtrace.System, msgtrace.OpReceive, msgtrace.Destination.String(ev.pub.Stream),
+			t.node, msgtrace.Via.String(via), msgtrace.BodySize.Int(len(ev.pub.Value)))
+		if ev.pub.ProducerID != "" {
+			sp.SetAttributes(msgtrace.ClientID.String(ev.pub.ProducerID))
+		}
+		if ev.shard >= 0 {
+			sp.SetAttributes(msgtrace.Partition.String(strconv.Itoa(ev.shard)), msgtrace.Owner.String(ev.owner),
+				msgtrace.Forwarded.Bool(ev.peer != "" || ev.owner != t.nodeID))
+		}
+		if ev.err == nil {
+			sp.SetAttributes(msgtrace.Offset.Int64(int64(ev.offset)))
+		}
+	}
+	endSpan(sp, ev.err, trace.WithTimestamp(ev.answered))
+}
+
+// clientSpan returns the client span of ev's forward, starting it (at
+// the forward, with its reserved ID) if need be.
+func (t *telemetry) clientSpan(ev *pubEvents) trace.Span {
+	h := &ev.hop
+	if h.span != nil {
+		return h.span
+	}
+	ctx := trace.ContextWithSpan(context.Background(), t.serverSpan(ev))
+	if !t.ids.Refused() {
+		ctx = msgtrace.Reserve(ctx, h.spanID)
+	}
+	_, h.span = t.tracer.Start(ctx, "forward "+ev.pub.Stream,
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(h.forwarded))
+	return h.span
+}
+
+// endClient gives the client span of ev's forward its attributes (and the
+// offset the owner wrote the record at, when it did) and ends it with the
+// owner's refusal, if any.
+func (t *telemetry) endClient(ev *pubEvents) {
+	if ev.hop.span == nil && !ev.hop.spanID.IsValid() {
+		return // not traced
+	}
+	sp := t.clientSpan(ev)
+	if sp.IsRecording() {
+		pub := ev.pub
+		sp.SetAttributes(msgtrace.System, msgtrace.OpSend, msgtrace.OpNameForward,
+			msgtrace.Destination.String(pub.Stream), msgtrace.Partition.String(strconv.Itoa(ev.shard)),
+			t.node, msgtrace.Peer.String(ev.hop.peer), msgtrace.Via.String(t.nodeID), msgtrace.Forwarded.Bool(true),
+			msgtrace.BodySize.Int(len(pub.Value)))
+		if pub.ProducerID != "" {
+			sp.SetAttributes(msgtrace.ClientID.String(pub.ProducerID))
+		}
+		// The peer's address as the map has it now (the span ends after
+		// the answer; an address seldom changes in between).
+		if m := t.currentMap(); m != nil {
+			if n, ok := m.Node(ev.hop.peer); ok {
+				sp.SetAttributes(msgtrace.Server(n.Addr)...)
+			}
+		}
+		if ev.err == nil {
+			sp.SetAttributes(msgtrace.Offset.Int64(int64(ev.offset)))
+		}
+	}
+	endSpan(sp, ev.err, trace.WithTimestamp(ev.answered))
+}
+
+// endSpan ends sp (if any) with err as its status, its wire code name
+// as error.type (and felix.error.code, kept for dashboards that use it).
+func endSpan(sp trace.Span, err *transport.Error, opts ...trace.SpanEndOption) {
+	if sp == nil {
+		return
+	}
+	if err != nil && sp.IsRecording() {
+		sp.SetStatus(codes.Error, err.Error())
+		code := err.Code.String()
+		sp.SetAttributes(msgtrace.ErrorType.String(code), msgtrace.Code.String(code))
+	}
+	sp.End(opts...)
+}
+
+// startChild starts an internal span under parent, at start.
+func (t *telemetry) startChild(parent trace.Span, name string, start time.Time) trace.Span {
+	_, sp := t.tracer.Start(trace.ContextWithSpan(context.Background(), parent), name,
+		trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(start))
+	return sp
+}
+
+// traceAppend records, after the fact, the append of a record the log
+// committed at offset in commit c: a span from began (the append call) to
+// end (the ack), under the server span, with a child span for the fsync it
+// waited for.
+func (t *telemetry) traceAppend(server trace.Span, id shardmap.ShardID, began, end time.Time, offset uint64, c wal.Commit) {
+	if !server.SpanContext().IsValid() {
+		return
+	}
+	sp := t.startChild(server, "append "+id.String(), began)
+	if sp.IsRecording() {
+		sp.SetAttributes(msgtrace.Offset.Int64(int64(offset)),
+			msgtrace.MessageID.String(id.String()+"/"+strconv.FormatUint(offset, 10)))
+		if !c.Start.IsZero() {
+			fs := t.startChild(sp, "fsync "+id.String(), c.Start)
+			fs.SetAttributes(msgtrace.BatchSize.Int(c.Records))
+			fs.End(trace.WithTimestamp(c.Start.Add(c.Sync)))
+		}
+	}
+	sp.End(trace.WithTimestamp(end))
+}

@@ -1,0 +1,139 @@
+package broker
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/felix-broker/felix/internal/msgtrace"
+	"github.com/felix-broker/felix/shardmap"
+)
+
+// TestReroutedForwardSpans: a forward refused with NotOwner and routed
+// again gives the forwarder one server span with two client spans under
+// it, the refused one failed with error.type not_owner, the other acked
+// at the owner's offset; with span IDs reserved (TraceIDGenerator) and
+// without.
+func TestReroutedForwardSpans(t *testing.T) {
+	t.Run("sdk-ids", func(t *testing.T) { testReroutedForwardSpans(t, false) })
+	t.Run("reserved-ids", func(t *testing.T) { testReroutedForwardSpans(t, true) })
+}
+
+func testReroutedForwardSpans(t *testing.T, reserved bool) {
+	spans := tracetest.NewInMemoryExporter()
+	opts := []sdktrace.TracerProviderOption{sdktrace.WithSyncer(spans)}
+	if reserved {
+		opts = append(opts, sdktrace.WithIDGenerator(TraceIDGenerator()))
+	}
+	tp := sdktrace.NewTracerProvider(opts...)
+	defer tp.Shutdown(context.Background())
+	var staleMap atomic.Pointer[shardmap.Map]
+	ip := startInprocWith(t, func(c *Config) {
+		c.TracerProvider = tp
+		c.Knobs.RouteMap = func(m *shardmap.Map) *shardmap.Map {
+			if s := staleMap.Swap(nil); s != nil {
+				return s
+			}
+			return m
+		}
+	}, 3, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	owner := ip.owner("orders", 0)
+	var fwd, wrong *Broker
+	for _, b := range ip.brokers {
+		switch {
+		case b == owner:
+		case fwd == nil:
+			fwd = b
+		default:
+			wrong = b
+		}
+	}
+	cur := fwd.Map()
+	st, _ := cur.Stream("orders")
+	moved := *st
+	moved.Owners = []string{wrong.NodeID()}
+	stale := shardmap.Assemble(cur.Epoch-1, cur.Nodes, []shardmap.Stream{moved})
+
+	ws := openStream(t, ip.dial(fwd))
+	// Each record under a producer span of its own.
+	send := func(seq uint64) trace.SpanContext {
+		producer := trace.NewSpanContext(trace.SpanContextConfig{
+			TraceID: msgtrace.NewTraceID(), SpanID: msgtrace.NewSpanID(), TraceFlags: trace.FlagsSampled})
+		p := publish(seq, "orders", "v")
+		p.Headers = msgtrace.WithRecordContext(producer, nil)
+		ws.send(p)
+		wantAck(t, ws.recv(), seq)
+		return producer
+	}
+	if reserved {
+		// The first forward learns that the provider honours reserved IDs.
+		send(1)
+		if !fwd.tel.ids.Honoured() {
+			t.Fatal("the forwarder does not reserve span IDs with TraceIDGenerator")
+		}
+	}
+	staleMap.Store(stale)
+	producer := send(2)
+
+	var server tracetest.SpanStub
+	var clients []tracetest.SpanStub
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(5 * time.Millisecond) {
+		server, clients = tracetest.SpanStub{}, nil
+		all := spans.GetSpans()
+		for _, s := range all {
+			if s.Name == "publish orders" && s.SpanKind == trace.SpanKindServer && s.Parent.SpanID() == producer.SpanID() {
+				server = s
+			}
+		}
+		for _, s := range all {
+			if s.Name == "forward orders" && s.SpanKind == trace.SpanKindClient && server.SpanContext.IsValid() &&
+				s.Parent.SpanID() == server.SpanContext.SpanID() {
+				clients = append(clients, s)
+			}
+		}
+		if len(clients) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server span %v and %d client spans, want one and two", server.SpanContext.IsValid(), len(clients))
+		}
+	}
+	if server.Status.Code == codes.Error {
+		t.Errorf("server span status %v, want no error", server.Status)
+	}
+	peers := map[string]tracetest.SpanStub{}
+	for _, c := range clients {
+		if c.StartTime.Before(server.StartTime) || c.EndTime.After(server.EndTime) {
+			t.Errorf("client span %v..%v is not within the server span %v..%v", c.StartTime, c.EndTime, server.StartTime, server.EndTime)
+		}
+		for _, kv := range c.Attributes {
+			if kv.Key == msgtrace.Peer {
+				peers[kv.Value.AsString()] = c
+			}
+		}
+	}
+	refused, acked := peers[wrong.NodeID()], peers[owner.NodeID()]
+	attr := func(s tracetest.SpanStub, k string) string {
+		for _, kv := range s.Attributes {
+			if string(kv.Key) == k {
+				return kv.Value.Emit()
+			}
+		}
+		return ""
+	}
+	if refused.Status.Code != codes.Error || attr(refused, string(msgtrace.ErrorType)) != "not_owner" {
+		t.Errorf("refused forward: status %v, error.type %q; want an error, not_owner", refused.Status, attr(refused, string(msgtrace.ErrorType)))
+	}
+	if acked.Status.Code == codes.Error || attr(acked, string(msgtrace.Offset)) == "" {
+		t.Errorf("acked forward: status %v, offset %q; want no error and an offset", acked.Status, attr(acked, string(msgtrace.Offset)))
+	}
+	if !refused.EndTime.After(refused.StartTime) || acked.StartTime.Before(refused.EndTime) {
+		t.Errorf("refused forward %v..%v, acked forward %v..%v: want the second after the first", refused.StartTime, refused.EndTime, acked.StartTime, acked.EndTime)
+	}
+}
