@@ -223,6 +223,7 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 		f.frame = frame
 		p.idem.stamp(f)
 	}
+	began := time.Now()
 	for attempt := 0; ; attempt++ {
 		s, err := p.session(ctx)
 		if err == nil {
@@ -231,8 +232,16 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 				return f, nil
 			}
 		}
-		if errors.Is(err, errStaleSession) && attempt < 2 {
-			continue // the stream died before the record went out
+		if errors.Is(err, errStaleSession) {
+			// The stream died before the record went out: nothing was sent.
+			if attempt < 2 {
+				continue
+			}
+			// An idempotent publisher goes on trying for as long as it
+			// would retry a record of unknown outcome.
+			if p.idem != nil && time.Since(began) < p.c.cfg.retryTimeout && sleep(ctx, p.c.backoff(attempt)) {
+				continue
+			}
 		}
 		<-p.window
 		perr := &PublishError{Stream: stream, Shard: int(cfg.shard), Broker: p.c.addr, Err: err}
