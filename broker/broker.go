@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -101,7 +102,7 @@ func (b *Broker) Start(ctx context.Context) error {
 		advertise = ln.Addr().String()
 	}
 	member, err := ctl.Join(ctx, ctl.MemberConfig{
-		CtlAddr:   b.cfg.CtlAddr,
+		CtlAddrs:  strings.Split(b.cfg.CtlAddr, ","), // any ctl member will do
 		TLS:       b.cfg.CtlTLS,
 		Transport: b.cfg.Transport,
 		Node:      transport.Register{NodeID: b.cfg.NodeID, Addr: advertise, Admin: b.cfg.Admin},

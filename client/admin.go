@@ -115,6 +115,21 @@ func (c *Client) ClusterStatus(ctx context.Context) (*Map, error) {
 	return resp.Map, nil
 }
 
+// ControlPlane lists the control plane's members: each ctl, whether it is
+// the elected leader, and the health of its etcd member. It needs
+// cluster.read, as ClusterStatus. A control plane of a version that does
+// not report its members returns none.
+func (c *Client) ControlPlane(ctx context.Context) ([]CtlMember, error) {
+	resp, err := c.request(ctx, c.home, &transport.Request{Op: opClusterStatus})
+	if err != nil {
+		return nil, fmt.Errorf("client: control plane status: %w", err)
+	}
+	if resp.Map != nil {
+		c.storeMap(resp.Map)
+	}
+	return resp.Ctl, nil
+}
+
 // Grant gives a principal a permission; it needs cluster.admin. Granting
 // what is already granted succeeds. The broker the client is connected to
 // enforces it as soon as the control plane's next map reaches it.

@@ -20,6 +20,11 @@ type (
 	// each shard. It is shared: never modify it.
 	Map = shardmap.Map
 
+	// CtlMember is one member of the control plane ([Client.ControlPlane]):
+	// its name and QUIC address, its role ("leader" or "follower"), and
+	// the client URL and health of its etcd member.
+	CtlMember = transport.CtlMember
+
 	// BrokerError is the error a broker answers with: a wire error code
 	// (Code, whose String is its name, such as "unavailable"), a message,
 	// and fields a caller can act on (Owner, Epoch; From and To for

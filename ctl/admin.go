@@ -10,6 +10,12 @@ import (
 	"github.com/felix-broker/felix/transport"
 )
 
+// ctlPrincipal is who a change forwarded by another ctl for itself acts
+// as: the control plane, allowed everything. It cannot be a certificate's
+// name (a NUL byte), and is never sent: a forwarding ctl sends no
+// principal.
+const ctlPrincipal = "\x00ctl"
+
 // Admin operations, the values of transport.Request.Op.
 const (
 	OpStreamCreate  = "stream.create"
@@ -59,6 +65,13 @@ func requestPrincipal(conn *quic.Conn, req *transport.Request) (string, error) {
 	switch id.Role {
 	case transport.RoleClient:
 		return id.Name, nil
+	case transport.RoleCtl:
+		// Another ctl forwarding a change to the leader: for its client's
+		// principal, or for itself (an in-process call on that ctl).
+		if req.Principal == "" {
+			return ctlPrincipal, nil
+		}
+		return req.Principal, nil
 	case transport.RoleNode:
 		if req.Principal == "" {
 			return "", transport.Errorf(transport.CodeUnauthorized,
@@ -73,6 +86,9 @@ func requestPrincipal(conn *quic.Conn, req *transport.Request) (string, error) {
 func (s *Server) handle(principal string, req *transport.Request) (*transport.Response, error) {
 	m := s.Map()
 	need := func(a auth.Action, stream string) error {
+		if principal == ctlPrincipal {
+			return nil // the control plane itself, forwarding its own change
+		}
 		if err := m.ACL.Check(principal, a, stream); err != nil {
 			return transport.Errorf(transport.CodeUnauthorized, "%w", err)
 		}
@@ -83,7 +99,7 @@ func (s *Server) handle(principal string, req *transport.Request) (*transport.Re
 		if err := need(auth.StreamAdmin, req.Stream.Name); err != nil {
 			return nil, err
 		}
-		if err := s.CreateStream(req.Stream); err != nil {
+		if err := s.createStream(principal, req.Stream); err != nil {
 			return nil, err
 		}
 		m = s.Map()
@@ -93,7 +109,7 @@ func (s *Server) handle(principal string, req *transport.Request) (*transport.Re
 		if err := need(auth.StreamAdmin, req.Stream.Name); err != nil {
 			return nil, err
 		}
-		if err := s.DeleteStream(req.Stream.Name); err != nil {
+		if err := s.deleteStream(principal, req.Stream.Name); err != nil {
 			return nil, err
 		}
 		return &transport.Response{Map: s.Map().VisibleTo(principal)}, nil
@@ -118,7 +134,7 @@ func (s *Server) handle(principal string, req *transport.Request) (*transport.Re
 		if err := need(auth.ClusterRead, ""); err != nil {
 			return nil, err
 		}
-		return &transport.Response{Map: m.VisibleTo(principal)}, nil
+		return &transport.Response{Map: m.VisibleTo(principal), Ctl: s.ctlMembers()}, nil
 	case OpACLList:
 		if err := need(auth.ClusterRead, ""); err != nil {
 			return nil, err
@@ -130,9 +146,9 @@ func (s *Server) handle(principal string, req *transport.Request) (*transport.Re
 		}
 		var err error
 		if req.Op == OpACLGrant {
-			err = s.Grant(req.Grant)
+			err = s.grant(principal, req.Grant)
 		} else {
-			err = s.Revoke(req.Grant)
+			err = s.revoke(principal, req.Grant)
 		}
 		if err != nil {
 			return nil, err

@@ -10,21 +10,36 @@
 // # Membership, liveness and ownership
 //
 // A broker connects over QUIC with its node certificate (ALPN
-// [transport.ALPNCtl]) and opens one long-lived registration stream whose
-// first frame is [transport.Register]. The node id in the Register frame
-// must be the node id of the certificate; a client certificate cannot
-// register ([transport.CodeUnauthorized]). ctl answers with a
-// [transport.MapUpdate] holding the current map, then sends one whenever
-// the map changes; the broker sends a [transport.Heartbeat] every
-// LeaseTTL/3.
+// [transport.ALPNCtl]) to any ctl of the control plane
+// (MemberConfig.CtlAddrs; it moves to the next when one fails) and opens
+// one long-lived registration stream whose first frame is
+// [transport.Register]. The node id in the Register frame must be the
+// node id of the certificate; a client certificate cannot register
+// ([transport.CodeUnauthorized]). ctl answers with a [transport.MapUpdate]
+// holding the current map, then sends one whenever the map changes; the
+// broker sends a [transport.Heartbeat] every LeaseTTL/3.
+//
+// Liveness is an etcd lease held by the ctl the registration reaches (see
+// live.go): the key live/<node> is put with it, every heartbeat keeps it
+// alive, and the key is deleted when the registration ends. Brokers do
+// not talk to etcd: one protocol, and the mTLS roles of transport, stay
+// as they are. The leader watches live/ and makes the map say so. A ctl
+// that closes or dies leaves its brokers' leases to run out; a broker
+// that re-registers with another ctl (or the same one restarted) before
+// then adopts its lease, so a ctl restart or failover changes no
+// broker's liveness and no map. A member notices a ctl that died without
+// a word within half a lease (its QUIC link to ctl has that idle
+// timeout), in time to do so.
 //
 // A node that registers becomes a member for good: membership is persisted
 // and, in this version, permanent. A member whose lease runs out (no
-// heartbeat for LeaseTTL) or whose registration stream ends is marked not
-// Live, but it KEEPS its shards: nothing is reassigned, and publishes to
-// its shards fail as unavailable until it registers again. Moving a shard
-// means moving its log — a planned membership change with handoff, left
-// to a later version — never a side effect of a missed heartbeat.
+// heartbeat for LeaseTTL, rounded up to whole seconds, and to at least
+// 1.5 election timeouts of etcd) or whose registration stream ends is
+// marked not Live, but it KEEPS its shards: nothing is reassigned, and
+// publishes to its shards fail as unavailable until it registers again.
+// Moving a shard means moving its log — a planned membership change with
+// handoff, left to a later version — never a side effect of a missed
+// heartbeat.
 //
 // For the same reason a member that JOINS takes no shard that already has
 // an owner. A shard is placed once, when its stream is created (or, for a
@@ -37,27 +52,71 @@
 // registration of the same node id replaces the first (whose stream ctl
 // closes); one with a new address updates the member's address.
 //
-// # Epochs and persistence
+// # State in etcd
+//
+// The state lives in etcd ([EtcdConfig]): by default a single-member etcd
+// embedded in DataDir (DataDir/etcd, its loopback URLs in
+// DataDir/etcd-urls.json); or an embedded member of a cluster of several
+// ctls (EtcdConfig.InitialCluster, `felix ctl --etcd-name ctl-0
+// --etcd-peer-url http://ctl-0:2380 --etcd-initial-cluster
+// ctl-0=http://ctl-0:2380,ctl-1=...`); or an existing etcd cluster
+// (EtcdConfig.Endpoints, `--etcd-endpoints`, with mTLS by `--etcd-ca`,
+// `--etcd-cert`, `--etcd-key`). Its keys, under /felix/<cluster>/:
+//
+//	epoch                          the map epoch, decimal
+//	members/<node>                 {"id","addr","admin","live"} JSON
+//	streams/<stream>               {"name","shards","retention_bytes","retention_age_ns","owners"} JSON
+//	grants/<principal>/<action>/<pattern>  {"principal","action","pattern"} (path-escaped)
+//	live/<node>                    a broker's liveness, with its lease
+//	ctl/<name>                     a ctl member {"name","id","addr","etcd"}, with its session lease
+//	election/<lease>               the leader election (concurrency.Election)
+//
+// The map is a function of epoch, members, streams and grants (plus the
+// superusers of the configuration, which must be the same on every ctl),
+// so every ctl builds the same map from the same revision.
+//
+// # Epochs, changes and leadership
 //
 // Every change to the map (a member joins, goes down or comes back, moves
-// address; a stream is created or deleted) bumps the epoch, which only
-// grows, also across restarts. The state — epoch, members with their
-// addresses, and streams — is a JSON file in DataDir, rewritten atomically
-// (temporary file, fsync, rename, fsync of the directory) before each new
-// map is pushed. On start ctl loads it, marks every member not Live until
-// it registers again and bumps the epoch once, so its first map supersedes
-// any map an earlier run pushed. A stream change whose state cannot be
-// written is refused and undone; a liveness change that cannot be written
-// is logged and pushed anyway (it is a fact, not a request), and the next
-// successful write persists its epoch.
+// address; a stream is created or deleted; a grant) bumps the epoch,
+// which only grows. The change is computed by the deterministic core
+// (state.go) and committed as one etcd transaction that puts the epoch key
+// and the keys that changed, guarded by the mod revision of the epoch key
+// the change was computed from and by the leader's election key. So two
+// ctls can never commit two different maps for one epoch, and a leader
+// whose election session ended (dead, paused, cut off from a quorum)
+// cannot commit at all. A stream change that cannot be committed is
+// refused and undone; a liveness change that cannot be is logged and
+// pushed anyway, and the next commit records it.
+//
+// One ctl is the leader (concurrency.Election, session TTL Config.CtlTTL):
+// it alone commits. The others follow: they watch etcd, adopt each map the
+// leader commits and push it to the brokers registered with them, answer
+// reads from it, and forward changes to the leader (over QUIC with their
+// ctl certificate, for the principal of the request), returning once they
+// hold the resulting map. When the leader's session ends, the next ctl in
+// line takes over: it reads the state and live/, and carries on from the
+// stored epoch (bumped once). The data path does not depend on ctl:
+// brokers keep their last map while no ctl answers.
+//
+// Close cancels every etcd request of the server before it waits for its
+// goroutines: without a quorum of etcd none could succeed, and a leader's
+// resignation is given CtlTTL at most (its session lease ends the
+// leadership after that anyway).
+//
+// A data dir holding the JSON state file of earlier versions
+// (ctl-state.json) is imported into an empty etcd on first start and
+// renamed ctl-state.json.imported.
 //
 // # Admin requests
 //
 // Any other stream on a ctl connection carries one admin
 // [transport.Request] and gets one [transport.Response] or
 // [transport.Error]: stream.create, stream.delete, stream.list,
-// stream.info, map.get and cluster.status. Node and client certificates
-// may both make them (brokers proxy their clients' admin requests).
+// stream.info, map.get and cluster.status (which also lists the ctl
+// members, their roles and etcd health, in [transport.Response].Ctl).
+// Node and client certificates may both make them (brokers proxy their
+// clients' admin requests), and so may another ctl forwarding a change.
 //
 // # Usage
 //
@@ -72,7 +131,7 @@
 // A broker:
 //
 //	m, err := ctl.Join(ctx, ctl.MemberConfig{
-//		CtlAddr: addr,
+//		CtlAddrs: []string{"ctl-0:7000", "ctl-1:7000", "ctl-2:7000"},
 //		TLS:     transport.ClientTLS(ca, &nodeCert, "", transport.ALPNCtl),
 //		Node:    transport.Register{NodeID: "broker-0", Addr: "10.0.0.5:7400"},
 //	})

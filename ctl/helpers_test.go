@@ -17,9 +17,9 @@ import (
 	"github.com/felix-broker/felix/transport"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
+// Tests that start a multi-member etcd cluster wait for its peer
+// connections to end (see startHA), so nothing is ignored here.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // shortTTL is the lease in network tests: short so expiry is quick,
 // long enough for heartbeats on a loaded 2-core machine.

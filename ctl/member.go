@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,7 +22,12 @@ import (
 // MemberConfig configures a broker's membership ([Join]). The zero value
 // of every field but CtlAddr, TLS and Node means its default.
 type MemberConfig struct {
-	// CtlAddr is the control plane's QUIC address. Required.
+	// CtlAddrs are the QUIC addresses of the control plane's members; the
+	// member registers with the first that answers, and moves on to the
+	// next when it fails. Any ctl will do: followers hold registrations
+	// and forward changes to the leader. Required (or CtlAddr).
+	CtlAddrs []string
+	// CtlAddr is a single control plane address, added to CtlAddrs.
 	CtlAddr string
 	// TLS is the client TLS config with the broker's node certificate,
 	// normally transport.ClientTLS(ca, &nodeCert, "", transport.ALPNCtl).
@@ -47,6 +54,9 @@ const DefaultMaxBackoff = 2 * time.Second
 const minBackoff = 50 * time.Millisecond
 
 func (c MemberConfig) withDefaults() MemberConfig {
+	if c.CtlAddr != "" && !slices.Contains(c.CtlAddrs, c.CtlAddr) {
+		c.CtlAddrs = append(slices.Clone(c.CtlAddrs), c.CtlAddr)
+	}
 	if c.LeaseTTL <= 0 {
 		c.LeaseTTL = DefaultLeaseTTL
 	}
@@ -94,6 +104,11 @@ type Member struct {
 		connected chan struct{} // closed when conn becomes non-nil
 	}
 
+	// next is the index in CtlAddrs of the ctl to dial next; it moves on
+	// after every failed attempt. Only the run goroutine (and Join before
+	// it) touches it.
+	next atomic.Int64
+
 	ctx       context.Context // canceled by Close
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup // the run goroutine and its heartbeat goroutine
@@ -117,8 +132,8 @@ type ctlLink struct {
 func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	cfg = cfg.withDefaults()
 	switch {
-	case cfg.CtlAddr == "":
-		return nil, errors.New("ctl: join: MemberConfig.CtlAddr is required")
+	case len(cfg.CtlAddrs) == 0:
+		return nil, errors.New("ctl: join: MemberConfig.CtlAddrs is required")
 	case cfg.TLS == nil:
 		return nil, errors.New("ctl: join: MemberConfig.TLS is required")
 	case cfg.Node.NodeID == "" || cfg.Node.Addr == "":
@@ -134,12 +149,17 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	link, err := m.connect(ctx, true)
 	if err != nil {
 		m.cancel()
-		return nil, fmt.Errorf("ctl: join %s as %s: %w", cfg.CtlAddr, cfg.Node.NodeID, err)
+		return nil, fmt.Errorf("ctl: join %s as %s: %w", strings.Join(cfg.CtlAddrs, ","), cfg.Node.NodeID, err)
 	}
-	m.log.Info("joined the cluster", "ctl", cfg.CtlAddr, "epoch", m.Map().Epoch)
+	m.log.Info("joined the cluster", "ctl", m.ctlAddr(), "epoch", m.Map().Epoch)
 	m.wg.Add(1)
 	go m.run(link)
 	return m, nil
+}
+
+// ctlAddr is the ctl address to dial now.
+func (m *Member) ctlAddr() string {
+	return m.cfg.CtlAddrs[int(m.next.Load())%len(m.cfg.CtlAddrs)]
 }
 
 // Map returns the latest map. It is immutable; share it freely.
@@ -259,7 +279,11 @@ func (m *Member) connect(ctx context.Context, stopOnRefusal bool) (*ctlLink, err
 		if attempt == 1 || attempt%30 == 0 {
 			level = slog.LevelWarn
 		}
-		m.log.Log(ctx, level, "ctl unreachable; retrying", "ctl", m.cfg.CtlAddr, "attempt", attempt, "err", err)
+		m.log.Log(ctx, level, "ctl unreachable; retrying", "ctl", m.ctlAddr(), "attempt", attempt, "err", err)
+		m.next.Add(1)
+		if int(m.next.Load())%len(m.cfg.CtlAddrs) != 0 {
+			continue // try the next ctl at once; back off after a full round
+		}
 		delay := backoff/2 + rand.N(backoff/2+1)
 		backoff = min(2*backoff, m.cfg.MaxBackoff)
 		select {
@@ -270,10 +294,32 @@ func (m *Member) connect(ctx context.Context, stopOnRefusal bool) (*ctlLink, err
 	}
 }
 
+// ctlTransport is the QUIC config of the link to ctl: MemberConfig's,
+// with the idle and handshake timeouts cut to half a lease (at least a
+// second) and keep-alives three times as often. A ctl that dies without
+// closing (kill -9, its machine lost) is then noticed, and the member
+// re-registers with another and adopts its lease, before that lease runs
+// out: a ctl failover marks no broker down. (The data path's default is
+// 5s, longer than the default lease.)
+func (m *Member) ctlTransport() transport.Config {
+	tc := m.cfg.Transport
+	idle := max(m.cfg.LeaseTTL/2, time.Second)
+	if tc.MaxIdleTimeout <= 0 || tc.MaxIdleTimeout > idle {
+		tc.MaxIdleTimeout = idle
+	}
+	if tc.KeepAlivePeriod == 0 || tc.KeepAlivePeriod > tc.MaxIdleTimeout/3 {
+		tc.KeepAlivePeriod = tc.MaxIdleTimeout / 3
+	}
+	if tc.HandshakeTimeout <= 0 || tc.HandshakeTimeout > tc.MaxIdleTimeout {
+		tc.HandshakeTimeout = tc.MaxIdleTimeout
+	}
+	return tc
+}
+
 // register makes one attempt: dial, open the registration stream, send
 // Register, and read the first map.
 func (m *Member) register(ctx context.Context) (link *ctlLink, err error) {
-	conn, err := transport.Dial(ctx, m.cfg.CtlAddr, m.cfg.TLS, m.cfg.Transport)
+	conn, err := transport.Dial(ctx, m.ctlAddr(), m.cfg.TLS, m.ctlTransport())
 	if err != nil {
 		return nil, fmt.Errorf("dial: %w", err)
 	}
@@ -327,11 +373,12 @@ func (m *Member) run(link *ctlLink) {
 		if m.ctx.Err() != nil {
 			return
 		}
-		m.log.Warn("ctl connection lost; reconnecting", "ctl", m.cfg.CtlAddr, "err", err)
+		m.log.Warn("ctl connection lost; reconnecting", "ctl", m.ctlAddr(), "err", err)
+		m.next.Add(1) // a ctl that failed is tried last
 		if link, err = m.connect(m.ctx, false); err != nil {
 			return // only when Close was called
 		}
-		m.log.Info("re-registered with ctl", "ctl", m.cfg.CtlAddr, "epoch", m.Map().Epoch)
+		m.log.Info("re-registered with ctl", "ctl", m.ctlAddr(), "epoch", m.Map().Epoch)
 	}
 }
 

@@ -1,10 +1,12 @@
 package ctl
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -13,15 +15,22 @@ import (
 	"github.com/felix-broker/felix/shardmap"
 )
 
+// This file reads the state file of ctl before etcd (issue 15), so that a
+// data dir holding one is imported into etcd on first start. Its types
+// are also the JSON values of the members/, streams/ and grants/ keys in
+// etcd (see store.go).
+
 // stateFile is the name of the control plane's state file in DataDir.
 const stateFile = "ctl-state.json"
 
 // stateVersion is the format version of the state file.
 const stateVersion = 1
 
-// snapshot is what the control plane persists: the last epoch it used,
-// its members with their addresses, and the stream registry. Liveness is
-// not persisted: after a restart every member is down until it registers.
+// snapshot is what the control plane commits to etcd: the epoch, its
+// members with their addresses and liveness, the stream registry with
+// each shard's owner, and the grants. (The state file of earlier versions
+// held no liveness: after an import every member is down until it
+// registers.)
 type snapshot struct {
 	Epoch   uint64
 	Members []shardmap.Node
@@ -49,6 +58,9 @@ type fileMember struct {
 	ID    string `json:"id"`
 	Addr  string `json:"addr"`
 	Admin string `json:"admin,omitempty"`
+	// Live is the member's liveness in the map of the stored epoch; the
+	// state file of earlier versions does not hold it.
+	Live bool `json:"live,omitempty"`
 }
 
 type fileStream struct {
@@ -110,33 +122,6 @@ func loadState(dir string) (snapshot, error) {
 	return snap, nil
 }
 
-// saveState writes snap to the state file in dir atomically: a temporary
-// file is written and fsynced, renamed over the state file, and the
-// directory fsynced so the rename itself is durable. A crash leaves either
-// the old or the new file, never a mix.
-func saveState(dir string, snap snapshot) error {
-	f := fileState{Version: stateVersion, Epoch: snap.Epoch, Members: []fileMember{}, Streams: []fileStream{}}
-	for _, n := range snap.Members {
-		f.Members = append(f.Members, fileMember{ID: n.ID, Addr: n.Addr, Admin: n.Admin})
-	}
-	for _, c := range snap.Streams {
-		f.Streams = append(f.Streams, fileStream{Name: c.Name, Shards: c.Shards, RetentionBytes: c.RetentionBytes,
-			RetentionAgeNano: int64(c.RetentionAge), Owners: c.Owners})
-	}
-	for _, g := range snap.Grants {
-		f.Grants = append(f.Grants, fileGrant{Principal: g.Principal, Action: string(g.Action), Pattern: g.Pattern})
-	}
-	b, err := json.MarshalIndent(f, "", "  ")
-	if err != nil {
-		return fmt.Errorf("ctl: save state: encode: %w", err)
-	}
-	b = append(b, '\n')
-	if err := writeFileAtomic(filepath.Join(dir, stateFile), b); err != nil {
-		return fmt.Errorf("ctl: save state at epoch %d: %w", snap.Epoch, err)
-	}
-	return nil
-}
-
 func writeFileAtomic(path string, b []byte) (err error) {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, filepath.Base(path)+".tmp-*")
@@ -168,6 +153,38 @@ func writeFileAtomic(path string, b []byte) (err error) {
 	defer d.Close()
 	if err := d.Sync(); err != nil {
 		return fmt.Errorf("fsync dir %s: %w", dir, err)
+	}
+	return nil
+}
+
+// importedSuffix is appended to the state file once etcd holds its state.
+const importedSuffix = ".imported"
+
+// importStateFile moves the state file of an earlier version of ctl (a
+// JSON file in dir) into an empty etcd store, then renames the file so it
+// is imported only once. With etcd already holding state, a file whose
+// epoch is not above etcd's is the remains of an import interrupted
+// before the rename, and is renamed; a newer one is an error, since
+// silently preferring either could lose streams.
+func importStateFile(ctx context.Context, dir string, st *store, log *slog.Logger) error {
+	path := filepath.Join(dir, stateFile)
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	snap, err := loadState(dir)
+	if err != nil {
+		return err
+	}
+	if st.rev == 0 {
+		if err := st.save(ctx, snap); err != nil {
+			return fmt.Errorf("ctl: import %s into etcd: %w", path, err)
+		}
+		log.Info("state file imported into etcd", "file", path, "epoch", snap.Epoch, "members", len(snap.Members), "streams", len(snap.Streams), "grants", len(snap.Grants))
+	} else if snap.Epoch > st.snap.Epoch {
+		return fmt.Errorf("ctl: %s holds epoch %d but etcd (%s) already holds state at epoch %d: move one aside to choose", path, snap.Epoch, st.prefix, st.snap.Epoch)
+	}
+	if err := os.Rename(path, path+importedSuffix); err != nil {
+		return fmt.Errorf("ctl: rename imported state file: %w", err)
 	}
 	return nil
 }

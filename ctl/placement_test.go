@@ -15,7 +15,7 @@ func TestJoinDoesNotMoveShards(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := s.Map()
-	if _, joined, err := s.register(node("4"), 9, t0); err != nil || !joined {
+	if _, joined, err := s.register(node("4"), 9); err != nil || !joined {
 		t.Fatalf("register 4: joined=%v err=%v", joined, err)
 	}
 	after := s.Map()
@@ -39,7 +39,7 @@ func TestJoinDoesNotMoveShards(t *testing.T) {
 // TestStreamBeforeAnyMember: shards of a stream created with no members are
 // unplaced ("") until members join, then placed and pinned.
 func TestStreamBeforeAnyMember(t *testing.T) {
-	s := newState(snapshot{}, testTTL, nil)
+	s := newState(snapshot{}, nil)
 	if err := s.createStream(shardmap.StreamConfig{Name: "orders", Shards: 4}); err != nil {
 		t.Fatal(err)
 	}
@@ -49,14 +49,14 @@ func TestStreamBeforeAnyMember(t *testing.T) {
 			t.Fatalf("orders/%d placed on %q with no members", shard, o)
 		}
 	}
-	s.register(node("1"), 1, t0)
+	s.register(node("1"), 1)
 	st, _ = s.Map().Stream("orders")
 	for shard, o := range st.Owners {
 		if o != "1" {
 			t.Fatalf("orders/%d on %q, want the only member", shard, o)
 		}
 	}
-	s.register(node("2"), 2, t0)
+	s.register(node("2"), 2)
 	st, _ = s.Map().Stream("orders")
 	for shard, o := range st.Owners {
 		if o != "1" {
@@ -69,7 +69,7 @@ func TestStreamBeforeAnyMember(t *testing.T) {
 func TestPlacementSurvivesRestart(t *testing.T) {
 	s := threeNodes(t)
 	s.createStream(shardmap.StreamConfig{Name: "orders", Shards: 16})
-	s.register(node("4"), 9, t0)
+	s.register(node("4"), 9)
 	dir := t.TempDir()
 	if err := saveState(dir, s.snapshot()); err != nil {
 		t.Fatal(err)
@@ -78,7 +78,7 @@ func TestPlacementSurvivesRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := newState(snap, testTTL, nil)
+	r := newState(snap, nil)
 	if moves := shardmap.Diff(s.Map(), r.Map()); len(moves) != 0 {
 		t.Fatalf("restart moved shards: %v", moves)
 	}

@@ -3,6 +3,7 @@ package ctl
 import (
 	"errors"
 	"io"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -60,9 +61,11 @@ func (ss *session) close(failure *transport.Error) {
 }
 
 // serveRegistration runs one broker's registration stream: it checks the
-// broker's identity, registers it, starts the writer that pushes maps, and
-// reads heartbeats until the stream ends, when the node is marked down
-// (unless a newer registration replaced this one).
+// broker's identity, takes its liveness lease in etcd (live/<node>),
+// starts the writer that pushes maps, and renews the lease on every
+// heartbeat until the stream ends, when the lease key is deleted (unless
+// a newer registration took it over, or this ctl is closing: then the
+// broker re-registers elsewhere and adopts the lease before it runs out).
 func (s *Server) serveRegistration(conn *quic.Conn, str *quic.Stream, r *transport.Reader, w *transport.Writer, reg *transport.Register) {
 	certID, err := transport.PeerNodeID(conn)
 	if err != nil {
@@ -75,8 +78,12 @@ func (s *Server) serveRegistration(conn *quic.Conn, str *quic.Stream, r *transpo
 		s.refuse(str, w, transport.Errorf(transport.CodeUnauthorized, "registration as node %q with the certificate of node %q", reg.NodeID, certID))
 		return
 	}
-	ss := newSession(reg.NodeID, str)
 	node := shardmap.Node{ID: reg.NodeID, Addr: reg.Addr, Admin: reg.Admin}
+	if node.ID == "" || node.Addr == "" {
+		s.refuse(str, w, transport.Errorf(transport.CodeInvalid, "registration needs a node id and an address (got id %q, addr %q)", node.ID, node.Addr))
+		return
+	}
+	ss := newSession(reg.NodeID, str)
 
 	s.mu.Lock()
 	if s.mu.closed {
@@ -86,44 +93,55 @@ func (s *Server) serveRegistration(conn *quic.Conn, str *quic.Stream, r *transpo
 	}
 	s.mu.nextSession++
 	ss.id = s.mu.nextSession
-	changed, joined, err := s.mu.st.register(node, ss.id, s.cfg.now())
+	s.mu.Unlock()
+
+	token := s.regToken + "-" + strconv.FormatUint(ss.id, 10)
+	lease, err := s.acquireLive(s.ctx, node, token)
 	if err != nil {
+		s.log.Warn("registration refused: etcd unreachable", "node", node.ID, "err", err)
+		s.refuse(str, w, transport.Errorf(transport.CodeUnavailable, "ctl cannot record the registration of %s in etcd: %v", node.ID, err))
+		return
+	}
+
+	s.mu.Lock()
+	if s.mu.closed {
 		s.mu.Unlock()
-		s.refuse(str, w, wireError(err))
+		s.refuse(str, w, transport.Errorf(transport.CodeShuttingDown, "ctl is closing"))
 		return
 	}
 	old := s.mu.sessions[node.ID]
 	s.mu.sessions[node.ID] = ss
-	ss.push(s.mu.st.Map()) // the current map first, changed or not
-	if changed {
-		s.commitLocked("node registered " + node.ID)
-	}
+	joined := s.applyRegisterLocked(node, lease.session)
+	ss.push(s.mu.st.Map()) // the current map first: on the leader, with the node live
 	epoch := s.mu.st.Map().Epoch
 	s.mu.Unlock()
-	s.wakeLeases()
 
 	if old != nil {
 		old.close(nil)
 		old.str.CancelRead(streamCodeReplaced)
 		s.log.Warn("registration replaced by a newer one", "node", node.ID, "remote", conn.RemoteAddr().String())
 	}
-	s.log.Info("node registered", "node", node.ID, "addr", node.Addr, "admin", node.Admin, "new_member", joined, "epoch", epoch)
+	s.log.Info("node registered", "node", node.ID, "addr", node.Addr, "admin", node.Admin, "new_member", joined, "epoch", epoch, "lease", int64(lease.lease))
 
 	s.wg.Add(1)
 	go s.writeMaps(ss, w)
-	reason := s.readHeartbeats(ss, r)
+	reason := s.readHeartbeats(ss, node, token, &lease, r)
 
 	s.mu.Lock()
 	if s.mu.sessions[node.ID] == ss {
 		delete(s.mu.sessions, node.ID)
 	}
-	// While ctl closes, every registration ends; the next start marks
-	// everyone down anyway, so record nothing.
-	down := !s.mu.closed && s.mu.st.end(node.ID, ss.id)
-	if down {
-		s.commitLocked("node down " + node.ID)
-	}
+	closing := s.mu.closed || s.ctx.Err() != nil // Close cancels before it locks
 	s.mu.Unlock()
+	// While ctl closes, every registration ends; the brokers register
+	// with another ctl (or this one restarted) and adopt their leases.
+	if !closing && s.releaseLive(lease) {
+		s.mu.Lock()
+		if s.mu.leader && !s.mu.closed && s.mu.st.end(node.ID, lease.session) {
+			s.commitLocked("node down " + node.ID)
+		}
+		s.mu.Unlock()
+	}
 
 	var failure *transport.Error
 	if errors.As(reason, &failure) && s.ctx.Err() == nil {
@@ -134,15 +152,32 @@ func (s *Server) serveRegistration(conn *quic.Conn, str *quic.Stream, r *transpo
 	ss.close(failure)
 	str.CancelRead(streamCodeDone)
 	<-ss.writerDone
-	if down {
-		s.log.Info("node down: registration ended", "node", node.ID, "reason", reason)
+	if !closing {
+		s.log.Info("registration ended", "node", node.ID, "reason", reason)
 	}
 }
 
-// readHeartbeats renews the session's lease on every heartbeat until the
-// stream fails or the broker sends something else, and returns why it
-// stopped. A returned *transport.Error is one to tell the broker.
-func (s *Server) readHeartbeats(ss *session, r *transport.Reader) error {
+// applyRegisterLocked applies a registration to the state at once when
+// this ctl is the leader (the watch of live/ would, a moment later), so
+// the broker's first map has it live. It reports whether the node is a
+// new member. s.mu is held.
+func (s *Server) applyRegisterLocked(n shardmap.Node, session uint64) (joined bool) {
+	if !s.mu.leader {
+		return false
+	}
+	changed, joined, err := s.mu.st.register(n, session)
+	if err == nil && changed {
+		s.commitLocked("node registered " + n.ID)
+	}
+	return joined
+}
+
+// readHeartbeats renews the registration's lease on every heartbeat until
+// the stream fails or the broker sends something else, and returns why it
+// stopped. A returned *transport.Error is one to tell the broker. A lease
+// that cannot be renewed (etcd unreachable) is retried at the next
+// heartbeat: the broker is not told, it keeps its map and its data path.
+func (s *Server) readHeartbeats(ss *session, node shardmap.Node, token string, lease **liveLease, r *transport.Reader) error {
 	for {
 		f, err := r.Read()
 		if err != nil {
@@ -158,20 +193,23 @@ func (s *Server) readHeartbeats(ss *session, r *transport.Reader) error {
 		if hb.NodeID != "" && hb.NodeID != ss.node {
 			return transport.Errorf(transport.CodeInvalid, "heartbeat for node %q on the registration of node %q", hb.NodeID, ss.node)
 		}
-		s.mu.Lock()
-		changed, err := s.mu.st.heartbeat(ss.node, ss.id, s.cfg.now())
-		if changed {
-			s.commitLocked("node live again " + ss.node)
-		}
-		s.mu.Unlock()
-		if err != nil {
-			return err
-		}
-		if changed {
-			s.log.Info("node live again: heartbeat after its lease expired", "node", ss.node)
-			s.wakeLeases()
+		if s.currentSession(ss) {
+			l, err := s.renewLive(s.ctx, node, token, *lease)
+			if err != nil {
+				s.log.Warn("broker lease not renewed; retrying at the next heartbeat", "node", ss.node, "err", err)
+				continue
+			}
+			*lease = l
 		}
 	}
+}
+
+// currentSession reports whether ss is its node's current registration
+// on this ctl.
+func (s *Server) currentSession(ss *session) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.sessions[ss.node] == ss
 }
 
 // writeMaps sends the newest map pushed to ss whenever it changes, until

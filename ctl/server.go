@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,8 +28,13 @@ type Config struct {
 	// Addr is the QUIC listen address. Default "127.0.0.1:7000"; port 0
 	// picks a free port (see [Server.Addr]).
 	Addr string
-	// DataDir holds the state file. Required; created if missing.
+	// DataDir holds the embedded etcd's data (DataDir/etcd) and the URLs
+	// it listens on; a state file of an earlier version found there is
+	// imported into etcd on first start. Required; created if missing.
 	DataDir string
+	// Etcd says where the state lives: by default an embedded
+	// single-member etcd in DataDir.
+	Etcd EtcdConfig
 	// TLS is the server TLS config, normally
 	// transport.ServerTLS(cert, ca, transport.ALPNCtl). Required by Start.
 	TLS *tls.Config
@@ -41,6 +47,23 @@ type Config struct {
 	// authorized for everything, as Kafka's super.users: the operators who
 	// grant everyone else their permissions. Default none.
 	Superusers []string
+	// Name is this ctl's name among the control plane's members. Default
+	// the embedded etcd member's name, else the host name.
+	Name string
+	// Advertise is the QUIC address other ctls (forwarding changes to the
+	// leader) and operators reach this ctl at. Default the bound address.
+	Advertise string
+	// PeerTLS is the client TLS config this ctl forwards changes to the
+	// leader with; it must present a control plane certificate. Default
+	// built from TLS (its certificate and client CAs).
+	PeerTLS *tls.Config
+	// CtlTTL is the lease of this ctl's election session: a leader that
+	// cannot renew it (dead, or cut off from a quorum of etcd) is replaced
+	// after about this long. Whole seconds; default 3s.
+	CtlTTL time.Duration
+	// OnEtcdRoundTrip, if set, is called with the duration of every etcd
+	// request ctl makes (op: load, commit, live, keepalive); for metrics.
+	OnEtcdRoundTrip func(op string, d time.Duration)
 	// Logger receives one line per meaningful event. Default slog.Default().
 	Logger *slog.Logger
 	// MaxShardsTotal bounds the shards of all streams together: a stream
@@ -52,9 +75,6 @@ type Config struct {
 	// DefaultMaxShardsTotal (16384: four streams of shardmap.MaxShards,
 	// or a thousand of 16).
 	MaxShardsTotal int
-
-	// now is the clock; tests may replace it. Default time.Now.
-	now func() time.Time
 }
 
 // DefaultAddr is the default control-plane listen address.
@@ -65,6 +85,9 @@ const DefaultMaxShardsTotal = 16384
 
 // DefaultLeaseTTL is the default broker lease.
 const DefaultLeaseTTL = 3 * time.Second
+
+// DefaultCtlTTL is the default Config.CtlTTL.
+const DefaultCtlTTL = 3 * time.Second
 
 // mapFrameMax bounds the frames carrying maps: what ctl writes and what
 // members and admin clients read from ctl. A map of many streams with
@@ -90,14 +113,14 @@ func (c Config) withDefaults() Config {
 	if c.LeaseTTL <= 0 {
 		c.LeaseTTL = DefaultLeaseTTL
 	}
+	if c.CtlTTL <= 0 {
+		c.CtlTTL = DefaultCtlTTL
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	if c.MaxShardsTotal <= 0 {
 		c.MaxShardsTotal = DefaultMaxShardsTotal
-	}
-	if c.now == nil {
-		c.now = time.Now
 	}
 	return c
 }
@@ -121,15 +144,33 @@ type Server struct {
 		sessions    map[string]*session // current registration per node id
 		nextSession uint64
 		closed      bool
+		// leader is whether this ctl is the elected leader, which alone
+		// commits changes (its writes fenced by its election key).
+		leader bool
 	}
+
+	// lost tells the election loop a fenced write failed: this ctl is no
+	// longer the leader. Capacity 1.
+	lost chan struct{}
+
+	// stats count events for metrics.
+	stats struct {
+		leaderChanges atomic.Int64
+		leaseExpiries atomic.Int64
+	}
+
+	// fwd is the connection to the leader changes are forwarded on.
+	fwd forwarder
+	// el is the election session under way.
+	el election
+
+	// store is the state in etcd; only changes made under mu use it.
+	store *store
+	etcd  *etcdConn
 
 	// denials remembers which principal was denied which op, to log each
 	// once, not once per retry.
 	denials logonce.Set
-
-	// wake tells the lease goroutine the earliest lease deadline may have
-	// moved earlier (a node registered). Capacity 1; sends never block.
-	wake chan struct{}
 
 	ctx    context.Context // canceled by Close; every goroutine watches it
 	cancel context.CancelFunc
@@ -137,14 +178,20 @@ type Server struct {
 	udp    *net.UDPConn    // set by Start
 	tr     *quic.Transport // set by Start
 	ln     *quic.Listener  // set by Start
-	addr   string          // set by Start
+	addrMu sync.Mutex      // guards addr, which Start sets while the election loop reads it
+	addr   string
+	// regToken tells this process's registrations from those of an
+	// earlier run of the same ctl.
+	regToken string
 
 	startOnce, closeOnce sync.Once
 }
 
-// New loads the state in cfg.DataDir (creating the directory if needed),
-// marks every member not Live and bumps the epoch once, and persists that
-// before returning, so epochs never repeat across restarts.
+// New opens the state in etcd (starting the embedded etcd in
+// cfg.DataDir unless cfg.Etcd names an existing cluster; importing a
+// state file of an earlier version found in cfg.DataDir), marks every
+// member not Live and bumps the epoch once, and commits that before
+// returning, so epochs never repeat across restarts.
 func New(cfg Config) (*Server, error) {
 	cfg = cfg.withDefaults()
 	if cfg.DataDir == "" {
@@ -153,22 +200,98 @@ func New(cfg Config) (*Server, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("ctl: new server: create data dir: %w", err)
 	}
-	snap, err := loadState(cfg.DataDir)
+	log := cfg.Logger.With("component", "ctl")
+	ctx, cancel := context.WithCancel(context.Background())
+	etcd, err := openEtcd(ctx, cfg, log)
 	if err != nil {
+		cancel()
 		return nil, err
 	}
-	st := newState(snap, cfg.LeaseTTL, cfg.Superusers)
-	st.maxShardsTotal = cfg.MaxShardsTotal
-	if err := saveState(cfg.DataDir, st.snapshot()); err != nil {
+	s := &Server{cfg: cfg, log: log, etcd: etcd, lost: make(chan struct{}, 1), ctx: ctx, cancel: cancel}
+	s.store = newStore(etcd.cli, clusterName(cfg.Etcd))
+	s.store.rtt = cfg.OnEtcdRoundTrip
+	s.regToken = strconv.FormatInt(time.Now().UnixNano(), 36)
+	rev, err := s.load()
+	if err != nil {
+		s.cancel()
+		etcd.close()
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "ctl"), wake: make(chan struct{}, 1)}
-	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.wg.Add(2)
+	go s.watchLoop(rev)
+	go s.electLoop()
+	s.awaitLeader(cfg.Etcd.StartTimeout)
+	return s, nil
+}
+
+// load reads the state from etcd, importing a state file first if there
+// is one, and returns the revision to watch from. The state is the one
+// the leader last committed, as a follower holds it until elected.
+func (s *Server) load() (int64, error) {
+	if _, err := s.store.load(s.ctx); err != nil {
+		return 0, err
+	}
+	if err := importStateFile(s.ctx, s.cfg.DataDir, s.store, s.log); err != nil {
+		return 0, err
+	}
+	snap, rev := s.store.snap, s.store.rev
+	st := restoreState(snap, s.cfg.Superusers, s.cfg.MaxShardsTotal)
 	s.mu.st = st
 	s.mu.sessions = map[string]*session{}
 	s.current.Store(st.Map())
-	s.log.Info("ctl state loaded", "dir", cfg.DataDir, "epoch", st.epoch, "members", len(snap.Members), "streams", len(snap.Streams))
-	return s, nil
+	s.log.Info("ctl state loaded", "etcd", s.store.prefix, "epoch", st.epoch, "members", len(snap.Members), "streams", len(snap.Streams), "grants", len(snap.Grants))
+	return rev, nil
+}
+
+// awaitLeader waits, up to timeout (default 5s), until a leader is known:
+// this ctl, or another. A single ctl elects itself in milliseconds.
+func (s *Server) awaitLeader(timeout time.Duration) {
+	if timeout <= 0 {
+		timeout = 5 * time.Second
+	}
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if s.IsLeader() {
+			return
+		}
+		if info, ok := s.leaderInfo(s.ctx); ok && info.ID != s.regToken {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// IsLeader reports whether this ctl is the elected leader now.
+func (s *Server) IsLeader() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.leader
+}
+
+// name is this ctl's name among the control plane's members.
+func (s *Server) name() string {
+	switch {
+	case s.cfg.Name != "":
+		return s.cfg.Name
+	case s.cfg.Etcd.Name != "":
+		return s.cfg.Etcd.Name
+	}
+	h, _ := os.Hostname()
+	if h == "" {
+		h = "ctl"
+	}
+	return h
+}
+
+// advertise is the QUIC address other ctls reach this one at.
+func (s *Server) advertise() string {
+	if s.cfg.Advertise != "" {
+		return s.cfg.Advertise
+	}
+	if a := s.Addr(); a != "" {
+		return a
+	}
+	return s.cfg.Addr
 }
 
 // Start listens on cfg.Addr and serves brokers and admin requests until
@@ -208,17 +331,24 @@ func (s *Server) start() error {
 		udp.Close()
 		return fmt.Errorf("ctl: start: listen on %s: %w", s.cfg.Addr, err)
 	}
-	s.udp, s.tr, s.ln, s.addr = udp, tr, ln, ln.Addr().String()
-	s.log.Info("ctl listening", "addr", s.addr, "lease_ttl", s.cfg.LeaseTTL)
-	s.wg.Add(2)
+	s.udp, s.tr, s.ln = udp, tr, ln
+	s.addrMu.Lock()
+	s.addr = ln.Addr().String()
+	s.addrMu.Unlock()
+	s.log.Info("ctl listening", "addr", s.Addr(), "lease_ttl", s.cfg.LeaseTTL)
+	s.announce()
+	s.wg.Add(1)
 	go s.acceptLoop()
-	go s.leaseLoop()
 	return nil
 }
 
 // Addr returns the address the server listens on (the actual port when
 // cfg.Addr had port 0), or "" before Start.
-func (s *Server) Addr() string { return s.addr }
+func (s *Server) Addr() string {
+	s.addrMu.Lock()
+	defer s.addrMu.Unlock()
+	return s.addr
+}
 
 // Map returns the current map. It is immutable; share it freely.
 func (s *Server) Map() *shardmap.Map { return s.current.Load() }
@@ -236,9 +366,15 @@ func (s *Server) Streams() []shardmap.StreamConfig {
 // CreateStream registers a stream, persists the registry and pushes the
 // new map. Errors are *transport.Error values (CodeInvalid,
 // CodeStreamExists, CodeLimitExceeded, CodeInternal) that also match
-// ErrInvalid, ErrStreamExists, ErrLimitExceeded.
+// ErrInvalid, ErrStreamExists, ErrLimitExceeded. On a follower the
+// change is made by the leader.
 func (s *Server) CreateStream(c shardmap.StreamConfig) error {
-	err := s.change("stream created", func(st *state) error { return st.createStream(c) })
+	return s.createStream(ctlPrincipal, c)
+}
+
+func (s *Server) createStream(principal string, c shardmap.StreamConfig) error {
+	req := &transport.Request{Op: OpStreamCreate, Stream: c, Principal: principal}
+	err := s.change("stream created", req, func(st *state) error { return st.createStream(c) })
 	if err != nil {
 		return err
 	}
@@ -250,7 +386,12 @@ func (s *Server) CreateStream(c shardmap.StreamConfig) error {
 // the new map. Errors are *transport.Error values (CodeUnknownStream,
 // CodeInternal) that also match ErrUnknownStream.
 func (s *Server) DeleteStream(name string) error {
-	err := s.change("stream deleted", func(st *state) error { return st.deleteStream(name) })
+	return s.deleteStream(ctlPrincipal, name)
+}
+
+func (s *Server) deleteStream(principal, name string) error {
+	req := &transport.Request{Op: OpStreamDelete, Stream: shardmap.StreamConfig{Name: name}, Principal: principal}
+	err := s.change("stream deleted", req, func(st *state) error { return st.deleteStream(name) })
 	if err != nil {
 		return err
 	}
@@ -260,9 +401,12 @@ func (s *Server) DeleteStream(name string) error {
 
 // Grant adds g to the policy, persists it and pushes the new map. Granting
 // what is already granted succeeds and changes nothing.
-func (s *Server) Grant(g auth.Grant) error {
+func (s *Server) Grant(g auth.Grant) error { return s.grant(ctlPrincipal, g) }
+
+func (s *Server) grant(principal string, g auth.Grant) error {
 	changed := false
-	err := s.change("permission granted", func(st *state) (err error) {
+	req := &transport.Request{Op: OpACLGrant, Grant: g, Principal: principal}
+	err := s.change("permission granted", req, func(st *state) (err error) {
 		changed, err = st.grant(g)
 		return err
 	})
@@ -274,8 +418,11 @@ func (s *Server) Grant(g auth.Grant) error {
 
 // Revoke removes g from the policy, persists it and pushes the new map.
 // Errors match ErrUnknownGrant when the policy does not hold g.
-func (s *Server) Revoke(g auth.Grant) error {
-	err := s.change("permission revoked", func(st *state) error { return st.revoke(g) })
+func (s *Server) Revoke(g auth.Grant) error { return s.revoke(ctlPrincipal, g) }
+
+func (s *Server) revoke(principal string, g auth.Grant) error {
+	req := &transport.Request{Op: OpACLRevoke, Grant: g, Principal: principal}
+	err := s.change("permission revoked", req, func(st *state) error { return st.revoke(g) })
 	if err == nil {
 		s.log.Info("permission revoked", "principal", g.Principal, "action", g.Action, "pattern", g.Pattern, "epoch", s.Map().Epoch)
 	}
@@ -285,8 +432,17 @@ func (s *Server) Revoke(g auth.Grant) error {
 // change applies an admin change (streams or policy), persists it, and
 // pushes the map; if the state cannot be written the change is undone. A
 // change that leaves the epoch as it was is neither persisted nor pushed.
-func (s *Server) change(reason string, change func(*state) error) error {
+//
+// On a follower the change is not made here: fwd, the request that makes
+// it, is forwarded to the leader, and change returns once this ctl holds
+// the map the leader answered with.
+func (s *Server) change(reason string, fwd *transport.Request, change func(*state) error) error {
 	s.mu.Lock()
+	if !s.mu.leader && !s.mu.closed {
+		s.mu.Unlock()
+		_, err := s.forward(fwd)
+		return err
+	}
 	defer s.mu.Unlock()
 	if s.mu.closed {
 		return transport.Errorf(transport.CodeShuttingDown, "ctl is closed")
@@ -298,8 +454,12 @@ func (s *Server) change(reason string, change func(*state) error) error {
 	if s.mu.st.epoch == cp.epoch {
 		return nil
 	}
-	if err := saveState(s.cfg.DataDir, s.mu.st.snapshot()); err != nil {
+	if err := s.store.save(s.ctx, s.mu.st.snapshot()); err != nil {
 		s.mu.st.rollback(cp)
+		if errors.Is(err, ErrConflict) {
+			s.lostLeadershipLocked()
+			return transport.Errorf(transport.CodeUnavailable, "%s: this ctl lost its leadership; retry: %w", reason, err)
+		}
 		s.log.Error("stream change refused: state not persisted", "err", err)
 		return transport.Errorf(transport.CodeInternal, "%s: %w", reason, err)
 	}
@@ -312,7 +472,17 @@ func (s *Server) change(reason string, change func(*state) error) error {
 // brokers need even if this run cannot record it; the next successful
 // write records the epoch. s.mu must be held.
 func (s *Server) commitLocked(reason string) {
-	if err := saveState(s.cfg.DataDir, s.mu.st.snapshot()); err != nil {
+	if err := s.store.save(s.ctx, s.mu.st.snapshot()); err != nil {
+		switch {
+		case s.ctx.Err() != nil:
+			return // closing
+		case errors.Is(err, ErrConflict):
+			// Another leader wrote: this one's view is stale. Step down;
+			// the new leader re-reads the broker leases.
+			s.log.Warn("liveness change not committed: no longer the leader", "reason", reason, "err", err)
+			s.lostLeadershipLocked()
+			return
+		}
 		s.log.Error("state not persisted", "reason", reason, "err", err)
 	}
 	s.publishLocked(reason)
@@ -348,43 +518,6 @@ func wireError(err error) *transport.Error {
 		return transport.Errorf(transport.CodeInvalid, "%w", err)
 	}
 	return transport.Errorf(transport.CodeInternal, "%w", err)
-}
-
-// leaseLoop expires leases: it sleeps until the earliest deadline of a Live
-// member (or until woken by a registration), then marks every member whose
-// lease ran out not Live, in one epoch.
-func (s *Server) leaseLoop() {
-	defer s.wg.Done()
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	for {
-		s.mu.Lock()
-		now := s.cfg.now()
-		if expired := s.mu.st.expire(now); expired != nil {
-			s.log.Warn("lease expired", "nodes", expired, "ttl", s.cfg.LeaseTTL)
-			s.commitLocked("lease expired")
-		}
-		next, ok := s.mu.st.nextExpiry()
-		s.mu.Unlock()
-		wait := time.Hour
-		if ok {
-			wait = max(next.Sub(now), time.Millisecond)
-		}
-		timer.Reset(wait)
-		select {
-		case <-timer.C:
-		case <-s.wake:
-		case <-s.ctx.Done():
-			return
-		}
-	}
-}
-
-func (s *Server) wakeLeases() {
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
 }
 
 // acceptLoop accepts connections until Close.
@@ -472,18 +605,24 @@ func (s *Server) refuse(str *quic.Stream, w *transport.Writer, err error) {
 // written.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
+		// Cancel first: a goroutine holding s.mu across an etcd request
+		// (takeOver, followState, resync) then returns at once instead of
+		// when the request times out, which without an etcd quorum it
+		// always does.
+		s.cancel()
 		s.mu.Lock()
 		s.mu.closed = true
 		s.mu.Unlock()
-		s.cancel()
 		if s.ln != nil {
 			s.ln.Close()
 		}
 		s.wg.Wait() // every connection is closed
+		s.fwd.close()
 		if s.tr != nil {
 			s.tr.Close()
 			s.udp.Close()
 		}
+		s.etcd.close()
 		s.log.Info("ctl closed", "epoch", s.Map().Epoch)
 	})
 	return nil

@@ -6,7 +6,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/felix-broker/felix/auth"
 	"github.com/felix-broker/felix/shardmap"
@@ -27,22 +26,20 @@ var (
 	ErrLimitExceeded = errors.New("ctl: limit exceeded")
 	// ErrInvalid is returned for a request that can never succeed as sent.
 	ErrInvalid = errors.New("ctl: invalid request")
-	// errStaleSession is returned for a heartbeat on a registration that has
-	// been replaced by a newer one of the same node.
-	errStaleSession = errors.New("ctl: registration replaced by a newer one")
 )
 
 // state is the control plane's deterministic core: members with their
-// leases, the stream registry and the current map. It has no goroutines,
-// locks, clocks or I/O: every method that depends on time takes now, and
-// every change that alters the map bumps the epoch and rebuilds the map
-// before returning true, so the caller knows to persist and push.
+// liveness, the stream registry and the current map. It has no goroutines,
+// locks, clocks or I/O, and every change that alters the map bumps the
+// epoch and rebuilds the map before returning true, so the caller knows to
+// commit and push. Leases are not its business: etcd keeps them (see
+// live.go), and the leader tells the core when one begins (register) or
+// ends (end).
 //
 // A registration is identified by a session number chosen by the caller
-// (one per registration stream), so that events from a registration that a
-// newer one of the same node replaced are ignored.
+// (the create revision of its live/ key), so that the end of a
+// registration that a newer one of the same node replaced is ignored.
 type state struct {
-	ttl     time.Duration
 	epoch   uint64
 	members map[string]*member
 	// streams holds each stream's config and its shards' owners. An owner
@@ -65,18 +62,16 @@ type state struct {
 // member is one registered node. Membership is permanent: a member that
 // goes down keeps its place (and its shards) and is only marked not Live.
 type member struct {
-	node    shardmap.Node // Live is the lease state
+	node    shardmap.Node // Live: its lease is current
 	session uint64        // current registration; 0 when none
-	expires time.Time     // lease deadline while Live
 }
 
 // newState returns the core restored from snap: all members not Live until
 // they register again, and the epoch bumped once past the persisted one so
 // that the first map this incarnation publishes supersedes every map a
 // previous one may have pushed.
-func newState(snap snapshot, ttl time.Duration, superusers []string) *state {
+func newState(snap snapshot, superusers []string) *state {
 	s := &state{
-		ttl:     ttl,
 		epoch:   snap.Epoch + 1,
 		members: make(map[string]*member, len(snap.Members)),
 		streams: make(map[string]shardmap.Stream, len(snap.Streams)),
@@ -93,13 +88,13 @@ func newState(snap snapshot, ttl time.Duration, superusers []string) *state {
 	return s
 }
 
-// snapshot returns what must survive a restart.
+// snapshot returns what is committed to etcd: everything the map is made
+// of, so that every ctl builds the same map from it (members with their
+// liveness, which the leader derives from the broker leases).
 func (s *state) snapshot() snapshot {
 	snap := snapshot{Epoch: s.epoch, Grants: s.policy.Grants}
 	for _, id := range slices.Sorted(maps.Keys(s.members)) {
-		n := s.members[id].node
-		n.Live = false
-		snap.Members = append(snap.Members, n)
+		snap.Members = append(snap.Members, s.members[id].node)
 	}
 	for _, name := range slices.Sorted(maps.Keys(s.streams)) {
 		snap.Streams = append(snap.Streams, s.streams[name])
@@ -163,12 +158,12 @@ func (s *state) place(st shardmap.Stream, ids []string) shardmap.Stream {
 	return st
 }
 
-// register records a registration of node under session at now: a new
-// member joins, a known one comes back Live, possibly at a new address.
-// A registration with the same session number as the current one is a
-// no-op apart from renewing the lease. It reports whether the map changed
-// and whether the node is a new member.
-func (s *state) register(n shardmap.Node, session uint64, now time.Time) (changed, joined bool, err error) {
+// register records a registration of node under session: a new member
+// joins, a known one comes back Live, possibly at a new address. A
+// registration that changes neither liveness nor address (the same one
+// seen again, or one replacing it) only makes session current. It
+// reports whether the map changed and whether the node is a new member.
+func (s *state) register(n shardmap.Node, session uint64) (changed, joined bool, err error) {
 	if n.ID == "" || n.Addr == "" {
 		return false, false, fmt.Errorf("%w: registration needs a node id and an address (got id %q, addr %q)", ErrInvalid, n.ID, n.Addr)
 	}
@@ -184,34 +179,16 @@ func (s *state) register(n shardmap.Node, session uint64, now time.Time) (change
 	changed = joined || !m.node.Live || m.node.Addr != n.Addr || m.node.Admin != n.Admin
 	m.node.Addr, m.node.Admin, m.node.Live = n.Addr, n.Admin, true
 	m.session = session
-	m.expires = now.Add(s.ttl)
 	if changed {
 		s.bump()
 	}
 	return changed, joined, nil
 }
 
-// heartbeat renews the lease of node id's registration session. A
-// heartbeat that arrives after the lease expired (but on a registration
-// that is still current) brings the node back Live. It reports whether the
-// map changed.
-func (s *state) heartbeat(id string, session uint64, now time.Time) (changed bool, err error) {
-	m, ok := s.members[id]
-	if !ok || m.session != session || session == 0 {
-		return false, fmt.Errorf("heartbeat of node %q: %w", id, errStaleSession)
-	}
-	m.expires = now.Add(s.ttl)
-	if !m.node.Live {
-		m.node.Live = true
-		s.bump()
-		return true, nil
-	}
-	return false, nil
-}
-
 // end records that node id's registration session ended (its stream
-// closed). The node goes not Live at once unless a newer registration
-// replaced this one. It reports whether the map changed.
+// closed, or its lease ran out). The node goes not Live at once unless a
+// newer registration replaced this one. It reports whether the map
+// changed.
 func (s *state) end(id string, session uint64) (changed bool) {
 	m, ok := s.members[id]
 	if !ok || m.session != session || session == 0 {
@@ -224,37 +201,6 @@ func (s *state) end(id string, session uint64) (changed bool) {
 	m.node.Live = false
 	s.bump()
 	return true
-}
-
-// expire marks not Live every member whose lease ran out by now, bumping
-// the epoch once for all of them. It returns their ids, sorted. The
-// registration stays current: a late heartbeat on it revives the node.
-func (s *state) expire(now time.Time) (expired []string) {
-	for id, m := range s.members {
-		if m.node.Live && !now.Before(m.expires) {
-			m.node.Live = false
-			expired = append(expired, id)
-		}
-	}
-	if len(expired) == 0 {
-		return nil
-	}
-	slices.Sort(expired)
-	s.bump()
-	return expired
-}
-
-// nextExpiry returns the earliest lease deadline of a Live member, or false
-// when no member is Live.
-func (s *state) nextExpiry() (time.Time, bool) {
-	var next time.Time
-	found := false
-	for _, m := range s.members {
-		if m.node.Live && (!found || m.expires.Before(next)) {
-			next, found = m.expires, true
-		}
-	}
-	return next, found
 }
 
 // createStream adds c to the registry. It refuses a name that differs

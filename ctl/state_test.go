@@ -11,21 +11,17 @@ import (
 	"github.com/felix-broker/felix/shardmap"
 )
 
-var t0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
-
-const testTTL = 3 * time.Second
-
 func node(id string) shardmap.Node {
 	return shardmap.Node{ID: id, Addr: "127.0.0.1:" + id, Admin: "127.0.0.1:9" + id}
 }
 
-// threeNodes returns a fresh state with nodes 1, 2, 3 registered at t0
-// under sessions 1, 2, 3.
+// threeNodes returns a fresh state with nodes 3, 1, 2 registered under
+// sessions 1, 2, 3.
 func threeNodes(t *testing.T) *state {
 	t.Helper()
-	s := newState(snapshot{}, testTTL, nil)
+	s := newState(snapshot{}, nil)
 	for i, id := range []string{"3", "1", "2"} {
-		if _, joined, err := s.register(node(id), uint64(i+1), t0); err != nil || !joined {
+		if _, joined, err := s.register(node(id), uint64(i+1)); err != nil || !joined {
 			t.Fatalf("register %s: joined=%v err=%v", id, joined, err)
 		}
 	}
@@ -69,48 +65,38 @@ func TestRegisterBuildsRendezvousMap(t *testing.T) {
 	}
 }
 
-func TestLeaseExpiryKeepsOwnership(t *testing.T) {
+// TestNodeDownKeepsOwnership: a member whose registration ends (its
+// stream closed or its lease in etcd ran out: the leader calls end either
+// way) goes down and keeps its shards; registering again brings it back.
+func TestNodeDownKeepsOwnership(t *testing.T) {
 	s := threeNodes(t)
 	if err := s.createStream(shardmap.StreamConfig{Name: "orders", Shards: 16}); err != nil {
 		t.Fatal(err)
 	}
 	before := s.Map()
-
-	// Nodes 1 and 3 heartbeat; node 2 stays silent.
-	half := t0.Add(testTTL / 2)
-	for _, hb := range []struct {
-		id      string
-		session uint64
-	}{{"3", 1}, {"1", 2}} {
-		if changed, err := s.heartbeat(hb.id, hb.session, half); err != nil || changed {
-			t.Fatalf("heartbeat %s: changed=%v err=%v", hb.id, changed, err)
-		}
-	}
-	if next, ok := s.nextExpiry(); !ok || !next.Equal(t0.Add(testTTL)) {
-		t.Fatalf("nextExpiry = %v %v, want node 2's deadline %v", next, ok, t0.Add(testTTL))
-	}
-	if got := s.expire(t0.Add(testTTL - time.Nanosecond)); got != nil {
-		t.Fatalf("expired before the TTL: %v", got)
-	}
-	if got := s.expire(t0.Add(testTTL)); !reflect.DeepEqual(got, []string{"2"}) {
-		t.Fatalf("expired = %v, want [2]", got)
+	if !s.end("2", 3) {
+		t.Fatal("end of node 2's registration did not change the map")
 	}
 	after := s.Map()
 	if after.Epoch <= before.Epoch {
-		t.Errorf("epoch %d after expiry, not above %d", after.Epoch, before.Epoch)
+		t.Errorf("epoch %d after node 2 went down, not above %d", after.Epoch, before.Epoch)
 	}
 	if live := liveOf(after); !reflect.DeepEqual(live, map[string]bool{"1": true, "2": false, "3": true}) {
 		t.Errorf("live = %v", live)
 	}
 	if moves := shardmap.Diff(before, after); len(moves) != 0 {
-		t.Errorf("lease expiry moved shards: %v", moves)
+		t.Errorf("node 2 going down moved shards: %v", moves)
 	}
-	// A late heartbeat on the still-current registration revives the node.
-	if changed, err := s.heartbeat("2", 3, t0.Add(testTTL+time.Second)); err != nil || !changed {
-		t.Fatalf("late heartbeat: changed=%v err=%v", changed, err)
+	// A new registration (a new live/ key) brings it back, its shards
+	// still its own.
+	if changed, joined, err := s.register(node("2"), 20); err != nil || !changed || joined {
+		t.Fatalf("register again: changed=%v joined=%v err=%v", changed, joined, err)
 	}
 	if !liveOf(s.Map())["2"] {
-		t.Error("node 2 not live after a late heartbeat")
+		t.Error("node 2 not live after registering again")
+	}
+	if moves := shardmap.Diff(before, s.Map()); len(moves) != 0 {
+		t.Errorf("node 2 coming back moved shards: %v", moves)
 	}
 }
 
@@ -120,11 +106,8 @@ func TestReregistration(t *testing.T) {
 
 	// Same node, same address, new session (a replacing registration): no
 	// visible change, but the old session is now stale.
-	if changed, joined, err := s.register(node("1"), 10, t0); err != nil || changed || joined {
+	if changed, joined, err := s.register(node("1"), 10); err != nil || changed || joined {
 		t.Fatalf("replacing registration: changed=%v joined=%v err=%v", changed, joined, err)
-	}
-	if _, err := s.heartbeat("1", 2, t0); !errors.Is(err, errStaleSession) {
-		t.Errorf("heartbeat on replaced session: err=%v, want errStaleSession", err)
 	}
 	if s.end("1", 2) {
 		t.Error("end of a replaced session changed the map")
@@ -136,7 +119,7 @@ func TestReregistration(t *testing.T) {
 	// New address: epoch bumps, address updated.
 	moved := node("1")
 	moved.Addr = "10.0.0.1:7001"
-	if changed, _, err := s.register(moved, 11, t0); err != nil || !changed {
+	if changed, _, err := s.register(moved, 11); err != nil || !changed {
 		t.Fatalf("register at a new address: changed=%v err=%v", changed, err)
 	}
 	if n, _ := s.Map().Node("1"); n.Addr != moved.Addr || s.Map().Epoch != e+1 {
@@ -152,7 +135,7 @@ func TestReregistration(t *testing.T) {
 	}
 
 	for _, bad := range []shardmap.Node{{ID: "", Addr: "x:1"}, {ID: "x", Addr: ""}} {
-		if _, _, err := s.register(bad, 12, t0); !errors.Is(err, ErrInvalid) {
+		if _, _, err := s.register(bad, 12); !errors.Is(err, ErrInvalid) {
 			t.Errorf("register %+v: err=%v, want ErrInvalid", bad, err)
 		}
 	}
@@ -232,11 +215,14 @@ func TestPersistRoundTripAndRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for i := range snap.Members {
+		snap.Members[i].Live = false // the state file of earlier versions holds no liveness
+	}
 	if !reflect.DeepEqual(loaded, snap) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", loaded, snap)
 	}
 
-	r := newState(loaded, testTTL, nil)
+	r := newState(loaded, nil)
 	before, after := s.Map(), r.Map()
 	if after.Epoch != before.Epoch+1 {
 		t.Errorf("restart epoch = %d, want %d (one bump)", after.Epoch, before.Epoch+1)

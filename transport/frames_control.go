@@ -66,9 +66,27 @@ type Response struct {
 	Streams []shardmap.StreamConfig
 	Map     *shardmap.Map
 	Grants  []auth.Grant // acl.list
+	Ctl     []CtlMember  // cluster.status: the control plane's members
 }
 
-const responseFields = 3
+// CtlMember is one control plane member as cluster.status reports it.
+type CtlMember struct {
+	Name string `msgpack:"name"`
+	Addr string `msgpack:"addr"` // its QUIC address
+	Role string `msgpack:"role"` // "leader" or "follower"
+	// Etcd is the client URL of the member's embedded etcd ("" when ctl
+	// uses an external etcd); EtcdHealthy whether it answered a status
+	// request, EtcdLeader whether it is etcd's raft leader, and EtcdError
+	// why it did not answer.
+	Etcd        string `msgpack:"etcd,omitempty"`
+	EtcdHealthy bool   `msgpack:"etcd_healthy"`
+	EtcdLeader  bool   `msgpack:"etcd_leader,omitempty"`
+	EtcdError   string `msgpack:"etcd_error,omitempty"`
+}
+
+// responseFields is the number of fields this version decodes; the Ctl
+// field is sent only when set, so responses without it encode as before.
+const responseFields = 4
 
 // Type implements [Frame].
 func (*Response) Type() FrameType { return FrameResponse }
@@ -77,7 +95,11 @@ func (r *Response) appendBody(b []byte) ([]byte, error) {
 	if r == nil {
 		return b, errNilFrame(FrameResponse)
 	}
-	b = appendArrayHeader(b, responseFields)
+	fields := responseFields
+	if len(r.Ctl) == 0 {
+		fields--
+	}
+	b = appendArrayHeader(b, fields)
 	b, err := appendMsgpack(b, FrameResponse, r.Streams)
 	if err != nil {
 		return b, err
@@ -85,7 +107,10 @@ func (r *Response) appendBody(b []byte) ([]byte, error) {
 	if b, err = appendMsgpack(b, FrameResponse, r.Map); err != nil {
 		return b, err
 	}
-	return appendMsgpack(b, FrameResponse, r.Grants)
+	if b, err = appendMsgpack(b, FrameResponse, r.Grants); err != nil || len(r.Ctl) == 0 {
+		return b, err
+	}
+	return appendMsgpack(b, FrameResponse, r.Ctl)
 }
 
 func (r *Response) decode(d *decoder) {
@@ -93,9 +118,13 @@ func (r *Response) decode(d *decoder) {
 	d.msgpack(&r.Streams)
 	d.msgpack(&r.Map)
 	read := 2 // an older peer sends only Streams and Map
-	if n >= responseFields {
+	if n >= 3 {
 		d.msgpack(&r.Grants)
-		read = responseFields
+		read = 3
+	}
+	if n >= 4 {
+		d.msgpack(&r.Ctl)
+		read = 4
 	}
 	d.skipN(n - read)
 }

@@ -8,7 +8,7 @@ import (
 )
 
 type clusterCmd struct {
-	Status clusterStatusCmd `cmd:"" help:"Show the brokers, their liveness, the map epoch and the owner of every shard; exit 3 if a broker is down."`
+	Status clusterStatusCmd `cmd:"" help:"Show the brokers, their liveness, the map epoch, the owner of every shard and the control plane's members (leader, etcd health); exit 3 if a broker is down."`
 	Stats  clusterStatsCmd  `cmd:"" help:"A top-like view of every broker's metrics: rates, publish and fsync latency, records per fsync, subscriber lag."`
 }
 
@@ -22,6 +22,19 @@ type statusJSON struct {
 	Via     string       `json:"via"` // the broker that answered
 	Nodes   []nodeJSON   `json:"nodes"`
 	Streams []streamJSON `json:"streams"`
+	// Ctl lists the control plane's members (none from a control plane
+	// too old to report them).
+	Ctl []ctlJSON `json:"ctl"`
+}
+
+type ctlJSON struct {
+	Name        string `json:"name"`
+	Addr        string `json:"addr"`
+	Role        string `json:"role"`
+	Etcd        string `json:"etcd,omitempty"` // "" with an external etcd
+	EtcdHealthy bool   `json:"etcd_healthy"`
+	EtcdLeader  bool   `json:"etcd_leader"`
+	EtcdError   string `json:"etcd_error,omitempty"`
 }
 
 type nodeJSON struct {
@@ -44,6 +57,10 @@ func (s *clusterStatusCmd) Run(a *app) error {
 	if err != nil {
 		return &brokerError{ID: c.id, Addr: c.addr, Err: err}
 	}
+	ctlMembers, err := c.ControlPlane(ctx)
+	if err != nil {
+		return &brokerError{ID: c.id, Addr: c.addr, Err: err}
+	}
 	var down []string
 	for _, n := range m.Nodes {
 		if !n.Live {
@@ -51,7 +68,11 @@ func (s *clusterStatusCmd) Run(a *app) error {
 		}
 	}
 	if g.JSON {
-		out := statusJSON{Healthy: len(down) == 0, Epoch: m.Epoch, Via: c.id, Nodes: []nodeJSON{}, Streams: []streamJSON{}}
+		out := statusJSON{Healthy: len(down) == 0, Epoch: m.Epoch, Via: c.id, Nodes: []nodeJSON{}, Streams: []streamJSON{}, Ctl: []ctlJSON{}}
+		for _, cm := range ctlMembers {
+			out.Ctl = append(out.Ctl, ctlJSON{Name: cm.Name, Addr: cm.Addr, Role: cm.Role, Etcd: cm.Etcd,
+				EtcdHealthy: cm.EtcdHealthy, EtcdLeader: cm.EtcdLeader, EtcdError: cm.EtcdError})
+		}
 		for _, n := range m.Nodes {
 			out.Nodes = append(out.Nodes, nodeJSON{ID: n.ID, Addr: n.Addr, Live: n.Live, Shards: len(m.OwnedBy(n.ID))})
 		}
@@ -63,6 +84,13 @@ func (s *clusterStatusCmd) Run(a *app) error {
 		}
 	} else {
 		cluster.WriteOwnership(a.stdout, m)
+		if len(ctlMembers) > 0 {
+			fmt.Fprintln(a.stdout)
+			if err := writeCtlStatus(a.stdout, ctlMembers); err != nil {
+				return err
+			}
+			fmt.Fprintln(a.stdout)
+		}
 		if len(down) == 0 {
 			fmt.Fprintf(a.stdout, "healthy: all %d brokers live\n", len(m.Nodes))
 		} else {

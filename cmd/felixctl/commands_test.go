@@ -380,12 +380,14 @@ func TestCommands(t *testing.T) {
 	t.Run("cluster status healthy", func(t *testing.T) {
 		r := felixctl(t, env, "cluster", "status")
 		if r.code != 0 || !strings.HasSuffix(r.stdout, "healthy: all 3 brokers live\n") ||
-			!regexp.MustCompile(`(?m)^orders +0 +`+owner+`$`).MatchString(r.stdout) {
+			!regexp.MustCompile(`(?m)^orders +0 +`+owner+`$`).MatchString(r.stdout) ||
+			!regexp.MustCompile(`(?m)^\S+ +127\.0\.0\.1:\d+ +leader +http://127\.0\.0\.1:\d+ +healthy \(raft leader\)$`).MatchString(r.stdout) {
 			t.Errorf("%+v", r)
 		}
 		r = felixctl(t, env, "cluster", "status", "--json")
 		var st statusJSON
-		if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || !st.Healthy || len(st.Nodes) != 3 || st.Epoch == 0 {
+		if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || !st.Healthy || len(st.Nodes) != 3 || st.Epoch == 0 ||
+			len(st.Ctl) != 1 || st.Ctl[0].Role != "leader" || !st.Ctl[0].EtcdHealthy {
 			t.Errorf("%v %+v", err, r)
 		}
 	})

@@ -22,7 +22,7 @@ type Broker struct {
 	ID        string        `help:"Node id of this broker (must match its certificate)." required:"" env:"FELIX_NODE_ID"`
 	Listen    string        `help:"QUIC address to listen on." default:"127.0.0.1:7100" env:"FELIX_LISTEN"`
 	Advertise string        `help:"Address clients and peers use to reach this broker (default: the bound address)." env:"FELIX_ADVERTISE"`
-	Ctl       string        `help:"Control plane QUIC address." default:"127.0.0.1:7000" env:"FELIX_CTL"`
+	Ctl       string        `help:"Control plane QUIC address; several, comma-separated, for a control plane of several members (any will do)." default:"127.0.0.1:7000" env:"FELIX_CTL"`
 	Data      string        `help:"Data directory for the shard logs." required:"" type:"path" env:"FELIX_DATA"`
 	Certs     string        `help:"Directory with ca.crt and <id>.crt/<id>.key." required:"" type:"existingdir" env:"FELIX_CERTS"`
 	LeaseTTL  time.Duration `help:"Control plane lease." default:"3s" env:"FELIX_LEASE_TTL"`

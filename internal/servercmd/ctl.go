@@ -2,7 +2,10 @@ package servercmd
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -21,6 +24,7 @@ import (
 // Ctl runs the control plane until SIGINT or SIGTERM.
 type Ctl struct {
 	Listen    string        `help:"QUIC address to listen on." default:"127.0.0.1:7000" env:"FELIX_LISTEN"`
+	Advertise string        `help:"QUIC address other ctl members reach this one at (default: the bound address)." env:"FELIX_ADVERTISE"`
 	Data      string        `help:"State directory." required:"" type:"path" env:"FELIX_DATA"`
 	Certs     string        `help:"Directory with ca.crt and ctl.crt/ctl.key." required:"" type:"existingdir" env:"FELIX_CERTS"`
 	LeaseTTL  time.Duration `help:"Broker lease: a broker silent this long is marked down." default:"3s" env:"FELIX_LEASE_TTL"`
@@ -30,6 +34,57 @@ type Ctl struct {
 
 	// Shard bound (see ctl.Config.MaxShardsTotal).
 	MaxShardsTotal int `help:"Most shards of all streams together; a stream create past it is refused with limit_exceeded." default:"16384" env:"FELIX_MAX_SHARDS_TOTAL"`
+
+	// Where the state lives (ctl.EtcdConfig).
+	Etcd CtlEtcd `embed:"" prefix:"etcd-" group:"State store (etcd)"`
+}
+
+// CtlEtcd are the flags of ctl.EtcdConfig. With none, ctl runs a
+// single-member etcd embedded in --data on loopback ports of its own.
+type CtlEtcd struct {
+	Endpoints []string `help:"Client URLs of an existing etcd cluster to keep the state in (no embedded etcd)." sep:"," env:"FELIX_ETCD_ENDPOINTS" placeholder:"URL,..."`
+	CA        string   `help:"CA file verifying the etcd servers of --etcd-endpoints." type:"path" env:"FELIX_ETCD_CA"`
+	Cert      string   `help:"Client certificate for --etcd-endpoints (mTLS)." type:"path" env:"FELIX_ETCD_CERT"`
+	Key       string   `help:"Key of --etcd-cert." type:"path" env:"FELIX_ETCD_KEY"`
+	Cluster   string   `help:"Felix cluster name: keys live under /felix/<name>/." default:"default" env:"FELIX_ETCD_CLUSTER"`
+
+	Name           string `help:"Name of this ctl and of its embedded etcd member (unique among the ctl members)." env:"FELIX_ETCD_NAME"`
+	ClientURL      string `help:"Where the embedded etcd serves clients (default: a free loopback port, kept in --data)." env:"FELIX_ETCD_CLIENT_URL" placeholder:"URL"`
+	PeerURL        string `help:"Where the embedded etcd member is reached by its peers, e.g. http://ctl-0:2380 (default: a free loopback port)." env:"FELIX_ETCD_PEER_URL" placeholder:"URL"`
+	InitialCluster string `help:"Every member of a new embedded etcd cluster as name=peerURL,... (etcd's --initial-cluster); the same on every ctl. Default: this member alone." env:"FELIX_ETCD_INITIAL_CLUSTER" placeholder:"NAME=URL,..."`
+	ElectionMs     uint   `help:"etcd election timeout in ms for a multi-member embedded cluster (heartbeat: a tenth). Default etcd's 1000." env:"FELIX_ETCD_ELECTION_MS"`
+}
+
+// config returns the ctl.EtcdConfig of the flags.
+func (e CtlEtcd) config() (ctl.EtcdConfig, error) {
+	c := ctl.EtcdConfig{Endpoints: e.Endpoints, Cluster: e.Cluster, Name: e.Name, ClientURL: e.ClientURL,
+		PeerURL: e.PeerURL, InitialCluster: e.InitialCluster}
+	if e.ElectionMs > 0 {
+		c.ElectionMs, c.TickMs = e.ElectionMs, max(1, e.ElectionMs/10)
+	}
+	if e.CA == "" && e.Cert == "" {
+		return c, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if e.CA != "" {
+		pem, err := os.ReadFile(e.CA)
+		if err != nil {
+			return c, fmt.Errorf("--etcd-ca: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return c, fmt.Errorf("--etcd-ca %s: no certificate found", e.CA)
+		}
+	}
+	if e.Cert != "" {
+		pair, err := tls.LoadX509KeyPair(e.Cert, e.Key)
+		if err != nil {
+			return c, fmt.Errorf("--etcd-cert/--etcd-key: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{pair}
+	}
+	c.TLS = tc
+	return c, nil
 }
 
 func (c *Ctl) Run(log *slog.Logger) error {
@@ -51,7 +106,16 @@ func (c *Ctl) Run(log *slog.Logger) error {
 	if len(c.Superuser) == 0 {
 		log.Warn("no --superuser: no principal can grant permissions until one is configured")
 	}
-	s, err := ctl.New(ctl.Config{Addr: c.Listen, DataDir: c.Data, TLS: tlsConf, LeaseTTL: c.LeaseTTL, Superusers: c.Superuser, MaxShardsTotal: c.MaxShardsTotal, Logger: log})
+	ec, err := c.Etcd.config()
+	if err != nil {
+		return err
+	}
+	rtt, err := etcdRoundTrips(obs.prov.Meter)
+	if err != nil {
+		return err
+	}
+	s, err := ctl.New(ctl.Config{Addr: c.Listen, Advertise: c.Advertise, DataDir: c.Data, TLS: tlsConf, LeaseTTL: c.LeaseTTL,
+		Superusers: c.Superuser, MaxShardsTotal: c.MaxShardsTotal, Etcd: ec, Name: c.Etcd.Name, OnEtcdRoundTrip: rtt, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -71,8 +135,23 @@ func (c *Ctl) Run(log *slog.Logger) error {
 	return s.Close()
 }
 
+// etcdRoundTrips returns the hook recording felix_ctl_etcd_duration_seconds
+// (by op) for every etcd request of the control plane.
+func etcdRoundTrips(mp metric.MeterProvider) (func(string, time.Duration), error) {
+	h, err := mp.Meter(msgtrace.ScopeName).Float64Histogram("felix.ctl.etcd.duration", metric.WithUnit("s"),
+		metric.WithDescription("Round trip of the control plane's etcd requests, by op (load, commit, live, keepalive)."))
+	if err != nil {
+		return nil, err
+	}
+	return func(op string, d time.Duration) {
+		h.Record(context.Background(), d.Seconds(), metric.WithAttributes(attribute.String("op", op)))
+	}, nil
+}
+
 // ctlMetrics exposes the control plane's map: felix_map_epoch and
-// felix_brokers{state="live"|"down"}.
+// felix_brokers{state="live"|"down"}; and its leadership:
+// felix_ctl_leader (1 on the leader), felix_ctl_leader_changes and
+// felix_ctl_lease_expiries.
 func ctlMetrics(mp metric.MeterProvider, s *ctl.Server) (metric.Registration, error) {
 	m := mp.Meter(msgtrace.ScopeName)
 	epoch, err := m.Int64ObservableGauge("felix.map.epoch",
@@ -82,6 +161,21 @@ func ctlMetrics(mp metric.MeterProvider, s *ctl.Server) (metric.Registration, er
 	}
 	brokers, err := m.Int64ObservableGauge("felix.brokers", metric.WithUnit("{broker}"),
 		metric.WithDescription("Member brokers, by state (live: lease current; down)."))
+	if err != nil {
+		return nil, err
+	}
+	leader, err := m.Int64ObservableGauge("felix.ctl.leader",
+		metric.WithDescription("1 when this ctl is the elected leader, else 0."))
+	if err != nil {
+		return nil, err
+	}
+	changes, err := m.Int64ObservableCounter("felix.ctl.leader.changes",
+		metric.WithDescription("Times this ctl became or stopped being the leader."))
+	if err != nil {
+		return nil, err
+	}
+	expiries, err := m.Int64ObservableCounter("felix.ctl.lease.expiries", metric.WithUnit("{lease}"),
+		metric.WithDescription("Broker leases that ran out (a broker silent for the lease TTL)."))
 	if err != nil {
 		return nil, err
 	}
@@ -103,6 +197,14 @@ func ctlMetrics(mp metric.MeterProvider, s *ctl.Server) (metric.Registration, er
 		}
 		o.ObserveInt64(brokers, up, live)
 		o.ObserveInt64(brokers, dn, down)
+		st := s.Stats()
+		isLeader := int64(0)
+		if st.Leader {
+			isLeader = 1
+		}
+		o.ObserveInt64(leader, isLeader)
+		o.ObserveInt64(changes, st.LeaderChanges)
+		o.ObserveInt64(expiries, st.LeaseExpiries)
 		return nil
-	}, epoch, brokers)
+	}, epoch, brokers, leader, changes, expiries)
 }

@@ -1,0 +1,379 @@
+package ctl
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+// EtcdConfig says where ctl keeps its state. With no Endpoints, ctl runs
+// an embedded etcd member in DataDir/etcd (a single-member cluster unless
+// InitialCluster names more members); with Endpoints, it uses that
+// existing etcd cluster and runs none of its own.
+type EtcdConfig struct {
+	// Endpoints are the client URLs of an existing etcd cluster
+	// ("https://10.0.0.1:2379"). Empty: embedded etcd.
+	Endpoints []string
+	// TLS is the client TLS config for Endpoints (mTLS to etcd); nil
+	// means plaintext. Ignored for the embedded etcd, which ctl reaches
+	// over loopback.
+	TLS *tls.Config
+	// Cluster names the Felix cluster: its keys live under
+	// /felix/<Cluster>/, so several clusters may share one etcd. Default
+	// "default".
+	Cluster string
+
+	// The embedded member (Endpoints empty):
+
+	// Name is the embedded member's name. Default "ctl".
+	Name string
+	// ClientURL is where the embedded member serves etcd clients (this
+	// ctl, the other ctls asking for its health, and etcdctl for an
+	// operator); a host name in it is listened on as 0.0.0.0. Default a
+	// free loopback port, chosen on first start and kept in
+	// DataDir/etcd-urls.json.
+	ClientURL string
+	// PeerURL is where the embedded member listens for and is reached by
+	// its peers. Default a free loopback port, chosen and kept as
+	// ClientURL (a single member has no peers to reach it).
+	PeerURL string
+	// InitialCluster lists every member of a new embedded cluster as
+	// name=peerURL,... (etcd's --initial-cluster). Default Name=PeerURL:
+	// a single-member cluster. Ignored once the member has data.
+	InitialCluster string
+	// InitialClusterToken tells clusters apart on first start. Default
+	// "felix-<Cluster>".
+	InitialClusterToken string
+	// StartTimeout bounds the wait for the embedded member to be ready
+	// (for a multi-member cluster: to find a quorum). Default 60s.
+	StartTimeout time.Duration
+	// TickMs and ElectionMs are etcd's heartbeat interval and election
+	// timeout. Default 100 and 1000 (etcd's defaults) for a member of a
+	// cluster, 10 and 100 for a single member (which elects itself at
+	// start only); a lower election timeout shortens failover of the
+	// etcd leader.
+	TickMs, ElectionMs uint
+}
+
+// DefaultCluster is the default EtcdConfig.Cluster.
+const DefaultCluster = "default"
+
+// etcdURLsFile records the embedded member's URLs in DataDir, so a
+// restart listens where its peers and its data expect it.
+const etcdURLsFile = "etcd-urls.json"
+
+type etcdURLs struct {
+	Client string `json:"client"`
+	Peer   string `json:"peer"`
+}
+
+// etcdOpTimeout bounds one etcd request of the control plane.
+const etcdOpTimeout = 5 * time.Second
+
+// maxEtcdRequest bounds one etcd request: the embedded member's
+// MaxRequestBytes and the client's send limit (an external etcd keeps
+// its own, 1.5 MiB by default).
+const maxEtcdRequest = 10 << 20
+
+// etcdConn is ctl's connection to its etcd, and the embedded member when
+// ctl runs one.
+type etcdConn struct {
+	cli      *clientv3.Client
+	embedded *embed.Etcd // nil with Config.Etcd.Endpoints
+	quiet    *atomic.Bool
+	// clientURL is where the embedded member serves clients ("" with
+	// Endpoints).
+	clientURL string
+}
+
+// close closes the client and stops the embedded member, whose logs stop
+// first (its shutdown is loud about listeners it closes on purpose).
+func (c *etcdConn) close() {
+	c.quiet.Store(true)
+	c.cli.Close()
+	if c.embedded != nil {
+		c.embedded.Close()
+	}
+}
+
+// openEtcd connects to the etcd of cfg: an existing cluster, or an
+// embedded member it starts first.
+//
+// ctx is the client's own context (clientv3.Config.Context), which the
+// server cancels first thing in Close. etcd's concurrency package makes
+// its clean-up requests with it: a Campaign whose context is canceled
+// resigns with client.Ctx(), which has no deadline, and the client retries
+// that write up to 100 times, each for etcd's request timeout (over 5s),
+// when etcd has no quorum, as when the last ctl of a cluster closes: nine
+// minutes in Close. Canceled, the clean-up gives up at once; the election
+// key it would have deleted goes with its session's lease.
+func openEtcd(ctx context.Context, cfg Config, log *slog.Logger) (*etcdConn, error) {
+	ec := cfg.Etcd
+	c := &etcdConn{quiet: new(atomic.Bool)}
+	if len(ec.Endpoints) > 0 {
+		cli, err := clientv3.New(clientv3.Config{
+			Context:            ctx,
+			Endpoints:          ec.Endpoints,
+			TLS:                ec.TLS,
+			DialTimeout:        etcdOpTimeout,
+			MaxCallSendMsgSize: maxEtcdRequest,
+			Logger:             zap.New(slogCore{log: log.With("component", "etcd-client"), quiet: c.quiet}),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("ctl: connect to etcd %s: %w", strings.Join(ec.Endpoints, ","), err)
+		}
+		c.cli = cli
+		return c, nil
+	}
+	e, err := startEmbedded(cfg.DataDir, ec, slogCore{log: log.With("component", "etcd"), quiet: c.quiet}, log)
+	if err != nil {
+		return nil, err
+	}
+	c.embedded, c.clientURL = e, e.Config().AdvertiseClientUrls[0].String()
+	c.cli, err = clientv3.New(clientv3.Config{
+		Context:            ctx,
+		Endpoints:          []string{c.clientURL},
+		DialTimeout:        etcdOpTimeout,
+		MaxCallSendMsgSize: maxEtcdRequest,
+		Logger:             zap.NewNop(),
+	})
+	if err != nil {
+		c.quiet.Store(true)
+		e.Close()
+		return nil, fmt.Errorf("ctl: connect to embedded etcd: %w", err)
+	}
+	return c, nil
+}
+
+// startEmbedded starts the embedded etcd member of dir and waits until it
+// serves.
+func startEmbedded(dir string, ec EtcdConfig, core slogCore, log *slog.Logger) (*embed.Etcd, error) {
+	urls, err := embeddedURLs(dir, ec)
+	if err != nil {
+		return nil, err
+	}
+	cu, err := url.Parse(urls.Client)
+	if err != nil {
+		return nil, fmt.Errorf("ctl: etcd client url %q: %w", urls.Client, err)
+	}
+	pu, err := url.Parse(urls.Peer)
+	if err != nil {
+		return nil, fmt.Errorf("ctl: etcd peer url %q: %w", urls.Peer, err)
+	}
+	name := ec.Name
+	if name == "" {
+		name = "ctl"
+	}
+	c := embed.NewConfig()
+	c.Name = name
+	c.Dir = filepath.Join(dir, "etcd")
+	c.ListenClientUrls, c.AdvertiseClientUrls = []url.URL{listenURL(*cu)}, []url.URL{*cu}
+	c.ListenPeerUrls, c.AdvertisePeerUrls = []url.URL{listenURL(*pu)}, []url.URL{*pu}
+	c.InitialCluster = ec.InitialCluster
+	if c.InitialCluster == "" {
+		c.InitialCluster = name + "=" + pu.String()
+	}
+	c.InitialClusterToken = ec.InitialClusterToken
+	if c.InitialClusterToken == "" {
+		c.InitialClusterToken = "felix-" + clusterName(ec)
+	}
+	if ec.InitialCluster == "" {
+		// A single member has no peer to hear its heartbeats or to race
+		// in an election: short ticks only make it elect itself, at
+		// every start, in tens of milliseconds instead of half a second.
+		c.TickMs, c.ElectionMs = 10, 100
+	}
+	if ec.TickMs > 0 {
+		c.TickMs = ec.TickMs
+	}
+	if ec.ElectionMs > 0 {
+		c.ElectionMs = ec.ElectionMs
+	}
+	// Keep history for watches and CAS over a day, compacting hourly.
+	c.AutoCompactionMode = embed.CompactorModePeriodic
+	c.AutoCompactionRetention = "1h"
+	// Importing a large state file puts every stream in one transaction
+	// (the client's send limit is raised to match, see openEtcd); 10 MiB
+	// is the most etcd recommends.
+	c.MaxTxnOps = 1 << 16
+	c.MaxRequestBytes = maxEtcdRequest
+	c.Metrics = "basic"
+	c.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.New(core))
+	e, err := embed.StartEtcd(c)
+	if err != nil {
+		return nil, fmt.Errorf("ctl: start embedded etcd in %s (client %s, peer %s): %w", c.Dir, cu, pu, err)
+	}
+	timeout := ec.StartTimeout
+	if timeout <= 0 {
+		timeout = 60 * time.Second
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		core.quiet.Store(true)
+		e.Close()
+		return nil, fmt.Errorf("ctl: embedded etcd in %s: %w", c.Dir, err)
+	case <-time.After(timeout):
+		core.quiet.Store(true)
+		e.Server.Stop()
+		e.Close()
+		return nil, fmt.Errorf("ctl: embedded etcd in %s not ready within %v (initial cluster %s: are a majority of its members up and reachable?)", c.Dir, timeout, c.InitialCluster)
+	}
+	log.Info("embedded etcd ready", "name", name, "client", cu.String(), "peer", pu.String(), "dir", c.Dir)
+	return e, nil
+}
+
+// listenURL is u with its host replaced by the wildcard address when the
+// host is a name (etcd listens on IP addresses only): a member advertised
+// as http://ctl-0:2380 listens on http://0.0.0.0:2380. The embedded
+// member has no TLS or authentication of its own: on a network others
+// share, give it addresses only the ctls reach, or use an external etcd
+// with mTLS (EtcdConfig.Endpoints and TLS).
+func listenURL(u url.URL) url.URL {
+	if net.ParseIP(u.Hostname()) == nil {
+		u.Host = net.JoinHostPort("0.0.0.0", u.Port())
+	}
+	return u
+}
+
+// embeddedURLs returns the embedded member's URLs: those configured, else
+// those recorded in dir by an earlier start, else free loopback ports
+// (recorded for the next start).
+func embeddedURLs(dir string, ec EtcdConfig) (etcdURLs, error) {
+	path := filepath.Join(dir, etcdURLsFile)
+	var rec etcdURLs
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		if err := json.Unmarshal(b, &rec); err != nil {
+			return rec, fmt.Errorf("ctl: read %s: %w", path, err)
+		}
+	case !errors.Is(err, fs.ErrNotExist):
+		return rec, fmt.Errorf("ctl: read %s: %w", path, err)
+	}
+	urls := etcdURLs{Client: ec.ClientURL, Peer: ec.PeerURL}
+	for _, u := range []struct {
+		dst *string
+		rec string
+	}{{&urls.Client, rec.Client}, {&urls.Peer, rec.Peer}} {
+		if *u.dst != "" {
+			continue
+		}
+		if u.rec != "" {
+			*u.dst = u.rec
+			continue
+		}
+		port, err := freeTCPPort()
+		if err != nil {
+			return urls, err
+		}
+		*u.dst = "http://127.0.0.1:" + strconv.Itoa(port)
+	}
+	if urls != rec {
+		b, _ := json.Marshal(urls)
+		if err := writeFileAtomic(path, append(b, '\n')); err != nil {
+			return urls, fmt.Errorf("ctl: record etcd urls: %w", err)
+		}
+	}
+	return urls, nil
+}
+
+func freeTCPPort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("ctl: find a free port for etcd: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func clusterName(ec EtcdConfig) string {
+	if ec.Cluster == "" {
+		return DefaultCluster
+	}
+	return ec.Cluster
+}
+
+// etcdNoise are warnings the embedded etcd logs at every start that say
+// nothing a Felix operator can act on: they describe how ctl embeds it
+// (client gRPC and HTTP on one loopback port, no etcd authentication:
+// only ctl talks to it), and, on a new data dir, the schema version it
+// sets a moment later. slogCore logs them at Debug.
+var etcdNoise = map[string]bool{
+	"Running http and grpc server on single port. This is not recommended for production.": true,
+	"simple token is not cryptographically signed":                                         true,
+	"Failed to detect schema version":                                                      true,
+	"failed to update storage version":                                                     true,
+}
+
+// slogCore is a zap core writing etcd's warnings and errors to slog, and
+// its info at Debug (etcd's debug, one line per raft step, is dropped).
+// Once quiet, it drops everything.
+type slogCore struct {
+	log    *slog.Logger
+	quiet  *atomic.Bool
+	fields []zapcore.Field
+}
+
+func (c slogCore) Enabled(l zapcore.Level) bool {
+	return l >= zapcore.InfoLevel && !c.quiet.Load() && c.log.Enabled(context.Background(), slogLevel(l))
+}
+
+func slogLevel(l zapcore.Level) slog.Level {
+	switch {
+	case l >= zapcore.ErrorLevel:
+		return slog.LevelError
+	case l == zapcore.WarnLevel:
+		return slog.LevelWarn
+	}
+	return slog.LevelDebug
+}
+
+func (c slogCore) With(fs []zapcore.Field) zapcore.Core {
+	return slogCore{log: c.log, quiet: c.quiet, fields: append(c.fields[:len(c.fields):len(c.fields)], fs...)}
+}
+
+func (c slogCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if etcdNoise[e.Message] && e.Level > zapcore.InfoLevel {
+		e.Level = zapcore.InfoLevel // logged at Debug
+	}
+	if c.Enabled(e.Level) {
+		return ce.AddCore(e, c)
+	}
+	return ce
+}
+
+func (c slogCore) Write(e zapcore.Entry, fs []zapcore.Field) error {
+	enc := zapcore.NewMapObjectEncoder()
+	for _, f := range c.fields {
+		f.AddTo(enc)
+	}
+	for _, f := range fs {
+		f.AddTo(enc)
+	}
+	args := make([]any, 0, 2*len(enc.Fields))
+	for k, v := range enc.Fields {
+		args = append(args, k, v)
+	}
+	c.log.Log(context.Background(), slogLevel(e.Level), e.Message, args...)
+	return nil
+}
+
+func (c slogCore) Sync() error { return nil }

@@ -1,0 +1,201 @@
+package ctl
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/felix-broker/felix/transport"
+)
+
+// forwarder holds the connection a follower forwards changes to the
+// leader on, redialed when the leader changes.
+type forwarder struct {
+	mu   sync.Mutex // guards the cached connection
+	addr string
+	conn *quic.Conn
+}
+
+// forwardTimeout bounds a forwarded change, including the wait for a
+// leader while one is being elected.
+const forwardTimeout = 10 * time.Second
+
+// forward sends req to the leader and returns its answer once this ctl
+// holds the map the answer was made at, so a read on this ctl right after
+// sees the change. While no leader is elected it waits (up to
+// forwardTimeout); if this ctl becomes the leader meanwhile, the request
+// is handled here.
+func (s *Server) forward(req *transport.Request) (*transport.Response, error) {
+	ctx, cancel := context.WithTimeout(s.ctx, forwardTimeout)
+	defer cancel()
+	fwd := *req
+	if fwd.Principal == ctlPrincipal {
+		fwd.Principal = ""
+	}
+	var last error
+	for {
+		if s.IsLeader() {
+			return s.handle(req.Principal, req)
+		}
+		info, ok := s.leaderInfo(ctx)
+		if ok && info.ID != s.regToken {
+			resp, err := s.forwardTo(ctx, info.Addr, &fwd)
+			var we *transport.Error
+			if err == nil || (errors.As(err, &we) && we.Code != transport.CodeUnavailable && we.Code != transport.CodeShuttingDown) {
+				if err == nil && resp.Map != nil {
+					s.awaitEpoch(ctx, resp.Map.Epoch)
+				}
+				return resp, err
+			}
+			last = err
+		}
+		select {
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			if last == nil {
+				last = errors.New("no ctl leader elected")
+			}
+			return nil, transport.Errorf(transport.CodeUnavailable, "%s: the control plane has no reachable leader (is a majority of its etcd members up?): %v", req.Op, last)
+		}
+	}
+}
+
+// forwardTo makes one request to the ctl at addr.
+func (s *Server) forwardTo(ctx context.Context, addr string, req *transport.Request) (*transport.Response, error) {
+	conn, err := s.fwd.dial(ctx, addr, s.peerTLS(), s.cfg.Transport)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := request(ctx, conn, req)
+	var we *transport.Error
+	if err != nil && !errors.As(err, &we) {
+		s.fwd.drop(conn)
+	}
+	return resp, err
+}
+
+func (f *forwarder) dial(ctx context.Context, addr string, tlsConf *tls.Config, cfg transport.Config) (*quic.Conn, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.conn != nil && f.addr == addr && f.conn.Context().Err() == nil {
+		return f.conn, nil
+	}
+	if f.conn != nil {
+		f.conn.CloseWithError(0, "")
+		f.conn = nil
+	}
+	conn, err := transport.Dial(ctx, addr, transport.VerifyPeer(tlsConf, transport.RoleCtl, ""), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("dial the ctl leader at %s: %w", addr, err)
+	}
+	f.conn, f.addr = conn, addr
+	return conn, nil
+}
+
+func (f *forwarder) drop(conn *quic.Conn) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.conn == conn {
+		f.conn.CloseWithError(0, "")
+		f.conn = nil
+	}
+}
+
+func (f *forwarder) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.conn != nil {
+		f.conn.CloseWithError(0, "")
+		f.conn = nil
+	}
+}
+
+// peerTLS is the client TLS config to reach other ctls with.
+func (s *Server) peerTLS() *tls.Config {
+	if s.cfg.PeerTLS != nil {
+		return s.cfg.PeerTLS
+	}
+	if s.cfg.TLS == nil || len(s.cfg.TLS.Certificates) == 0 {
+		return &tls.Config{MinVersion: tls.VersionTLS13, NextProtos: []string{transport.ALPNCtl}}
+	}
+	return transport.ClientTLS(s.cfg.TLS.ClientCAs, &s.cfg.TLS.Certificates[0], "", transport.ALPNCtl)
+}
+
+// awaitEpoch waits until this ctl's map reaches epoch, or ctx ends.
+func (s *Server) awaitEpoch(ctx context.Context, epoch uint64) {
+	for s.Map().Epoch < epoch && ctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// ctlMembers lists the control plane's members for cluster.status: every
+// ctl with a live election session, its role, and the health of its
+// embedded etcd member.
+func (s *Server) ctlMembers() []transport.CtlMember {
+	ctx, cancel := context.WithTimeout(s.ctx, s.store.timeout)
+	defer cancel()
+	resp, err := s.store.cli.Get(ctx, s.store.prefix+"ctl/", clientv3.WithPrefix())
+	if err != nil {
+		return []transport.CtlMember{{Name: s.name(), Addr: s.advertise(), Role: s.role(), EtcdError: err.Error()}}
+	}
+	leader, _ := s.leaderInfo(ctx)
+	var out []transport.CtlMember
+	for _, kv := range resp.Kvs {
+		var info ctlInfo
+		if json.Unmarshal(kv.Value, &info) != nil {
+			continue
+		}
+		m := transport.CtlMember{Name: info.Name, Addr: info.Addr, Role: "follower", Etcd: info.Etcd}
+		if info.ID == leader.ID {
+			m.Role = "leader"
+		}
+		endpoint := info.Etcd
+		if endpoint == "" && len(s.cfg.Etcd.Endpoints) > 0 {
+			endpoint = s.cfg.Etcd.Endpoints[0]
+		}
+		if endpoint != "" {
+			sctx, scancel := context.WithTimeout(ctx, time.Second)
+			st, err := s.store.cli.Status(sctx, endpoint)
+			scancel()
+			if err != nil {
+				m.EtcdError = err.Error()
+			} else {
+				m.EtcdHealthy = len(st.Errors) == 0
+				m.EtcdLeader = st.Leader == st.Header.MemberId
+				if len(st.Errors) > 0 {
+					m.EtcdError = st.Errors[0]
+				}
+			}
+		}
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+func (s *Server) role() string {
+	if s.IsLeader() {
+		return "leader"
+	}
+	return "follower"
+}
+
+// Stats are counters of the control plane's events since it started.
+type Stats struct {
+	Leader        bool  // whether this ctl leads now
+	LeaderChanges int64 // times this ctl became or stopped being the leader
+	LeaseExpiries int64 // broker leases that ran out (seen by the leader or the ctl holding them)
+}
+
+// Stats returns the control plane's counters.
+func (s *Server) Stats() Stats {
+	return Stats{Leader: s.IsLeader(), LeaderChanges: s.stats.leaderChanges.Load(), LeaseExpiries: s.stats.leaseExpiries.Load()}
+}

@@ -1,0 +1,336 @@
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/etcdserver/api/rafthttp"
+	"go.uber.org/goleak"
+
+	"github.com/felix-broker/felix/auth"
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// startHA starts n ctls forming an n-member embedded etcd cluster, and
+// returns them once one is the leader.
+func startHA(t *testing.T, p *testPKI, n int) []*Server {
+	t.Helper()
+	awaitPeerConnsClosed(t)
+	var peers []string
+	urls := make([]etcdURLs, n)
+	for i := range n {
+		cp, err := freeTCPPort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pp, err := freeTCPPort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		urls[i] = etcdURLs{Client: fmt.Sprintf("http://127.0.0.1:%d", cp), Peer: fmt.Sprintf("http://127.0.0.1:%d", pp)}
+		peers = append(peers, fmt.Sprintf("ctl-%d=%s", i, urls[i].Peer))
+	}
+	base := t.TempDir()
+	srvs := make([]*Server, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			srvs[i], errs[i] = New(Config{
+				Addr:    "127.0.0.1:0",
+				DataDir: filepath.Join(base, fmt.Sprint("ctl-", i)),
+				TLS:     transport.ServerTLS(p.cert(t, "ctl"), p.ca, transport.ALPNCtl),
+				Etcd: EtcdConfig{Name: fmt.Sprint("ctl-", i), ClientURL: urls[i].Client, PeerURL: urls[i].Peer,
+					InitialCluster: strings.Join(peers, ","), TickMs: 20, ElectionMs: 200},
+				LeaseTTL:   shortTTL,
+				CtlTTL:     time.Second,
+				Superusers: []string{transport.DevAdminName},
+				Logger:     testLogger(t).With("ctl", i),
+			})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("ctl-%d: %v", i, err)
+		}
+	}
+	for _, s := range srvs {
+		if err := s.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+	}
+	waitLeader(t, srvs, nil)
+	return srvs
+}
+
+// peerConnLinger bounds how long the peer connections of a multi-member
+// etcd cluster may outlive its members. Its members talk HTTP on
+// listeners whose connections re-arm a read deadline of
+// rafthttp.ConnReadTimeout (5s) before every read; net/http ends a
+// finished request's background read by setting a deadline in the past,
+// which that re-arming can overwrite. The connection then ends, and with
+// it the server's goroutines and the peer's idle client connection, when
+// the 5s run out.
+var peerConnLinger = rafthttp.ConnReadTimeout + 5*time.Second
+
+// awaitPeerConnsClosed registers a cleanup, run after every cleanup
+// registered later (the servers' Close), that waits up to peerConnLinger
+// for every goroutine started since to end, and fails the test if one
+// is left: the leak check of TestMain, with the wait etcd's peer
+// connections need.
+func awaitPeerConnsClosed(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() {
+		deadline := time.Now().Add(peerConnLinger)
+		for {
+			err := goleak.Find(before)
+			if err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("goroutines left %v after the cluster closed: %v", peerConnLinger, err)
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+}
+
+// waitLeader waits until exactly one of srvs (other than those in gone)
+// leads, and returns it.
+func waitLeader(t *testing.T, srvs []*Server, gone map[*Server]bool) *Server {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for time.Now().Before(deadline) {
+		var leaders []*Server
+		for _, s := range srvs {
+			if !gone[s] && s.IsLeader() {
+				leaders = append(leaders, s)
+			}
+		}
+		if len(leaders) == 1 {
+			return leaders[0]
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("no single leader within %v", waitFor)
+	return nil
+}
+
+func TestHAFailover(t *testing.T) {
+	p := newPKI(t)
+	srvs := startHA(t, p, 3)
+	leader := waitLeader(t, srvs, nil)
+	var follower *Server
+	var addrs []string
+	for _, s := range srvs {
+		addrs = append(addrs, s.Addr())
+		if s != leader && follower == nil {
+			follower = s
+		}
+	}
+
+	// A broker registered with a follower is live in the leader's map.
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	m, err := Join(ctx, MemberConfig{
+		CtlAddrs: []string{follower.Addr()},
+		TLS:      p.clientTLS(t, "b0"), Node: transport.Register{NodeID: "b0", Addr: "127.0.0.1:7400"},
+		LeaseTTL: shortTTL, MaxBackoff: 100 * time.Millisecond, Logger: testLogger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	waitMap(t, m, "b0 live", func(mp *shardmap.Map) bool { return liveCount(mp) == 1 })
+
+	// A change made on a follower is made by the leader, and the follower
+	// holds the new map when it returns.
+	if err := follower.CreateStream(shardmap.StreamConfig{Name: "orders", Shards: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := follower.Map().Stream("orders"); !ok {
+		t.Fatalf("follower's map lacks the stream it forwarded: %+v", follower.Map())
+	}
+	if err := follower.CreateStream(shardmap.StreamConfig{Name: "orders", Shards: 4}); !errors.Is(err, transport.ErrStreamExists) {
+		t.Fatalf("second create through a follower: %v, want ErrStreamExists", err)
+	}
+	before := leader.Map()
+
+	// Record every map b0 sees from now on: the failover must never show
+	// b0 down.
+	var mu sync.Mutex
+	var seen []*shardmap.Map
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			changed := m.Changed()
+			mu.Lock()
+			seen = append(seen, m.Map())
+			mu.Unlock()
+			select {
+			case <-changed:
+			case <-stop:
+				return
+			}
+		}
+	}()
+
+	start := time.Now()
+	leader.Close()
+	next := waitLeader(t, srvs, map[*Server]bool{leader: true})
+	t.Logf("new leader after %v", time.Since(start))
+
+	if err := next.CreateStream(shardmap.StreamConfig{Name: "after", Shards: 2}); err != nil {
+		t.Fatal(err)
+	}
+	mp := waitMap(t, m, "the stream created after the failover", func(mp *shardmap.Map) bool {
+		_, ok := mp.Stream("after")
+		return ok
+	})
+	close(stop)
+	<-done
+	if moves := shardmap.Diff(before, mp); len(moves) != 2 { // the two new shards only
+		t.Errorf("failover moved shards: %v", moves)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	last := uint64(0)
+	for _, s := range seen {
+		if s.Epoch < last {
+			t.Errorf("epochs went back: %d after %d", s.Epoch, last)
+		}
+		last = s.Epoch
+		if liveCount(s) != 1 {
+			t.Errorf("b0 not live in the map of epoch %d during the failover", s.Epoch)
+		}
+	}
+	st, _ := mp.Stream("after")
+	for _, o := range st.Owners {
+		if o != "b0" {
+			t.Errorf("stream created after the failover placed on %q, want b0", o)
+		}
+	}
+}
+
+// TestCloseWithoutQuorum closes the last ctl of a cluster whose other
+// members are gone: its etcd has no quorum, so nothing it writes on the
+// way out can succeed, and Close must not wait for it. (etcd's Campaign
+// resigns with the client's context when its own is canceled, and the
+// client retried that write for nine minutes.)
+func TestCloseWithoutQuorum(t *testing.T) {
+	p := newPKI(t)
+	srvs := startHA(t, p, 3)
+	leader := waitLeader(t, srvs, nil)
+	last := srvs[0]
+	if last == leader {
+		last = srvs[1]
+	}
+	var wg sync.WaitGroup
+	for _, s := range srvs {
+		if s != last {
+			wg.Add(1)
+			go func() { defer wg.Done(); s.Close() }()
+		}
+	}
+	wg.Wait()
+	start := time.Now()
+	last.Close()
+	// The resign of a leader waits up to CtlTTL (1s here); etcd's own
+	// shutdown a few seconds more.
+	if took := time.Since(start); took > 8*time.Second {
+		t.Errorf("Close without an etcd quorum took %v", took)
+	} else {
+		t.Logf("Close without an etcd quorum took %v", took)
+	}
+}
+
+func TestConflictingWritersCannotBothCommit(t *testing.T) {
+	dir := t.TempDir()
+	a, err := New(Config{DataDir: filepath.Join(dir, "a"), Name: "a", Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	// A store computed from the same revision as a's, as a second ctl
+	// that believes it leads would hold.
+	other := newStore(a.store.cli, DefaultCluster)
+	snap, err := other.load(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.CreateStream(shardmap.StreamConfig{Name: "x", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	next := snap
+	next.Epoch++
+	next.Streams = append(next.Streams, shardmap.Stream{StreamConfig: shardmap.StreamConfig{Name: "y", Shards: 1}, Owners: []string{""}})
+	if err := other.save(context.Background(), next); !errors.Is(err, ErrConflict) {
+		t.Fatalf("stale writer: %v, want ErrConflict", err)
+	}
+	got, err := other.load(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Streams) != 1 || got.Streams[0].Name != "x" || got.Epoch != a.Map().Epoch {
+		t.Fatalf("etcd holds %+v, want only a's change at epoch %d", got, a.Map().Epoch)
+	}
+}
+
+func TestImportStateFile(t *testing.T) {
+	dir := t.TempDir()
+	s := threeNodes(t)
+	if err := s.createStream(shardmap.StreamConfig{Name: "orders", Shards: 4}); err != nil {
+		t.Fatal(err)
+	}
+	g := auth.Grant{Principal: "bob", Action: auth.Publish, Pattern: "orders"}
+	if _, err := s.grant(g); err != nil {
+		t.Fatal(err)
+	}
+	if err := saveState(dir, s.snapshot()); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := New(Config{DataDir: dir, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := srv.Map()
+	srv.Close()
+	if m.Epoch <= s.epoch {
+		t.Errorf("imported at epoch %d, want above the file's %d", m.Epoch, s.epoch)
+	}
+	if moves := shardmap.Diff(s.Map(), m); len(m.Nodes) != 3 || len(moves) != 0 {
+		t.Errorf("import: %d members, moves %v; want 3 and none", len(m.Nodes), moves)
+	}
+	if len(m.ACL.Grants) != 1 || m.ACL.Grants[0] != g {
+		t.Errorf("imported grants %+v, want %+v", m.ACL.Grants, g)
+	}
+	if _, err := loadState(dir); err != nil {
+		t.Fatal(err)
+	}
+	if snap, _ := loadState(dir); snap.Epoch != 0 {
+		t.Errorf("state file still in place after import")
+	}
+	// Starting again reads etcd, not the renamed file.
+	srv, err = New(Config{DataDir: dir, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if _, ok := srv.Map().Stream("orders"); !ok || srv.Map().Epoch < m.Epoch {
+		t.Errorf("after restart: %+v", srv.Map())
+	}
+}

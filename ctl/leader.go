@@ -1,0 +1,453 @@
+package ctl
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// Every ctl campaigns in one etcd election (key prefix election/, through
+// concurrency.Election) with its own session lease (TTL Config.CtlTTL).
+// The one elected is the leader: it alone places shards and writes maps,
+// every write fenced by its election key (a transaction that fails once
+// the key is gone), so a leader that lost its lease — partitioned, paused
+// — cannot write a map after it. The others are followers: they hold
+// registrations, serve reads from the map they watch, and forward changes
+// to the leader. When the leader's lease ends (it died, or cannot reach a
+// quorum of etcd), the next in line takes over: it reads the state, the
+// broker leases (live/) and carries on from the stored epoch.
+
+// The election value and the ctl/ registry entry of each ctl.
+type ctlInfo struct {
+	Name string `json:"name"`
+	// ID tells this run of the ctl from others of the same name.
+	ID   string `json:"id"`
+	Addr string `json:"addr"` // QUIC address other ctls and tools reach it at
+	Etcd string `json:"etcd,omitempty"`
+}
+
+func (st *store) electionPrefix() string    { return st.prefix + "election" }
+func (st *store) ctlKey(name string) string { return st.prefix + "ctl/" + name }
+
+// electLoop campaigns until Close: a session, a campaign, leadership
+// until the session ends; then again with a new session.
+func (s *Server) electLoop() {
+	defer s.wg.Done()
+	backoff := minBackoff
+	for s.ctx.Err() == nil {
+		err := s.campaign()
+		if s.ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			s.log.Warn("ctl election: retrying", "err", err)
+		}
+		select {
+		case <-time.After(backoff/2 + rand.N(backoff/2+1)):
+		case <-s.ctx.Done():
+			return
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// campaign runs one session: it registers this ctl under ctl/, campaigns,
+// and leads until the session ends.
+func (s *Server) campaign() error {
+	sess, err := concurrency.NewSession(s.store.cli, concurrency.WithTTL(int(leaseTTLSeconds(s.cfg.CtlTTL))), concurrency.WithContext(s.ctx))
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
+	el := concurrency.NewElection(sess, s.store.electionPrefix())
+	s.el.Lock()
+	s.el.sess, s.el.el, s.el.won = sess, el, false
+	err = s.announceLocked()
+	info := s.info()
+	s.el.Unlock()
+	defer func() {
+		s.el.Lock()
+		s.el.sess, s.el.el, s.el.won = nil, nil, false
+		s.el.Unlock()
+	}()
+	if err != nil {
+		return err
+	}
+	campaign := make(chan error, 1)
+	cctx, ccancel := context.WithCancel(s.ctx)
+	defer ccancel()
+	go func() { campaign <- el.Campaign(cctx, info) }()
+	select {
+	case err := <-campaign:
+		if err != nil {
+			return err
+		}
+	case <-sess.Done():
+		ccancel()
+		<-campaign
+		return errors.New("session lease lost while campaigning")
+	}
+	s.el.Lock()
+	s.el.won = true
+	if s.info() != info { // Start set the address while this campaigned
+		err = s.announceLocked()
+	}
+	s.el.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := s.takeOver(el); err != nil {
+		s.stepDown("takeover failed")
+		s.resign(el)
+		return err
+	}
+	select {
+	case <-sess.Done():
+		s.stepDown("session lease lost")
+		return errors.New("leader's session lease lost")
+	case <-s.lost:
+		s.stepDown("a write was refused: no longer the leader")
+	case <-s.ctx.Done():
+		s.stepDown("closing")
+	}
+	s.resign(el)
+	return nil
+}
+
+// resign gives up the leadership, so that the next ctl in line takes over
+// at once instead of when this one's session lease runs out. It waits no
+// longer than that lease would take anyway (CtlTTL): without a quorum of
+// etcd the write cannot succeed, and the lease ends the leadership all
+// the same.
+func (s *Server) resign(el *concurrency.Election) {
+	ctx, cancel := context.WithTimeout(context.Background(), min(s.cfg.CtlTTL, s.store.timeout))
+	defer cancel()
+	if err := el.Resign(ctx); err != nil {
+		s.log.Debug("ctl resign failed; the election key goes with the session lease", "err", err)
+	}
+}
+
+// election is the election session of the campaign under way, for
+// announce. Its mutex is held across the etcd writes of announceLocked.
+type election struct {
+	sync.Mutex
+	sess *concurrency.Session
+	el   *concurrency.Election
+	won  bool
+}
+
+// info is this ctl's ctl/ entry and election value.
+func (s *Server) info() string {
+	b, _ := json.Marshal(ctlInfo{Name: s.name(), ID: s.regToken, Addr: s.advertise(), Etcd: s.etcd.clientURL})
+	return string(b)
+}
+
+// announce republishes this ctl's address (once Start knows it) in its
+// ctl/ entry, and as the election value if it leads.
+func (s *Server) announce() {
+	s.el.Lock()
+	defer s.el.Unlock()
+	if err := s.announceLocked(); err != nil {
+		s.log.Warn("could not publish this ctl's address in etcd", "err", err)
+	}
+}
+
+func (s *Server) announceLocked() error {
+	if s.el.sess == nil {
+		return nil // the next campaign announces it
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.store.timeout)
+	defer cancel()
+	info := s.info()
+	if _, err := s.store.cli.Put(ctx, s.store.ctlKey(s.name()), info, clientv3.WithLease(s.el.sess.Lease())); err != nil {
+		return err
+	}
+	if s.el.won {
+		return s.el.el.Proclaim(ctx, info)
+	}
+	return nil
+}
+
+// takeOver makes this ctl the leader: under the lock, it fences the
+// store with its election key, reads the state and the broker leases,
+// brings the members' liveness up to date and commits that.
+func (s *Server) takeOver(el *concurrency.Election) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.closed {
+		return errors.New("closed")
+	}
+	s.store.fence = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(el.Key()), "=", el.Rev())}
+	snap, err := s.store.load(s.ctx)
+	if err != nil {
+		s.store.fence = nil
+		return err
+	}
+	live, _, err := s.store.readLive(s.ctx)
+	if err != nil {
+		s.store.fence = nil
+		return err
+	}
+	st := newState(snap, s.cfg.Superusers)
+	st.maxShardsTotal = s.cfg.MaxShardsTotal
+	for _, e := range live {
+		if _, _, err := st.register(e.node, e.session); err != nil {
+			s.log.Warn("ignoring a malformed broker lease", "node", e.node.ID, "err", err)
+		}
+	}
+	if err := s.store.save(s.ctx, st.snapshot()); err != nil {
+		s.store.fence = nil
+		return err
+	}
+	s.mu.st = st
+	s.mu.leader = true
+	s.stats.leaderChanges.Add(1)
+	s.publishLocked("leader elected")
+	s.log.Info("ctl is the leader", "name", s.name(), "epoch", st.epoch, "live", st.liveIDs())
+	return nil
+}
+
+// stepDown makes this ctl a follower.
+func (s *Server) stepDown(why string) {
+	s.mu.Lock()
+	was := s.mu.leader
+	s.mu.leader = false
+	s.store.fence = nil
+	s.mu.Unlock()
+	select {
+	case <-s.lost:
+	default:
+	}
+	if was {
+		s.stats.leaderChanges.Add(1)
+		level := slog.LevelWarn
+		if s.ctx.Err() != nil {
+			level = slog.LevelInfo // closing
+		}
+		s.log.Log(context.Background(), level, "ctl is no longer the leader", "name", s.name(), "why", why)
+	}
+}
+
+// lostLeadership tells campaign a fenced write failed. s.mu is held.
+func (s *Server) lostLeadershipLocked() {
+	select {
+	case s.lost <- struct{}{}:
+	default:
+	}
+}
+
+// watchLoop follows etcd: a follower adopts every new map the leader
+// commits and pushes it to its brokers; the leader turns the broker
+// leases (live/) into liveness changes. A broken watch is re-established
+// after a full read.
+func (s *Server) watchLoop(rev int64) {
+	defer s.wg.Done()
+	for s.ctx.Err() == nil {
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(s.ctx))
+		wch := s.store.cli.Watch(wctx, s.store.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithPrevKV())
+		for resp := range wch {
+			if err := resp.Err(); err != nil {
+				s.log.Warn("etcd watch failed; re-reading the state", "err", err)
+				break
+			}
+			s.applyEvents(resp.Events)
+			rev = resp.Header.Revision
+		}
+		cancel()
+		if s.ctx.Err() != nil {
+			return
+		}
+		// Start over from the current state.
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-s.ctx.Done():
+			return
+		}
+		r, err := s.resync()
+		if err != nil {
+			s.log.Warn("etcd unreachable; holding the last map", "err", err)
+			continue
+		}
+		rev = r
+	}
+}
+
+// applyEvents handles one batch of watch events.
+func (s *Server) applyEvents(evs []*clientv3.Event) {
+	epochChanged := false
+	var lives []*clientv3.Event
+	for _, ev := range evs {
+		key := string(ev.Kv.Key)
+		switch {
+		case key == s.store.epochKey():
+			epochChanged = true
+		case strings.HasPrefix(key, s.store.livePrefix()):
+			lives = append(lives, ev)
+		}
+	}
+	if len(lives) > 0 {
+		s.applyLive(lives)
+	}
+	if epochChanged {
+		s.followState()
+	}
+}
+
+// applyLive applies broker lease events on the leader: a put registers
+// (or updates) the node, a delete ends its registration, which marks it
+// down.
+func (s *Server) applyLive(evs []*clientv3.Event) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.mu.leader || s.mu.closed {
+		return
+	}
+	changed := false
+	var reasons []string
+	for _, ev := range evs {
+		if ev.Type == mvccpb.PUT {
+			e, ok := parseLive(s.store, ev.Kv.Key, ev.Kv.Value, ev.Kv.CreateRevision)
+			if !ok {
+				continue
+			}
+			c, _, err := s.mu.st.register(e.node, e.session)
+			if err == nil && c {
+				changed = true
+				reasons = append(reasons, "node live "+e.node.ID)
+			}
+			continue
+		}
+		if ev.PrevKv == nil {
+			continue
+		}
+		e, ok := parseLive(s.store, ev.PrevKv.Key, ev.PrevKv.Value, ev.PrevKv.CreateRevision)
+		if !ok {
+			continue
+		}
+		if s.mu.st.end(e.node.ID, e.session) {
+			changed = true
+			why := "node down " + e.node.ID
+			if s.leaseGone(e.lease) {
+				s.stats.leaseExpiries.Add(1)
+				why = "lease expired " + e.node.ID
+				s.log.Warn("broker lease expired", "node", e.node.ID, "ttl", s.cfg.LeaseTTL)
+			}
+			reasons = append(reasons, why)
+		}
+	}
+	if changed {
+		s.commitLocked(strings.Join(reasons, ", "))
+	}
+}
+
+// leaseGone reports whether an etcd lease no longer exists: its key was
+// deleted by expiry, not by the end of a registration (which leaves the
+// lease to run out on its own).
+func (s *Server) leaseGone(id int64) bool {
+	ctx, cancel := context.WithTimeout(s.ctx, s.store.timeout)
+	defer cancel()
+	resp, err := s.store.cli.TimeToLive(ctx, clientv3.LeaseID(id))
+	return err == nil && resp.TTL <= 0
+}
+
+// followState makes a follower adopt the state the leader committed.
+func (s *Server) followState() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.leader || s.mu.closed {
+		return
+	}
+	snap, err := s.store.load(s.ctx)
+	if err != nil {
+		s.log.Warn("could not read the new state from etcd; holding the last map", "err", err)
+		return
+	}
+	s.adoptLocked(snap)
+}
+
+// adoptLocked makes snap, as committed by the leader, this follower's
+// state and map. s.mu is held.
+func (s *Server) adoptLocked(snap snapshot) {
+	if snap.Epoch <= s.mu.st.epoch && s.mu.st.epoch != 0 {
+		return
+	}
+	s.mu.st = restoreState(snap, s.cfg.Superusers, s.cfg.MaxShardsTotal)
+	s.publishLocked("map from the leader")
+}
+
+// resync re-reads the whole state after a broken watch and returns the
+// revision to watch from. The leader re-applies every broker lease.
+func (s *Server) resync() (int64, error) {
+	live, rev, err := s.store.readLive(s.ctx)
+	if err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.closed {
+		return rev, nil
+	}
+	if !s.mu.leader {
+		snap, err := s.store.load(s.ctx)
+		if err != nil {
+			return 0, err
+		}
+		s.adoptLocked(snap)
+		return rev, nil
+	}
+	changed := false
+	for _, e := range live {
+		if c, _, err := s.mu.st.register(e.node, e.session); err == nil && c {
+			changed = true
+		}
+	}
+	for _, n := range s.mu.st.Map().Nodes {
+		if _, ok := live[n.ID]; !ok && n.Live {
+			m := s.mu.st.members[n.ID]
+			if s.mu.st.end(n.ID, m.session) {
+				changed = true
+			}
+		}
+	}
+	if changed {
+		s.commitLocked("broker leases re-read")
+	}
+	return rev, nil
+}
+
+// restoreState is a follower's core: the state as the leader committed
+// it, members Live as stored, epoch as stored.
+func restoreState(snap snapshot, superusers []string, maxShards int) *state {
+	st := newState(snap, superusers)
+	st.epoch = snap.Epoch
+	st.maxShardsTotal = maxShards
+	for _, n := range snap.Members {
+		st.members[n.ID].node.Live = n.Live
+	}
+	st.rebuild()
+	return st
+}
+
+// leaderInfo returns the elected leader's entry, if there is one.
+func (s *Server) leaderInfo(ctx context.Context) (ctlInfo, bool) {
+	ctx, cancel := context.WithTimeout(ctx, s.store.timeout)
+	defer cancel()
+	resp, err := s.store.cli.Get(ctx, s.store.electionPrefix()+"/", clientv3.WithFirstCreate()...)
+	if err != nil || len(resp.Kvs) == 0 {
+		return ctlInfo{}, false
+	}
+	var info ctlInfo
+	if json.Unmarshal(resp.Kvs[0].Value, &info) != nil {
+		return ctlInfo{}, false
+	}
+	return info, true
+}

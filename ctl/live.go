@@ -1,0 +1,173 @@
+package ctl
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/felix-broker/felix/shardmap"
+)
+
+// A broker's liveness is an etcd lease held by the ctl its registration
+// stream reaches (any ctl, leader or not): the key live/<node> is put with
+// that lease when the broker registers, the lease is kept alive by every
+// heartbeat the broker sends, and the key is deleted when the
+// registration ends. A broker whose ctl dies keeps its key until the
+// lease runs out; registering with another ctl before then adopts the
+// lease, so a ctl restart or failover changes no broker's liveness. The
+// leader watches live/ and turns what it sees into the map (see
+// leader.go).
+
+// liveValue is the value of a live/<node> key.
+type liveValue struct {
+	ID    string `json:"id"`
+	Addr  string `json:"addr"`
+	Admin string `json:"admin,omitempty"`
+	Lease int64  `json:"lease"`
+	// By is the ctl holding the registration, and Reg a token of that
+	// registration: only its own registration may delete the key.
+	By  string `json:"by"`
+	Reg string `json:"reg"`
+}
+
+func (st *store) liveKey(id string) string { return st.prefix + "live/" + id }
+func (st *store) livePrefix() string       { return st.prefix + "live/" }
+
+// leaseTTLSeconds is the etcd lease TTL for a broker lease of ttl: whole
+// seconds, at least one (etcd may raise it to its own minimum).
+func leaseTTLSeconds(ttl time.Duration) int64 {
+	return max(1, int64((ttl+time.Second-1)/time.Second))
+}
+
+// liveLease is one registration's hold on a live/<node> key.
+type liveLease struct {
+	key   string
+	value string
+	lease clientv3.LeaseID
+	// session is the key's create revision: the core's session number
+	// of the registration (see liveEntry).
+	session uint64
+}
+
+// acquireLive puts live/<n.ID> for a new registration: with the lease of
+// the key already there (left by a ctl that died or a registration this
+// one replaces) if it is still alive, else with a new lease.
+func (s *Server) acquireLive(ctx context.Context, n shardmap.Node, reg string) (*liveLease, error) {
+	st := s.store
+	key := st.liveKey(n.ID)
+	ctx, cancel := context.WithTimeout(ctx, st.timeout)
+	defer cancel()
+	start := time.Now()
+	defer st.observe("live", start)
+	var lease clientv3.LeaseID
+	if resp, err := st.cli.Get(ctx, key); err == nil && len(resp.Kvs) > 0 && resp.Kvs[0].Lease != 0 {
+		if _, err := st.cli.KeepAliveOnce(ctx, clientv3.LeaseID(resp.Kvs[0].Lease)); err == nil {
+			lease = clientv3.LeaseID(resp.Kvs[0].Lease)
+		}
+	}
+	for range 2 {
+		if lease == 0 {
+			g, err := st.cli.Grant(ctx, leaseTTLSeconds(s.cfg.LeaseTTL))
+			if err != nil {
+				return nil, fmt.Errorf("grant lease for %s: %w", n.ID, err)
+			}
+			lease = g.ID
+		}
+		b, _ := json.Marshal(liveValue{ID: n.ID, Addr: n.Addr, Admin: n.Admin, Lease: int64(lease), By: s.name(), Reg: reg})
+		resp, err := st.cli.Put(ctx, key, string(b), clientv3.WithLease(lease), clientv3.WithPrevKV())
+		if err == nil {
+			session := uint64(resp.Header.Revision)
+			if resp.PrevKv != nil {
+				session = uint64(resp.PrevKv.CreateRevision)
+			}
+			return &liveLease{key: key, value: string(b), lease: lease, session: session}, nil
+		}
+		if !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return nil, fmt.Errorf("put %s: %w", key, err)
+		}
+		lease = 0 // the adopted lease ran out just now
+	}
+	return nil, fmt.Errorf("put %s: lease lost twice", key)
+}
+
+// renewLive keeps l's lease alive for a heartbeat. A lease that ran out
+// (the broker was silent too long, or etcd unreachable for as long) is
+// replaced: the key is put again, and the leader sees the node come back.
+func (s *Server) renewLive(ctx context.Context, n shardmap.Node, reg string, l *liveLease) (*liveLease, error) {
+	st := s.store
+	cctx, cancel := context.WithTimeout(ctx, st.timeout)
+	start := time.Now()
+	_, err := st.cli.KeepAliveOnce(cctx, l.lease)
+	st.observe("keepalive", start)
+	cancel()
+	if err == nil {
+		return l, nil
+	}
+	if !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return l, err
+	}
+	s.stats.leaseExpiries.Add(1)
+	s.log.Warn("broker lease had expired; renewed", "node", n.ID)
+	return s.acquireLive(ctx, n, reg)
+}
+
+// releaseLive deletes l's key if it is still this registration's, and
+// reports whether it did. The
+// lease is left to run out (it holds nothing else), so that the leader
+// can tell an ended registration (lease alive, key gone) from an expired
+// one.
+func (s *Server) releaseLive(l *liveLease) bool {
+	st := s.store
+	ctx, cancel := context.WithTimeout(context.Background(), st.timeout)
+	defer cancel()
+	resp, err := st.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.Value(l.key), "=", l.value)).
+		Then(clientv3.OpDelete(l.key)).
+		Commit()
+	if err != nil {
+		s.log.Warn("could not end a broker's liveness in etcd; its lease will run out", "key", l.key, "err", err)
+		return false
+	}
+	return resp.Succeeded
+}
+
+// readLive reads every live/ key, by node id.
+func (st *store) readLive(ctx context.Context) (map[string]liveEntry, int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, st.timeout)
+	defer cancel()
+	resp, err := st.cli.Get(ctx, st.livePrefix(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, 0, fmt.Errorf("ctl: read broker leases: %w", err)
+	}
+	out := map[string]liveEntry{}
+	for _, kv := range resp.Kvs {
+		if e, ok := parseLive(st, kv.Key, kv.Value, kv.CreateRevision); ok {
+			out[e.node.ID] = e
+		}
+	}
+	return out, resp.Header.Revision, nil
+}
+
+// liveEntry is a live/<node> key as the leader uses it: the node and the
+// registration's session number for the core (the key's create revision,
+// which a new registration on another ctl changes).
+type liveEntry struct {
+	node    shardmap.Node
+	session uint64
+	lease   int64
+}
+
+func parseLive(st *store, key, value []byte, createRev int64) (liveEntry, bool) {
+	id := strings.TrimPrefix(string(key), st.livePrefix())
+	var v liveValue
+	if err := json.Unmarshal(value, &v); err != nil || v.ID != id {
+		return liveEntry{}, false
+	}
+	return liveEntry{node: shardmap.Node{ID: v.ID, Addr: v.Addr, Admin: v.Admin}, session: uint64(createRev), lease: v.Lease}, true
+}

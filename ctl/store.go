@@ -1,0 +1,260 @@
+package ctl
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/felix-broker/felix/auth"
+	"github.com/felix-broker/felix/shardmap"
+)
+
+// ErrConflict is returned when a change was computed from a state another
+// control plane has changed since: the compare-and-swap on the epoch key
+// failed and nothing was written. The change must be recomputed from the
+// current state (by the leader, if this ctl still is one).
+var ErrConflict = errors.New("ctl: state changed by another control plane")
+
+// store keeps the control plane's state in etcd under one prefix (the key
+// layout is in the package doc). Every write is a transaction guarded by
+// the mod revision of the epoch key the change was computed from, and
+// every change puts the epoch key, so two writers that read the same
+// state cannot both commit: one map per epoch, whoever computes it.
+//
+// store is not safe for concurrent writes; the server serializes them.
+type store struct {
+	cli    *clientv3.Client
+	prefix string // "/felix/<cluster>/"
+	// timeout bounds each request; default etcdOpTimeout.
+	timeout time.Duration
+	// rtt, when set, observes the duration of every etcd round trip.
+	rtt func(op string, d time.Duration)
+
+	// snap is the state at revision rev: what the next save diffs
+	// against and is guarded by (rev is the epoch key's mod revision; 0
+	// for an empty store).
+	snap snapshot
+	rev  int64
+	// pending are writes whose outcome is unknown, by epoch.
+	pending map[uint64]snapshot
+	// fence are extra conditions every save must meet: the leader's
+	// election key still being its own (see leader.go).
+	fence []clientv3.Cmp
+}
+
+func newStore(cli *clientv3.Client, cluster string) *store {
+	return &store{cli: cli, prefix: "/felix/" + cluster + "/", timeout: etcdOpTimeout}
+}
+
+func (st *store) epochKey() string           { return st.prefix + "epoch" }
+func (st *store) memberKey(id string) string { return st.prefix + "members/" + id }
+func (st *store) streamKey(n string) string  { return st.prefix + "streams/" + n }
+func (st *store) grantKey(g auth.Grant) string {
+	return st.prefix + "grants/" + url.PathEscape(g.Principal) + "/" + string(g.Action) + "/" + url.PathEscape(g.Pattern)
+}
+
+func (st *store) observe(op string, start time.Time) {
+	if st.rtt != nil {
+		st.rtt(op, time.Since(start))
+	}
+}
+
+// load reads the whole state at one revision and makes it the base of the
+// next save.
+func (st *store) load(ctx context.Context) (snapshot, error) {
+	snap, rev, err := st.read(ctx)
+	if err != nil {
+		return snapshot{}, err
+	}
+	st.snap, st.rev, st.pending = snap, rev, nil
+	return snap, nil
+}
+
+// read reads the whole state at one revision. rev is the mod revision of
+// the epoch key (0 when the store is empty: a new cluster).
+func (st *store) read(ctx context.Context) (snap snapshot, rev int64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, st.timeout)
+	defer cancel()
+	start := time.Now()
+	resp, err := st.cli.Get(ctx, st.prefix, clientv3.WithPrefix())
+	st.observe("load", start)
+	if err != nil {
+		return snapshot{}, 0, fmt.Errorf("ctl: load state from etcd %s: %w", st.prefix, err)
+	}
+	for _, kv := range resp.Kvs {
+		key := string(kv.Key)
+		rest := strings.TrimPrefix(key, st.prefix)
+		bad := func(err error) error { return fmt.Errorf("ctl: load state: corrupt key %s: %w", key, err) }
+		switch {
+		case rest == "epoch":
+			if snap.Epoch, err = strconv.ParseUint(string(kv.Value), 10, 64); err != nil {
+				return snapshot{}, 0, bad(err)
+			}
+			rev = kv.ModRevision
+		case strings.HasPrefix(rest, "members/"):
+			var m fileMember
+			if err := json.Unmarshal(kv.Value, &m); err != nil {
+				return snapshot{}, 0, bad(err)
+			}
+			snap.Members = append(snap.Members, shardmap.Node{ID: m.ID, Addr: m.Addr, Admin: m.Admin, Live: m.Live})
+		case strings.HasPrefix(rest, "streams/"):
+			var s fileStream
+			if err := json.Unmarshal(kv.Value, &s); err != nil {
+				return snapshot{}, 0, bad(err)
+			}
+			stream, err := s.stream()
+			if err != nil {
+				return snapshot{}, 0, bad(err)
+			}
+			snap.Streams = append(snap.Streams, stream)
+		case strings.HasPrefix(rest, "grants/"):
+			var g fileGrant
+			if err := json.Unmarshal(kv.Value, &g); err != nil {
+				return snapshot{}, 0, bad(err)
+			}
+			ag := g.grant()
+			if err := ag.Validate(); err != nil {
+				return snapshot{}, 0, bad(err)
+			}
+			snap.Grants = append(snap.Grants, ag)
+		}
+	}
+	return snap, rev, nil
+}
+
+// save writes next: the difference between the state last loaded or
+// saved and next, if and only if the epoch key is still at the revision
+// that state was read at. It fails with ErrConflict when another writer
+// got there first (nothing is written; the caller must reload).
+//
+// A write whose outcome is unknown (a timeout, a lost connection) is
+// remembered as pending: if a later save finds the epoch key moved to
+// that write's epoch, it was this store's write that landed, and the
+// later save proceeds from it.
+func (st *store) save(ctx context.Context, next snapshot) error {
+	for range 2 {
+		ops := st.diff(st.snap, next)
+		cctx, cancel := context.WithTimeout(ctx, st.timeout)
+		start := time.Now()
+		resp, err := st.cli.Txn(cctx).
+			If(append([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(st.epochKey()), "=", st.rev)}, st.fence...)...).
+			Then(ops...).
+			Else(clientv3.OpGet(st.epochKey())).
+			Commit()
+		cancel()
+		st.observe("commit", start)
+		if err != nil {
+			if st.pending == nil {
+				st.pending = map[uint64]snapshot{}
+			}
+			st.pending[next.Epoch] = next
+			return fmt.Errorf("ctl: commit epoch %d to etcd: %w", next.Epoch, err)
+		}
+		if resp.Succeeded {
+			st.snap, st.rev, st.pending = next, resp.Header.Revision, nil
+			return nil
+		}
+		have, haveRev := uint64(0), int64(0)
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			have, _ = strconv.ParseUint(string(kvs[0].Value), 10, 64)
+			haveRev = kvs[0].ModRevision
+		}
+		if p, ok := st.pending[have]; ok && haveRev > st.rev {
+			st.snap, st.rev = p, haveRev // our earlier write landed after all
+			delete(st.pending, have)
+			continue
+		}
+		return fmt.Errorf("commit epoch %d computed at revision %d: etcd holds epoch %d at revision %d: %w", next.Epoch, st.rev, have, haveRev, ErrConflict)
+	}
+	return fmt.Errorf("commit epoch %d: %w", next.Epoch, ErrConflict)
+}
+
+// diff returns the etcd operations turning old into next: the epoch, and
+// a put or delete for each member, stream and grant that changed.
+func (st *store) diff(old, next snapshot) []clientv3.Op {
+	ops := []clientv3.Op{clientv3.OpPut(st.epochKey(), strconv.FormatUint(next.Epoch, 10))}
+	put := func(key string, v any) {
+		b, _ := json.Marshal(v) // plain structs of strings and numbers
+		ops = append(ops, clientv3.OpPut(key, string(b)))
+	}
+
+	oldM := map[string]fileMember{}
+	for _, n := range old.Members {
+		oldM[n.ID] = toFileMember(n)
+	}
+	for _, n := range next.Members {
+		fm := toFileMember(n)
+		if o, ok := oldM[n.ID]; !ok || o != fm {
+			put(st.memberKey(n.ID), fm)
+		}
+		delete(oldM, n.ID)
+	}
+	for id := range oldM {
+		ops = append(ops, clientv3.OpDelete(st.memberKey(id)))
+	}
+
+	oldS := map[string]shardmap.Stream{}
+	for _, s := range old.Streams {
+		oldS[s.Name] = s
+	}
+	for _, s := range next.Streams {
+		if o, ok := oldS[s.Name]; !ok || o.StreamConfig != s.StreamConfig || !slices.Equal(o.Owners, s.Owners) {
+			put(st.streamKey(s.Name), toFileStream(s))
+		}
+		delete(oldS, s.Name)
+	}
+	for name := range oldS {
+		ops = append(ops, clientv3.OpDelete(st.streamKey(name)))
+	}
+
+	oldG := map[auth.Grant]bool{}
+	for _, g := range old.Grants {
+		oldG[g] = true
+	}
+	for _, g := range next.Grants {
+		if !oldG[g] {
+			put(st.grantKey(g), toFileGrant(g))
+		}
+		delete(oldG, g)
+	}
+	for g := range oldG {
+		ops = append(ops, clientv3.OpDelete(st.grantKey(g)))
+	}
+	return ops
+}
+
+func toFileMember(n shardmap.Node) fileMember {
+	return fileMember{ID: n.ID, Addr: n.Addr, Admin: n.Admin, Live: n.Live}
+}
+
+func toFileStream(c shardmap.Stream) fileStream {
+	return fileStream{Name: c.Name, Shards: c.Shards, RetentionBytes: c.RetentionBytes,
+		RetentionAgeNano: int64(c.RetentionAge), Owners: c.Owners}
+}
+
+func toFileGrant(g auth.Grant) fileGrant {
+	return fileGrant{Principal: g.Principal, Action: string(g.Action), Pattern: g.Pattern}
+}
+
+func (g fileGrant) grant() auth.Grant {
+	return auth.Grant{Principal: g.Principal, Action: auth.Action(g.Action), Pattern: g.Pattern}
+}
+
+func (s fileStream) stream() (shardmap.Stream, error) {
+	c := shardmap.StreamConfig{Name: s.Name, Shards: s.Shards, RetentionBytes: s.RetentionBytes, RetentionAge: time.Duration(s.RetentionAgeNano)}
+	if err := c.Validate(); err != nil {
+		return shardmap.Stream{}, err
+	}
+	if len(s.Owners) > c.Shards {
+		return shardmap.Stream{}, fmt.Errorf("stream %q: %d owners for %d shards", s.Name, len(s.Owners), c.Shards)
+	}
+	return shardmap.Stream{StreamConfig: c, Owners: s.Owners}, nil
+}

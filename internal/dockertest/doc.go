@@ -1,0 +1,23 @@
+// Package dockertest runs Felix clusters of containers, one process per
+// container on a Docker network of the cluster's own, for the tests that
+// need machines to die or be cut off: three `felix ctl` forming an
+// embedded etcd cluster and three `felix broker`, started in one line
+// ([Start]), killed with SIGKILL ([Cluster.Kill]) and started again
+// ([Cluster.Restart]).
+//
+// The image is built from the code under test: a static felix binary on
+// an empty base (FROM scratch); nothing is pulled. Every node has a fixed
+// address on the network, which is in its certificate and which the test
+// process reaches directly, so a test drives the cluster with the Go SDK
+// as any client would. Without a Docker engine the tests skip.
+//
+// It removes only what it created (every container, network and image it
+// makes carries the label felix.dockertest), and never touches a
+// container's data from outside: what a test checks, it checks through
+// Felix's own protocols.
+//
+// The tests of this package are the multi-host scenarios of issue 15:
+//
+//	go test ./internal/dockertest/                                  # one ctl leader kill
+//	go test ./internal/dockertest/ -run CtlLeaderKill -args -felix.docker.kills=10   # failover figures
+package dockertest
