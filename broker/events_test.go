@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,7 +11,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/felix-broker/felix/internal/msgtrace"
-	"github.com/felix-broker/felix/shardmap"
 )
 
 // TestReroutedForwardSpans: a forward refused with NotOwner and routed
@@ -33,32 +31,8 @@ func testReroutedForwardSpans(t *testing.T, reserved bool) {
 	}
 	tp := sdktrace.NewTracerProvider(opts...)
 	defer tp.Shutdown(context.Background())
-	var staleMap atomic.Pointer[shardmap.Map]
-	ip := startInprocWith(t, func(c *Config) {
-		c.TracerProvider = tp
-		c.Knobs.RouteMap = func(m *shardmap.Map) *shardmap.Map {
-			if s := staleMap.Swap(nil); s != nil {
-				return s
-			}
-			return m
-		}
-	}, 3, shardmap.StreamConfig{Name: "orders", Shards: 1})
-	owner := ip.owner("orders", 0)
-	var fwd, wrong *Broker
-	for _, b := range ip.brokers {
-		switch {
-		case b == owner:
-		case fwd == nil:
-			fwd = b
-		default:
-			wrong = b
-		}
-	}
-	cur := fwd.Map()
-	st, _ := cur.Stream("orders")
-	moved := *st
-	moved.Owners = []string{wrong.NodeID()}
-	stale := shardmap.Assemble(cur.Epoch-1, cur.Nodes, []shardmap.Stream{moved})
+	sr := startStaleRoute(t, func(c *Config) { c.TracerProvider = tp })
+	ip, owner, fwd, wrong, staleMap, stale := sr.ip, sr.owner, sr.fwd, sr.wrong, &sr.next, sr.stale
 
 	ws := openStream(t, ip.dial(fwd))
 	// Each record under a producer span of its own.

@@ -135,6 +135,53 @@ func TestPeerIdentity(t *testing.T) {
 	})
 }
 
+// staleRoute is a three-broker cluster with one single-shard stream,
+// "orders", and a routing seam: the next routing decision on any broker
+// takes next, if set, instead of the broker's map. stale is the map as it
+// was before the shard reached its owner (an epoch back, the shard on the
+// wrong broker); storing it in next makes fwd forward to wrong, which
+// refuses, so fwd must re-route to owner.
+type staleRoute struct {
+	ip                *inproc
+	owner, fwd, wrong *Broker
+	next              atomic.Pointer[shardmap.Map]
+	stale             *shardmap.Map
+}
+
+// startStaleRoute starts it, with tweak (if any) applied to every broker's
+// config first.
+func startStaleRoute(t *testing.T, tweak func(*Config)) *staleRoute {
+	t.Helper()
+	sr := &staleRoute{}
+	sr.ip = startInprocWith(t, func(c *Config) {
+		if tweak != nil {
+			tweak(c)
+		}
+		c.Knobs.RouteMap = func(m *shardmap.Map) *shardmap.Map {
+			if s := sr.next.Swap(nil); s != nil {
+				return s
+			}
+			return m
+		}
+	}, 3, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	sr.owner = sr.ip.owner("orders", 0)
+	for _, b := range sr.ip.brokers {
+		switch {
+		case b == sr.owner:
+		case sr.fwd == nil:
+			sr.fwd = b
+		default:
+			sr.wrong = b
+		}
+	}
+	cur := sr.fwd.Map()
+	st, _ := cur.Stream("orders")
+	moved := *st
+	moved.Owners = []string{sr.wrong.NodeID()}
+	sr.stale = shardmap.Assemble(cur.Epoch-1, cur.Nodes, []shardmap.Stream{moved})
+	return sr
+}
+
 func (ip *inproc) logOf(b *Broker, stream string, shard int) interface{ NextOffset() uint64 } {
 	ip.t.Helper()
 	e, err := b.shards.acquire(b.Map(), shardmap.ShardID{Stream: stream, Shard: shard})
@@ -165,34 +212,8 @@ func (s *shardSet) mustLog(t *testing.T, stream string, shard int) interface {
 // and re-routes. The publisher sees exactly one ack, from the owner, which
 // holds the record; the refusing broker wrote nothing.
 func TestForwarderReroutesAfterMapChange(t *testing.T) {
-	// The next routing decision (on any broker) takes staleMap, if set.
-	var staleMap atomic.Pointer[shardmap.Map]
-	ip := startInprocWith(t, func(c *Config) {
-		c.Knobs.RouteMap = func(m *shardmap.Map) *shardmap.Map {
-			if s := staleMap.Swap(nil); s != nil {
-				return s
-			}
-			return m
-		}
-	}, 3, shardmap.StreamConfig{Name: "orders", Shards: 1})
-	owner := ip.owner("orders", 0)
-	var fwd, wrong *Broker
-	for _, b := range ip.brokers {
-		switch {
-		case b == owner:
-		case fwd == nil:
-			fwd = b
-		default:
-			wrong = b
-		}
-	}
-	// The map as it was before the shard reached its owner: an epoch back,
-	// with the shard on the wrong broker.
-	cur := fwd.Map()
-	st, _ := cur.Stream("orders")
-	moved := *st
-	moved.Owners = []string{wrong.NodeID()}
-	stale := shardmap.Assemble(cur.Epoch-1, cur.Nodes, []shardmap.Stream{moved})
+	sr := startStaleRoute(t, nil)
+	ip, owner, fwd, wrong, staleMap, stale := sr.ip, sr.owner, sr.fwd, sr.wrong, &sr.next, sr.stale
 
 	ws := openStream(t, ip.dial(fwd))
 	staleMap.Store(stale)
