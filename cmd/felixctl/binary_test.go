@@ -173,9 +173,10 @@ func TestDemoTmux(t *testing.T) {
 		t.Errorf("publisher pane: no forwarded hello")
 	}
 	// The closing text, typed as comments wrapped between words to the
-	// pane's width.
+	// pane's width. A line typed before the shell printed its prompt is
+	// echoed twice by the terminal ("# text$ # text"): read from the prompt.
 	var why []string
-	for _, m := range regexp.MustCompile(`(?m)^\$ # (.*)$`).FindAllStringSubmatch(pubPane, -1) {
+	for _, m := range regexp.MustCompile(`(?m)\$ # (.*)$`).FindAllStringSubmatch(pubPane, -1) {
 		why = append(why, strings.TrimSpace(m[1]))
 	}
 	if strings.Join(why, " ") != demo.Why {
