@@ -343,7 +343,7 @@ func (p *pubSession) dispatch(in inbound, attempt int) {
 			Message: fmt.Sprintf("stream %q has %d shards; there is no shard %d", pub.Stream, st.Shards, shard)})
 		return
 	}
-	owner := st.Owners[shard]
+	owner := st.Placement.Owner(shard)
 	in.ev.route(shard, owner)
 	switch {
 	case owner == b.cfg.NodeID:

@@ -194,7 +194,7 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 		o.ObserveInt64(epoch, int64(mp.Epoch))
 		owned := 0
 		for _, st := range mp.Streams {
-			for _, owner := range st.Owners {
+			for _, owner := range st.Placement.All() {
 				if owner == b.cfg.NodeID {
 					owned++
 				}

@@ -41,7 +41,7 @@ func TestClusterJoinCreateLeave(t *testing.T) {
 	for _, m := range members {
 		mp := waitMap(t, m, "stream orders", func(mp *shardmap.Map) bool { _, ok := mp.Stream("orders"); return ok })
 		st, _ := mp.Stream("orders")
-		for shard, owner := range st.Owners {
+		for shard, owner := range st.Placement.All() {
 			if want := shardmap.Owner("orders", shard, []string{"b0", "b1", "b2"}); owner != want {
 				t.Errorf("orders/%d owned by %s, want %s", shard, owner, want)
 			}

@@ -219,7 +219,7 @@ func TestHAFailover(t *testing.T) {
 		}
 	}
 	st, _ := mp.Stream("after")
-	for _, o := range st.Owners {
+	for _, o := range st.Placement.All() {
 		if o != "b0" {
 			t.Errorf("stream created after the failover placed on %q, want b0", o)
 		}
@@ -277,7 +277,7 @@ func TestConflictingWritersCannotBothCommit(t *testing.T) {
 	}
 	next := snap
 	next.Epoch++
-	next.Streams = append(next.Streams, shardmap.Stream{StreamConfig: shardmap.StreamConfig{Name: "y", Shards: 1}, Owners: []string{""}})
+	next.Streams = append(next.Streams, shardmap.Stream{StreamConfig: shardmap.StreamConfig{Name: "y", Shards: 1}, Placement: shardmap.NewPlacement("")})
 	if err := other.save(context.Background(), next); !errors.Is(err, ErrConflict) {
 		t.Fatalf("stale writer: %v, want ErrConflict", err)
 	}
