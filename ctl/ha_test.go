@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/felix-broker/felix/auth"
+	"github.com/felix-broker/felix/ctl/ctlclient"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -144,7 +145,7 @@ func TestHAFailover(t *testing.T) {
 	// A broker registered with a follower is live in the leader's map.
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	m, err := Join(ctx, MemberConfig{
+	m, err := ctlclient.Join(ctx, ctlclient.MemberConfig{
 		CtlAddrs: []string{follower.Addr()},
 		TLS:      p.clientTLS(t, "b0"), Node: transport.Register{NodeID: "b0", Addr: "127.0.0.1:7400"},
 		LeaseTTL: shortTTL, MaxBackoff: 100 * time.Millisecond, Logger: testLogger(t),
