@@ -155,10 +155,9 @@ type shardEntry struct {
 	// closed once its log is closed: from then on nobody may acquire it.
 	gone chan struct{}
 
-	// last is the log's latest commit, for the spans of its records. It
-	// belongs to the goroutine committing a batch: its OnCommit hook sets
-	// it, the completions of the batch's records read it right after.
-	last wal.Commit
+	// commits is what telemetry keeps of the log's commits
+	// (telemetry.go).
+	commits shardCommits
 
 	// producers is the shard's idempotent producer table, set with log
 	// (see producers.go).
