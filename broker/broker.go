@@ -14,7 +14,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
-	"github.com/felix-broker/felix/ctl"
+	"github.com/felix-broker/felix/ctl/ctlclient"
 	"github.com/felix-broker/felix/internal/logonce"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
@@ -37,7 +37,7 @@ type Broker struct {
 	// joined is the control plane membership once Start has it; ready is
 	// set once the first map is applied (its logs open) and cleared by
 	// Close. Both are read by health checks from any goroutine.
-	joined atomic.Pointer[ctl.Member]
+	joined atomic.Pointer[ctlclient.Member]
 	ready  atomic.Bool
 
 	// ctx is cancelled when Close begins; every goroutine the broker starts
@@ -47,7 +47,7 @@ type Broker struct {
 	wg     sync.WaitGroup
 
 	ln     *transport.Listener
-	member *ctl.Member
+	member *ctlclient.Member
 
 	// refusals and denials remember which certificate was refused on which
 	// protocol and which principal was denied what, so each is logged once.
@@ -101,7 +101,7 @@ func (b *Broker) Start(ctx context.Context) error {
 	if advertise == "" {
 		advertise = ln.Addr().String()
 	}
-	member, err := ctl.Join(ctx, ctl.MemberConfig{
+	member, err := ctlclient.Join(ctx, ctlclient.MemberConfig{
 		CtlAddrs:  strings.Split(b.cfg.CtlAddr, ","), // any ctl member will do
 		TLS:       b.cfg.CtlTLS,
 		Transport: b.cfg.Transport,

@@ -177,7 +177,7 @@ func startStaleRoute(t *testing.T, tweak func(*Config)) *staleRoute {
 	cur := sr.fwd.Map()
 	st, _ := cur.Stream("orders")
 	moved := *st
-	moved.Owners = []string{sr.wrong.NodeID()}
+	moved.Placement = shardmap.NewPlacement(sr.wrong.NodeID())
 	sr.stale = shardmap.Assemble(cur.Epoch-1, cur.Nodes, []shardmap.Stream{moved})
 	return sr
 }

@@ -393,9 +393,7 @@ func (p *pubSession) retrier() {
 				Message: fmt.Sprintf("%s was refused by %s (not the owner at epoch %d) and could not get that map: %v", p.b.cfg.NodeID, r.by, r.epoch, err)})
 			continue
 		}
-		in := r.in
-		in.last = false // re-routed off the reader: queue, never commit inline here
-		p.dispatch(in, r.attempt+1)
+		p.dispatch(r.in.rerouted(), r.attempt+1)
 	}
 }
 

@@ -138,7 +138,8 @@ type inbound struct {
 	pub *transport.Publish
 
 	// last: no further frame was buffered on the stream when this one was
-	// read, so the reader may commit it itself (wal.Log.AppendNow).
+	// read, so the reader may commit it itself (wal.Log.AppendNow). Set
+	// here on receipt, cleared by rerouted.
 	last bool
 
 	// charge is what the record holds of its principal's publish budget
@@ -148,6 +149,14 @@ type inbound struct {
 	// ev is what happens to it, for telemetry (events.go), which builds
 	// its spans and metrics from it once it is answered.
 	ev pubEvents
+}
+
+// rerouted returns in as a goroutine other than the reader (the retrier)
+// dispatches it again: queued, never committed inline, whatever was
+// buffered when it was read.
+func (in inbound) rerouted() inbound {
+	in.last = false
+	return in
 }
 
 // handle takes one publish in. It returns false when the session is ending.
@@ -343,7 +352,7 @@ func (p *pubSession) dispatch(in inbound, attempt int) {
 			Message: fmt.Sprintf("stream %q has %d shards; there is no shard %d", pub.Stream, st.Shards, shard)})
 		return
 	}
-	owner := st.Owners[shard]
+	owner := st.Placement.Owner(shard)
 	in.ev.route(shard, owner)
 	switch {
 	case owner == b.cfg.NodeID:
@@ -414,7 +423,7 @@ func (p *pubSession) appendLocal(in inbound, m *shardmap.Map, shard int) {
 				Message: fmt.Sprintf("%s could not write %s: %v", b.cfg.NodeID, id, err)})
 			return
 		}
-		in.ev.commit = e.last // committed: the commit its log just made
+		e.commits.stamp(&in.ev) // committed: the commit its log just made
 		p.reply(&in, &transport.Ack{Seq: seq, Stream: stream, Shard: int32(shard), Offset: offset,
 			Timestamp: ts, Owner: b.cfg.NodeID, Via: via, Forwarded: via != b.cfg.NodeID})
 	})

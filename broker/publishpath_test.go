@@ -31,7 +31,7 @@ func TestAcksFlowWhileALaneConnects(t *testing.T) {
 	fwd := ip.brokers[0]
 	st, _ := fwd.Map().Stream("orders")
 	local, remote := -1, -1
-	for i, o := range st.Owners {
+	for i, o := range st.Placement.All() {
 		switch {
 		case o == fwd.NodeID() && local < 0:
 			local = i
@@ -40,7 +40,7 @@ func TestAcksFlowWhileALaneConnects(t *testing.T) {
 		}
 	}
 	if local < 0 || remote < 0 {
-		t.Fatalf("owners %v: want a shard on each broker", st.Owners)
+		t.Fatalf("owners %v: want a shard on each broker", st.Placement)
 	}
 
 	ws := openStream(t, ip.dial(fwd))
@@ -61,8 +61,8 @@ func TestAcksFlowWhileALaneConnects(t *testing.T) {
 	close(release)
 	for seq := uint64(1); seq <= 3; seq++ {
 		a := wantAck(t, ws.recv(), seq)
-		if !a.Forwarded || a.Owner != st.Owners[remote] || a.Offset != seq-1 {
-			t.Fatalf("ack %+v: want offset %d at %s, forwarded", a, seq-1, st.Owners[remote])
+		if !a.Forwarded || a.Owner != st.Placement.Owner(remote) || a.Offset != seq-1 {
+			t.Fatalf("ack %+v: want offset %d at %s, forwarded", a, seq-1, st.Placement.Owner(remote))
 		}
 	}
 }

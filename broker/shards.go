@@ -155,10 +155,9 @@ type shardEntry struct {
 	// closed once its log is closed: from then on nobody may acquire it.
 	gone chan struct{}
 
-	// last is the log's latest commit, for the spans of its records. It
-	// belongs to the goroutine committing a batch: its OnCommit hook sets
-	// it, the completions of the batch's records read it right after.
-	last wal.Commit
+	// commits is what telemetry keeps of the log's commits
+	// (telemetry.go).
+	commits shardCommits
 
 	// producers is the shard's idempotent producer table, set with log
 	// (see producers.go).
@@ -336,7 +335,7 @@ func (s *shardSet) checkLocked(m *shardmap.Map, id shardmap.ShardID) (*shardmap.
 	}
 	m = s.latestLocked(m)
 	st, ok := m.Stream(id.Stream)
-	if !ok || id.Shard < 0 || id.Shard >= len(st.Owners) || st.Owners[id.Shard] != s.node {
+	if !ok || st.Placement.Owner(id.Shard) != s.node {
 		return nil, fmt.Errorf("%w: %s at map epoch %d", errShardGone, id, m.Epoch)
 	}
 	if _, ok := s.mu.admitted[st.Name]; !ok {
@@ -473,7 +472,7 @@ func (s *shardSet) finish(e *shardEntry) error {
 // ownedBy counts the shards of st owned by node.
 func ownedBy(st *shardmap.Stream, node string) int {
 	n := 0
-	for _, o := range st.Owners {
+	for _, o := range st.Placement.All() {
 		if o == node {
 			n++
 		}
@@ -595,7 +594,7 @@ func (s *shardSet) retain(m *shardmap.Map, r *applyResult) *shardmap.Map {
 	var retired []*shardEntry
 	for id, e := range s.mu.entries {
 		st, ok := m.Stream(id.Stream)
-		if ok && id.Shard < len(st.Owners) && st.Owners[id.Shard] == s.node {
+		if ok && st.Placement.Owner(id.Shard) == s.node {
 			continue
 		}
 		if e.gone == nil {
@@ -691,7 +690,7 @@ func (s *shardSet) admit(m *shardmap.Map, r *applyResult) []shardmap.ShardID {
 		if err := shardmap.ValidateStreamName(c.st.Name); err != nil {
 			// Never admitted, never looked up on disk: its shards fail.
 			r.failed += c.n
-			for shard, o := range c.st.Owners {
+			for shard, o := range c.st.Placement.All() {
 				if o == s.node && len(r.failedIDs) < maxListed {
 					r.failedIDs = append(r.failedIDs, shardmap.ShardID{Stream: c.st.Name, Shard: shard})
 				}

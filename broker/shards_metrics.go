@@ -55,7 +55,7 @@ func ownedIn(m *shardmap.Map, id shardmap.ShardID, node string) bool {
 		return false
 	}
 	st, ok := m.Stream(id.Stream)
-	return ok && id.Shard < len(st.Owners) && st.Owners[id.Shard] == node
+	return ok && st.Placement.Owner(id.Shard) == node
 }
 
 // stats returns the stats of at most limit shards that m assigns to this

@@ -56,7 +56,7 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 		return
 	}
 	id := shardmap.ShardID{Stream: sub.Stream, Shard: int(sub.Shard)}
-	if owner := st.Owners[id.Shard]; owner != b.cfg.NodeID {
+	if owner := st.Placement.Owner(id.Shard); owner != b.cfg.NodeID {
 		b.refuse(s, &transport.Error{Code: transport.CodeNotOwner, Epoch: m.Epoch, Owner: owner,
 			Message: fmt.Sprintf("%s does not own %s; subscribe at %s", b.cfg.NodeID, id, owner)})
 		return

@@ -194,7 +194,7 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 		o.ObserveInt64(epoch, int64(mp.Epoch))
 		owned := 0
 		for _, st := range mp.Streams {
-			for _, owner := range st.Owners {
+			for _, owner := range st.Placement.All() {
 				if owner == b.cfg.NodeID {
 					owned++
 				}
@@ -253,13 +253,26 @@ func (t *telemetry) countLost(id shardmap.ShardID, records uint64) {
 		attribute.String("stream", id.Stream), attribute.String("shard", strconv.Itoa(id.Shard))))
 }
 
+// shardCommits is what telemetry keeps of one shard log's commits: the
+// latest, for the spans of its records. It belongs to the goroutine
+// committing a batch: the log's OnCommit hook (onCommit) sets it, and the
+// completions of the batch's records, which that goroutine runs right
+// after, read it (stamp).
+type shardCommits struct {
+	last wal.Commit
+}
+
+// stamp records in ev the commit that made its record durable, which
+// the log has just made; a completion of the log calls it.
+func (sc *shardCommits) stamp(ev *pubEvents) { ev.commit = sc.last }
+
 // onCommit is a shard log's wal.Options.OnCommit. It keeps the commit in
-// e.last for the spans of its records, whose completions follow, and
+// e.commits for the spans of its records, whose completions follow, and
 // leaves recording it for later.
 func (t *telemetry) onCommit(e *shardEntry) func(wal.Commit) {
 	return func(c wal.Commit) {
 		if t.tracer != nil {
-			e.last = c
+			e.commits.last = c
 		}
 		if !t.timed {
 			return

@@ -106,10 +106,11 @@ func (fc *fakeCluster) createStream(cfg shardmap.StreamConfig) error {
 		return &transport.Error{Code: transport.CodeStreamExists, Message: cfg.Name}
 	}
 	m := &shardmap.Map{Epoch: old.Epoch + 1, Nodes: old.Nodes, Streams: append([]shardmap.Stream(nil), old.Streams...)}
-	st := shardmap.Stream{StreamConfig: cfg, Owners: make([]string, cfg.Shards)}
+	owners := make([]string, cfg.Shards)
 	for s := range cfg.Shards {
-		st.Owners[s] = old.Nodes[s%len(old.Nodes)].ID
+		owners[s] = old.Nodes[s%len(old.Nodes)].ID
 	}
+	st := shardmap.Stream{StreamConfig: cfg, Placement: shardmap.NewPlacement(owners...)}
 	m.Streams = append(m.Streams, st)
 	// keep sorted by name
 	for i := len(m.Streams) - 1; i > 0 && m.Streams[i].Name < m.Streams[i-1].Name; i-- {
@@ -306,7 +307,7 @@ func (b *fakeBroker) publish(p *transport.Publish) transport.Frame {
 		return &transport.Error{Seq: p.Seq, Code: transport.CodeUnknownStream, Message: "no such shard"}
 	}
 	off, ts := b.fc.append(shardmap.ShardID{Stream: p.Stream, Shard: shard}, p)
-	owner := st.Owners[shard]
+	owner := st.Placement.Owner(shard)
 	return &transport.Ack{Seq: p.Seq, Stream: p.Stream, Shard: int32(shard), Offset: off, Timestamp: ts,
 		Owner: owner, Via: b.id, Forwarded: owner != b.id}
 }
@@ -353,7 +354,7 @@ func (b *fakeBroker) serveSubscribe(conn *quic.Conn, sub *transport.Subscribe, r
 		_ = w.Write(&transport.Error{Code: transport.CodeUnknownStream, Message: sub.Stream})
 		return
 	}
-	if owner := st.Owners[sub.Shard]; owner != b.id {
+	if owner := st.Placement.Owner(int(sub.Shard)); owner != b.id {
 		_ = w.Write(&transport.Error{Code: transport.CodeNotOwner, Owner: owner, Epoch: m.Epoch})
 		return
 	}

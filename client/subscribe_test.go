@@ -111,7 +111,7 @@ func TestSubscribeFollowsNotOwner(t *testing.T) {
 	m := fc.currentMap()
 	st, _ := m.Stream("r")
 	stale := &shardmap.Map{Epoch: m.Epoch - 1, Nodes: m.Nodes,
-		Streams: []shardmap.Stream{{StreamConfig: st.StreamConfig, Owners: []string{"broker-0", "broker-0"}}}}
+		Streams: []shardmap.Stream{{StreamConfig: st.StreamConfig, Placement: shardmap.NewPlacement("broker-0", "broker-0")}}}
 	fc.stale.Store(stale)
 	fc.staleGets.Store(1)
 
@@ -292,7 +292,7 @@ func TestSubscribeTerminalError(t *testing.T) {
 	m := fc.currentMap()
 	st, _ := m.Stream("s")
 	wide := &shardmap.Map{Epoch: m.Epoch + 10, Nodes: m.Nodes,
-		Streams: []shardmap.Stream{{StreamConfig: shardmap.StreamConfig{Name: "s", Shards: 2}, Owners: []string{st.Owners[0], st.Owners[0]}}}}
+		Streams: []shardmap.Stream{{StreamConfig: shardmap.StreamConfig{Name: "s", Shards: 2}, Placement: shardmap.NewPlacement(st.Placement.Owner(0), st.Placement.Owner(0))}}}
 	c.storeMap(wide)
 	sub, err := c.Subscribe(ctx, "s", Earliest(), Shard(1))
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/felix-broker/felix/auth"
+	"github.com/felix-broker/felix/ctl/ctlclient"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -19,12 +20,12 @@ func TestAdminAuthorization(t *testing.T) {
 	srv := startCtl(t, p, dataDir, "127.0.0.1:0")
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	admin, err := Dial(ctx, srv.Addr(), p.clientTLS(t, transport.DevAdminName), transport.Config{})
+	admin, err := ctlclient.Dial(ctx, srv.Addr(), p.clientTLS(t, transport.DevAdminName), transport.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer admin.Close()
-	broker, err := Dial(ctx, srv.Addr(), p.clientTLS(t, "b0"), transport.Config{})
+	broker, err := ctlclient.Dial(ctx, srv.Addr(), p.clientTLS(t, "b0"), transport.Config{})
 	if err == nil {
 		t.Cleanup(func() { broker.Close() })
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/felix-broker/felix/ctl/ctlclient"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -14,7 +15,7 @@ import (
 func TestClusterJoinCreateLeave(t *testing.T) {
 	p := newPKI(t)
 	srv := startCtl(t, p, t.TempDir(), "127.0.0.1:0")
-	members := []*Member{join(t, p, srv.Addr(), "b0"), join(t, p, srv.Addr(), "b1"), join(t, p, srv.Addr(), "b2")}
+	members := []*ctlclient.Member{join(t, p, srv.Addr(), "b0"), join(t, p, srv.Addr(), "b1"), join(t, p, srv.Addr(), "b2")}
 
 	// Everyone converges on the map with three live nodes.
 	var maps []*shardmap.Map
@@ -41,7 +42,7 @@ func TestClusterJoinCreateLeave(t *testing.T) {
 	for _, m := range members {
 		mp := waitMap(t, m, "stream orders", func(mp *shardmap.Map) bool { _, ok := mp.Stream("orders"); return ok })
 		st, _ := mp.Stream("orders")
-		for shard, owner := range st.Owners {
+		for shard, owner := range st.Placement.All() {
 			if want := shardmap.Owner("orders", shard, []string{"b0", "b1", "b2"}); owner != want {
 				t.Errorf("orders/%d owned by %s, want %s", shard, owner, want)
 			}
@@ -115,7 +116,7 @@ func TestCtlRestart(t *testing.T) {
 	dataDir := t.TempDir()
 	srv := startCtl(t, p, dataDir, "127.0.0.1:0")
 	addr := srv.Addr()
-	members := []*Member{join(t, p, addr, "b0"), join(t, p, addr, "b1"), join(t, p, addr, "b2")}
+	members := []*ctlclient.Member{join(t, p, addr, "b0"), join(t, p, addr, "b1"), join(t, p, addr, "b2")}
 	if err := srv.CreateStream(shardmap.StreamConfig{Name: "orders", Shards: 4}); err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +160,7 @@ func TestClientCertCannotRegister(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
 
-	_, err := Join(ctx, MemberConfig{
+	_, err := ctlclient.Join(ctx, ctlclient.MemberConfig{
 		CtlAddr: srv.Addr(),
 		TLS:     p.clientTLS(t, transport.DevAdminName),
 		Node:    transport.Register{NodeID: "client", Addr: "127.0.0.1:7400"},
@@ -169,7 +170,7 @@ func TestClientCertCannotRegister(t *testing.T) {
 		t.Fatalf("join with a client certificate: err=%v, want ErrUnauthorized", err)
 	}
 	// A node may not register as another node.
-	_, err = Join(ctx, MemberConfig{
+	_, err = ctlclient.Join(ctx, ctlclient.MemberConfig{
 		CtlAddr: srv.Addr(),
 		TLS:     p.clientTLS(t, "b0"),
 		Node:    transport.Register{NodeID: "b1", Addr: "127.0.0.1:7400"},
@@ -183,7 +184,7 @@ func TestClientCertCannotRegister(t *testing.T) {
 	}
 
 	// The client certificate may make admin requests.
-	c, err := Dial(ctx, srv.Addr(), p.clientTLS(t, transport.DevAdminName), transport.Config{})
+	c, err := ctlclient.Dial(ctx, srv.Addr(), p.clientTLS(t, transport.DevAdminName), transport.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +203,7 @@ func TestAdminRequests(t *testing.T) {
 	srv := startCtl(t, p, t.TempDir(), "127.0.0.1:0")
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	c, err := Dial(ctx, srv.Addr(), p.clientTLS(t, transport.DevAdminName), transport.Config{})
+	c, err := ctlclient.Dial(ctx, srv.Addr(), p.clientTLS(t, transport.DevAdminName), transport.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -374,7 +375,7 @@ func TestJoinGivesUpWithContext(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	// Nothing listens on this port: Join retries until ctx ends.
-	_, err := Join(ctx, MemberConfig{
+	_, err := ctlclient.Join(ctx, ctlclient.MemberConfig{
 		CtlAddr:    "127.0.0.1:1",
 		TLS:        p.clientTLS(t, "b0"),
 		Node:       transport.Register{NodeID: "b0", Addr: "127.0.0.1:7400"},

@@ -1,8 +1,9 @@
 // Package ctl is Felix's control plane. It owns broker registration and
 // liveness (leases), the stream registry (persisted), placing shards on
-// brokers and pushing the shard map to them; and [Member],
-// the side of it a broker uses to join the cluster and watch the map, and
-// [AdminClient], the side tools use for admin requests.
+// brokers and pushing the shard map to them. The side of it a broker uses
+// to join the cluster and watch the map ([ctlclient.Member]), and the side
+// tools use for admin requests ([ctlclient.AdminClient]), are in package
+// ctlclient, which does not import this one.
 //
 // It must never touch a shard's log or forward a record: ctl decides who
 // owns what and who is up; brokers move the data.
@@ -11,8 +12,8 @@
 //
 // A broker connects over QUIC with its node certificate (ALPN
 // [transport.ALPNCtl]) to any ctl of the control plane
-// (MemberConfig.CtlAddrs; it moves to the next when one fails) and opens
-// one long-lived registration stream whose first frame is
+// (ctlclient.MemberConfig.CtlAddrs; it moves to the next when one fails)
+// and opens one long-lived registration stream whose first frame is
 // [transport.Register]. The node id in the Register frame must be the
 // node id of the certificate; a client certificate cannot register
 // ([transport.CodeUnauthorized]). ctl answers with a [transport.MapUpdate]
@@ -128,18 +129,5 @@
 //	defer srv.Close()
 //	err = srv.CreateStream(shardmap.StreamConfig{Name: "orders", Shards: 8})
 //
-// A broker:
-//
-//	m, err := ctl.Join(ctx, ctl.MemberConfig{
-//		CtlAddrs: []string{"ctl-0:7000", "ctl-1:7000", "ctl-2:7000"},
-//		TLS:     transport.ClientTLS(ca, &nodeCert, "", transport.ALPNCtl),
-//		Node:    transport.Register{NodeID: "broker-0", Addr: "10.0.0.5:7400"},
-//	})
-//	...
-//	defer m.Close()
-//	for {
-//		changed := m.Changed()
-//		apply(m.Map())
-//		<-changed
-//	}
+// A broker joins it with [ctlclient.Join] (see package ctlclient).
 package ctl

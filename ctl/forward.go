@@ -13,6 +13,7 @@ import (
 	"github.com/quic-go/quic-go"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/felix-broker/felix/ctl/ctlclient"
 	"github.com/felix-broker/felix/transport"
 )
 
@@ -74,7 +75,7 @@ func (s *Server) forwardTo(ctx context.Context, addr string, req *transport.Requ
 	if err != nil {
 		return nil, err
 	}
-	resp, err := request(ctx, conn, req)
+	resp, err := ctlclient.Request(ctx, conn, req)
 	var we *transport.Error
 	if err != nil && !errors.As(err, &we) {
 		s.fwd.drop(conn)

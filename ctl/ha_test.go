@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/felix-broker/felix/auth"
+	"github.com/felix-broker/felix/ctl/ctlclient"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -144,7 +145,7 @@ func TestHAFailover(t *testing.T) {
 	// A broker registered with a follower is live in the leader's map.
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	m, err := Join(ctx, MemberConfig{
+	m, err := ctlclient.Join(ctx, ctlclient.MemberConfig{
 		CtlAddrs: []string{follower.Addr()},
 		TLS:      p.clientTLS(t, "b0"), Node: transport.Register{NodeID: "b0", Addr: "127.0.0.1:7400"},
 		LeaseTTL: shortTTL, MaxBackoff: 100 * time.Millisecond, Logger: testLogger(t),
@@ -219,7 +220,7 @@ func TestHAFailover(t *testing.T) {
 		}
 	}
 	st, _ := mp.Stream("after")
-	for _, o := range st.Owners {
+	for _, o := range st.Placement.All() {
 		if o != "b0" {
 			t.Errorf("stream created after the failover placed on %q, want b0", o)
 		}
@@ -277,7 +278,7 @@ func TestConflictingWritersCannotBothCommit(t *testing.T) {
 	}
 	next := snap
 	next.Epoch++
-	next.Streams = append(next.Streams, shardmap.Stream{StreamConfig: shardmap.StreamConfig{Name: "y", Shards: 1}, Owners: []string{""}})
+	next.Streams = append(next.Streams, shardmap.Stream{StreamConfig: shardmap.StreamConfig{Name: "y", Shards: 1}, Placement: shardmap.NewPlacement("")})
 	if err := other.save(context.Background(), next); !errors.Is(err, ErrConflict) {
 		t.Fatalf("stale writer: %v, want ErrConflict", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"go.uber.org/goleak"
 
+	"github.com/felix-broker/felix/ctl/ctlclient"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -97,11 +98,11 @@ func startCtl(t *testing.T, p *testPKI, dataDir, addr string) *Server {
 	return srv
 }
 
-func join(t *testing.T, p *testPKI, addr, id string) *Member {
+func join(t *testing.T, p *testPKI, addr, id string) *ctlclient.Member {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	m, err := Join(ctx, MemberConfig{
+	m, err := ctlclient.Join(ctx, ctlclient.MemberConfig{
 		CtlAddr:    addr,
 		TLS:        p.clientTLS(t, id),
 		Node:       transport.Register{NodeID: id, Addr: "127.0.0.1:74" + id[1:], Admin: "127.0.0.1:94" + id[1:]},
@@ -118,7 +119,7 @@ func join(t *testing.T, p *testPKI, addr, id string) *Member {
 
 // waitMap waits until m holds a map for which ok is true, failing the test
 // after waitFor.
-func waitMap(t *testing.T, m *Member, what string, ok func(*shardmap.Map) bool) *shardmap.Map {
+func waitMap(t *testing.T, m *ctlclient.Member, what string, ok func(*shardmap.Map) bool) *shardmap.Map {
 	t.Helper()
 	deadline := time.After(waitFor)
 	for {
@@ -129,7 +130,7 @@ func waitMap(t *testing.T, m *Member, what string, ok func(*shardmap.Map) bool) 
 		select {
 		case <-changed:
 		case <-deadline:
-			t.Fatalf("member %s: no map where %s within %v; holding epoch %d: %+v", m.cfg.Node.NodeID, what, waitFor, m.Map().Epoch, m.Map())
+			t.Fatalf("member %s: no map where %s within %v; holding epoch %d: %+v", m.NodeID(), what, waitFor, m.Map().Epoch, m.Map())
 		}
 	}
 }

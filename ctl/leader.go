@@ -42,7 +42,7 @@ func (st *store) ctlKey(name string) string { return st.prefix + "ctl/" + name }
 // until the session ends; then again with a new session.
 func (s *Server) electLoop() {
 	defer s.wg.Done()
-	backoff := minBackoff
+	backoff := 50 * time.Millisecond
 	for s.ctx.Err() == nil {
 		err := s.campaign()
 		if s.ctx.Err() != nil {

@@ -68,9 +68,10 @@ type fileStream struct {
 	Shards           int    `json:"shards"`
 	RetentionBytes   int64  `json:"retention_bytes,omitempty"`
 	RetentionAgeNano int64  `json:"retention_age_ns,omitempty"`
-	// Owners[s] is the node owning shard s; missing or "" means not yet
-	// placed (placed by rendezvous over the members on load).
-	Owners []string `json:"owners,omitempty"`
+	// Owners holds the node owning each shard s, as the array of earlier
+	// versions (owners[s]); missing or "" means not yet placed (placed by
+	// rendezvous over the members on load).
+	Owners shardmap.Placement `json:"owners,omitzero"`
 }
 
 // loadState reads the state file in dir. A missing file is an empty state
@@ -106,11 +107,11 @@ func loadState(dir string) (snapshot, error) {
 		if err := c.Validate(); err != nil || seen[c.Name] {
 			return snapshot{}, fmt.Errorf("ctl: load state %s: corrupt stream %q: %v", path, s.Name, err)
 		}
-		if len(s.Owners) > c.Shards {
-			return snapshot{}, fmt.Errorf("ctl: load state %s: corrupt stream %q: %d owners for %d shards", path, s.Name, len(s.Owners), c.Shards)
+		if s.Owners.Len() > c.Shards {
+			return snapshot{}, fmt.Errorf("ctl: load state %s: corrupt stream %q: %d owners for %d shards", path, s.Name, s.Owners.Len(), c.Shards)
 		}
 		seen[c.Name] = true
-		snap.Streams = append(snap.Streams, shardmap.Stream{StreamConfig: c, Owners: s.Owners})
+		snap.Streams = append(snap.Streams, shardmap.Stream{StreamConfig: c, Placement: s.Owners})
 	}
 	for _, g := range f.Grants {
 		ag := auth.Grant{Principal: g.Principal, Action: auth.Action(g.Action), Pattern: g.Pattern}

@@ -26,7 +26,7 @@ func TestJoinDoesNotMoveShards(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, _ := s.Map().Stream("later")
-	for shard, owner := range st.Owners {
+	for shard, owner := range st.Placement.All() {
 		if want := shardmap.Owner("later", shard, []string{"1", "2", "3", "4"}); owner != want {
 			t.Fatalf("later/%d placed on %s, want rendezvous owner %s over all four", shard, owner, want)
 		}
@@ -44,21 +44,21 @@ func TestStreamBeforeAnyMember(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, _ := s.Map().Stream("orders")
-	for shard, o := range st.Owners {
+	for shard, o := range st.Placement.All() {
 		if o != "" {
 			t.Fatalf("orders/%d placed on %q with no members", shard, o)
 		}
 	}
 	s.register(node("1"), 1)
 	st, _ = s.Map().Stream("orders")
-	for shard, o := range st.Owners {
+	for shard, o := range st.Placement.All() {
 		if o != "1" {
 			t.Fatalf("orders/%d on %q, want the only member", shard, o)
 		}
 	}
 	s.register(node("2"), 2)
 	st, _ = s.Map().Stream("orders")
-	for shard, o := range st.Owners {
+	for shard, o := range st.Placement.All() {
 		if o != "1" {
 			t.Fatalf("orders/%d moved to %q when a second member joined", shard, o)
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/felix-broker/felix/auth"
+	"github.com/felix-broker/felix/ctl/ctlclient"
 	"github.com/felix-broker/felix/internal/logonce"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
@@ -83,18 +84,17 @@ const DefaultAddr = "127.0.0.1:7000"
 // DefaultMaxShardsTotal is the default Config.MaxShardsTotal.
 const DefaultMaxShardsTotal = 16384
 
-// DefaultLeaseTTL is the default broker lease.
-const DefaultLeaseTTL = 3 * time.Second
+// DefaultLeaseTTL is the default broker lease (the members' default too).
+const DefaultLeaseTTL = ctlclient.DefaultLeaseTTL
 
 // DefaultCtlTTL is the default Config.CtlTTL.
 const DefaultCtlTTL = 3 * time.Second
 
 // mapFrameMax bounds the frames carrying maps: what ctl writes and what
-// members and admin clients read from ctl. A map of many streams with
-// thousands of shards each can exceed transport's default frame limit.
-// What ctl reads from peers (registrations, heartbeats, requests) is small
-// and bounded by Config.Transport.MaxFrame instead.
-const mapFrameMax = 64 << 20
+// members and admin clients read from ctl (ctlclient.MaxMapFrame). What
+// ctl reads from peers (registrations, heartbeats, requests) is small and
+// bounded by Config.Transport.MaxFrame instead.
+const mapFrameMax = ctlclient.MaxMapFrame
 
 // Connection error codes ctl closes connections with.
 const (

@@ -129,32 +129,11 @@ func (s *state) rebuild() {
 }
 
 // place returns st with an owner for every shard that has none (or whose
-// owner is no longer a member), assigned by rendezvous over ids. Owners
-// already placed stay. It never modifies st's owner slice in place, so
-// checkpoints keep theirs.
+// owner is no longer a member), assigned by rendezvous over ids, the
+// members' sorted ids ([shardmap.Place]). Owners already placed stay.
+// Placements are immutable, so checkpoints keep theirs.
 func (s *state) place(st shardmap.Stream, ids []string) shardmap.Stream {
-	if len(ids) == 0 {
-		if len(st.Owners) != st.Shards {
-			st.Owners = make([]string, st.Shards)
-		}
-		return st
-	}
-	var owners []string
-	for shard := range st.Shards {
-		if shard < len(st.Owners) && st.Owners[shard] != "" {
-			if _, ok := s.members[st.Owners[shard]]; ok {
-				continue
-			}
-		}
-		if owners == nil {
-			owners = make([]string, st.Shards)
-			copy(owners, st.Owners)
-		}
-		owners[shard] = shardmap.Owner(st.Name, shard, ids)
-	}
-	if owners != nil {
-		st.Owners = owners
-	}
+	st.Placement = shardmap.Place(st.Name, st.Shards, ids, st.Placement)
 	return st
 }
 

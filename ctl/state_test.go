@@ -54,7 +54,7 @@ func TestRegisterBuildsRendezvousMap(t *testing.T) {
 	if !ok {
 		t.Fatal("stream orders missing from map")
 	}
-	for shard, owner := range st.Owners {
+	for shard, owner := range st.Placement.All() {
 		if want := shardmap.Owner("orders", shard, []string{"1", "2", "3"}); owner != want {
 			t.Errorf("owner of orders/%d = %q, want rendezvous owner %q", shard, owner, want)
 		}

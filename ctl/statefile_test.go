@@ -15,7 +15,7 @@ func saveState(dir string, snap snapshot) error {
 	}
 	for _, c := range snap.Streams {
 		f.Streams = append(f.Streams, fileStream{Name: c.Name, Shards: c.Shards, RetentionBytes: c.RetentionBytes,
-			RetentionAgeNano: int64(c.RetentionAge), Owners: c.Owners})
+			RetentionAgeNano: int64(c.RetentionAge), Owners: c.Placement})
 	}
 	for _, g := range snap.Grants {
 		f.Grants = append(f.Grants, fileGrant{Principal: g.Principal, Action: string(g.Action), Pattern: g.Pattern})

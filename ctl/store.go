@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -206,7 +205,7 @@ func (st *store) diff(old, next snapshot) []clientv3.Op {
 		oldS[s.Name] = s
 	}
 	for _, s := range next.Streams {
-		if o, ok := oldS[s.Name]; !ok || o.StreamConfig != s.StreamConfig || !slices.Equal(o.Owners, s.Owners) {
+		if o, ok := oldS[s.Name]; !ok || o.StreamConfig != s.StreamConfig || !o.Placement.Equal(s.Placement) {
 			put(st.streamKey(s.Name), toFileStream(s))
 		}
 		delete(oldS, s.Name)
@@ -237,7 +236,7 @@ func toFileMember(n shardmap.Node) fileMember {
 
 func toFileStream(c shardmap.Stream) fileStream {
 	return fileStream{Name: c.Name, Shards: c.Shards, RetentionBytes: c.RetentionBytes,
-		RetentionAgeNano: int64(c.RetentionAge), Owners: c.Owners}
+		RetentionAgeNano: int64(c.RetentionAge), Owners: c.Placement}
 }
 
 func toFileGrant(g auth.Grant) fileGrant {
@@ -253,8 +252,8 @@ func (s fileStream) stream() (shardmap.Stream, error) {
 	if err := c.Validate(); err != nil {
 		return shardmap.Stream{}, err
 	}
-	if len(s.Owners) > c.Shards {
-		return shardmap.Stream{}, fmt.Errorf("stream %q: %d owners for %d shards", s.Name, len(s.Owners), c.Shards)
+	if s.Owners.Len() > c.Shards {
+		return shardmap.Stream{}, fmt.Errorf("stream %q: %d owners for %d shards", s.Name, s.Owners.Len(), c.Shards)
 	}
-	return shardmap.Stream{StreamConfig: c, Owners: s.Owners}, nil
+	return shardmap.Stream{StreamConfig: c, Placement: s.Owners}, nil
 }

@@ -7,10 +7,16 @@
 // decides availability only, so a node that misses heartbeats keeps its
 // shards and publishes to them fail as unavailable until it returns.
 //
-// The control plane assigns owners with [Assign] when a shard is first
-// placed, keeps them in the maps it builds with [Assemble], and pushes the
-// maps; brokers and clients obey the pushed map and never recompute their
-// own. [Build] is Assign and Assemble over every stream at once.
+// Where the shards of a stream live is its [Placement]: for each shard, its
+// replica set, owner first (one node today). Every reader goes through
+// Placement's methods, never an index into a slice, so that a shard's
+// placement can become a replica set without changing them.
+//
+// The control plane assigns owners with [Assign] (or [Place], which keeps
+// the owners already placed) when a shard is first placed, keeps them in
+// the maps it builds with [Assemble], and pushes the maps; brokers and
+// clients obey the pushed map and never recompute their own. [Build] is
+// Assign and Assemble over every stream at once.
 //
 // The package is pure: no I/O, no goroutines, no clocks.
 //

@@ -91,11 +91,12 @@ func ValidateStreamName(name string) error {
 	return nil
 }
 
-// Stream is a stream in a map with the owner of each of its shards.
+// Stream is a stream in a map with the placement of its shards.
 type Stream struct {
 	StreamConfig `msgpack:",inline"`
-	// Owners[s] is the node id owning shard s.
-	Owners []string `msgpack:"owners"`
+	// Placement says which node owns each shard (the "owners" field of
+	// earlier versions, encoded as it was).
+	Placement Placement `msgpack:"owners"`
 }
 
 // Map is one version of the cluster's shard map. A Map is immutable once
@@ -138,31 +139,19 @@ func Build(epoch uint64, nodes []Node, streams []StreamConfig) *Map {
 	}
 	assigned := make([]Stream, len(streams))
 	for i, c := range streams {
-		assigned[i] = Stream{StreamConfig: c, Owners: Assign(c.Name, c.Shards, ids)}
+		assigned[i] = Stream{StreamConfig: c, Placement: Assign(c.Name, c.Shards, ids)}
 	}
 	return Assemble(epoch, nodes, assigned)
 }
 
-// Assign returns the rendezvous owner of each of the shards of stream
-// among nodeIDs; every owner is "" when nodeIDs is empty.
-func Assign(stream string, shards int, nodeIDs []string) []string {
-	owners := make([]string, shards)
-	for shard := range shards {
-		owners[shard] = Owner(stream, shard, nodeIDs)
-	}
-	return owners
-}
-
-// Assemble returns the map at epoch with the nodes and the streams, owners
-// included, as given: the control plane uses it when owners were assigned
-// earlier and must not move (see package ctl). Nodes, streams and owner
-// lists are copied and sorted.
+// Assemble returns the map at epoch with the nodes and the streams,
+// placements included, as given: the control plane uses it when owners
+// were assigned earlier and must not move (see package ctl). Nodes and
+// streams are copied and sorted (placements are immutable, so shared).
 func Assemble(epoch uint64, nodes []Node, streams []Stream) *Map {
 	m := &Map{Epoch: epoch, Nodes: slices.Clone(nodes), Streams: make([]Stream, len(streams))}
 	slices.SortFunc(m.Nodes, func(a, b Node) int { return strings.Compare(a.ID, b.ID) })
-	for i, s := range streams {
-		m.Streams[i] = Stream{StreamConfig: s.StreamConfig, Owners: slices.Clone(s.Owners)}
-	}
+	copy(m.Streams, streams)
 	slices.SortFunc(m.Streams, func(a, b Stream) int { return strings.Compare(a.Name, b.Name) })
 	return m
 }
@@ -216,13 +205,14 @@ func (m *Map) Owner(stream string, shard int) (Node, error) {
 	if !ok {
 		return Node{}, fmt.Errorf("%w %q (map epoch %d)", ErrUnknownStream, stream, m.Epoch)
 	}
-	if shard < 0 || shard >= len(s.Owners) {
-		return Node{}, fmt.Errorf("%w: stream %q has %s, numbered from 0; there is no shard %d", ErrNoShard, stream, shardCount(len(s.Owners)), shard)
+	if shard < 0 || shard >= s.Placement.Len() {
+		return Node{}, fmt.Errorf("%w: stream %q has %s, numbered from 0; there is no shard %d", ErrNoShard, stream, shardCount(s.Placement.Len()), shard)
 	}
-	n, ok := m.Node(s.Owners[shard])
+	owner := s.Placement.Owner(shard)
+	n, ok := m.Node(owner)
 	if !ok {
 		// Build never produces this; a hand-made or corrupt map might.
-		return Node{}, fmt.Errorf("shardmap: shard %s/%d owned by %q, which is not a member (map epoch %d)", stream, shard, s.Owners[shard], m.Epoch)
+		return Node{}, fmt.Errorf("shardmap: shard %s/%d owned by %q, which is not a member (map epoch %d)", stream, shard, owner, m.Epoch)
 	}
 	return n, nil
 }
@@ -250,10 +240,8 @@ func (m *Map) Route(stream string, key []byte) (int, Node, error) {
 func (m *Map) OwnedBy(id string) []ShardID {
 	var out []ShardID
 	for _, s := range m.Streams {
-		for shard, owner := range s.Owners {
-			if owner == id {
-				out = append(out, ShardID{Stream: s.Name, Shard: shard})
-			}
+		for _, shard := range s.Placement.OwnedBy(id) {
+			out = append(out, ShardID{Stream: s.Name, Shard: shard})
 		}
 	}
 	return out
@@ -289,7 +277,7 @@ func Diff(old, new *Map) []Move {
 			return out
 		}
 		for _, s := range m.Streams {
-			for shard, o := range s.Owners {
+			for shard, o := range s.Placement.All() {
 				out[ShardID{s.Name, shard}] = o
 			}
 		}

@@ -77,7 +77,7 @@ func (s *clusterStatusCmd) Run(a *app) error {
 			out.Nodes = append(out.Nodes, nodeJSON{ID: n.ID, Addr: n.Addr, Live: n.Live, Shards: len(m.OwnedBy(n.ID))})
 		}
 		for _, st := range m.Streams {
-			out.Streams = append(out.Streams, toJSON(st.StreamConfig, st.Owners))
+			out.Streams = append(out.Streams, toJSON(st.StreamConfig, st.Placement))
 		}
 		if err := printJSON(a.stdout, out); err != nil {
 			return err

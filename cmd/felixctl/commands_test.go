@@ -268,7 +268,7 @@ func TestCommands(t *testing.T) {
 		}
 		r = felixctl(t, env, "stream", "info", "pay", "--json")
 		var info streamJSON
-		if err := json.Unmarshal([]byte(r.stdout), &info); err != nil || info.Shards != 3 || len(info.Owners) != 3 {
+		if err := json.Unmarshal([]byte(r.stdout), &info); err != nil || info.Shards != 3 || info.Owners.Len() != 3 {
 			t.Errorf("stream info --json: %v %+v", err, r)
 		}
 		if r := felixctl(t, env, "stream", "rm", "pay"); r.code != 0 || r.stdout != "deleted stream pay and its records\n" {
@@ -433,7 +433,7 @@ func TestCommands(t *testing.T) {
 	}
 	if _, err := c.WaitMap(context.Background(), func(m *shardmap.Map) bool {
 		st, ok := m.Stream(wide)
-		return ok && st.Owners[downShard] == other && st.Owners[upShard] != other
+		return ok && st.Placement.Owner(downShard) == other && st.Placement.Owner(upShard) != other
 	}); err != nil {
 		t.Fatalf("stream %s is not placed as rendezvous hashing says: %v", wide, err)
 	}

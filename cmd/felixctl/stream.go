@@ -38,14 +38,16 @@ type streamRmCmd struct {
 
 // streamJSON is a stream as --json prints it.
 type streamJSON struct {
-	Name           string   `json:"name"`
-	Shards         int      `json:"shards"`
-	RetentionBytes int64    `json:"retention_bytes"`
-	RetentionAge   string   `json:"retention_age"`
-	Owners         []string `json:"owners,omitempty"` // owners[s] owns shard s
+	Name           string `json:"name"`
+	Shards         int    `json:"shards"`
+	RetentionBytes int64  `json:"retention_bytes"`
+	RetentionAge   string `json:"retention_age"`
+	// Owners is the owner of each shard, as an array (owners[s] owns
+	// shard s).
+	Owners shardmap.Placement `json:"owners,omitzero"`
 }
 
-func toJSON(sc shardmap.StreamConfig, owners []string) streamJSON {
+func toJSON(sc shardmap.StreamConfig, owners shardmap.Placement) streamJSON {
 	return streamJSON{Name: sc.Name, Shards: sc.Shards, RetentionBytes: sc.RetentionBytes, RetentionAge: sc.RetentionAge.String(), Owners: owners}
 }
 
@@ -94,7 +96,7 @@ func (s *streamLsCmd) Run(a *app) error {
 		}
 		if g.JSON {
 			for _, sc := range streams {
-				if err := printJSON(a.stdout, toJSON(sc, nil)); err != nil {
+				if err := printJSON(a.stdout, toJSON(sc, shardmap.Placement{})); err != nil {
 					return err
 				}
 			}
@@ -145,23 +147,23 @@ func (s *streamRmCmd) Run(a *app) error {
 	})
 }
 
-// owners returns the owner of each shard of stream in the map of c's
-// broker, or nil if it is not there (yet).
-func owners(ctx context.Context, c *conn, stream string) []string {
+// owners returns the placement of the shards of stream in the map of c's
+// broker, or the zero Placement if it is not there (yet).
+func owners(ctx context.Context, c *conn, stream string) shardmap.Placement {
 	m, err := c.Map(ctx)
 	if err != nil {
-		return nil
+		return shardmap.Placement{}
 	}
 	if st, ok := m.Stream(stream); ok {
-		return st.Owners
+		return st.Placement
 	}
-	return nil
+	return shardmap.Placement{}
 }
 
 // writeOwners prints the shard → owner table, with each owner's liveness
 // when m is given.
-func writeOwners(w io.Writer, stream string, owners []string, m *shardmap.Map) {
-	if len(owners) == 0 {
+func writeOwners(w io.Writer, stream string, owners shardmap.Placement, m *shardmap.Map) {
+	if owners.IsZero() {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -170,7 +172,7 @@ func writeOwners(w io.Writer, stream string, owners []string, m *shardmap.Map) {
 	} else {
 		fmt.Fprintln(tw, "SHARD\tOWNER")
 	}
-	for shard, owner := range owners {
+	for shard, owner := range owners.All() {
 		if m == nil {
 			fmt.Fprintf(tw, "%s/%d\t%s\n", stream, shard, owner)
 			continue

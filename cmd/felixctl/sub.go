@@ -180,7 +180,7 @@ func (s *subCmd) header(ctx context.Context, c *conn) string {
 	}
 	var owners []string
 	allHere := true
-	for shard, owner := range st.Owners {
+	for shard, owner := range st.Placement.All() {
 		if s.Shard >= 0 && shard != s.Shard {
 			continue
 		}

@@ -107,7 +107,7 @@ func (w *shardWatch) check(ctx context.Context) {
 	verdicts := map[string]string{}
 	var vmu sync.Mutex
 	var wg sync.WaitGroup
-	for shard, owner := range st.Owners {
+	for shard, owner := range st.Placement.All() {
 		if (w.shard >= 0 && shard != w.shard) || recent[shard] {
 			continue
 		}
@@ -135,7 +135,7 @@ func (w *shardWatch) check(ctx context.Context) {
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for shard, owner := range st.Owners {
+	for shard, owner := range st.Placement.All() {
 		if w.shard >= 0 && shard != w.shard {
 			continue
 		}
@@ -145,7 +145,7 @@ func (w *shardWatch) check(ctx context.Context) {
 		switch {
 		case why != "" && was == "":
 			others := ""
-			if len(st.Owners) > 1 && w.shard < 0 {
+			if st.Placement.Len() > 1 && w.shard < 0 {
 				others = "; the other shards go on"
 			}
 			fmt.Fprintf(w.a.stderr, "felixctl: shard %s cannot be read: %s%s\n", id, why, others)

@@ -31,7 +31,7 @@ func WriteOwnership(w io.Writer, m *shardmap.Map) {
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "STREAM\tSHARD\tOWNER")
 	for _, s := range m.Streams {
-		for shard, owner := range s.Owners {
+		for shard, owner := range s.Placement.All() {
 			fmt.Fprintf(tw, "%s\t%d\t%s\n", s.Name, shard, owner)
 		}
 	}

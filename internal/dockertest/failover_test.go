@@ -217,7 +217,7 @@ func (c *Cluster) checkUsable(ctx context.Context, t *testing.T, stream string) 
 			cl.Close()
 			t.Fatalf("%s's map (epoch %d) lacks stream %s", b.Name, m.Epoch, stream)
 		}
-		for shard, owner := range st.Owners {
+		for shard, owner := range st.Placement.All() {
 			if n, ok := m.Node(owner); !ok || !n.Live {
 				t.Errorf("%s/%d placed on %q, not a live broker (epoch %d)", stream, shard, owner, m.Epoch)
 				continue

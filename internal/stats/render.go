@@ -167,7 +167,7 @@ func Run(ctx context.Context, w io.Writer, opts Options) error {
 func countStreams(rows []Row, m *shardmap.Map) {
 	for i := range rows {
 		for _, st := range m.Streams {
-			for _, o := range st.Owners {
+			for _, o := range st.Placement.All() {
 				if o == rows[i].Node {
 					rows[i].Streams++
 					break

@@ -1,4 +1,4 @@
-package ctl
+package ctlclient
 
 import (
 	"context"
@@ -34,7 +34,7 @@ func Dial(ctx context.Context, addr string, tlsConf *tls.Config, cfg transport.C
 // *transport.Error (compare with errors.Is against transport.ErrStreamExists
 // and the other sentinels).
 func (c *AdminClient) Request(ctx context.Context, req *transport.Request) (*transport.Response, error) {
-	return request(ctx, c.conn, req)
+	return Request(ctx, c.conn, req)
 }
 
 // Close closes the connection.
@@ -42,10 +42,12 @@ func (c *AdminClient) Close() error {
 	return c.conn.CloseWithError(0, "")
 }
 
-// request runs one admin exchange on a new stream of conn: write the
-// request, close the send side, read one Response or Error. ctx bounds
-// the whole exchange.
-func request(ctx context.Context, conn *quic.Conn, req *transport.Request) (*transport.Response, error) {
+// Request runs one admin exchange on a new stream of conn, a connection
+// to a ctl: write the request, close the send side, read one Response or
+// Error. ctx bounds the whole exchange. A refusal comes back as a
+// *transport.Error. [AdminClient.Request] and [Member.Request] use it, and
+// so does a ctl forwarding a change to the leader on its own connection.
+func Request(ctx context.Context, conn *quic.Conn, req *transport.Request) (*transport.Response, error) {
 	if req == nil {
 		return nil, errors.New("ctl: request: nil request")
 	}
@@ -70,7 +72,7 @@ func request(ctx context.Context, conn *quic.Conn, req *transport.Request) (*tra
 	// ctl may answer and stop reading before the FIN is sent, which makes
 	// Close fail; the request was written whole, so read the answer.
 	_ = str.Close()
-	f, err := transport.NewReader(str, mapFrameMax).Read()
+	f, err := transport.NewReader(str, MaxMapFrame).Read()
 	if err != nil {
 		return nil, fmt.Errorf("ctl: request %s: read response: %w", req.Op, ctxErr(ctx, err))
 	}

@@ -1,4 +1,4 @@
-package ctl
+package ctlclient
 
 import (
 	"context"
@@ -51,7 +51,23 @@ type MemberConfig struct {
 // DefaultMaxBackoff is the default cap on reconnect delays.
 const DefaultMaxBackoff = 2 * time.Second
 
+// DefaultLeaseTTL is the default broker lease, the control plane's as
+// well (ctl.DefaultLeaseTTL).
+const DefaultLeaseTTL = 3 * time.Second
+
+// MaxMapFrame bounds the frames carrying maps: what ctl writes and what
+// members and admin clients read from ctl. A map of many streams with
+// thousands of shards each can exceed transport's default frame limit.
+const MaxMapFrame = 64 << 20
+
 const minBackoff = 50 * time.Millisecond
+
+// opMapGet is the admin request for the current map (ctl.OpMapGet).
+const opMapGet = "map.get"
+
+// streamCodeDone is the QUIC stream error code for "nothing more to read
+// or write", as ctl uses it.
+const streamCodeDone quic.StreamErrorCode = 0
 
 func (c MemberConfig) withDefaults() MemberConfig {
 	if c.CtlAddr != "" && !slices.Contains(c.CtlAddrs, c.CtlAddr) {
@@ -162,6 +178,9 @@ func (m *Member) ctlAddr() string {
 	return m.cfg.CtlAddrs[int(m.next.Load())%len(m.cfg.CtlAddrs)]
 }
 
+// NodeID returns the node id the member registered as.
+func (m *Member) NodeID() string { return m.cfg.Node.NodeID }
+
 // Map returns the latest map. It is immutable; share it freely.
 func (m *Member) Map() *shardmap.Map { return m.cur.Load() }
 
@@ -184,7 +203,7 @@ func (m *Member) Refresh(ctx context.Context, minEpoch uint64) (*shardmap.Map, e
 		if cur := m.Map(); cur.Epoch >= minEpoch {
 			return cur, nil
 		}
-		resp, err := m.Request(ctx, &transport.Request{Op: OpMapGet})
+		resp, err := m.Request(ctx, &transport.Request{Op: opMapGet})
 		if err == nil && resp.Map != nil {
 			m.adopt(resp.Map)
 			continue
@@ -207,7 +226,7 @@ func (m *Member) Request(ctx context.Context, req *transport.Request) (*transpor
 		conn, connected := m.mu.conn, m.mu.connected
 		m.mu.Unlock()
 		if conn != nil {
-			return request(ctx, conn, req)
+			return Request(ctx, conn, req)
 		}
 		select {
 		case <-connected:
@@ -339,7 +358,7 @@ func (m *Member) register(ctx context.Context) (link *ctlLink, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("open registration stream: %w", ctxErr(ctx, err))
 	}
-	link = &ctlLink{conn: conn, str: str, r: transport.NewReader(str, mapFrameMax), w: transport.NewWriter(str)}
+	link = &ctlLink{conn: conn, str: str, r: transport.NewReader(str, MaxMapFrame), w: transport.NewWriter(str)}
 	reg := m.cfg.Node
 	if err := link.w.Write(&reg); err != nil {
 		return nil, fmt.Errorf("send register: %w", ctxErr(ctx, err))

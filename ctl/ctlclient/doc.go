@@ -1,0 +1,36 @@
+// Package ctlclient is the client side of Felix's control plane (package
+// ctl): [Member], with which a broker joins the cluster, keeps its
+// registration alive and follows the shard map ctl pushes, and
+// [AdminClient], with which tools make admin requests to a ctl directly.
+//
+// It owns the broker's end of the registration protocol described in
+// package ctl: dialing a ctl (moving to the next of CtlAddrs when one
+// fails), the long-lived registration stream, heartbeats every LeaseTTL/3,
+// reconnecting with capped jittered backoff, and adopting each map whose
+// epoch is above the one held. It never imports the control plane server:
+// a broker, a data-plane process, links only this client.
+//
+// # Usage
+//
+// A broker:
+//
+//	m, err := ctlclient.Join(ctx, ctlclient.MemberConfig{
+//		CtlAddrs: []string{"ctl-0:7000", "ctl-1:7000", "ctl-2:7000"},
+//		TLS:      transport.ClientTLS(ca, &nodeCert, "", transport.ALPNCtl),
+//		Node:     transport.Register{NodeID: "broker-0", Addr: "10.0.0.5:7400"},
+//	})
+//	...
+//	defer m.Close()
+//	for {
+//		changed := m.Changed()
+//		apply(m.Map())
+//		<-changed
+//	}
+//
+// A tool:
+//
+//	c, err := ctlclient.Dial(ctx, "ctl-0:7000", transport.ClientTLS(ca, &cert, "", transport.ALPNCtl), transport.Config{})
+//	...
+//	defer c.Close()
+//	resp, err := c.Request(ctx, &transport.Request{Op: "stream.list"})
+package ctlclient
