@@ -1,0 +1,142 @@
+package replica
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestElectAndCommit(t *testing.T) {
+	c := newCluster(t, 3, 1, nil)
+	c.waitLeader()
+	const n = 300
+	offsets := make([]uint64, n)
+	var wg sync.WaitGroup
+	for w := range 6 { // concurrent appenders, so batches hold several records
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 6 {
+				offsets[i] = c.commit(fmt.Appendf(nil, "r%d", i))
+			}
+		}()
+	}
+	wg.Wait()
+	recs := c.checkSame(c.waitConverged(n))
+	if len(recs) != n {
+		t.Fatalf("replicas hold %d records, want %d", len(recs), n)
+	}
+	for i, off := range offsets {
+		if got, want := string(recs[off].Value), fmt.Sprintf("r%d", i); got != want {
+			t.Fatalf("offset %d acked for %q holds %q", off, want, got)
+		}
+	}
+}
+
+func TestFollowerRefusesAppend(t *testing.T) {
+	c := newCluster(t, 3, 2, nil)
+	lead := c.waitLeader()
+	c.commit([]byte("x"))
+	for _, g := range c.running() {
+		if g == lead {
+			continue
+		}
+		r := <-appendTo(g, []byte("y"))
+		var nl *NotLeaderError
+		if !errors.As(r.err, &nl) || nl.Replaced {
+			t.Fatalf("append to follower %d: %v, want a *NotLeaderError", g.ID(), r.err)
+		}
+		if nl.Leader != lead.ID() && nl.Leader != 0 {
+			t.Fatalf("follower %d names leader %d, the leader is %d", g.ID(), nl.Leader, lead.ID())
+		}
+	}
+}
+
+func TestLeaderFailoverAndRestart(t *testing.T) {
+	c := newCluster(t, 3, 3, nil)
+	old := c.waitLeader().ID()
+	for i := range 50 {
+		c.commit(fmt.Appendf(nil, "a%d", i))
+	}
+	c.kill(old)
+	nl := c.waitLeader(old)
+	if nl.ID() == old {
+		t.Fatalf("the stopped replica leads")
+	}
+	for i := range 50 {
+		c.commit(fmt.Appendf(nil, "b%d", i))
+	}
+	c.start(old)
+	recs := c.checkSame(c.waitConverged(100))
+	if len(recs) != 100 || string(recs[0].Value) != "a0" || string(recs[99].Value) != "b49" {
+		t.Fatalf("after restart: %d records, first %q, last %q", len(recs), recs[0].Value, recs[len(recs)-1].Value)
+	}
+	// A restarted replica rebuilt its offsets from the committed entries.
+	c.kill(nl.ID())
+	c.start(nl.ID())
+	c.commit([]byte("c"))
+	c.checkSame(c.waitConverged(101))
+}
+
+func TestIsolatedLeaderNeverAcks(t *testing.T) {
+	c := newCluster(t, 3, 4, nil)
+	old := c.waitLeader()
+	for i := range 10 {
+		c.commit(fmt.Appendf(nil, "a%d", i))
+	}
+	c.net.Isolate(old.ID(), c.ids...)
+	var stale []<-chan result
+	for i := range 20 {
+		stale = append(stale, appendTo(old, fmt.Appendf(nil, "stale%d", i)))
+	}
+	nl := c.waitLeader(old.ID())
+	for i := range 30 {
+		select {
+		case r := <-appendTo(nl, fmt.Appendf(nil, "b%d", i)):
+			if r.err != nil {
+				t.Fatalf("append to the new leader: %v", r.err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("the new leader did not commit within 20s")
+		}
+	}
+	for i, ch := range stale {
+		select {
+		case r := <-ch:
+			if r.err == nil {
+				t.Fatalf("stale record %d acked at offset %d while its leader was cut off", i, r.offset)
+			}
+			if !errors.Is(r.err, ErrNotLeader) {
+				t.Fatalf("stale record %d: %v, want ErrNotLeader", i, r.err)
+			}
+		default: // still pending: its fate is not known to the old leader
+		}
+	}
+	c.net.Heal()
+	replaced := 0
+	for i, ch := range stale {
+		select {
+		case r := <-ch:
+			var nle *NotLeaderError
+			if !errors.As(r.err, &nle) {
+				t.Fatalf("stale record %d after rejoining: offset %d err %v, want a *NotLeaderError", i, r.offset, r.err)
+			}
+			if nle.Replaced {
+				replaced++
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("stale record %d: no outcome 20s after the old leader rejoined", i)
+		}
+	}
+	if replaced == 0 {
+		t.Fatal("no stale record was in the old leader's log: the test did not test replacement")
+	}
+	recs := c.checkSame(c.waitConverged(40))
+	for _, r := range recs {
+		if len(r.Value) > 5 && string(r.Value[:5]) == "stale" {
+			t.Fatalf("offset %d holds %q, never committed by a majority", r.Offset, r.Value)
+		}
+	}
+}
