@@ -206,6 +206,13 @@ func (g *Group) AppendAsync(r *wal.Record, done func(offset uint64, ts int64, er
 	g.signal()
 }
 
+// AppendNow is AppendAsync: a group has no inline commit to offer (every
+// entry goes through the group's goroutine and the replicas). It exists so
+// that *Group and *wal.Log fit one interface.
+func (g *Group) AppendNow(r *wal.Record, done func(offset uint64, ts int64, err error)) {
+	g.AppendAsync(r, done)
+}
+
 // refusal is why new work is refused, or nil. Callers hold g.in.
 func (g *Group) refusal() error {
 	switch {
