@@ -40,18 +40,18 @@ func (o *offsetIndex) reset(firstIndex, next uint64) {
 
 // add records that entry index, the next one in log order, holds n
 // records, and returns its first offset. Only the run goroutine calls it.
-func (o *offsetIndex) add(index uint64, n int) uint64 {
+func (o *offsetIndex) add(index uint64, n int) (uint64, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if want := o.firstIndex + uint64(len(o.bases)); index != want {
-		// raft applies each index once, in order; anything else is a bug
-		// that would give one offset to two records.
-		panic(fmt.Sprintf("replica: applying entry %d, expected %d", index, want))
+		// raft applies each index once, in order; anything else would give
+		// one offset to two records, so the group stops.
+		return 0, fmt.Errorf("replica: applying entry %d, expected %d", index, want)
 	}
 	base := o.next
 	o.bases = append(o.bases, base)
 	o.next += uint64(n)
-	return base
+	return base, nil
 }
 
 // publish makes the records added so far visible to readers and wakes

@@ -239,7 +239,10 @@ func (g *Group) apply(l *loop, ents []*pb.Entry) error {
 				return err
 			}
 		}
-		base := g.offs.add(idx, n)
+		base, err := g.offs.add(idx, n)
+		if err != nil {
+			return err
+		}
 		if w := l.byIndex[idx]; w != nil {
 			delete(l.byIndex, idx)
 			c := completion{w: w, base: base, ts: ts}

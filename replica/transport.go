@@ -55,11 +55,12 @@ func (n *MemNetwork) Detach(id uint64) {
 	delete(n.nodes, id)
 }
 
-// Isolate cuts every link to and from id.
-func (n *MemNetwork) Isolate(id uint64, ids ...uint64) {
+// Isolate cuts the links both ways between id and each of others (id
+// itself among them is skipped).
+func (n *MemNetwork) Isolate(id uint64, others ...uint64) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	for _, o := range ids {
+	for _, o := range others {
 		if o != id {
 			n.cut[[2]uint64{id, o}], n.cut[[2]uint64{o, id}] = true, true
 		}
