@@ -189,14 +189,15 @@ func (g *Group) AppendAsync(r *wal.Record, done func(offset uint64, ts int64, er
 		done(0, 0, fmt.Errorf("replica: group %q: %w: %d bytes, the limit is %d", g.cfg.Name, ErrTooLarge, size, g.cfg.MaxEntryBytes))
 		return
 	}
-	if lead := g.leader.Load(); lead != g.cfg.ID {
-		done(0, 0, &NotLeaderError{Group: g.cfg.Name, Leader: lead, Term: g.term.Load()})
-		return
-	}
 	g.in.Lock()
 	if err := g.refusal(); err != nil {
 		g.in.Unlock()
 		done(0, 0, err)
+		return
+	}
+	if lead := g.leader.Load(); lead != g.cfg.ID {
+		g.in.Unlock()
+		done(0, 0, &NotLeaderError{Group: g.cfg.Name, Leader: lead, Term: g.term.Load()})
 		return
 	}
 	g.in.buf = appendBatchRecord(g.in.buf, r)

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	pb "go.etcd.io/raft/v3/raftpb"
 )
 
 func TestElectAndCommit(t *testing.T) {
@@ -169,6 +171,51 @@ func TestRestartRebuildsOffsets(t *testing.T) {
 	for i := range before {
 		if string(after[i].Value) != string(before[i].Value) || after[i].Timestamp != before[i].Timestamp {
 			t.Fatalf("offset %d changed across the restart: %q, was %q", i, after[i].Value, before[i].Value)
+		}
+	}
+}
+
+func TestCloseSettlesEveryAppend(t *testing.T) {
+	c := newCluster(t, 3, 6, nil)
+	old := c.waitLeader()
+	c.commit([]byte("a"))
+	c.net.Isolate(old.ID(), c.ids...)
+	var pending []<-chan result
+	for i := range 10 {
+		pending = append(pending, appendTo(old, fmt.Appendf(nil, "p%d", i)))
+	}
+	c.kill(old.ID())
+	for i, ch := range pending {
+		select {
+		case r := <-ch:
+			if !errors.Is(r.err, ErrUnknownOutcome) && !errors.Is(r.err, ErrNotLeader) && !errors.Is(r.err, ErrClosed) {
+				t.Fatalf("append %d pending at Close: %v, want ErrUnknownOutcome, ErrNotLeader or ErrClosed", i, r.err)
+			}
+		default:
+			t.Fatalf("append %d pending at Close got no outcome from Close", i)
+		}
+	}
+	if r := <-appendTo(old, []byte("late")); !errors.Is(r.err, ErrClosed) {
+		t.Fatalf("append after Close: %v, want ErrClosed", r.err)
+	}
+	if err := old.Step(&pb.Message{Type: pb.MsgHeartbeat.Enum(), To: new(old.ID()), From: new(uint64(9))}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("step after Close: %v, want ErrClosed", err)
+	}
+}
+
+func TestStepRefusesBadMessages(t *testing.T) {
+	c := newCluster(t, 3, 7, nil)
+	g := c.group(1)
+	for _, m := range []*pb.Message{
+		{Type: pb.MsgHeartbeat.Enum(), To: new(uint64(2)), From: new(uint64(3))}, // not for this replica
+		{Type: pb.MsgHeartbeat.Enum(), To: new(uint64(1)), From: new(uint64(1))}, // from itself
+		{Type: pb.MsgHeartbeat.Enum(), To: new(uint64(1))},                       // from nobody
+		{Type: pb.MsgHup.Enum(), To: new(uint64(1)), From: new(uint64(2))},       // local
+		{Type: pb.MsgProp.Enum(), To: new(uint64(1)), From: new(uint64(2))},      // forwarded proposal
+		{Type: pb.MsgSnap.Enum(), To: new(uint64(1)), From: new(uint64(2))},      // snapshot
+	} {
+		if err := g.Step(m); !errors.Is(err, ErrBadMessage) {
+			t.Errorf("step %v: %v, want ErrBadMessage", m, err)
 		}
 	}
 }
