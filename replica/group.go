@@ -41,6 +41,16 @@ type Config struct {
 	// SegmentSize is the size at which the log starts a new segment file;
 	// default 64 MiB.
 	SegmentSize int
+
+	// Knobs are for tests only.
+	Knobs Knobs
+}
+
+// Knobs are testing seams. They run once per Ready, never per record.
+type Knobs struct {
+	// BeforeSync, if set, runs before the fdatasync of appended entries
+	// (last is the last index written). An error fails the fdatasync.
+	BeforeSync func(last uint64) error
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -127,6 +137,7 @@ func Open(cfg Config) (*Group, error) {
 	if err != nil {
 		return nil, err
 	}
+	st.beforeSync = cfg.Knobs.BeforeSync
 	if len(st.p.conf.GetVoters()) == 0 {
 		_ = st.close()
 		return nil, fmt.Errorf("replica: group %q: no voters: a new group needs Config.Peers", cfg.Name)

@@ -53,6 +53,8 @@ type storage struct {
 	terms []termRun  // covering (p.snapIndex, last]
 	batch tidwall.Batch
 	buf   []byte
+
+	beforeSync func(last uint64) error // Knobs.BeforeSync
 }
 
 // termRun says entries from index on have term, up to the next run.
@@ -204,6 +206,11 @@ func (s *storage) append(ents []*pb.Entry) error {
 		}
 	}
 	s.tail.size = size
+	if s.beforeSync != nil {
+		if err := s.beforeSync(ents[len(ents)-1].GetIndex()); err != nil {
+			return fmt.Errorf("replica: group %q: fdatasync entries %d-%d: %w", s.name, first, first+uint64(len(ents))-1, err)
+		}
+	}
 	if err := fdatasync(s.tail.f); err != nil {
 		return fmt.Errorf("replica: group %q: fdatasync entries %d-%d: %w", s.name, first, first+uint64(len(ents))-1, err)
 	}

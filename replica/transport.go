@@ -31,11 +31,22 @@ type MemNetwork struct {
 	cut   map[[2]uint64]bool // directed links that lose every message
 	drop  float64            // probability of losing any message
 	rng   *rand.Rand
+	// appended is, per receiver, the highest entry index delivered to it
+	// in an append message.
+	appended map[uint64]uint64
+}
+
+// Appended returns the highest entry index delivered to replica id in an
+// append message.
+func (n *MemNetwork) Appended(id uint64) uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.appended[id]
 }
 
 // NewMemNetwork returns an empty network; seed drives its random drops.
 func NewMemNetwork(seed uint64) *MemNetwork {
-	return &MemNetwork{nodes: map[uint64]*Group{}, cut: map[[2]uint64]bool{}, rng: rand.New(rand.NewPCG(seed, seed))}
+	return &MemNetwork{nodes: map[uint64]*Group{}, cut: map[[2]uint64]bool{}, appended: map[uint64]uint64{}, rng: rand.New(rand.NewPCG(seed, seed))}
 }
 
 // Transport returns the transport replica id sends with.
@@ -100,7 +111,8 @@ func (t memTransport) Send(msgs []*pb.Message) {
 		m  *pb.Message
 	}
 	var out []delivery
-	t.n.mu.Lock()
+	n := t.n
+	n.mu.Lock()
 	for _, m := range msgs {
 		to := t.n.nodes[m.GetTo()]
 		if to == nil || t.n.cut[[2]uint64{t.from, m.GetTo()}] || (t.n.drop > 0 && t.n.rng.Float64() < t.n.drop) {
@@ -113,6 +125,9 @@ func (t memTransport) Send(msgs []*pb.Message) {
 		c := &pb.Message{}
 		if err := proto.Unmarshal(b, c); err != nil {
 			continue
+		}
+		if ents := c.GetEntries(); c.GetType() == pb.MsgApp && len(ents) > 0 {
+			n.appended[c.GetTo()] = max(n.appended[c.GetTo()], ents[len(ents)-1].GetIndex())
 		}
 		out = append(out, delivery{to, c})
 	}
