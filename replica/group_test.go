@@ -219,3 +219,33 @@ func TestStepRefusesBadMessages(t *testing.T) {
 		}
 	}
 }
+
+func TestEntriesSplitAtMaxEntryBytes(t *testing.T) {
+	c := newCluster(t, 3, 10, func(cfg *Config) { cfg.MaxEntryBytes = 1024 })
+	lead := c.waitLeader()
+	if r := <-appendTo(lead, make([]byte, 1024)); !errors.Is(r.err, ErrTooLarge) {
+		t.Fatalf("a record over MaxEntryBytes: %v, want ErrTooLarge", r.err)
+	}
+	var chans []<-chan result
+	for i := range 60 {
+		chans = append(chans, appendTo(lead, fmt.Appendf(nil, "%03d%0300d", i, 0)))
+	}
+	for i, ch := range chans {
+		if r := <-ch; r.err != nil {
+			t.Fatalf("append %d: %v", i, r.err)
+		}
+	}
+	recs := c.checkSame(c.waitConverged(60))
+	for i, r := range recs {
+		if want := fmt.Sprintf("%03d", i); string(r.Value[:3]) != want {
+			t.Fatalf("offset %d holds record %s: the order of appends to one leader was not kept", i, r.Value[:3])
+		}
+	}
+	lead.offs.mu.RLock()
+	defer lead.offs.mu.RUnlock()
+	for k := 1; k < len(lead.offs.bases); k++ {
+		if n := lead.offs.bases[k] - lead.offs.bases[k-1]; n > 3 {
+			t.Fatalf("entry %d holds %d records of 300 bytes, over MaxEntryBytes 1024", lead.offs.firstIndex+uint64(k-1), n)
+		}
+	}
+}
