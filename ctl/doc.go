@@ -61,9 +61,12 @@
 // --etcd-peer-url http://ctl-0:2380 --etcd-initial-cluster
 // ctl-0=http://ctl-0:2380,ctl-1=...`); or an existing etcd cluster
 // (EtcdConfig.Endpoints, `--etcd-endpoints`, with mTLS by `--etcd-ca`,
-// `--etcd-cert`, `--etcd-key`). Its keys, under /felix/<cluster>/:
+// `--etcd-cert`, `--etcd-key`), whose members may be the etcd built into
+// felix ([StartEtcdMember], `felix etcd`). Its keys, under
+// /felix/<cluster>/:
 //
 //	epoch                          the map epoch, decimal
+//	writer                         who committed it: {"name","id","election"} JSON, put in the same transaction
 //	members/<node>                 {"id","addr","admin","live"} JSON
 //	streams/<stream>               {"name","shards","retention_bytes","retention_age_ns","owners"} JSON
 //	grants/<principal>/<action>/<pattern>  {"principal","action","pattern"} (path-escaped)

@@ -2,8 +2,10 @@ package ctl
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -332,5 +334,75 @@ func TestImportStateFile(t *testing.T) {
 	defer srv.Close()
 	if _, ok := srv.Map().Stream("orders"); !ok || srv.Map().Epoch < m.Epoch {
 		t.Errorf("after restart: %+v", srv.Map())
+	}
+}
+
+// TestWriterRecorded checks that every commit records, in the same
+// transaction, the ctl and the election key it was made under.
+func TestWriterRecorded(t *testing.T) {
+	a, err := New(Config{DataDir: t.TempDir(), Name: "a", Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := a.CreateStream(shardmap.StreamConfig{Name: "x", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ep, err := a.store.cli.Get(ctx, a.store.epochKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wr, err := a.store.cli.Get(ctx, a.store.writerKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ep.Kvs) != 1 || len(wr.Kvs) != 1 {
+		t.Fatalf("epoch %v, writer %v: want one key each", ep.Kvs, wr.Kvs)
+	}
+	if ep.Kvs[0].ModRevision != wr.Kvs[0].ModRevision {
+		t.Errorf("epoch written at revision %d, writer at %d: not one transaction", ep.Kvs[0].ModRevision, wr.Kvs[0].ModRevision)
+	}
+	var w writerRecord
+	if err := json.Unmarshal(wr.Kvs[0].Value, &w); err != nil {
+		t.Fatal(err)
+	}
+	el, err := a.store.cli.Get(ctx, w.Election)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Name != "a" || w.ID != a.regToken || len(el.Kvs) != 1 || !strings.HasPrefix(w.Election, a.store.electionPrefix()+"/") {
+		t.Errorf("writer %+v (election key found: %d), want ctl a, run %s, under its live election key", w, len(el.Kvs), a.regToken)
+	}
+}
+
+// TestExternalEtcdMember runs a ctl against a standalone member
+// (StartEtcdMember, as `felix etcd` does) through EtcdConfig.Endpoints.
+func TestExternalEtcdMember(t *testing.T) {
+	m, err := StartEtcdMember(t.TempDir(), EtcdConfig{Name: "etcd-0"}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	dir := t.TempDir()
+	s, err := New(Config{DataDir: dir, Name: "a", Etcd: EtcdConfig{Endpoints: []string{m.ClientURL()}}, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateStream(shardmap.StreamConfig{Name: "x", Shards: 2}); err != nil {
+		t.Fatal(err)
+	}
+	epoch := s.Map().Epoch
+	s.Close()
+	if _, err := os.Stat(filepath.Join(dir, "etcd")); err == nil {
+		t.Errorf("a ctl with Endpoints started an etcd of its own in %s", dir)
+	}
+	s, err = New(Config{DataDir: dir, Name: "a", Etcd: EtcdConfig{Endpoints: []string{m.ClientURL()}}, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, ok := s.Map().Stream("x"); !ok || s.Map().Epoch < epoch {
+		t.Errorf("after a restart against the same etcd: %+v, want stream x at epoch %d or later", s.Map(), epoch)
 	}
 }

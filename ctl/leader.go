@@ -186,15 +186,15 @@ func (s *Server) takeOver(el *concurrency.Election) error {
 	if s.mu.closed {
 		return errors.New("closed")
 	}
-	s.store.fence = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(el.Key()), "=", el.Rev())}
+	s.store.fenceWith(el, writerRecord{Name: s.name(), ID: s.regToken, Election: el.Key()})
 	snap, err := s.store.load(s.ctx)
 	if err != nil {
-		s.store.fence = nil
+		s.store.unfence()
 		return err
 	}
 	live, _, err := s.store.readLive(s.ctx)
 	if err != nil {
-		s.store.fence = nil
+		s.store.unfence()
 		return err
 	}
 	st := newState(snap, s.cfg.Superusers)
@@ -205,7 +205,7 @@ func (s *Server) takeOver(el *concurrency.Election) error {
 		}
 	}
 	if err := s.store.save(s.ctx, st.snapshot()); err != nil {
-		s.store.fence = nil
+		s.store.unfence()
 		return err
 	}
 	s.mu.st = st
@@ -221,7 +221,7 @@ func (s *Server) stepDown(why string) {
 	s.mu.Lock()
 	was := s.mu.leader
 	s.mu.leader = false
-	s.store.fence = nil
+	s.store.unfence()
 	s.mu.Unlock()
 	select {
 	case <-s.lost:
