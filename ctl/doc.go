@@ -99,7 +99,11 @@
 // ctl certificate, for the principal of the request), returning once they
 // hold the resulting map. When the leader's session ends, the next ctl in
 // line takes over: it reads the state and live/, and carries on from the
-// stored epoch (bumped once). The data path does not depend on ctl:
+// stored epoch (bumped once). A broker live in the stored map whose lease
+// is gone (every ctl was down for longer than a lease, so none could
+// renew it) stays live for a lease and a reconnect backoff more, to
+// register again, before it is marked down: a control plane outage does
+// not take the brokers' shards away. The data path does not depend on ctl:
 // brokers keep their last map while no ctl answers.
 //
 // Close cancels every etcd request of the server before it waits for its

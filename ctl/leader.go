@@ -105,22 +105,58 @@ func (s *Server) campaign() error {
 	if err != nil {
 		return err
 	}
-	if err := s.takeOver(el); err != nil {
+	held, err := s.takeOver(el)
+	if err != nil {
 		s.stepDown("takeover failed")
 		s.resign(el)
 		return err
 	}
-	select {
-	case <-sess.Done():
-		s.stepDown("session lease lost")
-		return errors.New("leader's session lease lost")
-	case <-s.lost:
-		s.stepDown("a write was refused: no longer the leader")
-	case <-s.ctx.Done():
-		s.stepDown("closing")
+	var grace <-chan time.Time
+	if len(held) > 0 {
+		t := time.NewTimer(s.registrationGrace())
+		defer t.Stop()
+		grace = t.C
+	}
+	for leading := true; leading; {
+		select {
+		case <-grace:
+			grace = nil
+			s.endGrace()
+		case <-sess.Done():
+			s.stepDown("session lease lost")
+			return errors.New("leader's session lease lost")
+		case <-s.lost:
+			s.stepDown("a write was refused: no longer the leader")
+			leading = false
+		case <-s.ctx.Done():
+			s.stepDown("closing")
+			leading = false
+		}
 	}
 	s.resign(el)
 	return nil
+}
+
+// registrationGrace is how long a new leader keeps live the brokers it
+// holds live with no lease (see takeOver): a lease, and the longest
+// reconnect backoff of a broker (MemberConfig.MaxBackoff's default),
+// which grew while no ctl answered.
+func (s *Server) registrationGrace() time.Duration {
+	return s.cfg.LeaseTTL + DefaultMaxBackoff
+}
+
+// endGrace marks down the brokers held live at the takeover that have not
+// registered since.
+func (s *Server) endGrace() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.mu.leader || s.mu.closed {
+		return
+	}
+	if ids := s.mu.st.endHeld(); len(ids) > 0 {
+		s.log.Warn("brokers live at the takeover did not register again; marked down", "nodes", ids, "grace", s.registrationGrace())
+		s.commitLocked("not registered since the takeover: " + strings.Join(ids, ","))
+	}
 }
 
 // resign gives up the leadership, so that the next ctl in line takes over
@@ -180,22 +216,31 @@ func (s *Server) announceLocked() error {
 // takeOver makes this ctl the leader: under the lock, it fences the
 // store with its election key, reads the state and the broker leases,
 // brings the members' liveness up to date and commits that.
-func (s *Server) takeOver(el *concurrency.Election) error {
+//
+// A member Live in the stored map whose lease is gone is held Live, and
+// returned in held: when every ctl was down for longer than a lease, no
+// ctl could renew the brokers' leases, and they ran out while the brokers
+// served on with their last map. Marking them down now would refuse their
+// publishes until they register again; instead they get
+// registrationGrace to do so (campaign then calls endGrace). A broker
+// that died meanwhile is down that much later, as if its lease had been
+// that much longer.
+func (s *Server) takeOver(el *concurrency.Election) (held []string, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mu.closed {
-		return errors.New("closed")
+		return nil, errors.New("closed")
 	}
 	s.store.fenceWith(el, writerRecord{Name: s.name(), ID: s.regToken, Election: el.Key()})
 	snap, err := s.store.load(s.ctx)
 	if err != nil {
 		s.store.unfence()
-		return err
+		return nil, err
 	}
 	live, _, err := s.store.readLive(s.ctx)
 	if err != nil {
 		s.store.unfence()
-		return err
+		return nil, err
 	}
 	st := newState(snap, s.cfg.Superusers)
 	st.maxShardsTotal = s.cfg.MaxShardsTotal
@@ -204,16 +249,25 @@ func (s *Server) takeOver(el *concurrency.Election) error {
 			s.log.Warn("ignoring a malformed broker lease", "node", e.node.ID, "err", err)
 		}
 	}
+	for _, n := range snap.Members {
+		if _, ok := live[n.ID]; !ok && n.Live && st.holdLive(n.ID) {
+			held = append(held, n.ID)
+		}
+	}
 	if err := s.store.save(s.ctx, st.snapshot()); err != nil {
 		s.store.unfence()
-		return err
+		return nil, err
 	}
 	s.mu.st = st
 	s.mu.leader = true
 	s.stats.leaderChanges.Add(1)
 	s.publishLocked("leader elected")
 	s.log.Info("ctl is the leader", "name", s.name(), "epoch", st.epoch, "live", st.liveIDs())
-	return nil
+	if len(held) > 0 {
+		s.log.Info("brokers live in the last map whose leases ran out keep their liveness until they register again",
+			"nodes", held, "grace", s.registrationGrace())
+	}
+	return held, nil
 }
 
 // stepDown makes this ctl a follower.
