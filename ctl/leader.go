@@ -111,12 +111,13 @@ func (s *Server) campaign() error {
 		s.resign(el)
 		return err
 	}
-	var grace <-chan time.Time
 	if len(held) > 0 {
-		t := time.NewTimer(s.registrationGrace())
-		defer t.Stop()
-		grace = t.C
+		s.log.Info("brokers live in the last map whose leases ran out keep their liveness until they register again",
+			"nodes", held, "grace", s.registrationGrace())
 	}
+	graceTimer := time.NewTimer(s.registrationGrace())
+	defer graceTimer.Stop()
+	grace := graceTimer.C
 	for leading := true; leading; {
 		select {
 		case <-grace:
@@ -145,14 +146,16 @@ func (s *Server) registrationGrace() time.Duration {
 	return s.cfg.LeaseTTL + DefaultMaxBackoff
 }
 
-// endGrace marks down the brokers held live at the takeover that have not
-// registered since.
+// endGrace ends the registration grace: it marks down the brokers held
+// live (at the takeover, or when their lease ran out during the grace)
+// that have not registered since.
 func (s *Server) endGrace() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.mu.leader || s.mu.closed {
 		return
 	}
+	s.mu.graceUntil = time.Time{}
 	if ids := s.mu.st.endHeld(); len(ids) > 0 {
 		s.log.Warn("brokers live at the takeover did not register again; marked down", "nodes", ids, "grace", s.registrationGrace())
 		s.commitLocked("not registered since the takeover: " + strings.Join(ids, ","))
@@ -222,9 +225,11 @@ func (s *Server) announceLocked() error {
 // ctl could renew the brokers' leases, and they ran out while the brokers
 // served on with their last map. Marking them down now would refuse their
 // publishes until they register again; instead they get
-// registrationGrace to do so (campaign then calls endGrace). A broker
-// that died meanwhile is down that much later, as if its lease had been
-// that much longer.
+// registrationGrace to do so (campaign then calls endGrace). A lease that
+// runs out within that grace is held likewise (applyLive): etcd restarted
+// with the ctls renews its leases for one TTL, which can end before the
+// broker's backoff brings it back. A broker that died meanwhile is down
+// that much later, as if its lease had been that much longer.
 func (s *Server) takeOver(el *concurrency.Election) (held []string, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -262,11 +267,8 @@ func (s *Server) takeOver(el *concurrency.Election) (held []string, err error) {
 	s.mu.leader = true
 	s.stats.leaderChanges.Add(1)
 	s.publishLocked("leader elected")
+	s.mu.graceUntil = time.Now().Add(s.registrationGrace())
 	s.log.Info("ctl is the leader", "name", s.name(), "epoch", st.epoch, "live", st.liveIDs())
-	if len(held) > 0 {
-		s.log.Info("brokers live in the last map whose leases ran out keep their liveness until they register again",
-			"nodes", held, "grace", s.registrationGrace())
-	}
 	return held, nil
 }
 
@@ -275,6 +277,7 @@ func (s *Server) stepDown(why string) {
 	s.mu.Lock()
 	was := s.mu.leader
 	s.mu.leader = false
+	s.mu.graceUntil = time.Time{}
 	s.store.unfence()
 	s.mu.Unlock()
 	select {
@@ -387,6 +390,12 @@ func (s *Server) applyLive(evs []*clientv3.Event) {
 		if !ok {
 			continue
 		}
+		if time.Now().Before(s.mu.graceUntil) && s.leaseGone(e.lease) && s.mu.st.hold(e.node.ID, e.session) {
+			s.stats.leaseExpiries.Add(1)
+			s.log.Warn("broker lease expired during the takeover's registration grace; kept live until it registers again",
+				"node", e.node.ID, "ttl", s.cfg.LeaseTTL, "grace_until", s.mu.graceUntil.Format(time.RFC3339Nano))
+			continue
+		}
 		if s.mu.st.end(e.node.ID, e.session) {
 			changed = true
 			why := "node down " + e.node.ID
@@ -410,7 +419,7 @@ func (s *Server) leaseGone(id int64) bool {
 	ctx, cancel := context.WithTimeout(s.ctx, s.store.timeout)
 	defer cancel()
 	resp, err := s.store.cli.TimeToLive(ctx, clientv3.LeaseID(id))
-	return err == nil && resp.TTL <= 0
+	return err == nil && resp.TTL == -1 // etcd answers -1 for a lease it does not have; a live one under a second has 0
 }
 
 // followState makes a follower adopt the state the leader committed.

@@ -219,7 +219,20 @@ func (s *state) holdLive(id string) bool {
 	return true
 }
 
-// endHeld marks down every member holdLive kept that has not registered
+// hold turns member id's registration session into a hold, as
+// holdLive: it stays Live with no registration. It reports whether it
+// did (session is its current registration and it is Live); the map does
+// not change.
+func (s *state) hold(id string, session uint64) bool {
+	m, ok := s.members[id]
+	if !ok || session == 0 || m.session != session || !m.node.Live {
+		return false
+	}
+	m.session = 0
+	return true
+}
+
+// endHeld marks down every member holdLive or hold kept that has not registered
 // since, and returns their ids, sorted.
 func (s *state) endHeld() []string {
 	var ids []string

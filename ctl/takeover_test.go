@@ -121,3 +121,34 @@ func TestLeasesRunOutWithNoCtl(t *testing.T) {
 		t.Errorf("b0 down at epoch %d though it registered again", mp.Epoch)
 	}
 }
+
+// TestLeaseRunsOutDuringGrace restarts a ctl with its embedded etcd,
+// which renews every lease for one TTL when it starts: a broker whose
+// lease then runs out before it registers again, within the new leader's
+// registration grace, is held live until the grace ends, not marked down
+// when the lease ends.
+func TestLeaseRunsOutDuringGrace(t *testing.T) {
+	p := newPKI(t)
+	dir := t.TempDir()
+	srv := startCtl(t, p, dir, "127.0.0.1:0")
+	addr := srv.Addr()
+	b0, b1 := join(t, p, addr, "b0"), join(t, p, addr, "b1")
+	for _, m := range []*Member{b0, b1} {
+		waitMap(t, m, "b0 and b1 live", func(mp *shardmap.Map) bool { return liveCount(mp) == 2 })
+	}
+	srv.Close()
+	b1.Close() // b1 goes away while no ctl runs: its lease runs out after the restart
+
+	restarted := time.Now() // before the takeover
+	srv = startCtl(t, p, dir, addr)
+	if n, _ := srv.Map().Node("b1"); !n.Live {
+		t.Fatalf("b1 down in the new leader's first map (epoch %d), though its lease was still there", srv.Map().Epoch)
+	}
+	waitMap(t, b0, "b1 down", func(mp *shardmap.Map) bool { n, _ := mp.Node("b1"); return !n.Live })
+	if took, grace := time.Since(restarted), srv.registrationGrace(); took < grace {
+		t.Errorf("b1 down %v after the restart, before the end of the registration grace (%v)", took, grace)
+	}
+	if n, _ := b0.Map().Node("b0"); !n.Live {
+		t.Error("b0 down, though it registered again")
+	}
+}
