@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -404,5 +405,33 @@ func TestExternalEtcdMember(t *testing.T) {
 	defer s.Close()
 	if _, ok := s.Map().Stream("x"); !ok || s.Map().Epoch < epoch {
 		t.Errorf("after a restart against the same etcd: %+v, want stream x at epoch %d or later", s.Map(), epoch)
+	}
+}
+
+// TestGrantThroughFollower: a grant or revoke made through a follower is
+// in the follower's map when the call returns, as a stream change is, so
+// an acl.list right after on the same ctl shows it.
+func TestGrantThroughFollower(t *testing.T) {
+	p := newPKI(t)
+	srvs := startHA(t, p, 3)
+	leader := waitLeader(t, srvs, nil)
+	follower := srvs[0]
+	if follower == leader {
+		follower = srvs[1]
+	}
+	for i := range 5 {
+		g := auth.Grant{Principal: fmt.Sprint("user-", i), Action: auth.Publish, Pattern: "orders"}
+		if err := follower.Grant(g); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(follower.Map().ACL.Grants, g) {
+			t.Fatalf("grant %d: the follower's map (epoch %d) lacks it right after the grant returned", i, follower.Map().Epoch)
+		}
+		if err := follower.Revoke(g); err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(follower.Map().ACL.Grants, g) {
+			t.Fatalf("revoke %d: the follower's map (epoch %d) still has it right after the revoke returned", i, follower.Map().Epoch)
+		}
 	}
 }
