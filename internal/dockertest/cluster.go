@@ -383,9 +383,15 @@ func (c *Cluster) ControlPlane(ctx context.Context, b *Node) ([]client.CtlMember
 // every ctl is a member with a healthy etcd member, and one of them
 // leads.
 func (c *Cluster) WaitHealthy(ctx context.Context) error {
-	var last error
+	return poll(ctx, func() error { return c.healthy(ctx) })
+}
+
+// poll calls f every 200ms until it returns nil or ctx ends, and then
+// returns ctx's error with f's last.
+func poll(ctx context.Context, f func() error) error {
 	for {
-		if last = c.healthy(ctx); last == nil {
+		last := f()
+		if last == nil {
 			return nil
 		}
 		select {

@@ -31,17 +31,10 @@ func (c *Cluster) waitEtcd(ctx context.Context) error {
 	if len(c.Etcds) == 0 {
 		return nil
 	}
-	var last error
-	for {
-		if last = c.etcdUp(ctx); last == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("the etcd members did not come up: %w (last: %v)", ctx.Err(), last)
-		case <-time.After(200 * time.Millisecond):
-		}
+	if err := poll(ctx, func() error { return c.etcdUp(ctx) }); err != nil {
+		return fmt.Errorf("the etcd members did not come up: %w", err)
 	}
+	return nil
 }
 
 func (c *Cluster) etcdUp(ctx context.Context) error {

@@ -87,9 +87,9 @@ func createRetrying(ctx context.Context, cl *client.Client, cfg client.StreamCon
 	}
 }
 
-// checkUsable checks that every shard of stream has a live broker owner
-// and takes a record through every broker.
-func (c *Cluster) checkUsable(ctx context.Context, t *testing.T, stream string) {
+// eachBroker calls f with a client connected to each broker in turn
+// and the map that broker holds, closing the client after.
+func (c *Cluster) eachBroker(ctx context.Context, t *testing.T, f func(b *Node, cl *client.Client, m *client.Map)) {
 	t.Helper()
 	for _, b := range c.Brokers {
 		cl, err := c.Client(ctx, b)
@@ -99,12 +99,22 @@ func (c *Cluster) checkUsable(ctx context.Context, t *testing.T, stream string) 
 		m, err := cl.Map(ctx)
 		if err != nil {
 			cl.Close()
-			t.Fatal(err)
+			t.Fatalf("%s's map: %v", b.Name, err)
 		}
+		f(b, cl, m)
+		cl.Close()
+	}
+}
+
+// checkUsable checks that every shard of stream has a live broker owner
+// and takes a record through every broker.
+func (c *Cluster) checkUsable(ctx context.Context, t *testing.T, stream string) {
+	t.Helper()
+	c.eachBroker(ctx, t, func(b *Node, cl *client.Client, m *client.Map) {
 		st, ok := m.Stream(stream)
 		if !ok {
-			cl.Close()
-			t.Fatalf("%s's map (epoch %d) lacks stream %s", b.Name, m.Epoch, stream)
+			t.Errorf("%s's map (epoch %d) lacks stream %s", b.Name, m.Epoch, stream)
+			return
 		}
 		for shard, owner := range st.Owners {
 			if n, ok := m.Node(owner); !ok || !n.Live {
@@ -120,8 +130,7 @@ func (c *Cluster) checkUsable(ctx context.Context, t *testing.T, stream string) 
 				t.Errorf("%s/%d acked by %s, placed on %s", stream, shard, ack.Owner, owner)
 			}
 		}
-		cl.Close()
-	}
+	})
 }
 
 // publisher publishes one record at a time through one broker until its

@@ -106,33 +106,24 @@ type placement struct {
 func (c *Cluster) placement(ctx context.Context, t *testing.T) placement {
 	t.Helper()
 	var p placement
-	for i, b := range c.Brokers {
-		cl, err := c.Client(ctx, b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := cl.Map(ctx)
-		if err != nil {
-			cl.Close()
-			t.Fatal(err)
-		}
+	c.eachBroker(ctx, t, func(b *Node, cl *client.Client, m *client.Map) {
 		streams := mapView(nil, m.Streams)
-		if i == 0 {
-			p.epoch, p.streams = m.Epoch, streams
-			gs, err := cl.Grants(ctx)
-			if err != nil {
-				cl.Close()
-				t.Fatal(err)
+		if p.streams != "" {
+			if streams != p.streams {
+				t.Errorf("%s's map (epoch %d) differs from %s's (epoch %d):\n  %s\n  %s", b.Name, m.Epoch, c.Brokers[0].Name, p.epoch, streams, p.streams)
 			}
-			for _, g := range gs {
-				p.grants = append(p.grants, g.String())
-			}
-			slices.Sort(p.grants)
-		} else if streams != p.streams {
-			t.Errorf("%s's map (epoch %d) differs from %s's (epoch %d):\n  %s\n  %s", b.Name, m.Epoch, c.Brokers[0].Name, p.epoch, streams, p.streams)
+			return
 		}
-		cl.Close()
-	}
+		p.epoch, p.streams = m.Epoch, streams
+		gs, err := cl.Grants(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range gs {
+			p.grants = append(p.grants, g.String())
+		}
+		slices.Sort(p.grants)
+	})
 	return p
 }
 
