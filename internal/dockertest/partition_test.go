@@ -80,6 +80,9 @@ func TestCtlLeaderPartition(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if now == leader {
+			t.Errorf("%s leads again after reconnecting, before %s's session ended", leader.Name, next.Name)
+		}
 		if err := createRetrying(ctx, admin, client.StreamConfig{Name: "after", Shards: 3}); err != nil {
 			t.Fatalf("creating a stream after the partition: %v", err)
 		}
