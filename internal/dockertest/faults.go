@@ -52,10 +52,20 @@ func containers(nodes []*Node) []string {
 
 // RestartControlPlane stops every ctl and etcd member (docker stop) and
 // starts them again: the external etcd members first, once they answer
-// the ctls (which exit when no etcd quorum answers them at start).
+// the ctls (which exit when no etcd quorum answers them at start). It
+// fails if one did not exit cleanly on SIGTERM.
 func (c *Cluster) RestartControlPlane(ctx context.Context) error {
 	if err := c.Stop(ctx, append(append([]*Node{}, c.Ctls...), c.Etcds...)...); err != nil {
 		return err
+	}
+	for _, n := range append(append([]*Node{}, c.Ctls...), c.Etcds...) {
+		code, err := c.ExitCode(ctx, n)
+		if err != nil {
+			return err
+		}
+		if code != "0" {
+			return fmt.Errorf("%s exited with code %s on docker stop (137: killed after docker's grace, its shutdown hung)", n.Name, code)
+		}
 	}
 	if err := c.StartAgain(ctx, c.Etcds...); err != nil {
 		return err
@@ -64,4 +74,10 @@ func (c *Cluster) RestartControlPlane(ctx context.Context) error {
 		return fmt.Errorf("after restarting the etcd members: %w", err)
 	}
 	return c.StartAgain(ctx, c.Ctls...)
+}
+
+// ExitCode returns the exit code of n's stopped container (137: killed
+// by SIGKILL, as docker stop does after its grace period).
+func (c *Cluster) ExitCode(ctx context.Context, n *Node) (string, error) {
+	return docker(ctx, "inspect", "--format", "{{.State.ExitCode}}", n.Container)
 }
