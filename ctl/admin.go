@@ -153,7 +153,10 @@ func (s *Server) handle(principal string, req *transport.Request) (*transport.Re
 		if err != nil {
 			return nil, err
 		}
-		return &transport.Response{Grants: s.Map().ACL.Grants}, nil
+		// The map, as for a stream change, tells a follower that forwarded
+		// the request which epoch to wait for before it answers (forward).
+		m = s.Map()
+		return &transport.Response{Grants: m.ACL.Grants, Map: m.VisibleTo(principal)}, nil
 	}
 	return nil, transport.Errorf(transport.CodeInvalid, "unknown admin op %q (want one of %s)", req.Op,
 		strings.Join([]string{OpStreamCreate, OpStreamDelete, OpStreamList, OpStreamInfo, OpMapGet, OpClusterStatus, OpACLGrant, OpACLRevoke, OpACLList}, ", "))

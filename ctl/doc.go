@@ -62,9 +62,12 @@
 // --etcd-peer-url http://ctl-0:2380 --etcd-initial-cluster
 // ctl-0=http://ctl-0:2380,ctl-1=...`); or an existing etcd cluster
 // (EtcdConfig.Endpoints, `--etcd-endpoints`, with mTLS by `--etcd-ca`,
-// `--etcd-cert`, `--etcd-key`). Its keys, under /felix/<cluster>/:
+// `--etcd-cert`, `--etcd-key`), whose members may be the etcd built into
+// felix ([StartEtcdMember], `felix etcd`). Its keys, under
+// /felix/<cluster>/:
 //
 //	epoch                          the map epoch, decimal
+//	writer                         who committed it: {"name","id","election"} JSON, put in the same transaction
 //	members/<node>                 {"id","addr","admin","live"} JSON
 //	streams/<stream>               {"name","shards","retention_bytes","retention_age_ns","owners"} JSON
 //	grants/<principal>/<action>/<pattern>  {"principal","action","pattern"} (path-escaped)
@@ -97,7 +100,11 @@
 // ctl certificate, for the principal of the request), returning once they
 // hold the resulting map. When the leader's session ends, the next ctl in
 // line takes over: it reads the state and live/, and carries on from the
-// stored epoch (bumped once). The data path does not depend on ctl:
+// stored epoch (bumped once). A broker live in the stored map whose lease
+// is gone (every ctl was down for longer than a lease, so none could
+// renew it) stays live for a lease and a reconnect backoff more, to
+// register again, before it is marked down: a control plane outage does
+// not take the brokers' shards away. The data path does not depend on ctl:
 // brokers keep their last map while no ctl answers.
 //
 // Close cancels every etcd request of the server before it waits for its

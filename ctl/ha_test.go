@@ -2,9 +2,12 @@ package ctl
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -333,5 +336,103 @@ func TestImportStateFile(t *testing.T) {
 	defer srv.Close()
 	if _, ok := srv.Map().Stream("orders"); !ok || srv.Map().Epoch < m.Epoch {
 		t.Errorf("after restart: %+v", srv.Map())
+	}
+}
+
+// TestWriterRecorded checks that every commit records, in the same
+// transaction, the ctl and the election key it was made under.
+func TestWriterRecorded(t *testing.T) {
+	a, err := New(Config{DataDir: t.TempDir(), Name: "a", Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := a.CreateStream(shardmap.StreamConfig{Name: "x", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ep, err := a.store.cli.Get(ctx, a.store.epochKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wr, err := a.store.cli.Get(ctx, a.store.writerKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ep.Kvs) != 1 || len(wr.Kvs) != 1 {
+		t.Fatalf("epoch %v, writer %v: want one key each", ep.Kvs, wr.Kvs)
+	}
+	if ep.Kvs[0].ModRevision != wr.Kvs[0].ModRevision {
+		t.Errorf("epoch written at revision %d, writer at %d: not one transaction", ep.Kvs[0].ModRevision, wr.Kvs[0].ModRevision)
+	}
+	var w writerRecord
+	if err := json.Unmarshal(wr.Kvs[0].Value, &w); err != nil {
+		t.Fatal(err)
+	}
+	el, err := a.store.cli.Get(ctx, w.Election)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Name != "a" || w.ID != a.regToken || len(el.Kvs) != 1 || !strings.HasPrefix(w.Election, a.store.electionPrefix()+"/") {
+		t.Errorf("writer %+v (election key found: %d), want ctl a, run %s, under its live election key", w, len(el.Kvs), a.regToken)
+	}
+}
+
+// TestExternalEtcdMember runs a ctl against a standalone member
+// (StartEtcdMember, as `felix etcd` does) through EtcdConfig.Endpoints.
+func TestExternalEtcdMember(t *testing.T) {
+	m, err := StartEtcdMember(t.TempDir(), EtcdConfig{Name: "etcd-0"}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	dir := t.TempDir()
+	s, err := New(Config{DataDir: dir, Name: "a", Etcd: EtcdConfig{Endpoints: []string{m.ClientURL()}}, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateStream(shardmap.StreamConfig{Name: "x", Shards: 2}); err != nil {
+		t.Fatal(err)
+	}
+	epoch := s.Map().Epoch
+	s.Close()
+	if _, err := os.Stat(filepath.Join(dir, "etcd")); err == nil {
+		t.Errorf("a ctl with Endpoints started an etcd of its own in %s", dir)
+	}
+	s, err = New(Config{DataDir: dir, Name: "a", Etcd: EtcdConfig{Endpoints: []string{m.ClientURL()}}, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, ok := s.Map().Stream("x"); !ok || s.Map().Epoch < epoch {
+		t.Errorf("after a restart against the same etcd: %+v, want stream x at epoch %d or later", s.Map(), epoch)
+	}
+}
+
+// TestGrantThroughFollower: a grant or revoke made through a follower is
+// in the follower's map when the call returns, as a stream change is, so
+// an acl.list right after on the same ctl shows it.
+func TestGrantThroughFollower(t *testing.T) {
+	p := newPKI(t)
+	srvs := startHA(t, p, 3)
+	leader := waitLeader(t, srvs, nil)
+	follower := srvs[0]
+	if follower == leader {
+		follower = srvs[1]
+	}
+	for i := range 5 {
+		g := auth.Grant{Principal: fmt.Sprint("user-", i), Action: auth.Publish, Pattern: "orders"}
+		if err := follower.Grant(g); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(follower.Map().ACL.Grants, g) {
+			t.Fatalf("grant %d: the follower's map (epoch %d) lacks it right after the grant returned", i, follower.Map().Epoch)
+		}
+		if err := follower.Revoke(g); err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(follower.Map().ACL.Grants, g) {
+			t.Fatalf("revoke %d: the follower's map (epoch %d) still has it right after the revoke returned", i, follower.Map().Epoch)
+		}
 	}
 }

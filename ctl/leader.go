@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/felix-broker/felix/ctl/ctlclient"
+
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -105,22 +107,61 @@ func (s *Server) campaign() error {
 	if err != nil {
 		return err
 	}
-	if err := s.takeOver(el); err != nil {
+	held, err := s.takeOver(el)
+	if err != nil {
 		s.stepDown("takeover failed")
 		s.resign(el)
 		return err
 	}
-	select {
-	case <-sess.Done():
-		s.stepDown("session lease lost")
-		return errors.New("leader's session lease lost")
-	case <-s.lost:
-		s.stepDown("a write was refused: no longer the leader")
-	case <-s.ctx.Done():
-		s.stepDown("closing")
+	if len(held) > 0 {
+		s.log.Info("brokers live in the last map whose leases ran out keep their liveness until they register again",
+			"nodes", held, "grace", s.registrationGrace())
+	}
+	graceTimer := time.NewTimer(s.registrationGrace())
+	defer graceTimer.Stop()
+	grace := graceTimer.C
+	for leading := true; leading; {
+		select {
+		case <-grace:
+			grace = nil
+			s.endGrace()
+		case <-sess.Done():
+			s.stepDown("session lease lost")
+			return errors.New("leader's session lease lost")
+		case <-s.lost:
+			s.stepDown("a write was refused: no longer the leader")
+			leading = false
+		case <-s.ctx.Done():
+			s.stepDown("closing")
+			leading = false
+		}
 	}
 	s.resign(el)
 	return nil
+}
+
+// registrationGrace is how long a new leader keeps live the brokers it
+// holds live with no lease (see takeOver): a lease, and the longest
+// reconnect backoff of a broker (MemberConfig.MaxBackoff's default),
+// which grew while no ctl answered.
+func (s *Server) registrationGrace() time.Duration {
+	return s.cfg.LeaseTTL + ctlclient.DefaultMaxBackoff
+}
+
+// endGrace ends the registration grace: it marks down the brokers held
+// live (at the takeover, or when their lease ran out during the grace)
+// that have not registered since.
+func (s *Server) endGrace() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.mu.leader || s.mu.closed {
+		return
+	}
+	s.mu.graceUntil = time.Time{}
+	if ids := s.mu.st.endHeld(); len(ids) > 0 {
+		s.log.Warn("brokers live at the takeover did not register again; marked down", "nodes", ids, "grace", s.registrationGrace())
+		s.commitLocked("not registered since the takeover: " + strings.Join(ids, ","))
+	}
 }
 
 // resign gives up the leadership, so that the next ctl in line takes over
@@ -180,22 +221,33 @@ func (s *Server) announceLocked() error {
 // takeOver makes this ctl the leader: under the lock, it fences the
 // store with its election key, reads the state and the broker leases,
 // brings the members' liveness up to date and commits that.
-func (s *Server) takeOver(el *concurrency.Election) error {
+//
+// A member Live in the stored map whose lease is gone is held Live, and
+// returned in held: when every ctl was down for longer than a lease, no
+// ctl could renew the brokers' leases, and they ran out while the brokers
+// served on with their last map. Marking them down now would refuse their
+// publishes until they register again; instead they get
+// registrationGrace to do so (campaign then calls endGrace). A lease that
+// runs out within that grace is held likewise (applyLive): etcd restarted
+// with the ctls renews its leases for one TTL, which can end before the
+// broker's backoff brings it back. A broker that died meanwhile is down
+// that much later, as if its lease had been that much longer.
+func (s *Server) takeOver(el *concurrency.Election) (held []string, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mu.closed {
-		return errors.New("closed")
+		return nil, errors.New("closed")
 	}
-	s.store.fence = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(el.Key()), "=", el.Rev())}
+	s.store.fenceWith(el, writerRecord{Name: s.name(), ID: s.regToken, Election: el.Key()})
 	snap, err := s.store.load(s.ctx)
 	if err != nil {
-		s.store.fence = nil
-		return err
+		s.store.unfence()
+		return nil, err
 	}
 	live, _, err := s.store.readLive(s.ctx)
 	if err != nil {
-		s.store.fence = nil
-		return err
+		s.store.unfence()
+		return nil, err
 	}
 	st := newState(snap, s.cfg.Superusers)
 	st.maxShardsTotal = s.cfg.MaxShardsTotal
@@ -204,16 +256,22 @@ func (s *Server) takeOver(el *concurrency.Election) error {
 			s.log.Warn("ignoring a malformed broker lease", "node", e.node.ID, "err", err)
 		}
 	}
+	for _, n := range snap.Members {
+		if _, ok := live[n.ID]; !ok && n.Live && st.holdLive(n.ID) {
+			held = append(held, n.ID)
+		}
+	}
 	if err := s.store.save(s.ctx, st.snapshot()); err != nil {
-		s.store.fence = nil
-		return err
+		s.store.unfence()
+		return nil, err
 	}
 	s.mu.st = st
 	s.mu.leader = true
 	s.stats.leaderChanges.Add(1)
 	s.publishLocked("leader elected")
+	s.mu.graceUntil = time.Now().Add(s.registrationGrace())
 	s.log.Info("ctl is the leader", "name", s.name(), "epoch", st.epoch, "live", st.liveIDs())
-	return nil
+	return held, nil
 }
 
 // stepDown makes this ctl a follower.
@@ -221,7 +279,8 @@ func (s *Server) stepDown(why string) {
 	s.mu.Lock()
 	was := s.mu.leader
 	s.mu.leader = false
-	s.store.fence = nil
+	s.mu.graceUntil = time.Time{}
+	s.store.unfence()
 	s.mu.Unlock()
 	select {
 	case <-s.lost:
@@ -333,6 +392,12 @@ func (s *Server) applyLive(evs []*clientv3.Event) {
 		if !ok {
 			continue
 		}
+		if time.Now().Before(s.mu.graceUntil) && s.leaseGone(e.lease) && s.mu.st.hold(e.node.ID, e.session) {
+			s.stats.leaseExpiries.Add(1)
+			s.log.Warn("broker lease expired during the takeover's registration grace; kept live until it registers again",
+				"node", e.node.ID, "ttl", s.cfg.LeaseTTL, "grace_until", s.mu.graceUntil.Format(time.RFC3339Nano))
+			continue
+		}
 		if s.mu.st.end(e.node.ID, e.session) {
 			changed = true
 			why := "node down " + e.node.ID
@@ -356,7 +421,7 @@ func (s *Server) leaseGone(id int64) bool {
 	ctx, cancel := context.WithTimeout(s.ctx, s.store.timeout)
 	defer cancel()
 	resp, err := s.store.cli.TimeToLive(ctx, clientv3.LeaseID(id))
-	return err == nil && resp.TTL <= 0
+	return err == nil && resp.TTL == -1 // etcd answers -1 for a lease it does not have; a live one under a second has 0
 }
 
 // followState makes a follower adopt the state the leader committed.

@@ -147,6 +147,9 @@ type Server struct {
 		// leader is whether this ctl is the elected leader, which alone
 		// commits changes (its writes fenced by its election key).
 		leader bool
+		// graceUntil is the end of the registration grace after this
+		// ctl took over (see takeOver); zero once it ended.
+		graceUntil time.Time
 	}
 
 	// lost tells the election loop a fenced write failed: this ctl is no

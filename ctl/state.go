@@ -182,6 +182,51 @@ func (s *state) end(id string, session uint64) (changed bool) {
 	return true
 }
 
+// holdLive keeps member id Live with no registration (session 0): a new
+// leader does so for a member Live in the map it took over whose lease
+// is gone, which ran out while no ctl was there to renew it (see
+// takeOver). It stays Live until it registers, which makes it an
+// ordinary registration, or endHeld ends the hold. It reports whether
+// the map changed.
+func (s *state) holdLive(id string) bool {
+	m, ok := s.members[id]
+	if !ok || m.node.Live {
+		return false
+	}
+	m.node.Live, m.session = true, 0
+	s.bump()
+	return true
+}
+
+// hold turns member id's registration session into a hold, as
+// holdLive: it stays Live with no registration. It reports whether it
+// did (session is its current registration and it is Live); the map does
+// not change.
+func (s *state) hold(id string, session uint64) bool {
+	m, ok := s.members[id]
+	if !ok || session == 0 || m.session != session || !m.node.Live {
+		return false
+	}
+	m.session = 0
+	return true
+}
+
+// endHeld marks down every member holdLive or hold kept that has not registered
+// since, and returns their ids, sorted.
+func (s *state) endHeld() []string {
+	var ids []string
+	for _, id := range slices.Sorted(maps.Keys(s.members)) {
+		if m := s.members[id]; m.node.Live && m.session == 0 {
+			m.node.Live = false
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) > 0 {
+		s.bump()
+	}
+	return ids
+}
+
 // createStream adds c to the registry. It refuses a name that differs
 // from an existing stream's only in case: the brokers name each stream's
 // directory after it, and on a case-insensitive filesystem the two would

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/felix-broker/felix/auth"
 	"github.com/felix-broker/felix/shardmap"
@@ -47,13 +48,41 @@ type store struct {
 	// fence are extra conditions every save must meet: the leader's
 	// election key still being its own (see leader.go).
 	fence []clientv3.Cmp
+	// writer, when set, is put in the writer key by every save, in the
+	// same transaction: which ctl, in which election session, committed
+	// each epoch (see [writerRecord]).
+	writer string
 }
+
+// writerRecord is the value of the writer key: the ctl that committed the
+// epoch at the key's mod revision. Election is its election key, which
+// exists exactly as long as its session lease, so etcd's history shows
+// that no ctl committed a map after its leadership ended (the
+// multi-host partition test reads it); an operator sees who wrote the
+// current map with etcdctl.
+type writerRecord struct {
+	Name     string `json:"name"`
+	ID       string `json:"id"` // the ctl's run, as in its ctl/ entry
+	Election string `json:"election"`
+}
+
+// fenceWith makes every later save conditional on el's key still being
+// the one el created (this ctl leads) and records w as its writer.
+func (st *store) fenceWith(el *concurrency.Election, w writerRecord) {
+	st.fence = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(el.Key()), "=", el.Rev())}
+	b, _ := json.Marshal(w) // strings only
+	st.writer = string(b)
+}
+
+// unfence drops the fence and the writer: this ctl no longer leads.
+func (st *store) unfence() { st.fence, st.writer = nil, "" }
 
 func newStore(cli *clientv3.Client, cluster string) *store {
 	return &store{cli: cli, prefix: "/felix/" + cluster + "/", timeout: etcdOpTimeout}
 }
 
 func (st *store) epochKey() string           { return st.prefix + "epoch" }
+func (st *store) writerKey() string          { return st.prefix + "writer" }
 func (st *store) memberKey(id string) string { return st.prefix + "members/" + id }
 func (st *store) streamKey(n string) string  { return st.prefix + "streams/" + n }
 func (st *store) grantKey(g auth.Grant) string {
@@ -180,6 +209,9 @@ func (st *store) save(ctx context.Context, next snapshot) error {
 // a put or delete for each member, stream and grant that changed.
 func (st *store) diff(old, next snapshot) []clientv3.Op {
 	ops := []clientv3.Op{clientv3.OpPut(st.epochKey(), strconv.FormatUint(next.Epoch, 10))}
+	if st.writer != "" {
+		ops = append(ops, clientv3.OpPut(st.writerKey(), st.writer))
+	}
 	put := func(key string, v any) {
 		b, _ := json.Marshal(v) // plain structs of strings and numbers
 		ops = append(ops, clientv3.OpPut(key, string(b)))

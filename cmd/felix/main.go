@@ -27,6 +27,7 @@ type cli struct {
 	Certs  servercmd.Certs  `cmd:"" help:"Issue the cluster's certificates: ca, then node, ctl and client (offline steps), or dev (a development PKI)."`
 	Health servercmd.Health `cmd:"" help:"Check an admin endpoint (for container health checks): exit 0 if it answers 2xx."`
 	Echo   servercmd.Echo   `cmd:"" hidden:"" help:"Serve a QUIC echo (the bench's round-trip floor)."`
+	Etcd   servercmd.Etcd   `cmd:"" hidden:"" help:"Run one member of an etcd cluster for felix ctl --etcd-endpoints (the etcd server built into felix; no TLS yet)."`
 }
 
 func main() {

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/felix-broker/felix/client"
 	"github.com/felix-broker/felix/transport"
 )
@@ -32,6 +34,10 @@ type Options struct {
 	// LeaseTTL is the brokers' lease (felix ctl and felix broker
 	// --lease-ttl). Default 3s, the binaries' default.
 	LeaseTTL time.Duration
+	// ExternalEtcd runs the state in an etcd cluster of three `felix etcd`
+	// containers, which the ctls reach with --etcd-endpoints, instead of
+	// the ctls' embedded members.
+	ExternalEtcd bool
 }
 
 func (o Options) withDefaults() Options {
@@ -55,6 +61,8 @@ const (
 	adminPort    = 9100
 	ctlIPBase    = 10 // ctl-i has host address ctlIPBase+i on the cluster's /24
 	brokerIPBase = 20
+	etcdIPBase   = 30 // etcd-i, with Options.ExternalEtcd
+	externalEtcd = 3  // members of the external etcd cluster
 )
 
 // Node is one container of the cluster.
@@ -70,7 +78,8 @@ type Node struct {
 	// Addr is its QUIC address, IP:7000.
 	Addr string
 
-	args []string // docker run arguments
+	args  []string // docker run arguments
+	certs bool     // whether it has a certificate directory to mount
 }
 
 // Cluster is a Felix cluster of containers on a Docker network of its
@@ -90,6 +99,11 @@ type Cluster struct {
 
 	Ctls    []*Node
 	Brokers []*Node
+	// Etcds are the members of the external etcd cluster
+	// (Options.ExternalEtcd), else none.
+	Etcds []*Node
+
+	etcdCli *clientv3.Client // see Etcd
 }
 
 var build struct {
@@ -147,6 +161,15 @@ func Start(t testing.TB, opts Options) *Cluster {
 		t.Fatal(err)
 	}
 	c.plan()
+	// The external etcd first: a ctl that finds no etcd quorum exits.
+	for _, n := range c.Etcds {
+		if _, err := docker(ctx, n.args...); err != nil {
+			t.Fatalf("starting %s: %v", n.Name, err)
+		}
+	}
+	if err := c.waitEtcd(ctx); err != nil {
+		t.Fatal(err)
+	}
 	for _, n := range append(append([]*Node{}, c.Ctls...), c.Brokers...) {
 		if _, err := docker(ctx, n.args...); err != nil {
 			t.Fatalf("starting %s: %v", n.Name, err)
@@ -182,26 +205,56 @@ func (c *Cluster) createNetwork(ctx context.Context) error {
 
 // plan names the nodes and their docker run arguments.
 func (c *Cluster) plan() {
-	var peers, ctlAddrs []string
+	// The etcd members: the ctls' embedded ones, or felix etcd
+	// containers. Either way, the same flags name them.
+	var etcdNodes []*Node
 	for i := range c.opts.Ctls {
 		n := c.node("ctl-"+strconv.Itoa(i), ctlIPBase+i)
+		n.certs = true
 		c.Ctls = append(c.Ctls, n)
+	}
+	etcdNodes = c.Ctls
+	if c.opts.ExternalEtcd {
+		for i := range externalEtcd {
+			c.Etcds = append(c.Etcds, c.node("etcd-"+strconv.Itoa(i), etcdIPBase+i))
+		}
+		etcdNodes = c.Etcds
+	}
+	var peers []string
+	for _, n := range etcdNodes {
 		peers = append(peers, fmt.Sprintf("%s=http://%s:%d", n.Name, n.IP, etcdPeer))
+	}
+	// member names n's etcd member with flags of prefix: "--etcd-" for
+	// felix ctl, "--" for felix etcd.
+	member := func(prefix string, n *Node) []string {
+		return []string{prefix + "name", n.Name,
+			prefix + "client-url", etcdURL(n),
+			prefix + "peer-url", fmt.Sprintf("http://%s:%d", n.IP, etcdPeer),
+			prefix + "initial-cluster", strings.Join(peers, ",")}
+	}
+	for _, n := range c.Etcds {
+		n.args = c.runArgs(n, "etcd", append([]string{"--data", "/data"}, member("--", n)...)...)
+	}
+
+	var ctlAddrs []string
+	for _, n := range c.Ctls {
 		ctlAddrs = append(ctlAddrs, n.Addr)
 	}
 	lease := c.opts.LeaseTTL.String()
 	for _, n := range c.Ctls {
-		n.args = c.runArgs(n, "ctl",
-			"--listen", fmt.Sprintf("0.0.0.0:%d", quicPort), "--advertise", n.Addr,
+		args := []string{"--listen", fmt.Sprintf("0.0.0.0:%d", quicPort), "--advertise", n.Addr,
 			"--data", "/data", "--certs", "/certs", "--superuser", transport.DevAdminName,
-			"--lease-ttl", lease, "--admin", fmt.Sprintf("0.0.0.0:%d", adminPort),
-			"--etcd-name", n.Name,
-			"--etcd-client-url", fmt.Sprintf("http://%s:%d", n.IP, etcdClient),
-			"--etcd-peer-url", fmt.Sprintf("http://%s:%d", n.IP, etcdPeer),
-			"--etcd-initial-cluster", strings.Join(peers, ","))
+			"--lease-ttl", lease, "--admin", fmt.Sprintf("0.0.0.0:%d", adminPort)}
+		if c.opts.ExternalEtcd {
+			args = append(args, "--etcd-name", n.Name, "--etcd-endpoints", strings.Join(c.EtcdEndpoints(), ","))
+		} else {
+			args = append(args, member("--etcd-", n)...)
+		}
+		n.args = c.runArgs(n, "ctl", args...)
 	}
 	for i := range c.opts.Brokers {
 		n := c.node("broker-"+strconv.Itoa(i), brokerIPBase+i)
+		n.certs = true
 		c.Brokers = append(c.Brokers, n)
 		n.args = c.runArgs(n, "broker", "--id", n.Name,
 			"--listen", fmt.Sprintf("0.0.0.0:%d", quicPort), "--advertise", n.Addr,
@@ -217,10 +270,30 @@ func (c *Cluster) node(name string, host int) *Node {
 }
 
 func (c *Cluster) runArgs(n *Node, cmd string, args ...string) []string {
-	return append([]string{"run", "--detach", "--name", n.Container, "--hostname", n.Name,
-		"--label", label + "=" + c.id, "--network", c.network, "--ip", n.IP,
-		"--volume", filepath.Join(c.dir, n.Name) + ":/certs:ro",
-		c.image, cmd}, args...)
+	run := []string{"run", "--detach", "--name", n.Container, "--hostname", n.Name,
+		"--label", label + "=" + c.id, "--network", c.network, "--ip", n.IP}
+	if n.certs {
+		run = append(run, "--volume", filepath.Join(c.dir, n.Name)+":/certs:ro")
+	}
+	return append(append(run, c.image, cmd), args...)
+}
+
+// etcdURL is the client URL of the etcd member n runs (a ctl's embedded
+// member, or an external one).
+func etcdURL(n *Node) string { return fmt.Sprintf("http://%s:%d", n.IP, etcdClient) }
+
+// EtcdEndpoints are the client URLs of the cluster's etcd members: the
+// external ones, else the ctls' embedded ones.
+func (c *Cluster) EtcdEndpoints() []string {
+	nodes := c.Etcds
+	if len(nodes) == 0 {
+		nodes = c.Ctls
+	}
+	var out []string
+	for _, n := range nodes {
+		out = append(out, etcdURL(n))
+	}
+	return out
 }
 
 // writePKI writes a CA and each node's certificate directory (ca.crt and
@@ -310,9 +383,15 @@ func (c *Cluster) ControlPlane(ctx context.Context, b *Node) ([]client.CtlMember
 // every ctl is a member with a healthy etcd member, and one of them
 // leads.
 func (c *Cluster) WaitHealthy(ctx context.Context) error {
-	var last error
+	return poll(ctx, func() error { return c.healthy(ctx) })
+}
+
+// poll calls f every 200ms until it returns nil or ctx ends, and then
+// returns ctx's error with f's last.
+func poll(ctx context.Context, f func() error) error {
 	for {
-		if last = c.healthy(ctx); last == nil {
+		last := f()
+		if last == nil {
 			return nil
 		}
 		select {
@@ -388,7 +467,10 @@ func (c *Cluster) Logs(n *Node, lines int) string {
 // remove prints the logs if the test failed, then removes the containers
 // and the network.
 func (c *Cluster) remove() {
-	nodes := append(append([]*Node{}, c.Ctls...), c.Brokers...)
+	if c.etcdCli != nil {
+		c.etcdCli.Close()
+	}
+	nodes := c.nodes()
 	if c.t.Failed() {
 		for _, n := range nodes {
 			c.t.Logf("--- %s (%s) ---\n%s", n.Name, n.Container, c.Logs(n, 150))

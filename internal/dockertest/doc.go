@@ -1,9 +1,12 @@
 // Package dockertest runs Felix clusters of containers, one process per
 // container on a Docker network of the cluster's own, for the tests that
 // need machines to die or be cut off: three `felix ctl` forming an
-// embedded etcd cluster and three `felix broker`, started in one line
-// ([Start]), killed with SIGKILL ([Cluster.Kill]) and started again
-// ([Cluster.Restart]).
+// embedded etcd cluster, or using an external one of three `felix etcd`
+// containers (Options.ExternalEtcd), and three `felix broker`, started in
+// one line ([Start]), killed with SIGKILL ([Cluster.Kill]) and started
+// again ([Cluster.Restart]), cut off the network ([Cluster.Disconnect],
+// [Cluster.Connect]), or stopped and started together
+// ([Cluster.RestartControlPlane]).
 //
 // The image is built from the code under test: a static felix binary on
 // an empty base (FROM scratch); nothing is pulled. Every node has a fixed
@@ -14,10 +17,14 @@
 // It removes only what it created (every container, network and image it
 // makes carries the label felix.dockertest), and never touches a
 // container's data from outside: what a test checks, it checks through
-// Felix's own protocols.
+// Felix's own protocols, the containers' logs, and etcd's client API
+// ([Cluster.Etcd]) for what the control plane stored and the history of
+// its writes.
 //
-// The tests of this package are the multi-host scenarios of issue 15:
+// The tests of this package are the multi-host scenarios of issue 15,
+// each run with the embedded and with the external etcd (subtests
+// /embedded and /external):
 //
-//	go test ./internal/dockertest/                                  # one ctl leader kill
-//	go test ./internal/dockertest/ -run CtlLeaderKill -args -felix.docker.kills=10   # failover figures
+//	go test ./internal/dockertest/                          # all: kills, partition, restart (a few minutes)
+//	go test ./internal/dockertest/ -run 'CtlLeaderKill/external' -args -felix.docker.kills=10   # failover figures
 package dockertest

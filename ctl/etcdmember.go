@@ -1,0 +1,51 @@
+package ctl
+
+import (
+	"log/slog"
+	"sync/atomic"
+
+	"go.etcd.io/etcd/server/v3/embed"
+)
+
+// EtcdMember is a standalone etcd member: the etcd server ctl embeds,
+// started by the same code (startEmbedded) with the same settings, but
+// with no control plane beside it. Three of them form an etcd cluster
+// that ctls use as an external store (EtcdConfig.Endpoints); `felix etcd`
+// runs one, so that an external etcd needs no other binary (the
+// multi-host tests run it in containers built from felix alone).
+type EtcdMember struct {
+	e     *embed.Etcd
+	quiet *atomic.Bool
+}
+
+// StartEtcdMember starts an etcd member with its data in dir/etcd (its
+// URLs kept in dir as for the embedded member) as ec describes: Name,
+// ClientURL, PeerURL, InitialCluster, InitialClusterToken, StartTimeout,
+// TickMs and ElectionMs, with the embedded member's defaults; Endpoints
+// and TLS are ignored. It returns once the member serves, which for a
+// member of a new cluster means once a majority of the members named in
+// InitialCluster are up.
+func StartEtcdMember(dir string, ec EtcdConfig, log *slog.Logger) (*EtcdMember, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	quiet := new(atomic.Bool)
+	e, err := startEmbedded(dir, ec, slogCore{log: log.With("component", "etcd"), quiet: quiet}, log)
+	if err != nil {
+		return nil, err
+	}
+	return &EtcdMember{e: e, quiet: quiet}, nil
+}
+
+// ClientURL is where the member serves etcd clients.
+func (m *EtcdMember) ClientURL() string { return m.e.Config().AdvertiseClientUrls[0].String() }
+
+// Err delivers an error that stopped the member's listeners.
+func (m *EtcdMember) Err() <-chan error { return m.e.Err() }
+
+// Close stops the member, quietly (etcd's shutdown is loud about the
+// listeners it closes on purpose).
+func (m *EtcdMember) Close() {
+	m.quiet.Store(true)
+	m.e.Close()
+}

@@ -1,0 +1,83 @@
+package dockertest
+
+import (
+	"context"
+	"fmt"
+)
+
+// nodes returns every node of the cluster: etcd members, ctls, brokers.
+func (c *Cluster) nodes() []*Node {
+	return append(append(append([]*Node{}, c.Etcds...), c.Ctls...), c.Brokers...)
+}
+
+// Disconnect cuts n off the cluster's network (docker network
+// disconnect): it keeps running, reaching no one and reached by no one,
+// until Connect.
+func (c *Cluster) Disconnect(ctx context.Context, n *Node) error {
+	_, err := docker(ctx, "network", "disconnect", c.network, n.Container)
+	return err
+}
+
+// Connect puts n back on the cluster's network at its address.
+func (c *Cluster) Connect(ctx context.Context, n *Node) error {
+	_, err := docker(ctx, "network", "connect", "--ip", n.IP, c.network, n.Container)
+	return err
+}
+
+// Stop stops the containers of nodes (docker stop: SIGTERM, then SIGKILL
+// after 10s), all at once; their containers stay, with their data, for
+// StartAgain.
+func (c *Cluster) Stop(ctx context.Context, nodes ...*Node) error {
+	_, err := docker(ctx, append([]string{"stop"}, containers(nodes)...)...)
+	return err
+}
+
+// StartAgain starts the stopped or killed containers of nodes, all at
+// once: the same process arguments, addresses and data.
+func (c *Cluster) StartAgain(ctx context.Context, nodes ...*Node) error {
+	if len(nodes) == 0 {
+		return nil
+	}
+	_, err := docker(ctx, append([]string{"start"}, containers(nodes)...)...)
+	return err
+}
+
+func containers(nodes []*Node) []string {
+	out := make([]string, len(nodes))
+	for i, n := range nodes {
+		out[i] = n.Container
+	}
+	return out
+}
+
+// RestartControlPlane stops every ctl and etcd member (docker stop) and
+// starts them again: the external etcd members first, once they answer
+// the ctls (which exit when no etcd quorum answers them at start). It
+// fails if one did not exit cleanly on SIGTERM.
+func (c *Cluster) RestartControlPlane(ctx context.Context) error {
+	if err := c.Stop(ctx, append(append([]*Node{}, c.Ctls...), c.Etcds...)...); err != nil {
+		return err
+	}
+	for _, n := range append(append([]*Node{}, c.Ctls...), c.Etcds...) {
+		code, err := c.ExitCode(ctx, n)
+		if err != nil {
+			return err
+		}
+		if code != "0" {
+			return fmt.Errorf("%s exited with code %s on docker stop (137: killed after docker's grace, its shutdown hung)", n.Name, code)
+		}
+	}
+	if err := c.StartAgain(ctx, c.Etcds...); err != nil {
+		return err
+	}
+	if err := c.waitEtcd(ctx); err != nil {
+		return fmt.Errorf("after restarting the etcd members: %w", err)
+	}
+	return c.StartAgain(ctx, c.Ctls...)
+}
+
+// ExitCode returns the exit code of n's stopped container (137: killed
+// by SIGKILL, as docker stop does after its grace period).
+func (c *Cluster) ExitCode(ctx context.Context, n *Node) (string, error) {
+	return docker(ctx, "inspect", "--format", "{{.State.ExitCode}}", n.Container)
+}

@@ -1,0 +1,52 @@
+package servercmd
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/felix-broker/felix/ctl"
+)
+
+// Etcd runs one member of an etcd cluster for `felix ctl --etcd-endpoints`,
+// from the etcd server built into felix (ctl.StartEtcdMember): an
+// external store where no etcd binary or image is at hand. It has no TLS
+// of its own yet (as ctl's embedded members): give its URLs addresses
+// only the ctls reach. Hidden from --help: in production, run etcd
+// itself.
+type Etcd struct {
+	Data           string `help:"Data directory (the member's data in <data>/etcd)." required:"" type:"path" env:"FELIX_DATA"`
+	Name           string `help:"Member name, unique in the cluster." required:"" env:"FELIX_ETCD_NAME"`
+	ClientURL      string `help:"Where the member serves clients, e.g. http://10.0.0.5:2379 (a host name listens on all addresses)." required:"" env:"FELIX_ETCD_CLIENT_URL" placeholder:"URL"`
+	PeerURL        string `help:"Where the member is reached by its peers, e.g. http://10.0.0.5:2380." required:"" env:"FELIX_ETCD_PEER_URL" placeholder:"URL"`
+	InitialCluster string `help:"Every member of a new cluster as name=peerURL,... (etcd's --initial-cluster); ignored once the member has data. Default: this member alone." env:"FELIX_ETCD_INITIAL_CLUSTER" placeholder:"NAME=URL,..."`
+	Token          string `help:"Initial cluster token, the same on every member of one cluster." default:"felix-etcd" env:"FELIX_ETCD_TOKEN"`
+	ElectionMs     uint   `help:"Election timeout in ms (heartbeat: a tenth). Default etcd's 1000 (100 for a single member)." env:"FELIX_ETCD_ELECTION_MS"`
+}
+
+func (c *Etcd) Run(log *slog.Logger) error {
+	ec := ctl.EtcdConfig{Name: c.Name, ClientURL: c.ClientURL, PeerURL: c.PeerURL,
+		InitialCluster: c.InitialCluster, InitialClusterToken: c.Token}
+	if c.ElectionMs > 0 {
+		ec.ElectionMs, ec.TickMs = c.ElectionMs, max(1, c.ElectionMs/10)
+	}
+	if err := os.MkdirAll(c.Data, 0o700); err != nil {
+		return fmt.Errorf("etcd: create data dir: %w", err)
+	}
+	m, err := ctl.StartEtcdMember(c.Data, ec, log)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-m.Err():
+		return fmt.Errorf("etcd member %s: %w", c.Name, err)
+	}
+}
