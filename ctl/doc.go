@@ -90,8 +90,10 @@
 // ctls can never commit two different maps for one epoch, and a leader
 // whose election session ended (dead, paused, cut off from a quorum)
 // cannot commit at all. A stream change that cannot be committed is
-// refused and undone; a liveness change that cannot be is logged and
-// pushed anyway, and the next commit records it.
+// refused and undone; a liveness change that cannot be committed yet
+// (etcd slow or out of quorum) stays unpushed and is retried until it is
+// committed or this ctl stops leading: brokers are only ever pushed maps
+// etcd committed, so they see one map history.
 //
 // One ctl is the leader (concurrency.Election, session TTL Config.CtlTTL):
 // it alone commits. The others follow: they watch etcd, adopt each map the

@@ -280,6 +280,7 @@ func (s *Server) stepDown(why string) {
 	was := s.mu.leader
 	s.mu.leader = false
 	s.mu.graceUntil = time.Time{}
+	s.mu.unsaved = "" // the next leader re-reads the broker leases
 	s.store.unfence()
 	s.mu.Unlock()
 	select {

@@ -150,6 +150,13 @@ type Server struct {
 		// graceUntil is the end of the registration grace after this
 		// ctl took over (see takeOver); zero once it ended.
 		graceUntil time.Time
+		// unsaved names a liveness change made to st that could not be
+		// committed yet (etcd slow or unreachable, this ctl still the
+		// leader); "" when st is committed. Such a map is never pushed:
+		// retryCommit commits it, or a later change's commit records it.
+		unsaved string
+		// retrying is whether retryCommit runs.
+		retrying bool
 	}
 
 	// lost tells the election loop a fenced write failed: this ctl is no
@@ -471,9 +478,12 @@ func (s *Server) change(reason string, fwd *transport.Request, change func(*stat
 }
 
 // commitLocked persists and pushes a liveness change already made to the
-// state. A failed write is logged, not fatal: liveness is a fact the
-// brokers need even if this run cannot record it; the next successful
-// write records the epoch. s.mu must be held.
+// state. A map is pushed only once etcd has committed it, so the brokers
+// see one map history: if the write fails for another reason than a
+// conflict (etcd slow or out of quorum), the change stays in the state,
+// unpushed, and retryCommit tries again until it is committed, a later
+// change's commit records it, or this ctl stops leading (the next leader
+// re-reads the broker leases). s.mu must be held.
 func (s *Server) commitLocked(reason string) {
 	if err := s.store.save(s.ctx, s.mu.st.snapshot()); err != nil {
 		switch {
@@ -486,14 +496,57 @@ func (s *Server) commitLocked(reason string) {
 			s.lostLeadershipLocked()
 			return
 		}
-		s.log.Error("state not persisted", "reason", reason, "err", err)
+		s.log.Error("liveness change not committed yet; the map is pushed once it is", "reason", reason, "err", err)
+		if s.mu.unsaved != "" {
+			reason = s.mu.unsaved + ", " + reason
+		}
+		s.mu.unsaved = reason
+		if !s.mu.retrying {
+			s.mu.retrying = true
+			s.wg.Add(1)
+			go s.retryCommit()
+		}
+		return
 	}
 	s.publishLocked(reason)
+}
+
+// retryCommit commits the state's unsaved liveness change, with backoff,
+// and pushes its map. It ends once nothing is unsaved, this ctl no longer
+// leads, or the server closes.
+func (s *Server) retryCommit() {
+	defer s.wg.Done()
+	backoff := 100 * time.Millisecond
+	for {
+		select {
+		case <-time.After(backoff):
+		case <-s.ctx.Done():
+			s.mu.Lock()
+			s.mu.retrying = false
+			s.mu.Unlock()
+			return
+		}
+		backoff = min(2*backoff, 2*time.Second)
+		s.mu.Lock()
+		if s.mu.unsaved == "" || !s.mu.leader || s.mu.closed {
+			s.mu.retrying = false
+			s.mu.unsaved = ""
+			s.mu.Unlock()
+			return
+		}
+		reason := s.mu.unsaved
+		s.mu.unsaved = ""
+		s.mu.retrying = false
+		s.commitLocked(reason) // restarts retryCommit if it fails again
+		s.mu.Unlock()
+		return
+	}
 }
 
 // publishLocked makes the state's map current and hands it to every
 // registered broker's writer. s.mu must be held.
 func (s *Server) publishLocked(reason string) {
+	s.mu.unsaved = "" // the map pushed is committed, with any change made before it
 	m := s.mu.st.Map()
 	s.current.Store(m)
 	for _, ss := range s.mu.sessions {

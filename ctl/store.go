@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -35,6 +36,9 @@ type store struct {
 	prefix string // "/felix/<cluster>/"
 	// timeout bounds each request; default etcdOpTimeout.
 	timeout time.Duration
+	// saveFault, a testing knob, fails save with its error before any
+	// request, as a write that timed out would.
+	saveFault atomic.Pointer[error]
 	// rtt, when set, observes the duration of every etcd round trip.
 	rtt func(op string, d time.Duration)
 
@@ -168,6 +172,9 @@ func (st *store) read(ctx context.Context) (snap snapshot, rev int64, err error)
 // that write's epoch, it was this store's write that landed, and the
 // later save proceeds from it.
 func (st *store) save(ctx context.Context, next snapshot) error {
+	if f := st.saveFault.Load(); f != nil {
+		return fmt.Errorf("ctl: commit epoch %d to etcd: %w", next.Epoch, *f)
+	}
 	for range 2 {
 		ops := st.diff(st.snap, next)
 		cctx, cancel := context.WithTimeout(ctx, st.timeout)
