@@ -59,8 +59,11 @@
 // embedded in DataDir (DataDir/etcd, its loopback URLs in
 // DataDir/etcd-urls.json); or an embedded member of a cluster of several
 // ctls (EtcdConfig.InitialCluster, `felix ctl --etcd-name ctl-0
-// --etcd-peer-url http://ctl-0:2380 --etcd-initial-cluster
-// ctl-0=http://ctl-0:2380,ctl-1=...`); or an existing etcd cluster
+// --etcd-peer-url https://ctl-0:2380 --etcd-initial-cluster
+// ctl-0=https://ctl-0:2380,ctl-1=...`), whose members authenticate each
+// other with the ctls' own certificates and the cluster CA (mutual TLS on
+// the peer URLs, and on the client URLs off loopback: see etcdtls.go;
+// plaintext peers take EtcdConfig.Insecure); or an existing etcd cluster
 // (EtcdConfig.Endpoints, `--etcd-endpoints`, with mTLS by `--etcd-ca`,
 // `--etcd-cert`, `--etcd-key`), whose members may be the etcd built into
 // felix ([StartEtcdMember], `felix etcd`). Its keys, under

@@ -64,6 +64,16 @@ type EtcdConfig struct {
 	// StartTimeout bounds the wait for the embedded member to be ready
 	// (for a multi-member cluster: to find a quorum). Default 60s.
 	StartTimeout time.Duration
+	// CertFile, KeyFile and CAFile are the ctl's own certificate (role
+	// felix-ctl) and key and the cluster CA, as PEM files (etcd reads them
+	// itself, at every handshake). They secure the embedded member's
+	// https:// peer and client URLs: see etcdtls.go. Required when one is
+	// https.
+	CertFile, KeyFile, CAFile string
+	// Insecure allows http:// peer URLs in a multi-member cluster and
+	// http:// URLs off loopback: traffic anyone on the network can read,
+	// and a member port anyone can join. Default false: refused.
+	Insecure bool
 	// TickMs and ElectionMs are etcd's heartbeat interval and election
 	// timeout. Default 100 and 1000 (etcd's defaults) for a member of a
 	// cluster, 10 and 100 for a single member (which elects itself at
@@ -142,7 +152,7 @@ func openEtcd(ctx context.Context, cfg Config, log *slog.Logger) (*etcdConn, err
 		c.cli = cli
 		return c, nil
 	}
-	e, err := startEmbedded(cfg.DataDir, ec, slogCore{log: log.With("component", "etcd"), quiet: c.quiet}, log)
+	e, clientTLS, err := startEmbedded(cfg.DataDir, ec, slogCore{log: log.With("component", "etcd"), quiet: c.quiet}, log)
 	if err != nil {
 		return nil, err
 	}
@@ -150,6 +160,7 @@ func openEtcd(ctx context.Context, cfg Config, log *slog.Logger) (*etcdConn, err
 	c.cli, err = clientv3.New(clientv3.Config{
 		Context:            ctx,
 		Endpoints:          []string{c.clientURL},
+		TLS:                clientTLS,
 		DialTimeout:        etcdOpTimeout,
 		MaxCallSendMsgSize: maxEtcdRequest,
 		Logger:             zap.NewNop(),
@@ -163,19 +174,23 @@ func openEtcd(ctx context.Context, cfg Config, log *slog.Logger) (*etcdConn, err
 }
 
 // startEmbedded starts the embedded etcd member of dir and waits until it
-// serves.
-func startEmbedded(dir string, ec EtcdConfig, core slogCore, log *slog.Logger) (*embed.Etcd, error) {
+// serves. It returns the client TLS config to reach it with (nil when its
+// client URL is http).
+func startEmbedded(dir string, ec EtcdConfig, core slogCore, log *slog.Logger) (*embed.Etcd, *tls.Config, error) {
 	urls, err := embeddedURLs(dir, ec)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	if err := checkPlaintext(ec, urls); err != nil {
+		return nil, nil, err
 	}
 	cu, err := url.Parse(urls.Client)
 	if err != nil {
-		return nil, fmt.Errorf("ctl: etcd client url %q: %w", urls.Client, err)
+		return nil, nil, fmt.Errorf("ctl: etcd client url %q: %w", urls.Client, err)
 	}
 	pu, err := url.Parse(urls.Peer)
 	if err != nil {
-		return nil, fmt.Errorf("ctl: etcd peer url %q: %w", urls.Peer, err)
+		return nil, nil, fmt.Errorf("ctl: etcd peer url %q: %w", urls.Peer, err)
 	}
 	name := ec.Name
 	if name == "" {
@@ -215,10 +230,15 @@ func startEmbedded(dir string, ec EtcdConfig, core slogCore, log *slog.Logger) (
 	c.MaxTxnOps = 1 << 16
 	c.MaxRequestBytes = maxEtcdRequest
 	c.Metrics = "basic"
-	c.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.New(core))
+	lg := zap.New(core)
+	c.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
+	clientTLS, err := secureEmbedded(c, ec, lg)
+	if err != nil {
+		return nil, nil, err
+	}
 	e, err := embed.StartEtcd(c)
 	if err != nil {
-		return nil, fmt.Errorf("ctl: start embedded etcd in %s (client %s, peer %s): %w", c.Dir, cu, pu, err)
+		return nil, nil, fmt.Errorf("ctl: start embedded etcd in %s (client %s, peer %s): %w", c.Dir, cu, pu, err)
 	}
 	timeout := ec.StartTimeout
 	if timeout <= 0 {
@@ -229,23 +249,21 @@ func startEmbedded(dir string, ec EtcdConfig, core slogCore, log *slog.Logger) (
 	case err := <-e.Err():
 		core.quiet.Store(true)
 		e.Close()
-		return nil, fmt.Errorf("ctl: embedded etcd in %s: %w", c.Dir, err)
+		return nil, nil, fmt.Errorf("ctl: embedded etcd in %s: %w", c.Dir, err)
 	case <-time.After(timeout):
 		core.quiet.Store(true)
 		e.Server.Stop()
 		e.Close()
-		return nil, fmt.Errorf("ctl: embedded etcd in %s not ready within %v (initial cluster %s: are a majority of its members up and reachable?)", c.Dir, timeout, c.InitialCluster)
+		return nil, nil, fmt.Errorf("ctl: embedded etcd in %s not ready within %v (initial cluster %s: are a majority of its members up and reachable?)", c.Dir, timeout, c.InitialCluster)
 	}
 	log.Info("embedded etcd ready", "name", name, "client", cu.String(), "peer", pu.String(), "dir", c.Dir)
-	return e, nil
+	return e, clientTLS, nil
 }
 
 // listenURL is u with its host replaced by the wildcard address when the
 // host is a name (etcd listens on IP addresses only): a member advertised
-// as http://ctl-0:2380 listens on http://0.0.0.0:2380. The embedded
-// member has no TLS or authentication of its own: on a network others
-// share, give it addresses only the ctls reach, or use an external etcd
-// with mTLS (EtcdConfig.Endpoints and TLS).
+// as https://ctl-0:2380 listens on https://0.0.0.0:2380. Off loopback,
+// its URLs are https (see etcdtls.go) unless EtcdConfig.Insecure.
 func listenURL(u url.URL) url.URL {
 	if net.ParseIP(u.Hostname()) == nil {
 		u.Host = net.JoinHostPort("0.0.0.0", u.Port())

@@ -21,16 +21,20 @@ type EtcdMember struct {
 // StartEtcdMember starts an etcd member with its data in dir/etcd (its
 // URLs kept in dir as for the embedded member) as ec describes: Name,
 // ClientURL, PeerURL, InitialCluster, InitialClusterToken, StartTimeout,
-// TickMs and ElectionMs, with the embedded member's defaults; Endpoints
-// and TLS are ignored. It returns once the member serves, which for a
+// TickMs, ElectionMs, CertFile, KeyFile, CAFile and Insecure, with the
+// embedded member's defaults; Endpoints and TLS are ignored. It returns once the member serves, which for a
 // member of a new cluster means once a majority of the members named in
-// InitialCluster are up.
+// InitialCluster are up. Its https URLs are secured as the embedded
+// member's are (EtcdConfig.CertFile, KeyFile and CAFile: peers must hold a
+// certificate of the cluster CA named after a member, clients a felix-ctl
+// certificate), and plaintext ones refused off loopback and between
+// members unless EtcdConfig.Insecure.
 func StartEtcdMember(dir string, ec EtcdConfig, log *slog.Logger) (*EtcdMember, error) {
 	if log == nil {
 		log = slog.Default()
 	}
 	quiet := new(atomic.Bool)
-	e, err := startEmbedded(dir, ec, slogCore{log: log.With("component", "etcd"), quiet: quiet}, log)
+	e, _, err := startEmbedded(dir, ec, slogCore{log: log.With("component", "etcd"), quiet: quiet}, log)
 	if err != nil {
 		return nil, err
 	}

@@ -22,11 +22,39 @@ import (
 	"github.com/felix-broker/felix/transport"
 )
 
-// startHA starts n ctls forming an n-member embedded etcd cluster, and
-// returns them once one is the leader.
+// startHA starts n ctls forming an n-member embedded etcd cluster over
+// TLS (https peer and client URLs, every member with the PKI's ctl
+// certificate), and returns them once one is the leader.
 func startHA(t *testing.T, p *testPKI, n int) []*Server {
 	t.Helper()
 	awaitPeerConnsClosed(t)
+	plan := planHA(t, p, n)
+	srvs := make([]*Server, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			srvs[i], errs[i] = New(plan[i])
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("ctl-%d: %v", i, err)
+		}
+	}
+	startAll(t, srvs)
+	waitLeader(t, srvs, nil)
+	return srvs
+}
+
+// planHA returns the configs of n ctls ctl-0..ctl-n-1 forming an
+// n-member embedded etcd cluster on free loopback ports, with https peer
+// and client URLs secured by the PKI's ctl certificate.
+func planHA(t *testing.T, p *testPKI, n int) []Config {
+	t.Helper()
 	var peers []string
 	urls := make([]etcdURLs, n)
 	for i := range n {
@@ -38,44 +66,37 @@ func startHA(t *testing.T, p *testPKI, n int) []*Server {
 		if err != nil {
 			t.Fatal(err)
 		}
-		urls[i] = etcdURLs{Client: fmt.Sprintf("http://127.0.0.1:%d", cp), Peer: fmt.Sprintf("http://127.0.0.1:%d", pp)}
+		urls[i] = etcdURLs{Client: fmt.Sprintf("https://127.0.0.1:%d", cp), Peer: fmt.Sprintf("https://127.0.0.1:%d", pp)}
 		peers = append(peers, fmt.Sprintf("ctl-%d=%s", i, urls[i].Peer))
 	}
 	base := t.TempDir()
-	srvs := make([]*Server, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
+	cfgs := make([]Config, n)
 	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			srvs[i], errs[i] = New(Config{
-				Addr:    "127.0.0.1:0",
-				DataDir: filepath.Join(base, fmt.Sprint("ctl-", i)),
-				TLS:     transport.ServerTLS(p.cert(t, "ctl"), p.ca, transport.ALPNCtl),
-				Etcd: EtcdConfig{Name: fmt.Sprint("ctl-", i), ClientURL: urls[i].Client, PeerURL: urls[i].Peer,
-					InitialCluster: strings.Join(peers, ","), TickMs: 20, ElectionMs: 200},
-				LeaseTTL:   shortTTL,
-				CtlTTL:     time.Second,
-				Superusers: []string{transport.DevAdminName},
-				Logger:     testLogger(t).With("ctl", i),
-			})
-		}()
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("ctl-%d: %v", i, err)
+		cfgs[i] = Config{
+			Addr:    "127.0.0.1:0",
+			DataDir: filepath.Join(base, fmt.Sprint("ctl-", i)),
+			TLS:     transport.ServerTLS(p.cert(t, "ctl"), p.ca, transport.ALPNCtl),
+			Etcd: EtcdConfig{Name: fmt.Sprint("ctl-", i), ClientURL: urls[i].Client, PeerURL: urls[i].Peer,
+				InitialCluster: strings.Join(peers, ","), TickMs: 20, ElectionMs: 200,
+				CertFile: filepath.Join(p.dir, "ctl.crt"), KeyFile: filepath.Join(p.dir, "ctl.key"), CAFile: filepath.Join(p.dir, "ca.crt")},
+			LeaseTTL:   shortTTL,
+			CtlTTL:     time.Second,
+			Superusers: []string{transport.DevAdminName},
+			Logger:     testLogger(t).With("ctl", i),
 		}
 	}
+	return cfgs
+}
+
+// startAll starts srvs, each closed when the test ends.
+func startAll(t *testing.T, srvs []*Server) {
+	t.Helper()
 	for _, s := range srvs {
 		if err := s.Start(); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { s.Close() })
 	}
-	waitLeader(t, srvs, nil)
-	return srvs
 }
 
 // peerConnLinger bounds how long the peer connections of a multi-member

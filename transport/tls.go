@@ -112,7 +112,13 @@ func identityOf(state tls.ConnectionState) (Identity, error) {
 	if len(state.VerifiedChains) == 0 || len(state.VerifiedChains[0]) == 0 {
 		return Identity{}, &Error{Code: CodeUnauthorized, Message: "peer presented no verified certificate"}
 	}
-	leaf := state.VerifiedChains[0][0]
+	return CertIdentity(state.VerifiedChains[0][0])
+}
+
+// CertIdentity returns the identity a certificate names (its role in the
+// OrganizationalUnit, its name in the CommonName), for a certificate this
+// side verified. It fails with [CodeUnauthorized] when it names none.
+func CertIdentity(leaf *x509.Certificate) (Identity, error) {
 	for _, ou := range leaf.Subject.OrganizationalUnit {
 		switch Role(ou) {
 		case RoleNode, RoleCtl, RoleClient:

@@ -3,6 +3,7 @@ package cluster
 import (
 	"crypto/tls"
 	"fmt"
+	"os"
 	"path/filepath"
 
 	"github.com/felix-broker/felix/transport"
@@ -37,13 +38,34 @@ func LoadNodeTLS(certDir, id string) (NodeTLS, error) {
 // CtlServerTLS loads the control plane's server TLS config from certDir
 // (certificate "ctl").
 func CtlServerTLS(certDir string) (*tls.Config, error) {
+	return LoadCtlTLS(certDir, "")
+}
+
+// LoadCtlTLS loads the server TLS config of the control plane member
+// name from certDir: ca.crt and the key pair of [CtlCertFiles].
+func LoadCtlTLS(certDir, name string) (*tls.Config, error) {
 	ca, err := transport.LoadCA(filepath.Join(certDir, "ca.crt"))
 	if err != nil {
 		return nil, fmt.Errorf("load cluster CA from %s: %w", certDir, err)
 	}
-	cert, err := transport.LoadKeyPair(filepath.Join(certDir, "ctl.crt"), filepath.Join(certDir, "ctl.key"))
+	certFile, keyFile := CtlCertFiles(certDir, name)
+	cert, err := transport.LoadKeyPair(certFile, keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("load control plane certificate from %s: %w", certDir, err)
 	}
 	return transport.ServerTLS(cert, ca, transport.ALPNCtl), nil
+}
+
+// CtlCertFiles returns the files of the certificate and key of the
+// control plane member name in certDir: NAME.crt and NAME.key when name is
+// not empty and NAME.crt is there (as `felix certs ctl NAME` writes a
+// member's own certificate), else ctl.crt and ctl.key.
+func CtlCertFiles(certDir, name string) (certFile, keyFile string) {
+	if name != "" && name != "ca" && filepath.Base(name) == name {
+		certFile = filepath.Join(certDir, name+".crt")
+		if _, err := os.Stat(certFile); err == nil {
+			return certFile, filepath.Join(certDir, name+".key")
+		}
+	}
+	return filepath.Join(certDir, "ctl.crt"), filepath.Join(certDir, "ctl.key")
 }

@@ -96,6 +96,9 @@ type Cluster struct {
 
 	ca    *x509.CertPool
 	admin tls.Certificate
+	// etcdCert is a ctl certificate the test's own etcd clients present:
+	// the etcd members serve only felix-ctl certificates.
+	etcdCert tls.Certificate
 
 	Ctls    []*Node
 	Brokers []*Node
@@ -216,24 +219,26 @@ func (c *Cluster) plan() {
 	etcdNodes = c.Ctls
 	if c.opts.ExternalEtcd {
 		for i := range externalEtcd {
-			c.Etcds = append(c.Etcds, c.node("etcd-"+strconv.Itoa(i), etcdIPBase+i))
+			n := c.node("etcd-"+strconv.Itoa(i), etcdIPBase+i)
+			n.certs = true
+			c.Etcds = append(c.Etcds, n)
 		}
 		etcdNodes = c.Etcds
 	}
 	var peers []string
 	for _, n := range etcdNodes {
-		peers = append(peers, fmt.Sprintf("%s=http://%s:%d", n.Name, n.IP, etcdPeer))
+		peers = append(peers, fmt.Sprintf("%s=https://%s:%d", n.Name, n.IP, etcdPeer))
 	}
 	// member names n's etcd member with flags of prefix: "--etcd-" for
 	// felix ctl, "--" for felix etcd.
 	member := func(prefix string, n *Node) []string {
 		return []string{prefix + "name", n.Name,
 			prefix + "client-url", etcdURL(n),
-			prefix + "peer-url", fmt.Sprintf("http://%s:%d", n.IP, etcdPeer),
+			prefix + "peer-url", fmt.Sprintf("https://%s:%d", n.IP, etcdPeer),
 			prefix + "initial-cluster", strings.Join(peers, ",")}
 	}
 	for _, n := range c.Etcds {
-		n.args = c.runArgs(n, "etcd", append([]string{"--data", "/data"}, member("--", n)...)...)
+		n.args = c.runArgs(n, "etcd", append([]string{"--data", "/data", "--certs", "/certs"}, member("--", n)...)...)
 	}
 
 	var ctlAddrs []string
@@ -246,7 +251,8 @@ func (c *Cluster) plan() {
 			"--data", "/data", "--certs", "/certs", "--superuser", transport.DevAdminName,
 			"--lease-ttl", lease, "--admin", fmt.Sprintf("0.0.0.0:%d", adminPort)}
 		if c.opts.ExternalEtcd {
-			args = append(args, "--etcd-name", n.Name, "--etcd-endpoints", strings.Join(c.EtcdEndpoints(), ","))
+			args = append(args, "--etcd-name", n.Name, "--etcd-endpoints", strings.Join(c.EtcdEndpoints(), ","),
+				"--etcd-ca", "/certs/ca.crt", "--etcd-cert", "/certs/ctl.crt", "--etcd-key", "/certs/ctl.key")
 		} else {
 			args = append(args, member("--etcd-", n)...)
 		}
@@ -280,7 +286,7 @@ func (c *Cluster) runArgs(n *Node, cmd string, args ...string) []string {
 
 // etcdURL is the client URL of the etcd member n runs (a ctl's embedded
 // member, or an external one).
-func etcdURL(n *Node) string { return fmt.Sprintf("http://%s:%d", n.IP, etcdClient) }
+func etcdURL(n *Node) string { return fmt.Sprintf("https://%s:%d", n.IP, etcdClient) }
 
 // EtcdEndpoints are the client URLs of the cluster's etcd members: the
 // external ones, else the ctls' embedded ones.
@@ -327,6 +333,16 @@ func (c *Cluster) writePKI() error {
 		if err := issue(transport.RoleCtl, "ctl-"+strconv.Itoa(i), "ctl", ctlIPBase+i); err != nil {
 			return err
 		}
+	}
+	if c.opts.ExternalEtcd {
+		for i := range externalEtcd {
+			if err := issue(transport.RoleCtl, "etcd-"+strconv.Itoa(i), "ctl", etcdIPBase+i); err != nil {
+				return err
+			}
+		}
+	}
+	if c.etcdCert, err = ca.Issue(transport.RoleCtl, "dockertest"); err != nil {
+		return err
 	}
 	for i := range c.opts.Brokers {
 		name := "broker-" + strconv.Itoa(i)

@@ -2,6 +2,7 @@ package dockertest
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"time"
 
@@ -16,7 +17,7 @@ func (c *Cluster) Etcd() (*clientv3.Client, error) {
 	if c.etcdCli != nil {
 		return c.etcdCli, nil
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: c.EtcdEndpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.EtcdEndpoints(), DialTimeout: 5 * time.Second, TLS: c.etcdTLS(), Logger: zap.NewNop()})
 	if err != nil {
 		return nil, fmt.Errorf("dockertest: etcd client: %w", err)
 	}
@@ -39,7 +40,7 @@ func (c *Cluster) waitEtcd(ctx context.Context) error {
 
 func (c *Cluster) etcdUp(ctx context.Context) error {
 	for _, n := range c.Etcds {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdURL(n)}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdURL(n)}, DialTimeout: 2 * time.Second, TLS: c.etcdTLS(), Logger: zap.NewNop()})
 		if err != nil {
 			return fmt.Errorf("%s: %w", n.Name, err)
 		}
@@ -52,4 +53,11 @@ func (c *Cluster) etcdUp(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// etcdTLS is the TLS of the test's etcd clients: a ctl certificate, and
+// the cluster CA verifying the members (their certificates name their IP
+// addresses).
+func (c *Cluster) etcdTLS() *tls.Config {
+	return &tls.Config{Certificates: []tls.Certificate{c.etcdCert}, RootCAs: c.ca, MinVersion: tls.VersionTLS13}
 }

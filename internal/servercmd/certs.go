@@ -94,9 +94,9 @@ func (c *CertsNode) Run(log *slog.Logger) error {
 
 // CertsCtl issues the control plane's certificate.
 type CertsCtl struct {
-	Name string `arg:"" optional:"" default:"ctl" help:"Name of the control plane member (default ctl: felix ctl reads ctl.crt and ctl.key from its --certs); also a DNS name in the certificate."`
+	Name string `arg:"" optional:"" default:"ctl" help:"Name of the control plane member: its --etcd-name in a control plane of several (felix ctl reads NAME.crt and NAME.key from its --certs), or the default ctl for a single one (ctl.crt, ctl.key); also a DNS name in the certificate, and the name the other members' etcd accepts."`
 	leafFlags
-	Host []string `help:"Another DNS name or IP address brokers dial the control plane by (repeatable), e.g. the host in their --ctl." placeholder:"NAME"`
+	Host []string `help:"Another DNS name or IP address the member is reached by (repeatable): the host in the brokers' --ctl, in its --advertise and in its --etcd-peer-url and --etcd-client-url (e.g. felix-ctl-0.felix-ctl)." placeholder:"NAME"`
 }
 
 func (c *CertsCtl) Run(log *slog.Logger) error {

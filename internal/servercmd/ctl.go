@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -26,7 +27,7 @@ type Ctl struct {
 	Listen    string        `help:"QUIC address to listen on." default:"127.0.0.1:7000" env:"FELIX_LISTEN"`
 	Advertise string        `help:"QUIC address other ctl members reach this one at (default: the bound address)." env:"FELIX_ADVERTISE"`
 	Data      string        `help:"State directory." required:"" type:"path" env:"FELIX_DATA"`
-	Certs     string        `help:"Directory with ca.crt and ctl.crt/ctl.key." required:"" type:"existingdir" env:"FELIX_CERTS"`
+	Certs     string        `help:"Directory with ca.crt and this member's certificate: NAME.crt/NAME.key for --etcd-name NAME when present, else ctl.crt/ctl.key. It also secures the embedded etcd's https:// URLs." required:"" type:"existingdir" env:"FELIX_CERTS"`
 	LeaseTTL  time.Duration `help:"Broker lease: a broker silent this long is marked down." default:"3s" env:"FELIX_LEASE_TTL"`
 	Superuser []string      `help:"Client principal (certificate common name) authorized for everything, who grants the others their permissions (repeatable)." env:"FELIX_SUPERUSERS" placeholder:"NAME"`
 	Admin     string        `help:"HTTP admin address serving /metrics, /healthz and /readyz (empty: none)." default:"127.0.0.1:0" env:"FELIX_ADMIN"`
@@ -49,16 +50,17 @@ type CtlEtcd struct {
 	Cluster   string   `help:"Felix cluster name: keys live under /felix/<name>/." default:"default" env:"FELIX_ETCD_CLUSTER"`
 
 	Name           string `help:"Name of this ctl and of its embedded etcd member (unique among the ctl members)." env:"FELIX_ETCD_NAME"`
-	ClientURL      string `help:"Where the embedded etcd serves clients (default: a free loopback port, kept in --data)." env:"FELIX_ETCD_CLIENT_URL" placeholder:"URL"`
-	PeerURL        string `help:"Where the embedded etcd member is reached by its peers, e.g. http://ctl-0:2380 (default: a free loopback port)." env:"FELIX_ETCD_PEER_URL" placeholder:"URL"`
-	InitialCluster string `help:"Every member of a new embedded etcd cluster as name=peerURL,... (etcd's --initial-cluster); the same on every ctl. Default: this member alone." env:"FELIX_ETCD_INITIAL_CLUSTER" placeholder:"NAME=URL,..."`
+	ClientURL      string `help:"Where the embedded etcd serves clients: this ctl, the other ctls asking for its health, etcdctl with a ctl certificate. Off loopback it must be https://, with --certs' certificate and CA, and serves ctl certificates only (default: a free loopback port, kept in --data)." env:"FELIX_ETCD_CLIENT_URL" placeholder:"URL"`
+	PeerURL        string `help:"Where the embedded etcd member is reached by its peers, e.g. https://ctl-0:2380: mutual TLS with --certs' certificate and CA, which must name this address (default: a free loopback port)." env:"FELIX_ETCD_PEER_URL" placeholder:"URL"`
+	InitialCluster string `help:"Every member of a new embedded etcd cluster as name=peerURL,... (etcd's --initial-cluster); the same on every ctl. With more than one member, every peer URL must be https://. Default: this member alone." env:"FELIX_ETCD_INITIAL_CLUSTER" placeholder:"NAME=URL,..."`
+	Insecure       bool   `help:"Allow http:// peer URLs in a multi-member embedded cluster, and http:// peer and client URLs off loopback. Refused by default because that etcd traffic carries all of ctl's state unencrypted and unauthenticated: whoever reaches the ports can read and rewrite streams, placement and permissions, or join as a member. Only for a network nothing else shares." env:"FELIX_ETCD_INSECURE"`
 	ElectionMs     uint   `help:"etcd election timeout in ms for a multi-member embedded cluster (heartbeat: a tenth). Default etcd's 1000." env:"FELIX_ETCD_ELECTION_MS"`
 }
 
 // config returns the ctl.EtcdConfig of the flags.
 func (e CtlEtcd) config() (ctl.EtcdConfig, error) {
 	c := ctl.EtcdConfig{Endpoints: e.Endpoints, Cluster: e.Cluster, Name: e.Name, ClientURL: e.ClientURL,
-		PeerURL: e.PeerURL, InitialCluster: e.InitialCluster}
+		PeerURL: e.PeerURL, InitialCluster: e.InitialCluster, Insecure: e.Insecure}
 	if e.ElectionMs > 0 {
 		c.ElectionMs, c.TickMs = e.ElectionMs, max(1, e.ElectionMs/10)
 	}
@@ -88,7 +90,7 @@ func (e CtlEtcd) config() (ctl.EtcdConfig, error) {
 }
 
 func (c *Ctl) Run(log *slog.Logger) error {
-	tlsConf, err := cluster.CtlServerTLS(c.Certs)
+	tlsConf, err := cluster.LoadCtlTLS(c.Certs, c.Etcd.Name)
 	if err != nil {
 		return err
 	}
@@ -110,6 +112,10 @@ func (c *Ctl) Run(log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// The embedded member's https:// URLs use this ctl's certificate and
+	// the cluster CA.
+	ec.CertFile, ec.KeyFile = cluster.CtlCertFiles(c.Certs, c.Etcd.Name)
+	ec.CAFile = filepath.Join(c.Certs, "ca.crt")
 	rtt, err := etcdRoundTrips(obs.prov.Meter)
 	if err != nil {
 		return err

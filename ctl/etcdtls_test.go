@@ -1,0 +1,221 @@
+package ctl
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.etcd.io/etcd/server/v3/storage/mvcc"
+	"go.uber.org/zap"
+
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+func TestCheckPlaintext(t *testing.T) {
+	three := "a=https://10.0.0.1:2380,b=https://10.0.0.2:2380,c=https://10.0.0.3:2380"
+	for _, tc := range []struct {
+		name string
+		ec   EtcdConfig
+		urls etcdURLs
+		ok   bool
+	}{
+		{"single member on loopback (felix dev)", EtcdConfig{}, etcdURLs{"http://127.0.0.1:1", "http://127.0.0.1:2"}, true},
+		{"single member, localhost", EtcdConfig{}, etcdURLs{"http://localhost:1", "http://[::1]:2"}, true},
+		{"client url off loopback", EtcdConfig{}, etcdURLs{"http://0.0.0.0:2379", "http://127.0.0.1:2"}, false},
+		{"client url by name", EtcdConfig{}, etcdURLs{"http://ctl-0:2379", "http://127.0.0.1:2"}, false},
+		{"peer url off loopback", EtcdConfig{}, etcdURLs{"http://127.0.0.1:1", "http://10.0.0.1:2380"}, false},
+		{"https off loopback", EtcdConfig{}, etcdURLs{"https://ctl-0:2379", "https://ctl-0:2380"}, true},
+		{"three members over https", EtcdConfig{InitialCluster: three}, etcdURLs{"https://10.0.0.1:2379", "https://10.0.0.1:2380"}, true},
+		{"three members, one http peer", EtcdConfig{InitialCluster: three + ",d=http://10.0.0.4:2380"}, etcdURLs{"https://10.0.0.1:2379", "https://10.0.0.1:2380"}, false},
+		{"three members over http on loopback", EtcdConfig{InitialCluster: "a=http://127.0.0.1:1,b=http://127.0.0.1:2,c=http://127.0.0.1:3"},
+			etcdURLs{"http://127.0.0.1:4", "http://127.0.0.1:1"}, false},
+		{"three members over http, Insecure", EtcdConfig{InitialCluster: "a=http://10.0.0.1:2380,b=http://10.0.0.2:2380,c=http://10.0.0.3:2380", Insecure: true},
+			etcdURLs{"http://10.0.0.1:2379", "http://10.0.0.1:2380"}, true},
+		{"one member listed twice", EtcdConfig{InitialCluster: "a=http://127.0.0.1:1,a=http://[::1]:1"}, etcdURLs{"http://127.0.0.1:4", "http://127.0.0.1:1"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkPlaintext(tc.ec, tc.urls)
+			if tc.ok != (err == nil) {
+				t.Fatalf("checkPlaintext(%+v, %+v) = %v, want ok=%v", tc.ec, tc.urls, err, tc.ok)
+			}
+			if err != nil && !errors.Is(err, errPlaintext) {
+				t.Fatalf("error %v is not errPlaintext", err)
+			}
+		})
+	}
+}
+
+// TestHAPlaintextPeersRefused: a multi-member embedded cluster over http
+// does not start, before listening on anything.
+func TestHAPlaintextPeersRefused(t *testing.T) {
+	dir := t.TempDir()
+	_, err := New(Config{DataDir: dir, Logger: testLogger(t), Etcd: EtcdConfig{Name: "a",
+		PeerURL: "http://127.0.0.1:1", InitialCluster: "a=http://127.0.0.1:1,b=http://127.0.0.1:2,c=http://127.0.0.1:3"}})
+	if !errors.Is(err, errPlaintext) {
+		t.Fatalf("New with http peers: %v, want errPlaintext", err)
+	}
+}
+
+// TestHARefusesIntruders starts two ctls of a three-member cluster over
+// TLS, a quorum, and puts an etcd member presenting a certificate that is
+// not a ctl member's in the third one's place: it must not join (never
+// ready, none of the state in its store); and an etcd client presenting
+// such a certificate must not read from a member's client URL.
+func TestHARefusesIntruders(t *testing.T) {
+	p := newPKI(t)
+	awaitPeerConnsClosed(t)
+	plan := planHA(t, p, 3)
+	srvs := make([]*Server, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range srvs {
+		wg.Add(1)
+		go func() { defer wg.Done(); srvs[i], errs[i] = New(plan[i]) }()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("ctl-%d: %v", i, err)
+		}
+	}
+	startAll(t, srvs)
+	leader := waitLeader(t, srvs, nil)
+	if err := leader.CreateStream(shardmap.StreamConfig{Name: "secret", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+
+	other := t.TempDir()
+	if err := transport.GenerateDevCerts(other, "ctl"); err != nil {
+		t.Fatal(err)
+	}
+	intruders := []struct {
+		name, dir, cert string
+	}{
+		{"node certificate", p.dir, "b0"},
+		{"client certificate", p.dir, transport.DevAdminName},
+		{"ctl certificate of another CA", other, "ctl"},
+	}
+	for _, in := range intruders {
+		t.Run(in.name, func(t *testing.T) {
+			certFile, keyFile := filepath.Join(in.dir, in.cert+".crt"), filepath.Join(in.dir, in.cert+".key")
+			caFile := filepath.Join(in.dir, "ca.crt")
+
+			e, stop := startIntruder(t, plan[2], certFile, keyFile, caFile)
+			select {
+			case <-e.Server.ReadyNotify():
+				t.Errorf("a member with a %s joined the cluster", in.name)
+			case err := <-e.Err():
+				t.Logf("intruder stopped: %v", err)
+			case <-time.After(3 * time.Second): // ctl-0 and ctl-1 elected a leader in less
+			}
+			r, err := e.Server.KV().Range(context.Background(), []byte("/felix/"), []byte("/felix0"), mvcc.RangeOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Count != 0 {
+				t.Errorf("a member with a %s holds %d keys of the state", in.name, r.Count)
+			}
+			stop()
+
+			// As an etcd client of ctl-0's client URL.
+			if err := readState(t, plan[0].Etcd.ClientURL, certFile, keyFile, caFile); err == nil {
+				t.Errorf("an etcd client with a %s read the state", in.name)
+			} else {
+				t.Logf("client with a %s: %v", in.name, err)
+			}
+		})
+	}
+	// The same read with a ctl certificate succeeds: the refusals above
+	// are about the certificates.
+	if err := readState(t, plan[0].Etcd.ClientURL, plan[0].Etcd.CertFile, plan[0].Etcd.KeyFile, plan[0].Etcd.CAFile); err != nil {
+		t.Fatalf("an etcd client with a ctl certificate: %v", err)
+	}
+	// And the two ctls still serve.
+	if _, ok := waitLeader(t, srvs, nil).Map().Stream("secret"); !ok {
+		t.Fatal("stream lost")
+	}
+}
+
+// startIntruder starts a bare etcd member under the name and URLs of cfg
+// (a ctl's), presenting certFile, trusting caFile, with none of ctl's own
+// checks of its configuration: what an attacker holding those files would
+// run. stop stops it (also done when the test ends).
+func startIntruder(t *testing.T, cfg Config, certFile, keyFile, caFile string) (e *embed.Etcd, stop func()) {
+	t.Helper()
+	ec := cfg.Etcd
+	c := embed.NewConfig()
+	c.Name = ec.Name
+	c.Dir = filepath.Join(t.TempDir(), "etcd")
+	cu, pu := mustURL(t, ec.ClientURL), mustURL(t, ec.PeerURL)
+	c.ListenClientUrls, c.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
+	c.ListenPeerUrls, c.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
+	c.InitialCluster = ec.InitialCluster
+	c.InitialClusterToken = "felix-" + clusterName(ec)
+	c.TickMs, c.ElectionMs = ec.TickMs, ec.ElectionMs
+	c.PeerTLSInfo.CertFile, c.PeerTLSInfo.KeyFile, c.PeerTLSInfo.TrustedCAFile = certFile, keyFile, caFile
+	c.PeerTLSInfo.ClientCertAuth = true
+	c.PeerTLSInfo.SkipClientSANVerify = true
+	c.ClientTLSInfo = c.PeerTLSInfo
+	c.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	e, err := embed.StartEtcd(c)
+	if err != nil {
+		t.Fatalf("intruder: %v", err)
+	}
+	// A member that never became ready serves no clients; Close waits
+	// for its client servers unless the server is stopped first.
+	var once sync.Once
+	stop = func() { once.Do(func() { e.Server.Stop(); e.Close() }) }
+	t.Cleanup(stop)
+	return e, stop
+}
+
+// readState reads ctl's keys from the etcd client URL u with an etcd
+// client presenting certFile and trusting caFile.
+func readState(t *testing.T, u, certFile, keyFile, caFile string) error {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := transport.LoadCA(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   []string{u},
+		TLS:         &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: ca, Certificates: []tls.Certificate{cert}},
+		DialTimeout: 2 * time.Second,
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	r, err := cli.Get(ctx, "/felix/", clientv3.WithPrefix())
+	if err != nil {
+		return err
+	}
+	if len(r.Kvs) == 0 {
+		return fmt.Errorf("no keys under /felix/")
+	}
+	return nil
+}
+
+func mustURL(t *testing.T, s string) url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return *u
+}
