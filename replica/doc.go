@@ -24,12 +24,15 @@
 // proposer's identity (codec.go). The appends of a Ready are written as one
 // tidwall batch and fdatasynced once (the segment file directly, as package
 // wal does, following tidwall's segment roll and fsyncing the directory
-// when a segment starts); a suffix raft replaces is cut with TruncateBack,
+// when a segment starts: internal/tidseg, shared with package wal, knows
+// tidwall's files); a suffix raft replaces is cut with TruncateBack,
 // never a committed one. Open repairs a torn tail of the last segment (an
 // append that was never acknowledged) and refuses a log that ends below the
 // committed index. The raft state lives in a double-buffered, checksummed
 // file (state.go): term and vote changes are fdatasynced before any message
-// that depends on them leaves.
+// that depends on them leaves. Files are opened on the real OS: package
+// wal's filesystem seam (wal.FS) is not used here; the fault seam is
+// Knobs.BeforeSync.
 //
 // # The Ready loop
 //
