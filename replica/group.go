@@ -11,6 +11,7 @@ import (
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
 
+	"github.com/felix-broker/felix/internal/logonce"
 	"github.com/felix-broker/felix/wal"
 )
 
@@ -51,6 +52,10 @@ type Knobs struct {
 	// BeforeSync, if set, runs before the fdatasync of appended entries
 	// (last is the last index written). An error fails the fdatasync.
 	BeforeSync func(last uint64) error
+	// UncheckedStep hands peers' messages to raft without the checks
+	// against the log (checkAgainstLog), so that a test can make raft
+	// panic and see the panic contained.
+	UncheckedStep bool
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -123,6 +128,12 @@ type Group struct {
 
 	leader atomic.Uint64 // leader known to this replica, 0 if none
 	term   atomic.Uint64
+
+	voters map[uint64]bool // fixed at Open (no membership changes); read only
+	rounds atomic.Uint64   // rounds of work the run goroutine finished, for tests to wait on
+	// dropped limits the log lines for peers' messages dropped by
+	// checkAgainstLog to one per peer and message type.
+	dropped logonce.Set
 }
 
 // Open opens (or creates) the replica in cfg.Dir and starts its goroutine.
@@ -173,6 +184,10 @@ func Open(cfg Config) (*Group, error) {
 		return nil, fmt.Errorf("replica: group %q: start raft: %w", cfg.Name, err)
 	}
 	g.term.Store(st.p.term)
+	g.voters = map[uint64]bool{}
+	for _, id := range st.p.conf.GetVoters() {
+		g.voters[id] = true
+	}
 	go g.run()
 	return g, nil
 }
@@ -237,17 +252,13 @@ func (g *Group) refusal() error {
 }
 
 // Step hands the group a message a peer sent it. It never blocks on the
-// group's work. A message this replica must not receive gets
-// ErrBadMessage; a closed group ErrClosed.
+// group's work. A message that no correct peer of this version sends (see
+// step.go) gets ErrBadMessage and never reaches raft; a closed group
+// ErrClosed, a failed one ErrFailed. Whatever a peer sends, raft's panics
+// included, cannot take the process down: at worst this group fails.
 func (g *Group) Step(m *pb.Message) error {
-	if m.GetTo() != g.cfg.ID || m.GetFrom() == 0 || m.GetFrom() == g.cfg.ID {
-		return fmt.Errorf("replica: group %q: %w: from %d to %d, this is %d", g.cfg.Name, ErrBadMessage, m.GetFrom(), m.GetTo(), g.cfg.ID)
-	}
-	switch t := m.GetType(); {
-	case raft.IsLocalMsg(t) || t == pb.MsgProp:
-		return fmt.Errorf("replica: group %q: %w: %s is not a message between peers here", g.cfg.Name, ErrBadMessage, t)
-	case t == pb.MsgSnap:
-		return fmt.Errorf("replica: group %q: %w: snapshots are not sent by this version", g.cfg.Name, ErrBadMessage)
+	if err := checkMessage(m, g.cfg.ID, g.voters); err != nil {
+		return fmt.Errorf("replica: group %q: %w", g.cfg.Name, err)
 	}
 	g.in.Lock()
 	if err := g.refusal(); err != nil {
