@@ -40,6 +40,8 @@ func FuzzStep(f *testing.F) {
 	c.waitLeader()
 	inputs := 0
 	f.Fuzz(func(t *testing.T, to, from byte, data []byte) {
+		c.t = t // the cluster's helpers report to this input's test
+		defer func() { c.t = f }()
 		m := &pb.Message{}
 		if proto.Unmarshal(data, m) != nil {
 			return
