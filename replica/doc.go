@@ -47,6 +47,19 @@
 // records that arrived while the previous Ready was handled go into one
 // entry (up to Config.MaxEntryBytes): group commit with no timer.
 //
+// # Peers' messages
+//
+// Step takes what other brokers send, authenticated but possibly buggy or
+// hostile, and etcd raft panics on some inconsistent input. So a message
+// reaches raft only after Step's stateless checks (ErrBadMessage: types,
+// ids, terms, entries, no snapshot) and a check against the log on the
+// group's goroutine (a commit index or an acknowledgement beyond the log:
+// dropped and logged once per peer and type); see step.go. A panic that
+// still happens on the group's goroutine is contained: the group fails
+// with a *RaftPanicError (errors.Is ErrFailed) naming the peer and message
+// type, its proposed records get ErrUnknownOutcome, and the process goes
+// on; reopening the group re-reads its directory.
+//
 // # Offsets
 //
 // Offsets are assigned when entries apply, in log order: an entry with n
@@ -70,8 +83,15 @@
 // No membership changes are proposed (the voters are fixed at creation),
 // no compaction (retention) and no snapshots: a follower is always caught
 // up from the leader's log. Opening a replica reads its whole log once
-// (terms, checksums). Reads go to tidwall for every entry; there is no
-// in-memory tail yet.
+// (terms, checksums).
+//
+// # Reads
+//
+// Read serves committed records only. The most recently committed entries
+// stay in memory (Config.TailBytes, default 4 MiB, counting their data and
+// their records once decoded by a first reader): live subscribers read
+// them without tidwall; older entries are read from disk and decoded per
+// read.
 //
 // # Usage
 //

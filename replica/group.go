@@ -42,6 +42,10 @@ type Config struct {
 	// SegmentSize is the size at which the log starts a new segment file;
 	// default 64 MiB.
 	SegmentSize int
+	// TailBytes bounds the data of the most recently committed entries kept
+	// in memory for reads (live subscribers read them without going to
+	// disk); default 4 MiB, negative keeps none.
+	TailBytes int
 
 	// Knobs are for tests only.
 	Knobs Knobs
@@ -95,6 +99,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.SegmentSize == 0 {
 		c.SegmentSize = 64 << 20
 	}
+	if c.TailBytes == 0 {
+		c.TailBytes = 4 << 20
+	}
 	return c, nil
 }
 
@@ -108,6 +115,7 @@ type Group struct {
 	st     *storage
 	rn     *raft.RawNode // run goroutine only
 	offs   offsetIndex
+	tail   *entryTail // recent committed entries, for Read
 
 	// in is the work handed to the run goroutine. Its own lock: appenders,
 	// the transport and the ticker only contend for a brief append here.
@@ -157,6 +165,7 @@ func Open(cfg Config) (*Group, error) {
 		cfg:    cfg,
 		logger: cfg.Logger.With("group", cfg.Name, "replica", cfg.ID),
 		st:     st,
+		tail:   newEntryTail(cfg.TailBytes),
 		wake:   make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
@@ -307,9 +316,11 @@ func (g *Group) Close() error {
 // Read returns committed records from offset from on, at most max records
 // and about maxBytes of keys and values (at least one record if any).
 // It returns no records at NextOffset, and ErrOutOfRange below the first
-// retained offset.
+// retained offset. Recent records come from memory (Config.TailBytes):
+// their Key, Value and Headers may share memory with the Group and other
+// readers, so do not modify them.
 func (g *Group) Read(from uint64, max int, maxBytes int) ([]wal.Record, error) {
-	return g.offs.read(g.st, g.cfg.Name, from, max, maxBytes)
+	return g.offs.read(g.st, g.tail, g.cfg.Name, from, max, maxBytes)
 }
 
 // NextOffset returns the offset the next committed record will get.

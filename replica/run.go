@@ -300,12 +300,15 @@ func (g *Group) apply(l *loop, ents []*pb.Entry) error {
 	for _, e := range ents {
 		idx, n := e.GetIndex(), 0
 		var ts int64
+		var data []byte // kept for reads
 		switch e.GetType() {
 		case pb.EntryNormal:
 			if len(e.GetData()) > 0 {
 				h, _, err := decodeBatchHeader(e.GetData())
 				if err != nil {
 					g.logger.Error("replica: committed entry is not a batch; it holds no records", "index", idx, "err", err)
+				} else {
+					data = e.GetData()
 				}
 				n, ts = h.count, h.ts
 			}
@@ -318,6 +321,7 @@ func (g *Group) apply(l *loop, ents []*pb.Entry) error {
 		if err != nil {
 			return err
 		}
+		g.tail.add(idx, data)
 		if w := l.byIndex[idx]; w != nil {
 			delete(l.byIndex, idx)
 			c := completion{w: w, base: base, ts: ts}
