@@ -143,6 +143,25 @@ func TestStepRefusesWhatNoPeerSends(t *testing.T) {
 	}
 }
 
+// loggedCluster starts three replicas that log into logs, commits three
+// records and returns the leader.
+func loggedCluster(t *testing.T, seed uint64, opts func(*Config)) (c *cluster, lead *Group, logs *lockedBuffer) {
+	t.Helper()
+	logs = &lockedBuffer{}
+	c = newCluster(t, 3, seed, func(cfg *Config) {
+		cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		if opts != nil {
+			opts(cfg)
+		}
+	})
+	lead = c.waitLeader()
+	for i := range 3 {
+		c.commit(fmt.Appendf(nil, "r%d", i))
+	}
+	c.waitConverged(3)
+	return c, lead, logs
+}
+
 // commitBomb passes Step's checks but makes etcd raft panic when stepped:
 // a heartbeat of a newer term whose commit index lies far beyond the log
 // (a leader becomes a follower and commits to it; raft asserts that the
@@ -154,15 +173,7 @@ func commitBomb(to, from, term uint64) *pb.Message {
 // Messages that contradict the log are dropped by the check against it:
 // the group goes on, and says so once per peer and type.
 func TestStepDropsMessagesThatContradictTheLog(t *testing.T) {
-	logs := &lockedBuffer{}
-	c := newCluster(t, 3, 22, func(cfg *Config) {
-		cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
-	})
-	lead := c.waitLeader()
-	for i := range 3 {
-		c.commit(fmt.Appendf(nil, "r%d", i))
-	}
-	c.waitConverged(3)
+	c, lead, logs := loggedCluster(t, 22, nil)
 	_, term := lead.Leader()
 	peer := lead.ID()%3 + 1
 	f := c.group(peer)
@@ -200,17 +211,10 @@ func TestStepDropsMessagesThatContradictTheLog(t *testing.T) {
 // the peer and type, and the other replicas elect a leader and go on.
 // Without the containment this test takes the test binary down.
 func TestRaftPanicIsContained(t *testing.T) {
-	logs := &lockedBuffer{}
-	c := newCluster(t, 3, 23, func(cfg *Config) {
+	c, lead, logs := loggedCluster(t, 23, func(cfg *Config) {
 		cfg.Knobs.UncheckedStep = true
 		cfg.ElectionTicks = 30
-		cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	})
-	lead := c.waitLeader()
-	for i := range 3 {
-		c.commit(fmt.Appendf(nil, "r%d", i))
-	}
-	c.waitConverged(3)
 	_, term := lead.Leader()
 	peer := lead.ID()%3 + 1
 	// Keep the leader's next appends from committing: its messages to the
