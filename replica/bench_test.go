@@ -116,3 +116,41 @@ func (c copies) AppendAsync(r *wal.Record, done func(offset uint64, ts int64, er
 		})
 	}
 }
+
+// BenchmarkReadRecent reads the 100 most recent committed records, as a
+// live subscriber does, with the in-memory tail (default TailBytes) and
+// without it (every entry read from tidwall), in the same run.
+func BenchmarkReadRecent(b *testing.B) {
+	for _, tail := range []int{-1, 0} {
+		name := "tail=default"
+		if tail < 0 {
+			name = "tail=off"
+		}
+		b.Run(name, func(b *testing.B) {
+			c := newCluster(b, 1, 2, func(cfg *Config) { cfg.TailBytes = tail })
+			g := c.waitLeader()
+			value := make([]byte, 100)
+			for range 20 { // 20 entries of 100 records
+				var chans []<-chan result
+				for range 100 {
+					chans = append(chans, appendTo(g, value))
+				}
+				for _, ch := range chans {
+					if r := <-ch; r.err != nil {
+						b.Fatal(r.err)
+					}
+				}
+			}
+			next := g.NextOffset()
+			for b.Loop() {
+				recs, err := g.Read(next-100, 100, 1<<20)
+				if err != nil || len(recs) != 100 {
+					b.Fatalf("read: %d records, %v", len(recs), err)
+				}
+			}
+			g.offs.mu.RLock()
+			b.ReportMetric(float64(next)/float64(len(g.offs.bases)), "records/entry")
+			g.offs.mu.RUnlock()
+		})
+	}
+}

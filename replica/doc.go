@@ -24,12 +24,15 @@
 // proposer's identity (codec.go). The appends of a Ready are written as one
 // tidwall batch and fdatasynced once (the segment file directly, as package
 // wal does, following tidwall's segment roll and fsyncing the directory
-// when a segment starts); a suffix raft replaces is cut with TruncateBack,
+// when a segment starts: internal/tidseg, shared with package wal, knows
+// tidwall's files); a suffix raft replaces is cut with TruncateBack,
 // never a committed one. Open repairs a torn tail of the last segment (an
 // append that was never acknowledged) and refuses a log that ends below the
 // committed index. The raft state lives in a double-buffered, checksummed
 // file (state.go): term and vote changes are fdatasynced before any message
-// that depends on them leaves.
+// that depends on them leaves. Files are opened on the real OS: package
+// wal's filesystem seam (wal.FS) is not used here; the fault seam is
+// Knobs.BeforeSync.
 //
 // # The Ready loop
 //
@@ -43,6 +46,19 @@
 // responses: only after the write); applies the rest; calls Advance. All
 // records that arrived while the previous Ready was handled go into one
 // entry (up to Config.MaxEntryBytes): group commit with no timer.
+//
+// # Peers' messages
+//
+// Step takes what other brokers send, authenticated but possibly buggy or
+// hostile, and etcd raft panics on some inconsistent input. So a message
+// reaches raft only after Step's stateless checks (ErrBadMessage: types,
+// ids, terms, entries, no snapshot) and a check against the log on the
+// group's goroutine (a commit index or an acknowledgement beyond the log:
+// dropped and logged once per peer and type); see step.go. A panic that
+// still happens on the group's goroutine is contained: the group fails
+// with a *RaftPanicError (errors.Is ErrFailed) naming the peer and message
+// type, its proposed records get ErrUnknownOutcome, and the process goes
+// on; reopening the group re-reads its directory.
 //
 // # Offsets
 //
@@ -67,8 +83,15 @@
 // No membership changes are proposed (the voters are fixed at creation),
 // no compaction (retention) and no snapshots: a follower is always caught
 // up from the leader's log. Opening a replica reads its whole log once
-// (terms, checksums). Reads go to tidwall for every entry; there is no
-// in-memory tail yet.
+// (terms, checksums).
+//
+// # Reads
+//
+// Read serves committed records only. The most recently committed entries
+// stay in memory (Config.TailBytes, default 4 MiB, counting their data and
+// their records once decoded by a first reader): live subscribers read
+// them without tidwall; older entries are read from disk and decoded per
+// read.
 //
 // # Usage
 //

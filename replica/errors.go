@@ -10,9 +10,10 @@ var (
 	// closing: the records were never proposed.
 	ErrClosed = errors.New("replica: closed")
 	// ErrFailed is returned after the group's storage failed (a write or
-	// fsync error): the group stopped, and must be reopened from its
-	// directory, which re-reads what actually reached the disk.
-	ErrFailed = errors.New("replica: storage failed")
+	// fsync error) or raft panicked (*RaftPanicError): the group stopped,
+	// and must be reopened from its directory, which re-reads what
+	// actually reached the disk.
+	ErrFailed = errors.New("replica: group failed")
 	// ErrNotLeader is matched (errors.Is) by a *NotLeaderError.
 	ErrNotLeader = errors.New("replica: not the leader")
 	// ErrUnknownOutcome is returned for records that were proposed but whose
@@ -58,3 +59,34 @@ func (e *NotLeaderError) Error() string {
 
 // Is reports whether target is ErrNotLeader.
 func (e *NotLeaderError) Is(target error) bool { return target == ErrNotLeader }
+
+// RaftPanicError is why a group failed when etcd raft panicked on its
+// goroutine: raft takes its input as trusted and asserts its invariants
+// with panics, which a message from a buggy or malicious peer can break.
+// The group stops (as after a storage failure, ErrFailed: errors.Is
+// matches it) and must be reopened; the process goes on. From and Type
+// name the peer message being stepped when raft panicked, if it was one
+// (From 0: raft panicked outside Step, after the messages of that round).
+type RaftPanicError struct {
+	Group string
+	From  uint64
+	Type  string
+	Value any    // what raft panicked with
+	Stack []byte // the panicking goroutine's stack
+}
+
+func (e *RaftPanicError) Error() string {
+	if e.From == 0 {
+		return fmt.Sprintf("replica: group %q: raft panicked: %v", e.Group, e.Value)
+	}
+	return fmt.Sprintf("replica: group %q: raft panicked stepping %s from %d: %v", e.Group, e.Type, e.From, e.Value)
+}
+
+// Is reports whether target is ErrFailed.
+func (e *RaftPanicError) Is(target error) bool { return target == ErrFailed }
+
+// Unwrap returns the panic's value if it is an error.
+func (e *RaftPanicError) Unwrap() error {
+	err, _ := e.Value.(error)
+	return err
+}

@@ -11,6 +11,7 @@ import (
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
 
+	"github.com/felix-broker/felix/internal/logonce"
 	"github.com/felix-broker/felix/wal"
 )
 
@@ -41,6 +42,10 @@ type Config struct {
 	// SegmentSize is the size at which the log starts a new segment file;
 	// default 64 MiB.
 	SegmentSize int
+	// TailBytes bounds the data of the most recently committed entries kept
+	// in memory for reads (live subscribers read them without going to
+	// disk); default 4 MiB, negative keeps none.
+	TailBytes int
 
 	// Knobs are for tests only.
 	Knobs Knobs
@@ -51,6 +56,10 @@ type Knobs struct {
 	// BeforeSync, if set, runs before the fdatasync of appended entries
 	// (last is the last index written). An error fails the fdatasync.
 	BeforeSync func(last uint64) error
+	// UncheckedStep hands peers' messages to raft without the checks
+	// against the log (checkAgainstLog), so that a test can make raft
+	// panic and see the panic contained.
+	UncheckedStep bool
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -90,6 +99,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.SegmentSize == 0 {
 		c.SegmentSize = 64 << 20
 	}
+	if c.TailBytes == 0 {
+		c.TailBytes = 4 << 20
+	}
 	return c, nil
 }
 
@@ -103,6 +115,7 @@ type Group struct {
 	st     *storage
 	rn     *raft.RawNode // run goroutine only
 	offs   offsetIndex
+	tail   *entryTail // recent committed entries, for Read
 
 	// in is the work handed to the run goroutine. Its own lock: appenders,
 	// the transport and the ticker only contend for a brief append here.
@@ -123,6 +136,12 @@ type Group struct {
 
 	leader atomic.Uint64 // leader known to this replica, 0 if none
 	term   atomic.Uint64
+
+	voters map[uint64]bool // fixed at Open (no membership changes); read only
+	rounds atomic.Uint64   // rounds of work the run goroutine finished, for tests to wait on
+	// dropped limits the log lines for peers' messages dropped by
+	// checkAgainstLog to one per peer and message type.
+	dropped logonce.Set
 }
 
 // Open opens (or creates) the replica in cfg.Dir and starts its goroutine.
@@ -146,6 +165,7 @@ func Open(cfg Config) (*Group, error) {
 		cfg:    cfg,
 		logger: cfg.Logger.With("group", cfg.Name, "replica", cfg.ID),
 		st:     st,
+		tail:   newEntryTail(cfg.TailBytes),
 		wake:   make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
@@ -173,6 +193,10 @@ func Open(cfg Config) (*Group, error) {
 		return nil, fmt.Errorf("replica: group %q: start raft: %w", cfg.Name, err)
 	}
 	g.term.Store(st.p.term)
+	g.voters = map[uint64]bool{}
+	for _, id := range st.p.conf.GetVoters() {
+		g.voters[id] = true
+	}
 	go g.run()
 	return g, nil
 }
@@ -237,17 +261,13 @@ func (g *Group) refusal() error {
 }
 
 // Step hands the group a message a peer sent it. It never blocks on the
-// group's work. A message this replica must not receive gets
-// ErrBadMessage; a closed group ErrClosed.
+// group's work. A message that no correct peer of this version sends (see
+// step.go) gets ErrBadMessage and never reaches raft; a closed group
+// ErrClosed, a failed one ErrFailed. Whatever a peer sends, raft's panics
+// included, cannot take the process down: at worst this group fails.
 func (g *Group) Step(m *pb.Message) error {
-	if m.GetTo() != g.cfg.ID || m.GetFrom() == 0 || m.GetFrom() == g.cfg.ID {
-		return fmt.Errorf("replica: group %q: %w: from %d to %d, this is %d", g.cfg.Name, ErrBadMessage, m.GetFrom(), m.GetTo(), g.cfg.ID)
-	}
-	switch t := m.GetType(); {
-	case raft.IsLocalMsg(t) || t == pb.MsgProp:
-		return fmt.Errorf("replica: group %q: %w: %s is not a message between peers here", g.cfg.Name, ErrBadMessage, t)
-	case t == pb.MsgSnap:
-		return fmt.Errorf("replica: group %q: %w: snapshots are not sent by this version", g.cfg.Name, ErrBadMessage)
+	if err := checkMessage(m, g.cfg.ID, g.voters); err != nil {
+		return fmt.Errorf("replica: group %q: %w", g.cfg.Name, err)
 	}
 	g.in.Lock()
 	if err := g.refusal(); err != nil {
@@ -296,9 +316,11 @@ func (g *Group) Close() error {
 // Read returns committed records from offset from on, at most max records
 // and about maxBytes of keys and values (at least one record if any).
 // It returns no records at NextOffset, and ErrOutOfRange below the first
-// retained offset.
+// retained offset. Recent records come from memory (Config.TailBytes):
+// their Key, Value and Headers may share memory with the Group and other
+// readers, so do not modify them.
 func (g *Group) Read(from uint64, max int, maxBytes int) ([]wal.Record, error) {
-	return g.offs.read(g.st, g.cfg.Name, from, max, maxBytes)
+	return g.offs.read(g.st, g.tail, g.cfg.Name, from, max, maxBytes)
 }
 
 // NextOffset returns the offset the next committed record will get.

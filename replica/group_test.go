@@ -198,7 +198,8 @@ func TestCloseSettlesEveryAppend(t *testing.T) {
 	if r := <-appendTo(old, []byte("late")); !errors.Is(r.err, ErrClosed) {
 		t.Fatalf("append after Close: %v, want ErrClosed", r.err)
 	}
-	if err := old.Step(&pb.Message{Type: pb.MsgHeartbeat.Enum(), To: new(old.ID()), From: new(uint64(9))}); !errors.Is(err, ErrClosed) {
+	peer := old.ID()%3 + 1 // a voter: Step checks the message before the group's state
+	if err := old.Step(&pb.Message{Type: pb.MsgHeartbeat.Enum(), To: new(old.ID()), From: new(peer), Term: new(uint64(1))}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("step after Close: %v, want ErrClosed", err)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 )
 
 // raftLogger adapts a *slog.Logger to raft.Logger. raft's Info lines
@@ -34,14 +33,12 @@ func (r raftLogger) Errorf(format string, v ...any) {
 	r.log(slog.LevelError, fmt.Sprintf(format, v...))
 }
 
-// Fatal and Panic are raft's assertions: an invariant of the library broke.
-func (r raftLogger) Fatal(v ...any) {
-	r.log(slog.LevelError, fmt.Sprint(v...))
-	os.Exit(1)
-}
-func (r raftLogger) Fatalf(format string, v ...any) {
-	r.log(slog.LevelError, fmt.Sprintf(format, v...))
-	os.Exit(1)
-}
+// Fatal and Panic are raft's assertions: an invariant of the library broke,
+// possibly because of what a peer sent. Both panic (raft v3.7 calls no
+// Fatal, but an exit here would take the whole process down), and the
+// group's goroutine contains the panic: the group fails with a
+// *RaftPanicError.
+func (r raftLogger) Fatal(v ...any)                 { panic(fmt.Sprint(v...)) }
+func (r raftLogger) Fatalf(format string, v ...any) { panic(fmt.Sprintf(format, v...)) }
 func (r raftLogger) Panic(v ...any)                 { panic(fmt.Sprint(v...)) }
 func (r raftLogger) Panicf(format string, v ...any) { panic(fmt.Sprintf(format, v...)) }

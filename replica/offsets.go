@@ -99,27 +99,25 @@ func (o *offsetIndex) locate(off uint64) (index, base uint64, ok bool) {
 	return o.firstIndex + uint64(k), o.bases[k], true
 }
 
-func (o *offsetIndex) read(st *storage, name string, from uint64, max, maxBytes int) ([]wal.Record, error) {
+// read decodes the records from offset from on out of the entries that
+// hold them: from tail if it holds the entry, else from disk.
+func (o *offsetIndex) read(st *storage, tail *entryTail, name string, from uint64, max, maxBytes int) ([]wal.Record, error) {
 	if first := o.firstOffset(); from < first {
 		return nil, fmt.Errorf("replica: group %q: %w: offset %d is below the first retained offset %d", name, ErrOutOfRange, from, first)
 	}
 	var out []wal.Record
+	if n := o.nextOffset(); n > from {
+		out = make([]wal.Record, 0, min(uint64(max), n-from))
+	}
 	bytes := 0
 	for len(out) < max {
 		index, base, ok := o.locate(from)
 		if !ok {
 			break
 		}
-		typ, _, data, err := st.readEntry(index)
+		recs, err := readRecords(st, tail, name, index, base, from)
 		if err != nil {
 			return out, err
-		}
-		if typ != pb.EntryNormal {
-			return out, fmt.Errorf("replica: group %q: %w: offset %d maps to entry %d of type %s", name, ErrCorrupt, from, index, typ)
-		}
-		_, recs, err := decodeBatch(data, base)
-		if err != nil {
-			return out, fmt.Errorf("replica: group %q: entry %d: %w: %w", name, index, ErrCorrupt, err)
 		}
 		if from-base >= uint64(len(recs)) {
 			return out, fmt.Errorf("replica: group %q: %w: entry %d holds %d records from offset %d, not offset %d", name, ErrCorrupt, index, len(recs), base, from)
@@ -134,4 +132,32 @@ func (o *offsetIndex) read(st *storage, name string, from uint64, max, maxBytes 
 		}
 	}
 	return out, nil
+}
+
+// readRecords returns the records of entry index, whose first offset is
+// base: from the tail, decoding them there once, or from disk.
+func readRecords(st *storage, tail *entryTail, name string, index, base, from uint64) ([]wal.Record, error) {
+	e, inTail := tail.get(index)
+	if inTail && e.recs != nil {
+		return e.recs, nil
+	}
+	data := e.data
+	if !inTail {
+		typ, _, d, err := st.readEntry(index)
+		if err != nil {
+			return nil, err
+		}
+		if typ != pb.EntryNormal {
+			return nil, fmt.Errorf("replica: group %q: %w: offset %d maps to entry %d of type %s", name, ErrCorrupt, from, index, typ)
+		}
+		data = d
+	}
+	_, recs, err := decodeBatch(data, base)
+	if err != nil {
+		return nil, fmt.Errorf("replica: group %q: entry %d: %w: %w", name, index, ErrCorrupt, err)
+	}
+	if inTail {
+		tail.decoded(index, recs)
+	}
+	return recs, nil
 }

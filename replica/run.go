@@ -3,6 +3,7 @@ package replica
 import (
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"time"
 
 	"go.etcd.io/raft/v3"
@@ -23,14 +24,22 @@ type loop struct {
 	unindexed map[uint64]*waiter // proposed, not yet seen in a Ready, by seq
 	byIndex   map[uint64]*waiter // appended to the log, by index
 	entry     []byte
+	stepping  *pb.Message                  // the peer message raft is stepping, for a panic's report
+	taken     []func(uint64, int64, error) // appends taken from g.in, not yet proposed
 }
 
 // run owns the RawNode and the storage: it takes the work handed in, and
 // handles each Ready, until Close or a storage failure.
+//
+// A panic on this goroutine (raft's assertions, which a peer's message can
+// break) is contained: the group fails with a *RaftPanicError naming the
+// message being stepped, and drain completes what was waiting; the process
+// goes on.
 func (g *Group) run() {
 	defer close(g.done)
 	l := &loop{unindexed: map[uint64]*waiter{}, byIndex: map[uint64]*waiter{}}
 	defer g.drain(l)
+	defer g.contain(l)
 	for {
 		select {
 		case <-g.stop:
@@ -42,24 +51,83 @@ func (g *Group) run() {
 		g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.ticks = nil, nil, nil, nil, 0
 		g.in.Unlock()
 
+		l.taken = dones // to be failed by drain if raft panics before they are proposed
 		for range ticks {
 			g.rn.Tick()
 		}
 		for _, m := range msgs {
-			if err := g.rn.Step(m); err != nil {
-				g.logger.Debug("replica: message refused by raft", "type", m.GetType().String(), "from", m.GetFrom(), "err", err)
+			if err := g.step(l, m); err != nil {
+				g.fail(err)
+				return
 			}
 		}
 		if len(dones) > 0 {
 			g.propose(l, buf, ends, dones)
 		}
-		for g.rn.HasReady() {
-			if err := g.handleReady(l); err != nil {
-				g.fail(err)
-				return
-			}
+		l.taken = nil
+		if err := g.handleReadies(l); err != nil {
+			g.fail(err)
+			return
+		}
+		g.rounds.Add(1)
+	}
+}
+
+func (g *Group) handleReadies(l *loop) error {
+	for g.rn.HasReady() {
+		if err := g.handleReady(l); err != nil {
+			return err
 		}
 	}
+	return nil
+}
+
+// step hands a peer's message to raft unless it contradicts the log on
+// disk (step.go), and returns only a storage error. The check runs
+// against the storage, which lags raft when earlier messages of this round
+// moved it on: a message that fails it then is checked again once the
+// pending Readys are written (which a correct peer's messages never need:
+// a leader's commit index and a follower's acknowledgement only cover
+// entries already on disk here).
+func (g *Group) step(l *loop, m *pb.Message) error {
+	if !g.cfg.Knobs.UncheckedStep {
+		why := g.st.checkAgainstLog(m)
+		if why != "" && g.rn.HasReady() {
+			if err := g.handleReadies(l); err != nil {
+				return err
+			}
+			why = g.st.checkAgainstLog(m)
+		}
+		if why != "" {
+			if g.dropped.First(fmt.Sprintf("%d/%s", m.GetFrom(), m.GetType())) {
+				g.logger.Warn("replica: dropped a peer's message that contradicts the log (logged once per peer and type)",
+					"peer", m.GetFrom(), "type", m.GetType().String(), "term", m.GetTerm(), "reason", why)
+			}
+			return nil
+		}
+	}
+	l.stepping = m
+	if err := g.rn.Step(m); err != nil {
+		g.logger.Debug("replica: message refused by raft", "type", m.GetType().String(), "from", m.GetFrom(), "err", err)
+	}
+	l.stepping = nil
+	return nil
+}
+
+// contain turns a panic on the run goroutine into the group's failure.
+// It runs before drain, which then fails what was waiting.
+func (g *Group) contain(l *loop) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	e := &RaftPanicError{Group: g.cfg.Name, Value: v, Stack: debug.Stack()}
+	if m := l.stepping; m != nil {
+		e.From, e.Type = m.GetFrom(), m.GetType().String()
+	}
+	g.logger.Error("replica: raft panicked; the group stops until reopened, the process goes on",
+		"peer", e.From, "type", e.Type, "panic", fmt.Sprint(v), "stack", string(e.Stack))
+	g.stopWith(e)
 }
 
 // propose turns the waiting records into entries of at most MaxEntryBytes
@@ -232,12 +300,15 @@ func (g *Group) apply(l *loop, ents []*pb.Entry) error {
 	for _, e := range ents {
 		idx, n := e.GetIndex(), 0
 		var ts int64
+		var data []byte // kept for reads
 		switch e.GetType() {
 		case pb.EntryNormal:
 			if len(e.GetData()) > 0 {
 				h, _, err := decodeBatchHeader(e.GetData())
 				if err != nil {
 					g.logger.Error("replica: committed entry is not a batch; it holds no records", "index", idx, "err", err)
+				} else {
+					data = e.GetData()
 				}
 				n, ts = h.count, h.ts
 			}
@@ -250,6 +321,7 @@ func (g *Group) apply(l *loop, ents []*pb.Entry) error {
 		if err != nil {
 			return err
 		}
+		g.tail.add(idx, data)
 		if w := l.byIndex[idx]; w != nil {
 			delete(l.byIndex, idx)
 			c := completion{w: w, base: base, ts: ts}
@@ -301,6 +373,12 @@ func (w *waiter) fail(err error) {
 // may disagree now, so only reopening is safe.
 func (g *Group) fail(err error) {
 	g.logger.Error("replica: storage failed; the group stops until reopened", "err", err)
+	g.stopWith(err)
+}
+
+// stopWith records why the group stopped: new work is refused with
+// ErrFailed wrapping err.
+func (g *Group) stopWith(err error) {
 	g.in.Lock()
 	g.in.err = err
 	g.in.Unlock()
@@ -313,7 +391,7 @@ func (g *Group) drain(l *loop) {
 	if g.in.err == nil {
 		g.in.closed = true
 	}
-	dones := g.in.dones
+	dones := append(l.taken, g.in.dones...)
 	g.in.buf, g.in.ends, g.in.dones, g.in.msgs = nil, nil, nil, nil
 	refusal := g.refusal()
 	g.in.Unlock()

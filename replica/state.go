@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 
 	pb "go.etcd.io/raft/v3/raftpb"
+
+	"github.com/felix-broker/felix/internal/tidseg"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -123,7 +125,7 @@ func openState(dir string, initial persistent) (*stateFile, persistent, bool, er
 		return nil, persistent{}, false, fmt.Errorf("replica: state %q: %w: neither slot holds a valid state", path, ErrCorrupt)
 	}
 	// The slot read may not be durable yet (a write without sync): make it so.
-	if err := fdatasync(f); err != nil {
+	if err := tidseg.Fdatasync(f); err != nil {
 		_ = f.Close()
 		return nil, persistent{}, false, fmt.Errorf("replica: sync state %q: %w", path, err)
 	}
@@ -143,7 +145,7 @@ func createState(dir string, initial persistent) (*stateFile, error) {
 		err = os.Rename(tmp, path)
 	}
 	if err == nil {
-		err = syncDir(dir)
+		err = tidseg.SyncDir(dir)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("replica: create state %q: %w", path, err)
@@ -167,7 +169,7 @@ func (s *stateFile) write(p *persistent, sync bool) error {
 		return fmt.Errorf("write state: %w", err)
 	}
 	if sync {
-		if err := fdatasync(s.f); err != nil {
+		if err := tidseg.Fdatasync(s.f); err != nil {
 			return fmt.Errorf("sync state: %w", err)
 		}
 		s.durable = spare
@@ -176,7 +178,7 @@ func (s *stateFile) write(p *persistent, sync bool) error {
 }
 
 func (s *stateFile) close() error {
-	err := fdatasync(s.f)
+	err := tidseg.Fdatasync(s.f)
 	if cerr := s.f.Close(); err == nil {
 		err = cerr
 	}
@@ -193,18 +195,6 @@ func writeSynced(path string, b []byte) error {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
 		err = cerr
 	}
 	return err

@@ -7,14 +7,14 @@ import (
 	"hash/crc32"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sort"
-	"strconv"
 
 	tidwall "github.com/tidwall/wal"
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/felix-broker/felix/internal/tidseg"
 )
 
 // Stored entry format, one raft entry in one tidwall entry at the same
@@ -60,18 +60,6 @@ type storage struct {
 // termRun says entries from index on have term, up to the next run.
 type termRun struct{ index, term uint64 }
 
-func tidwallOptions(segSize int) *tidwall.Options {
-	return &tidwall.Options{
-		NoSync:           true, // append fdatasyncs once per Ready itself
-		SegmentSize:      segSize,
-		LogFormat:        tidwall.Binary,
-		SegmentCacheSize: 2,
-		AllowEmpty:       true,
-		DirPerms:         0o750,
-		FilePerms:        0o640,
-	}
-}
-
 // openStorage opens or creates the log in dir. voters is the group's
 // configuration for a new log; an existing one keeps its own.
 func openStorage(dir, name string, voters []uint64, segSize int, logger *slog.Logger) (*storage, error) {
@@ -94,7 +82,7 @@ func (s *storage) open() error {
 	if err := repairTail(s.dir, s.name, s.segSize, s.logger); err != nil {
 		return err
 	}
-	tw, err := tidwall.Open(s.dir, tidwallOptions(s.segSize))
+	tw, err := tidwall.Open(s.dir, tidseg.Options(s.segSize))
 	if err != nil {
 		return fmt.Errorf("replica: group %q: open log %q: %w", s.name, s.dir, err)
 	}
@@ -130,22 +118,22 @@ func (s *storage) open() error {
 
 // findTail opens the last segment file, the one append fdatasyncs.
 func (s *storage) findTail() error {
-	segs, _, err := listSegments(s.dir)
+	segs, _, err := tidseg.List(s.dir)
 	if err != nil {
-		return err
+		return fmt.Errorf("replica: group %q: %w", s.name, err)
 	}
 	if len(segs) == 0 {
 		return fmt.Errorf("replica: group %q: no segment in %q", s.name, s.dir)
 	}
 	last := segs[len(segs)-1]
-	f, err := os.Open(last.path)
+	f, err := os.Open(last.Path)
 	if err != nil {
 		return fmt.Errorf("replica: group %q: open tail segment: %w", s.name, err)
 	}
 	if s.tail.f != nil {
 		_ = s.tail.f.Close()
 	}
-	s.tail.f, s.tail.index, s.tail.size = f, last.index, last.size
+	s.tail.f, s.tail.index, s.tail.size = f, last.Index, last.Size
 	return nil
 }
 
@@ -176,24 +164,13 @@ func (s *storage) append(ents []*pb.Entry) error {
 	for _, e := range ents {
 		s.buf = encodeEntry(s.buf[:0], e)
 		s.batch.Write(e.GetIndex(), s.buf)
-		sizes = append(sizes, uvarintLen(len(s.buf))+len(s.buf))
+		sizes = append(sizes, tidseg.EntrySize(len(s.buf)))
 	}
 	if err := s.tw.WriteBatch(&s.batch); err != nil {
 		return fmt.Errorf("replica: group %q: write entries %d-%d: %w", s.name, first, first+uint64(len(ents))-1, err)
 	}
-	// Follow tidwall's segment roll (tidwall writeBatch): a new segment
-	// before the batch if the tail is over SegmentSize, and after any entry
-	// that brings it to SegmentSize. tidwall fsyncs each segment it leaves.
-	limit, size := int64(s.segSize), s.tail.size
-	var rolled uint64
-	if size > limit {
-		rolled, size = first, 0
-	}
-	for i, n := range sizes {
-		if size += int64(n); size >= limit {
-			rolled, size = first+uint64(i)+1, 0
-		}
-	}
+	// Follow tidwall's segment roll: only the final tail needs our sync.
+	rolled, size, _ := tidseg.FollowRoll(s.tail.size, int64(s.segSize), first, sizes)
 	if rolled != 0 {
 		if err := s.findTail(); err != nil {
 			return err
@@ -201,8 +178,8 @@ func (s *storage) append(ents []*pb.Entry) error {
 		if s.tail.index != rolled {
 			return fmt.Errorf("replica: group %q: tail segment starts at %d, expected %d", s.name, s.tail.index, rolled)
 		}
-		if err := syncDir(s.dir); err != nil { // the new segment's name must survive a crash
-			return fmt.Errorf("replica: group %q: sync dir: %w", s.name, err)
+		if err := tidseg.SyncDir(s.dir); err != nil { // the new segment's name must survive a crash
+			return fmt.Errorf("replica: group %q: %w", s.name, err)
 		}
 	}
 	s.tail.size = size
@@ -211,7 +188,7 @@ func (s *storage) append(ents []*pb.Entry) error {
 			return fmt.Errorf("replica: group %q: fdatasync entries %d-%d: %w", s.name, first, first+uint64(len(ents))-1, err)
 		}
 	}
-	if err := fdatasync(s.tail.f); err != nil {
+	if err := tidseg.Fdatasync(s.tail.f); err != nil {
 		return fmt.Errorf("replica: group %q: fdatasync entries %d-%d: %w", s.name, first, first+uint64(len(ents))-1, err)
 	}
 	for _, e := range ents {
@@ -226,8 +203,8 @@ func (s *storage) truncate(index uint64) error {
 	if err := s.tw.TruncateBack(index); err != nil {
 		return fmt.Errorf("replica: group %q: drop entries after %d: %w", s.name, index, err)
 	}
-	if err := syncDir(s.dir); err != nil {
-		return fmt.Errorf("replica: group %q: sync dir: %w", s.name, err)
+	if err := tidseg.SyncDir(s.dir); err != nil {
+		return fmt.Errorf("replica: group %q: %w", s.name, err)
 	}
 	s.last = index
 	k := sort.Search(len(s.terms), func(k int) bool { return s.terms[k].index > index })
@@ -360,39 +337,4 @@ func (s *storage) close() error {
 		return fmt.Errorf("replica: group %q: close storage: %w", s.name, err)
 	}
 	return nil
-}
-
-type segmentFile struct {
-	index uint64
-	path  string
-	size  int64
-}
-
-// listSegments lists tidwall's segment files in dir by first index, and
-// whether an interrupted truncation left .START or .END files.
-func listSegments(dir string) (segs []segmentFile, pending bool, err error) {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, false, fmt.Errorf("replica: list segments in %q: %w", dir, err)
-	}
-	for _, e := range ents {
-		name := e.Name()
-		if e.IsDir() || len(name) < 20 {
-			continue
-		}
-		index, perr := strconv.ParseUint(name[:20], 10, 64)
-		if perr != nil || index == 0 {
-			continue
-		}
-		if len(name) > 20 {
-			pending = pending || filepath.Ext(name) == ".START" || filepath.Ext(name) == ".END"
-			continue
-		}
-		info, err := e.Info()
-		if err != nil {
-			return nil, false, fmt.Errorf("replica: stat segment %q: %w", name, err)
-		}
-		segs = append(segs, segmentFile{index: index, path: filepath.Join(dir, name), size: info.Size()})
-	}
-	return segs, pending, nil
 }

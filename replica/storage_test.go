@@ -10,6 +10,7 @@ import (
 
 	pb "go.etcd.io/raft/v3/raftpb"
 
+	"github.com/felix-broker/felix/internal/tidseg"
 	"github.com/felix-broker/felix/wal"
 )
 
@@ -54,11 +55,11 @@ func writeEntries(t *testing.T, dir string, n, commit uint64) {
 // its last entry starts.
 func lastSegment(t *testing.T, dir string) (string, []byte, int) {
 	t.Helper()
-	segs, _, err := listSegments(dir)
+	segs, _, err := tidseg.List(dir)
 	if err != nil || len(segs) < 2 {
 		t.Fatalf("segments: %v %v (the test wants several)", segs, err)
 	}
-	path := segs[len(segs)-1].path
+	path := segs[len(segs)-1].Path
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/felix-broker/felix/internal/tidseg"
 )
 
 // benchDir returns an empty directory on a real disk: FELIX_BENCH_DIR if
@@ -58,7 +60,7 @@ func (r *rawSyncer) once(b *testing.B) time.Duration {
 	if _, err := r.f.Write(r.buf); err != nil {
 		b.Fatal(err)
 	}
-	if err := fdatasync(r.f); err != nil {
+	if err := tidseg.Fdatasync(r.f); err != nil {
 		b.Fatal(err)
 	}
 	return time.Since(t0)

@@ -10,6 +10,8 @@ import (
 	"unsafe"
 
 	tidwall "github.com/tidwall/wal"
+
+	"github.com/felix-broker/felix/internal/tidseg"
 )
 
 // request is one queued append. Requests are pooled: a sync appender
@@ -357,24 +359,8 @@ func (l *Log) writeAndSync(first uint64, sizes []int) error {
 		return fmt.Errorf("write batch: %w", err)
 	}
 
-	// Follow tidwall's segment roll (tidwall writeBatch): it starts a new
-	// segment before a batch if the tail is over SegmentSize, and after any
-	// entry that brings the tail to SegmentSize. It fsyncs each segment it
-	// leaves, so only the final tail needs our sync.
-	limit := int64(l.opts.SegmentSize)
-	size := l.tail.size
-	var rolled uint64 // index of the last segment started by this batch
-	if size > limit {
-		rolled, size = first, 0
-	}
-	var written int64
-	for i, s := range sizes {
-		written += int64(s)
-		size += int64(s)
-		if size >= limit {
-			rolled, size = first+uint64(i)+1, 0
-		}
-	}
+	// Follow tidwall's segment roll: only the final tail needs our sync.
+	rolled, size, written := tidseg.FollowRoll(l.tail.size, int64(l.opts.SegmentSize), first, sizes)
 	if rolled != 0 {
 		if err := l.openTail(rolled); err != nil {
 			return l.syncFallback(err)
@@ -413,7 +399,7 @@ func (l *Log) syncFallback(cause error) error {
 	if len(segs) == 0 {
 		return errors.Join(cause, errors.New("no segment files"))
 	}
-	if err := l.openTail(segs[len(segs)-1].index); err != nil {
+	if err := l.openTail(segs[len(segs)-1].Index); err != nil {
 		return err
 	}
 	return l.syncDir()

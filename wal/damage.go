@@ -216,7 +216,7 @@ func (l *Log) scan(off uint64) (*scannedSegment, error) {
 		return nil, err
 	}
 	i := len(segs) - 1
-	for i >= 0 && segs[i].index > off+1 {
+	for i >= 0 && segs[i].Index > off+1 {
 		i--
 	}
 	if i < 0 {
@@ -225,20 +225,20 @@ func (l *Log) scan(off uint64) (*scannedSegment, error) {
 	seg := segs[i]
 	end := next
 	if i+1 < len(segs) {
-		end = min(segs[i+1].index-1, next)
+		end = min(segs[i+1].Index-1, next)
 	}
-	data, err := os.ReadFile(seg.path)
+	data, err := os.ReadFile(seg.Path)
 	if err != nil {
-		return nil, fmt.Errorf("wal: shard %q: read segment %q: %w", l.name, seg.path, err)
+		return nil, fmt.Errorf("wal: shard %q: read segment %q: %w", l.name, seg.Path, err)
 	}
-	s := scanSegment(segmentName(seg.index), data, seg.index-1, end)
+	s := scanSegment(segmentName(seg.Index), data, seg.Index-1, end)
 	if l.scans.store(s) {
 		ranges := make([]string, len(s.damaged))
 		for i, d := range s.damaged {
 			ranges[i] = fmt.Sprintf("%d-%d (%s)", d.from, d.to, d.reason)
 		}
 		l.logger.Warn("wal: damaged segment; serving the intact records around the damage",
-			"shard", l.name, "file", seg.path, "damaged_offsets", ranges, "unreadable_bytes", s.garbage)
+			"shard", l.name, "file", seg.Path, "damaged_offsets", ranges, "unreadable_bytes", s.garbage)
 	}
 	return s, nil
 }

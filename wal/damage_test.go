@@ -195,13 +195,13 @@ func TestDamageServedAround(t *testing.T) {
 			var want [][2]uint64
 			for _, e := range tc.edits {
 				seg := segs[e.seg]
-				base, end := seg.index-1, segs[e.seg+1].index-1
+				base, end := seg.Index-1, segs[e.seg+1].Index-1
 				k := e.k
 				if k < 0 {
 					k = int(end-base) - 1
 				}
 				off := base + uint64(k)
-				editFile(t, seg.path, func(data []byte) []byte {
+				editFile(t, seg.Path, func(data []byte) []byte {
 					pos, prefix, size := entryAt(t, data, k)
 					switch e.what {
 					case "prefix^01", "prefix^02", "prefix^08", "prefix^10", "prefix^20", "prefix^40", "prefix^80":
@@ -256,7 +256,7 @@ func TestDamageRandomBitFlips(t *testing.T) {
 		seg := segs[i]
 		var at int
 		var off uint64
-		editFile(t, seg.path, func(data []byte) []byte {
+		editFile(t, seg.Path, func(data []byte) []byte {
 			at = rng.IntN(len(data))
 			// The record holding byte at, found before the flip.
 			for k, pos := 0, 0; ; k++ {
@@ -265,7 +265,7 @@ func TestDamageRandomBitFlips(t *testing.T) {
 					t.Fatal("fixture segment does not parse")
 				}
 				if at < pos+n {
-					off = seg.index - 1 + uint64(k)
+					off = seg.Index - 1 + uint64(k)
 					break
 				}
 				pos += n

@@ -7,7 +7,9 @@
 // subscribers (recent records from an in-memory tail, older ones from disk),
 // and retention by size and age. Files on disk are managed by
 // github.com/tidwall/wal; this package adds the record format, the commit
-// protocol and the recovery rules on top of it.
+// protocol and the recovery rules on top of it. What Felix knows of
+// tidwall's files (segment names, entry framing, its segment roll) lives in
+// internal/tidseg, shared with package replica.
 //
 // It must never know about networking, QUIC, shard maps or brokers: it is
 // handed bytes and returns offsets.

@@ -3,6 +3,8 @@ package wal
 import (
 	"io"
 	"os"
+
+	"github.com/felix-broker/felix/internal/tidseg"
 )
 
 // FS is the filesystem seam under the operations this package performs on
@@ -67,8 +69,8 @@ func (osFS) OpenDir(name string) (File, error) {
 // osFile is a regular file of the OS; Sync is fdatasync.
 type osFile struct{ *os.File }
 
-func (f osFile) Sync() error          { return fdatasync(f.File) }
-func (f osFile) Size() (int64, error) { return fileSize(f.File) }
+func (f osFile) Sync() error          { return tidseg.Fdatasync(f.File) }
+func (f osFile) Size() (int64, error) { return tidseg.FileSize(f.File) }
 
 // osDir is a directory of the OS; Sync is fsync.
 type osDir struct{ osFile }

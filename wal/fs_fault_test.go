@@ -116,9 +116,9 @@ func faultyBatch(t *testing.T, op Op, name string) {
 		t.Fatal(err)
 	}
 	tail := tailSegment(t, cut)
-	data, _ := os.ReadFile(tail.path)
+	data, _ := os.ReadFile(tail.Path)
 	ends := entryBounds(t, data)
-	if err := os.WriteFile(tail.path, data[:ends[acked-1]+1], 0o640); err != nil {
+	if err := os.WriteFile(tail.Path, data[:ends[acked-1]+1], 0o640); err != nil {
 		t.Fatal(err)
 	}
 	l2, _ := testLog(t, cut, Options{Name: "fault/0"})

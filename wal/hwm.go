@@ -172,7 +172,7 @@ func (l *Log) fillLost(from, to uint64) error {
 	if err != nil {
 		return err
 	}
-	if err := l.openTail(segs[len(segs)-1].index); err != nil {
+	if err := l.openTail(segs[len(segs)-1].Index); err != nil {
 		return err
 	}
 	if err := l.syncDir(); err != nil {

@@ -58,7 +58,7 @@ func TestLostRecordsRefusedThenAccepted(t *testing.T) {
 	opts := Options{SegmentSize: 1500, Name: "lost/0"}
 	writeLog(t, dir, opts, n)
 	tail := tailSegment(t, dir)
-	data, err := os.ReadFile(tail.path)
+	data, err := os.ReadFile(tail.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,8 +66,8 @@ func TestLostRecordsRefusedThenAccepted(t *testing.T) {
 	if len(ends) < 4 {
 		t.Fatalf("tail segment holds %d records; want at least 4", len(ends))
 	}
-	kept := tail.index - 1 + 1 // one record survives, the next is cut mid-record
-	if err := os.WriteFile(tail.path, data[:ends[0]+3], 0o640); err != nil {
+	kept := tail.Index - 1 + 1 // one record survives, the next is cut mid-record
+	if err := os.WriteFile(tail.Path, data[:ends[0]+3], 0o640); err != nil {
 		t.Fatal(err)
 	}
 	checkLost(t, dir, opts, kept, n)
@@ -126,21 +126,21 @@ func TestLostRecordsOtherDamage(t *testing.T) {
 		damage func(t *testing.T, tail segmentFile, data []byte, ends []int) uint64 // returns the new end
 	}{
 		{"boundary", func(t *testing.T, tail segmentFile, data []byte, ends []int) uint64 {
-			if err := os.WriteFile(tail.path, data[:ends[1]], 0o640); err != nil {
+			if err := os.WriteFile(tail.Path, data[:ends[1]], 0o640); err != nil {
 				t.Fatal(err)
 			}
-			return tail.index - 1 + 2
+			return tail.Index - 1 + 2
 		}},
 		{"segment-removed", func(t *testing.T, tail segmentFile, _ []byte, _ []int) uint64 {
-			if err := os.Remove(tail.path); err != nil {
+			if err := os.Remove(tail.Path); err != nil {
 				t.Fatal(err)
 			}
-			return tail.index - 1
+			return tail.Index - 1
 		}},
 		{"all-segments-removed", func(t *testing.T, tail segmentFile, _ []byte, _ []int) uint64 {
-			segs, _, _ := listSegments(filepath.Dir(tail.path))
+			segs, _, _ := listSegments(filepath.Dir(tail.Path))
 			for _, s := range segs {
-				if err := os.Remove(s.path); err != nil {
+				if err := os.Remove(s.Path); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -151,7 +151,7 @@ func TestLostRecordsOtherDamage(t *testing.T) {
 			dir := t.TempDir()
 			writeLog(t, dir, opts, n)
 			tail := tailSegment(t, dir)
-			data, err := os.ReadFile(tail.path)
+			data, err := os.ReadFile(tail.Path)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -188,9 +188,9 @@ func TestHWMCoversAcksBeforeClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	tail := tailSegment(t, crashed)
-	data, _ := os.ReadFile(tail.path)
+	data, _ := os.ReadFile(tail.Path)
 	ends := entryBounds(t, data)
-	if err := os.WriteFile(tail.path, data[:ends[len(ends)-1]-1], 0o640); err != nil { // cut the last acked record
+	if err := os.WriteFile(tail.Path, data[:ends[len(ends)-1]-1], 0o640); err != nil { // cut the last acked record
 		t.Fatal(err)
 	}
 	checkLost(t, crashed, opts, n-1, n)
@@ -204,12 +204,12 @@ func TestHWMDamagedOrMissing(t *testing.T) {
 	opts := Options{SegmentSize: 1500, Name: "hwm/0"}
 	cut := func(t *testing.T, dir string) uint64 { // cut the tail's last two records
 		tail := tailSegment(t, dir)
-		data, _ := os.ReadFile(tail.path)
+		data, _ := os.ReadFile(tail.Path)
 		ends := entryBounds(t, data)
-		if err := os.WriteFile(tail.path, data[:ends[len(ends)-3]+1], 0o640); err != nil {
+		if err := os.WriteFile(tail.Path, data[:ends[len(ends)-3]+1], 0o640); err != nil {
 			t.Fatal(err)
 		}
-		return tail.index - 1 + uint64(len(ends)) - 2
+		return tail.Index - 1 + uint64(len(ends)) - 2
 	}
 	hwmPath := func(dir string) string { return filepath.Join(dir, hwmName) }
 

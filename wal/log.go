@@ -216,7 +216,7 @@ func (l *Log) load() error {
 	if len(segs) == 0 {
 		return fmt.Errorf("wal: shard %q: no segment file in %q after open", l.name, l.dir)
 	}
-	if err := l.openTail(segs[len(segs)-1].index); err != nil {
+	if err := l.openTail(segs[len(segs)-1].Index); err != nil {
 		return err
 	}
 	return l.syncDir() // tidwall may have created or renamed files
@@ -231,7 +231,7 @@ func (l *Log) measure() error {
 	}
 	var total int64
 	for _, s := range segs {
-		total += s.size
+		total += s.Size
 	}
 	l.size.Store(total)
 	return nil

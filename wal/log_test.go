@@ -324,7 +324,7 @@ func TestChecksumInEarlierSegment(t *testing.T) {
 		t.Fatalf("want several segments, got %d (%v)", len(segs), err)
 	}
 	seg := segs[1]
-	data, err := os.ReadFile(seg.path)
+	data, err := os.ReadFile(seg.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,10 +338,10 @@ func TestChecksumInEarlierSegment(t *testing.T) {
 		pos += n
 	}
 	data[pos-1] ^= 0x40
-	if err := os.WriteFile(seg.path, data, 0o640); err != nil {
+	if err := os.WriteFile(seg.Path, data, 0o640); err != nil {
 		t.Fatal(err)
 	}
-	bad := seg.index - 1 + 2
+	bad := seg.Index - 1 + 2
 
 	l2, _ := testLog(t, dir, opts)
 	if l2.NextOffset() != 100 {

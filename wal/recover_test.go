@@ -68,9 +68,9 @@ func TestTornTail(t *testing.T) {
 		t.Fatalf("want several segments, got %d, %v", len(segs), err)
 	}
 	tail := segs[len(segs)-1]
-	tailName := filepath.Base(tail.path)
-	base := tail.index - 1 // offset of the tail segment's first record
-	orig, err := os.ReadFile(tail.path)
+	tailName := filepath.Base(tail.Path)
+	base := tail.Index - 1 // offset of the tail segment's first record
+	orig, err := os.ReadFile(tail.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,14 +238,14 @@ func TestTornTailEmptiesSegment(t *testing.T) {
 	}
 	segs, _, _ := listSegments(dir)
 	last := segs[len(segs)-1]
-	if err := os.WriteFile(last.path, garbled(200), 0o640); err != nil {
+	if err := os.WriteFile(last.Path, garbled(200), 0o640); err != nil {
 		t.Fatal(err)
 	}
 	l2, _ := testLog(t, dir, opts)
-	if l2.NextOffset() != last.index-1 {
-		t.Fatalf("NextOffset %d, want %d", l2.NextOffset(), last.index-1)
+	if l2.NextOffset() != last.Index-1 {
+		t.Fatalf("NextOffset %d, want %d", l2.NextOffset(), last.Index-1)
 	}
-	if off, err := l2.Append(context.Background(), rec(1)); err != nil || off != last.index-1 {
+	if off, err := l2.Append(context.Background(), rec(1)); err != nil || off != last.Index-1 {
 		t.Fatalf("Append = %d, %v", off, err)
 	}
 	readAll(t, l2, 0)

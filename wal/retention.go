@@ -78,7 +78,7 @@ func (l *Log) EnforceRetention(now time.Time) (dropped uint64, err error) {
 func (l *Log) sizeCut(segs []segmentFile, first, next uint64) (uint64, error) {
 	var total int64
 	for _, s := range segs {
-		total += s.size
+		total += s.Size
 	}
 	excess := total - l.opts.RetentionBytes
 	cut := first
@@ -86,17 +86,17 @@ func (l *Log) sizeCut(segs []segmentFile, first, next uint64) (uint64, error) {
 		if excess <= 0 {
 			break
 		}
-		if s.size <= excess && i+1 < len(segs) {
-			excess -= s.size // drop the whole segment
-			cut = segs[i+1].index - 1
+		if s.Size <= excess && i+1 < len(segs) {
+			excess -= s.Size // drop the whole segment
+			cut = segs[i+1].Index - 1
 			continue
 		}
 		// Drop records from the front of this segment.
-		data, err := os.ReadFile(s.path)
+		data, err := os.ReadFile(s.Path)
 		if err != nil {
-			return cut, fmt.Errorf("wal: shard %q: read segment %q: %w", l.name, s.path, err)
+			return cut, fmt.Errorf("wal: shard %q: read segment %q: %w", l.name, s.Path, err)
 		}
-		off := s.index - 1
+		off := s.Index - 1
 		for pos := 0; excess > 0 && off < next; off++ {
 			_, n, ok := nextEntry(data[pos:])
 			if !ok {
@@ -117,7 +117,7 @@ func (l *Log) sizeCut(segs []segmentFile, first, next uint64) (uint64, error) {
 func (l *Log) ageCut(segs []segmentFile, first, next uint64, minTS int64) (uint64, error) {
 	var ferr error
 	j := sort.Search(len(segs), func(i int) bool {
-		ts, ok, err := firstTimestamp(segs[i].path)
+		ts, ok, err := firstTimestamp(segs[i].Path)
 		if err != nil {
 			ferr = err
 			return true
@@ -132,11 +132,11 @@ func (l *Log) ageCut(segs []segmentFile, first, next uint64, minTS int64) (uint6
 	}
 	// Every segment before j-1 is older than minTS; find the cut in j-1.
 	s := segs[j-1]
-	data, err := os.ReadFile(s.path)
+	data, err := os.ReadFile(s.Path)
 	if err != nil {
-		return s.index - 1, fmt.Errorf("wal: shard %q: read segment %q: %w", l.name, s.path, err)
+		return s.Index - 1, fmt.Errorf("wal: shard %q: read segment %q: %w", l.name, s.Path, err)
 	}
-	off := s.index - 1
+	off := s.Index - 1
 	for pos := 0; off < next; off++ {
 		entry, n, ok := nextEntry(data[pos:])
 		if !ok {

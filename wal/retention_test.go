@@ -15,7 +15,7 @@ func filesSize(t *testing.T, dir string) int64 {
 	}
 	var n int64
 	for _, s := range segs {
-		n += s.size
+		n += s.Size
 	}
 	return n
 }

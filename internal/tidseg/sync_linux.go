@@ -1,6 +1,6 @@
 //go:build linux
 
-package wal
+package tidseg
 
 import (
 	"errors"
@@ -9,8 +9,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// fdatasync flushes f's data and the metadata needed to read it (its size).
-func fdatasync(f *os.File) error {
+// Fdatasync flushes f's data and the metadata needed to read it (its size).
+func Fdatasync(f *os.File) error {
 	fd := int(f.Fd())
 	for {
 		err := unix.Fdatasync(fd)
@@ -20,8 +20,8 @@ func fdatasync(f *os.File) error {
 	}
 }
 
-// fileSize returns f's size without allocating.
-func fileSize(f *os.File) (int64, error) {
+// FileSize returns f's size without allocating.
+func FileSize(f *os.File) (int64, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return 0, err

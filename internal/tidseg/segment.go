@@ -1,0 +1,92 @@
+package tidseg
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	tidwall "github.com/tidwall/wal"
+)
+
+// tidwall's layout: a segment file is named by the 20-digit zero-padded
+// index of its first entry and holds entries of uvarint length + data (the
+// Binary format). Transient files carry a .START, .END or .TEMP suffix
+// after the 20 digits.
+
+// Segment is one complete segment file found in a log directory.
+type Segment struct {
+	Index uint64 // tidwall index of its first entry
+	Path  string
+	Size  int64
+}
+
+// Name returns the file name of the segment whose first entry is index.
+func Name(index uint64) string { return fmt.Sprintf("%020d", index) }
+
+// List returns the plain segment files of dir in index order, and whether
+// tidwall's .START/.END files of an interrupted truncation exist.
+func List(dir string) (segs []Segment, pending bool, err error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, false, fmt.Errorf("list segments in %q: %w", dir, err)
+	}
+	for _, e := range ents { // ReadDir sorts by name, so by index
+		name := e.Name()
+		if e.IsDir() || len(name) < 20 {
+			continue
+		}
+		index, perr := strconv.ParseUint(name[:20], 10, 64)
+		if perr != nil || index == 0 {
+			continue
+		}
+		switch {
+		case len(name) == 20:
+			info, err := e.Info()
+			if err != nil {
+				return nil, false, fmt.Errorf("stat segment %q: %w", name, err)
+			}
+			segs = append(segs, Segment{Index: index, Path: filepath.Join(dir, name), Size: info.Size()})
+		case strings.HasSuffix(name, ".START") || strings.HasSuffix(name, ".END"):
+			pending = true
+		}
+	}
+	return segs, pending, nil
+}
+
+// NextEntry splits the first tidwall entry off b. ok is false if b does not
+// start with a complete entry.
+func NextEntry(b []byte) (data []byte, n int, ok bool) {
+	size, h := binary.Uvarint(b)
+	if h <= 0 || size > uint64(len(b)-h) {
+		return nil, 0, false
+	}
+	end := h + int(size)
+	return b[h:end], end, true
+}
+
+// EntrySize is the size of a tidwall binary entry holding data of size n.
+func EntrySize(n int) int {
+	h := 1
+	for x := n; x >= 0x80; x >>= 7 {
+		h++
+	}
+	return h + n
+}
+
+// Options are the options every Felix log opens tidwall with: binary
+// entries, no sync by tidwall on each write (the caller fdatasyncs the tail
+// segment once per batch, see FollowRoll), empty logs allowed.
+func Options(segmentSize int) *tidwall.Options {
+	return &tidwall.Options{
+		NoSync:           true,
+		SegmentSize:      segmentSize,
+		LogFormat:        tidwall.Binary,
+		SegmentCacheSize: 2,
+		AllowEmpty:       true, // retention may drop every entry
+		DirPerms:         0o750,
+		FilePerms:        0o640,
+	}
+}

@@ -1,0 +1,120 @@
+package replica
+
+import (
+	"fmt"
+	"math"
+
+	pb "go.etcd.io/raft/v3/raftpb"
+)
+
+// A peer's message reaches raft only after two checks, because etcd raft
+// takes its input as trusted and panics on some inconsistent messages (a
+// commit index beyond its log, entries that conflict with committed ones):
+//
+//   - checkMessage, in Step on the caller's goroutine, with no state but
+//     the group's fixed voters: what no correct peer of this version sends
+//     (types, ids, term 0, entries outside MsgApp or not contiguous, any
+//     snapshot). The caller gets ErrBadMessage.
+//   - checkAgainstLog, on the group's goroutine just before raft steps the
+//     message, against the log on disk: what no correct peer sends to this
+//     log (a commit index beyond it, entries that contradict its committed
+//     ones, an acknowledgement of entries it does not hold). The message is
+//     dropped and logged, as a lost one would be.
+//
+// Entries that conflict with committed ones need no check of their own:
+// raft v3.7 answers a MsgApp whose previous index is below its commit
+// index without looking at its entries, so only entries that do not follow
+// that index one by one can reach a committed index, and checkMessage
+// refuses those.
+//
+// What gets through and still makes raft panic is contained by the group's
+// goroutine (see run): the group fails with a *RaftPanicError.
+
+// peerTypes are the raft messages replicas of this version send each other.
+// Proposals are not forwarded (DisableProposalForwarding), snapshots are
+// not supported, and ReadIndex and leader transfer are not requested by
+// this package, so a peer never has reason to send those; MsgTimeoutNow is
+// accepted, since raft's own leader transfer sends it between peers.
+var peerTypes = map[pb.MessageType]bool{
+	pb.MsgApp: true, pb.MsgAppResp: true,
+	pb.MsgVote: true, pb.MsgVoteResp: true,
+	pb.MsgPreVote: true, pb.MsgPreVoteResp: true,
+	pb.MsgHeartbeat: true, pb.MsgHeartbeatResp: true,
+	pb.MsgTimeoutNow: true,
+}
+
+// maxTerm bounds the terms a peer's message may carry.
+const maxTerm = 1 << 48
+
+// checkMessage returns why m cannot come from a correct peer of this
+// replica (wrapping ErrBadMessage), or nil. voters is the group's fixed
+// configuration.
+func checkMessage(m *pb.Message, self uint64, voters map[uint64]bool) error {
+	t := m.GetType()
+	switch from := m.GetFrom(); {
+	case m.GetTo() != self || from == 0 || from == self:
+		return fmt.Errorf("%w: %s from %d to %d, this is %d", ErrBadMessage, t, from, m.GetTo(), self)
+	case !voters[from]:
+		return fmt.Errorf("%w: %s from %d, which is not a voter of the group", ErrBadMessage, t, from)
+	case !peerTypes[t]:
+		return fmt.Errorf("%w: %s is not a message between peers here", ErrBadMessage, t)
+	case m.GetTerm() == 0:
+		// raft takes a message of term 0 for a local one, from no term.
+		return fmt.Errorf("%w: %s from %d has term 0", ErrBadMessage, t, from)
+	case m.GetTerm() > maxTerm:
+		// One term per election: no group gets near this, and raft's
+		// term+1 must not wrap around to the term of a local message.
+		return fmt.Errorf("%w: %s from %d has term %d, over %d", ErrBadMessage, t, from, m.GetTerm(), uint64(maxTerm))
+	case m.GetLogTerm() > m.GetTerm():
+		// The term of a sender's log entry is never above its own term.
+		return fmt.Errorf("%w: %s from %d of term %d has log term %d", ErrBadMessage, t, from, m.GetTerm(), m.GetLogTerm())
+	case m.GetSnapshot() != nil:
+		return fmt.Errorf("%w: %s from %d carries a snapshot, which this version does not support", ErrBadMessage, t, from)
+	}
+	ents := m.GetEntries()
+	if len(ents) == 0 {
+		return nil
+	}
+	if t != pb.MsgApp {
+		return fmt.Errorf("%w: %s from %d carries %d entries", ErrBadMessage, t, m.GetFrom(), len(ents))
+	}
+	prev, term := m.GetIndex(), m.GetLogTerm()
+	if prev > math.MaxUint64-uint64(len(ents)) {
+		return fmt.Errorf("%w: MsgApp from %d: %d entries after index %d overflow", ErrBadMessage, m.GetFrom(), len(ents), prev)
+	}
+	for i, e := range ents {
+		switch {
+		case e.GetIndex() != prev+1+uint64(i):
+			return fmt.Errorf("%w: MsgApp from %d: entry %d has index %d, expected %d", ErrBadMessage, m.GetFrom(), i, e.GetIndex(), prev+1+uint64(i))
+		case e.GetTerm() < term || e.GetTerm() > m.GetTerm():
+			// Terms never decrease along a log, and a leader's entries are
+			// from its term or before.
+			return fmt.Errorf("%w: MsgApp from %d of term %d: entry %d has term %d after term %d", ErrBadMessage, m.GetFrom(), m.GetTerm(), e.GetIndex(), e.GetTerm(), term)
+		case e.GetType() != pb.EntryNormal:
+			// No configuration change is ever proposed in this version.
+			return fmt.Errorf("%w: MsgApp from %d: entry %d is a %s", ErrBadMessage, m.GetFrom(), e.GetIndex(), e.GetType())
+		}
+		term = e.GetTerm()
+	}
+	return nil
+}
+
+// checkAgainstLog returns why m contradicts this replica's log, or "".
+// Called by the run goroutine only.
+func (s *storage) checkAgainstLog(m *pb.Message) string {
+	switch m.GetType() {
+	case pb.MsgHeartbeat:
+		// raft commits to it without a check of its own (and panics if
+		// the log is shorter); a leader sends min(match, commit).
+		if c := m.GetCommit(); c > s.last {
+			return fmt.Sprintf("commit index %d is beyond the log's last index %d", c, s.last)
+		}
+	case pb.MsgAppResp:
+		// An acknowledgement of entries this leader does not hold would
+		// make it probe and send from beyond its log.
+		if !m.GetReject() && m.GetIndex() > s.last {
+			return fmt.Sprintf("acknowledges index %d, beyond the log's last index %d", m.GetIndex(), s.last)
+		}
+	}
+	return ""
+}

@@ -1,0 +1,279 @@
+package replica
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	pb "go.etcd.io/raft/v3/raftpb"
+)
+
+// lockedBuffer is a log destination shared by goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// failure returns why g stopped, or nil.
+func failure(g *Group) error {
+	g.in.Lock()
+	defer g.in.Unlock()
+	return g.in.err
+}
+
+// waitRounds waits until g's goroutine has finished two more rounds of
+// work than when it was called (so a message handed to Step before has
+// been stepped), or has stopped.
+func waitRounds(t testing.TB, g *Group, from uint64) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for g.rounds.Load() < from+2 {
+		select {
+		case <-g.done:
+			return
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica %d: no round of work within 20s", g.ID())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func entries(first, term uint64, n int) []*pb.Entry {
+	var ents []*pb.Entry
+	for i := range n {
+		ents = append(ents, &pb.Entry{Index: new(first + uint64(i)), Term: new(term), Type: pb.EntryNormal.Enum()})
+	}
+	return ents
+}
+
+// Step refuses, before raft sees them, messages no correct peer sends.
+func TestStepRefusesWhatNoPeerSends(t *testing.T) {
+	c := newCluster(t, 3, 21, nil)
+	lead := c.waitLeader()
+	c.commit([]byte("before"))
+	var f *Group
+	for _, g := range c.running() {
+		if g != lead {
+			f = g
+		}
+	}
+	_, term := f.Leader()
+	from := lead.ID()
+	msg := func(typ pb.MessageType) *pb.Message {
+		return &pb.Message{Type: typ.Enum(), To: new(f.ID()), From: new(from), Term: new(term)}
+	}
+	cases := map[string]*pb.Message{}
+	cases["wrong to"] = msg(pb.MsgHeartbeat)
+	cases["wrong to"].To = new(uint64(9))
+	cases["from 0"] = msg(pb.MsgHeartbeat)
+	cases["from 0"].From = new(uint64(0))
+	cases["from self"] = msg(pb.MsgHeartbeat)
+	cases["from self"].From = new(f.ID())
+	cases["not a voter"] = msg(pb.MsgHeartbeat)
+	cases["not a voter"].From = new(uint64(7))
+	for _, typ := range []pb.MessageType{pb.MsgHup, pb.MsgBeat, pb.MsgProp, pb.MsgSnap, pb.MsgUnreachable, pb.MsgSnapStatus,
+		pb.MsgCheckQuorum, pb.MsgTransferLeader, pb.MsgReadIndex, pb.MsgReadIndexResp, pb.MsgStorageAppend,
+		pb.MsgStorageAppendResp, pb.MsgStorageApply, pb.MsgStorageApplyResp, pb.MsgForgetLeader, pb.MessageType(99)} {
+		cases["type "+typ.String()] = msg(typ)
+	}
+	cases["term 0"] = msg(pb.MsgApp)
+	cases["term 0"].Term = new(uint64(0))
+	cases["term over the bound"] = msg(pb.MsgVote)
+	cases["term over the bound"].Term = new(uint64(1<<64 - 1))
+	cases["log term above term"] = msg(pb.MsgVote)
+	cases["log term above term"].LogTerm = new(term + 1)
+	cases["snapshot"] = msg(pb.MsgHeartbeat)
+	cases["snapshot"].Snapshot = &pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: new(uint64(5)), Term: new(term)}}
+	cases["entries in a heartbeat"] = msg(pb.MsgHeartbeat)
+	cases["entries in a heartbeat"].Entries = entries(3, term, 1)
+	gap := msg(pb.MsgApp)
+	gap.Index, gap.LogTerm = new(uint64(2)), new(term)
+	gap.Entries = append(entries(3, term, 1), entries(5, term, 1)...)
+	cases["entries not contiguous"] = gap
+	notNext := msg(pb.MsgApp)
+	notNext.Index, notNext.LogTerm = new(uint64(2)), new(term)
+	notNext.Entries = entries(4, term, 2)
+	cases["entries not after index"] = notNext
+	future := msg(pb.MsgApp)
+	future.Index, future.LogTerm = new(uint64(2)), new(term)
+	future.Entries = entries(3, term+5, 1)
+	cases["entry of a later term than the message"] = future
+	falling := msg(pb.MsgApp)
+	falling.Index, falling.LogTerm = new(uint64(2)), new(term)
+	falling.Entries = append(entries(3, term, 1), entries(4, term-1, 1)...)
+	cases["entry terms decrease"] = falling
+	conf := msg(pb.MsgApp)
+	conf.Index, conf.LogTerm = new(uint64(2)), new(term)
+	conf.Entries = entries(3, term, 1)
+	conf.Entries[0].Type = pb.EntryConfChangeV2.Enum()
+	cases["conf change entry"] = conf
+	overflow := msg(pb.MsgApp)
+	overflow.Index, overflow.LogTerm = new(uint64(1<<64-1)), new(term)
+	overflow.Entries = entries(0, term, 1)
+	cases["index overflow"] = overflow
+
+	for name, m := range cases {
+		if err := f.Step(m); !errors.Is(err, ErrBadMessage) {
+			t.Errorf("%s: Step = %v, want ErrBadMessage", name, err)
+		}
+	}
+	c.commit([]byte("after"))
+	c.waitConverged(2)
+	if err := failure(f); err != nil {
+		t.Fatalf("follower failed: %v", err)
+	}
+}
+
+// loggedCluster starts three replicas that log into logs, commits three
+// records and returns the leader.
+func loggedCluster(t *testing.T, seed uint64, opts func(*Config)) (c *cluster, lead *Group, logs *lockedBuffer) {
+	t.Helper()
+	logs = &lockedBuffer{}
+	c = newCluster(t, 3, seed, func(cfg *Config) {
+		cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		if opts != nil {
+			opts(cfg)
+		}
+	})
+	lead = c.waitLeader()
+	for i := range 3 {
+		c.commit(fmt.Appendf(nil, "r%d", i))
+	}
+	c.waitConverged(3)
+	return c, lead, logs
+}
+
+// commitBomb passes Step's checks but makes etcd raft panic when stepped:
+// a heartbeat of a newer term whose commit index lies far beyond the log
+// (a leader becomes a follower and commits to it; raft asserts that the
+// log reaches it).
+func commitBomb(to, from, term uint64) *pb.Message {
+	return &pb.Message{Type: pb.MsgHeartbeat.Enum(), To: new(to), From: new(from), Term: new(term + 1), Commit: new(uint64(1 << 40))}
+}
+
+// Messages that contradict the log are dropped by the check against it:
+// the group goes on, and says so once per peer and type.
+func TestStepDropsMessagesThatContradictTheLog(t *testing.T) {
+	c, lead, logs := loggedCluster(t, 22, nil)
+	_, term := lead.Leader()
+	peer := lead.ID()%3 + 1
+	f := c.group(peer)
+	for _, s := range []struct {
+		g *Group
+		m *pb.Message
+	}{
+		{lead, commitBomb(lead.ID(), peer, term)},
+		{f, &pb.Message{Type: pb.MsgHeartbeat.Enum(), To: new(peer), From: new(lead.ID()), Term: new(term), Commit: new(uint64(1 << 40))}},
+		{lead, &pb.Message{Type: pb.MsgAppResp.Enum(), To: new(lead.ID()), From: new(peer), Term: new(term), Index: new(uint64(1 << 40))}},
+	} {
+		r := s.g.rounds.Load()
+		if err := s.g.Step(s.m); err != nil {
+			t.Fatalf("Step %s: %v", s.m.GetType(), err)
+		}
+		waitRounds(t, s.g, r)
+		if err := failure(s.g); err != nil {
+			t.Fatalf("replica %d failed on %s: %v", s.g.ID(), s.m.GetType(), err)
+		}
+	}
+	c.commit([]byte("after"))
+	c.checkSame(c.waitConverged(4))
+	for _, want := range []string{"type=MsgHeartbeat", "type=MsgAppResp", "dropped a peer's message"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("no log line with %q", want)
+		}
+	}
+}
+
+// With the check against the log off (Knobs.UncheckedStep), the same
+// message makes raft panic on the leader's goroutine: the panic is
+// contained. The leader fails with a *RaftPanicError naming the peer and
+// the message type, its pending appends get ErrUnknownOutcome, later
+// calls ErrFailed, a log line names
+// the peer and type, and the other replicas elect a leader and go on.
+// Without the containment this test takes the test binary down.
+func TestRaftPanicIsContained(t *testing.T) {
+	c, lead, logs := loggedCluster(t, 23, func(cfg *Config) {
+		cfg.Knobs.UncheckedStep = true
+		cfg.ElectionTicks = 30
+	})
+	_, term := lead.Leader()
+	peer := lead.ID()%3 + 1
+	// Keep the leader's next appends from committing: its messages to the
+	// followers are lost.
+	for _, id := range c.ids {
+		if id != lead.ID() {
+			c.net.Cut(lead.ID(), id)
+		}
+	}
+	r := lead.rounds.Load()
+	var pending []<-chan result
+	for i := range 5 {
+		pending = append(pending, appendTo(lead, fmt.Appendf(nil, "pending%d", i)))
+	}
+	waitRounds(t, lead, r) // proposed and written, not committed
+	if err := lead.Step(commitBomb(lead.ID(), peer, term)); err != nil {
+		t.Fatalf("Step: %v", err)
+	}
+	select {
+	case <-lead.done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the leader did not stop within 20s")
+	}
+	err := failure(lead)
+	var pe *RaftPanicError
+	if !errors.As(err, &pe) || !errors.Is(err, ErrFailed) {
+		t.Fatalf("group failed with %v, want a *RaftPanicError", err)
+	}
+	if pe.From != peer || pe.Type != "MsgHeartbeat" || !strings.Contains(fmt.Sprint(pe.Value), "out of range") {
+		t.Fatalf("RaftPanicError names %d %s %v, want peer %d MsgHeartbeat and raft's commit panic", pe.From, pe.Type, pe.Value, peer)
+	}
+	for i, ch := range pending {
+		select {
+		case r := <-ch:
+			if !errors.Is(r.err, ErrUnknownOutcome) {
+				t.Errorf("pending append %d: offset %d, err %v; want ErrUnknownOutcome", i, r.offset, r.err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("pending append %d: no outcome", i)
+		}
+	}
+	if r := <-appendTo(lead, []byte("later")); !errors.Is(r.err, ErrFailed) {
+		t.Errorf("append after the panic: %v, want ErrFailed", r.err)
+	}
+	if err := lead.Step(commitBomb(lead.ID(), peer, term)); !errors.Is(err, ErrFailed) {
+		t.Errorf("Step after the panic: %v, want ErrFailed", err)
+	}
+	line := ""
+	for l := range strings.Lines(logs.String()) {
+		if strings.Contains(l, "raft panicked") {
+			line = l
+			break
+		}
+	}
+	if !strings.Contains(line, fmt.Sprintf("peer=%d", peer)) || !strings.Contains(line, "type=MsgHeartbeat") {
+		t.Errorf("log line %q does not name peer %d and MsgHeartbeat", line, peer)
+	}
+	// The others go on without it.
+	c.kill(lead.ID())
+	c.waitLeader()
+	c.commit([]byte("after"))
+}
