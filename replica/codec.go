@@ -16,7 +16,8 @@ import (
 //	seq         uint64  the proposer's sequence number for it
 //	timestamp   int64   unix nanoseconds, chosen by the proposer: every replica stores the same
 //	count       uvarint number of records
-//	records     count times:
+//	records     count times, each a record body as package wal stores it
+//	            (wal.AppendBody):
 //	  producerSeq uint64
 //	  producerID  uvarint length + bytes
 //	  headers     uvarint count, then per header uvarint length + key, uvarint length + value
@@ -43,26 +44,8 @@ type batchHeader struct {
 	count    int
 }
 
-func uvarintLen(x int) int {
-	n := 1
-	for x >= 0x80 {
-		x >>= 7
-		n++
-	}
-	return n
-}
-
 // recordSize is the exact size appendBatchRecord adds for r.
-func recordSize(r *wal.Record) int {
-	n := 8 + uvarintLen(len(r.ProducerID)) + len(r.ProducerID)
-	n += uvarintLen(len(r.Headers))
-	for k, v := range r.Headers {
-		n += uvarintLen(len(k)) + len(k) + uvarintLen(len(v)) + len(v)
-	}
-	n += uvarintLen(len(r.Key)) + len(r.Key)
-	n += uvarintLen(len(r.Value)) + len(r.Value)
-	return n
-}
+func recordSize(r *wal.Record) int { return wal.BodySize(r) }
 
 // appendBatchHeader starts a batch of count records in dst.
 func appendBatchHeader(dst []byte, h batchHeader) []byte {
@@ -73,22 +56,11 @@ func appendBatchHeader(dst []byte, h batchHeader) []byte {
 	return binary.AppendUvarint(dst, uint64(h.count))
 }
 
-// appendBatchRecord appends one record of a batch to dst.
+// appendBatchRecord appends one record of a batch to dst: its body as
+// package wal stores it (wal.AppendBody).
 func appendBatchRecord(dst []byte, r *wal.Record) []byte {
-	dst = binary.LittleEndian.AppendUint64(dst, r.ProducerSeq)
-	dst = binary.AppendUvarint(dst, uint64(len(r.ProducerID)))
-	dst = append(dst, r.ProducerID...)
-	dst = binary.AppendUvarint(dst, uint64(len(r.Headers)))
-	for k, v := range r.Headers {
-		dst = binary.AppendUvarint(dst, uint64(len(k)))
-		dst = append(dst, k...)
-		dst = binary.AppendUvarint(dst, uint64(len(v)))
-		dst = append(dst, v...)
-	}
-	dst = binary.AppendUvarint(dst, uint64(len(r.Key)))
-	dst = append(dst, r.Key...)
-	dst = binary.AppendUvarint(dst, uint64(len(r.Value)))
-	return append(dst, r.Value...)
+	dst, _, _ = wal.AppendBody(dst, r)
+	return dst
 }
 
 // decodeBatchHeader decodes the fixed part of a batch and returns the rest.
@@ -120,77 +92,16 @@ func decodeBatch(data []byte, base uint64) (batchHeader, []wal.Record, error) {
 	if err != nil {
 		return h, nil, err
 	}
-	d := decoder{b: rest}
 	recs := make([]wal.Record, h.count)
 	for i := range recs {
 		r := &recs[i]
 		r.Offset, r.Timestamp = base+uint64(i), h.ts
-		r.ProducerSeq = d.u64()
-		r.ProducerID = string(d.bytes())
-		if nh := d.uvarint(); nh > 0 && d.err == nil {
-			if nh > uint64(len(d.b))/2 {
-				return h, nil, fmt.Errorf("%w: record %d: bad header count", errBadBatch, i)
-			}
-			r.Headers = make(map[string]string, nh)
-			for range nh {
-				k := d.bytes()
-				r.Headers[string(k)] = string(d.bytes())
-			}
-		}
-		r.Key = d.bytes()
-		r.Value = d.bytes()
-		if d.err != nil {
-			return h, nil, fmt.Errorf("%w: record %d: %v", errBadBatch, i, d.err)
+		if rest, err = wal.DecodeBody(rest, r); err != nil {
+			return h, nil, fmt.Errorf("%w: record %d: %v", errBadBatch, i, err)
 		}
 	}
-	if len(d.b) != 0 {
-		return h, nil, fmt.Errorf("%w: %d bytes after the last record", errBadBatch, len(d.b))
+	if len(rest) != 0 {
+		return h, nil, fmt.Errorf("%w: %d bytes after the last record", errBadBatch, len(rest))
 	}
 	return h, recs, nil
-}
-
-// decoder reads the fields of a batch; the first error sticks.
-type decoder struct {
-	b   []byte
-	err error
-}
-
-func (d *decoder) u64() uint64 {
-	if d.err != nil {
-		return 0
-	}
-	if len(d.b) < 8 {
-		d.err = errors.New("truncated")
-		return 0
-	}
-	v := binary.LittleEndian.Uint64(d.b)
-	d.b = d.b[8:]
-	return v
-}
-
-func (d *decoder) uvarint() uint64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Uvarint(d.b)
-	if n <= 0 {
-		d.err = errors.New("bad length")
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) bytes() []byte {
-	n := d.uvarint()
-	if d.err != nil {
-		return nil
-	}
-	if n > uint64(len(d.b)) {
-		d.err = errors.New("length past the end")
-		return nil
-	}
-	v := d.b[:n:n]
-	d.b = d.b[n:]
-	return v
 }

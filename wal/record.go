@@ -2,6 +2,7 @@ package wal
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 )
@@ -36,7 +37,9 @@ type Record struct {
 //	key         uvarint length + bytes
 //	value       uvarint length + bytes
 //
-// The record ends exactly after the value.
+// The record ends exactly after the value. From producerSeq on it is the
+// record's body (AppendBody, DecodeBody), which package replica stores in
+// its batches in the same form.
 const (
 	recordVersion = 1
 
@@ -60,9 +63,11 @@ func uvarintLen(x int) int {
 }
 
 // encodedSize returns the exact size appendRecord will add for r.
-func encodedSize(r *Record) int {
-	n := recordFixed
-	n += uvarintLen(len(r.ProducerID)) + len(r.ProducerID)
+func encodedSize(r *Record) int { return seqAt + BodySize(r) }
+
+// BodySize returns the exact size AppendBody adds for r.
+func BodySize(r *Record) int {
+	n := 8 + uvarintLen(len(r.ProducerID)) + len(r.ProducerID)
 	n += uvarintLen(len(r.Headers))
 	for k, v := range r.Headers {
 		n += uvarintLen(len(k)) + len(k) + uvarintLen(len(v)) + len(v)
@@ -72,13 +77,10 @@ func encodedSize(r *Record) int {
 	return n
 }
 
-// appendRecord appends r, stored at offset with timestamp ts, to dst. It
-// also returns where in out the key and value bytes start.
-func appendRecord(dst []byte, r *Record, offset uint64, ts int64) (out []byte, keyAt, valueAt int) {
-	start := len(dst)
-	dst = append(dst, 0, 0, 0, 0, recordVersion)
-	dst = binary.LittleEndian.AppendUint64(dst, offset)
-	dst = binary.LittleEndian.AppendUint64(dst, uint64(ts))
+// AppendBody appends r's body (producerSeq, producerID, headers, key and
+// value, as in the stored record format above) to dst, and returns where
+// in out its key and value bytes start.
+func AppendBody(dst []byte, r *Record) (out []byte, keyAt, valueAt int) {
 	dst = binary.LittleEndian.AppendUint64(dst, r.ProducerSeq)
 	dst = binary.AppendUvarint(dst, uint64(len(r.ProducerID)))
 	dst = append(dst, r.ProducerID...)
@@ -94,7 +96,17 @@ func appendRecord(dst []byte, r *Record, offset uint64, ts int64) (out []byte, k
 	dst = append(dst, r.Key...)
 	dst = binary.AppendUvarint(dst, uint64(len(r.Value)))
 	valueAt = len(dst)
-	dst = append(dst, r.Value...)
+	return append(dst, r.Value...), keyAt, valueAt
+}
+
+// appendRecord appends r, stored at offset with timestamp ts, to dst. It
+// also returns where in out the key and value bytes start.
+func appendRecord(dst []byte, r *Record, offset uint64, ts int64) (out []byte, keyAt, valueAt int) {
+	start := len(dst)
+	dst = append(dst, 0, 0, 0, 0, recordVersion)
+	dst = binary.LittleEndian.AppendUint64(dst, offset)
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(ts))
+	dst, keyAt, valueAt = AppendBody(dst, r)
 	binary.LittleEndian.PutUint32(dst[start+crcAt:], crc32.Checksum(dst[start+versionAt:], castagnoli))
 	return dst, keyAt, valueAt
 }
@@ -119,17 +131,35 @@ func decodeRecord(shard string, data []byte, want uint64) (Record, error) {
 		return corrupt(fmt.Sprintf("record holds offset %d", off))
 	}
 	r := Record{
-		Offset:      want,
-		Timestamp:   int64(binary.LittleEndian.Uint64(data[timestampAt:])),
-		ProducerSeq: binary.LittleEndian.Uint64(data[seqAt:]),
+		Offset:    want,
+		Timestamp: int64(binary.LittleEndian.Uint64(data[timestampAt:])),
 	}
-	d := decoder{b: data[recordFixed:]}
+	rest, err := DecodeBody(data[seqAt:], &r)
+	if err != nil {
+		return corrupt(err.Error())
+	}
+	if len(rest) != 0 {
+		return corrupt(fmt.Sprintf("%d trailing bytes", len(rest)))
+	}
+	return r, nil
+}
+
+// DecodeBody decodes the record body at the front of data (see AppendBody)
+// into r's ProducerSeq, ProducerID, Headers, Key and Value, Key and Value
+// aliasing data, and returns the bytes after it. It never panics, whatever
+// data holds; an error says what is malformed.
+func DecodeBody(data []byte, r *Record) (rest []byte, err error) {
+	if len(data) < 8 {
+		return nil, fmt.Errorf("body of %d bytes is shorter than its producer sequence", len(data))
+	}
+	r.ProducerSeq = binary.LittleEndian.Uint64(data)
+	d := decoder{b: data[8:]}
 	if pid := d.bytes(); len(pid) > 0 {
 		r.ProducerID = string(pid)
 	}
 	nh := d.uvarint()
 	if nh > uint64(len(d.b)/2) { // each header takes at least two bytes
-		return corrupt(fmt.Sprintf("header count %d exceeds record size", nh))
+		return nil, fmt.Errorf("header count %d exceeds record size", nh)
 	}
 	if nh > 0 {
 		r.Headers = make(map[string]string, nh)
@@ -142,12 +172,9 @@ func decodeRecord(shard string, data []byte, want uint64) (Record, error) {
 	r.Key = d.bytes()
 	r.Value = d.bytes()
 	if d.bad {
-		return corrupt("malformed field lengths")
+		return nil, errors.New("malformed field lengths")
 	}
-	if len(d.b) != 0 {
-		return corrupt(fmt.Sprintf("%d trailing bytes", len(d.b)))
-	}
-	return r, nil
+	return d.b, nil
 }
 
 // decoder reads uvarint-prefixed fields; after the first error it sets bad
