@@ -3,6 +3,7 @@ package replica
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime/debug"
 	"time"
 
@@ -20,6 +21,10 @@ type waiter struct {
 
 // loop is the run goroutine's own state.
 type loop struct {
+	// seq numbers this run's proposals. It starts at a random point, so
+	// that an entry an earlier run of this replica proposed (same raft
+	// id), met again in a Ready after a restart, cannot be taken for one
+	// of this run's and acked in its place.
 	seq       uint64
 	unindexed map[uint64]*waiter // proposed, not yet seen in a Ready, by seq
 	byIndex   map[uint64]*waiter // appended to the log, by index
@@ -37,7 +42,7 @@ type loop struct {
 // goes on.
 func (g *Group) run() {
 	defer close(g.done)
-	l := &loop{unindexed: map[uint64]*waiter{}, byIndex: map[uint64]*waiter{}}
+	l := &loop{seq: rand.Uint64() >> 1, unindexed: map[uint64]*waiter{}, byIndex: map[uint64]*waiter{}}
 	defer g.drain(l)
 	defer g.contain(l)
 	for {
