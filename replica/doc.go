@@ -1,0 +1,64 @@
+// Package replica is a shard's log replicated on three (or any odd number
+// of) machines by the raft consensus of go.etcd.io/raft/v3: the first stage
+// of replication factor 3.
+//
+// It owns, for one replica of one shard: the raft log on disk, which is the
+// shard's log (one copy, in a github.com/tidwall/wal directory: raft index
+// = tidwall index, one raft entry per group-commit batch of records); the
+// raft state file (HardState, ConfState, compaction point); the goroutine
+// that drives the group's RawNode; the assignment of offsets to committed
+// records; and reads of committed records by offset.
+//
+// It must never know about QUIC, shard maps, brokers or the control plane:
+// it is handed records and a Transport, and returns offsets. Consensus,
+// election and the replication protocol are raft's; this package only
+// stores, sends and applies what raft's Ready says.
+//
+// # Storage
+//
+// Each tidwall entry holds one raft entry: its type, term and data, with a
+// CRC-32C over them and the index (storage.go). A normal entry's data is a
+// batch of records, their timestamp and the proposer's identity
+// (codec.go). Appends are written as one tidwall batch and fdatasynced
+// once per Ready; a suffix raft replaces is cut with TruncateBack (never a
+// committed one). Open repairs a torn tail of the last segment (an append
+// that was never acknowledged) and refuses a log that ends below the
+// committed index. The raft state lives in a double-buffered, checksummed
+// file (state.go): term and vote changes are fdatasynced before any message
+// that depends on them leaves.
+//
+// # Offsets
+//
+// Offsets are assigned when entries apply, in log order: an entry with n
+// records gets [next, next+n), so every replica gives every record the same
+// offset. The offset index (8 bytes per entry) is not persisted: on open,
+// raft hands back every committed entry to apply again, which rebuilds it.
+// Readers see committed records only.
+//
+// # Acknowledgement
+//
+// AppendAsync's callback gets an offset only once the record's entry is
+// committed (a majority has fsynced it) and applied here. A record whose
+// entry another leader replaced, or that a replica which is not the leader
+// refused, gets a *NotLeaderError naming the leader it knows; records whose
+// fate a closing replica cannot learn get ErrUnknownOutcome. Never a false
+// ack: a replica cut off from the majority keeps its proposals pending,
+// and drops them when a new leader's entries replace them.
+//
+// # Limits of this stage
+//
+// No membership changes are proposed (the voters are fixed at creation),
+// no compaction (retention) and no snapshots: a follower is always caught
+// up from the leader's log. Opening a replica reads its whole log once
+// (terms, checksums). Reads go to tidwall for every entry; there is no
+// in-memory tail yet.
+//
+// # Usage
+//
+//	g, err := replica.Open(replica.Config{ID: 1, Peers: []uint64{1, 2, 3}, Dir: dir, Transport: t})
+//	defer g.Close()
+//	// the owner: call g.Tick() every tick interval; hand received messages to g.Step(m)
+//	g.AppendAsync(&wal.Record{Value: v}, func(offset uint64, ts int64, err error) { ... })
+//	recs, err := g.Read(from, 100, 1<<20)
+//	next, changed := g.Watch()
+package replica

@@ -1,0 +1,311 @@
+package replica
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+
+	"github.com/felix-broker/felix/wal"
+)
+
+// Config configures one replica of a group. Zero values mean the defaults
+// written on each field.
+type Config struct {
+	ID    uint64   // this replica's raft id; required, never 0, never reused
+	Peers []uint64 // the voters (ID among them) of a new group; a directory that holds a group keeps its own
+	Dir   string   // the replica's directory: the log's segments and the state file; required
+	Name  string   // the group's name in errors and logs (e.g. the shard); default Dir
+
+	Transport Transport    // where outgoing raft messages go; required
+	Logger    *slog.Logger // default slog.Default()
+
+	ElectionTicks  int // ticks without a leader before a follower campaigns; default 10
+	HeartbeatTicks int // ticks between a leader's heartbeats; default 1
+
+	// MaxEntryBytes bounds the records of one entry (one group-commit
+	// batch): more waiting records go into further entries of the same
+	// Ready. A larger record fails with ErrTooLarge. Default 1 MiB.
+	MaxEntryBytes int
+	// MaxInflightMsgs bounds the append messages in flight to one follower;
+	// default 256.
+	MaxInflightMsgs int
+	// MaxUncommittedBytes bounds the leader's entries not yet committed;
+	// proposals over it are refused. Default 64 MiB.
+	MaxUncommittedBytes uint64
+	// SegmentSize is the size at which the log starts a new segment file;
+	// default 64 MiB.
+	SegmentSize int
+
+	// Knobs are for tests only.
+	Knobs Knobs
+}
+
+// Knobs are testing seams. They run once per Ready, never per record.
+type Knobs struct {
+	// BeforeSync, if set, runs before the fdatasync of appended entries
+	// (last is the last index written). An error fails the fdatasync.
+	BeforeSync func(last uint64) error
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.ID == 0 {
+		return c, errors.New("replica: Config.ID is required and must not be 0")
+	}
+	if c.Dir == "" {
+		return c, errors.New("replica: Config.Dir is required")
+	}
+	if c.Transport == nil {
+		return c, errors.New("replica: Config.Transport is required")
+	}
+	if len(c.Peers) > 0 && !slices.Contains(c.Peers, c.ID) {
+		return c, fmt.Errorf("replica: Config.Peers %v does not hold Config.ID %d", c.Peers, c.ID)
+	}
+	if c.Name == "" {
+		c.Name = c.Dir
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.ElectionTicks == 0 {
+		c.ElectionTicks = 10
+	}
+	if c.HeartbeatTicks == 0 {
+		c.HeartbeatTicks = 1
+	}
+	if c.MaxEntryBytes == 0 {
+		c.MaxEntryBytes = 1 << 20
+	}
+	if c.MaxInflightMsgs == 0 {
+		c.MaxInflightMsgs = 256
+	}
+	if c.MaxUncommittedBytes == 0 {
+		c.MaxUncommittedBytes = 64 << 20
+	}
+	if c.SegmentSize == 0 {
+		c.SegmentSize = 64 << 20
+	}
+	return c, nil
+}
+
+// Group is one replica of a shard's raft group. One goroutine, started by
+// Open and stopped by Close, owns the RawNode and the storage; the methods
+// only hand it work (AppendAsync, Step, Tick) or read what it published
+// (Read, Watch, NextOffset, Leader), and are safe for concurrent use.
+type Group struct {
+	cfg    Config
+	logger *slog.Logger
+	st     *storage
+	rn     *raft.RawNode // run goroutine only
+	offs   offsetIndex
+
+	// in is the work handed to the run goroutine. Its own lock: appenders,
+	// the transport and the ticker only contend for a brief append here.
+	in struct {
+		sync.Mutex
+		buf    []byte // encoded records waiting to be proposed, back to back
+		ends   []int  // where each record of buf ends
+		dones  []func(offset uint64, ts int64, err error)
+		msgs   []*pb.Message
+		ticks  int
+		closed bool
+		err    error // set when the group failed
+	}
+	wake chan struct{} // capacity 1: there is work in in
+	stop chan struct{}
+	done chan struct{}
+	once sync.Once
+
+	leader atomic.Uint64 // leader known to this replica, 0 if none
+	term   atomic.Uint64
+}
+
+// Open opens (or creates) the replica in cfg.Dir and starts its goroutine.
+// A new group needs cfg.Peers; the first election happens after
+// ElectionTicks calls of Tick.
+func Open(cfg Config) (*Group, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	st, err := openStorage(cfg.Dir, cfg.Name, cfg.Peers, cfg.SegmentSize, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	st.beforeSync = cfg.Knobs.BeforeSync
+	if len(st.p.conf.GetVoters()) == 0 {
+		_ = st.close()
+		return nil, fmt.Errorf("replica: group %q: no voters: a new group needs Config.Peers", cfg.Name)
+	}
+	g := &Group{
+		cfg:    cfg,
+		logger: cfg.Logger.With("group", cfg.Name, "replica", cfg.ID),
+		st:     st,
+		wake:   make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+	// Applied starts at the compaction point: raft hands every committed
+	// entry after it to apply again, which rebuilds the offset index.
+	g.offs.reset(st.p.snapIndex+1, st.p.snapNext)
+	g.rn, err = raft.NewRawNode(&raft.Config{
+		ID:                        cfg.ID,
+		ElectionTick:              cfg.ElectionTicks,
+		HeartbeatTick:             cfg.HeartbeatTicks,
+		Storage:                   st,
+		Applied:                   st.p.snapIndex,
+		MaxSizePerMsg:             uint64(cfg.MaxEntryBytes),
+		MaxCommittedSizePerReady:  uint64(4 * cfg.MaxEntryBytes),
+		MaxUncommittedEntriesSize: cfg.MaxUncommittedBytes,
+		MaxInflightMsgs:           cfg.MaxInflightMsgs,
+		CheckQuorum:               true,
+		PreVote:                   true,
+		DisableProposalForwarding: true,
+		Logger:                    raftLogger{g.logger},
+	})
+	if err != nil {
+		_ = st.close()
+		return nil, fmt.Errorf("replica: group %q: start raft: %w", cfg.Name, err)
+	}
+	g.term.Store(st.p.term)
+	go g.run()
+	return g, nil
+}
+
+// ID returns this replica's raft id.
+func (g *Group) ID() uint64 { return g.cfg.ID }
+
+// Leader returns the leader this replica knows of (0 if none) and the
+// current term, for routing. A leader id with a term is fenced: a later
+// term's leader supersedes it.
+func (g *Group) Leader() (id, term uint64) { return g.leader.Load(), g.term.Load() }
+
+// IsLeader reports whether this replica is the leader it knows of.
+func (g *Group) IsLeader() bool { return g.leader.Load() == g.cfg.ID }
+
+// AppendAsync proposes r and calls done once its fate is known, from the
+// group's goroutine (done must not block): with its offset and timestamp
+// once a majority of replicas has fsynced it and it is committed, or with
+// an error: a *NotLeaderError (never committed), ErrUnknownOutcome (the
+// group closed or failed first), ErrClosed, ErrFailed or ErrTooLarge.
+// Records waiting while the group's goroutine handles a Ready go into one
+// entry. Key, Value, ProducerID and Headers are copied.
+func (g *Group) AppendAsync(r *wal.Record, done func(offset uint64, ts int64, err error)) {
+	if size := recordSize(r); size+batchFixed+10 > g.cfg.MaxEntryBytes {
+		done(0, 0, fmt.Errorf("replica: group %q: %w: %d bytes, the limit is %d", g.cfg.Name, ErrTooLarge, size, g.cfg.MaxEntryBytes))
+		return
+	}
+	g.in.Lock()
+	if err := g.refusal(); err != nil {
+		g.in.Unlock()
+		done(0, 0, err)
+		return
+	}
+	if lead := g.leader.Load(); lead != g.cfg.ID {
+		g.in.Unlock()
+		done(0, 0, &NotLeaderError{Group: g.cfg.Name, Leader: lead, Term: g.term.Load()})
+		return
+	}
+	g.in.buf = appendBatchRecord(g.in.buf, r)
+	g.in.ends = append(g.in.ends, len(g.in.buf))
+	g.in.dones = append(g.in.dones, done)
+	g.in.Unlock()
+	g.signal()
+}
+
+// AppendNow is AppendAsync: a group has no inline commit to offer (every
+// entry goes through the group's goroutine and the replicas). It exists so
+// that *Group and *wal.Log fit one interface.
+func (g *Group) AppendNow(r *wal.Record, done func(offset uint64, ts int64, err error)) {
+	g.AppendAsync(r, done)
+}
+
+// refusal is why new work is refused, or nil. Callers hold g.in.
+func (g *Group) refusal() error {
+	switch {
+	case g.in.err != nil:
+		return fmt.Errorf("replica: group %q: %w: %w", g.cfg.Name, ErrFailed, g.in.err)
+	case g.in.closed:
+		return fmt.Errorf("replica: group %q: %w", g.cfg.Name, ErrClosed)
+	}
+	return nil
+}
+
+// Step hands the group a message a peer sent it. It never blocks on the
+// group's work. A message this replica must not receive gets
+// ErrBadMessage; a closed group ErrClosed.
+func (g *Group) Step(m *pb.Message) error {
+	if m.GetTo() != g.cfg.ID || m.GetFrom() == 0 || m.GetFrom() == g.cfg.ID {
+		return fmt.Errorf("replica: group %q: %w: from %d to %d, this is %d", g.cfg.Name, ErrBadMessage, m.GetFrom(), m.GetTo(), g.cfg.ID)
+	}
+	switch t := m.GetType(); {
+	case raft.IsLocalMsg(t) || t == pb.MsgProp:
+		return fmt.Errorf("replica: group %q: %w: %s is not a message between peers here", g.cfg.Name, ErrBadMessage, t)
+	case t == pb.MsgSnap:
+		return fmt.Errorf("replica: group %q: %w: snapshots are not sent by this version", g.cfg.Name, ErrBadMessage)
+	}
+	g.in.Lock()
+	if err := g.refusal(); err != nil {
+		g.in.Unlock()
+		return err
+	}
+	g.in.msgs = append(g.in.msgs, m)
+	g.in.Unlock()
+	g.signal()
+	return nil
+}
+
+// Tick advances the group's logical clock by one tick (elections and
+// heartbeats count ticks). The owner calls it at its tick interval, so
+// that one timer can drive many groups. It never blocks.
+func (g *Group) Tick() {
+	g.in.Lock()
+	g.in.ticks++
+	g.in.Unlock()
+	g.signal()
+}
+
+func (g *Group) signal() {
+	select {
+	case g.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Close stops the group's goroutine and closes its files. Records not yet
+// proposed fail with ErrClosed, proposed ones whose fate is not known yet
+// with ErrUnknownOutcome. It returns the storage's close error, if any.
+func (g *Group) Close() error {
+	var err error
+	g.once.Do(func() {
+		g.in.Lock()
+		g.in.closed = true
+		g.in.Unlock()
+		close(g.stop)
+		<-g.done
+		err = g.st.close()
+	})
+	return err
+}
+
+// Read returns committed records from offset from on, at most max records
+// and about maxBytes of keys and values (at least one record if any).
+// It returns no records at NextOffset, and ErrOutOfRange below the first
+// retained offset.
+func (g *Group) Read(from uint64, max int, maxBytes int) ([]wal.Record, error) {
+	return g.offs.read(g.st, g.cfg.Name, from, max, maxBytes)
+}
+
+// NextOffset returns the offset the next committed record will get.
+func (g *Group) NextOffset() uint64 { return g.offs.nextOffset() }
+
+// FirstOffset returns the first offset Read can return.
+func (g *Group) FirstOffset() uint64 { return g.offs.firstOffset() }
+
+// Watch returns NextOffset and a channel closed when it moves on.
+func (g *Group) Watch() (next uint64, changed <-chan struct{}) { return g.offs.watch() }

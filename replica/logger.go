@@ -1,0 +1,47 @@
+package replica
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+)
+
+// raftLogger adapts a *slog.Logger to raft.Logger. raft's Info lines
+// (elections, term changes) stay Info; its debug chatter stays Debug.
+type raftLogger struct {
+	l *slog.Logger
+}
+
+func (r raftLogger) log(level slog.Level, msg string) {
+	if r.l.Enabled(context.Background(), level) {
+		r.l.Log(context.Background(), level, "raft: "+msg)
+	}
+}
+
+func (r raftLogger) Debug(v ...any) { r.log(slog.LevelDebug, fmt.Sprint(v...)) }
+func (r raftLogger) Debugf(format string, v ...any) {
+	r.log(slog.LevelDebug, fmt.Sprintf(format, v...))
+}
+func (r raftLogger) Info(v ...any)                 { r.log(slog.LevelInfo, fmt.Sprint(v...)) }
+func (r raftLogger) Infof(format string, v ...any) { r.log(slog.LevelInfo, fmt.Sprintf(format, v...)) }
+func (r raftLogger) Warning(v ...any)              { r.log(slog.LevelWarn, fmt.Sprint(v...)) }
+func (r raftLogger) Warningf(format string, v ...any) {
+	r.log(slog.LevelWarn, fmt.Sprintf(format, v...))
+}
+func (r raftLogger) Error(v ...any) { r.log(slog.LevelError, fmt.Sprint(v...)) }
+func (r raftLogger) Errorf(format string, v ...any) {
+	r.log(slog.LevelError, fmt.Sprintf(format, v...))
+}
+
+// Fatal and Panic are raft's assertions: an invariant of the library broke.
+func (r raftLogger) Fatal(v ...any) {
+	r.log(slog.LevelError, fmt.Sprint(v...))
+	os.Exit(1)
+}
+func (r raftLogger) Fatalf(format string, v ...any) {
+	r.log(slog.LevelError, fmt.Sprintf(format, v...))
+	os.Exit(1)
+}
+func (r raftLogger) Panic(v ...any)                 { panic(fmt.Sprint(v...)) }
+func (r raftLogger) Panicf(format string, v ...any) { panic(fmt.Sprintf(format, v...)) }

@@ -1,0 +1,137 @@
+package replica
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+
+	pb "go.etcd.io/raft/v3/raftpb"
+
+	"github.com/felix-broker/felix/wal"
+)
+
+// offsetIndex maps offsets to the committed entries that hold them. Offsets
+// are assigned as entries apply, in log order, so every replica assigns the
+// same: the entry at firstIndex+k holds offsets [bases[k], bases[k+1]) (up
+// to next for the last one); an entry without records holds none. It is
+// rebuilt after a restart by applying the committed entries again (raft
+// hands them over from Config.Applied on): nothing of it is persisted but
+// the compaction point's offset in the state file.
+//
+// The run goroutine adds entries and publishes; readers take the read
+// lock. It costs 8 bytes per entry, that is per group-commit batch.
+type offsetIndex struct {
+	mu         sync.RWMutex
+	firstIndex uint64   // raft index of bases[0]
+	bases      []uint64 // first offset of each applied entry from firstIndex on
+	first      uint64   // first offset Read can return
+	next       uint64   // the offset the next committed record gets
+	published  uint64   // next, as readers see it
+	changed    chan struct{}
+}
+
+func (o *offsetIndex) reset(firstIndex, next uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.firstIndex, o.bases = firstIndex, nil
+	o.first, o.next, o.published = next, next, next
+	o.changed = make(chan struct{})
+}
+
+// add records that entry index, the next one in log order, holds n
+// records, and returns its first offset. Only the run goroutine calls it.
+func (o *offsetIndex) add(index uint64, n int) (uint64, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if want := o.firstIndex + uint64(len(o.bases)); index != want {
+		// raft applies each index once, in order; anything else would give
+		// one offset to two records, so the group stops.
+		return 0, fmt.Errorf("replica: applying entry %d, expected %d", index, want)
+	}
+	base := o.next
+	o.bases = append(o.bases, base)
+	o.next += uint64(n)
+	return base, nil
+}
+
+// publish makes the records added so far visible to readers and wakes
+// watchers.
+func (o *offsetIndex) publish() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.published == o.next {
+		return
+	}
+	o.published = o.next
+	close(o.changed)
+	o.changed = make(chan struct{})
+}
+
+func (o *offsetIndex) nextOffset() uint64 {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	return o.published
+}
+
+func (o *offsetIndex) firstOffset() uint64 {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	return o.first
+}
+
+func (o *offsetIndex) watch() (uint64, <-chan struct{}) {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	return o.published, o.changed
+}
+
+// locate returns the index of the entry holding offset off and the entry's
+// first offset, or ok false if off is not published.
+func (o *offsetIndex) locate(off uint64) (index, base uint64, ok bool) {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	if off < o.first || off >= o.published {
+		return 0, 0, false
+	}
+	// The last entry whose base is at or below off holds it: entries
+	// without records share the base of the entry after them.
+	k := sort.Search(len(o.bases), func(k int) bool { return o.bases[k] > off }) - 1
+	return o.firstIndex + uint64(k), o.bases[k], true
+}
+
+func (o *offsetIndex) read(st *storage, name string, from uint64, max, maxBytes int) ([]wal.Record, error) {
+	if first := o.firstOffset(); from < first {
+		return nil, fmt.Errorf("replica: group %q: %w: offset %d is below the first retained offset %d", name, ErrOutOfRange, from, first)
+	}
+	var out []wal.Record
+	bytes := 0
+	for len(out) < max {
+		index, base, ok := o.locate(from)
+		if !ok {
+			break
+		}
+		typ, _, data, err := st.readEntry(index)
+		if err != nil {
+			return out, err
+		}
+		if typ != pb.EntryNormal {
+			return out, fmt.Errorf("replica: group %q: %w: offset %d maps to entry %d of type %s", name, ErrCorrupt, from, index, typ)
+		}
+		_, recs, err := decodeBatch(data, base)
+		if err != nil {
+			return out, fmt.Errorf("replica: group %q: entry %d: %w: %w", name, index, ErrCorrupt, err)
+		}
+		if from-base >= uint64(len(recs)) {
+			return out, fmt.Errorf("replica: group %q: %w: entry %d holds %d records from offset %d, not offset %d", name, ErrCorrupt, index, len(recs), base, from)
+		}
+		for _, r := range recs[from-base:] {
+			if len(out) >= max || (len(out) > 0 && bytes+len(r.Key)+len(r.Value) > maxBytes) {
+				return out, nil
+			}
+			out = append(out, r)
+			bytes += len(r.Key) + len(r.Value)
+			from++
+		}
+	}
+	return out, nil
+}

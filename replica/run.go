@@ -1,0 +1,324 @@
+package replica
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// waiter is the records of one proposed entry, waiting for its fate.
+type waiter struct {
+	seq         uint64
+	index, term uint64 // where the entry is in the log, once a Ready has shown it
+	dones       []func(offset uint64, ts int64, err error)
+}
+
+// loop is the run goroutine's own state.
+type loop struct {
+	seq       uint64
+	unindexed map[uint64]*waiter // proposed, not yet seen in a Ready, by seq
+	byIndex   map[uint64]*waiter // appended to the log, by index
+	entry     []byte
+}
+
+// run owns the RawNode and the storage: it takes the work handed in, and
+// handles each Ready, until Close or a storage failure.
+func (g *Group) run() {
+	defer close(g.done)
+	l := &loop{unindexed: map[uint64]*waiter{}, byIndex: map[uint64]*waiter{}}
+	defer g.drain(l)
+	for {
+		select {
+		case <-g.stop:
+			return
+		case <-g.wake:
+		}
+		g.in.Lock()
+		buf, ends, dones, msgs, ticks := g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.ticks
+		g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.ticks = nil, nil, nil, nil, 0
+		g.in.Unlock()
+
+		for range ticks {
+			g.rn.Tick()
+		}
+		for _, m := range msgs {
+			if err := g.rn.Step(m); err != nil {
+				g.logger.Debug("replica: message refused by raft", "type", m.GetType().String(), "from", m.GetFrom(), "err", err)
+			}
+		}
+		if len(dones) > 0 {
+			g.propose(l, buf, ends, dones)
+		}
+		for g.rn.HasReady() {
+			if err := g.handleReady(l); err != nil {
+				g.fail(err)
+				return
+			}
+		}
+	}
+}
+
+// propose turns the waiting records into entries of at most MaxEntryBytes
+// of records each, and proposes them.
+func (g *Group) propose(l *loop, buf []byte, ends []int, dones []func(uint64, int64, error)) {
+	st := g.rn.BasicStatus()
+	if st.RaftState != raft.StateLeader {
+		err := &NotLeaderError{Group: g.cfg.Name, Leader: st.Lead, Term: st.GetTerm()}
+		for _, done := range dones {
+			done(0, 0, err)
+		}
+		return
+	}
+	ts := time.Now().UnixNano()
+	start, first := 0, 0
+	for i := range ends {
+		if i+1 < len(ends) && ends[i+1]-start <= g.cfg.MaxEntryBytes {
+			continue // the next record fits too
+		}
+		l.seq++
+		w := &waiter{seq: l.seq, dones: dones[first : i+1]}
+		l.entry = appendBatchHeader(l.entry[:0], batchHeader{proposer: g.cfg.ID, seq: w.seq, ts: ts, count: i + 1 - first})
+		l.entry = append(l.entry, buf[start:ends[i]]...)
+		data := make([]byte, len(l.entry)) // raft keeps it
+		copy(data, l.entry)
+		if err := g.rn.Propose(data); err != nil {
+			if errors.Is(err, raft.ErrProposalDropped) {
+				st := g.rn.BasicStatus()
+				err = &NotLeaderError{Group: g.cfg.Name, Leader: st.Lead, Term: st.GetTerm()}
+				if st.RaftState == raft.StateLeader {
+					err = fmt.Errorf("replica: group %q: %w (too much uncommitted, or a leadership transfer)", g.cfg.Name, ErrDropped)
+				}
+			}
+			for _, done := range w.dones {
+				done(0, 0, err)
+			}
+		} else {
+			l.unindexed[w.seq] = w
+		}
+		start, first = ends[i], i+1
+	}
+}
+
+// handleReady handles one Ready as raft's synchronous-storage contract
+// asks: persist entries and HardState, send messages, apply committed
+// entries (those already on disk here first), Advance. The leader sends its appends and heartbeats before its
+// own fdatasync (raft thesis 10.2.1), so its write runs in parallel with
+// the followers'; every other message, and every message of a Ready that
+// changes term or vote, waits for the write. A leader counts its own entry
+// towards a majority only at Advance, after its fdatasync, and a follower
+// acknowledges only after its fdatasync: an entry is committed only once a
+// majority has it on disk.
+func (g *Group) handleReady(l *loop) error {
+	rd := g.rn.Ready()
+	if rd.SoftState != nil {
+		g.leader.Store(rd.SoftState.Lead)
+	}
+	hs := rd.HardState
+	termVote := hs != nil && (hs.GetTerm() != g.st.p.term || hs.GetVote() != g.st.p.vote)
+	if hs != nil {
+		g.term.Store(hs.GetTerm())
+	}
+
+	msgs := rd.Messages
+	if !termVote {
+		var later []*pb.Message
+		var early []*pb.Message
+		for _, m := range msgs {
+			switch m.GetType() {
+			case pb.MsgApp, pb.MsgHeartbeat:
+				early = append(early, m)
+			default:
+				later = append(later, m)
+			}
+		}
+		if len(early) > 0 {
+			g.cfg.Transport.Send(early)
+		}
+		msgs = later
+	}
+
+	// Committed entries this replica already holds on disk apply before
+	// this Ready's write, so their acks do not wait for another fdatasync.
+	// (Committed entries that are in this Ready's own Entries, if raft
+	// ever hands over such, apply after the write, as the contract says.)
+	committed := rd.CommittedEntries
+	stable := len(committed)
+	for stable > 0 && committed[stable-1].GetIndex() > g.st.last {
+		stable--
+	}
+	if err := g.apply(l, committed[:stable]); err != nil {
+		return err
+	}
+
+	if len(rd.Entries) > 0 {
+		g.index(l, rd.Entries)
+		if err := g.st.append(rd.Entries); err != nil {
+			return err
+		}
+	}
+	if hs != nil {
+		if err := g.st.setState(hs, nil, termVote); err != nil {
+			return err
+		}
+	}
+	if len(msgs) > 0 {
+		g.cfg.Transport.Send(msgs)
+	}
+	if err := g.apply(l, committed[stable:]); err != nil {
+		return err
+	}
+	g.rn.Advance(rd)
+	return nil
+}
+
+// index notes where this replica's proposals landed in the log, and fails
+// those that ents replace: raft sends entries from the first index that
+// conflicts with ours, so every entry of ours from there on is gone.
+func (g *Group) index(l *loop, ents []*pb.Entry) {
+	if first := ents[0].GetIndex(); first <= g.st.last {
+		lead, term := g.leader.Load(), g.term.Load()
+		for i, w := range l.byIndex {
+			if i >= first {
+				delete(l.byIndex, i)
+				w.fail(&NotLeaderError{Group: g.cfg.Name, Leader: lead, Term: term, Replaced: true})
+			}
+		}
+	}
+	if len(l.unindexed) == 0 {
+		return
+	}
+	for _, e := range ents {
+		if e.GetType() != pb.EntryNormal || len(e.GetData()) == 0 {
+			continue
+		}
+		h, _, err := decodeBatchHeader(e.GetData())
+		if err != nil || h.proposer != g.cfg.ID {
+			continue
+		}
+		if w := l.unindexed[h.seq]; w != nil {
+			delete(l.unindexed, h.seq)
+			w.index, w.term = e.GetIndex(), e.GetTerm()
+			l.byIndex[w.index] = w
+		}
+	}
+}
+
+// apply assigns offsets to committed entries, in log order, and completes
+// the proposals among them. An entry's records get [next, next+n). An
+// entry whose data does not decode (it cannot come from this code) gets
+// no offsets on every replica alike, and is logged.
+func (g *Group) apply(l *loop, ents []*pb.Entry) error {
+	if len(ents) == 0 {
+		return nil
+	}
+	type completion struct {
+		w    *waiter
+		base uint64
+		ts   int64
+		err  error
+	}
+	var completed []completion
+	for _, e := range ents {
+		idx, n := e.GetIndex(), 0
+		var ts int64
+		switch e.GetType() {
+		case pb.EntryNormal:
+			if len(e.GetData()) > 0 {
+				h, _, err := decodeBatchHeader(e.GetData())
+				if err != nil {
+					g.logger.Error("replica: committed entry is not a batch; it holds no records", "index", idx, "err", err)
+				}
+				n, ts = h.count, h.ts
+			}
+		case pb.EntryConfChange, pb.EntryConfChangeV2:
+			if err := g.applyConfChange(e); err != nil {
+				return err
+			}
+		}
+		base, err := g.offs.add(idx, n)
+		if err != nil {
+			return err
+		}
+		if w := l.byIndex[idx]; w != nil {
+			delete(l.byIndex, idx)
+			c := completion{w: w, base: base, ts: ts}
+			if w.term != e.GetTerm() {
+				c.err = &NotLeaderError{Group: g.cfg.Name, Leader: g.leader.Load(), Term: g.term.Load(), Replaced: true}
+			}
+			completed = append(completed, c)
+		}
+	}
+	g.offs.publish()
+	for _, c := range completed {
+		if c.err != nil {
+			c.w.fail(c.err)
+			continue
+		}
+		for k, done := range c.w.dones {
+			done(c.base+uint64(k), c.ts, nil)
+		}
+	}
+	return nil
+}
+
+func (g *Group) applyConfChange(e *pb.Entry) error {
+	var cc pb.ConfChangeI
+	if e.GetType() == pb.EntryConfChange {
+		var c pb.ConfChange
+		if err := proto.Unmarshal(e.GetData(), &c); err != nil {
+			return fmt.Errorf("replica: group %q: conf change at %d: %w", g.cfg.Name, e.GetIndex(), err)
+		}
+		cc = &c
+	} else {
+		var c pb.ConfChangeV2
+		if err := proto.Unmarshal(e.GetData(), &c); err != nil {
+			return fmt.Errorf("replica: group %q: conf change at %d: %w", g.cfg.Name, e.GetIndex(), err)
+		}
+		cc = &c
+	}
+	cs := g.rn.ApplyConfChange(cc)
+	return g.st.setState(nil, cs, true)
+}
+
+func (w *waiter) fail(err error) {
+	for _, done := range w.dones {
+		done(0, 0, err)
+	}
+}
+
+// fail stops the group after a storage error: raft's state and the disk
+// may disagree now, so only reopening is safe.
+func (g *Group) fail(err error) {
+	g.logger.Error("replica: storage failed; the group stops until reopened", "err", err)
+	g.in.Lock()
+	g.in.err = err
+	g.in.Unlock()
+	g.leader.Store(0)
+}
+
+// drain completes everything still waiting when the run goroutine exits.
+func (g *Group) drain(l *loop) {
+	g.in.Lock()
+	if g.in.err == nil {
+		g.in.closed = true
+	}
+	dones := g.in.dones
+	g.in.buf, g.in.ends, g.in.dones, g.in.msgs = nil, nil, nil, nil
+	refusal := g.refusal()
+	g.in.Unlock()
+	for _, done := range dones {
+		done(0, 0, refusal)
+	}
+	unknown := fmt.Errorf("replica: group %q: %w", g.cfg.Name, ErrUnknownOutcome)
+	for _, w := range l.unindexed {
+		w.fail(unknown)
+	}
+	for _, w := range l.byIndex {
+		w.fail(unknown)
+	}
+	g.leader.Store(0)
+}

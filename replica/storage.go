@@ -1,0 +1,398 @@
+package replica
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+
+	tidwall "github.com/tidwall/wal"
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// Stored entry format, one raft entry in one tidwall entry at the same
+// index (all integers little endian):
+//
+//	crc32c  uint32  Castagnoli, over the entry's index (8 bytes, not stored) then every byte after it
+//	type    byte    raftpb.EntryType
+//	term    uint64
+//	data    the entry's Data to the end (a batch for a normal entry, see codec.go)
+//
+// These are the fields of a raftpb.Entry, with one checksum over all of
+// them: raft needs the term of every entry (Storage.Term), and an entry is
+// always written and read whole, so a checksum per record inside it would
+// only repeat this one. Folding the index into the checksum catches an
+// entry found at the wrong index.
+const entryFixed = 4 + 1 + 8
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// storage is one replica's raft log and state on disk: it implements
+// raft.Storage for the group's RawNode. Its fields are owned by the group's
+// goroutine; only readEntry is called by readers too (tidwall locks).
+type storage struct {
+	dir, name string
+	logger    *slog.Logger
+	segSize   int
+	tw        *tidwall.Log
+	tail      struct {
+		f     *os.File // the last segment, opened to fdatasync it
+		index uint64   // its first index
+		size  int64
+	}
+	st    *stateFile
+	p     persistent // last state written
+	last  uint64     // last index held; first is p.snapIndex+1
+	terms []termRun  // covering (p.snapIndex, last]
+	batch tidwall.Batch
+	buf   []byte
+
+	beforeSync func(last uint64) error // Knobs.BeforeSync
+}
+
+// termRun says entries from index on have term, up to the next run.
+type termRun struct{ index, term uint64 }
+
+func tidwallOptions(segSize int) *tidwall.Options {
+	return &tidwall.Options{
+		NoSync:           true, // append fdatasyncs once per Ready itself
+		SegmentSize:      segSize,
+		LogFormat:        tidwall.Binary,
+		SegmentCacheSize: 2,
+		AllowEmpty:       true,
+		DirPerms:         0o750,
+		FilePerms:        0o640,
+	}
+}
+
+// openStorage opens or creates the log in dir. voters is the group's
+// configuration for a new log; an existing one keeps its own.
+func openStorage(dir, name string, voters []uint64, segSize int, logger *slog.Logger) (*storage, error) {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("replica: group %q: create dir: %w", name, err)
+	}
+	st, p, _, err := openState(dir, persistent{conf: &pb.ConfState{Voters: voters}})
+	if err != nil {
+		return nil, err
+	}
+	s := &storage{dir: dir, name: name, logger: logger, segSize: segSize, st: st, p: p}
+	if err := s.open(); err != nil {
+		s.close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *storage) open() error {
+	if err := repairTail(s.dir, s.name, s.segSize, s.logger); err != nil {
+		return err
+	}
+	tw, err := tidwall.Open(s.dir, tidwallOptions(s.segSize))
+	if err != nil {
+		return fmt.Errorf("replica: group %q: open log %q: %w", s.name, s.dir, err)
+	}
+	s.tw = tw
+	first, err := tw.FirstIndex()
+	if err == nil {
+		s.last, err = tw.LastIndex()
+	}
+	if err != nil {
+		return fmt.Errorf("replica: group %q: log bounds: %w", s.name, err)
+	}
+	if s.last == 0 && first == 1 {
+		s.last = s.p.snapIndex // empty
+	}
+	if first != s.p.snapIndex+1 && s.last >= first {
+		return fmt.Errorf("replica: group %q: %w: log starts at index %d, state expects %d", s.name, ErrCorrupt, first, s.p.snapIndex+1)
+	}
+	if s.last < s.p.commit {
+		return fmt.Errorf("replica: group %q: %w: log ends at index %d, below the committed index %d", s.name, ErrCorrupt, s.last, s.p.commit)
+	}
+	for i := s.p.snapIndex + 1; i <= s.last; i++ {
+		typ, term, _, err := s.readEntry(i)
+		if err != nil {
+			return err
+		}
+		if typ != pb.EntryNormal && typ != pb.EntryConfChange && typ != pb.EntryConfChangeV2 {
+			return fmt.Errorf("replica: group %q: %w: entry %d has type %d", s.name, ErrCorrupt, i, typ)
+		}
+		s.noteTerm(i, term)
+	}
+	return s.findTail()
+}
+
+// findTail opens the last segment file, the one append fdatasyncs.
+func (s *storage) findTail() error {
+	segs, _, err := listSegments(s.dir)
+	if err != nil {
+		return err
+	}
+	if len(segs) == 0 {
+		return fmt.Errorf("replica: group %q: no segment in %q", s.name, s.dir)
+	}
+	last := segs[len(segs)-1]
+	f, err := os.Open(last.path)
+	if err != nil {
+		return fmt.Errorf("replica: group %q: open tail segment: %w", s.name, err)
+	}
+	if s.tail.f != nil {
+		_ = s.tail.f.Close()
+	}
+	s.tail.f, s.tail.index, s.tail.size = f, last.index, last.size
+	return nil
+}
+
+func (s *storage) noteTerm(index, term uint64) {
+	if n := len(s.terms); n == 0 || s.terms[n-1].term != term {
+		s.terms = append(s.terms, termRun{index, term})
+	}
+}
+
+// append writes ents (consecutive, from raft's Ready) and fdatasyncs them.
+// Entries at or after the first one's index are dropped first: raft sends
+// a suffix that conflicts with an uncommitted one of ours.
+func (s *storage) append(ents []*pb.Entry) error {
+	if len(ents) == 0 {
+		return nil
+	}
+	first := ents[0].GetIndex()
+	if first <= s.p.commit || first > s.last+1 || first <= s.p.snapIndex {
+		return fmt.Errorf("replica: group %q: append at index %d: log holds (%d, %d], committed %d", s.name, first, s.p.snapIndex, s.last, s.p.commit)
+	}
+	if first <= s.last {
+		if err := s.truncate(first - 1); err != nil {
+			return err
+		}
+	}
+	s.batch.Clear()
+	sizes := make([]int, 0, len(ents))
+	for _, e := range ents {
+		s.buf = encodeEntry(s.buf[:0], e)
+		s.batch.Write(e.GetIndex(), s.buf)
+		sizes = append(sizes, uvarintLen(len(s.buf))+len(s.buf))
+	}
+	if err := s.tw.WriteBatch(&s.batch); err != nil {
+		return fmt.Errorf("replica: group %q: write entries %d-%d: %w", s.name, first, first+uint64(len(ents))-1, err)
+	}
+	// Follow tidwall's segment roll (tidwall writeBatch): a new segment
+	// before the batch if the tail is over SegmentSize, and after any entry
+	// that brings it to SegmentSize. tidwall fsyncs each segment it leaves.
+	limit, size := int64(s.segSize), s.tail.size
+	var rolled uint64
+	if size > limit {
+		rolled, size = first, 0
+	}
+	for i, n := range sizes {
+		if size += int64(n); size >= limit {
+			rolled, size = first+uint64(i)+1, 0
+		}
+	}
+	if rolled != 0 {
+		if err := s.findTail(); err != nil {
+			return err
+		}
+		if s.tail.index != rolled {
+			return fmt.Errorf("replica: group %q: tail segment starts at %d, expected %d", s.name, s.tail.index, rolled)
+		}
+		if err := syncDir(s.dir); err != nil { // the new segment's name must survive a crash
+			return fmt.Errorf("replica: group %q: sync dir: %w", s.name, err)
+		}
+	}
+	s.tail.size = size
+	if s.beforeSync != nil {
+		if err := s.beforeSync(ents[len(ents)-1].GetIndex()); err != nil {
+			return fmt.Errorf("replica: group %q: fdatasync entries %d-%d: %w", s.name, first, first+uint64(len(ents))-1, err)
+		}
+	}
+	if err := fdatasync(s.tail.f); err != nil {
+		return fmt.Errorf("replica: group %q: fdatasync entries %d-%d: %w", s.name, first, first+uint64(len(ents))-1, err)
+	}
+	for _, e := range ents {
+		s.noteTerm(e.GetIndex(), e.GetTerm())
+	}
+	s.last = ents[len(ents)-1].GetIndex()
+	return nil
+}
+
+// truncate drops the entries after index, which are not committed.
+func (s *storage) truncate(index uint64) error {
+	if err := s.tw.TruncateBack(index); err != nil {
+		return fmt.Errorf("replica: group %q: drop entries after %d: %w", s.name, index, err)
+	}
+	if err := syncDir(s.dir); err != nil {
+		return fmt.Errorf("replica: group %q: sync dir: %w", s.name, err)
+	}
+	s.last = index
+	k := sort.Search(len(s.terms), func(k int) bool { return s.terms[k].index > index })
+	s.terms = s.terms[:k]
+	return s.findTail()
+}
+
+func encodeEntry(dst []byte, e *pb.Entry) []byte {
+	dst = append(dst, 0, 0, 0, 0, byte(e.GetType()))
+	dst = binary.LittleEndian.AppendUint64(dst, e.GetTerm())
+	dst = append(dst, e.GetData()...)
+	binary.LittleEndian.PutUint32(dst, entryCRC(e.GetIndex(), dst[4:]))
+	return dst
+}
+
+func entryCRC(index uint64, rest []byte) uint32 {
+	var ib [8]byte
+	binary.LittleEndian.PutUint64(ib[:], index)
+	return crc32.Update(crc32.Checksum(ib[:], castagnoli), castagnoli, rest)
+}
+
+// decodeEntry checks a stored entry that must hold index.
+func decodeEntry(b []byte, index uint64) (typ pb.EntryType, term uint64, data []byte, ok bool) {
+	if len(b) < entryFixed || entryCRC(index, b[4:]) != binary.LittleEndian.Uint32(b) {
+		return 0, 0, nil, false
+	}
+	return pb.EntryType(b[4]), binary.LittleEndian.Uint64(b[5:]), b[entryFixed:], true
+}
+
+// readEntry reads entry index from disk. Safe for concurrent use.
+func (s *storage) readEntry(index uint64) (pb.EntryType, uint64, []byte, error) {
+	b, err := s.tw.Read(index)
+	if err != nil {
+		return 0, 0, nil, fmt.Errorf("replica: group %q: read entry %d: %w", s.name, index, err)
+	}
+	typ, term, data, ok := decodeEntry(b, index)
+	if !ok {
+		return 0, 0, nil, fmt.Errorf("replica: group %q: entry %d: %w: checksum mismatch", s.name, index, ErrCorrupt)
+	}
+	return typ, term, data, nil
+}
+
+// setState records hs and cs (either may be nil: unchanged), durably if sync.
+func (s *storage) setState(hs *pb.HardState, cs *pb.ConfState, sync bool) error {
+	if hs != nil {
+		s.p.term, s.p.vote, s.p.commit = hs.GetTerm(), hs.GetVote(), hs.GetCommit()
+	}
+	if cs != nil {
+		s.p.conf = proto.Clone(cs).(*pb.ConfState)
+	}
+	if err := s.st.write(&s.p, sync); err != nil {
+		return fmt.Errorf("replica: group %q: %w", s.name, err)
+	}
+	return nil
+}
+
+// InitialState implements raft.Storage.
+func (s *storage) InitialState() (*pb.HardState, *pb.ConfState, error) {
+	hs := &pb.HardState{Term: new(s.p.term), Vote: new(s.p.vote), Commit: new(s.p.commit)}
+	return hs, proto.Clone(s.p.conf).(*pb.ConfState), nil
+}
+
+// Entries implements raft.Storage.
+func (s *storage) Entries(lo, hi, maxSize uint64) ([]*pb.Entry, error) {
+	if lo <= s.p.snapIndex {
+		return nil, raft.ErrCompacted
+	}
+	if hi > s.last+1 || lo > hi {
+		return nil, raft.ErrUnavailable
+	}
+	var out []*pb.Entry
+	var size uint64
+	for i := lo; i < hi; i++ {
+		typ, term, data, err := s.readEntry(i)
+		if err != nil {
+			return nil, err
+		}
+		e := &pb.Entry{Index: new(i), Term: new(term), Type: typ.Enum(), Data: data}
+		if size += uint64(proto.Size(e)); len(out) > 0 && size > maxSize {
+			break
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// Term implements raft.Storage.
+func (s *storage) Term(i uint64) (uint64, error) {
+	switch {
+	case i == s.p.snapIndex:
+		return s.p.snapTerm, nil
+	case i < s.p.snapIndex:
+		return 0, raft.ErrCompacted
+	case i > s.last:
+		return 0, raft.ErrUnavailable
+	}
+	k := sort.Search(len(s.terms), func(k int) bool { return s.terms[k].index > i })
+	return s.terms[k-1].term, nil
+}
+
+// LastIndex implements raft.Storage.
+func (s *storage) LastIndex() (uint64, error) { return s.last, nil }
+
+// FirstIndex implements raft.Storage.
+func (s *storage) FirstIndex() (uint64, error) { return s.p.snapIndex + 1, nil }
+
+// Snapshot implements raft.Storage. The log is the state machine, so a
+// snapshot is only its compaction point; a follower that needs entries
+// from before it cannot be caught up by this stage (the records
+// themselves would have to travel), hence ErrSnapshotTemporarilyUnavailable.
+func (s *storage) Snapshot() (*pb.Snapshot, error) {
+	if s.p.snapIndex != 0 {
+		return nil, raft.ErrSnapshotTemporarilyUnavailable
+	}
+	return &pb.Snapshot{Metadata: &pb.SnapshotMetadata{
+		ConfState: proto.Clone(s.p.conf).(*pb.ConfState), Index: new(uint64(0)), Term: new(uint64(0)),
+	}}, nil
+}
+
+func (s *storage) close() error {
+	var errs []error
+	if s.tw != nil {
+		errs = append(errs, s.tw.Close())
+	}
+	if s.tail.f != nil {
+		errs = append(errs, s.tail.f.Close())
+	}
+	errs = append(errs, s.st.close())
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("replica: group %q: close storage: %w", s.name, err)
+	}
+	return nil
+}
+
+type segmentFile struct {
+	index uint64
+	path  string
+	size  int64
+}
+
+// listSegments lists tidwall's segment files in dir by first index, and
+// whether an interrupted truncation left .START or .END files.
+func listSegments(dir string) (segs []segmentFile, pending bool, err error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, false, fmt.Errorf("replica: list segments in %q: %w", dir, err)
+	}
+	for _, e := range ents {
+		name := e.Name()
+		if e.IsDir() || len(name) < 20 {
+			continue
+		}
+		index, perr := strconv.ParseUint(name[:20], 10, 64)
+		if perr != nil || index == 0 {
+			continue
+		}
+		if len(name) > 20 {
+			pending = pending || filepath.Ext(name) == ".START" || filepath.Ext(name) == ".END"
+			continue
+		}
+		info, err := e.Info()
+		if err != nil {
+			return nil, false, fmt.Errorf("replica: stat segment %q: %w", name, err)
+		}
+		segs = append(segs, segmentFile{index: index, path: filepath.Join(dir, name), size: info.Size()})
+	}
+	return segs, pending, nil
+}

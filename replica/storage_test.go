@@ -1,0 +1,230 @@
+package replica
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"testing"
+
+	pb "go.etcd.io/raft/v3/raftpb"
+
+	"github.com/felix-broker/felix/wal"
+)
+
+func testEntry(index, term uint64, value string) *pb.Entry {
+	data := appendBatchHeader(nil, batchHeader{proposer: 1, seq: index, ts: int64(index), count: 1})
+	data = appendBatchRecord(data, &wal.Record{Value: []byte(value)})
+	return &pb.Entry{Index: new(index), Term: new(term), Type: pb.EntryNormal.Enum(), Data: data}
+}
+
+func openTestStorage(t *testing.T, dir string) (*storage, error) {
+	t.Helper()
+	return openStorage(dir, "orders/0", []uint64{1, 2, 3}, 1024, slog.New(slog.DiscardHandler))
+}
+
+// writeEntries creates a log in dir with entries 1..n of term 1 and the
+// given committed index.
+func writeEntries(t *testing.T, dir string, n, commit uint64) {
+	t.Helper()
+	s, err := openTestStorage(t, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ents []*pb.Entry
+	for i := uint64(1); i <= n; i++ {
+		ents = append(ents, testEntry(i, 1, fmt.Sprintf("value-%03d-%s", i, make([]byte, 40))))
+		if len(ents) == 3 || i == n {
+			if err := s.append(ents); err != nil {
+				t.Fatal(err)
+			}
+			ents = nil
+		}
+	}
+	if err := s.setState(&pb.HardState{Term: new(uint64(1)), Vote: new(uint64(1)), Commit: new(commit)}, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// lastSegment returns the path of dir's last segment, its bytes, and where
+// its last entry starts.
+func lastSegment(t *testing.T, dir string) (string, []byte, int) {
+	t.Helper()
+	segs, _, err := listSegments(dir)
+	if err != nil || len(segs) < 2 {
+		t.Fatalf("segments: %v %v (the test wants several)", segs, err)
+	}
+	path := segs[len(segs)-1].path
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := 0
+	for pos := 0; pos < len(data); {
+		size, h := binary.Uvarint(data[pos:])
+		at, pos = pos, pos+h+int(size)
+	}
+	return path, data, at
+}
+
+func TestStorageRepairsTornTail(t *testing.T) {
+	cases := []struct {
+		name     string
+		damage   func(data []byte, lastAt int) []byte
+		commit   uint64
+		wantLast uint64
+		wantErr  error
+	}{
+		{"half an entry appended", func(d []byte, _ int) []byte { return append(d, 0x40, 1, 2, 3) }, 30, 30, nil},
+		{"last entry cut short", func(d []byte, at int) []byte { return d[:len(d)-5] }, 29, 29, nil},
+		{"bit flipped in the last entry", func(d []byte, at int) []byte { d[len(d)-3] ^= 0x10; return d }, 29, 29, nil},
+		{"torn entry below the committed index", func(d []byte, at int) []byte { return d[:len(d)-5] }, 30, 0, ErrCorrupt},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeEntries(t, dir, 30, tc.commit)
+			path, data, at := lastSegment(t, dir)
+			if err := os.WriteFile(path, tc.damage(data, at), 0o640); err != nil {
+				t.Fatal(err)
+			}
+			s, err := openTestStorage(t, dir)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("open: %v, want %v", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("open: %v", err)
+			}
+			defer s.close()
+			if last, _ := s.LastIndex(); last != tc.wantLast {
+				t.Fatalf("last index %d after repair, want %d", last, tc.wantLast)
+			}
+			ents, err := s.Entries(1, tc.wantLast+1, 1<<30)
+			if err != nil || uint64(len(ents)) != tc.wantLast {
+				t.Fatalf("entries after repair: %d, %v", len(ents), err)
+			}
+			// The repaired log takes the next entry where the cut left it.
+			if err := s.append([]*pb.Entry{testEntry(tc.wantLast+1, 2, "after")}); err != nil {
+				t.Fatalf("append after repair: %v", err)
+			}
+		})
+	}
+}
+
+func TestStorageReplacesUncommittedSuffix(t *testing.T) {
+	dir := t.TempDir()
+	writeEntries(t, dir, 30, 20)
+	s, err := openTestStorage(t, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.append([]*pb.Entry{testEntry(21, 2, "new21"), testEntry(22, 2, "new22")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.append([]*pb.Entry{testEntry(20, 2, "x")}); err == nil {
+		t.Fatal("append replaced a committed entry")
+	}
+	if err := s.close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err = openTestStorage(t, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	if last, _ := s.LastIndex(); last != 22 {
+		t.Fatalf("last index %d, want 22", last)
+	}
+	for i, want := range map[uint64]uint64{0: 0, 1: 1, 20: 1, 21: 2, 22: 2} {
+		if got, err := s.Term(i); err != nil || got != want {
+			t.Fatalf("term of %d: %d %v, want %d", i, got, err, want)
+		}
+	}
+	ents, err := s.Entries(21, 23, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, recs, err := decodeBatch(ents[1].GetData(), 0)
+	if err != nil || string(recs[0].Value) != "new22" {
+		t.Fatalf("entry 22 holds %v %v", recs, err)
+	}
+}
+
+func TestStateFileKeepsLastDurableState(t *testing.T) {
+	dir := t.TempDir()
+	conf := &pb.ConfState{Voters: []uint64{1, 2, 3}}
+	sf, p, created, err := openState(dir, persistent{conf: conf})
+	if err != nil || !created {
+		t.Fatalf("create: %v %v", created, err)
+	}
+	p.term, p.vote = 5, 2
+	if err := sf.write(&p, true); err != nil {
+		t.Fatal(err)
+	}
+	durable := sf.durable
+	p.commit = 9
+	if err := sf.write(&p, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := sf.close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Both slots intact: the newer (commit 9) wins.
+	sf, got, _, err := openState(dir, persistent{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sf.close()
+	if got.term != 5 || got.vote != 2 || got.commit != 9 || len(got.conf.GetVoters()) != 3 {
+		t.Fatalf("read %+v", got)
+	}
+	// The spare slot torn: the last durable state is still there.
+	f, err := os.OpenFile(dir+"/"+stateFileName, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{0xff, 0xff}, int64((1-durable)*stateSlot+20)); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	sf, got, _, err = openState(dir, persistent{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sf.close()
+	if got.term != 5 || got.vote != 2 || got.commit != 0 {
+		t.Fatalf("after tearing the spare slot: %+v, want term 5 vote 2 commit 0", got)
+	}
+}
+
+func TestDecodeBatchNeverPanics(t *testing.T) {
+	data := appendBatchHeader(nil, batchHeader{proposer: 1, seq: 1, ts: 1, count: 2})
+	data = appendBatchRecord(data, &wal.Record{Key: []byte("k"), Value: []byte("v"), Headers: map[string]string{"a": "b"}, ProducerID: "p"})
+	data = appendBatchRecord(data, &wal.Record{Value: []byte("w")})
+	if _, recs, err := decodeBatch(data, 7); err != nil || len(recs) != 2 || recs[1].Offset != 8 || recs[0].Headers["a"] != "b" {
+		t.Fatalf("decode: %v %v", recs, err)
+	}
+	for i := range data {
+		if _, _, err := decodeBatch(data[:i], 0); err == nil {
+			t.Fatalf("a batch cut at %d of %d bytes decoded", i, len(data))
+		}
+	}
+}
+
+func FuzzDecodeBatch(f *testing.F) {
+	data := appendBatchHeader(nil, batchHeader{proposer: 1, seq: 1, ts: 1, count: 1})
+	f.Add(appendBatchRecord(data, &wal.Record{Key: []byte("k"), Value: []byte("v"), Headers: map[string]string{"a": "b"}}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _, _ = decodeBatch(b, 0)
+		_, _, _, _ = decodeEntry(b, 1)
+		_, _, _ = decodeSlot(b)
+	})
+}
