@@ -9,6 +9,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/felix-broker/felix/replica"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 	"github.com/felix-broker/felix/wal"
@@ -56,7 +57,8 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 		return
 	}
 	id := shardmap.ShardID{Stream: sub.Stream, Shard: int(sub.Shard)}
-	if owner := st.Placement.Owner(id.Shard); owner != b.cfg.NodeID {
+	if !st.Placement.IsReplica(id.Shard, b.cfg.NodeID) {
+		owner := st.Placement.Owner(id.Shard)
 		b.refuse(s, &transport.Error{Code: transport.CodeNotOwner, Epoch: m.Epoch, Owner: owner,
 			Message: fmt.Sprintf("%s does not own %s; subscribe at %s", b.cfg.NodeID, id, owner)})
 		return
@@ -68,7 +70,7 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 		return
 	}
 	defer e.release() // the subscription keeps its log open
-	log := e.log
+	log := e.sl
 	next := log.FirstOffset()
 	switch sub.Start {
 	case transport.StartLatest:
@@ -204,11 +206,11 @@ func readError(node string, id shardmap.ShardID, at uint64, err error) *transpor
 		return &transport.Error{Code: transport.CodeCorrupt, From: ce.From, To: ce.To,
 			Message: fmt.Sprintf("%s: records at offsets %d-%d are damaged in %s's log (%s); subscribe at offset %d to skip them",
 				id, ce.From, ce.To, node, ce.Reason, ce.To+1)}
-	case errors.Is(err, wal.ErrOutOfRange):
+	case errors.Is(err, wal.ErrOutOfRange), errors.Is(err, replica.ErrOutOfRange):
 		// Below FirstOffset (retention passed the subscriber), or past
 		// the end; a read at NextOffset waits instead.
 		return &transport.Error{Code: transport.CodeOutOfRange, Message: fmt.Sprintf("reading %s at offset %d: %v", id, at, err)}
-	case errors.Is(err, wal.ErrClosed):
+	case errors.Is(err, wal.ErrClosed), errors.Is(err, replica.ErrClosed):
 		return &transport.Error{Code: transport.CodeShuttingDown, Message: fmt.Sprintf("reading %s at offset %d: %v", id, at, err)}
 	}
 	return &transport.Error{Code: transport.CodeInternal, Message: fmt.Sprintf("reading %s at offset %d: %v", id, at, err)}
