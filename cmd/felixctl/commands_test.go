@@ -254,7 +254,7 @@ func TestCommands(t *testing.T) {
 			t.Fatalf("%+v", r)
 		}
 		r := felixctl(t, env, "stream", "ls")
-		if r.code != 0 || !regexp.MustCompile(`(?m)^orders +1 +unlimited$`).MatchString(r.stdout) || !regexp.MustCompile(`(?m)^pay +3 +unlimited$`).MatchString(r.stdout) {
+		if r.code != 0 || !regexp.MustCompile(`(?m)^orders +1 +1 +unlimited$`).MatchString(r.stdout) || !regexp.MustCompile(`(?m)^pay +3 +1 +unlimited$`).MatchString(r.stdout) {
 			t.Errorf("stream ls: %+v", r)
 		}
 		r = felixctl(t, env, "stream", "ls", "--json")
