@@ -1,11 +1,14 @@
 package broker
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/felix-broker/felix/internal/cluster"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 	"github.com/felix-broker/felix/wal"
@@ -154,5 +157,46 @@ func TestReplicatedRefusesIdempotent(t *testing.T) {
 	f := ws.recv()
 	if err, ok := f.(*transport.Error); !ok || !errors.Is(err, transport.ErrInvalid) {
 		t.Fatalf("idempotent publish to R=3: %T %+v, want invalid", f, f)
+	}
+}
+
+// TestRaftStreamIdentity: a raft stream is for brokers only, and a broker
+// speaks for itself only: a client's raft frame and a peer's frame in
+// another broker's name are refused unauthorized.
+func TestRaftStreamIdentity(t *testing.T) {
+	ip := startInprocWith(t, fastRaft, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	target := ip.brokers[0]
+
+	ws := openStream(t, ip.dial(target))
+	ws.send(&transport.Raft{From: "broker-1"})
+	if f, ok := ws.recv().(*transport.Error); !ok || !errors.Is(f, transport.ErrUnauthorized) {
+		t.Fatalf("raft frame from a client: %T %+v, want unauthorized", f, f)
+	}
+
+	nt, err := cluster.LoadNodeTLS(filepath.Join(ip.dir, "certs"), "broker-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	conn, err := transport.Dial(ctx, target.Addr().String(), transport.VerifyPeer(nt.Peer, transport.RoleNode, target.NodeID()), transport.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.CloseWithError(0, "test done")
+	ps := openStream(t, conn)
+	ps.send(&transport.Raft{From: "broker-2", Msgs: []transport.RaftMsg{{Stream: "r3", Shard: 0, Data: []byte{0}}}})
+	if f, ok := ps.recv().(*transport.Error); !ok || !errors.Is(f, transport.ErrUnauthorized) {
+		t.Fatalf("raft frame in another broker's name: %T %+v, want unauthorized", f, f)
+	}
+	// In its own name, garbage and messages in another replica's raft id
+	// are dropped, and the stream goes on.
+	ok := openStream(t, conn)
+	ok.send(&transport.Raft{From: "broker-1", Msgs: []transport.RaftMsg{{Stream: "r3", Shard: 0, Data: []byte{0xff, 0xff}}, {Stream: "nope", Shard: 7}}})
+	ok.send(&transport.Raft{From: "broker-1"})
+	ok.s.Close()
+	// The group still works.
+	if f := publishVia(t, ip, target, "r3", 0, 1, "after"); f.Type() != transport.FrameAck {
+		t.Fatalf("publish after bad raft messages: %T %+v", f, f)
 	}
 }
