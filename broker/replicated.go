@@ -13,9 +13,9 @@ package broker
 // Routing (dispatchReplicated): the leader takes the publish; a replica
 // that is not the leader forwards a client's publish to the leader its
 // group knows, and answers a peer's forward with NotOwner naming it; a
-// broker outside the replica set forwards to the leader it last heard of
-// (a NotOwner's Owner, kept in Broker.leaders) or else to the first live
-// replica, owner first. While no leader is known the record waits in the
+// broker outside the replica set, or a replica whose group knows no
+// leader, forwards to the leader it last heard of (a NotOwner's Owner,
+// kept in Broker.leaders) or else to the first live replica, owner first. While no leader is known the record waits in the
 // session's retrier and is routed again every RaftTick, up to
 // ForwardTimeout after it first needed a leader; then it fails
 // unavailable. A record the group drops or a new leader's entries replace
@@ -23,6 +23,13 @@ package broker
 //
 // Subscribers read committed records only (Group.Read), from whichever
 // replica they subscribe at.
+//
+// A replica whose log was lost (its data directory deleted) cannot rejoin
+// under its old raft id: raft would need a membership change (remove it,
+// add a new member), which this stage does not make. Its group stops
+// (replica.ErrFailed) when the leader's first message contradicts its
+// empty log, the broker goes on serving (routing that shard's publishes
+// to the other replicas), and the shard keeps its majority of two.
 //
 // Not in this stage: idempotent publish (the producer table is the
 // owner's memory, rebuilt from its log; a replicated shard would need it
@@ -113,17 +120,18 @@ func (b *Broker) forgetLeader(id shardmap.ShardID, node string) {
 	b.leaders.CompareAndDelete(id, node)
 }
 
-// guessLeader returns where a broker outside the replica set sends a
-// publish of shard id: the leader last heard of, if it is a live replica,
-// else the first live replica (the owner first); "" if none is live.
-func (b *Broker) guessLeader(m *shardmap.Map, id shardmap.ShardID, set []string) string {
+// guessLeader returns where to send a publish of shard id when this
+// broker's own replica (if any) knows no leader: the leader last heard
+// of, if it is a live replica, else the first live replica (the owner
+// first); never not, and "" if none will do.
+func (b *Broker) guessLeader(m *shardmap.Map, id shardmap.ShardID, set []string, not string) string {
 	if v, ok := b.leaders.Load(id); ok {
-		if n := v.(string); slices.Contains(set, n) && live(m, n) {
+		if n := v.(string); n != not && slices.Contains(set, n) && live(m, n) {
 			return n
 		}
 	}
 	for _, n := range set {
-		if live(m, n) {
+		if n != not && live(m, n) {
 			return n
 		}
 	}
@@ -173,8 +181,13 @@ func (p *pubSession) dispatchReplicated(in inbound, m *shardmap.Map, st *shardma
 		if target != "" && !live(m, target) {
 			target = "" // its lease ran out: wait for the election
 		}
+		if target == "" {
+			// This replica knows no leader (an election, or its group
+			// failed): another replica may.
+			target = b.guessLeader(m, id, set, b.cfg.NodeID)
+		}
 	} else {
-		target = b.guessLeader(m, id, set)
+		target = b.guessLeader(m, id, set, "")
 	}
 	switch {
 	case target == "":

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/quic-go/quic-go"
 
@@ -70,6 +71,10 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 		return
 	}
 	defer e.release() // the subscription keeps its log open
+	if e.group != nil && e.group.Err() != nil {
+		b.refuse(s, replicaFailed(b.cfg.NodeID, id, e.group.Err()))
+		return
+	}
 	log := e.sl
 	next := log.FirstOffset()
 	switch sub.Start {
@@ -77,7 +82,9 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 		next = log.NextOffset()
 	case transport.StartOffset:
 		next = sub.Offset
-		if first, end := log.FirstOffset(), log.NextOffset(); next < first || next > end {
+		// A replica may lag behind the one that served the offset: it
+		// waits for it (committed elsewhere, it is coming).
+		if first, end := log.FirstOffset(), log.NextOffset(); next < first || next > end && e.group == nil {
 			b.refuse(s, &transport.Error{Code: transport.CodeOutOfRange,
 				Message: fmt.Sprintf("offset %d of %s is outside the retained range %d..%d", next, id, first, end)})
 			return
@@ -122,6 +129,16 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 	}
 	defer charge(0)
 
+	// A replica's group can fail while a subscriber waits on it: look
+	// every second, and end the subscription then (the SDK moves on to
+	// another replica).
+	var groupCheck <-chan time.Time
+	if e.group != nil {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		groupCheck = t.C
+	}
+
 	w := transport.NewWriter(s)
 	w.SetMaxFrame(max(b.cfg.Transport.MaxFrame, transport.DefaultMaxFrame))
 	out := &transport.Records{Stream: sub.Stream, Shard: sub.Shard}
@@ -149,13 +166,23 @@ loop:
 		credit.giveBack(n - len(recs))
 		if len(recs) == 0 {
 			charge(0)
-			select {
-			case <-changed:
-				continue
-			case <-credit.done:
-			case <-b.ctx.Done():
+			for {
+				select {
+				case <-changed:
+					continue loop
+				case <-groupCheck:
+					err := e.group.Err()
+					if err == nil {
+						continue // still running: wait on
+					}
+					werr := replicaFailed(b.cfg.NodeID, id, err)
+					w.Write(werr)
+					b.tel.countError(werr.Code)
+				case <-credit.done:
+				case <-b.ctx.Done():
+				}
+				break loop
 			}
-			break loop
 		}
 		out.Records = out.Records[:0]
 		size, held := 0, 0
@@ -194,6 +221,13 @@ loop:
 	}
 	s.CancelRead(0)
 	s.Close()
+}
+
+// replicaFailed is the wire error for a subscription to a replica whose
+// group stopped: unavailable, which the SDK answers by trying another
+// replica.
+func replicaFailed(node string, id shardmap.ShardID, err error) *transport.Error {
+	return &transport.Error{Code: transport.CodeUnavailable, Message: fmt.Sprintf("%s's replica of %s stopped (%v); read from another replica", node, id, err)}
 }
 
 // readError is the wire error for a failed read of id's log at offset at.

@@ -31,6 +31,16 @@ func (g *Group) run() {
 	defer close(g.done)
 	l := &loop{unindexed: map[uint64]*waiter{}, byIndex: map[uint64]*waiter{}}
 	defer g.drain(l)
+	// raft panics when its state cannot go on, most often on a peer's
+	// message that this replica's state contradicts: a leader's commit
+	// index beyond a log that was lost (a data directory deleted, which
+	// raft allows only through a membership change). That stops this
+	// group (ErrFailed), never the process.
+	defer func() {
+		if r := recover(); r != nil {
+			g.fail(fmt.Errorf("raft stopped the group: %v (a replica whose log was lost cannot rejoin under its old id)", r))
+		}
+	}()
 	for {
 		select {
 		case <-g.stop:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"os"
 	"slices"
 	"sort"
 	"sync"
@@ -38,7 +39,8 @@ const failoverBound = 15 * time.Second
 // acks linearizable: porcupine), that the subscriber saw every shard in
 // offset order without a gap or a duplicate, and that every replica,
 // the restarted ones included, holds the same records at the same
-// offsets.
+// offsets; and that a broker whose data directory was deleted (a machine
+// lost) comes back serving, with no acked record lost.
 func TestReplicatedFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the replicated failover test takes about a minute")
@@ -94,6 +96,32 @@ func TestReplicatedFailover(t *testing.T) {
 			t.Fatalf("cycle %d: restarting %s: %v", cycle, leader, err)
 		}
 	}
+	// A machine lost: a follower's data directory is deleted while the
+	// shard keeps its majority. It comes back empty; it cannot rejoin its
+	// groups under its old raft ids (that needs a membership change, not
+	// built yet), so its replicas stop (replica.ErrFailed), but the broker
+	// keeps serving: its publishers' records go to the leaders, and no
+	// acked record is lost (checked below with the other replicas).
+	leader := probes.leader(ctx, "")
+	var lost *cluster.Broker
+	for _, b := range c.Brokers() {
+		if b.ID != leader {
+			lost = b
+			break
+		}
+	}
+	if err := c.Kill(lost.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(lost.DataDir); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if err := c.Restart(ctx, lost.ID); err != nil {
+		t.Fatalf("restarting %s with an empty data directory: %v", lost.ID, err)
+	}
+	t.Logf("deleted the data directory of %s (a follower; %s leads %s/0) and restarted it", lost.ID, leader, stream)
+
 	time.Sleep(time.Second)
 	close(stop)
 	wg.Wait()
@@ -128,9 +156,15 @@ func TestReplicatedFailover(t *testing.T) {
 	}
 	sub.finish(t, ends)
 
+	if !lost.Running() {
+		t.Errorf("%s exited after its data directory was deleted: a lost replica must stop its group, not the broker", lost.ID)
+	}
 	// Every replica, the restarted ones included, holds the same records
 	// at the same offsets (read from each broker's own replica).
 	for _, b := range c.Brokers() {
+		if b == lost {
+			continue
+		}
 		for s := range shards {
 			got := readReplicaAt(t, ctx, c, b, stream, s, ends[s])
 			if !slices.Equal(got, logs[s]) {
