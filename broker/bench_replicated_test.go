@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"slices"
 	"testing"
 	"time"
 
@@ -67,21 +66,7 @@ func BenchmarkPublishReplicatedInProcess(b *testing.B) {
 				}
 				return time.Since(t0)
 			}
-			for range 200 {
-				publish()
-			}
-			lat := make([]time.Duration, 0, b.N)
-			b.ResetTimer()
-			for b.Loop() {
-				lat = append(lat, publish())
-			}
-			b.StopTimer()
-			slices.Sort(lat)
-			pct := func(q float64) float64 {
-				return float64(lat[min(len(lat)-1, int(q*float64(len(lat))))]) / float64(time.Microsecond)
-			}
-			b.ReportMetric(pct(0.50), "p50-us")
-			b.ReportMetric(pct(0.99), "p99-us")
+			closedLoop(b, publish)
 		})
 	}
 }
