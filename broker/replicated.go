@@ -181,15 +181,20 @@ func (p *pubSession) dispatchReplicated(in inbound, m *shardmap.Map, st *shardma
 		if target != "" && !live(m, target) {
 			target = "" // its lease ran out: wait for the election
 		}
-		if target == "" {
+		if target == "" && p.peerID == "" {
 			// This replica knows no leader (an election, or its group
-			// failed): another replica may.
+			// failed): another replica may. (A peer's forward is answered
+			// with no leader instead: the forwarder waits a tick rather
+			// than bouncing between replicas that do not know.)
 			target = b.guessLeader(m, id, set, b.cfg.NodeID)
 		}
 	} else {
 		target = b.guessLeader(m, id, set, "")
 	}
 	switch {
+	case target == "" && p.peerID != "" && slices.Contains(set, b.cfg.NodeID):
+		p.fail(in, &transport.Error{Code: transport.CodeNotOwner, Epoch: m.Epoch,
+			Message: fmt.Sprintf("%s knows no leader of %s yet", b.cfg.NodeID, id)})
 	case target == "":
 		p.awaitLeader(in, attempt, id, "no leader of %s is known yet")
 	case p.peerID != "":
