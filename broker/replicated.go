@@ -102,6 +102,41 @@ func (s *shardSet) openGroup(e *shardEntry, dir string, st *shardmap.Stream) err
 	return nil
 }
 
+// opReplicaStatus asks a broker about its replicas of a stream's shards.
+const opReplicaStatus = "replica.status"
+
+// replicaStates returns what this broker's open replicas of stream's
+// shards know: leader, term, committed offsets, failure.
+func (b *Broker) replicaStates(stream string) []transport.ReplicaState {
+	var out []transport.ReplicaState
+	b.shards.mu.RLock()
+	var es []*shardEntry
+	for id, e := range b.shards.mu.entries {
+		if id.Stream == stream && e.gone == nil && e.pinned {
+			es = append(es, e)
+		}
+	}
+	b.shards.mu.RUnlock()
+	for _, e := range es {
+		select {
+		case <-e.ready:
+		default:
+			continue // opening
+		}
+		if e.group == nil {
+			continue // failed to open
+		}
+		_, term := e.group.Leader()
+		st := transport.ReplicaState{Shard: e.id.Shard, Node: b.cfg.NodeID, Leader: e.leaderNode(), Term: term, Next: e.group.NextOffset()}
+		if err := e.group.Err(); err != nil {
+			st.Err = err.Error()
+		}
+		out = append(out, st)
+	}
+	slices.SortFunc(out, func(a, b transport.ReplicaState) int { return a.Shard - b.Shard })
+	return out
+}
+
 // leaderNode returns the node of the leader e's group knows, "" if none.
 func (e *shardEntry) leaderNode() string {
 	id, _ := e.group.Leader()

@@ -307,6 +307,21 @@ func TestCommands(t *testing.T) {
 		if r := felixctl(t, env, "pub", "r3", "hello", "--shard", "1"); r.code != 0 || !strings.Contains(r.stdout, "(shard 1, offset 0)") {
 			t.Errorf("pub to a replicated stream: %+v", r)
 		}
+		// Each replica reports the leader it knows and its committed
+		// offsets: the record is on every replica (none behind) once
+		// the followers learn the commit.
+		caughtUp := regexp.MustCompile(`(?m)^r3/1 +broker-\d +broker-\d +\d+ +1 +0$`)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			r = felixctl(t, env, "stream", "info", "r3")
+			if len(caughtUp.FindAllString(r.stdout, -1)) == 3 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("stream info does not show three replicas of r3/1 with the record committed: %+v", r)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 		if r := felixctl(t, env, "stream", "rm", "r3"); r.code != 0 {
 			t.Errorf("stream rm of a replicated stream: %+v", r)
 		}

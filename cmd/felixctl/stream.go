@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/felix-broker/felix/client"
 	"github.com/felix-broker/felix/shardmap"
 )
 
@@ -49,6 +50,9 @@ type streamJSON struct {
 	// shard s); for a replicated stream, each shard's replica set, owner
 	// (the preferred leader) first.
 	Owners shardmap.Placement `json:"owners,omitzero"`
+	// ReplicaStatus is, for a replicated stream (stream info), what each
+	// replica knows: its leader, term and committed offsets.
+	ReplicaStatus []client.ReplicaState `json:"replica_status,omitempty"`
 }
 
 func toJSON(sc shardmap.StreamConfig, owners shardmap.Placement) streamJSON {
@@ -127,12 +131,21 @@ func (s *streamInfoCmd) Run(a *app) error {
 			return err
 		}
 		owners := owners(ctx, c, s.Name)
+		var states []client.ReplicaState
+		if sc.Factor() > 1 {
+			if states, err = c.ReplicaStatus(ctx, s.Name); err != nil {
+				return err
+			}
+		}
 		if g.JSON {
-			return printJSON(a.stdout, toJSON(sc, owners))
+			j := toJSON(sc, owners)
+			j.ReplicaStatus = states
+			return printJSON(a.stdout, j)
 		}
 		fmt.Fprintf(a.stdout, "stream %s: %d shard%s, retention %s%s\n", sc.Name, sc.Shards, plural(sc.Shards), retention(sc), replicas(sc))
 		m, _ := c.Map(ctx)
 		writeOwners(a.stdout, s.Name, owners, m)
+		writeReplicaStatus(a.stdout, s.Name, states)
 		return nil
 	})
 }
@@ -201,6 +214,42 @@ func writeOwners(w io.Writer, stream string, owners shardmap.Placement, m *shard
 			line += "\t" + strings.Join(set, ", ")
 		}
 		fmt.Fprintln(tw, line)
+	}
+	tw.Flush()
+}
+
+// writeReplicaStatus prints, for a replicated stream, each replica's
+// leader, term, committed offsets and how far it is behind the leader.
+func writeReplicaStatus(w io.Writer, stream string, states []client.ReplicaState) {
+	if len(states) == 0 {
+		return
+	}
+	// The leader's committed offsets, by shard, or else the most any
+	// replica of the shard has.
+	head, led := map[int]uint64{}, map[int]bool{}
+	for _, st := range states {
+		if st.Err == "" && st.Leader == st.Node {
+			head[st.Shard], led[st.Shard] = st.Next, true
+		}
+	}
+	for _, st := range states {
+		if st.Err == "" && !led[st.Shard] {
+			head[st.Shard] = max(head[st.Shard], st.Next)
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SHARD\tREPLICA\tLEADER\tTERM\tCOMMITTED\tBEHIND")
+	for _, st := range states {
+		if st.Err != "" {
+			fmt.Fprintf(tw, "%s/%d\t%s\t-\t-\t-\t%s\n", stream, st.Shard, st.Node, st.Err)
+			continue
+		}
+		leader := st.Leader
+		if leader == "" {
+			leader = "(election)"
+		}
+		behind := head[st.Shard] - min(st.Next, head[st.Shard])
+		fmt.Fprintf(tw, "%s/%d\t%s\t%s\t%d\t%d\t%d\n", stream, st.Shard, st.Node, leader, st.Term, st.Next, behind)
 	}
 	tw.Flush()
 }
