@@ -16,16 +16,33 @@
 //
 // # Storage
 //
-// Each tidwall entry holds one raft entry: its type, term and data, with a
-// CRC-32C over them and the index (storage.go). A normal entry's data is a
-// batch of records, their timestamp and the proposer's identity
-// (codec.go). Appends are written as one tidwall batch and fdatasynced
-// once per Ready; a suffix raft replaces is cut with TruncateBack (never a
-// committed one). Open repairs a torn tail of the last segment (an append
-// that was never acknowledged) and refuses a log that ends below the
+// Each tidwall entry holds one raft entry: the raftpb.Entry fields (type,
+// term, data) with one CRC-32C over them and the index (storage.go), not
+// records with a CRC each as in package wal: raft needs every entry's term,
+// and an entry is always written and read whole, so one checksum covers it.
+// A normal entry's data is a batch of records with their timestamp and the
+// proposer's identity (codec.go). The appends of a Ready are written as one
+// tidwall batch and fdatasynced once (the segment file directly, as package
+// wal does, following tidwall's segment roll and fsyncing the directory
+// when a segment starts); a suffix raft replaces is cut with TruncateBack,
+// never a committed one. Open repairs a torn tail of the last segment (an
+// append that was never acknowledged) and refuses a log that ends below the
 // committed index. The raft state lives in a double-buffered, checksummed
 // file (state.go): term and vote changes are fdatasynced before any message
 // that depends on them leaves.
+//
+// # The Ready loop
+//
+// One goroutine per group owns the RawNode (etcd's synchronous storage
+// contract; AsyncStorageWrites is off). Per Ready it: sends the leader's
+// appends and heartbeats first, unless term or vote changed, so the
+// leader's fdatasync runs in parallel with the followers' appends (raft
+// thesis 10.2.1); applies committed entries it already holds on disk;
+// writes and fdatasyncs the new entries, writes the HardState (synced if
+// term or vote changed); sends the other messages (votes, append
+// responses: only after the write); applies the rest; calls Advance. All
+// records that arrived while the previous Ready was handled go into one
+// entry (up to Config.MaxEntryBytes): group commit with no timer.
 //
 // # Offsets
 //

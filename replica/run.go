@@ -124,6 +124,13 @@ func (g *Group) propose(l *loop, buf []byte, ends []int, dones []func(uint64, in
 // majority has it on disk.
 func (g *Group) handleReady(l *loop) error {
 	rd := g.rn.Ready()
+	if !raft.IsEmptySnap(rd.Snapshot) {
+		// Step refuses MsgSnap and Storage never offers one, so this cannot
+		// happen; applying entries past an ignored snapshot would give
+		// wrong offsets, so the group stops instead.
+		return fmt.Errorf("replica: group %q: raft handed over a snapshot at index %d, which this version cannot install",
+			g.cfg.Name, rd.Snapshot.GetMetadata().GetIndex())
+	}
 	if rd.SoftState != nil {
 		g.leader.Store(rd.SoftState.Lead)
 	}
