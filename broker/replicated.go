@@ -24,12 +24,15 @@ package broker
 // Subscribers read committed records only (Group.Read), from whichever
 // replica they subscribe at.
 //
-// A replica whose log was lost (its data directory deleted) cannot rejoin
-// under its old raft id: raft would need a membership change (remove it,
-// add a new member), which this stage does not make. Its group stops
-// (replica.ErrFailed) when the leader's first message contradicts its
-// empty log, the broker goes on serving (routing that shard's publishes
-// to the other replicas), and the shard keeps its majority of two.
+// A replica whose log was lost (the broker's data directory deleted)
+// cannot rejoin under its old raft id: raft would need a membership
+// change (remove it, add a new member), which this stage does not make.
+// A broker that starts without its shard data directory keeps the
+// replicas the map gives it closed (noteLostLocked), routes their
+// publishes and subscribers to the other replicas, and the shard goes on
+// with its majority of two. (Should a replica with a lost log run anyway,
+// say one shard's directory deleted alone, package replica stops its
+// group rather than the process when raft refuses to go on.)
 //
 // Not in this stage: idempotent publish (the producer table is the
 // owner's memory, rebuilt from its log; a replicated shard would need it
@@ -68,7 +71,35 @@ var (
 var (
 	errNoMap     = errors.New("broker: no shard map yet")
 	errNotMember = errors.New("broker: peer not in the shard map")
+	// errReplicaLost: this broker's replica of the shard was lost with its
+	// data directory and cannot rejoin under its raft id.
+	errReplicaLost = errors.New("broker: replica lost with the data directory")
 )
+
+// noteLostLocked marks as lost, when the broker started with no shard data
+// directory, every replica of a replicated shard the first map m gives it:
+// a replica set is placed only over members, and a member's broker has
+// run with its data directory, so those replicas existed and are gone.
+// Rejoining under the same raft id with an empty log is what raft forbids
+// (its votes are forgotten, and the leader still counts the entries it
+// had: the leader's next heartbeat would stop the group, its next append
+// could stop the leader's), so they stay closed until a membership change
+// replaces them (not built yet); the shard goes on with its other two.
+func (s *shardSet) noteLostLocked(m *shardmap.Map) {
+	var ids []string
+	for _, id := range m.ReplicatedBy(s.node) {
+		if st, ok := m.Stream(id.Stream); ok && st.Replicas > 1 {
+			s.mu.lost[id] = true
+			if len(ids) < maxListed {
+				ids = append(ids, id.String())
+			}
+		}
+	}
+	if len(s.mu.lost) > 0 {
+		s.logger.Error("this broker started with no shard data, but the map names it a replica of replicated shards: those replicas were lost with the data directory and stay closed (they cannot rejoin their raft groups under their old ids; the shards go on with their other replicas)",
+			"replicas", len(s.mu.lost), "first", ids, "dir", s.root.Name())
+	}
+}
 
 // entryBytes is the largest raft entry of a replicated shard: room for
 // one record of MaxPayload and its framing.
@@ -114,6 +145,11 @@ func (b *Broker) replicaStates(stream string) []transport.ReplicaState {
 	for id, e := range b.shards.mu.entries {
 		if id.Stream == stream && e.gone == nil && e.pinned {
 			es = append(es, e)
+		}
+	}
+	for id := range b.shards.mu.lost {
+		if id.Stream == stream {
+			out = append(out, transport.ReplicaState{Shard: id.Shard, Node: b.cfg.NodeID, Err: errReplicaLost.Error()})
 		}
 	}
 	b.shards.mu.RUnlock()
@@ -200,6 +236,11 @@ func (p *pubSession) dispatchReplicated(in inbound, m *shardmap.Map, st *shardma
 	var target string
 	if slices.Contains(set, b.cfg.NodeID) {
 		e, err := b.shards.acquire(m, id)
+		if errors.Is(err, errReplicaLost) {
+			// Route as a broker outside the replica set would.
+			p.forwardReplicated(in, m, id, b.guessLeader(m, id, set, b.cfg.NodeID), attempt)
+			return
+		}
 		if err != nil {
 			p.fail(in, &transport.Error{Code: transport.CodeUnavailable,
 				Message: fmt.Sprintf("%s cannot open its replica of %s: %v", b.cfg.NodeID, id, err)})
@@ -226,19 +267,29 @@ func (p *pubSession) dispatchReplicated(in inbound, m *shardmap.Map, st *shardma
 	} else {
 		target = b.guessLeader(m, id, set, "")
 	}
-	switch {
-	case target == "" && p.peerID != "" && slices.Contains(set, b.cfg.NodeID):
+	if target == "" && p.peerID != "" && slices.Contains(set, b.cfg.NodeID) {
 		p.fail(in, &transport.Error{Code: transport.CodeNotOwner, Epoch: m.Epoch,
 			Message: fmt.Sprintf("%s knows no leader of %s yet", b.cfg.NodeID, id)})
+		return
+	}
+	p.forwardReplicated(in, m, id, target, attempt)
+}
+
+// forwardReplicated sends in to target, the leader of id as far as this
+// broker knows: it waits for one when target is "", and answers a peer's
+// forward with NotOwner naming target.
+func (p *pubSession) forwardReplicated(in inbound, m *shardmap.Map, id shardmap.ShardID, target string, attempt int) {
+	b := p.b
+	switch {
 	case target == "":
 		p.awaitLeader(in, attempt, id, "no leader of %s is known yet")
 	case p.peerID != "":
 		p.fail(in, &transport.Error{Code: transport.CodeNotOwner, Epoch: m.Epoch, Owner: target,
 			Message: fmt.Sprintf("%s is not the leader of %s; %s is", b.cfg.NodeID, id, target)})
 	default:
-		in.ev.route(shard, target)
+		in.ev.route(id.Shard, target)
 		in.repl = true
-		p.forward(in, m, shard, target, attempt)
+		p.forward(in, m, id.Shard, target, attempt)
 	}
 }
 

@@ -111,6 +111,10 @@ type shardSet struct {
 	raft          *raftNet
 	electionTicks int
 	entryBytes    int
+	// fresh: <DataDir>/streams did not exist when the broker started, so
+	// the replicas the first map gives it were lost with it (see
+	// replicated.go).
+	fresh bool
 
 	// clock is advanced by every open; a use stamps it on the entry, so
 	// the entry with the smallest stamp is (about) the least recently used.
@@ -142,6 +146,9 @@ type shardSet struct {
 		// showed, for the per-shard gauges (see shards_metrics.go), while
 		// their shards are this broker's.
 		closedStats map[shardmap.ShardID]shardStats
+		// lost holds the replicas of replicated shards this broker held
+		// before its data directory was lost: they stay closed.
+		lost map[shardmap.ShardID]bool
 	}
 }
 
@@ -188,6 +195,8 @@ func (e *shardEntry) release() { e.refs.Add(-1) }
 // the trash a crash may have left there.
 func newShardSet(cfg Config, log *slog.Logger, tel *telemetry) (*shardSet, error) {
 	dir := filepath.Join(cfg.DataDir, "streams")
+	_, statErr := os.Stat(dir)
+	fresh := errors.Is(statErr, fs.ErrNotExist)
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("create shard data dir: %w", err)
 	}
@@ -204,6 +213,8 @@ func newShardSet(cfg Config, log *slog.Logger, tel *telemetry) (*shardSet, error
 	for _, id := range cfg.AcceptLoss {
 		s.acceptLoss[id] = true
 	}
+	s.fresh = fresh
+	s.mu.lost = map[shardmap.ShardID]bool{}
 	s.producerLimits = cfg.producerLimits()
 	s.electionTicks, s.entryBytes = cfg.RaftElectionTicks, entryBytes(cfg)
 	s.mu.entries = map[shardmap.ShardID]*shardEntry{}
@@ -356,6 +367,9 @@ func (s *shardSet) checkLocked(m *shardmap.Map, id shardmap.ShardID) (*shardmap.
 	if !ok || !st.Placement.IsReplica(id.Shard, s.node) {
 		return nil, fmt.Errorf("%w: %s at map epoch %d", errShardGone, id, m.Epoch)
 	}
+	if s.mu.lost[id] {
+		return nil, fmt.Errorf("%w: %s", errReplicaLost, id)
+	}
 	if _, ok := s.mu.admitted[st.Name]; !ok {
 		n := ownedBy(st, s.node)
 		if s.mu.total+n > s.maxShards {
@@ -371,6 +385,9 @@ func (s *shardSet) checkLocked(m *shardmap.Map, id shardmap.ShardID) (*shardmap.
 // latestLocked returns the newer of m and the newest map seen, and
 // remembers it.
 func (s *shardSet) latestLocked(m *shardmap.Map) *shardmap.Map {
+	if s.mu.latest == nil && s.fresh {
+		s.noteLostLocked(m)
+	}
 	if m.NewerThan(s.mu.latest) {
 		s.mu.latest = m
 	}
@@ -753,7 +770,7 @@ func (s *shardSet) admit(m *shardmap.Map, r *applyResult) []shardmap.ShardID {
 	}
 	var toOpen []shardmap.ShardID
 	for _, id := range m.ReplicatedBy(s.node) {
-		if _, ok := s.mu.admitted[id.Stream]; ok {
+		if _, ok := s.mu.admitted[id.Stream]; ok && !s.mu.lost[id] {
 			toOpen = append(toOpen, id)
 		}
 	}

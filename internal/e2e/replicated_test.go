@@ -99,9 +99,10 @@ func TestReplicatedFailover(t *testing.T) {
 	// A machine lost: a follower's data directory is deleted while the
 	// shard keeps its majority. It comes back empty; it cannot rejoin its
 	// groups under its old raft ids (that needs a membership change, not
-	// built yet), so its replicas stop (replica.ErrFailed), but the broker
-	// keeps serving: its publishers' records go to the leaders, and no
-	// acked record is lost (checked below with the other replicas).
+	// built yet), so it keeps those replicas closed, but serves: its
+	// publishers' records go to the leaders, and no acked record is lost
+	// (checked below with the other replicas, which must not have been
+	// disturbed by it).
 	leader := probes.leader(ctx, "")
 	var lost *cluster.Broker
 	for _, b := range c.Brokers() {
@@ -158,6 +159,15 @@ func TestReplicatedFailover(t *testing.T) {
 
 	if !lost.Running() {
 		t.Errorf("%s exited after its data directory was deleted: a lost replica must stop its group, not the broker", lost.ID)
+	}
+	states, err := fresh.ReplicaStatus(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range states {
+		if lostOne := st.Node == lost.ID; lostOne != (st.Err != "") {
+			t.Errorf("replica status %+v: want an error for %s's replicas (lost) and none for the others", st, lost.ID)
+		}
 	}
 	// Every replica, the restarted ones included, holds the same records
 	// at the same offsets (read from each broker's own replica).
