@@ -340,11 +340,11 @@ func (l *lane) read(s *quic.Stream) {
 // catches up and routes it again (bounded); anything else goes back to
 // the publisher. It never blocks.
 func (p *pubSession) answer(fw forwarded, e *transport.Error) {
-	if e.Code == transport.CodeNotOwner && fw.in.repl {
+	if e.Code == transport.CodeNotOwner && fw.in.replicated() {
 		// A replica that is not the leader: it names the leader, if it
 		// knows one. Routed again until the record's deadline.
 		p.b.noteLeader(shardmap.ShardID{Stream: fw.in.pub.Stream, Shard: fw.in.ev.shard}, e.Owner)
-		if time.Now().Before(fw.in.deadline) {
+		if !fw.in.expired() {
 			p.b.tel.rerouted(&fw.in.ev, e)
 			r := refused{in: fw.in, attempt: fw.attempt, epoch: e.Epoch, by: e.Owner}
 			if e.Owner == "" {
@@ -452,7 +452,7 @@ func (l *lane) kill(cause error) {
 		s.CancelWrite(quic.StreamErrorCode(transport.CodeUnavailable))
 	}
 	for _, fw := range pending {
-		if s == nil && fw.in.repl && time.Now().Before(fw.in.deadline) && l.p.ctx.Err() == nil {
+		if s == nil && fw.in.replicated() && !fw.in.expired() && l.p.ctx.Err() == nil {
 			// Never sent, and a replicated shard has other replicas: one
 			// of them may lead by now.
 			l.p.b.forgetLeader(shardmap.ShardID{Stream: fw.in.pub.Stream, Shard: fw.in.ev.shard}, l.owner)

@@ -150,12 +150,17 @@ type inbound struct {
 	// its spans and metrics from it once it is answered.
 	ev pubEvents
 
-	// For a record of a replicated shard (replicated.go): repl is set
-	// once it is forwarded to a replica, and deadline is when it stops
-	// waiting for a leader.
-	repl     bool
-	deadline time.Time
+	// deadline is set (unix ns) when a record of a replicated shard is
+	// first routed (replicated.go): when it stops waiting for a leader.
+	// Zero for replication factor 1, which pays nothing more per record.
+	deadline int64
 }
+
+// replicated reports whether in is a record of a replicated shard.
+func (in *inbound) replicated() bool { return in.deadline != 0 }
+
+// expired reports whether a replicated record is past its deadline.
+func (in *inbound) expired() bool { return time.Now().UnixNano() > in.deadline }
 
 // rerouted returns in as a goroutine other than the reader (the retrier)
 // dispatches it again: queued, never committed inline, whatever was

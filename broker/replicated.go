@@ -218,8 +218,8 @@ func live(m *shardmap.Map, node string) bool {
 // comment at the top of this file).
 func (p *pubSession) dispatchReplicated(in inbound, m *shardmap.Map, st *shardmap.Stream, shard, attempt int) {
 	b, pub := p.b, in.pub
-	if in.deadline.IsZero() {
-		in.deadline = time.Now().Add(b.cfg.ForwardTimeout)
+	if !in.replicated() {
+		in.deadline = time.Now().Add(b.cfg.ForwardTimeout).UnixNano()
 	}
 	if pub.ProducerID != "" && pub.ProducerSeq > 0 {
 		p.fail(in, &transport.Error{Code: transport.CodeInvalid,
@@ -288,7 +288,6 @@ func (p *pubSession) forwardReplicated(in inbound, m *shardmap.Map, id shardmap.
 			Message: fmt.Sprintf("%s is not the leader of %s; %s is", b.cfg.NodeID, id, target)})
 	default:
 		in.ev.route(id.Shard, target)
-		in.repl = true
 		p.forward(in, m, id.Shard, target, attempt)
 	}
 }
@@ -296,7 +295,7 @@ func (p *pubSession) forwardReplicated(in inbound, m *shardmap.Map, id shardmap.
 // awaitLeader routes in again a tick later (by the session's retrier),
 // until its deadline, then fails it unavailable: nothing was written.
 func (p *pubSession) awaitLeader(in inbound, attempt int, id shardmap.ShardID, format string) {
-	if time.Now().After(in.deadline) {
+	if in.expired() {
 		p.fail(in, &transport.Error{Code: transport.CodeUnavailable,
 			Message: fmt.Sprintf(format+" after %v (ForwardTimeout); nothing was written", id, p.b.cfg.ForwardTimeout)})
 		return
