@@ -48,6 +48,11 @@ package broker
 // queued, and reads the clock; recency is a clock advanced by opens, not by
 // records.
 //
+// A replicated shard's replica (a raft group, see replicated.go) is the
+// exception: it is opened when a map assigns it, whatever the budget, and
+// never closed for it (a follower must keep taking its leader's entries),
+// though it counts against the budget like any log.
+//
 // A broker holds at most Config.MaxShards shards, counted in whole streams:
 // a stream is admitted (all its shards on this broker) or refused, and
 // admitted streams stay admitted, so creating a stream never takes
