@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -199,4 +200,52 @@ func TestRaftStreamIdentity(t *testing.T) {
 	if f := publishVia(t, ip, target, "r3", 0, 1, "after"); f.Type() != transport.FrameAck {
 		t.Fatalf("publish after bad raft messages: %T %+v", f, f)
 	}
+}
+
+// TestReplicatedThroughNonReplica: on four brokers, a broker outside a
+// shard's replica set forwards its publishes to the leader (learning it
+// from the replicas' NotOwner answers), before and after the leader is
+// closed.
+func TestReplicatedThroughNonReplica(t *testing.T) {
+	ip := startInprocWith(t, fastRaft, 4, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	id := shardmap.ShardID{Stream: "r3", Shard: 0}
+	st, _ := ip.ctl.Map().Stream("r3")
+	var outside *Broker
+	var replicas []*Broker
+	for _, b := range ip.brokers {
+		if st.Placement.IsReplica(0, b.NodeID()) {
+			replicas = append(replicas, b)
+		} else {
+			outside = b
+		}
+	}
+	if outside == nil || len(replicas) != 3 {
+		t.Fatalf("placement %v over 4 brokers", st.Placement)
+	}
+	leader := leaderOf(t, replicas, id)
+	next := uint64(0)
+	publish := func(want *Broker) {
+		t.Helper()
+		for range 3 {
+			f := publishVia(t, ip, outside, "r3", 0, next+1, fmt.Sprint(next))
+			ack, ok := f.(*transport.Ack)
+			if !ok || ack.Offset != next || ack.Owner != want.NodeID() || !ack.Forwarded {
+				t.Fatalf("publish %d through %s: %T %+v, want an ack at offset %d by %s, forwarded", next, outside.NodeID(), f, f, next, want.NodeID())
+			}
+			next++
+		}
+	}
+	publish(leader)
+
+	if err := leader.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var rest []*Broker
+	for _, b := range replicas {
+		if b != leader {
+			rest = append(rest, b)
+		}
+	}
+	ip.brokers = slices.DeleteFunc(ip.brokers, func(b *Broker) bool { return b == leader })
+	publish(leaderOf(t, rest, id))
 }
