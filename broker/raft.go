@@ -79,10 +79,11 @@ type raftNet struct {
 }
 
 // raftMember is a hosted group and its replica set, sorted: raft id i+1 is
-// nodes[i].
+// nodes[i]; owner is its preferred leader.
 type raftMember struct {
 	g     *replica.Group
 	nodes []string
+	owner string
 }
 
 func newRaftNet(node string, tick time.Duration, entryBytes int, peers *peerPool, mapOf func() *shardmap.Map, log *slog.Logger) *raftNet {
@@ -125,11 +126,12 @@ func (n *raftNet) transport(id shardmap.ShardID, nodes []string) replica.Transpo
 	return &groupTransport{n: n, stream: id.Stream, shard: int32(id.Shard), nodes: nodes}
 }
 
-// register makes incoming messages for shard id reach g.
-func (n *raftNet) register(id shardmap.ShardID, g *replica.Group, nodes []string) {
+// register makes incoming messages for shard id reach g, and has the
+// ticker hand g's leadership back to owner when it can.
+func (n *raftNet) register(id shardmap.ShardID, g *replica.Group, nodes []string, owner string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.mu.groups[id] = &raftMember{g: g, nodes: nodes}
+	n.mu.groups[id] = &raftMember{g: g, nodes: nodes, owner: owner}
 }
 
 // unregister stops delivering to g (if it is still the group of id).
@@ -141,17 +143,26 @@ func (n *raftNet) unregister(id shardmap.ShardID, g *replica.Group) {
 	}
 }
 
-// runTicker ticks every hosted group each tick.
+// preferEvery is the ticks between two looks for hosted groups this
+// broker leads although their owner (the preferred leader) is live: 5 s
+// with the default tick.
+const preferEvery = 50
+
+// runTicker ticks every hosted group each tick, and every preferEvery
+// ticks hands leaderships back to their owners.
 func (n *raftNet) runTicker() {
 	defer n.wg.Done()
 	t := time.NewTicker(n.tick)
 	defer t.Stop()
 	var gs []*replica.Group
-	for {
+	for ticks := 1; ; ticks++ {
 		select {
 		case <-n.ctx.Done():
 			return
 		case <-t.C:
+		}
+		if ticks%preferEvery == 0 {
+			n.preferOwners()
 		}
 		gs = gs[:0]
 		n.mu.RLock()
@@ -163,6 +174,29 @@ func (n *raftNet) runTicker() {
 			g.Tick()
 		}
 		clear(gs)
+	}
+}
+
+// preferOwners asks each hosted group this broker leads, and whose owner
+// is another broker live in the map, to hand the leadership back to it:
+// after a failover the leaders would otherwise stay where they moved, and
+// a broker that restarts would lead nothing. The group hands it over only
+// to an owner that answers and has every committed entry.
+func (n *raftNet) preferOwners() {
+	m := n.mapOf()
+	if m == nil {
+		return
+	}
+	var moves []*raftMember
+	n.mu.RLock()
+	for _, gm := range n.mu.groups {
+		if gm.owner != n.node && gm.g.IsLeader() && live(m, gm.owner) {
+			moves = append(moves, gm)
+		}
+	}
+	n.mu.RUnlock()
+	for _, gm := range moves {
+		gm.g.TransferLeadership(raftID(gm.nodes, gm.owner))
 	}
 }
 

@@ -24,6 +24,12 @@ package broker
 // Subscribers read committed records only (Group.Read), from whichever
 // replica they subscribe at.
 //
+// Leadership goes back to a shard's owner, its preferred leader: every 50
+// ticks raftNet asks the groups this broker leads and does not own to
+// hand over to their owner if it is live (Group.TransferLeadership, which
+// does so only to a replica that answers and has every committed entry;
+// the proposals dropped during the hand-over are routed again).
+//
 // A replica whose log was lost (the broker's data directory deleted)
 // cannot rejoin under its old raft id: raft would need a membership
 // change (remove it, add a new member), which this stage does not make.
@@ -108,7 +114,8 @@ func entryBytes(cfg Config) int { return max(1<<20, cfg.MaxPayload+64<<10) }
 // openGroup opens this broker's replica of the replicated shard of e in
 // dir and registers it for raft messages.
 func (s *shardSet) openGroup(e *shardEntry, dir string, st *shardmap.Stream) error {
-	nodes := raftNodes(st.Placement.Replicas(e.id.Shard))
+	set := st.Placement.Replicas(e.id.Shard)
+	nodes := raftNodes(set)
 	id := raftID(nodes, s.node)
 	if id == 0 {
 		return fmt.Errorf("%w: %s is not among the replicas %v of %s", errShardGone, s.node, nodes, e.id)
@@ -135,7 +142,7 @@ func (s *shardSet) openGroup(e *shardEntry, dir string, st *shardmap.Stream) err
 		return err
 	}
 	e.group, e.nodes, e.sl = g, nodes, g
-	s.raft.register(e.id, g, nodes)
+	s.raft.register(e.id, g, nodes, set[0])
 	return nil
 }
 

@@ -249,3 +249,43 @@ func TestReplicatedThroughNonReplica(t *testing.T) {
 	ip.brokers = slices.DeleteFunc(ip.brokers, func(b *Broker) bool { return b == leader })
 	publish(leaderOf(t, rest, id))
 }
+
+// TestLeadershipReturnsToOwner: a shard's leadership goes back to its
+// owner (the preferred leader) once the owner is back, after a failover.
+func TestLeadershipReturnsToOwner(t *testing.T) {
+	ip := startInprocWith(t, fastRaft, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	id := shardmap.ShardID{Stream: "r3", Shard: 0}
+	st, _ := ip.ctl.Map().Stream("r3")
+	ownerID := st.Placement.Owner(0)
+	waitLeader := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(waitFor)
+		for {
+			if l := leaderOf(t, ip.brokers, id); l.NodeID() == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s does not lead %s within %v", want, id, waitFor)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitLeader(ownerID) // placed leaders: the first election may go elsewhere
+
+	var i int
+	for i = range ip.brokers {
+		if ip.brokers[i].NodeID() == ownerID {
+			break
+		}
+	}
+	if err := ip.brokers[i].Close(); err != nil {
+		t.Fatal(err)
+	}
+	rest := slices.Delete(slices.Clone(ip.brokers), i, i+1)
+	leaderOf(t, rest, id) // a failover
+	ip.brokers[i] = ip.startBroker(i)
+	waitLeader(ownerID)
+	if f := publishVia(t, ip, ip.brokers[(i+1)%3], "r3", 0, 1, "back"); f.Type() != transport.FrameAck || f.(*transport.Ack).Owner != ownerID {
+		t.Fatalf("publish after the leadership came back: %T %+v", f, f)
+	}
+}

@@ -50,6 +50,8 @@ func (g *Group) run() {
 		g.in.Lock()
 		buf, ends, dones, msgs, ticks := g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.ticks
 		g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.ticks = nil, nil, nil, nil, 0
+		transfer := g.in.transfer
+		g.in.transfer = 0
 		g.in.Unlock()
 
 		for range ticks {
@@ -60,6 +62,9 @@ func (g *Group) run() {
 				g.logger.Debug("replica: message refused by raft", "type", m.GetType().String(), "from", m.GetFrom(), "err", err)
 			}
 		}
+		if transfer != 0 && g.IsLeader() && transfer != g.cfg.ID {
+			g.transfer(transfer)
+		}
 		if len(dones) > 0 {
 			g.propose(l, buf, ends, dones)
 		}
@@ -69,6 +74,17 @@ func (g *Group) run() {
 				return
 			}
 		}
+	}
+}
+
+// transfer starts a leader transfer to replica to if it is responsive and
+// caught up with the commit (else nothing: a transfer to a replica that
+// cannot take over would only drop proposals until it is abandoned).
+func (g *Group) transfer(to uint64) {
+	st := g.rn.Status()
+	if pr, ok := st.Progress[to]; ok && pr.RecentActive && pr.Match >= st.GetCommit() {
+		g.logger.Info("replica: handing the leadership over", "to", to)
+		g.rn.TransferLeader(to)
 	}
 }
 
