@@ -21,8 +21,9 @@ package broker
 //
 // One ticker (raftNet.runTicker) ticks every hosted group each
 // Config.RaftTick. Raft's heartbeats are still one message per group per
-// follower each tick (batched into the frame to that follower); coalescing
-// them into one per pair of brokers is left for later.
+// follower, every third of the election timeout (batched into the frames
+// to that follower); coalescing them into one per pair of brokers is left
+// for later.
 
 import (
 	"context"
