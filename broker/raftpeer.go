@@ -90,6 +90,16 @@ func (p *raftPeer) run() {
 			}
 			w = transport.NewWriter(s)
 			w.SetMaxFrame(p.n.maxFrame)
+			// An empty first frame: the peer reads a stream's first frame
+			// under its usual (publish) frame limit, and raises it for
+			// what follows once it sees a raft stream.
+			s.SetWriteDeadline(time.Now().Add(raftWriteTimeout))
+			if err := w.Write(&transport.Raft{From: p.n.node}); err != nil {
+				s.CancelWrite(quic.StreamErrorCode(transport.CodeUnavailable))
+				s.CancelRead(0)
+				s, retryAt = nil, time.Now().Add(raftRedial)
+				continue
+			}
 		}
 		if err := p.write(s, w, msgs); err != nil {
 			p.n.log.Debug("raft stream to peer lost; opening it again", "peer", p.id, "err", err)

@@ -289,3 +289,28 @@ func TestLeadershipReturnsToOwner(t *testing.T) {
 		t.Fatalf("publish after the leadership came back: %T %+v", f, f)
 	}
 }
+
+// TestReplicatedLargeRecord: a record of the largest size a broker takes
+// replicates (its raft message is larger than a publish frame).
+func TestReplicatedLargeRecord(t *testing.T) {
+	ip := startInprocWith(t, fastRaft, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	id := shardmap.ShardID{Stream: "r3", Shard: 0}
+	leader := leaderOf(t, ip.brokers, id)
+	big := make([]byte, ip.brokers[0].cfg.MaxPayload-64)
+	ws := openStream(t, ip.dial(leader))
+	defer ws.s.Close()
+	ws.send(&transport.Publish{Seq: 1, Stream: "r3", Shard: 0, Value: big})
+	if f := ws.recv(); f.Type() != transport.FrameAck {
+		t.Fatalf("a %d-byte record: %T %+v", len(big), f, f)
+	}
+	for _, b := range ip.brokers {
+		e := groupOf(b, id)
+		deadline := time.Now().Add(waitFor)
+		for e.sl.NextOffset() < 1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s did not get the large record", b.NodeID())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
