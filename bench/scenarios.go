@@ -62,7 +62,7 @@ func (e *env) publisherOn(ctx context.Context, scenario, name string) (pub *clie
 	}
 	owner, other, err := e.owner(m, stream, 0)
 	if e.cfg.replicas > 1 {
-		owner, other, err = e.leader(ctx, stream, 0)
+		owner, other, err = e.leader(ctx, m, stream, 0)
 	}
 	if err != nil {
 		return nil, "", "", err
