@@ -137,6 +137,8 @@ func TestABFlags(t *testing.T) {
 		{"bench", "--local", "--ab", "/nonexistent/felix"},
 		{"bench", "--local", "--shards", "6,0"},
 		{"bench", "--local", "--load", "50,-1"},
+		{"bench", "--local", "--replicas", "2"},
+		{"bench", "--local", "--replicas", "3", "--brokers", "2"},
 	} {
 		if _, err := p.Parse(bad); err == nil {
 			t.Errorf("%v: parsed", bad)
@@ -147,6 +149,9 @@ func TestABFlags(t *testing.T) {
 	}
 	if c := cli.Bench; !slices.Equal(c.Shards, []int{6, 96, 768}) || len(c.Load) != 0 {
 		t.Errorf("--shards %v --load %v", c.Shards, c.Load)
+	}
+	if _, err := p.Parse([]string{"bench", "--local", "--replicas", "3"}); err != nil || cli.Bench.settings().replicas != 3 {
+		t.Errorf("--replicas 3: %v, replicas %d", err, cli.Bench.settings().replicas)
 	}
 }
 

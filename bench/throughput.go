@@ -47,6 +47,15 @@ func (e *env) throughputPublishers(ctx context.Context, name string, shards int)
 		return nil, err
 	}
 	ps := &pubSet{stream: stream, shards: shards, value: make([]byte, e.cfg.size)}
+	if e.cfg.replicas > 1 {
+		// Let every shard's leadership settle on its owner first, so
+		// that no hand-over stalls a measured trial.
+		for s := range shards {
+			if _, _, err := e.leader(ctx, m, stream, s); err != nil {
+				return nil, err
+			}
+		}
+	}
 	if haveRSS {
 		if ps.idleShardKiB, ps.openShardKiB, err = e.shardMemory(ctx, stream, shards, before); err != nil {
 			return nil, err

@@ -29,6 +29,15 @@ func (b *Broker) serveRequest(s *quic.Stream, req *transport.Request, from calle
 		w.Write(&transport.Response{Map: b.member.Map().VisibleTo(from.principal)})
 		return
 	}
+	if req.Op == opReplicaStatus {
+		m := b.member.Map()
+		if err := b.authorize(m, from, auth.Subscribe, req.Stream.Name); err != nil {
+			w.Write(err)
+			return
+		}
+		w.Write(&transport.Response{Replicas: b.replicaStates(req.Stream.Name)})
+		return
+	}
 	req.Principal = from.principal
 	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.ForwardTimeout)
 	defer cancel()

@@ -149,7 +149,18 @@ type inbound struct {
 	// ev is what happens to it, for telemetry (events.go), which builds
 	// its spans and metrics from it once it is answered.
 	ev pubEvents
+
+	// deadline is set (unix ns) when a record of a replicated shard is
+	// first routed (replicated.go): when it stops waiting for a leader.
+	// Zero for replication factor 1, which pays nothing more per record.
+	deadline int64
 }
+
+// replicated reports whether in is a record of a replicated shard.
+func (in *inbound) replicated() bool { return in.deadline != 0 }
+
+// expired reports whether a replicated record is past its deadline.
+func (in *inbound) expired() bool { return time.Now().UnixNano() > in.deadline }
 
 // rerouted returns in as a goroutine other than the reader (the retrier)
 // dispatches it again: queued, never committed inline, whatever was
@@ -350,6 +361,10 @@ func (p *pubSession) dispatch(in inbound, attempt int) {
 	} else if shard >= st.Shards {
 		p.fail(in, &transport.Error{Code: transport.CodeInvalid,
 			Message: fmt.Sprintf("stream %q has %d shards; there is no shard %d", pub.Stream, st.Shards, shard)})
+		return
+	}
+	if st.Replicas > 1 {
+		p.dispatchReplicated(in, m, st, shard, attempt)
 		return
 	}
 	owner := st.Placement.Owner(shard)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -23,6 +25,7 @@ const (
 	opACLGrant      = "acl.grant"
 	opACLRevoke     = "acl.revoke"
 	opACLList       = "acl.list"
+	opReplicaStatus = "replica.status"
 )
 
 // createWait bounds how long CreateStream waits for the broker it is
@@ -99,6 +102,54 @@ func (c *Client) StreamInfo(ctx context.Context, name string) (StreamConfig, err
 // subscriptions.
 func (c *Client) Map(ctx context.Context) (*Map, error) {
 	return c.refreshMap(ctx)
+}
+
+// ReplicaStatus asks every live broker holding a replica of a replicated
+// stream's shards what its replicas know: the leader and term it sees,
+// and the offsets it has committed ([ReplicaState.Next]; a replica
+// behind the leader has a smaller one). A broker that does not answer
+// gets one state per shard it holds, with Err saying why. A stream of
+// replication factor 1 has no replicas to report.
+func (c *Client) ReplicaStatus(ctx context.Context, stream string) ([]ReplicaState, error) {
+	m, st, err := c.mapWith(ctx, stream)
+	if err != nil {
+		return nil, fmt.Errorf("client: replica status of %q: %w", stream, err)
+	}
+	nodes := map[string][]int{}
+	for shard := range st.Shards {
+		if set := st.Placement.Replicas(shard); len(set) > 1 {
+			for _, n := range set {
+				nodes[n] = append(nodes[n], shard)
+			}
+		}
+	}
+	var out []ReplicaState
+	req := &transport.Request{Op: opReplicaStatus, Stream: StreamConfig{Name: stream}}
+	for id, shards := range nodes {
+		n, ok := m.Node(id)
+		var resp *transport.Response
+		err := fmt.Errorf("%s is down in the shard map", id)
+		if ok && n.Live && n.Addr != "" {
+			var b *brokerConn
+			if b, err = c.conn(n.Addr); err == nil {
+				resp, err = c.request(ctx, b, req)
+			}
+		}
+		if err != nil {
+			for _, s := range shards {
+				out = append(out, ReplicaState{Shard: s, Node: id, Err: err.Error()})
+			}
+			continue
+		}
+		out = append(out, resp.Replicas...)
+	}
+	slices.SortFunc(out, func(a, b ReplicaState) int {
+		if a.Shard != b.Shard {
+			return a.Shard - b.Shard
+		}
+		return strings.Compare(a.Node, b.Node)
+	})
+	return out, nil
 }
 
 // ClusterStatus returns the control plane's view of the cluster: members,

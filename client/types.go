@@ -10,6 +10,9 @@ import (
 // serves: they are aliases, identical to the types of the packages that
 // define them (shardmap, transport), which an application need not import.
 type (
+	// ReplicaState is what one broker's replica of one shard of a
+	// replicated stream knows ([Client.ReplicaStatus]).
+	ReplicaState = transport.ReplicaState
 	// StreamConfig is what a stream is created with ([Client.CreateStream])
 	// and what [Client.StreamInfo] and [Client.Streams] return: its name,
 	// its number of shards (fixed at creation) and its retention.
@@ -82,6 +85,9 @@ var (
 	// (connections, streams, subscriptions, credit, headers, bytes in
 	// flight).
 	ErrLimitExceeded = transport.ErrLimitExceeded
+	// ErrReplicationFactor: CreateStream of a stream with more replicas
+	// per shard (StreamConfig.Replicas) than the cluster has brokers.
+	ErrReplicationFactor = transport.ErrReplicationFactor
 	// ErrInvalid: a well-formed request the broker or control plane
 	// refuses as invalid (for example Revoke of a grant that does not
 	// exist).

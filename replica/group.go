@@ -121,13 +121,16 @@ type Group struct {
 	// the transport and the ticker only contend for a brief append here.
 	in struct {
 		sync.Mutex
-		buf    []byte // encoded records waiting to be proposed, back to back
-		ends   []int  // where each record of buf ends
-		dones  []func(offset uint64, ts int64, err error)
-		msgs   []*pb.Message
-		ticks  int
-		closed bool
-		err    error // set when the group failed
+		buf   []byte // encoded records waiting to be proposed, back to back
+		ends  []int  // where each record of buf ends
+		dones []func(offset uint64, ts int64, err error)
+		msgs  []*pb.Message
+		ticks int
+		// transfer is the replica TransferLeadership last asked to hand
+		// the leadership to, 0 for none.
+		transfer uint64
+		closed   bool
+		err      error // set when the group failed
 	}
 	wake chan struct{} // capacity 1: there is work in in
 	stop chan struct{}
@@ -321,6 +324,27 @@ func (g *Group) Close() error {
 // readers, so do not modify them.
 func (g *Group) Read(from uint64, max int, maxBytes int) ([]wal.Record, error) {
 	return g.offs.read(g.st, g.tail, g.cfg.Name, from, max, maxBytes)
+}
+
+// TransferLeadership asks this replica, if it leads, to hand the
+// leadership to replica to, provided to is responsive and has every
+// committed entry (raft's leader transfer: to campaigns at once). Proposals made meanwhile are dropped (their
+// callers get ErrDropped, never committed); a transfer that does not end
+// within an election timeout is abandoned. It never blocks.
+func (g *Group) TransferLeadership(to uint64) {
+	g.in.Lock()
+	g.in.transfer = to
+	g.in.Unlock()
+	g.signal()
+}
+
+// Err returns why the group takes no more work (it failed: ErrFailed; or
+// it is closed: ErrClosed), nil while it runs. A reader of a failed
+// replica gets what it had, and nothing more.
+func (g *Group) Err() error {
+	g.in.Lock()
+	defer g.in.Unlock()
+	return g.refusal()
 }
 
 // NextOffset returns the offset the next committed record will get.

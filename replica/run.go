@@ -54,6 +54,8 @@ func (g *Group) run() {
 		g.in.Lock()
 		buf, ends, dones, msgs, ticks := g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.ticks
 		g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.ticks = nil, nil, nil, nil, 0
+		transfer := g.in.transfer
+		g.in.transfer = 0
 		g.in.Unlock()
 
 		l.taken = dones // to be failed by drain if raft panics before they are proposed
@@ -65,6 +67,9 @@ func (g *Group) run() {
 				g.fail(err)
 				return
 			}
+		}
+		if transfer != 0 && g.IsLeader() && transfer != g.cfg.ID {
+			g.transfer(transfer)
 		}
 		if len(dones) > 0 {
 			g.propose(l, buf, ends, dones)
@@ -133,6 +138,17 @@ func (g *Group) contain(l *loop) {
 	g.logger.Error("replica: raft panicked; the group stops until reopened, the process goes on",
 		"peer", e.From, "type", e.Type, "panic", fmt.Sprint(v), "stack", string(e.Stack))
 	g.stopWith(e)
+}
+
+// transfer starts a leader transfer to replica to if it is responsive and
+// caught up with the commit (else nothing: a transfer to a replica that
+// cannot take over would only drop proposals until it is abandoned).
+func (g *Group) transfer(to uint64) {
+	st := g.rn.Status()
+	if pr, ok := st.Progress[to]; ok && pr.RecentActive && pr.Match >= st.GetCommit() {
+		g.logger.Info("replica: handing the leadership over", "to", to)
+		g.rn.TransferLeader(to)
+	}
 }
 
 // propose turns the waiting records into entries of at most MaxEntryBytes

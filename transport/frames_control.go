@@ -13,7 +13,8 @@ import (
 type Request struct {
 	// Op is one of "stream.create", "stream.delete", "stream.list",
 	// "stream.info", "map.get", "cluster.status", "acl.grant",
-	// "acl.revoke", "acl.list".
+	// "acl.revoke", "acl.list", "replica.status" (answered by the broker
+	// itself, as map.get).
 	Op string
 	// Stream is the stream to create (stream.create), or names the stream
 	// (Stream.Name) for stream.delete and stream.info.
@@ -67,6 +68,25 @@ type Response struct {
 	Map     *shardmap.Map
 	Grants  []auth.Grant // acl.list
 	Ctl     []CtlMember  // cluster.status: the control plane's members
+	// Replicas is what a broker says of its replicas of a replicated
+	// stream's shards (replica.status, answered by the broker itself).
+	Replicas []ReplicaState
+}
+
+// ReplicaState is one broker's replica of one shard of a replicated stream,
+// as it sees it.
+type ReplicaState struct {
+	Shard int    `msgpack:"shard"`
+	Node  string `msgpack:"node"`
+	// Leader is the leader this replica knows ("" during an election),
+	// Term the raft term it is at.
+	Leader string `msgpack:"leader,omitempty"`
+	Term   uint64 `msgpack:"term"`
+	// Next is the offset the next record it commits will get: every
+	// record before it is committed and readable here.
+	Next uint64 `msgpack:"next"`
+	// Err says why its group stopped, "" while it runs.
+	Err string `msgpack:"err,omitempty"`
 }
 
 // CtlMember is one control plane member as cluster.status reports it.
@@ -85,8 +105,9 @@ type CtlMember struct {
 }
 
 // responseFields is the number of fields this version decodes; the Ctl
-// field is sent only when set, so responses without it encode as before.
-const responseFields = 4
+// and Replicas fields are sent only when set (Ctl, empty, when Replicas
+// is), so responses without them encode as before.
+const responseFields = 5
 
 // Type implements [Frame].
 func (*Response) Type() FrameType { return FrameResponse }
@@ -96,8 +117,11 @@ func (r *Response) appendBody(b []byte) ([]byte, error) {
 		return b, errNilFrame(FrameResponse)
 	}
 	fields := responseFields
-	if len(r.Ctl) == 0 {
+	if len(r.Replicas) == 0 {
 		fields--
+		if len(r.Ctl) == 0 {
+			fields--
+		}
 	}
 	b = appendArrayHeader(b, fields)
 	b, err := appendMsgpack(b, FrameResponse, r.Streams)
@@ -107,10 +131,13 @@ func (r *Response) appendBody(b []byte) ([]byte, error) {
 	if b, err = appendMsgpack(b, FrameResponse, r.Map); err != nil {
 		return b, err
 	}
-	if b, err = appendMsgpack(b, FrameResponse, r.Grants); err != nil || len(r.Ctl) == 0 {
+	if b, err = appendMsgpack(b, FrameResponse, r.Grants); err != nil || fields < 4 {
 		return b, err
 	}
-	return appendMsgpack(b, FrameResponse, r.Ctl)
+	if b, err = appendMsgpack(b, FrameResponse, r.Ctl); err != nil || fields < 5 {
+		return b, err
+	}
+	return appendMsgpack(b, FrameResponse, r.Replicas)
 }
 
 func (r *Response) decode(d *decoder) {
@@ -125,6 +152,10 @@ func (r *Response) decode(d *decoder) {
 	if n >= 4 {
 		d.msgpack(&r.Ctl)
 		read = 4
+	}
+	if n >= 5 {
+		d.msgpack(&r.Replicas)
+		read = 5
 	}
 	d.skipN(n - read)
 }

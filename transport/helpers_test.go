@@ -68,12 +68,19 @@ func sampleFrames() []namedFrame {
 		{"response/streams", &Response{Streams: []shardmap.StreamConfig{{Name: "a", Shards: 1}, {Name: "b", Shards: 4096}}}},
 		{"response/empty-streams", &Response{Streams: []shardmap.StreamConfig{}}},
 		{"response/map", &Response{Map: m}},
+		{"response/replicas", &Response{Replicas: []ReplicaState{{Shard: 1, Node: "n1", Leader: "n2", Term: 7, Next: 1 << 40}, {Node: "n3", Err: "stopped"}}}},
 		{"map/nil", &MapUpdate{}},
 		{"map/full", &MapUpdate{Map: m}},
 		{"map/empty", &MapUpdate{Map: &shardmap.Map{Epoch: 1}}},
 		{"register/zero", &Register{}},
 		{"register/full", &Register{NodeID: "n1", Addr: "10.0.0.1:7400", Admin: "10.0.0.1:8400"}},
 		{"heartbeat/full", &Heartbeat{NodeID: "n1", Epoch: 1<<64 - 1}},
+		{"raft/zero", &Raft{}},
+		{"raft/full", &Raft{From: "n2", Msgs: []RaftMsg{
+			{Stream: "orders", Shard: 3, Data: []byte{8, 3, 16, 1}},
+			{Stream: long, Shard: 2147483647, Data: big},
+			{Stream: "", Shard: -1, Data: nil},
+		}}},
 	}
 }
 
