@@ -64,6 +64,7 @@ type Command struct {
 	LoadDuration time.Duration `help:"Latency under load: length of each trial at each percentage." default:"2s"`
 
 	Subscribers int `help:"Fanout: subscribers of the one stream." default:"8"`
+	Replicas    int `help:"Replication factor of the bench streams: 1, or 3 (each shard a raft group on three brokers; direct then publishes to the shard's raft leader, forwarded through a follower)." default:"1"`
 	FloorCount  int `help:"Samples of each floor, taken half before and half after the scenarios." default:"2000"`
 
 	AB    string `name:"ab" help:"With --local: compare this build with another felix executable (cluster A runs this build, cluster B runs FELIX), side by side in one run: direct and forwarded closed loop with records alternating between them, throughput in alternating trials; every figure as the ratio B/A." type:"path" placeholder:"FELIX"`
@@ -93,6 +94,7 @@ type settings struct {
 	publishers, window          int
 	duration, throughputWarmup  time.Duration
 	subscribers                 int
+	replicas                    int // of the bench streams
 }
 
 // Validate checks the flags; kong calls it after parsing (and prefixes
@@ -119,6 +121,12 @@ func (c *Command) Validate() error {
 	}
 	if err := c.validateAB(); err != nil {
 		return err
+	}
+	if c.Replicas != 1 && c.Replicas != 3 {
+		return fmt.Errorf("--replicas %d: the replication factor is 1 or 3", c.Replicas)
+	}
+	if c.Local && c.Brokers < c.Replicas {
+		return fmt.Errorf("--replicas %d needs at least %d brokers (--brokers %d)", c.Replicas, c.Replicas, c.Brokers)
 	}
 	for _, n := range c.Shards {
 		if n < 1 || n > shardmap.MaxShards {
@@ -298,6 +306,9 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 			rep.Cluster += " (" + c.Source + ")"
 		}
 	}
+	if c.Replicas > 1 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("bench streams of replication factor %d: direct publishes to the shard's raft leader (found by a probe record's ack), forwarded through another broker; an ack waits for a majority's fsync, and a local cluster's replicas share one disk", c.Replicas))
+	}
 	if !c.Local {
 		rep.Notes = append(rep.Notes, "existing cluster: broker CPU and RSS are not measured; the fsync floor is measured in "+
 			orDefault(dataDir, os.TempDir())+" and the RTT floor on this host: run the bench on a broker's host with --dir on its data disk for honest floors")
@@ -456,6 +467,7 @@ func (c *Command) settings() settings {
 		publishers: c.Publishers, window: c.Window,
 		duration: c.Duration, throughputWarmup: c.TPWarmup,
 		subscribers: max(1, c.Subscribers),
+		replicas:    max(1, c.Replicas),
 	}
 }
 

@@ -110,7 +110,7 @@ func (e *env) createStream(ctx context.Context, scenario string, shards int) (st
 	if err != nil {
 		return "", nil, err
 	}
-	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: name, Shards: shards}); err != nil {
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: name, Shards: shards, Replicas: e.cfg.replicas}); err != nil {
 		return "", nil, fmt.Errorf("bench: create stream %s: %w", name, err)
 	}
 	e.streams = append(e.streams, name)
@@ -166,6 +166,28 @@ func (e *env) owner(m *shardmap.Map, stream string, shard int) (owner, other str
 		}
 	}
 	return n.ID, "", nil
+}
+
+// leader returns the raft leader of shard of a replicated stream, and
+// another broker: the leader is whoever acknowledges a probe record (its
+// Ack.Owner), published once an election has had time to end.
+func (e *env) leader(ctx context.Context, stream string, shard int) (leader, other string, err error) {
+	c, err := e.anyClient(ctx)
+	if err != nil {
+		return "", "", err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	ack, err := c.Publish(pctx, stream, nil, []byte("felix-bench-probe"), client.WithShard(shard))
+	if err != nil {
+		return "", "", fmt.Errorf("bench: finding the leader of %s/%d: %w", stream, shard, err)
+	}
+	for _, o := range e.nodes {
+		if o.ID != ack.Owner {
+			return ack.Owner, o.ID, nil
+		}
+	}
+	return ack.Owner, "", nil
 }
 
 // close deletes the bench streams (on a cluster that is not ours) and

@@ -61,6 +61,9 @@ func (e *env) publisherOn(ctx context.Context, scenario, name string) (pub *clie
 		return nil, "", "", err
 	}
 	owner, other, err := e.owner(m, stream, 0)
+	if e.cfg.replicas > 1 {
+		owner, other, err = e.leader(ctx, stream, 0)
+	}
 	if err != nil {
 		return nil, "", "", err
 	}

@@ -30,9 +30,14 @@ type Broker struct {
 	log    *slog.Logger
 	shards *shardSet
 	peers  *peerPool
-	tel    *telemetry
-	subs   subRegistry
-	limits *limits // client resource limits (limits.go)
+	raft   *raftNet // raft messages of the replicated shards (raft.go)
+	// leaders holds, by shardmap.ShardID, the node a replica last named
+	// as the leader of a replicated shard (a string), for routing from a
+	// broker outside its replica set.
+	leaders sync.Map
+	tel     *telemetry
+	subs    subRegistry
+	limits  *limits // client resource limits (limits.go)
 
 	// joined is the control plane membership once Start has it; ready is
 	// set once the first map is applied (its logs open) and cleared by
@@ -82,6 +87,8 @@ func New(cfg Config) (*Broker, error) {
 	if b.shards, err = newShardSet(cfg, b.log, b.tel); err != nil {
 		return nil, fmt.Errorf("broker %s: %w", cfg.NodeID, err)
 	}
+	b.raft = newRaftNet(cfg.NodeID, cfg.RaftTick, entryBytes(cfg), b.peers, b.currentMap, b.log)
+	b.shards.raft = b.raft
 	return b, nil
 }
 
@@ -378,6 +385,8 @@ func (b *Broker) serveStream(s *quic.Stream, from caller) {
 		b.tel.streams.Add(ctx, 1, b.tel.reqStream...)
 		defer b.tel.streams.Add(ctx, -1, b.tel.reqStream...)
 		b.serveRequest(s, f, from)
+	case *transport.Raft:
+		b.serveRaft(s, r, f, from)
 	default:
 		b.refuse(s, &transport.Error{Code: transport.CodeUnexpectedFrame,
 			Message: fmt.Sprintf("a stream must start with publish, subscribe or request, not %T", f)})
@@ -454,6 +463,7 @@ func (b *Broker) Close() error {
 	}
 	b.wg.Wait()
 	<-drained // every session has returned, so this is immediate
+	b.raft.close()
 	errs = append(errs, b.shards.close())
 	b.tel.close()
 	b.log.Info("broker stopped")

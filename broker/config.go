@@ -188,6 +188,18 @@ type Config struct {
 	// default, 1 MiB.
 	TailBytes int
 
+	// Replicated shards (streams of replication factor 3, see
+	// replicated.go).
+
+	// RaftTick is the interval of the one ticker that ticks every raft
+	// group this broker hosts. Default 100ms.
+	RaftTick time.Duration
+	// RaftElectionTicks is the ticks a follower waits without hearing
+	// from a leader before it campaigns (raft randomizes it up to twice
+	// that): with the defaults a leader lost is replaced within 1 to 2 s
+	// plus an election round trip. Default 10.
+	RaftElectionTicks int
+
 	// Idempotent publish: what each shard's owner remembers of the
 	// producers publishing to it with a ProducerID and a ProducerSeq, to
 	// write each of their records once however often it is retried. See
@@ -327,6 +339,12 @@ func (c Config) withDefaults() (Config, error) {
 		c.MaxShards = DefaultMaxShards
 	}
 	c = c.withProducerDefaults()
+	if c.RaftTick <= 0 {
+		c.RaftTick = 100 * time.Millisecond
+	}
+	if c.RaftElectionTicks <= 0 {
+		c.RaftElectionTicks = 10
+	}
 	return c, nil
 }
 

@@ -120,6 +120,44 @@
 // reader to queue a shard's records behind its refused ones, a per-shard
 // queue not built yet.
 //
+// # Replicated shards (replication factor 3)
+//
+// A shard of a stream with Replicas 3 is a raft group on the three brokers
+// of its replica set; each hosts its replica (a replica.Group) in the
+// shard's data directory, opened when a map assigns it and kept open
+// (replicated.go). The publish and subscribe paths use one interface,
+// shardLog, for a *wal.Log or a *replica.Group; for replication factor 1
+// the publish path pays one integer comparison (StreamConfig.Replicas) per
+// record and is otherwise unchanged. Where a record goes, and what happens
+// while no leader is known, is in replicated.go; how raft messages travel
+// (one stream per pair of brokers, batched, the sender checked against its
+// certificate) in raft.go.
+//
+// Goroutines added: per broker, raftNet's ticker (ticks every hosted group
+// each Config.RaftTick) and one sender per peer it sends raft messages to
+// (raftpeer.go; it owns that raft stream's write side and is the only one
+// blocking on it); per raft stream a peer opened, its reader
+// (serveRaft, a stream goroutine like a publisher's), which hands each
+// message to its group's Step without waiting; per hosted group, the
+// group's own goroutine (package replica), which owns the RawNode and
+// the log, and calls each record's completion, which writes the ack. All
+// are stopped by Close: the senders and ticker by raftNet.close, the
+// readers with the connections, the groups when their shard set closes.
+//
+// Hand-offs, client → leader L (direct), with followers F1, F2: L's
+// session reader → L's group goroutine (proposes, writes and fsyncs its
+// entry while it hands the append to) → L's raft senders to F1 and F2 →
+// quic-go → F's raft stream reader → F's group goroutine (appends,
+// fsyncs, answers) → F's raft sender → quic-go → L's raft stream reader
+// → L's group goroutine (commits, applies, assigns offsets, calls the
+// completions) → quic-go (the ack). Five Felix goroutines on the leader
+// and three on each follower per round, against one or two for R=1;
+// under load each round carries a whole batch of records. Through a
+// forwarder (or a follower) the forwarding hop of R=1 comes first. The
+// leader's own fsync runs in parallel with the followers' (raft's
+// appends are handed to the senders before the write, see package
+// replica).
+//
 // # Identity and authorization
 //
 // Every connection is mutual TLS with a certificate from the cluster CA;

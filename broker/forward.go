@@ -340,13 +340,33 @@ func (l *lane) read(s *quic.Stream) {
 // catches up and routes it again (bounded); anything else goes back to
 // the publisher. It never blocks.
 func (p *pubSession) answer(fw forwarded, e *transport.Error) {
+	if e.Code == transport.CodeNotOwner && fw.in.repl {
+		// A replica that is not the leader: it names the leader, if it
+		// knows one. Routed again until the record's deadline.
+		p.b.noteLeader(shardmap.ShardID{Stream: fw.in.pub.Stream, Shard: fw.in.ev.shard}, e.Owner)
+		if time.Now().Before(fw.in.deadline) {
+			p.b.tel.rerouted(&fw.in.ev, e)
+			r := refused{in: fw.in, attempt: fw.attempt, epoch: e.Epoch, by: e.Owner}
+			if e.Owner == "" {
+				r.delay = p.b.cfg.RaftTick
+			}
+			p.requeue(r)
+			return
+		}
+	}
 	if e.Code != transport.CodeNotOwner || fw.attempt+1 >= maxForwardAttempts {
 		p.fail(fw.in, e)
 		return
 	}
 	p.b.tel.rerouted(&fw.in.ev, e) // this forward is over; the record goes on
+	p.requeue(refused{in: fw.in, attempt: fw.attempt, epoch: e.Epoch, by: e.Owner})
+}
+
+// requeue hands r to the session's retrier, starting it if need be. It
+// never blocks.
+func (p *pubSession) requeue(r refused) {
 	p.retry.Lock()
-	p.retry.queue = append(p.retry.queue, refused{in: fw.in, attempt: fw.attempt, epoch: e.Epoch, by: e.Owner})
+	p.retry.queue = append(p.retry.queue, r)
 	start := !p.retry.running
 	if start {
 		p.retry.running = true
@@ -364,6 +384,9 @@ type refused struct {
 	attempt int
 	epoch   uint64 // the refusing owner's map epoch
 	by      string // the refusing owner's id
+	// delay is how long to wait before routing it again: a replicated
+	// shard's record waiting for a leader to be elected.
+	delay time.Duration
 }
 
 // retrier re-routes refused forwards, in the order they were refused:
@@ -384,6 +407,20 @@ func (p *pubSession) retrier() {
 		r := p.retry.queue[0]
 		p.retry.queue = p.retry.queue[1:]
 		p.retry.Unlock()
+
+		if p.ctx.Err() != nil {
+			p.fail(r.in, &transport.Error{Code: transport.CodeShuttingDown,
+				Message: fmt.Sprintf("the publisher stream on %s closed before the record could be routed again; nothing was written", p.b.cfg.NodeID)})
+			continue
+		}
+		if r.delay > 0 {
+			t := time.NewTimer(r.delay)
+			select {
+			case <-t.C:
+			case <-p.ctx.Done():
+				t.Stop()
+			}
+		}
 
 		ctx, cancel := context.WithTimeout(p.ctx, p.b.cfg.ForwardTimeout)
 		_, err := p.b.member.Refresh(ctx, r.epoch)
@@ -415,6 +452,13 @@ func (l *lane) kill(cause error) {
 		s.CancelWrite(quic.StreamErrorCode(transport.CodeUnavailable))
 	}
 	for _, fw := range pending {
+		if s == nil && fw.in.repl && time.Now().Before(fw.in.deadline) && l.p.ctx.Err() == nil {
+			// Never sent, and a replicated shard has other replicas: one
+			// of them may lead by now.
+			l.p.b.forgetLeader(shardmap.ShardID{Stream: fw.in.pub.Stream, Shard: fw.in.ev.shard}, l.owner)
+			l.p.requeue(refused{in: fw.in.rerouted(), attempt: fw.attempt, delay: l.p.b.cfg.RaftTick, by: l.owner})
+			continue
+		}
 		e := &transport.Error{Code: transport.CodeUnavailable, Owner: l.owner,
 			Message: fmt.Sprintf("lost %s before it acknowledged; the record may or may not have been written (%v)", l.owner, cause)}
 		if s == nil { // never connected: nothing was sent

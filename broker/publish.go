@@ -149,6 +149,12 @@ type inbound struct {
 	// ev is what happens to it, for telemetry (events.go), which builds
 	// its spans and metrics from it once it is answered.
 	ev pubEvents
+
+	// For a record of a replicated shard (replicated.go): repl is set
+	// once it is forwarded to a replica, and deadline is when it stops
+	// waiting for a leader.
+	repl     bool
+	deadline time.Time
 }
 
 // rerouted returns in as a goroutine other than the reader (the retrier)
@@ -350,6 +356,10 @@ func (p *pubSession) dispatch(in inbound, attempt int) {
 	} else if shard >= st.Shards {
 		p.fail(in, &transport.Error{Code: transport.CodeInvalid,
 			Message: fmt.Sprintf("stream %q has %d shards; there is no shard %d", pub.Stream, st.Shards, shard)})
+		return
+	}
+	if st.Replicas > 1 {
+		p.dispatchReplicated(in, m, st, shard, attempt)
 		return
 	}
 	owner := st.Placement.Owner(shard)

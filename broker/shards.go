@@ -68,6 +68,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/felix-broker/felix/replica"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/wal"
 )
@@ -104,6 +105,12 @@ type shardSet struct {
 	acceptLoss  map[string]bool // Config.AcceptLoss, by ShardID.String()
 
 	producerLimits producerLimits // of every shard's producer table
+
+	// Replicated shards: the raft traffic of their groups, and how they
+	// are opened.
+	raft          *raftNet
+	electionTicks int
+	entryBytes    int
 
 	// clock is advanced by every open; a use stamps it on the entry, so
 	// the entry with the smallest stamp is (about) the least recently used.
@@ -145,9 +152,19 @@ type failure struct {
 
 type shardEntry struct {
 	id    shardmap.ShardID
-	ready chan struct{} // closed once log or err is set
+	ready chan struct{} // closed once sl or err is set
+	// sl is the shard's log: log for a stream of replication factor 1,
+	// group (this broker's replica of the shard's raft group, see
+	// replicated.go) for factor 3; the other is nil.
+	sl    shardLog
 	log   *wal.Log
+	group *replica.Group
+	nodes []string // group's replica set, sorted (raft id i+1 is nodes[i])
 	err   error
+	// pinned: the shard is replicated; its group stays open while this
+	// broker holds a replica (a follower must keep taking the leader's
+	// entries), so it is never closed for the open-log budget.
+	pinned bool
 
 	refs atomic.Int64  // holders: its opener, publishes, subscriptions
 	used atomic.Uint64 // shardSet.clock at the last use
@@ -188,6 +205,7 @@ func newShardSet(cfg Config, log *slog.Logger, tel *telemetry) (*shardSet, error
 		s.acceptLoss[id] = true
 	}
 	s.producerLimits = cfg.producerLimits()
+	s.electionTicks, s.entryBytes = cfg.RaftElectionTicks, entryBytes(cfg)
 	s.mu.entries = map[shardmap.ShardID]*shardEntry{}
 	s.mu.removing = map[string]chan struct{}{}
 	s.mu.admitted = map[string]int{}
@@ -313,7 +331,7 @@ func (s *shardSet) acquireSlow(m *shardmap.Map, id shardmap.ShardID) (*shardEntr
 			<-closing // a log being closed still holds its files
 			continue
 		}
-		e := &shardEntry{id: id, ready: make(chan struct{})}
+		e := &shardEntry{id: id, ready: make(chan struct{}), pinned: st.Factor() > 1}
 		e.refs.Store(1)
 		s.mu.entries[id] = e
 		s.mu.Unlock()
@@ -322,7 +340,7 @@ func (s *shardSet) acquireSlow(m *shardmap.Map, id shardmap.ShardID) (*shardEntr
 				s.logger.Error("closing idle shard log", "shard", v.id.String(), "err", err)
 			}
 		}
-		s.open(e, st.StreamConfig)
+		s.open(e, st)
 		return s.ready(e)
 	}
 }
@@ -335,7 +353,7 @@ func (s *shardSet) checkLocked(m *shardmap.Map, id shardmap.ShardID) (*shardmap.
 	}
 	m = s.latestLocked(m)
 	st, ok := m.Stream(id.Stream)
-	if !ok || st.Placement.Owner(id.Shard) != s.node {
+	if !ok || !st.Placement.IsReplica(id.Shard, s.node) {
 		return nil, fmt.Errorf("%w: %s at map epoch %d", errShardGone, id, m.Epoch)
 	}
 	if _, ok := s.mu.admitted[st.Name]; !ok {
@@ -375,6 +393,7 @@ func (s *shardSet) makeRoomLocked() (victims []*shardEntry, closing chan struct{
 		switch {
 		case e.gone != nil:
 			closing = e.gone
+		case e.pinned:
 		case e.refs.Load() == 0:
 			idle = append(idle, e)
 		}
@@ -393,12 +412,16 @@ func (s *shardSet) makeRoomLocked() (victims []*shardEntry, closing chan struct{
 	return idle, nil, nil
 }
 
-// open opens e's log and makes e ready.
-func (s *shardSet) open(e *shardEntry, cfg shardmap.StreamConfig) {
+// open opens e's log (or replica, for a replicated stream st) and makes e
+// ready.
+func (s *shardSet) open(e *shardEntry, st *shardmap.Stream) {
 	defer close(e.ready)
 	e.used.Store(s.clock.Add(1))
+	cfg := st.StreamConfig
 	dir, err := s.shardDir(e.id)
-	if err == nil {
+	if err == nil && e.pinned {
+		err = s.openGroup(e, dir, st)
+	} else if err == nil {
 		e.log, err = wal.Open(dir, wal.Options{
 			Name:           e.id.String(),
 			SegmentSize:    s.segmentSize,
@@ -410,6 +433,9 @@ func (s *shardSet) open(e *shardEntry, cfg shardmap.StreamConfig) {
 			AcceptLoss:     s.acceptLoss[e.id.String()],
 			FS:             s.walFS,
 		})
+		if err == nil {
+			e.sl = e.log
+		}
 	}
 	if err != nil {
 		e.err = fmt.Errorf("open log of %s: %w", e.id, err)
@@ -429,8 +455,10 @@ func (s *shardSet) open(e *shardEntry, cfg shardmap.StreamConfig) {
 	s.mu.Lock()
 	delete(s.mu.failed, e.id)
 	s.mu.Unlock()
-	s.openProducers(e)
-	first, next := e.log.FirstOffset(), e.log.NextOffset()
+	if e.log != nil {
+		s.openProducers(e)
+	}
+	first, next := e.sl.FirstOffset(), e.sl.NextOffset()
 	s.logger.Debug("shard opened", "shard", e.id.String(), "records", next-first, "first", first, "next", next)
 }
 
@@ -457,6 +485,10 @@ func (s *shardSet) finish(e *shardEntry) error {
 		last = statsOf(e.log)
 		err = e.log.Close()
 	}
+	if e.group != nil {
+		s.raft.unregister(e.id, e.group)
+		err = e.group.Close()
+	}
 	s.mu.Lock()
 	if s.mu.entries[e.id] == e {
 		delete(s.mu.entries, e.id)
@@ -469,15 +501,17 @@ func (s *shardSet) finish(e *shardEntry) error {
 	return err
 }
 
-// ownedBy counts the shards of st owned by node.
+// replicated reports whether id's stream is replicated in m: its shards
+// are opened whatever the open-log budget.
+func replicated(m *shardmap.Map, id shardmap.ShardID) bool {
+	st, ok := m.Stream(id.Stream)
+	return ok && st.Replicas > 1
+}
+
+// ownedBy counts the shards of st owned by node, or of which it holds a
+// replica.
 func ownedBy(st *shardmap.Stream, node string) int {
-	n := 0
-	for _, o := range st.Placement.All() {
-		if o == node {
-			n++
-		}
-	}
-	return n
+	return len(st.Placement.ReplicatedBy(node))
 }
 
 // applyResult is what applying one map did, for one aggregated log line
@@ -530,7 +564,7 @@ func (s *shardSet) apply(m *shardmap.Map) (*shardmap.Map, applyResult) {
 		if open {
 			continue
 		}
-		if full {
+		if full && !replicated(m, id) {
 			r.deferred++
 			continue
 		}
@@ -594,7 +628,7 @@ func (s *shardSet) retain(m *shardmap.Map, r *applyResult) *shardmap.Map {
 	var retired []*shardEntry
 	for id, e := range s.mu.entries {
 		st, ok := m.Stream(id.Stream)
-		if ok && st.Placement.Owner(id.Shard) == s.node {
+		if ok && st.Placement.IsReplica(id.Shard, s.node) {
 			continue
 		}
 		if e.gone == nil {
@@ -690,8 +724,8 @@ func (s *shardSet) admit(m *shardmap.Map, r *applyResult) []shardmap.ShardID {
 		if err := shardmap.ValidateStreamName(c.st.Name); err != nil {
 			// Never admitted, never looked up on disk: its shards fail.
 			r.failed += c.n
-			for shard, o := range c.st.Placement.All() {
-				if o == s.node && len(r.failedIDs) < maxListed {
+			for _, shard := range c.st.Placement.ReplicatedBy(s.node) {
+				if len(r.failedIDs) < maxListed {
 					r.failedIDs = append(r.failedIDs, shardmap.ShardID{Stream: c.st.Name, Shard: shard})
 				}
 			}
@@ -718,7 +752,7 @@ func (s *shardSet) admit(m *shardmap.Map, r *applyResult) []shardmap.ShardID {
 		s.mu.total += c.n
 	}
 	var toOpen []shardmap.ShardID
-	for _, id := range m.OwnedBy(s.node) {
+	for _, id := range m.ReplicatedBy(s.node) {
 		if _, ok := s.mu.admitted[id.Stream]; ok {
 			toOpen = append(toOpen, id)
 		}

@@ -49,13 +49,14 @@ type shardStat struct {
 	shardStats
 }
 
-// ownedIn reports whether m assigns id to node.
+// ownedIn reports whether m assigns id to node (as its owner, or one of
+// its replicas).
 func ownedIn(m *shardmap.Map, id shardmap.ShardID, node string) bool {
 	if m == nil {
 		return false
 	}
 	st, ok := m.Stream(id.Stream)
-	return ok && st.Placement.Owner(id.Shard) == node
+	return ok && st.Placement.IsReplica(id.Shard, node)
 }
 
 // stats returns the stats of at most limit shards that m assigns to this

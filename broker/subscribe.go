@@ -6,9 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/felix-broker/felix/replica"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 	"github.com/felix-broker/felix/wal"
@@ -56,7 +58,8 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 		return
 	}
 	id := shardmap.ShardID{Stream: sub.Stream, Shard: int(sub.Shard)}
-	if owner := st.Placement.Owner(id.Shard); owner != b.cfg.NodeID {
+	if !st.Placement.IsReplica(id.Shard, b.cfg.NodeID) {
+		owner := st.Placement.Owner(id.Shard)
 		b.refuse(s, &transport.Error{Code: transport.CodeNotOwner, Epoch: m.Epoch, Owner: owner,
 			Message: fmt.Sprintf("%s does not own %s; subscribe at %s", b.cfg.NodeID, id, owner)})
 		return
@@ -68,14 +71,20 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 		return
 	}
 	defer e.release() // the subscription keeps its log open
-	log := e.log
+	if e.group != nil && e.group.Err() != nil {
+		b.refuse(s, replicaFailed(b.cfg.NodeID, id, e.group.Err()))
+		return
+	}
+	log := e.sl
 	next := log.FirstOffset()
 	switch sub.Start {
 	case transport.StartLatest:
 		next = log.NextOffset()
 	case transport.StartOffset:
 		next = sub.Offset
-		if first, end := log.FirstOffset(), log.NextOffset(); next < first || next > end {
+		// A replica may lag behind the one that served the offset: it
+		// waits for it (committed elsewhere, it is coming).
+		if first, end := log.FirstOffset(), log.NextOffset(); next < first || next > end && e.group == nil {
 			b.refuse(s, &transport.Error{Code: transport.CodeOutOfRange,
 				Message: fmt.Sprintf("offset %d of %s is outside the retained range %d..%d", next, id, first, end)})
 			return
@@ -120,6 +129,16 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 	}
 	defer charge(0)
 
+	// A replica's group can fail while a subscriber waits on it: look
+	// every second, and end the subscription then (the SDK moves on to
+	// another replica).
+	var groupCheck <-chan time.Time
+	if e.group != nil {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		groupCheck = t.C
+	}
+
 	w := transport.NewWriter(s)
 	w.SetMaxFrame(max(b.cfg.Transport.MaxFrame, transport.DefaultMaxFrame))
 	out := &transport.Records{Stream: sub.Stream, Shard: sub.Shard}
@@ -147,13 +166,23 @@ loop:
 		credit.giveBack(n - len(recs))
 		if len(recs) == 0 {
 			charge(0)
-			select {
-			case <-changed:
-				continue
-			case <-credit.done:
-			case <-b.ctx.Done():
+			for {
+				select {
+				case <-changed:
+					continue loop
+				case <-groupCheck:
+					err := e.group.Err()
+					if err == nil {
+						continue // still running: wait on
+					}
+					werr := replicaFailed(b.cfg.NodeID, id, err)
+					w.Write(werr)
+					b.tel.countError(werr.Code)
+				case <-credit.done:
+				case <-b.ctx.Done():
+				}
+				break loop
 			}
-			break loop
 		}
 		out.Records = out.Records[:0]
 		size, held := 0, 0
@@ -194,6 +223,13 @@ loop:
 	s.Close()
 }
 
+// replicaFailed is the wire error for a subscription to a replica whose
+// group stopped: unavailable, which the SDK answers by trying another
+// replica.
+func replicaFailed(node string, id shardmap.ShardID, err error) *transport.Error {
+	return &transport.Error{Code: transport.CodeUnavailable, Message: fmt.Sprintf("%s's replica of %s stopped (%v); read from another replica", node, id, err)}
+}
+
 // readError is the wire error for a failed read of id's log at offset at.
 func readError(node string, id shardmap.ShardID, at uint64, err error) *transport.Error {
 	var ce *wal.CorruptError
@@ -204,11 +240,11 @@ func readError(node string, id shardmap.ShardID, at uint64, err error) *transpor
 		return &transport.Error{Code: transport.CodeCorrupt, From: ce.From, To: ce.To,
 			Message: fmt.Sprintf("%s: records at offsets %d-%d are damaged in %s's log (%s); subscribe at offset %d to skip them",
 				id, ce.From, ce.To, node, ce.Reason, ce.To+1)}
-	case errors.Is(err, wal.ErrOutOfRange):
+	case errors.Is(err, wal.ErrOutOfRange), errors.Is(err, replica.ErrOutOfRange):
 		// Below FirstOffset (retention passed the subscriber), or past
 		// the end; a read at NextOffset waits instead.
 		return &transport.Error{Code: transport.CodeOutOfRange, Message: fmt.Sprintf("reading %s at offset %d: %v", id, at, err)}
-	case errors.Is(err, wal.ErrClosed):
+	case errors.Is(err, wal.ErrClosed), errors.Is(err, replica.ErrClosed):
 		return &transport.Error{Code: transport.CodeShuttingDown, Message: fmt.Sprintf("reading %s at offset %d: %v", id, at, err)}
 	}
 	return &transport.Error{Code: transport.CodeInternal, Message: fmt.Sprintf("reading %s at offset %d: %v", id, at, err)}

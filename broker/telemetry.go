@@ -295,7 +295,7 @@ type subRegistry struct {
 // subPos is one subscription's position: the next offset it will be sent.
 type subPos struct {
 	id   shardmap.ShardID
-	log  *wal.Log
+	log  shardLog
 	next atomic.Uint64
 }
 

@@ -417,7 +417,7 @@ func (sh *shardSub) run() {
 		addr := redirect
 		redirect = ""
 		if addr == "" {
-			a, err := sh.ownerAddr(ctx)
+			a, err := sh.ownerAddr(ctx, failures)
 			if err != nil {
 				if errors.Is(err, shardmap.ErrUnknownStream) || errors.Is(err, shardmap.ErrNoShard) {
 					s.stop(fmt.Errorf("client: subscription to %s: %w", sh, err))
@@ -496,10 +496,22 @@ func retryable(code transport.ErrorCode) bool {
 }
 
 // ownerAddr returns the address of the shard's owner in the client's map.
-func (sh *shardSub) ownerAddr(ctx context.Context) (string, error) {
+// A replicated shard can be read from any of its replicas (each serves
+// committed records only, at the same offsets): it returns a live one,
+// the owner first, the next ones after failures attaching.
+func (sh *shardSub) ownerAddr(ctx context.Context, failures int) (string, error) {
 	m, _, err := sh.s.c.mapWith(ctx, sh.s.stream)
 	if err != nil {
 		return "", err
+	}
+	if st, ok := m.Stream(sh.s.stream); ok {
+		if set := st.Placement.Replicas(sh.shard); len(set) > 1 {
+			for i := range set {
+				if n, ok := m.Node(set[(failures+i)%len(set)]); ok && n.Live && n.Addr != "" {
+					return n.Addr, nil
+				}
+			}
+		}
 	}
 	n, err := m.Owner(sh.s.stream, sh.shard)
 	if err != nil {

@@ -82,6 +82,9 @@ var (
 	// (connections, streams, subscriptions, credit, headers, bytes in
 	// flight).
 	ErrLimitExceeded = transport.ErrLimitExceeded
+	// ErrReplicationFactor: CreateStream of a stream with more replicas
+	// per shard (StreamConfig.Replicas) than the cluster has brokers.
+	ErrReplicationFactor = transport.ErrReplicationFactor
 	// ErrInvalid: a well-formed request the broker or control plane
 	// refuses as invalid (for example Revoke of a grant that does not
 	// exist).

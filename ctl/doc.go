@@ -47,7 +47,11 @@
 // stream created before any broker registered, when the first member
 // joins), on the member rendezvous hashing picks among the members of that
 // moment ([shardmap.Assign]); from then on its owner is persisted with the
-// stream and kept in every map. A broker added to a running cluster
+// stream and kept in every map. A shard of a replicated stream (Replicas
+// 3) is placed on the top three members by rendezvous hashing
+// ([shardmap.PlaceReplicas]), and its replica set (the raft group's
+// voters) never changes; creating one while the cluster has fewer members
+// than replicas is refused with [ErrTooFewMembers]. A broker added to a running cluster
 // therefore owns shards of streams created after it joined, and none of
 // the older ones until a planned handoff moves them. A second
 // registration of the same node id replaces the first (whose stream ctl

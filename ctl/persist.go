@@ -72,6 +72,9 @@ type fileStream struct {
 	// versions (owners[s]); missing or "" means not yet placed (placed by
 	// rendezvous over the members on load).
 	Owners shardmap.Placement `json:"owners,omitzero"`
+	// Replicas is the replication factor, absent for 1 (as in the files
+	// of earlier versions); its shards' replica sets are in Owners.
+	Replicas int `json:"replicas,omitempty"`
 }
 
 // loadState reads the state file in dir. A missing file is an empty state
@@ -103,7 +106,7 @@ func loadState(dir string) (snapshot, error) {
 	}
 	clear(seen)
 	for _, s := range f.Streams {
-		c := shardmap.StreamConfig{Name: s.Name, Shards: s.Shards, RetentionBytes: s.RetentionBytes, RetentionAge: time.Duration(s.RetentionAgeNano)}
+		c := shardmap.StreamConfig{Name: s.Name, Shards: s.Shards, RetentionBytes: s.RetentionBytes, RetentionAge: time.Duration(s.RetentionAgeNano), Replicas: s.Replicas}
 		if err := c.Validate(); err != nil || seen[c.Name] {
 			return snapshot{}, fmt.Errorf("ctl: load state %s: corrupt stream %q: %v", path, s.Name, err)
 		}

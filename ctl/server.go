@@ -568,6 +568,8 @@ func wireError(err error) *transport.Error {
 		return transport.Errorf(transport.CodeInvalid, "%w", err)
 	case errors.Is(err, ErrUnknownStream):
 		return transport.Errorf(transport.CodeUnknownStream, "%w", err)
+	case errors.Is(err, ErrTooFewMembers):
+		return transport.Errorf(transport.CodeReplicationFactor, "%w", err)
 	case errors.Is(err, ErrLimitExceeded):
 		return transport.Errorf(transport.CodeLimitExceeded, "%w", err)
 	case errors.Is(err, ErrInvalid):

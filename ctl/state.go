@@ -26,6 +26,11 @@ var (
 	ErrLimitExceeded = errors.New("ctl: limit exceeded")
 	// ErrInvalid is returned for a request that can never succeed as sent.
 	ErrInvalid = errors.New("ctl: invalid request")
+	// ErrTooFewMembers is returned when creating a stream whose
+	// replication factor is larger than the number of members; on the
+	// wire it is CodeReplicationFactor. It matches
+	// shardmap.ErrTooFewMembers too.
+	ErrTooFewMembers = fmt.Errorf("ctl: %w", shardmap.ErrTooFewMembers)
 )
 
 // state is the control plane's deterministic core: members with their
@@ -130,10 +135,12 @@ func (s *state) rebuild() {
 
 // place returns st with an owner for every shard that has none (or whose
 // owner is no longer a member), assigned by rendezvous over ids, the
-// members' sorted ids ([shardmap.Place]). Owners already placed stay.
+// members' sorted ids ([shardmap.Place]). Owners already placed stay. A
+// replicated stream's shards get the top Replicas nodes by rendezvous
+// and keep them ([shardmap.PlaceReplicas]).
 // Placements are immutable, so checkpoints keep theirs.
 func (s *state) place(st shardmap.Stream, ids []string) shardmap.Stream {
-	st.Placement = shardmap.Place(st.Name, st.Shards, ids, st.Placement)
+	st.Placement = shardmap.PlaceReplicas(st.Name, st.Shards, st.Factor(), ids, st.Placement)
 	return st
 }
 
@@ -253,6 +260,12 @@ func (s *state) createStream(c shardmap.StreamConfig) error {
 	if total+c.Shards > limit {
 		return fmt.Errorf("%w: stream %q with %d shards would bring the cluster to %d shards, over its limit of %d (ctl --max-shards-total); delete streams or create fewer shards",
 			ErrLimitExceeded, c.Name, c.Shards, total+c.Shards, limit)
+	}
+	if c.Replicas <= 1 {
+		c.Replicas = 0 // factor 1 is stored as by versions before replication
+	} else if len(s.members) < c.Replicas {
+		return fmt.Errorf("%w: stream %q with %d replicas per shard needs at least %d members, the cluster has %d; add brokers or create it with --replicas 1",
+			ErrTooFewMembers, c.Name, c.Replicas, c.Replicas, len(s.members))
 	}
 	s.streams[c.Name] = shardmap.Stream{StreamConfig: c}
 	s.bump() // places the new stream's shards over the current members

@@ -275,7 +275,7 @@ func toFileMember(n shardmap.Node) fileMember {
 
 func toFileStream(c shardmap.Stream) fileStream {
 	return fileStream{Name: c.Name, Shards: c.Shards, RetentionBytes: c.RetentionBytes,
-		RetentionAgeNano: int64(c.RetentionAge), Owners: c.Placement}
+		RetentionAgeNano: int64(c.RetentionAge), Owners: c.Placement, Replicas: c.Replicas}
 }
 
 func toFileGrant(g auth.Grant) fileGrant {
@@ -287,7 +287,7 @@ func (g fileGrant) grant() auth.Grant {
 }
 
 func (s fileStream) stream() (shardmap.Stream, error) {
-	c := shardmap.StreamConfig{Name: s.Name, Shards: s.Shards, RetentionBytes: s.RetentionBytes, RetentionAge: time.Duration(s.RetentionAgeNano)}
+	c := shardmap.StreamConfig{Name: s.Name, Shards: s.Shards, RetentionBytes: s.RetentionBytes, RetentionAge: time.Duration(s.RetentionAgeNano), Replicas: s.Replicas}
 	if err := c.Validate(); err != nil {
 		return shardmap.Stream{}, err
 	}

@@ -323,6 +323,15 @@ func (g *Group) Read(from uint64, max int, maxBytes int) ([]wal.Record, error) {
 	return g.offs.read(g.st, g.tail, g.cfg.Name, from, max, maxBytes)
 }
 
+// Err returns why the group takes no more work (it failed: ErrFailed; or
+// it is closed: ErrClosed), nil while it runs. A reader of a failed
+// replica gets what it had, and nothing more.
+func (g *Group) Err() error {
+	g.in.Lock()
+	defer g.in.Unlock()
+	return g.refusal()
+}
+
 // NextOffset returns the offset the next committed record will get.
 func (g *Group) NextOffset() uint64 { return g.offs.nextOffset() }
 

@@ -8,15 +8,18 @@
 // shards and publishes to them fail as unavailable until it returns.
 //
 // Where the shards of a stream live is its [Placement]: for each shard, its
-// replica set, owner first (one node today). Every reader goes through
-// Placement's methods, never an index into a slice, so that a shard's
-// placement can become a replica set without changing them.
+// replica set, owner first: the owner alone for a stream of replication
+// factor 1 ([StreamConfig.Replicas]); for factor 3 the three nodes of
+// highest weight ([Top]), the owner being the preferred leader of the
+// shard's raft group. Every reader goes through Placement's methods, never
+// an index into a slice.
 //
 // The control plane assigns owners with [Assign] (or [Place], which keeps
-// the owners already placed) when a shard is first placed, keeps them in
+// the owners already placed; [PlaceReplicas] for replica sets, which are
+// never changed once placed) when a shard is first placed, keeps them in
 // the maps it builds with [Assemble], and pushes the maps; brokers and
 // clients obey the pushed map and never recompute their own. [Build] is
-// Assign and Assemble over every stream at once.
+// the placement and Assemble over every stream at once.
 //
 // The package is pure: no I/O, no goroutines, no clocks.
 //

@@ -38,7 +38,20 @@ type StreamConfig struct {
 	RetentionBytes int64 `msgpack:"retention_bytes,omitempty"`
 	// RetentionAge bounds the age of each shard's records; 0 means unlimited.
 	RetentionAge time.Duration `msgpack:"retention_age,omitempty"`
+	// Replicas is the replication factor: 1 (0 means 1), each shard on
+	// one broker, acknowledged once it has fsynced the record; or 3, each
+	// shard a raft group on three brokers, acknowledged once a majority
+	// has fsynced it. Fixed for the stream's life. A stream of factor 1
+	// is stored and sent with 0, as by versions before replication.
+	Replicas int `msgpack:"replicas,omitempty"`
 }
+
+// Factor returns c's replication factor: Replicas, or 1 for 0.
+func (c StreamConfig) Factor() int { return max(c.Replicas, 1) }
+
+// ErrTooFewMembers is matched by the error creating a stream whose
+// replication factor is larger than the cluster's membership.
+var ErrTooFewMembers = errors.New("shardmap: fewer members than the replication factor")
 
 // Validate reports whether c can be created.
 func (c StreamConfig) Validate() error {
@@ -50,6 +63,12 @@ func (c StreamConfig) Validate() error {
 	}
 	if c.RetentionBytes < 0 || c.RetentionAge < 0 {
 		return fmt.Errorf("shardmap: stream %q: retention must not be negative", c.Name)
+	}
+	if c.Replicas != 0 && c.Replicas != 1 && c.Replicas != 3 {
+		return fmt.Errorf("shardmap: stream %q: replicas must be 1 or 3, got %d", c.Name, c.Replicas)
+	}
+	if c.Replicas > 1 && (c.RetentionBytes > 0 || c.RetentionAge > 0) {
+		return fmt.Errorf("shardmap: stream %q: retention is not supported on replicated streams yet", c.Name)
 	}
 	return nil
 }
@@ -139,9 +158,15 @@ func Build(epoch uint64, nodes []Node, streams []StreamConfig) *Map {
 	}
 	assigned := make([]Stream, len(streams))
 	for i, c := range streams {
-		assigned[i] = Stream{StreamConfig: c, Placement: Assign(c.Name, c.Shards, ids)}
+		assigned[i] = Stream{StreamConfig: c, Placement: PlaceReplicas(c.Name, c.Shards, c.Factor(), sortedIDs(ids), Placement{})}
 	}
 	return Assemble(epoch, nodes, assigned)
+}
+
+func sortedIDs(ids []string) []string {
+	ids = slices.Clone(ids)
+	slices.Sort(ids)
+	return ids
 }
 
 // Assemble returns the map at epoch with the nodes and the streams,
@@ -160,17 +185,24 @@ func Assemble(epoch uint64, nodes []Node, streams []Stream) *Map {
 // for shard of stream, or "" when nodeIDs is empty. Ties (astronomically
 // unlikely) go to the smaller id so the result never depends on order.
 func Owner(stream string, shard int, nodeIDs []string) string {
-	var buf [160]byte
-	prefix := strconv.AppendInt(append(append(buf[:0], stream...), '/'), int64(shard), 10)
 	best, bestW := "", uint64(0)
 	for _, id := range nodeIDs {
-		w := xxhash.Sum64(append(prefix, id...))
+		w := weight(stream, shard, id)
 		if best == "" || w > bestW || w == bestW && id < best {
 			best, bestW = id, w
 		}
 	}
 	return best
 }
+
+// weight is the rendezvous weight of node id for shard of stream.
+func weight(stream string, shard int, id string) uint64 {
+	var buf [160]byte
+	b := strconv.AppendInt(append(append(buf[:0], stream...), '/'), int64(shard), 10)
+	return xxhash.Sum64(append(b, id...))
+}
+
+func compareStrings(a, b string) int { return strings.Compare(a, b) }
 
 // ShardFor returns the shard of a stream with shards shards that key maps
 // to: xxhash(key) mod shards.
@@ -241,6 +273,19 @@ func (m *Map) OwnedBy(id string) []ShardID {
 	var out []ShardID
 	for _, s := range m.Streams {
 		for _, shard := range s.Placement.OwnedBy(id) {
+			out = append(out, ShardID{Stream: s.Name, Shard: shard})
+		}
+	}
+	return out
+}
+
+// ReplicatedBy returns every shard of which node id holds a replica
+// (owner or not), ordered by stream and shard: for streams of replication
+// factor 1, the shards it owns.
+func (m *Map) ReplicatedBy(id string) []ShardID {
+	var out []ShardID
+	for _, s := range m.Streams {
+		for _, shard := range s.Placement.ReplicatedBy(id) {
 			out = append(out, ShardID{Stream: s.Name, Shard: shard})
 		}
 	}

@@ -37,6 +37,17 @@ func NewReader(r io.Reader, maxFrame int) *Reader {
 	return &Reader{r: r, maxFrame: maxFrame}
 }
 
+// SetMaxFrame changes the largest frame length N the Reader accepts from
+// the next frame on (n <= 0 means [DefaultMaxFrame]), for a stream whose
+// first frame decided what it carries (a broker's raft stream carries
+// larger frames than a publisher's).
+func (r *Reader) SetMaxFrame(n int) {
+	if n <= 0 {
+		n = DefaultMaxFrame
+	}
+	r.maxFrame = n
+}
+
 // skipFactor bounds the Publish frames a Reader skips: up to skipFactor
 // times its maximum.
 const skipFactor = 4

@@ -43,6 +43,11 @@ const (
 	// Error's From and To give the damaged offsets (inclusive). The
 	// records after To are intact: subscribe at To+1 to skip the damage.
 	CodeCorrupt ErrorCode = 19
+	// CodeReplicationFactor: stream.create of a stream whose replication
+	// factor is larger than the cluster's number of members (as Kafka's
+	// INVALID_REPLICATION_FACTOR); add brokers or create it with fewer
+	// replicas.
+	CodeReplicationFactor ErrorCode = 20
 )
 
 var codeNames = [...]string{
@@ -66,6 +71,7 @@ var codeNames = [...]string{
 	CodeOutOfOrderSequence: "out_of_order_sequence",
 	CodeDuplicateSequence:  "duplicate_sequence",
 	CodeCorrupt:            "corrupt",
+	CodeReplicationFactor:  "replication_factor",
 }
 
 // String returns the snake-case name of c, such as "not_owner", or
@@ -100,6 +106,7 @@ var (
 	ErrOutOfOrderSequence = &Error{Code: CodeOutOfOrderSequence}
 	ErrDuplicateSequence  = &Error{Code: CodeDuplicateSequence}
 	ErrCorrupt            = &Error{Code: CodeCorrupt}
+	ErrReplicationFactor  = &Error{Code: CodeReplicationFactor}
 )
 
 // Error is both a frame (sent either way on a stream) and the Go error type

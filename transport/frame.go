@@ -25,6 +25,7 @@ const (
 	FrameMap       FrameType = 9  // shard map push (ctl -> broker, broker -> client)
 	FrameRegister  FrameType = 10 // broker -> ctl: first frame of the registration stream
 	FrameHeartbeat FrameType = 11 // broker -> ctl on the registration stream
+	FrameRaft      FrameType = 12 // broker -> broker: raft messages of replicated shards
 )
 
 var frameNames = [...]string{
@@ -39,6 +40,7 @@ var frameNames = [...]string{
 	FrameMap:       "map",
 	FrameRegister:  "register",
 	FrameHeartbeat: "heartbeat",
+	FrameRaft:      "raft",
 }
 
 // String returns the frame type's name, such as "publish", or
@@ -52,7 +54,7 @@ func (t FrameType) String() string {
 
 // Frame is one of the frame types of this package: [*Publish], [*Ack],
 // [*Error], [*Subscribe], [*Records], [*Credit], [*Request], [*Response],
-// [*MapUpdate], [*Register], [*Heartbeat]. Only this package defines
+// [*MapUpdate], [*Register], [*Heartbeat], [*Raft]. Only this package defines
 // frames.
 type Frame interface {
 	Type() FrameType
@@ -188,6 +190,11 @@ func DecodeFrame(typ FrameType, body []byte) (Frame, error) {
 		start(true)
 		h.decode(&d)
 		f = h
+	case FrameRaft:
+		r := new(Raft)
+		start(true)
+		r.decode(&d)
+		f = r
 	default:
 		return nil, &Error{Code: CodeUnknownFrame, Message: fmt.Sprintf("frame type %d", uint8(typ))}
 	}

@@ -254,7 +254,7 @@ func TestCommands(t *testing.T) {
 			t.Fatalf("%+v", r)
 		}
 		r := felixctl(t, env, "stream", "ls")
-		if r.code != 0 || !regexp.MustCompile(`(?m)^orders +1 +unlimited$`).MatchString(r.stdout) || !regexp.MustCompile(`(?m)^pay +3 +unlimited$`).MatchString(r.stdout) {
+		if r.code != 0 || !regexp.MustCompile(`(?m)^orders +1 +1 +unlimited$`).MatchString(r.stdout) || !regexp.MustCompile(`(?m)^pay +3 +1 +unlimited$`).MatchString(r.stdout) {
 			t.Errorf("stream ls: %+v", r)
 		}
 		r = felixctl(t, env, "stream", "ls", "--json")
@@ -281,6 +281,34 @@ func TestCommands(t *testing.T) {
 		r = felixctl(t, env, "pub", "nope", "x")
 		if r.code != 1 || !strings.Contains(r.stderr, "stream \"nope\" does not exist") {
 			t.Errorf("pub to a missing stream: %+v", r)
+		}
+
+	})
+
+	t.Run("replicated stream", func(t *testing.T) {
+		if r := felixctl(t, env, "stream", "create", "r3", "--replicas", "2"); r.code == 0 || !strings.Contains(r.stderr, "replicas must be 1 or 3") {
+			t.Errorf("--replicas 2: %+v", r)
+		}
+		r := felixctl(t, env, "stream", "create", "r3", "--shards", "2", "--replicas", "3")
+		if r.code != 0 || !strings.HasPrefix(r.stdout, "created stream r3 with 2 shards, retention unlimited, 3 replicas per shard\n") {
+			t.Fatalf("create --replicas 3: %+v", r)
+		}
+		r = felixctl(t, env, "stream", "info", "r3")
+		// Each shard lists its three replicas, the owner (preferred
+		// leader) first.
+		if r.code != 0 || !regexp.MustCompile(`(?m)^r3/1 +broker-\d +live +broker-\d \(live\), broker-\d \(live\), broker-\d \(live\)$`).MatchString(r.stdout) {
+			t.Errorf("stream info of a replicated stream: %+v", r)
+		}
+		r = felixctl(t, env, "stream", "info", "r3", "--json")
+		var info streamJSON
+		if err := json.Unmarshal([]byte(r.stdout), &info); err != nil || info.Replicas != 3 || len(info.Owners.Replicas(0)) != 3 {
+			t.Errorf("stream info --json of a replicated stream: %v %+v", err, r)
+		}
+		if r := felixctl(t, env, "pub", "r3", "hello", "--shard", "1"); r.code != 0 || !strings.Contains(r.stdout, "(shard 1, offset 0)") {
+			t.Errorf("pub to a replicated stream: %+v", r)
+		}
+		if r := felixctl(t, env, "stream", "rm", "r3"); r.code != 0 {
+			t.Errorf("stream rm of a replicated stream: %+v", r)
 		}
 	})
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -23,6 +24,7 @@ type streamCreateCmd struct {
 	Shards         int           `help:"Number of shards (fixed for the stream's life)." default:"1"`
 	RetentionBytes int64         `help:"Bound on each shard's log size in bytes (0: unlimited)." default:"0"`
 	RetentionAge   time.Duration `help:"Bound on the age of each shard's records (0: unlimited)." default:"0"`
+	Replicas       int           `help:"Replication factor: 1 (each shard on one broker) or 3 (each shard replicated by raft on three brokers, acknowledged once two have fsynced it; needs at least three brokers). Fixed for the stream's life." default:"1"`
 }
 
 type streamLsCmd struct {
@@ -42,13 +44,15 @@ type streamJSON struct {
 	Shards         int    `json:"shards"`
 	RetentionBytes int64  `json:"retention_bytes"`
 	RetentionAge   string `json:"retention_age"`
+	Replicas       int    `json:"replicas"`
 	// Owners is the owner of each shard, as an array (owners[s] owns
-	// shard s).
+	// shard s); for a replicated stream, each shard's replica set, owner
+	// (the preferred leader) first.
 	Owners shardmap.Placement `json:"owners,omitzero"`
 }
 
 func toJSON(sc shardmap.StreamConfig, owners shardmap.Placement) streamJSON {
-	return streamJSON{Name: sc.Name, Shards: sc.Shards, RetentionBytes: sc.RetentionBytes, RetentionAge: sc.RetentionAge.String(), Owners: owners}
+	return streamJSON{Name: sc.Name, Shards: sc.Shards, RetentionBytes: sc.RetentionBytes, RetentionAge: sc.RetentionAge.String(), Replicas: sc.Factor(), Owners: owners}
 }
 
 // request runs f on a client of the cluster, within --timeout, and wraps
@@ -69,7 +73,7 @@ func request(a *app, g *clientFlags, stream string, f func(ctx context.Context, 
 
 func (s *streamCreateCmd) Run(a *app) error {
 	g := a.flags
-	sc := shardmap.StreamConfig{Name: s.Name, Shards: s.Shards, RetentionBytes: s.RetentionBytes, RetentionAge: s.RetentionAge}
+	sc := shardmap.StreamConfig{Name: s.Name, Shards: s.Shards, RetentionBytes: s.RetentionBytes, RetentionAge: s.RetentionAge, Replicas: s.Replicas}
 	if err := sc.Validate(); err != nil {
 		return usagef("cannot create stream %q: %v", s.Name, err)
 	}
@@ -81,7 +85,7 @@ func (s *streamCreateCmd) Run(a *app) error {
 		if g.JSON {
 			return printJSON(a.stdout, toJSON(sc, owners))
 		}
-		fmt.Fprintf(a.stdout, "created stream %s with %d shard%s, retention %s\n", sc.Name, sc.Shards, plural(sc.Shards), retention(sc))
+		fmt.Fprintf(a.stdout, "created stream %s with %d shard%s, retention %s%s\n", sc.Name, sc.Shards, plural(sc.Shards), retention(sc), replicas(sc))
 		writeOwners(a.stdout, s.Name, owners, nil)
 		return nil
 	})
@@ -107,9 +111,9 @@ func (s *streamLsCmd) Run(a *app) error {
 			return nil
 		}
 		tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "STREAM\tSHARDS\tRETENTION")
+		fmt.Fprintln(tw, "STREAM\tSHARDS\tREPLICAS\tRETENTION")
 		for _, sc := range streams {
-			fmt.Fprintf(tw, "%s\t%d\t%s\n", sc.Name, sc.Shards, retention(sc))
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", sc.Name, sc.Shards, sc.Factor(), retention(sc))
 		}
 		return tw.Flush()
 	})
@@ -126,7 +130,7 @@ func (s *streamInfoCmd) Run(a *app) error {
 		if g.JSON {
 			return printJSON(a.stdout, toJSON(sc, owners))
 		}
-		fmt.Fprintf(a.stdout, "stream %s: %d shard%s, retention %s\n", sc.Name, sc.Shards, plural(sc.Shards), retention(sc))
+		fmt.Fprintf(a.stdout, "stream %s: %d shard%s, retention %s%s\n", sc.Name, sc.Shards, plural(sc.Shards), retention(sc), replicas(sc))
 		m, _ := c.Map(ctx)
 		writeOwners(a.stdout, s.Name, owners, m)
 		return nil
@@ -161,29 +165,59 @@ func owners(ctx context.Context, c *conn, stream string) shardmap.Placement {
 }
 
 // writeOwners prints the shard → owner table, with each owner's liveness
-// when m is given.
+// when m is given; for a replicated stream, also each shard's other
+// replicas (the owner is the preferred leader: the leader of the moment
+// is the raft group's, not in the map).
 func writeOwners(w io.Writer, stream string, owners shardmap.Placement, m *shardmap.Map) {
 	if owners.IsZero() {
 		return
 	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	if m != nil {
-		fmt.Fprintln(tw, "SHARD\tOWNER\tSTATE")
-	} else {
-		fmt.Fprintln(tw, "SHARD\tOWNER")
+	replicated := false
+	for shard := range owners.All() {
+		replicated = replicated || len(owners.Replicas(shard)) > 1
 	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	head := "SHARD\tOWNER"
+	if m != nil {
+		head += "\tSTATE"
+	}
+	if replicated {
+		head += "\tREPLICAS"
+	}
+	fmt.Fprintln(tw, head)
 	for shard, owner := range owners.All() {
-		if m == nil {
-			fmt.Fprintf(tw, "%s/%d\t%s\n", stream, shard, owner)
-			continue
+		line := fmt.Sprintf("%s/%d\t%s", stream, shard, owner)
+		if m != nil {
+			line += "\t" + liveness(m, owner)
 		}
-		state := "down"
-		if n, ok := m.Node(owner); ok && n.Live {
-			state = "live"
+		if replicated {
+			var set []string
+			for _, r := range owners.Replicas(shard) {
+				if m != nil {
+					r += " (" + liveness(m, r) + ")"
+				}
+				set = append(set, r)
+			}
+			line += "\t" + strings.Join(set, ", ")
 		}
-		fmt.Fprintf(tw, "%s/%d\t%s\t%s\n", stream, shard, owner, state)
+		fmt.Fprintln(tw, line)
 	}
 	tw.Flush()
+}
+
+func liveness(m *shardmap.Map, node string) string {
+	if n, ok := m.Node(node); ok && n.Live {
+		return "live"
+	}
+	return "down"
+}
+
+// replicas says a stream's replication factor when it is not 1.
+func replicas(sc shardmap.StreamConfig) string {
+	if sc.Factor() == 1 {
+		return ""
+	}
+	return fmt.Sprintf(", %d replicas per shard", sc.Factor())
 }
 
 func retention(sc shardmap.StreamConfig) string {

@@ -56,9 +56,9 @@ func TestKillLoop(t *testing.T) {
 			opts = append(opts, client.WithIdempotence(), client.WithRetryTimeout(time.Minute))
 		}
 		cl := clustertest.Connect(t, c, via, opts...)
-		wg.Go(func() { publishUntil(ctx, stop, cl, i, idempotent, &rec) })
+		wg.Go(func() { publishUntil(ctx, stop, cl, "kl", i, idempotent, &rec) })
 	}
-	sub := newTailChecker(t, ctx, c, shards)
+	sub := newTailChecker(t, ctx, c, "kl", shards)
 
 	for cycle := range *killCycles {
 		time.Sleep(time.Duration(400+rand.IntN(800)) * time.Millisecond)
@@ -89,7 +89,7 @@ func TestKillLoop(t *testing.T) {
 		rec.Add(history.Publish{Publisher: *killPublishers, Value: v, Outcome: history.Acked, Shard: s, Offset: ack.Offset, Call: call, Return: time.Now()})
 		ends[s] = ack.Offset
 	}
-	logs := readShards(t, ctx, admin, ends)
+	logs := readShards(t, ctx, admin, "kl", ends)
 	pubs := rec.Publishes()
 	r := history.Check(pubs, logs, time.Minute)
 	t.Logf("%d kill -9 cycles, %d publishers (%d idempotent) through 3 brokers: %s", *killCycles, *killPublishers, *killPublishers/2, r)
@@ -111,7 +111,7 @@ func TestKillLoop(t *testing.T) {
 // publishUntil publishes unique values one at a time, recording each
 // outcome, until stop is closed. An idempotent publisher's client retries
 // unknown outcomes itself, so it is given longer.
-func publishUntil(ctx context.Context, stop <-chan struct{}, cl *client.Client, id int, idempotent bool, rec *history.Recorder) {
+func publishUntil(ctx context.Context, stop <-chan struct{}, cl *client.Client, stream string, id int, idempotent bool, rec *history.Recorder) {
 	timeout := 3 * time.Second
 	if idempotent {
 		timeout = time.Minute
@@ -125,7 +125,7 @@ func publishUntil(ctx context.Context, stop <-chan struct{}, cl *client.Client, 
 		v := fmt.Sprintf("p%d-%d", id, n)
 		pctx, cancel := context.WithTimeout(ctx, timeout)
 		call := time.Now()
-		ack, err := cl.Publish(pctx, "kl", []byte(v), []byte(v))
+		ack, err := cl.Publish(pctx, stream, []byte(v), []byte(v))
 		cancel()
 		p := history.Publish{Publisher: id, Value: v, Call: call, Return: time.Now()}
 		switch {
@@ -155,12 +155,12 @@ func definitelyNotWritten(err error) bool {
 	return false
 }
 
-// readShards reads every shard of "kl" from offset 0 up to ends[shard].
-func readShards(t *testing.T, ctx context.Context, cl *client.Client, ends []uint64) [][]history.Entry {
+// readShards reads every shard of stream from offset 0 up to ends[shard].
+func readShards(t *testing.T, ctx context.Context, cl *client.Client, stream string, ends []uint64) [][]history.Entry {
 	t.Helper()
 	logs := make([][]history.Entry, len(ends))
 	for s, end := range ends {
-		sub, err := cl.Subscribe(ctx, "kl", client.Earliest(), client.Shard(s))
+		sub, err := cl.Subscribe(ctx, stream, client.Earliest(), client.Shard(s))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -191,10 +191,10 @@ type tailChecker struct {
 	seen int
 }
 
-func newTailChecker(t *testing.T, ctx context.Context, c *cluster.Cluster, shards int) *tailChecker {
+func newTailChecker(t *testing.T, ctx context.Context, c *cluster.Cluster, stream string, shards int) *tailChecker {
 	t.Helper()
 	cl := clustertest.Connect(t, c, "broker-1", client.WithReconnect(20*time.Millisecond, 500*time.Millisecond))
-	sub, err := cl.Subscribe(ctx, "kl", client.Earliest())
+	sub, err := cl.Subscribe(ctx, stream, client.Earliest())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,14 +1,20 @@
 package servercmd
 
-import "github.com/felix-broker/felix/broker"
+import (
+	"time"
+
+	"github.com/felix-broker/felix/broker"
+)
 
 // BrokerShards are the flags bounding a broker's shard logs (see the
 // fields of broker.Config of the same names). Their defaults are broker's.
 type BrokerShards struct {
-	MaxOpenShards int      `help:"Most shard logs open at once (each holds 2 file descriptors, a goroutine and its in-memory tail); past it the least recently used idle log is closed, and if all are in use the publish or subscription gets unavailable. 0: 1024, or a quarter of the file-descriptor limit left after 256, if smaller." default:"0" env:"FELIX_MAX_OPEN_SHARDS"`
-	MaxShards     int      `help:"Most shards this broker holds, counted in whole streams; a stream past it is refused (its publishes get unavailable) and logged once per map." default:"16384" env:"FELIX_MAX_SHARDS"`
-	SegmentSize   int      `help:"Size at which a shard log starts a new segment file, in bytes (0: the log's default, 20 MiB). Retention deletes whole segments." default:"0" env:"FELIX_SEGMENT_SIZE"`
-	AcceptLoss    []string `help:"Shards (stream/shard, repeatable) whose logs may open although acknowledged records are missing from them: the log continues past the lost offsets, which are never reused and read as corrupt. Without it such a shard stays unavailable. Restore the files first if you can." name:"accept-loss" placeholder:"STREAM/SHARD" env:"FELIX_ACCEPT_LOSS"`
+	MaxOpenShards     int           `help:"Most shard logs open at once (each holds 2 file descriptors, a goroutine and its in-memory tail); past it the least recently used idle log is closed, and if all are in use the publish or subscription gets unavailable. 0: 1024, or a quarter of the file-descriptor limit left after 256, if smaller." default:"0" env:"FELIX_MAX_OPEN_SHARDS"`
+	MaxShards         int           `help:"Most shards this broker holds, counted in whole streams; a stream past it is refused (its publishes get unavailable) and logged once per map." default:"16384" env:"FELIX_MAX_SHARDS"`
+	SegmentSize       int           `help:"Size at which a shard log starts a new segment file, in bytes (0: the log's default, 20 MiB). Retention deletes whole segments." default:"0" env:"FELIX_SEGMENT_SIZE"`
+	RaftTick          time.Duration `help:"Replicated streams: the interval of the one ticker that drives every raft group this broker hosts (elections and heartbeats count ticks)." default:"100ms" env:"FELIX_RAFT_TICK"`
+	RaftElectionTicks int           `help:"Replicated streams: ticks a follower waits without hearing from its leader before it campaigns (raft randomizes it up to twice that); with --raft-tick, the failover time." default:"10" env:"FELIX_RAFT_ELECTION_TICKS"`
+	AcceptLoss        []string      `help:"Shards (stream/shard, repeatable) whose logs may open although acknowledged records are missing from them: the log continues past the lost offsets, which are never reused and read as corrupt. Without it such a shard stays unavailable. Restore the files first if you can." name:"accept-loss" placeholder:"STREAM/SHARD" env:"FELIX_ACCEPT_LOSS"`
 }
 
 // apply sets the bounds in cfg and returns it.
@@ -17,5 +23,7 @@ func (s BrokerShards) apply(cfg broker.Config) broker.Config {
 	cfg.MaxShards = s.MaxShards
 	cfg.SegmentSize = s.SegmentSize
 	cfg.AcceptLoss = s.AcceptLoss
+	cfg.RaftTick = s.RaftTick
+	cfg.RaftElectionTicks = s.RaftElectionTicks
 	return cfg
 }

@@ -1,0 +1,289 @@
+package broker
+
+// # Raft messages between brokers
+//
+// The replicated shards this broker hosts (streams of replication factor
+// 3, each shard a replica.Group) talk raft over the peer connections the
+// publish path forwards on: one long-lived stream per ordered pair of
+// brokers (this broker opens its own to each peer it sends to), carrying
+// transport.Raft frames, each a batch of the messages for every group the
+// two brokers share. Thousands of shards mean thousands of groups, but one
+// stream, one sender goroutine and one batch per wake-up per peer.
+//
+// A group's raft ids are fixed by its replica set, which never changes
+// (see shardmap.PlaceReplicas): raft id i+1 is the i-th node of the set
+// sorted by node id. So every broker, and the same broker across restarts,
+// maps ids to nodes alike with nothing stored.
+//
+// The receiver checks that a frame's From is the node id of the peer's
+// certificate, and that each message's raft From is that node's id in the
+// group, before the group sees it: a broker can speak only for itself.
+//
+// One ticker (raftNet.runTicker) ticks every hosted group each
+// Config.RaftTick. Raft's heartbeats are still one message per group per
+// follower each tick (batched into the frame to that follower); coalescing
+// them into one per pair of brokers is left for later.
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/felix-broker/felix/internal/logonce"
+	"github.com/felix-broker/felix/replica"
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+const (
+	// raftQueueBytes bounds the raft messages waiting for one peer; past
+	// it messages are dropped (raft sends again what is lost).
+	raftQueueBytes = 64 << 20
+	// raftWriteTimeout bounds one write of a raft frame: a peer that does
+	// not read is given up and its stream opened again.
+	raftWriteTimeout = 5 * time.Second
+	// raftRedial is the least time between two failed attempts to open
+	// the raft stream to a peer; messages meanwhile are dropped.
+	raftRedial = 200 * time.Millisecond
+)
+
+// raftNet owns the raft traffic of the groups this broker hosts: the
+// registry of groups (by shard, for incoming messages), a sender per peer
+// and the ticker. Its goroutines (ticker, senders) stop at close.
+type raftNet struct {
+	node     string
+	tick     time.Duration
+	maxFrame int // the largest raft frame sent or accepted
+	batch    int // message bytes after which a batch is sent as one frame
+	log      *slog.Logger
+	peers    *peerPool
+	mapOf    func() *shardmap.Map // the broker's current map, nil before Start
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	bad    logonce.Set // peers that sent what they must not, logged once
+
+	mu struct {
+		sync.RWMutex
+		closed bool
+		groups map[shardmap.ShardID]*raftMember
+		peers  map[string]*raftPeer
+	}
+}
+
+// raftMember is a hosted group and its replica set, sorted: raft id i+1 is
+// nodes[i].
+type raftMember struct {
+	g     *replica.Group
+	nodes []string
+}
+
+func newRaftNet(node string, tick time.Duration, entryBytes int, peers *peerPool, mapOf func() *shardmap.Map, log *slog.Logger) *raftNet {
+	n := &raftNet{node: node, tick: tick, batch: entryBytes, maxFrame: 4*entryBytes + 64<<10,
+		peers: peers, mapOf: mapOf, log: log}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.mu.groups = map[shardmap.ShardID]*raftMember{}
+	n.mu.peers = map[string]*raftPeer{}
+	n.wg.Add(1)
+	go n.runTicker()
+	return n
+}
+
+// raftNodes returns the replica set sorted, index i being raft id i+1.
+func raftNodes(set []string) []string {
+	nodes := slices.Clone(set)
+	slices.Sort(nodes)
+	return nodes
+}
+
+// raftID returns node's raft id among nodes (sorted), 0 if it is not one.
+func raftID(nodes []string, node string) uint64 {
+	if i, ok := slices.BinarySearch(nodes, node); ok {
+		return uint64(i) + 1
+	}
+	return 0
+}
+
+// nodeOf returns the node of raft id among nodes, "" for none.
+func nodeOf(nodes []string, id uint64) string {
+	if id == 0 || id > uint64(len(nodes)) {
+		return ""
+	}
+	return nodes[id-1]
+}
+
+// transport returns the replica.Transport of the group of shard id, whose
+// sorted replica set is nodes.
+func (n *raftNet) transport(id shardmap.ShardID, nodes []string) replica.Transport {
+	return &groupTransport{n: n, stream: id.Stream, shard: int32(id.Shard), nodes: nodes}
+}
+
+// register makes incoming messages for shard id reach g.
+func (n *raftNet) register(id shardmap.ShardID, g *replica.Group, nodes []string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.mu.groups[id] = &raftMember{g: g, nodes: nodes}
+}
+
+// unregister stops delivering to g (if it is still the group of id).
+func (n *raftNet) unregister(id shardmap.ShardID, g *replica.Group) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if m := n.mu.groups[id]; m != nil && m.g == g {
+		delete(n.mu.groups, id)
+	}
+}
+
+// runTicker ticks every hosted group each tick.
+func (n *raftNet) runTicker() {
+	defer n.wg.Done()
+	t := time.NewTicker(n.tick)
+	defer t.Stop()
+	var gs []*replica.Group
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-t.C:
+		}
+		gs = gs[:0]
+		n.mu.RLock()
+		for _, m := range n.mu.groups {
+			gs = append(gs, m.g)
+		}
+		n.mu.RUnlock()
+		for _, g := range gs {
+			g.Tick()
+		}
+		clear(gs)
+	}
+}
+
+// groupTransport is one group's replica.Transport: it marshals each
+// message and queues it for its peer's sender.
+type groupTransport struct {
+	n      *raftNet
+	stream string
+	shard  int32
+	nodes  []string
+}
+
+func (t *groupTransport) Send(msgs []*pb.Message) {
+	for _, m := range msgs {
+		to := nodeOf(t.nodes, m.GetTo())
+		if to == "" || to == t.n.node {
+			continue
+		}
+		data, err := proto.Marshal(m)
+		if err != nil {
+			t.n.log.Error("raft message not encodable; dropped", "shard", t.stream, "err", err)
+			continue
+		}
+		t.n.send(to, transport.RaftMsg{Stream: t.stream, Shard: t.shard, Data: data})
+	}
+}
+
+// send queues m for node's sender, starting it if need be. It never blocks.
+func (n *raftNet) send(node string, m transport.RaftMsg) {
+	n.mu.RLock()
+	p := n.mu.peers[node]
+	closed := n.mu.closed
+	n.mu.RUnlock()
+	if closed {
+		return
+	}
+	if p == nil {
+		n.mu.Lock()
+		if n.mu.closed {
+			n.mu.Unlock()
+			return
+		}
+		if p = n.mu.peers[node]; p == nil {
+			p = &raftPeer{n: n, id: node, wake: make(chan struct{}, 1)}
+			n.mu.peers[node] = p
+			n.wg.Add(1)
+			go p.run()
+		}
+		n.mu.Unlock()
+	}
+	p.enqueue(m)
+}
+
+// deliver hands a message a peer sent to its group, after checking that
+// the peer speaks for itself. A message for a group not hosted here (not
+// yet opened, or closed) is dropped: raft sends it again.
+func (n *raftNet) deliver(peer string, rm *transport.RaftMsg) {
+	id := shardmap.ShardID{Stream: rm.Stream, Shard: int(rm.Shard)}
+	n.mu.RLock()
+	gm := n.mu.groups[id]
+	n.mu.RUnlock()
+	if gm == nil {
+		return
+	}
+	m := &pb.Message{}
+	if err := proto.Unmarshal(rm.Data, m); err != nil {
+		n.refuse(peer, "undecodable raft message", id, err)
+		return
+	}
+	if nodeOf(gm.nodes, m.GetFrom()) != peer {
+		n.refuse(peer, "raft message in another node's name", id, nil)
+		return
+	}
+	if err := gm.g.Step(m); err != nil {
+		n.refuse(peer, "raft message refused by its group", id, err)
+	}
+}
+
+func (n *raftNet) refuse(peer, what string, id shardmap.ShardID, err error) {
+	if n.bad.First(peer + "\x00" + what) {
+		n.log.Warn(what+" (logged once per peer)", "peer", peer, "shard", id.String(), "err", err)
+	}
+}
+
+// close stops the ticker and the senders and waits for them; nothing is
+// sent afterwards.
+func (n *raftNet) close() {
+	n.mu.Lock()
+	n.mu.closed = true
+	n.mu.Unlock()
+	n.cancel()
+	n.wg.Wait()
+}
+
+// serveRaft reads the raft stream a peer opened, first being its first
+// frame, and delivers the messages until the stream ends.
+func (b *Broker) serveRaft(s *quic.Stream, r *transport.Reader, first *transport.Raft, from caller) {
+	if from.peerID == "" {
+		b.refuse(s, transport.Errorf(transport.CodeUnauthorized, "raft messages come from brokers only"))
+		return
+	}
+	r.SetMaxFrame(b.raft.maxFrame)
+	f := first
+	for {
+		if f.From != from.peerID {
+			b.refuse(s, transport.Errorf(transport.CodeUnauthorized, "peer %q sent raft messages as %q: a broker speaks for itself only", from.peerID, f.From))
+			return
+		}
+		for i := range f.Msgs {
+			b.raft.deliver(from.peerID, &f.Msgs[i])
+		}
+		next, err := r.Read()
+		if err != nil {
+			s.CancelRead(0)
+			s.Close()
+			return
+		}
+		var ok bool
+		if f, ok = next.(*transport.Raft); !ok {
+			b.refuse(s, transport.Errorf(transport.CodeUnexpectedFrame, "a raft stream carries raft frames, not %T", next))
+			return
+		}
+	}
+}

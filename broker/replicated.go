@@ -1,0 +1,270 @@
+package broker
+
+// # Replicated shards (replication factor 3)
+//
+// A shard of a stream created with Replicas 3 is a raft group (package
+// replica) on the three brokers of its replica set. Each of them opens its
+// replica when a map assigns it (openGroup; pinned: never closed for the
+// open-log budget) in the shard's data directory, and raftNet carries
+// their messages. The shard's log is the raft log; an ack comes only from
+// replica's commit callback (a majority fsynced the entry), never from a
+// replica that merely appended it, so an old leader cannot ack.
+//
+// Routing (dispatchReplicated): the leader takes the publish; a replica
+// that is not the leader forwards a client's publish to the leader its
+// group knows, and answers a peer's forward with NotOwner naming it; a
+// broker outside the replica set, or a replica whose group knows no
+// leader, forwards to the leader it last heard of (a NotOwner's Owner,
+// kept in Broker.leaders) or else to the first live replica, owner first. While no leader is known the record waits in the
+// session's retrier and is routed again every RaftTick, up to
+// ForwardTimeout after it first needed a leader; then it fails
+// unavailable. A record the group drops or a new leader's entries replace
+// (never committed) is routed again the same way.
+//
+// Subscribers read committed records only (Group.Read), from whichever
+// replica they subscribe at.
+//
+// A replica whose log was lost (its data directory deleted) cannot rejoin
+// under its old raft id: raft would need a membership change (remove it,
+// add a new member), which this stage does not make. Its group stops
+// (replica.ErrFailed) when the leader's first message contradicts its
+// empty log, the broker goes on serving (routing that shard's publishes
+// to the other replicas), and the shard keeps its majority of two.
+//
+// Not in this stage: idempotent publish (the producer table is the
+// owner's memory, rebuilt from its log; a replicated shard would need it
+// rebuilt by each new leader), so an idempotent publish to a replicated
+// stream is refused with invalid; retention and the per-shard log
+// metrics of replicated shards.
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/felix-broker/felix/replica"
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+	"github.com/felix-broker/felix/wal"
+)
+
+// shardLog is what the publish and subscribe paths use of a shard's log,
+// a *wal.Log (replication factor 1) or a *replica.Group (3).
+type shardLog interface {
+	AppendAsync(r *wal.Record, done func(offset uint64, ts int64, err error))
+	AppendNow(r *wal.Record, done func(offset uint64, ts int64, err error))
+	Read(from uint64, maxRecords int, maxBytes int) ([]wal.Record, error)
+	FirstOffset() uint64
+	NextOffset() uint64
+	Watch() (next uint64, changed <-chan struct{})
+}
+
+var (
+	_ shardLog = (*wal.Log)(nil)
+	_ shardLog = (*replica.Group)(nil)
+)
+
+var (
+	errNoMap     = errors.New("broker: no shard map yet")
+	errNotMember = errors.New("broker: peer not in the shard map")
+)
+
+// entryBytes is the largest raft entry of a replicated shard: room for
+// one record of MaxPayload and its framing.
+func entryBytes(cfg Config) int { return max(1<<20, cfg.MaxPayload+64<<10) }
+
+// openGroup opens this broker's replica of the replicated shard of e in
+// dir and registers it for raft messages.
+func (s *shardSet) openGroup(e *shardEntry, dir string, st *shardmap.Stream) error {
+	nodes := raftNodes(st.Placement.Replicas(e.id.Shard))
+	id := raftID(nodes, s.node)
+	if id == 0 {
+		return fmt.Errorf("%w: %s is not among the replicas %v of %s", errShardGone, s.node, nodes, e.id)
+	}
+	peers := make([]uint64, len(nodes))
+	for i := range peers {
+		peers[i] = uint64(i) + 1
+	}
+	g, err := replica.Open(replica.Config{
+		ID: id, Peers: peers, Dir: dir, Name: e.id.String(),
+		Transport:     s.raft.transport(e.id, nodes),
+		Logger:        s.logger,
+		ElectionTicks: s.electionTicks,
+		MaxEntryBytes: s.entryBytes,
+		SegmentSize:   s.segmentSize,
+	})
+	if err != nil {
+		return err
+	}
+	e.group, e.nodes, e.sl = g, nodes, g
+	s.raft.register(e.id, g, nodes)
+	return nil
+}
+
+// leaderNode returns the node of the leader e's group knows, "" if none.
+func (e *shardEntry) leaderNode() string {
+	id, _ := e.group.Leader()
+	return nodeOf(e.nodes, id)
+}
+
+// noteLeader remembers that node leads shard id, as a replica said.
+func (b *Broker) noteLeader(id shardmap.ShardID, node string) {
+	if node != "" {
+		b.leaders.Store(id, node)
+	}
+}
+
+// forgetLeader forgets that node leads shard id, if that is what it knew.
+func (b *Broker) forgetLeader(id shardmap.ShardID, node string) {
+	b.leaders.CompareAndDelete(id, node)
+}
+
+// guessLeader returns where to send a publish of shard id when this
+// broker's own replica (if any) knows no leader: the leader last heard
+// of, if it is a live replica, else the first live replica (the owner
+// first); never not, and "" if none will do.
+func (b *Broker) guessLeader(m *shardmap.Map, id shardmap.ShardID, set []string, not string) string {
+	if v, ok := b.leaders.Load(id); ok {
+		if n := v.(string); n != not && slices.Contains(set, n) && live(m, n) {
+			return n
+		}
+	}
+	for _, n := range set {
+		if n != not && live(m, n) {
+			return n
+		}
+	}
+	return ""
+}
+
+func live(m *shardmap.Map, node string) bool {
+	n, ok := m.Node(node)
+	return ok && n.Live
+}
+
+// dispatchReplicated routes a publish of a replicated shard (see the
+// comment at the top of this file).
+func (p *pubSession) dispatchReplicated(in inbound, m *shardmap.Map, st *shardmap.Stream, shard, attempt int) {
+	b, pub := p.b, in.pub
+	if in.deadline.IsZero() {
+		in.deadline = time.Now().Add(b.cfg.ForwardTimeout)
+	}
+	if pub.ProducerID != "" && pub.ProducerSeq > 0 {
+		p.fail(in, &transport.Error{Code: transport.CodeInvalid,
+			Message: fmt.Sprintf("stream %q is replicated (3 replicas per shard): idempotent publish (a producer id and sequence) is not supported on replicated streams yet; publish without them", pub.Stream)})
+		return
+	}
+	id := shardmap.ShardID{Stream: pub.Stream, Shard: shard}
+	set := st.Placement.Replicas(shard)
+	if len(set) == 0 {
+		p.fail(in, &transport.Error{Code: transport.CodeUnavailable, Epoch: m.Epoch,
+			Message: fmt.Sprintf("%s has no replicas placed yet (the cluster has too few members)", id)})
+		return
+	}
+	var target string
+	if slices.Contains(set, b.cfg.NodeID) {
+		e, err := b.shards.acquire(m, id)
+		if err != nil {
+			p.fail(in, &transport.Error{Code: transport.CodeUnavailable,
+				Message: fmt.Sprintf("%s cannot open its replica of %s: %v", b.cfg.NodeID, id, err)})
+			return
+		}
+		target = e.leaderNode()
+		if target == b.cfg.NodeID {
+			in.ev.route(shard, target)
+			p.appendReplicated(in, e, id, attempt)
+			e.release() // the group is pinned: it stays open
+			return
+		}
+		e.release()
+		if target != "" && !live(m, target) {
+			target = "" // its lease ran out: wait for the election
+		}
+		if target == "" && p.peerID == "" {
+			// This replica knows no leader (an election, or its group
+			// failed): another replica may. (A peer's forward is answered
+			// with no leader instead: the forwarder waits a tick rather
+			// than bouncing between replicas that do not know.)
+			target = b.guessLeader(m, id, set, b.cfg.NodeID)
+		}
+	} else {
+		target = b.guessLeader(m, id, set, "")
+	}
+	switch {
+	case target == "" && p.peerID != "" && slices.Contains(set, b.cfg.NodeID):
+		p.fail(in, &transport.Error{Code: transport.CodeNotOwner, Epoch: m.Epoch,
+			Message: fmt.Sprintf("%s knows no leader of %s yet", b.cfg.NodeID, id)})
+	case target == "":
+		p.awaitLeader(in, attempt, id, "no leader of %s is known yet")
+	case p.peerID != "":
+		p.fail(in, &transport.Error{Code: transport.CodeNotOwner, Epoch: m.Epoch, Owner: target,
+			Message: fmt.Sprintf("%s is not the leader of %s; %s is", b.cfg.NodeID, id, target)})
+	default:
+		in.ev.route(shard, target)
+		in.repl = true
+		p.forward(in, m, shard, target, attempt)
+	}
+}
+
+// awaitLeader routes in again a tick later (by the session's retrier),
+// until its deadline, then fails it unavailable: nothing was written.
+func (p *pubSession) awaitLeader(in inbound, attempt int, id shardmap.ShardID, format string) {
+	if time.Now().After(in.deadline) {
+		p.fail(in, &transport.Error{Code: transport.CodeUnavailable,
+			Message: fmt.Sprintf(format+" after %v (ForwardTimeout); nothing was written", id, p.b.cfg.ForwardTimeout)})
+		return
+	}
+	p.requeue(refused{in: in.rerouted(), attempt: attempt, delay: p.b.cfg.RaftTick, by: p.b.cfg.NodeID})
+}
+
+// appendReplicated proposes in's record to e's group, whose leader this
+// broker is; the answer is written from the group's commit callback.
+func (p *pubSession) appendReplicated(in inbound, e *shardEntry, id shardmap.ShardID, attempt int) {
+	b, pub := p.b, in.pub
+	via := pub.Via
+	if via == "" {
+		via = b.cfg.NodeID
+	}
+	b.tel.stampRouted(&in.ev)
+	seq, stream, shard := pub.Seq, pub.Stream, id.Shard
+	appendFn := e.group.AppendAsync
+	if in.last {
+		appendFn = e.group.AppendNow
+	}
+	appendFn(&wal.Record{Headers: pub.Headers, Key: pub.Key, Value: pub.Value}, func(offset uint64, ts int64, err error) {
+		if err == nil {
+			p.reply(&in, &transport.Ack{Seq: seq, Stream: stream, Shard: int32(shard), Offset: offset,
+				Timestamp: ts, Owner: b.cfg.NodeID, Via: via, Forwarded: via != b.cfg.NodeID})
+			return
+		}
+		var nl *replica.NotLeaderError
+		switch {
+		case errors.As(err, &nl) || errors.Is(err, replica.ErrDropped):
+			// Never committed, and never will be: route it again.
+			var leader string
+			if nl != nil {
+				leader = nodeOf(e.nodes, nl.Leader)
+			}
+			if p.peerID != "" && leader != "" && leader != b.cfg.NodeID {
+				p.reply(&in, &transport.Error{Seq: seq, Code: transport.CodeNotOwner, Owner: leader,
+					Message: fmt.Sprintf("%s lost the leadership of %s before committing; %s leads it", b.cfg.NodeID, id, leader)})
+				return
+			}
+			p.awaitLeader(in, attempt, id, "%s changed leaders and none took the record")
+			return
+		}
+		code := transport.CodeInternal
+		switch {
+		case errors.Is(err, replica.ErrClosed):
+			code = transport.CodeShuttingDown
+		case errors.Is(err, replica.ErrTooLarge):
+			code = transport.CodePayloadTooLarge
+		case errors.Is(err, replica.ErrUnknownOutcome), errors.Is(err, replica.ErrFailed):
+			// May or may not be committed: the publisher is told so.
+			code = transport.CodeUnavailable
+		}
+		p.reply(&in, &transport.Error{Seq: seq, Code: code,
+			Message: fmt.Sprintf("%s could not write %s: %v", b.cfg.NodeID, id, err)})
+	})
+}
