@@ -26,10 +26,12 @@ package broker
 //
 // A replica whose log was lost (its data directory deleted) cannot rejoin
 // under its old raft id: raft would need a membership change (remove it,
-// add a new member), which this stage does not make. Its group stops
-// (replica.ErrFailed) when the leader's first message contradicts its
-// empty log, the broker goes on serving (routing that shard's publishes
-// to the other replicas), and the shard keeps its majority of two.
+// add a new member), which this stage does not make. It drops the
+// leader's heartbeats that contradict its empty log and never acks; once
+// one came, Group.Lost says so and subscribers are refused there (or
+// ended) with unavailable, so that the SDK reads from another replica.
+// The broker goes on serving (forwarding that shard's publishes to the
+// leader), and the shard keeps its majority of two.
 //
 // Not in this stage: idempotent publish (the producer table is the
 // owner's memory, rebuilt from its log; a replicated shard would need it

@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"errors"
 	"os"
 	"testing"
 	"time"
@@ -46,5 +47,15 @@ func TestLostLogStopsTheReplicaNotTheProcess(t *testing.T) {
 	if g.IsLeader() {
 		t.Fatal("the replica with a lost log leads")
 	}
+	if err := g.Lost(); !errors.Is(err, ErrLogLost) {
+		t.Errorf("Lost() of the replica with a lost log = %v, want ErrLogLost (its readers would wait forever)", err)
+	}
+	c.mu.Lock()
+	for id, other := range c.mu.groups {
+		if err := other.Lost(); id != lost && err != nil {
+			t.Errorf("replica %d, which kept its log, says %v", id, err)
+		}
+	}
+	c.mu.Unlock()
 	c.commit([]byte("after")) // the other two still make a majority
 }
