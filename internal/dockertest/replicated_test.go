@@ -106,8 +106,7 @@ func (r *workloadRun) leader(ctx context.Context, shard int, not string) (string
 		if r.c.Brokers[b].Name == not {
 			continue
 		}
-		r.probes++
-		ack, err := workload.Record(ctx, r.clients[b], &r.rec, r.probeID, r.stream, shard, fmt.Sprintf("probe-%d", r.probes), 3*time.Second)
+		ack, err := r.probe(ctx, b, shard)
 		if err == nil && ack.Owner != not {
 			return ack.Owner, nil
 		}
@@ -117,6 +116,12 @@ func (r *workloadRun) leader(ctx context.Context, shard int, not string) (string
 		time.Sleep(50 * time.Millisecond)
 	}
 	return "", fmt.Errorf("no leader of %s/%d other than %q acked within %v (last: %v)", r.stream, shard, not, replicatedFailover, last)
+}
+
+// probe publishes a probe record to shard through broker i's client.
+func (r *workloadRun) probe(ctx context.Context, i, shard int) (client.Ack, error) {
+	r.probes++
+	return workload.Record(ctx, r.clients[i], &r.rec, r.probeID, r.stream, shard, fmt.Sprintf("probe-%d", r.probes), 3*time.Second)
 }
 
 // firstAckAfter returns how long after at the first publish to shard
@@ -188,7 +193,7 @@ func (r *workloadRun) finish(ctx context.Context, t *testing.T, skip ...*Node) (
 			}
 			if !slices.Equal(got, logs[s]) {
 				t.Errorf("%s's replica of %s/%d differs from the shard read through the SDK: %d records vs %d; %v",
-					b.Name, r.stream, s, len(got), len(logs[s]), workload.Compare(b.Name, [][]hist.Entry{got}, logs[s:s+1]))
+					b.Name, r.stream, s, len(got), len(logs[s]), workload.Compare(b.Name, perShard(r.shards, s, got), logs))
 			}
 		}
 	}
