@@ -36,9 +36,11 @@ package broker
 // A broker that starts without its shard data directory keeps the
 // replicas the map gives it closed (noteLostLocked), routes their
 // publishes and subscribers to the other replicas, and the shard goes on
-// with its majority of two. (Should a replica with a lost log run anyway,
-// say one shard's directory deleted alone, package replica stops its
-// group rather than the process when raft refuses to go on.)
+// with its majority of two. A replica that runs with a lost log anyway
+// (one shard's directory deleted alone) drops the leader's heartbeats that
+// contradict its empty log and never acks; once one came, Group.Lost says
+// so and subscribers are refused there (or ended) with unavailable, so
+// that the SDK reads from another replica.
 //
 // Not in this stage: idempotent publish (the producer table is the
 // owner's memory, rebuilt from its log; a replicated shard would need it

@@ -71,9 +71,11 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 		return
 	}
 	defer e.release() // the subscription keeps its log open
-	if e.group != nil && e.group.Err() != nil {
-		b.refuse(s, replicaFailed(b.cfg.NodeID, id, e.group.Err()))
-		return
+	if e.group != nil {
+		if err := replicaDown(e.group); err != nil {
+			b.refuse(s, replicaFailed(b.cfg.NodeID, id, err))
+			return
+		}
 	}
 	log := e.sl
 	next := log.FirstOffset()
@@ -129,8 +131,8 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 	}
 	defer charge(0)
 
-	// A replica's group can fail while a subscriber waits on it: look
-	// every second, and end the subscription then (the SDK moves on to
+	// A replica's group can fail, or learn that its log was lost, while
+	// a subscriber waits on it: look every second, and end the subscription then (the SDK moves on to
 	// another replica).
 	var groupCheck <-chan time.Time
 	if e.group != nil {
@@ -171,7 +173,7 @@ loop:
 				case <-changed:
 					continue loop
 				case <-groupCheck:
-					err := e.group.Err()
+					err := replicaDown(e.group)
 					if err == nil {
 						continue // still running: wait on
 					}
@@ -221,6 +223,15 @@ loop:
 	}
 	s.CancelRead(0)
 	s.Close()
+}
+
+// replicaDown returns why a subscriber must not wait on replica g: its
+// group stopped, or its log was lost (it never catches up), else nil.
+func replicaDown(g *replica.Group) error {
+	if err := g.Err(); err != nil {
+		return err
+	}
+	return g.Lost()
 }
 
 // replicaFailed is the wire error for a subscription to a replica whose

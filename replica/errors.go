@@ -14,6 +14,11 @@ var (
 	// and must be reopened from its directory, which re-reads what
 	// actually reached the disk.
 	ErrFailed = errors.New("replica: group failed")
+	// ErrLogLost is returned by Group.Lost once the leader said this
+	// replica holds committed entries its log lacks (its directory was
+	// lost): it cannot catch up under its raft id, which needs a
+	// membership change that this stage does not make.
+	ErrLogLost = errors.New("replica: log lost")
 	// ErrNotLeader is matched (errors.Is) by a *NotLeaderError.
 	ErrNotLeader = errors.New("replica: not the leader")
 	// ErrUnknownOutcome is returned for records that were proposed but whose

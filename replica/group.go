@@ -145,6 +145,9 @@ type Group struct {
 	// dropped limits the log lines for peers' messages dropped by
 	// checkAgainstLog to one per peer and message type.
 	dropped logonce.Set
+	// lost is why the replica's log was lost (see Lost), a string once
+	// set.
+	lost atomic.Value
 }
 
 // Open opens (or creates) the replica in cfg.Dir and starts its goroutine.
@@ -345,6 +348,19 @@ func (g *Group) Err() error {
 	g.in.Lock()
 	defer g.in.Unlock()
 	return g.refusal()
+}
+
+// Lost returns an error matching ErrLogLost once a leader's heartbeat said
+// this replica holds committed entries that its log lacks (its directory
+// was lost while it was down), else nil. Raft will not send those entries
+// again to the same replica id, so it never catches up; the group keeps
+// running (it never acks, see step.go), but a reader waiting on it would
+// wait forever and should read from another replica.
+func (g *Group) Lost() error {
+	if why, ok := g.lost.Load().(string); ok {
+		return fmt.Errorf("replica: group %q: %w: %s", g.cfg.Name, ErrLogLost, why)
+	}
+	return nil
 }
 
 // NextOffset returns the offset the next committed record will get.

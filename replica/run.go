@@ -109,6 +109,11 @@ func (g *Group) step(l *loop, m *pb.Message) error {
 			why = g.st.checkAgainstLog(m)
 		}
 		if why != "" {
+			if m.GetType() == pb.MsgHeartbeat {
+				// A leader sends min(match, commit): it holds this
+				// replica's log to reach that far, so it was lost.
+				g.lost.CompareAndSwap(nil, fmt.Sprintf("a heartbeat from %d at term %d: %s", m.GetFrom(), m.GetTerm(), why))
+			}
 			if g.dropped.First(fmt.Sprintf("%d/%s", m.GetFrom(), m.GetType())) {
 				g.logger.Warn("replica: dropped a peer's message that contradicts the log (logged once per peer and type)",
 					"peer", m.GetFrom(), "type", m.GetType().String(), "term", m.GetTerm(), "reason", why)

@@ -23,8 +23,15 @@
 //
 // The tests of this package are the multi-host scenarios of issue 15,
 // each run with the embedded and with the external etcd (subtests
-// /embedded and /external):
+// /embedded and /external), and the Jepsen-style ones of replicated
+// streams (issue 16): TestReplicatedNemesis (publishers and subscribers
+// through every broker while a nemesis kills -9 shard leaders, pauses a
+// broker and cuts one off the network, the history checked with
+// porcupine through internal/history) and TestReplicatedDataLoss (a
+// broker's data directory lost):
 //
-//	go test ./internal/dockertest/                          # all: kills, partition, restart (a few minutes)
+//	go test ./internal/dockertest/                          # all: kills, partition, restart, nemesis (a few minutes)
 //	go test ./internal/dockertest/ -run 'CtlLeaderKill/external' -args -felix.docker.kills=10   # failover figures
+//	go test ./internal/dockertest/ -run TestReplicatedNemesis -timeout 1h -args -felix.docker.cycles=50   # a long nemesis run
+//	go test ./internal/dockertest/ -run TestReplicatedNemesis -timeout 1h -args -felix.docker.cycles=20 -felix.docker.faults=kill   # R=3 failover figures
 package dockertest

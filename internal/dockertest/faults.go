@@ -3,6 +3,7 @@ package dockertest
 import (
 	"context"
 	"fmt"
+	"strings"
 )
 
 // nodes returns every node of the cluster: etcd members, ctls, brokers.
@@ -80,4 +81,50 @@ func (c *Cluster) RestartControlPlane(ctx context.Context) error {
 // by SIGKILL, as docker stop does after its grace period).
 func (c *Cluster) ExitCode(ctx context.Context, n *Node) (string, error) {
 	return docker(ctx, "inspect", "--format", "{{.State.ExitCode}}", n.Container)
+}
+
+// Pause freezes every process of n's container (docker pause: the cgroup
+// freezer, as SIGSTOP): it holds its connections and answers nothing
+// until Unpause.
+func (c *Cluster) Pause(ctx context.Context, n *Node) error {
+	_, err := docker(ctx, "pause", n.Container)
+	return err
+}
+
+// Unpause lets n's processes run again after Pause.
+func (c *Cluster) Unpause(ctx context.Context, n *Node) error {
+	_, err := docker(ctx, "unpause", n.Container)
+	return err
+}
+
+// Replace removes n's container, and its data with it (a machine lost),
+// and runs a new one of the same name, arguments and address: the same
+// node, with an empty data directory.
+func (c *Cluster) Replace(ctx context.Context, n *Node) error {
+	if _, err := docker(ctx, "rm", "--force", "--volumes", n.Container); err != nil {
+		return err
+	}
+	_, err := docker(ctx, n.args...)
+	return err
+}
+
+// Running reports whether n's container is running, and if not, its exit
+// code.
+func (c *Cluster) Running(ctx context.Context, n *Node) (bool, string, error) {
+	out, err := docker(ctx, "inspect", "--format", "{{.State.Running}} {{.State.ExitCode}}", n.Container)
+	if err != nil {
+		return false, "", err
+	}
+	running, code, _ := strings.Cut(out, " ")
+	return running == "true", code, nil
+}
+
+// Broker returns the broker node named name, or nil.
+func (c *Cluster) Broker(name string) *Node {
+	for _, n := range c.Brokers {
+		if n.Name == name {
+			return n
+		}
+	}
+	return nil
 }

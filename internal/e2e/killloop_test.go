@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -14,8 +13,8 @@ import (
 	"github.com/felix-broker/felix/internal/cluster"
 	"github.com/felix-broker/felix/internal/clustertest"
 	"github.com/felix-broker/felix/internal/history"
+	"github.com/felix-broker/felix/internal/workload"
 	"github.com/felix-broker/felix/shardmap"
-	"github.com/felix-broker/felix/transport"
 )
 
 // The kill loop's size: small enough for CI by default; a soak is
@@ -56,9 +55,9 @@ func TestKillLoop(t *testing.T) {
 			opts = append(opts, client.WithIdempotence(), client.WithRetryTimeout(time.Minute))
 		}
 		cl := clustertest.Connect(t, c, via, opts...)
-		wg.Go(func() { publishUntil(ctx, stop, cl, "kl", i, idempotent, &rec) })
+		wg.Go(func() { workload.Publish(ctx, stop, cl, "kl", i, idempotent, &rec) })
 	}
-	sub := newTailChecker(t, ctx, c, "kl", shards)
+	sub := tail(t, ctx, c, "kl", shards)
 
 	for cycle := range *killCycles {
 		time.Sleep(time.Duration(400+rand.IntN(800)) * time.Millisecond)
@@ -78,18 +77,7 @@ func TestKillLoop(t *testing.T) {
 	// One marker per shard, acknowledged last: reading up to it reads all.
 	// (A new client: the first one's broker may have been killed.)
 	admin = clustertest.Connect(t, c, "broker-0")
-	ends := make([]uint64, shards)
-	for s := range shards {
-		v := fmt.Sprintf("end-%d", s)
-		call := time.Now()
-		ack, err := admin.Publish(ctx, "kl", nil, []byte(v), client.WithShard(s))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rec.Add(history.Publish{Publisher: *killPublishers, Value: v, Outcome: history.Acked, Shard: s, Offset: ack.Offset, Call: call, Return: time.Now()})
-		ends[s] = ack.Offset
-	}
-	logs := readShards(t, ctx, admin, "kl", ends)
+	ends, logs := readBack(t, ctx, admin, "kl", shards, *killPublishers, &rec)
 	pubs := rec.Publishes()
 	r := history.Check(pubs, logs, time.Minute)
 	t.Logf("%d kill -9 cycles, %d publishers (%d idempotent) through 3 brokers: %s", *killCycles, *killPublishers, *killPublishers/2, r)
@@ -105,144 +93,49 @@ func TestKillLoop(t *testing.T) {
 	if r.Acked < 100 {
 		t.Errorf("only %d records acknowledged: the loop did not exercise the cluster", r.Acked)
 	}
-	sub.finish(t, ends)
+	finishTail(t, sub, ends)
 }
 
-// publishUntil publishes unique values one at a time, recording each
-// outcome, until stop is closed. An idempotent publisher's client retries
-// unknown outcomes itself, so it is given longer.
-func publishUntil(ctx context.Context, stop <-chan struct{}, cl *client.Client, stream string, id int, idempotent bool, rec *history.Recorder) {
-	timeout := 3 * time.Second
-	if idempotent {
-		timeout = time.Minute
-	}
-	for n := 0; ; n++ {
-		select {
-		case <-stop:
-			return
-		default:
-		}
-		v := fmt.Sprintf("p%d-%d", id, n)
-		pctx, cancel := context.WithTimeout(ctx, timeout)
-		call := time.Now()
-		ack, err := cl.Publish(pctx, stream, []byte(v), []byte(v))
-		cancel()
-		p := history.Publish{Publisher: id, Value: v, Call: call, Return: time.Now()}
-		switch {
-		case err == nil:
-			p.Outcome, p.Shard, p.Offset, p.Retried = history.Acked, ack.Shard, ack.Offset, ack.Duplicate
-		case definitelyNotWritten(err):
-			p.Outcome = history.Failed
-		default:
-			p.Outcome = history.Unknown
-			time.Sleep(20 * time.Millisecond) // the broker may be down: do not spin
-		}
-		rec.Add(p)
-		if ctx.Err() != nil {
-			return
-		}
-	}
-}
-
-// definitelyNotWritten reports whether err guarantees the record was not
-// written: a refusal before anything was routed.
-func definitelyNotWritten(err error) bool {
-	for _, target := range []error{transport.ErrUnauthorized, transport.ErrInvalid, transport.ErrPayloadTooLarge, transport.ErrUnknownStream} {
-		if errors.Is(err, target) {
-			return true
-		}
-	}
-	return false
-}
-
-// readShards reads every shard of stream from offset 0 up to ends[shard].
-func readShards(t *testing.T, ctx context.Context, cl *client.Client, stream string, ends []uint64) [][]history.Entry {
+// readBack publishes one marker per shard of stream through cl, last, as
+// publisher id of rec, and reads every shard up to it: all of it. It
+// returns the markers' offsets and the shards.
+func readBack(t *testing.T, ctx context.Context, cl *client.Client, stream string, shards, id int, rec *history.Recorder) ([]uint64, [][]history.Entry) {
 	t.Helper()
-	logs := make([][]history.Entry, len(ends))
-	for s, end := range ends {
-		sub, err := cl.Subscribe(ctx, stream, client.Earliest(), client.Shard(s))
+	ends := make([]uint64, shards)
+	for s := range shards {
+		ack, err := workload.Record(ctx, cl, rec, id, stream, s, fmt.Sprintf("end-%d", s), time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for rec, err := range sub.Records(ctx) {
-			if err != nil {
-				t.Fatalf("reading shard %d: %v", s, err)
-			}
-			logs[s] = append(logs[s], history.Entry{Offset: rec.Offset, Value: string(rec.Value)})
-			if rec.Offset >= end {
-				break
-			}
-		}
-		sub.Stop()
+		ends[s] = ack.Offset
 	}
-	return logs
-}
-
-// tailChecker is a subscriber attached to every shard for the whole loop;
-// it checks that each shard arrives in offset order with no gap and no
-// duplicate, across the kills.
-type tailChecker struct {
-	sub  *client.Subscription
-	done chan struct{}
-
-	mu   sync.Mutex
-	next []uint64 // per shard: the offset expected next
-	errs []string
-	seen int
-}
-
-func newTailChecker(t *testing.T, ctx context.Context, c *cluster.Cluster, stream string, shards int) *tailChecker {
-	t.Helper()
-	cl := clustertest.Connect(t, c, "broker-1", client.WithReconnect(20*time.Millisecond, 500*time.Millisecond))
-	sub, err := cl.Subscribe(ctx, stream, client.Earliest())
+	logs, err := workload.ReadShards(ctx, cl, stream, ends)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tc := &tailChecker{sub: sub, done: make(chan struct{}), next: make([]uint64, shards)}
-	go func() {
-		defer close(tc.done)
-		for rec, err := range sub.Records(ctx) {
-			tc.mu.Lock()
-			if err != nil {
-				tc.errs = append(tc.errs, err.Error())
-				tc.mu.Unlock()
-				return
-			}
-			if want := tc.next[rec.Shard]; rec.Offset != want {
-				tc.errs = append(tc.errs, fmt.Sprintf("shard %d: got offset %d, want %d", rec.Shard, rec.Offset, want))
-			}
-			tc.next[rec.Shard] = rec.Offset + 1
-			tc.seen++
-			tc.mu.Unlock()
-		}
-	}()
-	return tc
+	return ends, logs
 }
 
-// finish waits until the subscriber has reached ends on every shard, then
-// stops it and reports what went wrong.
-func (tc *tailChecker) finish(t *testing.T, ends []uint64) {
+// tail attaches a subscriber through broker-1 to every shard of stream for
+// the whole test (workload.Subscriber: offset order, no gap, no
+// duplicate, across the kills).
+func tail(t *testing.T, ctx context.Context, c *cluster.Cluster, stream string, shards int) *workload.Subscriber {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		tc.mu.Lock()
-		caught := true
-		for s, end := range ends {
-			caught = caught && tc.next[s] > end
-		}
-		errs, seen, next := append([]string(nil), tc.errs...), tc.seen, append([]uint64(nil), tc.next...)
-		tc.mu.Unlock()
-		if caught || len(errs) > 0 || time.Now().After(deadline) {
-			tc.sub.Stop()
-			<-tc.done
-			t.Logf("the subscriber attached throughout received %d records", seen)
-			if len(errs) > 0 {
-				t.Errorf("subscriber: %v", errs)
-			} else if !caught {
-				t.Errorf("subscriber stuck at %v, want past %v", next, ends)
-			}
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+	cl := clustertest.Connect(t, c, "broker-1", client.WithReconnect(20*time.Millisecond, 500*time.Millisecond))
+	sub, err := workload.Subscribe(ctx, cl, "the subscriber attached throughout", stream, shards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sub
+}
+
+// finishTail waits until sub has reached ends on every shard, then stops
+// it and reports what went wrong.
+func finishTail(t *testing.T, sub *workload.Subscriber, ends []uint64) {
+	t.Helper()
+	seen, errs := sub.Finish(ends, 30*time.Second)
+	t.Logf("the subscriber attached throughout received %d records", seen)
+	if len(errs) > 0 {
+		t.Errorf("subscriber: %v", errs)
 	}
 }

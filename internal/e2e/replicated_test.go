@@ -15,6 +15,7 @@ import (
 	"github.com/felix-broker/felix/internal/cluster"
 	"github.com/felix-broker/felix/internal/clustertest"
 	"github.com/felix-broker/felix/internal/history"
+	"github.com/felix-broker/felix/internal/workload"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -68,9 +69,9 @@ func TestReplicatedFailover(t *testing.T) {
 	for i := range publishers {
 		via := c.Brokers()[i%len(c.Brokers())].ID
 		cl := clustertest.Connect(t, c, via, client.WithReconnect(20*time.Millisecond, 500*time.Millisecond), client.WithDialTimeout(time.Second))
-		wg.Go(func() { publishUntil(ctx, stop, cl, stream, i, false, &rec) })
+		wg.Go(func() { workload.Publish(ctx, stop, cl, stream, i, false, &rec) })
 	}
-	sub := newTailChecker(t, ctx, c, stream, shards)
+	sub := tail(t, ctx, c, stream, shards)
 
 	probes := &prober{t: t, c: c, stream: stream, rec: &rec, id: publishers}
 	var failovers []time.Duration
@@ -128,18 +129,7 @@ func TestReplicatedFailover(t *testing.T) {
 	wg.Wait()
 
 	fresh := clustertest.Connect(t, c, "broker-0", client.WithReconnect(20*time.Millisecond, 500*time.Millisecond))
-	ends := make([]uint64, shards)
-	for s := range shards {
-		v := fmt.Sprintf("end-%d", s)
-		call := time.Now()
-		ack, err := fresh.Publish(ctx, stream, nil, []byte(v), client.WithShard(s))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rec.Add(history.Publish{Publisher: publishers + 1, Value: v, Outcome: history.Acked, Shard: s, Offset: ack.Offset, Call: call, Return: time.Now()})
-		ends[s] = ack.Offset
-	}
-	logs := readShards(t, ctx, fresh, stream, ends)
+	ends, logs := readBack(t, ctx, fresh, stream, shards, publishers+1, &rec)
 	r := history.Check(rec.Publishes(), logs, time.Minute)
 	sorted := slices.Clone(failovers)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
@@ -155,7 +145,7 @@ func TestReplicatedFailover(t *testing.T) {
 	if r.Acked < 50 {
 		t.Errorf("only %d records acknowledged: the test did not exercise the cluster", r.Acked)
 	}
-	sub.finish(t, ends)
+	finishTail(t, sub, ends)
 
 	if !lost.Running() {
 		t.Errorf("%s exited after its data directory was deleted: a lost replica must stop its group, not the broker", lost.ID)
@@ -213,22 +203,8 @@ func (p *prober) leader(ctx context.Context, not string) string {
 			continue
 		}
 		p.n++
-		v := fmt.Sprintf("probe-%d", p.n)
-		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		call := time.Now()
-		ack, err := cl.Publish(pctx, p.stream, nil, []byte(v), client.WithShard(0))
-		cancel()
+		ack, err := workload.Record(ctx, cl, p.rec, p.id, p.stream, 0, fmt.Sprintf("probe-%d", p.n), 3*time.Second)
 		cl.Close()
-		h := history.Publish{Publisher: p.id, Value: v, Call: call, Return: time.Now()}
-		switch {
-		case err == nil:
-			h.Outcome, h.Shard, h.Offset = history.Acked, ack.Shard, ack.Offset
-		case definitelyNotWritten(err):
-			h.Outcome = history.Failed
-		default:
-			h.Outcome = history.Unknown
-		}
-		p.rec.Add(h)
 		if err == nil && ack.Owner != not {
 			return ack.Owner
 		}
@@ -238,8 +214,7 @@ func (p *prober) leader(ctx context.Context, not string) string {
 }
 
 // readReplicaAt reads shard of stream from offset 0 to end from broker
-// b's own replica, subscribing on a connection to b alone (the SDK's
-// subscriptions choose their broker by the map).
+// b's own replica (workload.ReadReplica).
 func readReplicaAt(t *testing.T, ctx context.Context, c *cluster.Cluster, b *cluster.Broker, stream string, shard int, end uint64) []history.Entry {
 	t.Helper()
 	ca, err := transport.LoadCA(c.CAFile())
@@ -251,39 +226,9 @@ func readReplicaAt(t *testing.T, ctx context.Context, c *cluster.Cluster, b *clu
 		t.Fatal(err)
 	}
 	tlsConf := transport.VerifyPeer(transport.ClientTLS(ca, &cert, "127.0.0.1"), transport.RoleNode, b.ID)
-	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	conn, err := transport.Dial(dctx, b.Addr, tlsConf, transport.Config{})
+	out, err := workload.ReadReplica(ctx, b.Addr, tlsConf, stream, shard, end, 30*time.Second) // a restarted replica may still be catching up
 	if err != nil {
-		t.Fatalf("dialing %s: %v", b.ID, err)
+		t.Fatalf("reading %s's replica: %v", b.ID, err)
 	}
-	defer conn.CloseWithError(0, "done")
-	s, err := conn.OpenStreamSync(dctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.SetReadDeadline(time.Now().Add(30 * time.Second)) // a restarted replica may still be catching up
-	w, r := transport.NewWriter(s), transport.NewReader(s, 0)
-	if err := w.Write(&transport.Subscribe{Stream: stream, Shard: int32(shard), Start: transport.StartEarliest, Credit: 1 << 16}); err != nil {
-		t.Fatal(err)
-	}
-	var out []history.Entry
-	for {
-		f, err := r.Read()
-		if err != nil {
-			t.Fatalf("reading %s/%d from %s after %d records: %v", stream, shard, b.ID, len(out), err)
-		}
-		recs, ok := f.(*transport.Records)
-		if !ok {
-			t.Fatalf("reading %s/%d from %s: %T %+v", stream, shard, b.ID, f, f)
-		}
-		for _, rec := range recs.Records {
-			out = append(out, history.Entry{Offset: rec.Offset, Value: string(rec.Value)})
-			if rec.Offset >= end {
-				s.CancelRead(0)
-				s.Close()
-				return out
-			}
-		}
-	}
+	return out
 }

@@ -43,6 +43,7 @@ type Publish struct {
 	Outcome   Outcome
 	Shard     int    // with Acked
 	Offset    uint64 // with Acked
+	Owner     string // with Acked: the broker that committed it (the ack's Owner)
 	Call      time.Time
 	Return    time.Time
 	Retried   bool // an idempotent publisher retried it after an unknown outcome

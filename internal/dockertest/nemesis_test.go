@@ -1,0 +1,142 @@
+package dockertest
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The size of TestReplicatedNemesis. Failover figures over 20 leader
+// kills:
+//
+//	go test ./internal/dockertest/ -run TestReplicatedNemesis -timeout 1h -args -felix.docker.cycles=20 -felix.docker.faults=kill
+var (
+	nemesisCycles = flag.Int("felix.docker.cycles", 6, "nemesis cycles in TestReplicatedNemesis")
+	nemesisFaults = flag.String("felix.docker.faults", "kill,pause,partition",
+		"the faults TestReplicatedNemesis's nemesis picks from, in turn: kill (kill -9 a shard's raft leader, then restart it), pause (SIGSTOP one broker), partition (cut one broker off the network)")
+)
+
+// faultHold is how long a paused or cut-off broker stays so: longer than
+// raft's election timeout (1 to 2s) and the brokers' lease (3s), so that
+// its peers elect other leaders and the control plane sees it dead.
+const faultHold = 4 * time.Second
+
+// TestReplicatedNemesis runs a stream of replication factor 3 (several
+// shards, a raft group each, on the three broker containers) with a
+// publisher and a subscriber through every broker, while a nemesis, for
+// -felix.docker.cycles cycles, in turn kills -9 the broker leading a
+// shard (found by an ack's Owner) and restarts it, freezes one broker
+// (docker pause, as SIGSTOP) for faultHold, or cuts one off the network
+// for faultHold, waiting for the cluster to heal after each. Then it
+// reads every shard back and checks (workloadRun.finish): no acked
+// record lost, none duplicated, offsets dense, each publisher's order
+// kept, acks linearizable (porcupine); the subscribers saw only
+// committed records, in offset order; every replica holds the same
+// records at the same offsets. It reports each leader kill's failover
+// time: from the kill to the first ack on that shard by another leader.
+func TestReplicatedNemesis(t *testing.T) {
+	faults := strings.Split(*nemesisFaults, ",")
+	for _, f := range faults {
+		if !slices.Contains([]string{"kill", "pause", "partition"}, f) {
+			t.Fatalf("-felix.docker.faults: unknown fault %q", f)
+		}
+	}
+	c := Start(t, Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(*nemesisCycles)*time.Minute+3*time.Minute)
+	defer cancel()
+	const stream, shards = "nemesis", 3
+	r := c.startWorkload(ctx, t, stream, shards)
+	time.Sleep(time.Second) // publishing under way before the first fault
+
+	seed := time.Now().UnixNano()
+	rnd := rand.New(rand.NewPCG(uint64(seed), 0))
+	t.Logf("nemesis: %d cycles of %v, seed %d", *nemesisCycles, faults, seed)
+	var failovers []time.Duration
+	for cycle := range *nemesisCycles {
+		fault := faults[cycle%len(faults)]
+		var what string
+		switch fault {
+		case "kill":
+			shard := rnd.IntN(shards)
+			took, desc, err := r.killLeader(ctx, shard)
+			if err != nil {
+				t.Fatalf("cycle %d: %v", cycle, err)
+			}
+			failovers = append(failovers, took)
+			what = desc
+		case "pause":
+			n := c.Brokers[rnd.IntN(len(c.Brokers))]
+			if err := c.Pause(ctx, n); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(faultHold)
+			if err := c.Unpause(ctx, n); err != nil {
+				t.Fatal(err)
+			}
+			what = fmt.Sprintf("paused %s for %v", n.Name, faultHold)
+		case "partition":
+			n := c.Brokers[rnd.IntN(len(c.Brokers))]
+			if err := c.Disconnect(ctx, n); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(faultHold)
+			if err := c.Connect(ctx, n); err != nil {
+				t.Fatal(err)
+			}
+			what = fmt.Sprintf("cut %s off for %v", n.Name, faultHold)
+		}
+		healed := time.Now()
+		if err := c.WaitHealthy(ctx); err != nil {
+			t.Fatalf("cycle %d (%s): the cluster did not heal: %v", cycle, what, err)
+		}
+		t.Logf("cycle %d: %s; healthy again %v after", cycle, what, time.Since(healed).Round(time.Millisecond))
+		time.Sleep(time.Second)
+	}
+	rep, logs := r.finish(ctx, t)
+	records := 0
+	for _, l := range logs {
+		records += len(l)
+	}
+	t.Logf("%d nemesis cycles; %d records in %d shards; %s", *nemesisCycles, records, shards, rep)
+	if len(failovers) > 0 {
+		t.Logf("%d leader kills; from kill -9 to the first ack by a new leader: median %v, max %v",
+			len(failovers), median(failovers), slices.Max(failovers).Round(time.Millisecond))
+	}
+	if rep.Acked < 100 {
+		t.Errorf("only %d records acknowledged: the test did not exercise the cluster", rep.Acked)
+	}
+}
+
+// killLeader kills -9 the broker leading shard, waits until another
+// leader acks a publish to it, restarts the killed broker, and returns
+// the failover time (from the kill to the first ack on shard by another
+// leader, publishers' or probes') and what it did.
+func (r *workloadRun) killLeader(ctx context.Context, shard int) (time.Duration, string, error) {
+	leader, err := r.leader(ctx, shard, "")
+	if err != nil {
+		return 0, "", err
+	}
+	n := r.c.Broker(leader)
+	if n == nil {
+		return 0, "", fmt.Errorf("%s/%d acked by %q, not a broker of the cluster", r.stream, shard, leader)
+	}
+	if err := r.c.Kill(ctx, n); err != nil {
+		return 0, "", err
+	}
+	killed := time.Now()
+	next, err := r.leader(ctx, shard, leader)
+	if err != nil {
+		return 0, "", fmt.Errorf("after killing %s: %w", leader, err)
+	}
+	took, _ := r.firstAckAfter(killed, shard, leader) // the probe's ack at least
+	time.Sleep(500 * time.Millisecond)
+	if err := r.c.Restart(ctx, n); err != nil {
+		return 0, "", err
+	}
+	return took, fmt.Sprintf("killed %s, leader of %s/%d; %s acked %v later; restarted", leader, r.stream, shard, next, took.Round(time.Millisecond)), nil
+}

@@ -1,0 +1,73 @@
+package workload
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/felix-broker/felix/client"
+	"github.com/felix-broker/felix/internal/history"
+	"github.com/felix-broker/felix/transport"
+)
+
+// Outcome classifies a publish's error: nil is Acked, a refusal before
+// anything was routed (unauthorized, invalid, too large, unknown stream)
+// is Failed, and anything else (a lost connection, unavailable, a
+// timeout) is Unknown: the record may have been committed.
+func Outcome(err error) history.Outcome {
+	if err == nil {
+		return history.Acked
+	}
+	for _, target := range []error{transport.ErrUnauthorized, transport.ErrInvalid, transport.ErrPayloadTooLarge, transport.ErrUnknownStream} {
+		if errors.Is(err, target) {
+			return history.Failed
+		}
+	}
+	return history.Unknown
+}
+
+// Record publishes value to stream (to shard, if shard >= 0, else keyed by
+// value) through cl within timeout and adds the outcome to rec as
+// publisher id's; it returns the ack and the error.
+func Record(ctx context.Context, cl *client.Client, rec *history.Recorder, id int, stream string, shard int, value string, timeout time.Duration) (client.Ack, error) {
+	var opts []client.PublishOpt
+	if shard >= 0 {
+		opts = append(opts, client.WithShard(shard))
+	}
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	call := time.Now()
+	ack, err := cl.Publish(pctx, stream, []byte(value), []byte(value), opts...)
+	cancel()
+	p := history.Publish{Publisher: id, Value: value, Outcome: Outcome(err), Call: call, Return: time.Now()}
+	if err == nil {
+		p.Shard, p.Offset, p.Owner, p.Retried = ack.Shard, ack.Offset, ack.Owner, ack.Duplicate
+	}
+	rec.Add(p)
+	return ack, err
+}
+
+// Publish publishes unique values ("p<id>-<n>") one at a time through cl
+// until stop is closed or ctx ends, recording each outcome in rec as
+// publisher id's. An idempotent client gets a minute per record (it
+// retries by itself), another 3s.
+func Publish(ctx context.Context, stop <-chan struct{}, cl *client.Client, stream string, id int, idempotent bool, rec *history.Recorder) {
+	timeout := 3 * time.Second
+	if idempotent {
+		timeout = time.Minute
+	}
+	for n := 0; ; n++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		_, err := Record(ctx, cl, rec, id, stream, -1, fmt.Sprintf("p%d-%d", id, n), timeout)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			time.Sleep(20 * time.Millisecond) // the broker may be down: do not spin
+		}
+	}
+}
