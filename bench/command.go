@@ -122,7 +122,7 @@ func (c *Command) Validate() error {
 	if err := c.validateAB(); err != nil {
 		return err
 	}
-	if c.Replicas != 1 && c.Replicas != 3 {
+	if c.Replicas != 0 && c.Replicas != 1 && c.Replicas != 3 { // 0: the default, 1
 		return fmt.Errorf("--replicas %d: the replication factor is 1 or 3", c.Replicas)
 	}
 	if c.Local && c.Brokers < c.Replicas {

@@ -12,6 +12,10 @@ func TestTransferLeadership(t *testing.T) {
 	c := newCluster(t, 3, 1, nil)
 	leader := c.waitLeader()
 	c.commit([]byte("before"))
+	// A transfer goes only to a replica that has every committed entry:
+	// wait until every replica holds "before" (under load a follower may
+	// not have it yet when the leader commits).
+	c.waitConverged(1)
 	var to uint64
 	for _, id := range c.ids {
 		if id != leader.ID() {
