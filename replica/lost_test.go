@@ -58,4 +58,19 @@ func TestLostLogStopsTheReplicaNotTheProcess(t *testing.T) {
 	}
 	c.mu.Unlock()
 	c.commit([]byte("after")) // the other two still make a majority
+
+	// With the leader gone, the replica that kept its log needs the lost
+	// one's vote, which it must not get: the lost replica forgot what it
+	// acknowledged, so its vote could elect a replica lacking an entry it
+	// helped commit. No leader, rather than a wrong one.
+	c.kill(leader.ID())
+	until = time.Now().Add(30 * 10 * tickEvery) // many election timeouts
+	for time.Now().Before(until) {
+		for _, g := range c.running() {
+			if g.IsLeader() {
+				t.Fatalf("replica %d was elected with the vote of the replica whose log was lost", g.ID())
+			}
+		}
+		time.Sleep(tickEvery)
+	}
 }

@@ -121,6 +121,15 @@ func (g *Group) step(l *loop, m *pb.Message) error {
 			return nil
 		}
 	}
+	if t := m.GetType(); (t == pb.MsgVote || t == pb.MsgPreVote) && g.lost.Load() != nil {
+		// A replica whose log was lost forgot what it acknowledged: its
+		// vote could elect a candidate that lacks an entry it helped
+		// commit. It stays out of elections.
+		if g.dropped.First(fmt.Sprintf("%d/%s/lost", m.GetFrom(), t)) {
+			g.logger.Warn("replica: log lost; not voting", "peer", m.GetFrom(), "type", t.String(), "term", m.GetTerm())
+		}
+		return nil
+	}
 	l.stepping = m
 	if err := g.rn.Step(m); err != nil {
 		g.logger.Debug("replica: message refused by raft", "type", m.GetType().String(), "from", m.GetFrom(), "err", err)
