@@ -36,9 +36,12 @@ package broker
 // A broker that starts without its shard data directory keeps the
 // replicas the map gives it closed (noteLostLocked), routes their
 // publishes and subscribers to the other replicas, and the shard goes on
-// with its majority of two. A replica that runs with a lost log anyway
-// (one shard's directory deleted alone) drops the leader's heartbeats that
-// contradict its empty log and never acks; once one came, Group.Lost says
+// with its majority of two. A replica whose own directory was emptied
+// while the broker's data directory stayed is caught by the replica marks
+// (replicamarks.go: the replicas this broker created, in a file beside the
+// streams) and kept closed likewise. A replica that runs with a lost log
+// anyway (its state restored without its log, say) drops the leader's
+// heartbeats that contradict its empty log and never acks; once one came, Group.Lost says
 // so and subscribers are refused there (or ended) with unavailable, so
 // that the SDK reads from another replica.
 //
@@ -121,6 +124,21 @@ func (s *shardSet) openGroup(e *shardEntry, dir string, st *shardmap.Stream) err
 	id := raftID(nodes, s.node)
 	if id == 0 {
 		return fmt.Errorf("%w: %s is not among the replicas %v of %s", errShardGone, s.node, nodes, e.id)
+	}
+	switch has, err := replica.HasState(dir); {
+	case err != nil:
+		return err
+	case !has && s.marks.has(e.id):
+		s.mu.Lock()
+		s.mu.lost[e.id] = true
+		s.mu.Unlock()
+		s.logger.Error("this broker created its replica of a replicated shard, but its directory holds no replica state now: the replica was lost and stays closed (it cannot rejoin its raft group under its old id; the shard goes on with its other replicas)",
+			"shard", e.id.String(), "dir", dir)
+		return fmt.Errorf("%w: %s: its directory was emptied", errReplicaLost, e.id)
+	case !s.marks.has(e.id):
+		if err := s.marks.add(e.id); err != nil {
+			return err
+		}
 	}
 	peers := make([]uint64, len(nodes))
 	for i := range peers {

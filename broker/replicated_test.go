@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -312,5 +313,63 @@ func TestReplicatedLargeRecord(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
+	}
+}
+
+// TestEmptiedReplicaDirIsLost: a broker whose directory of one replicated
+// shard was emptied (its data directory otherwise intact) knows from its
+// replica marks that it created that replica, keeps it closed as lost
+// instead of opening a new, empty replica that would vote with forgotten
+// votes, and the shard goes on committing with the other two; its other
+// shards open as before.
+func TestEmptiedReplicaDirIsLost(t *testing.T) {
+	ip := startInprocWith(t, fastRaft, 3, shardmap.StreamConfig{Name: "r3", Shards: 2, Replicas: 3})
+	lostID, keptID := shardmap.ShardID{Stream: "r3", Shard: 0}, shardmap.ShardID{Stream: "r3", Shard: 1}
+	leader := leaderOf(t, ip.brokers, lostID)
+	leaderOf(t, ip.brokers, keptID)
+	for n := range 3 {
+		for _, id := range []shardmap.ShardID{lostID, keptID} {
+			if f := publishVia(t, ip, leader, "r3", id.Shard, uint64(2*n+id.Shard+1), fmt.Sprint("v", n)); f.Type() != transport.FrameAck {
+				t.Fatalf("publish to %s: %T %+v", id, f, f)
+			}
+		}
+	}
+	i := slices.IndexFunc(ip.brokers, func(b *Broker) bool { return b != leader })
+	victim := ip.brokers[i]
+	if err := victim.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(ip.dir, victim.NodeID(), "streams", "r3", "0")
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	ip.brokers[i] = ip.startBroker(i)
+	b := ip.brokers[i]
+
+	deadline := time.Now().Add(waitFor)
+	for {
+		b.shards.mu.RLock()
+		lost := b.shards.mu.lost[lostID]
+		b.shards.mu.RUnlock()
+		if lost {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s opened its emptied replica of %s instead of keeping it closed as lost", b.NodeID(), lostID)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if e := groupOf(b, lostID); e != nil {
+		t.Fatalf("%s runs a group for its lost replica of %s", b.NodeID(), lostID)
+	}
+	if f := publishVia(t, ip, b, "r3", lostID.Shard, 100, "after"); f.Type() != transport.FrameAck {
+		t.Fatalf("publish to %s through %s after its replica was lost: %T %+v", lostID, b.NodeID(), f, f)
+	}
+	deadline = time.Now().Add(waitFor)
+	for e := groupOf(b, keptID); e == nil || e.sl.NextOffset() < 3; e = groupOf(b, keptID) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's replica of %s did not open with its records", b.NodeID(), keptID)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -120,6 +120,9 @@ type shardSet struct {
 	// the replicas the first map gives it were lost with it (see
 	// replicated.go).
 	fresh bool
+	// marks are the replicas of replicated shards this broker created
+	// (replicamarks.go).
+	marks *replicaMarks
 
 	// clock is advanced by every open; a use stamps it on the entry, so
 	// the entry with the smallest stamp is (about) the least recently used.
@@ -219,6 +222,10 @@ func newShardSet(cfg Config, log *slog.Logger, tel *telemetry) (*shardSet, error
 		s.acceptLoss[id] = true
 	}
 	s.fresh = fresh
+	if s.marks, err = loadReplicaMarks(root); err != nil {
+		root.Close()
+		return nil, err
+	}
 	s.mu.lost = map[shardmap.ShardID]bool{}
 	s.producerLimits = cfg.producerLimits()
 	s.electionTicks, s.entryBytes = cfg.RaftElectionTicks, entryBytes(cfg)
@@ -695,6 +702,9 @@ func (s *shardSet) retain(m *shardmap.Map, r *applyResult) *shardmap.Map {
 func (s *shardSet) removeStream(name string, epoch uint64) error {
 	if err := shardmap.ValidateStreamName(name); err != nil {
 		return fmt.Errorf("not removing data of stream %q: %w", name, err) // never touch the disk for it
+	}
+	if err := s.marks.removeStream(name); err != nil {
+		return fmt.Errorf("remove data of stream %q: %w", name, err)
 	}
 	trash := trashPrefix + name + "-" + strconv.FormatUint(epoch, 10)
 	switch err := s.root.Rename(name, trash); {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -97,6 +98,19 @@ func decodeSlot(b []byte) (p persistent, seq uint64, ok bool) {
 
 // openState reads the state file in dir; if there is none it creates one
 // holding initial. created reports which.
+// HasState reports whether dir holds a replica's state: false for a
+// replica never opened there (or whose directory was emptied).
+func HasState(dir string) (bool, error) {
+	_, err := os.Stat(filepath.Join(dir, stateFileName))
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, fs.ErrNotExist):
+		return false, nil
+	}
+	return false, fmt.Errorf("replica: %w", err)
+}
+
 func openState(dir string, initial persistent) (*stateFile, persistent, bool, error) {
 	path := filepath.Join(dir, stateFileName)
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
