@@ -158,6 +158,15 @@ func (r *Response) decode(d *decoder) {
 		read = 5
 	}
 	d.skipN(n - read)
+	// appendBody leaves out empty trailing fields, which then decode as
+	// nil: so does an empty one that was sent, so that a frame decodes
+	// the same whichever way it was written.
+	if len(r.Replicas) == 0 {
+		r.Replicas = nil
+		if len(r.Ctl) == 0 {
+			r.Ctl = nil
+		}
+	}
 }
 
 // MapUpdate pushes a shard map: ctl to brokers, brokers to clients.
