@@ -57,6 +57,27 @@ func waitRounds(t testing.TB, g *Group, from uint64) {
 	}
 }
 
+// waitTaken waits until g's goroutine has taken every append handed to it
+// so far and finished the round that proposed them (appends made in a row
+// can be taken over more than one round).
+func waitTaken(t testing.TB, g *Group) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		g.in.Lock()
+		n := len(g.in.dones)
+		g.in.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica %d: %d appends not taken within 20s", g.ID(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	waitRounds(t, g, g.rounds.Load())
+}
+
 func entries(first, term uint64, n int) []*pb.Entry {
 	var ents []*pb.Entry
 	for i := range n {
@@ -224,12 +245,11 @@ func TestRaftPanicIsContained(t *testing.T) {
 			c.net.Cut(lead.ID(), id)
 		}
 	}
-	r := lead.rounds.Load()
 	var pending []<-chan result
 	for i := range 5 {
 		pending = append(pending, appendTo(lead, fmt.Appendf(nil, "pending%d", i)))
 	}
-	waitRounds(t, lead, r) // proposed and written, not committed
+	waitTaken(t, lead) // proposed and written, not committed
 	if err := lead.Step(commitBomb(lead.ID(), peer, term)); err != nil {
 		t.Fatalf("Step: %v", err)
 	}
