@@ -17,10 +17,14 @@ import (
 //
 // A relayed request carries the client's principal, and the control plane
 // authorizes that principal, never this broker. A peer makes no admin
-// requests.
+// requests; it asks only to admit its replica (opReplicaAdmit).
 func (b *Broker) serveRequest(s *quic.Stream, req *transport.Request, from caller) {
 	defer s.Close()
 	w := transport.NewWriter(s)
+	if req.Op == opReplicaAdmit {
+		b.serveAdmit(w, req, from)
+		return
+	}
 	if from.principal == "" {
 		w.Write(b.authorize(b.member.Map(), from, auth.Action(req.Op), ""))
 		return

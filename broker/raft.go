@@ -10,10 +10,10 @@ package broker
 // two brokers share. Thousands of shards mean thousands of groups, but one
 // stream, one sender goroutine and one batch per wake-up per peer.
 //
-// A group's raft ids are fixed by its replica set, which never changes
-// (see shardmap.PlaceReplicas): raft id i+1 is the i-th node of the set
-// sorted by node id. So every broker, and the same broker across restarts,
-// maps ids to nodes alike with nothing stored.
+// A group's raft ids name their node by their slot, the node's index in
+// the replica set sorted by node id (rejoin.go), which never changes (see
+// shardmap.PlaceReplicas). So every broker, and the same broker across
+// restarts, maps ids to nodes alike with nothing stored.
 //
 // The receiver checks that a frame's From is the node id of the peer's
 // certificate, and that each message's raft From is that node's id in the
@@ -28,7 +28,6 @@ package broker
 import (
 	"context"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
@@ -79,12 +78,14 @@ type raftNet struct {
 	}
 }
 
-// raftMember is a hosted group and its replica set, sorted: raft id i+1 is
-// nodes[i]; owner is its preferred leader.
+// raftMember is a hosted group and its replica set, sorted: slot i is
+// nodes[i]; owner is its preferred leader. stop is closed when it is
+// unregistered (it ends a join).
 type raftMember struct {
 	g     *replica.Group
 	nodes []string
 	owner string
+	stop  chan struct{}
 }
 
 func newRaftNet(node string, tick time.Duration, entryBytes int, peers *peerPool, mapOf func() *shardmap.Map, log *slog.Logger) *raftNet {
@@ -98,29 +99,6 @@ func newRaftNet(node string, tick time.Duration, entryBytes int, peers *peerPool
 	return n
 }
 
-// raftNodes returns the replica set sorted, index i being raft id i+1.
-func raftNodes(set []string) []string {
-	nodes := slices.Clone(set)
-	slices.Sort(nodes)
-	return nodes
-}
-
-// raftID returns node's raft id among nodes (sorted), 0 if it is not one.
-func raftID(nodes []string, node string) uint64 {
-	if i, ok := slices.BinarySearch(nodes, node); ok {
-		return uint64(i) + 1
-	}
-	return 0
-}
-
-// nodeOf returns the node of raft id among nodes, "" for none.
-func nodeOf(nodes []string, id uint64) string {
-	if id == 0 || id > uint64(len(nodes)) {
-		return ""
-	}
-	return nodes[id-1]
-}
-
 // transport returns the replica.Transport of the group of shard id, whose
 // sorted replica set is nodes.
 func (n *raftNet) transport(id shardmap.ShardID, nodes []string) replica.Transport {
@@ -128,11 +106,20 @@ func (n *raftNet) transport(id shardmap.ShardID, nodes []string) replica.Transpo
 }
 
 // register makes incoming messages for shard id reach g, and has the
-// ticker hand g's leadership back to owner when it can.
-func (n *raftNet) register(id shardmap.ShardID, g *replica.Group, nodes []string, owner string) {
+// ticker hand g's leadership back to owner when it can. A replica that
+// replaces a lost one (join) gets a goroutine that asks to be admitted.
+func (n *raftNet) register(id shardmap.ShardID, g *replica.Group, nodes []string, owner string, join bool) {
+	gm := &raftMember{g: g, nodes: nodes, owner: owner, stop: make(chan struct{})}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.mu.groups[id] = &raftMember{g: g, nodes: nodes, owner: owner}
+	if old := n.mu.groups[id]; old != nil {
+		close(old.stop)
+	}
+	n.mu.groups[id] = gm
+	if join && !n.mu.closed {
+		n.wg.Add(1)
+		go n.join(id, gm)
+	}
 }
 
 // unregister stops delivering to g (if it is still the group of id).
@@ -140,8 +127,16 @@ func (n *raftNet) unregister(id shardmap.ShardID, g *replica.Group) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if m := n.mu.groups[id]; m != nil && m.g == g {
+		close(m.stop)
 		delete(n.mu.groups, id)
 	}
+}
+
+// member returns the hosted group of shard id, nil if none.
+func (n *raftNet) member(id shardmap.ShardID) *raftMember {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.mu.groups[id]
 }
 
 // preferEvery is the ticks between two looks for hosted groups this
@@ -197,7 +192,9 @@ func (n *raftNet) preferOwners() {
 	}
 	n.mu.RUnlock()
 	for _, gm := range moves {
-		gm.g.TransferLeadership(raftID(gm.nodes, gm.owner))
+		if to := memberAt(gm.g, slotOf(raftID(gm.nodes, gm.owner))); to != 0 {
+			gm.g.TransferLeadership(to)
+		}
 	}
 }
 
@@ -256,9 +253,7 @@ func (n *raftNet) send(node string, m transport.RaftMsg) {
 // yet opened, or closed) is dropped: raft sends it again.
 func (n *raftNet) deliver(peer string, rm *transport.RaftMsg) {
 	id := shardmap.ShardID{Stream: rm.Stream, Shard: int(rm.Shard)}
-	n.mu.RLock()
-	gm := n.mu.groups[id]
-	n.mu.RUnlock()
+	gm := n.member(id)
 	if gm == nil {
 		return
 	}

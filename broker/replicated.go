@@ -30,20 +30,19 @@ package broker
 // does so only to a replica that answers and has every committed entry;
 // the proposals dropped during the hand-over are routed again).
 //
-// A replica whose log was lost (the broker's data directory deleted)
-// cannot rejoin under its old raft id: raft would need a membership
-// change (remove it, add a new member), which this stage does not make.
-// A broker that starts without its shard data directory keeps the
-// replicas the map gives it closed (noteLostLocked), routes their
-// publishes and subscribers to the other replicas, and the shard goes on
-// with its majority of two. A replica whose own directory was emptied
-// while the broker's data directory stayed is caught by the replica marks
-// (replicamarks.go: the replicas this broker created, in a file beside the
-// streams) and kept closed likewise. A replica that runs with a lost log
-// anyway (its state restored without its log, say) drops the leader's
-// heartbeats that contradict its empty log and never acks; once one came, Group.Lost says
-// so and subscribers are refused there (or ended) with unavailable, so
-// that the SDK reads from another replica.
+// A replica whose log was lost (the broker's data directory deleted, or
+// the shard's) cannot rejoin under its old raft id. A broker that starts
+// without its shard data directory (noteLostLocked), or finds the
+// directory of a replica it created empty (the replica marks,
+// replicamarks.go), opens a new replica under a new raft id that joins
+// the group in the lost one's place and is caught up from the leader's
+// log (rejoin.go); the shard goes on with its majority of two meanwhile,
+// and the joining replica's subscribers are sent to the others. A replica
+// that runs with a lost log anyway (its state restored without its log,
+// say) drops the leader's heartbeats that contradict its empty log and
+// never acks; once one came, Group.Lost says so and subscribers are
+// refused there (or ended) with unavailable, so that the SDK reads from
+// another replica.
 //
 // Not in this stage: idempotent publish (the producer table is the
 // owner's memory, rebuilt from its log; a replicated shard would need it
@@ -82,20 +81,13 @@ var (
 var (
 	errNoMap     = errors.New("broker: no shard map yet")
 	errNotMember = errors.New("broker: peer not in the shard map")
-	// errReplicaLost: this broker's replica of the shard was lost with its
-	// data directory and cannot rejoin under its raft id.
-	errReplicaLost = errors.New("broker: replica lost with the data directory")
 )
 
 // noteLostLocked marks as lost, when the broker started with no shard data
 // directory, every replica of a replicated shard the first map m gives it:
 // a replica set is placed only over members, and a member's broker has
 // run with its data directory, so those replicas existed and are gone.
-// Rejoining under the same raft id with an empty log is what raft forbids
-// (its votes are forgotten, and the leader still counts the entries it
-// had: the leader's next heartbeat would stop the group, its next append
-// could stop the leader's), so they stay closed until a membership change
-// replaces them (not built yet); the shard goes on with its other two.
+// Each rejoins its group under a new raft id when it opens (rejoin.go).
 func (s *shardSet) noteLostLocked(m *shardmap.Map) {
 	var ids []string
 	for _, id := range m.ReplicatedBy(s.node) {
@@ -107,7 +99,7 @@ func (s *shardSet) noteLostLocked(m *shardmap.Map) {
 		}
 	}
 	if len(s.mu.lost) > 0 {
-		s.logger.Error("this broker started with no shard data, but the map names it a replica of replicated shards: those replicas were lost with the data directory and stay closed (they cannot rejoin their raft groups under their old ids; the shards go on with their other replicas)",
+		s.logger.Error("this broker started with no shard data, but the map names it a replica of replicated shards: those replicas were lost with the data directory; each joins its group again under a new raft id and is caught up by the others",
 			"replicas", len(s.mu.lost), "first", ids, "dir", s.root.Name())
 	}
 }
@@ -125,17 +117,33 @@ func (s *shardSet) openGroup(e *shardEntry, dir string, st *shardmap.Stream) err
 	if id == 0 {
 		return fmt.Errorf("%w: %s is not among the replicas %v of %s", errShardGone, s.node, nodes, e.id)
 	}
-	switch has, err := replica.HasState(dir); {
-	case err != nil:
+	has, err := replica.HasState(dir)
+	if err != nil {
 		return err
-	case !has && s.marks.has(e.id):
-		s.mu.Lock()
-		s.mu.lost[e.id] = true
-		s.mu.Unlock()
-		s.logger.Error("this broker created its replica of a replicated shard, but its directory holds no replica state now: the replica was lost and stays closed (it cannot rejoin its raft group under its old id; the shard goes on with its other replicas)",
-			"shard", e.id.String(), "dir", dir)
-		return fmt.Errorf("%w: %s: its directory was emptied", errReplicaLost, e.id)
-	case !s.marks.has(e.id):
+	}
+	s.mu.Lock()
+	lost := s.mu.lost[e.id]
+	delete(s.mu.lost, e.id)
+	s.mu.Unlock()
+	join := false
+	switch {
+	case has:
+		stored, ok, err := readRaftID(dir)
+		if err != nil {
+			return err
+		}
+		if ok {
+			id = stored
+		}
+	case lost || s.marks.has(e.id):
+		// Created here before (or the whole data directory is new): the
+		// replica was lost, and joins again under a new id (rejoin.go).
+		id, join = newRaftID(slotOf(id)), true
+		if err := writeRaftID(dir, id); err != nil {
+			return err
+		}
+	}
+	if !s.marks.has(e.id) {
 		if err := s.marks.add(e.id); err != nil {
 			return err
 		}
@@ -145,7 +153,7 @@ func (s *shardSet) openGroup(e *shardEntry, dir string, st *shardmap.Stream) err
 		peers[i] = uint64(i) + 1
 	}
 	g, err := replica.Open(replica.Config{
-		ID: id, Peers: peers, Dir: dir, Name: e.id.String(),
+		ID: id, Peers: peers, Join: join, Dir: dir, Name: e.id.String(),
 		Transport:     s.raft.transport(e.id, nodes),
 		Logger:        s.logger,
 		ElectionTicks: s.electionTicks,
@@ -162,7 +170,7 @@ func (s *shardSet) openGroup(e *shardEntry, dir string, st *shardmap.Stream) err
 		return err
 	}
 	e.group, e.nodes, e.sl = g, nodes, g
-	s.raft.register(e.id, g, nodes, set[0])
+	s.raft.register(e.id, g, nodes, set[0], join)
 	return nil
 }
 
@@ -180,11 +188,6 @@ func (b *Broker) replicaStates(stream string) []transport.ReplicaState {
 			es = append(es, e)
 		}
 	}
-	for id := range b.shards.mu.lost {
-		if id.Stream == stream {
-			out = append(out, transport.ReplicaState{Shard: id.Shard, Node: b.cfg.NodeID, Err: errReplicaLost.Error()})
-		}
-	}
 	b.shards.mu.RUnlock()
 	for _, e := range es {
 		select {
@@ -196,7 +199,8 @@ func (b *Broker) replicaStates(stream string) []transport.ReplicaState {
 			continue // failed to open
 		}
 		_, term := e.group.Leader()
-		st := transport.ReplicaState{Shard: e.id.Shard, Node: b.cfg.NodeID, Leader: e.leaderNode(), Term: term, Next: e.group.NextOffset()}
+		st := transport.ReplicaState{Shard: e.id.Shard, Node: b.cfg.NodeID, Leader: e.leaderNode(), Term: term, Next: e.group.NextOffset(),
+			Member: membershipName(e.group)}
 		if err := e.group.Err(); err != nil {
 			st.Err = err.Error()
 		}
@@ -269,11 +273,6 @@ func (p *pubSession) dispatchReplicated(in inbound, m *shardmap.Map, st *shardma
 	var target string
 	if slices.Contains(set, b.cfg.NodeID) {
 		e, err := b.shards.acquire(m, id)
-		if errors.Is(err, errReplicaLost) {
-			// Route as a broker outside the replica set would.
-			p.forwardReplicated(in, m, id, b.guessLeader(m, id, set, b.cfg.NodeID), attempt)
-			return
-		}
 		if err != nil {
 			p.fail(in, &transport.Error{Code: transport.CodeUnavailable,
 				Message: fmt.Sprintf("%s cannot open its replica of %s: %v", b.cfg.NodeID, id, err)})

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/felix-broker/felix/internal/cluster"
+	"github.com/felix-broker/felix/replica"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 	"github.com/felix-broker/felix/wal"
@@ -316,13 +317,15 @@ func TestReplicatedLargeRecord(t *testing.T) {
 	}
 }
 
-// TestEmptiedReplicaDirIsLost: a broker whose directory of one replicated
+// TestEmptiedReplicaDirRejoins: a broker whose directory of one replicated
 // shard was emptied (its data directory otherwise intact) knows from its
-// replica marks that it created that replica, keeps it closed as lost
-// instead of opening a new, empty replica that would vote with forgotten
-// votes, and the shard goes on committing with the other two; its other
-// shards open as before.
-func TestEmptiedReplicaDirIsLost(t *testing.T) {
+// replica marks that it created that replica, and does not open a new,
+// empty replica under the old raft id (which would vote with forgotten
+// votes): the replica joins under a new id in the old one's slot, is
+// caught up from the leader, becomes a voter in the old one's place, and
+// counts: with the third broker closed, the shard still commits. Its
+// other shards open as before.
+func TestEmptiedReplicaDirRejoins(t *testing.T) {
 	ip := startInprocWith(t, fastRaft, 3, shardmap.StreamConfig{Name: "r3", Shards: 2, Replicas: 3})
 	lostID, keptID := shardmap.ShardID{Stream: "r3", Shard: 0}, shardmap.ShardID{Stream: "r3", Shard: 1}
 	leader := leaderOf(t, ip.brokers, lostID)
@@ -336,6 +339,7 @@ func TestEmptiedReplicaDirIsLost(t *testing.T) {
 	}
 	i := slices.IndexFunc(ip.brokers, func(b *Broker) bool { return b != leader })
 	victim := ip.brokers[i]
+	oldID := groupOf(victim, lostID).group.ID()
 	if err := victim.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -343,28 +347,53 @@ func TestEmptiedReplicaDirIsLost(t *testing.T) {
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
+	// Committed while the replica is gone: the new one must get these too.
+	if f := publishVia(t, ip, leader, "r3", lostID.Shard, 100, "while gone"); f.Type() != transport.FrameAck {
+		t.Fatalf("publish to %s with a replica down: %T %+v", lostID, f, f)
+	}
 	ip.brokers[i] = ip.startBroker(i)
 	b := ip.brokers[i]
 
 	deadline := time.Now().Add(waitFor)
 	for {
-		b.shards.mu.RLock()
-		lost := b.shards.mu.lost[lostID]
-		b.shards.mu.RUnlock()
-		if lost {
-			break
+		if e := groupOf(b, lostID); e != nil {
+			if e.group.ID() == oldID {
+				t.Fatalf("%s opened its emptied replica of %s under its old raft id %d", b.NodeID(), lostID, oldID)
+			}
+			if membership(e.group) == replica.Voter && e.sl.NextOffset() >= 4 {
+				break
+			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s opened its emptied replica of %s instead of keeping it closed as lost", b.NodeID(), lostID)
+			t.Fatalf("%s's new replica of %s did not become a caught-up voter within %v", b.NodeID(), lostID, waitFor)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if e := groupOf(b, lostID); e != nil {
-		t.Fatalf("%s runs a group for its lost replica of %s", b.NodeID(), lostID)
+	newID := groupOf(b, lostID).group.ID()
+	if slotOf(newID) != slotOf(oldID) {
+		t.Fatalf("new raft id %d is in slot %d, the old one %d in %d", newID, slotOf(newID), oldID, slotOf(oldID))
 	}
-	if f := publishVia(t, ip, b, "r3", lostID.Shard, 100, "after"); f.Type() != transport.FrameAck {
-		t.Fatalf("publish to %s through %s after its replica was lost: %T %+v", lostID, b.NodeID(), f, f)
+	voters, learners := groupOf(leader, lostID).group.Members()
+	if !slices.Contains(voters, newID) || slices.Contains(voters, oldID) || len(voters) != 3 || len(learners) != 0 {
+		t.Fatalf("the leader's configuration: voters %v learners %v; want three voters, %d in place of %d", voters, learners, newID, oldID)
 	}
+	want := readShard(t, groupOf(leader, lostID))
+	got := readShard(t, groupOf(b, lostID))
+	if !slices.Equal(got, want) {
+		t.Fatalf("the new replica holds %q, the leader %q", got, want)
+	}
+
+	// It counts: with the third broker closed, the shard commits with the
+	// leader and the new replica.
+	third := slices.IndexFunc(ip.brokers, func(x *Broker) bool { return x != leader && x != b })
+	if err := ip.brokers[third].Close(); err != nil {
+		t.Fatal(err)
+	}
+	if f := publishVia(t, ip, leader, "r3", lostID.Shard, 101, "with the new replica"); f.Type() != transport.FrameAck {
+		t.Fatalf("publish to %s with the new replica and the leader: %T %+v", lostID, f, f)
+	}
+	ip.brokers[third] = ip.startBroker(third)
+
 	deadline = time.Now().Add(waitFor)
 	for e := groupOf(b, keptID); e == nil || e.sl.NextOffset() < 3; e = groupOf(b, keptID) {
 		if time.Now().After(deadline) {
@@ -372,4 +401,24 @@ func TestEmptiedReplicaDirIsLost(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	if e := groupOf(b, keptID); e.group.ID() != raftID(e.nodes, b.NodeID()) {
+		t.Fatalf("%s's intact replica of %s has raft id %d, want its first", b.NodeID(), keptID, e.group.ID())
+	}
+}
+
+// readShard returns the values of every committed record of e's replica.
+func readShard(t *testing.T, e *shardEntry) []string {
+	t.Helper()
+	var out []string
+	for from := uint64(0); from < e.sl.NextOffset(); {
+		recs, err := e.sl.Read(from, 100, 1<<20)
+		if err != nil || len(recs) == 0 {
+			t.Fatalf("read %s from %d: %d records, %v", e.id, from, len(recs), err)
+		}
+		for _, r := range recs {
+			out = append(out, string(r.Value))
+		}
+		from += uint64(len(recs))
+	}
+	return out
 }

@@ -155,7 +155,8 @@ type shardSet struct {
 		// their shards are this broker's.
 		closedStats map[shardmap.ShardID]shardStats
 		// lost holds the replicas of replicated shards this broker held
-		// before its data directory was lost: they stay closed.
+		// before its data directory was lost, until each opens (and
+		// rejoins its group under a new raft id: rejoin.go).
 		lost map[shardmap.ShardID]bool
 	}
 }
@@ -378,9 +379,6 @@ func (s *shardSet) checkLocked(m *shardmap.Map, id shardmap.ShardID) (*shardmap.
 	st, ok := m.Stream(id.Stream)
 	if !ok || !st.Placement.IsReplica(id.Shard, s.node) {
 		return nil, fmt.Errorf("%w: %s at map epoch %d", errShardGone, id, m.Epoch)
-	}
-	if s.mu.lost[id] {
-		return nil, fmt.Errorf("%w: %s", errReplicaLost, id)
 	}
 	if _, ok := s.mu.admitted[st.Name]; !ok {
 		n := ownedBy(st, s.node)
@@ -785,7 +783,7 @@ func (s *shardSet) admit(m *shardmap.Map, r *applyResult) []shardmap.ShardID {
 	}
 	var toOpen []shardmap.ShardID
 	for _, id := range m.ReplicatedBy(s.node) {
-		if _, ok := s.mu.admitted[id.Stream]; ok && !s.mu.lost[id] {
+		if _, ok := s.mu.admitted[id.Stream]; ok {
 			toOpen = append(toOpen, id)
 		}
 	}

@@ -226,13 +226,25 @@ loop:
 }
 
 // replicaDown returns why a subscriber must not wait on replica g: its
-// group stopped, or its log was lost (it never catches up), else nil.
+// group stopped, its log was lost (it never catches up), or it is joining
+// its group in place of a lost replica (rejoin.go: it is catching up, and
+// has far less than the others), else nil.
 func replicaDown(g *replica.Group) error {
 	if err := g.Err(); err != nil {
 		return err
 	}
-	return g.Lost()
+	if err := g.Lost(); err != nil {
+		return err
+	}
+	if membership(g) != replica.Voter {
+		return errReplicaJoining
+	}
+	return nil
 }
+
+// errReplicaJoining: the replica is joining its group in place of a lost
+// one, and catching up.
+var errReplicaJoining = errors.New("broker: replica joining its group in place of a lost one, catching up")
 
 // replicaFailed is the wire error for a subscription to a replica whose
 // group stopped: unavailable, which the SDK answers by trying another

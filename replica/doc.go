@@ -80,10 +80,13 @@
 //
 // # Limits of this stage
 //
-// No membership changes are proposed (the voters are fixed at creation),
-// no compaction (retention) and no snapshots: a follower is always caught
-// up from the leader's log. Opening a replica reads its whole log once
-// (terms, checksums).
+// The only membership change is the replacement of a lost replica by a
+// new one (Config.Join, Group.Admit; members.go): learner, then voter in
+// its place by one joint change. No compaction (retention) and no
+// snapshots: a follower, a joining one too, is always caught up from the
+// leader's log, and every replica replays the configuration changes from
+// it. Opening a replica reads its whole log once (terms, checksums) and
+// applies the committed entries again before Open returns.
 //
 // # Reads
 //

@@ -16,8 +16,8 @@ var (
 	ErrFailed = errors.New("replica: group failed")
 	// ErrLogLost is returned by Group.Lost once the leader said this
 	// replica holds committed entries its log lacks (its directory was
-	// lost): it cannot catch up under its raft id, which needs a
-	// membership change that this stage does not make.
+	// lost): it cannot catch up under its raft id; a new replica, under a
+	// new id, must replace it (Config.Join, Group.Admit).
 	ErrLogLost = errors.New("replica: log lost")
 	// ErrNotLeader is matched (errors.Is) by a *NotLeaderError.
 	ErrNotLeader = errors.New("replica: not the leader")

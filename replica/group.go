@@ -19,9 +19,14 @@ import (
 // written on each field.
 type Config struct {
 	ID    uint64   // this replica's raft id; required, never 0, never reused
-	Peers []uint64 // the voters (ID among them) of a new group; a directory that holds a group keeps its own
-	Dir   string   // the replica's directory: the log's segments and the state file; required
-	Name  string   // the group's name in errors and logs (e.g. the shard); default Dir
+	Peers []uint64 // the voters of a new group (ID among them, unless Join); a directory that holds a group keeps its own
+	// Join opens a new replica that joins an existing group under a new
+	// id (replacing a lost one): Peers is then the group's configuration
+	// at its creation, without ID, and the replica takes no part until
+	// the leader admits it (Admit; see members.go).
+	Join bool
+	Dir  string // the replica's directory: the log's segments and the state file; required
+	Name string // the group's name in errors and logs (e.g. the shard); default Dir
 
 	Transport Transport    // where outgoing raft messages go; required
 	Logger    *slog.Logger // default slog.Default()
@@ -72,7 +77,7 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Transport == nil {
 		return c, errors.New("replica: Config.Transport is required")
 	}
-	if len(c.Peers) > 0 && !slices.Contains(c.Peers, c.ID) {
+	if len(c.Peers) > 0 && !c.Join && !slices.Contains(c.Peers, c.ID) {
 		return c, fmt.Errorf("replica: Config.Peers %v does not hold Config.ID %d", c.Peers, c.ID)
 	}
 	if c.Name == "" {
@@ -129,19 +134,23 @@ type Group struct {
 		// transfer is the replica TransferLeadership last asked to hand
 		// the leadership to, 0 for none.
 		transfer uint64
+		admits   []admitRequest
 		closed   bool
 		err      error // set when the group failed
 	}
-	wake chan struct{} // capacity 1: there is work in in
-	stop chan struct{}
-	done chan struct{}
-	once sync.Once
+	wake     chan struct{} // capacity 1: there is work in in
+	replayed chan struct{} // closed once the committed log was applied at open
+	stop     chan struct{}
+	done     chan struct{}
+	once     sync.Once
 
 	leader atomic.Uint64 // leader known to this replica, 0 if none
 	term   atomic.Uint64
 
-	voters map[uint64]bool // fixed at Open (no membership changes); read only
-	rounds atomic.Uint64   // rounds of work the run goroutine finished, for tests to wait on
+	// conf is the configuration this replica applied: the state file's
+	// (at creation) until raft replays the changes in the log.
+	conf   atomic.Pointer[pb.ConfState]
+	rounds atomic.Uint64 // rounds of work the run goroutine finished, for tests to wait on
 	// dropped limits the log lines for peers' messages dropped by
 	// checkAgainstLog to one per peer and message type.
 	dropped logonce.Set
@@ -168,13 +177,14 @@ func Open(cfg Config) (*Group, error) {
 		return nil, fmt.Errorf("replica: group %q: no voters: a new group needs Config.Peers", cfg.Name)
 	}
 	g := &Group{
-		cfg:    cfg,
-		logger: cfg.Logger.With("group", cfg.Name, "replica", cfg.ID),
-		st:     st,
-		tail:   newEntryTail(cfg.TailBytes),
-		wake:   make(chan struct{}, 1),
-		stop:   make(chan struct{}),
-		done:   make(chan struct{}),
+		cfg:      cfg,
+		logger:   cfg.Logger.With("group", cfg.Name, "replica", cfg.ID),
+		st:       st,
+		tail:     newEntryTail(cfg.TailBytes),
+		wake:     make(chan struct{}, 1),
+		replayed: make(chan struct{}),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
 	}
 	// Applied starts at the compaction point: raft hands every committed
 	// entry after it to apply again, which rebuilds the offset index.
@@ -199,11 +209,15 @@ func Open(cfg Config) (*Group, error) {
 		return nil, fmt.Errorf("replica: group %q: start raft: %w", cfg.Name, err)
 	}
 	g.term.Store(st.p.term)
-	g.voters = map[uint64]bool{}
-	for _, id := range st.p.conf.GetVoters() {
-		g.voters[id] = true
-	}
+	g.conf.Store(st.p.conf)
 	go g.run()
+	select {
+	case <-g.replayed:
+	case <-g.done:
+		err := g.Err()
+		_ = g.st.close()
+		return nil, fmt.Errorf("replica: group %q: replaying the log at open: %w", cfg.Name, err)
+	}
 	return g, nil
 }
 
@@ -272,7 +286,7 @@ func (g *Group) refusal() error {
 // ErrClosed, a failed one ErrFailed. Whatever a peer sends, raft's panics
 // included, cannot take the process down: at worst this group fails.
 func (g *Group) Step(m *pb.Message) error {
-	if err := checkMessage(m, g.cfg.ID, g.voters); err != nil {
+	if err := checkMessage(m, g.cfg.ID); err != nil {
 		return fmt.Errorf("replica: group %q: %w", g.cfg.Name, err)
 	}
 	g.in.Lock()

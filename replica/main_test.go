@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -23,9 +24,13 @@ const tickEvery = 10 * time.Millisecond
 type cluster struct {
 	t    testing.TB
 	net  *MemNetwork
-	ids  []uint64
+	ids  []uint64 // every replica ever started, joiners included
 	dirs map[uint64]string
-	mu   struct {
+	// peers is the group's configuration at creation; joiners are the
+	// replicas started later with Config.Join (join).
+	peers   []uint64
+	joiners map[uint64]bool
+	mu      struct {
 		sync.Mutex
 		groups map[uint64]*Group
 	}
@@ -35,7 +40,7 @@ type cluster struct {
 }
 
 func newCluster(t testing.TB, n int, seed uint64, opts func(*Config)) *cluster {
-	c := &cluster{t: t, net: NewMemNetwork(seed), dirs: map[uint64]string{},
+	c := &cluster{t: t, net: NewMemNetwork(seed), dirs: map[uint64]string{}, joiners: map[uint64]bool{},
 		stop: make(chan struct{}), done: make(chan struct{}), opts: opts}
 	c.mu.groups = map[uint64]*Group{}
 	for i := 1; i <= n; i++ {
@@ -43,6 +48,7 @@ func newCluster(t testing.TB, n int, seed uint64, opts func(*Config)) *cluster {
 		c.ids = append(c.ids, id)
 		c.dirs[id] = t.TempDir()
 	}
+	c.peers = slices.Clone(c.ids)
 	for _, id := range c.ids {
 		c.start(id)
 	}
@@ -79,7 +85,7 @@ func (c *cluster) close() {
 
 // start opens replica id from its directory and attaches it.
 func (c *cluster) start(id uint64) *Group {
-	cfg := Config{ID: id, Peers: c.ids, Dir: c.dirs[id], Name: "orders/0",
+	cfg := Config{ID: id, Peers: c.peers, Join: c.joiners[id], Dir: c.dirs[id], Name: "orders/0",
 		Transport: c.net.Transport(id), Logger: slog.New(slog.DiscardHandler),
 		SegmentSize: 64 << 10}
 	if c.opts != nil {

@@ -45,6 +45,13 @@ func (g *Group) run() {
 	l := &loop{seq: rand.Uint64() >> 1, unindexed: map[uint64]*waiter{}, byIndex: map[uint64]*waiter{}}
 	defer g.drain(l)
 	defer g.contain(l)
+	// Replay the committed log first (offsets, configuration changes),
+	// before any peer's message is stepped and before Open returns.
+	if err := g.handleReadies(l); err != nil {
+		g.fail(err)
+		return
+	}
+	close(g.replayed)
 	for {
 		select {
 		case <-g.stop:
@@ -54,8 +61,8 @@ func (g *Group) run() {
 		g.in.Lock()
 		buf, ends, dones, msgs, ticks := g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.ticks
 		g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.ticks = nil, nil, nil, nil, 0
-		transfer := g.in.transfer
-		g.in.transfer = 0
+		transfer, admits := g.in.transfer, g.in.admits
+		g.in.transfer, g.in.admits = 0, nil
 		g.in.Unlock()
 
 		l.taken = dones // to be failed by drain if raft panics before they are proposed
@@ -70,6 +77,10 @@ func (g *Group) run() {
 		}
 		if transfer != 0 && g.IsLeader() && transfer != g.cfg.ID {
 			g.transfer(transfer)
+		}
+		for _, req := range admits {
+			a, err := g.admit(req)
+			req.reply <- admitReply{a, err}
 		}
 		if len(dones) > 0 {
 			g.propose(l, buf, ends, dones)
@@ -394,8 +405,10 @@ func (g *Group) applyConfChange(e *pb.Entry) error {
 		}
 		cc = &c
 	}
-	cs := g.rn.ApplyConfChange(cc)
-	return g.st.setState(nil, cs, true)
+	// The state file keeps the configuration at creation: the changes
+	// are in the log, and raft replays them on every open.
+	g.conf.Store(g.rn.ApplyConfChange(cc))
+	return nil
 }
 
 func (w *waiter) fail(err error) {
@@ -427,9 +440,13 @@ func (g *Group) drain(l *loop) {
 		g.in.closed = true
 	}
 	dones := append(l.taken, g.in.dones...)
-	g.in.buf, g.in.ends, g.in.dones, g.in.msgs = nil, nil, nil, nil
+	admits := g.in.admits
+	g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.admits = nil, nil, nil, nil, nil
 	refusal := g.refusal()
 	g.in.Unlock()
+	for _, req := range admits {
+		req.reply <- admitReply{err: refusal}
+	}
 	for _, done := range dones {
 		done(0, 0, refusal)
 	}

@@ -18,7 +18,9 @@ import (
 
 // The state file holds what raft must find again after a restart besides
 // the log: the HardState (term, vote, commit), the ConfState (voters and
-// learners) and the compaction point (the index and term of the last entry
+// learners) as of the compaction point (the configuration at creation:
+// later changes are entries of the log, which raft replays on open) and
+// the compaction point (the index and term of the last entry
 // dropped from the front of the log, and the offset that follows it).
 //
 // It is a double buffer: two slots of stateSlot bytes, each

@@ -5,16 +5,21 @@ import (
 	"math"
 
 	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
 )
 
 // A peer's message reaches raft only after two checks, because etcd raft
 // takes its input as trusted and panics on some inconsistent messages (a
 // commit index beyond its log, entries that conflict with committed ones):
 //
-//   - checkMessage, in Step on the caller's goroutine, with no state but
-//     the group's fixed voters: what no correct peer of this version sends
-//     (types, ids, term 0, entries outside MsgApp or not contiguous, any
-//     snapshot). The caller gets ErrBadMessage.
+//   - checkMessage, in Step on the caller's goroutine, with no state: what
+//     no correct peer of this version sends (types, ids, term 0, entries
+//     outside MsgApp or not contiguous, configuration changes that do not
+//     decode, any snapshot). The caller gets ErrBadMessage. Who may send
+//     to this group is the transport's to check (the broker checks that a
+//     raft id belongs to the peer that sends it): the configuration
+//     changes over time (members.go), and raft ignores messages from
+//     replicas outside it.
 //   - checkAgainstLog, on the group's goroutine just before raft steps the
 //     message, against the log on disk: what no correct peer sends to this
 //     log (a commit index beyond it, entries that contradict its committed
@@ -47,15 +52,12 @@ var peerTypes = map[pb.MessageType]bool{
 const maxTerm = 1 << 48
 
 // checkMessage returns why m cannot come from a correct peer of this
-// replica (wrapping ErrBadMessage), or nil. voters is the group's fixed
-// configuration.
-func checkMessage(m *pb.Message, self uint64, voters map[uint64]bool) error {
+// replica (wrapping ErrBadMessage), or nil.
+func checkMessage(m *pb.Message, self uint64) error {
 	t := m.GetType()
 	switch from := m.GetFrom(); {
 	case m.GetTo() != self || from == 0 || from == self:
 		return fmt.Errorf("%w: %s from %d to %d, this is %d", ErrBadMessage, t, from, m.GetTo(), self)
-	case !voters[from]:
-		return fmt.Errorf("%w: %s from %d, which is not a voter of the group", ErrBadMessage, t, from)
 	case !peerTypes[t]:
 		return fmt.Errorf("%w: %s is not a message between peers here", ErrBadMessage, t)
 	case m.GetTerm() == 0:
@@ -90,8 +92,12 @@ func checkMessage(m *pb.Message, self uint64, voters map[uint64]bool) error {
 			// Terms never decrease along a log, and a leader's entries are
 			// from its term or before.
 			return fmt.Errorf("%w: MsgApp from %d of term %d: entry %d has term %d after term %d", ErrBadMessage, m.GetFrom(), m.GetTerm(), e.GetIndex(), e.GetTerm(), term)
+		case e.GetType() == pb.EntryConfChangeV2:
+			// Configuration changes are proposed as V2 only (members.go).
+			if err := proto.Unmarshal(e.GetData(), &pb.ConfChangeV2{}); err != nil {
+				return fmt.Errorf("%w: MsgApp from %d: entry %d: configuration change: %w", ErrBadMessage, m.GetFrom(), e.GetIndex(), err)
+			}
 		case e.GetType() != pb.EntryNormal:
-			// No configuration change is ever proposed in this version.
 			return fmt.Errorf("%w: MsgApp from %d: entry %d is a %s", ErrBadMessage, m.GetFrom(), e.GetIndex(), e.GetType())
 		}
 		term = e.GetTerm()

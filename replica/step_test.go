@@ -109,8 +109,6 @@ func TestStepRefusesWhatNoPeerSends(t *testing.T) {
 	cases["from 0"].From = new(uint64(0))
 	cases["from self"] = msg(pb.MsgHeartbeat)
 	cases["from self"].From = new(f.ID())
-	cases["not a voter"] = msg(pb.MsgHeartbeat)
-	cases["not a voter"].From = new(uint64(7))
 	for _, typ := range []pb.MessageType{pb.MsgHup, pb.MsgBeat, pb.MsgProp, pb.MsgSnap, pb.MsgUnreachable, pb.MsgSnapStatus,
 		pb.MsgCheckQuorum, pb.MsgTransferLeader, pb.MsgReadIndex, pb.MsgReadIndexResp, pb.MsgStorageAppend,
 		pb.MsgStorageAppendResp, pb.MsgStorageApply, pb.MsgStorageApplyResp, pb.MsgForgetLeader, pb.MessageType(99)} {
@@ -146,7 +144,13 @@ func TestStepRefusesWhatNoPeerSends(t *testing.T) {
 	conf.Index, conf.LogTerm = new(uint64(2)), new(term)
 	conf.Entries = entries(3, term, 1)
 	conf.Entries[0].Type = pb.EntryConfChangeV2.Enum()
-	cases["conf change entry"] = conf
+	conf.Entries[0].Data = []byte{0xff, 0xff, 0xff}
+	cases["configuration change that does not decode"] = conf
+	confV1 := msg(pb.MsgApp)
+	confV1.Index, confV1.LogTerm = new(uint64(2)), new(term)
+	confV1.Entries = entries(3, term, 1)
+	confV1.Entries[0].Type = pb.EntryConfChange.Enum()
+	cases["configuration change of version 1"] = confV1
 	overflow := msg(pb.MsgApp)
 	overflow.Index, overflow.LogTerm = new(uint64(1<<64-1)), new(term)
 	overflow.Entries = entries(0, term, 1)

@@ -26,9 +26,22 @@ type Request struct {
 	// control plane authorizes instead of the broker. The control plane
 	// ignores it on a request from a client's own connection.
 	Principal string
+	// Admit, with Op "replica.admit" (a broker to the leader of a
+	// replicated shard), asks that the sender's new replica join the
+	// shard's group in place of the one it lost. Sent only when set.
+	Admit *ReplicaAdmit
 }
 
-const requestFields = 4
+// ReplicaAdmit names a shard of Request.Stream and the raft id of the
+// sender's replica of it that joins the group.
+type ReplicaAdmit struct {
+	Shard int    `msgpack:"shard"`
+	ID    uint64 `msgpack:"id"`
+}
+
+// requestFields is the number of fields this version decodes; Admit is
+// sent only when set, so other requests encode as before.
+const requestFields = 5
 
 // Type implements [Frame].
 func (*Request) Type() FrameType { return FrameRequest }
@@ -37,7 +50,11 @@ func (r *Request) appendBody(b []byte) ([]byte, error) {
 	if r == nil {
 		return b, errNilFrame(FrameRequest)
 	}
-	b = appendArrayHeader(b, requestFields)
+	fields := requestFields
+	if r.Admit == nil {
+		fields--
+	}
+	b = appendArrayHeader(b, fields)
 	b = appendStr(b, r.Op)
 	b, err := appendMsgpack(b, FrameRequest, r.Stream)
 	if err != nil {
@@ -46,7 +63,11 @@ func (r *Request) appendBody(b []byte) ([]byte, error) {
 	if b, err = appendMsgpack(b, FrameRequest, r.Grant); err != nil {
 		return b, err
 	}
-	return appendStr(b, r.Principal), nil
+	b = appendStr(b, r.Principal)
+	if r.Admit == nil {
+		return b, nil
+	}
+	return appendMsgpack(b, FrameRequest, r.Admit)
 }
 
 func (r *Request) decode(d *decoder) {
@@ -54,10 +75,14 @@ func (r *Request) decode(d *decoder) {
 	r.Op = d.str()
 	d.msgpack(&r.Stream)
 	read := 2 // an older peer sends only Op and Stream
-	if n >= requestFields {
+	if n >= 4 {
 		d.msgpack(&r.Grant)
 		r.Principal = d.str()
-		read = requestFields
+		read = 4
+	}
+	if n >= 5 {
+		d.msgpack(&r.Admit)
+		read = 5
 	}
 	d.skipN(n - read)
 }
@@ -87,6 +112,10 @@ type ReplicaState struct {
 	Next uint64 `msgpack:"next"`
 	// Err says why its group stopped, "" while it runs.
 	Err string `msgpack:"err,omitempty"`
+	// Member is the replica's place in the group's configuration as it
+	// applied it: "voter", "learner", or "joining" (a replica that
+	// replaces a lost one, not admitted yet).
+	Member string `msgpack:"member,omitempty"`
 }
 
 // CtlMember is one control plane member as cluster.status reports it.

@@ -64,6 +64,7 @@ func sampleFrames() []namedFrame {
 		{"credit/max", &Credit{Records: 1<<32 - 1}},
 		{"request/zero", &Request{}},
 		{"request/create", &Request{Op: "stream.create", Stream: shardmap.StreamConfig{Name: "orders", Shards: 8, RetentionBytes: 1 << 20, RetentionAge: 24 * time.Hour}}},
+		{"request/admit", &Request{Op: "replica.admit", Stream: shardmap.StreamConfig{Name: "orders"}, Admit: &ReplicaAdmit{Shard: 2, ID: 8<<40 + 3}}},
 		{"response/zero", &Response{}},
 		{"response/streams", &Response{Streams: []shardmap.StreamConfig{{Name: "a", Shards: 1}, {Name: "b", Shards: 4096}}}},
 		{"response/empty-streams", &Response{Streams: []shardmap.StreamConfig{}}},

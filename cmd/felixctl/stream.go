@@ -219,7 +219,9 @@ func writeOwners(w io.Writer, stream string, owners shardmap.Placement, m *shard
 }
 
 // writeReplicaStatus prints, for a replicated stream, each replica's
-// leader, term, committed offsets and how far it is behind the leader.
+// membership (voter; or joining, then learner, for a replica that
+// replaces a lost one), leader, term, committed offsets and how far it is
+// behind the leader.
 func writeReplicaStatus(w io.Writer, stream string, states []client.ReplicaState) {
 	if len(states) == 0 {
 		return
@@ -238,18 +240,22 @@ func writeReplicaStatus(w io.Writer, stream string, states []client.ReplicaState
 		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SHARD\tREPLICA\tLEADER\tTERM\tCOMMITTED\tBEHIND")
+	fmt.Fprintln(tw, "SHARD\tREPLICA\tMEMBER\tLEADER\tTERM\tCOMMITTED\tBEHIND")
 	for _, st := range states {
 		if st.Err != "" {
-			fmt.Fprintf(tw, "%s/%d\t%s\t-\t-\t-\t%s\n", stream, st.Shard, st.Node, st.Err)
+			fmt.Fprintf(tw, "%s/%d\t%s\t-\t-\t-\t-\t%s\n", stream, st.Shard, st.Node, st.Err)
 			continue
+		}
+		member := st.Member
+		if member == "" {
+			member = "-" // a broker of an earlier version
 		}
 		leader := st.Leader
 		if leader == "" {
 			leader = "(election)"
 		}
 		behind := head[st.Shard] - min(st.Next, head[st.Shard])
-		fmt.Fprintf(tw, "%s/%d\t%s\t%s\t%d\t%d\t%d\n", stream, st.Shard, st.Node, leader, st.Term, st.Next, behind)
+		fmt.Fprintf(tw, "%s/%d\t%s\t%s\t%s\t%d\t%d\t%d\n", stream, st.Shard, st.Node, member, leader, st.Term, st.Next, behind)
 	}
 	tw.Flush()
 }
