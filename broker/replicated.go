@@ -170,7 +170,8 @@ func (s *shardSet) openGroup(e *shardEntry, dir string, st *shardmap.Stream) err
 		return err
 	}
 	e.group, e.nodes, e.sl = g, nodes, g
-	s.raft.register(e.id, g, nodes, set[0], join)
+	// A replica that was joining when the broker stopped asks again.
+	s.raft.register(e.id, g, nodes, set[0], join || membership(g) != replica.Voter)
 	return nil
 }
 
