@@ -266,6 +266,11 @@ func (n *raftNet) deliver(peer string, rm *transport.RaftMsg) {
 		n.refuse(peer, "raft message in another node's name", id, nil)
 		return
 	}
+	if m.GetTo() != gm.g.ID() {
+		// For the replica this one replaced (rejoin.go), which the
+		// sender's configuration still holds: nobody is there to get it.
+		return
+	}
 	if err := gm.g.Step(m); err != nil {
 		n.refuse(peer, "raft message refused by its group", id, err)
 	}
