@@ -64,7 +64,7 @@ type Command struct {
 	LoadDuration time.Duration `help:"Latency under load: length of each trial at each percentage." default:"2s"`
 
 	Subscribers int `help:"Fanout: subscribers of the one stream." default:"8"`
-	Replicas    int `help:"Replication factor of the bench streams: 1, or 3 (each shard a raft group on three brokers; direct then publishes to the shard's raft leader, forwarded through a follower)." default:"1"`
+	Replicas    []int `help:"Replication factors of the bench streams, each 1 or 3 (each shard a raft group on three brokers; direct then publishes to the shard's raft leader, forwarded through a follower). Every scenario runs at the first; direct, forwarded and throughput run again at each other one, next to it, with their targets (3 is skipped, with a note, on fewer than three brokers)." default:"1,3" sep:","`
 	FloorCount  int `help:"Samples of each floor, taken half before and half after the scenarios." default:"2000"`
 
 	AB    string `name:"ab" help:"With --local: compare this build with another felix executable (cluster A runs this build, cluster B runs FELIX), side by side in one run: direct and forwarded closed loop with records alternating between them, throughput in alternating trials; every figure as the ratio B/A." type:"path" placeholder:"FELIX"`
@@ -94,7 +94,7 @@ type settings struct {
 	publishers, window          int
 	duration, throughputWarmup  time.Duration
 	subscribers                 int
-	replicas                    int // of the bench streams
+	replicas                    int // of the bench streams of the pass under way
 }
 
 // Validate checks the flags; kong calls it after parsing (and prefixes
@@ -122,11 +122,16 @@ func (c *Command) Validate() error {
 	if err := c.validateAB(); err != nil {
 		return err
 	}
-	if c.Replicas != 0 && c.Replicas != 1 && c.Replicas != 3 { // 0: the default, 1
-		return fmt.Errorf("--replicas %d: the replication factor is 1 or 3", c.Replicas)
+	for i, r := range c.Replicas {
+		if r != 1 && r != 3 {
+			return fmt.Errorf("--replicas %d: the replication factor is 1 or 3", r)
+		}
+		if slices.Contains(c.Replicas[:i], r) {
+			return fmt.Errorf("--replicas %d: named twice", r)
+		}
 	}
-	if c.Local && c.Brokers < c.Replicas {
-		return fmt.Errorf("--replicas %d needs at least %d brokers (--brokers %d)", c.Replicas, c.Replicas, c.Brokers)
+	if f := c.factors(); c.Local && len(f) == 1 && c.Brokers < f[0] {
+		return fmt.Errorf("--replicas %d needs at least %d brokers (--brokers %d)", f[0], f[0], c.Brokers)
 	}
 	for _, n := range c.Shards {
 		if n < 1 || n > shardmap.MaxShards {
@@ -306,8 +311,8 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 			rep.Cluster += " (" + c.Source + ")"
 		}
 	}
-	if c.Replicas > 1 {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("bench streams of replication factor %d: direct publishes to the shard's raft leader (found by a probe record's ack), forwarded through another broker; an ack waits for a majority's fsync, and a local cluster's replicas share one disk", c.Replicas))
+	if slices.ContainsFunc(c.factors(), func(r int) bool { return r > 1 }) {
+		rep.Notes = append(rep.Notes, "bench streams of replication factor 3 (rows marked R=3): direct publishes to the shard's raft leader (found by a probe record's ack), forwarded through another broker; an ack waits for a majority's fsync, and a local cluster's replicas share one disk")
 	}
 	if !c.Local {
 		rep.Notes = append(rep.Notes, "existing cluster: broker CPU and RSS are not measured; the fsync floor is measured in "+
@@ -343,23 +348,36 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 		return nil, err
 	}
 
-	for _, s := range c.scenarios() {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		log.Debug("bench: scenario", "scenario", s)
-		results, err := c.runScenario(ctx, e, s)
-		if isSkip(err) {
-			rep.Notes = append(rep.Notes, fmt.Sprintf("%s skipped: %v", s, err))
+	for pass, factor := range c.factors() {
+		if factor > len(e.nodes) {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("replication factor %d skipped: the cluster has %d brokers", factor, len(e.nodes)))
 			continue
 		}
-		if err != nil {
-			return nil, err
+		e.cfg.replicas = factor
+		for _, s := range c.scenarios() {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			if pass > 0 && !slices.Contains(againScenarios, s) {
+				continue
+			}
+			log.Debug("bench: scenario", "scenario", s, "replicas", factor)
+			results, err := c.runScenario(ctx, e, s, pass == 0)
+			if isSkip(err) {
+				rep.Notes = append(rep.Notes, fmt.Sprintf("%s skipped: %v", s, err))
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			for _, r := range results {
+				r.PayloadBytes = c.Size
+				if pass > 0 || factor > 1 {
+					r.Replicas = factor
+				}
+			}
+			rep.Scenarios = append(rep.Scenarios, results...)
 		}
-		for _, r := range results {
-			r.PayloadBytes = c.Size
-		}
-		rep.Scenarios = append(rep.Scenarios, results...)
 	}
 
 	if err := floors.measure(floorWarmup, c.FloorCount/2, prog); err != nil {
@@ -382,8 +400,22 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 	return rep, nil
 }
 
-// runScenario runs one scenario in each of its modes.
-func (c *Command) runScenario(ctx context.Context, e *env, s string) ([]*Result, error) {
+// againScenarios are those run again at each replication factor after
+// the first.
+var againScenarios = []string{Direct, Forwarded, Throughput}
+
+// factors returns the replication factors to run, 1 if none is named.
+func (c *Command) factors() []int {
+	if len(c.Replicas) == 0 {
+		return []int{1}
+	}
+	return c.Replicas
+}
+
+// runScenario runs one scenario in each of its modes; a pass after the
+// first (another replication factor) runs the closed loop and the
+// throughput over the first shard count only.
+func (c *Command) runScenario(ctx context.Context, e *env, s string, first bool) ([]*Result, error) {
 	switch s {
 	case Direct, Forwarded:
 		closed, err := e.runPublish(ctx, s)
@@ -391,7 +423,7 @@ func (c *Command) runScenario(ctx context.Context, e *env, s string) ([]*Result,
 			return nil, err
 		}
 		out := []*Result{closed}
-		if c.Rate > 0 {
+		if c.Rate > 0 && first {
 			open, err := e.runOpen(ctx, s)
 			if err != nil {
 				return nil, err
@@ -406,7 +438,7 @@ func (c *Command) runScenario(ctx context.Context, e *env, s string) ([]*Result,
 		r, err := e.runDelivery(ctx, Fanout, c.Subscribers)
 		return []*Result{r}, err
 	case Throughput:
-		return c.runThroughputScenario(ctx, e)
+		return c.runThroughputScenario(ctx, e, first)
 	}
 	return nil, fmt.Errorf("bench: unknown scenario %q", s)
 }
@@ -414,8 +446,11 @@ func (c *Command) runScenario(ctx context.Context, e *env, s string) ([]*Result,
 // runThroughputScenario runs the throughput scenario over each shard count
 // of --shards (the sweep), and the latency-under-load rows (--load) after
 // the first of them, over the same publishers.
-func (c *Command) runThroughputScenario(ctx context.Context, e *env) ([]*Result, error) {
+func (c *Command) runThroughputScenario(ctx context.Context, e *env, first bool) ([]*Result, error) {
 	counts := c.shardCounts(len(e.nodes))
+	if !first {
+		counts = counts[:1]
+	}
 	var out []*Result
 	for k, n := range counts {
 		name := Throughput
@@ -467,7 +502,7 @@ func (c *Command) settings() settings {
 		publishers: c.Publishers, window: c.Window,
 		duration: c.Duration, throughputWarmup: c.TPWarmup,
 		subscribers: max(1, c.Subscribers),
-		replicas:    max(1, c.Replicas),
+		replicas:    c.factors()[0],
 	}
 }
 

@@ -105,7 +105,7 @@ func (e *env) anyClient(ctx context.Context) (*client.Client, error) {
 // createStream creates a bench stream of shards shards and waits until
 // every live broker routes by a map that has it; it returns that map.
 func (e *env) createStream(ctx context.Context, scenario string, shards int) (string, *shardmap.Map, error) {
-	name := fmt.Sprintf("felix-bench-%s-%s", e.runID, scenario)
+	name := e.streamName(scenario)
 	c, err := e.anyClient(ctx)
 	if err != nil {
 		return "", nil, err
@@ -140,8 +140,17 @@ func (e *env) createStream(ctx context.Context, scenario string, shards int) (st
 }
 
 // deleteStream deletes the bench stream createStream(scenario) made.
+// streamName is the name of scenario's bench stream at the replication
+// factor of the pass under way.
+func (e *env) streamName(scenario string) string {
+	if e.cfg.replicas > 1 {
+		return fmt.Sprintf("felix-bench-%s-%s-r%d", e.runID, scenario, e.cfg.replicas)
+	}
+	return fmt.Sprintf("felix-bench-%s-%s", e.runID, scenario)
+}
+
 func (e *env) deleteStream(ctx context.Context, scenario string) error {
-	name := fmt.Sprintf("felix-bench-%s-%s", e.runID, scenario)
+	name := e.streamName(scenario)
 	c, err := e.anyClient(ctx)
 	if err != nil {
 		return err

@@ -111,6 +111,7 @@ type Result struct {
 	Publishers       int         `json:"publishers,omitempty"`           // throughput, load
 	Window           int         `json:"window,omitempty"`               // throughput: records in flight per publisher
 	Shards           int         `json:"shards,omitempty"`               // throughput, load
+	Replicas         int         `json:"replicas,omitempty"`             // the bench stream's replication factor when not 1
 	Subscribers      int         `json:"subscribers,omitempty"`          // e2e, fanout
 	BrokerCPUPct     *float64    `json:"broker_cpu_pct,omitempty"`       // throughput: all brokers, % of one core
 	BrokerRSSMiB     *float64    `json:"broker_rss_mib,omitempty"`       // throughput: largest broker RSS at the end
@@ -137,6 +138,13 @@ type Result struct {
 
 // Label names the result in tables and plots.
 func (r *Result) Label() string {
+	if r.Replicas > 1 {
+		return r.label() + fmt.Sprintf(" R=%d", r.Replicas)
+	}
+	return r.label()
+}
+
+func (r *Result) label() string {
 	switch {
 	case r.Scenario == Load:
 		return fmt.Sprintf("%s %g%% %d/s (%d shards)", r.Scenario, r.LoadPct, r.RatePerSec, r.Shards)
@@ -232,6 +240,8 @@ func (rep *Report) setFloors(f Floors) {
 }
 
 // find returns the result of scenario in mode, or nil.
+// find returns the first result of scenario in mode (that of the first
+// replication factor run).
 func (rep *Report) find(scenario, mode string) *Result {
 	for _, r := range rep.Scenarios {
 		if r.Scenario == scenario && r.Mode == mode {
@@ -239,6 +249,27 @@ func (rep *Report) find(scenario, mode string) *Result {
 		}
 	}
 	return nil
+}
+
+// findReplicated returns the result of scenario in mode at replication
+// factor 3, when a factor-1 result of it comes first (the pair the R=3
+// targets compare), else nil.
+func (rep *Report) findReplicated(scenario, mode string) (r1, r3 *Result) {
+	for _, r := range rep.Scenarios {
+		if r.Scenario != scenario || r.Mode != mode {
+			continue
+		}
+		switch {
+		case r.Replicas <= 1 && r1 == nil && r3 == nil:
+			r1 = r
+		case r.Replicas == 3 && r1 != nil && r3 == nil:
+			r3 = r
+		}
+	}
+	if r3 == nil {
+		return nil, nil
+	}
+	return r1, r3
 }
 
 // Target is one of Felix's performance targets (issue 6) checked against
@@ -298,6 +329,15 @@ func (rep *Report) checkTargets() {
 			le("load 50% p99", "open-loop p99 at 50% of the measured throughput <= 3 x direct closed p99", r.P99, 3*direct.P99, "us")
 			break
 		}
+	}
+	if r1, r3 := rep.findReplicated(Direct, ModeClosed); r3 != nil {
+		le("R=3 direct p50", "R=3 direct p50 <= R=1 direct p50 + 1.5 x RTT p50", r3.P50, r1.P50+1.5*f.RTT.P50, "us")
+	}
+	if r1, r3 := rep.findReplicated(Throughput, ModePipelined); r3 != nil && r1.ThroughputMsgsPerS > 0 {
+		share := ratio3(r3.ThroughputMsgsPerS, r1.ThroughputMsgsPerS)
+		rep.Targets = append(rep.Targets, Target{Name: "R=3 throughput",
+			Rule:  fmt.Sprintf("R=3 acked records/s >= 0.5 x R=1's (%.0f/s, %d publishers)", r1.ThroughputMsgsPerS, r1.Publishers),
+			Value: share, Limit: 0.5, Unit: "x R=1", Met: share >= 0.5})
 	}
 	rep.checkSweep()
 }

@@ -140,3 +140,34 @@ func defaults(c *Command) error {
 	*c = cli.Bench
 	return nil
 }
+
+// The R=3 targets compare the R=3 rows with the R=1 rows before them, in
+// the same run; the R=1 targets keep reading the R=1 rows.
+func TestReplicatedTargets(t *testing.T) {
+	rep := &Report{Floors: Floors{RTT: Percentiles{P50: 200}, Fsync: Percentiles{P50: 300}}, Scenarios: []*Result{
+		{Scenario: Direct, Mode: ModeClosed, P50: 500},
+		{Scenario: Throughput, Mode: ModePipelined, ThroughputMsgsPerS: 100000, Publishers: 64, Shards: 6},
+		{Scenario: Direct, Mode: ModeClosed, P50: 900, Replicas: 3},
+		{Scenario: Throughput, Mode: ModePipelined, ThroughputMsgsPerS: 40000, Publishers: 64, Shards: 6, Replicas: 3},
+	}}
+	rep.checkTargets()
+	got := map[string]Target{}
+	for _, tg := range rep.Targets {
+		got[tg.Name] = tg
+	}
+	if d := got["direct p50"]; d.Value != 500 {
+		t.Errorf("direct p50 target read %v, want the R=1 row's 500", d.Value)
+	}
+	if d := got["R=3 direct p50"]; d.Value != 900 || d.Limit != 800 || d.Met {
+		t.Errorf("R=3 direct p50 target: %+v, want 900 against 500 + 1.5 x 200 = 800, missed", d)
+	}
+	if tp := got["R=3 throughput"]; tp.Value != 0.4 || tp.Met {
+		t.Errorf("R=3 throughput target: %+v, want 0.4 of R=1, missed", tp)
+	}
+	if len(shardSweep(rep.Scenarios)) != 0 {
+		t.Errorf("one shard count per factor is no sweep")
+	}
+	if l := rep.Scenarios[2].Label(); l != "direct R=3" {
+		t.Errorf("label %q", l)
+	}
+}

@@ -32,8 +32,8 @@ type ShardStep struct {
 func shardSweep(results []*Result) []*ShardStep {
 	var steps []*ShardStep
 	for _, r := range results {
-		if r.Scenario != Throughput || r.Mode != ModePipelined {
-			continue
+		if r.Scenario != Throughput || r.Mode != ModePipelined || r.Replicas != results[0].Replicas {
+			continue // the sweep runs at the first replication factor only
 		}
 		steps = append(steps, &ShardStep{
 			Shards: r.Shards, ThroughputMsgsPerS: r.ThroughputMsgsPerS, P50: r.P50, P99: r.P99,
