@@ -98,12 +98,11 @@ func TestReplicatedFailover(t *testing.T) {
 		}
 	}
 	// A machine lost: a follower's data directory is deleted while the
-	// shard keeps its majority. It comes back empty; it cannot rejoin its
-	// groups under its old raft ids (that needs a membership change, not
-	// built yet), so it keeps those replicas closed, but serves: its
-	// publishers' records go to the leaders, and no acked record is lost
-	// (checked below with the other replicas, which must not have been
-	// disturbed by it).
+	// shard keeps its majority. It comes back empty and serves (its
+	// publishers' records go to the leaders); its replicas rejoin their
+	// groups under new raft ids and catch up (broker/rejoin.go), and no
+	// acked record is lost (checked below on every replica, its own
+	// included).
 	leader := probes.leader(ctx, "")
 	var lost *cluster.Broker
 	for _, b := range c.Brokers() {
@@ -150,21 +149,32 @@ func TestReplicatedFailover(t *testing.T) {
 	if !lost.Running() {
 		t.Errorf("%s exited after its data directory was deleted: a lost replica must stop its group, not the broker", lost.ID)
 	}
-	states, err := fresh.ReplicaStatus(ctx, stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, st := range states {
-		if lostOne := st.Node == lost.ID; lostOne != (st.Err != "") {
-			t.Errorf("replica status %+v: want an error for %s's replicas (lost) and none for the others", st, lost.ID)
+	// Every replica is a voter again, the lost broker's new ones included,
+	// and has every record.
+	deadline := time.Now().Add(failoverBound)
+	for {
+		states, err := fresh.ReplicaStatus(ctx, stream)
+		if err != nil {
+			t.Fatal(err)
 		}
+		var behind []string
+		for _, st := range states {
+			if st.Err != "" || st.Member != "voter" || st.Next < ends[st.Shard] {
+				behind = append(behind, fmt.Sprintf("%+v", st))
+			}
+		}
+		if len(states) == 3*shards && len(behind) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d replica states; not caught-up voters within %v: %v", len(states), failoverBound, behind)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
-	// Every replica, the restarted ones included, holds the same records
-	// at the same offsets (read from each broker's own replica).
+	// Every replica, the restarted ones and the lost broker's new ones
+	// included, holds the same records at the same offsets (read from
+	// each broker's own replica).
 	for _, b := range c.Brokers() {
-		if b == lost {
-			continue
-		}
 		for s := range shards {
 			got := readReplicaAt(t, ctx, c, b, stream, s, ends[s])
 			if !slices.Equal(got, logs[s]) {
