@@ -43,29 +43,6 @@ func (l *sequencedLog) of(id uint64) []sequencedRec {
 	return slices.Clone(l.byID[id])
 }
 
-// commitRecord appends r through whichever replica leads, retrying
-// refusals, and returns its offset.
-func (c *cluster) commitRecord(r *wal.Record) uint64 {
-	c.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		g := c.leader()
-		if g == nil {
-			time.Sleep(tickEvery)
-			continue
-		}
-		ch := make(chan result, 1)
-		g.AppendAsync(r, func(o uint64, ts int64, err error) { ch <- result{o, ts, err} })
-		if res := <-ch; res.err == nil {
-			return res.offset
-		} else if !errors.Is(res.err, ErrNotLeader) && !errors.Is(res.err, ErrDropped) {
-			c.t.Fatalf("append: %v", res.err)
-		}
-	}
-	c.t.Fatal("append: not committed within 30s")
-	return 0
-}
-
 // OnSequenced tells every replica of every committed record with a
 // producer sequence (and of no other), in log order, with the offset and
 // timestamp the record has there; a replica opened again hears them all
