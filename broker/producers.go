@@ -77,7 +77,8 @@ package broker
 // each record with a producer sequence, in log order, with the offset and
 // timestamp every replica gives it): committed and the acks follow the
 // log as committed does for the owner above. When a replica opens, raft
-// applies its whole committed log again, which refills the table (bounded
+// applies its whole committed log again (before replica.Open returns),
+// which refills the table (bounded
 // by MaxProducers and ProducerWindow as always; producers whose last
 // record is older than ProducerExpiry are forgotten on their next use or
 // when room is needed). So whichever replica becomes leader has the

@@ -63,10 +63,11 @@ package broker
 // was not committed (a leader holds every committed entry) and never will
 // be: every later leader holds the new leader's log up to that first
 // entry, which lacks it, and a term-T entry cannot follow a term-T' one in
-// a log; so writing (p, s) again is its only write. A record of the old leader that
-// raft dropped or replaced gives its sequence back on the old leader
-// (never below what has been applied there), which decides nothing until
-// it leads again and has applied its new term's first entry.
+// a log; so writing (p, s) again is its only write. A record of the old
+// leader that raft dropped or replaced gives its sequence back on the old
+// leader (never below what has been applied there), which decides
+// nothing until it leads again and has applied its new term's first
+// entry.
 //
 // Not in this stage: retention and the per-shard log metrics of
 // replicated shards.

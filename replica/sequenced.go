@@ -12,18 +12,19 @@ package replica
 //     committed record that carries a producer sequence, in log order, as
 //     its entry applies, with the offset and timestamp every replica gives
 //     it, before the record's proposer hears its outcome. Raft applies the
-//     whole committed log again when a replica opens (see "Offsets" in
-//     doc.go), so the hook sees every committed record again then: what a
-//     replica builds from it needs no state of its own on disk.
+//     whole committed log again when a replica opens, before Open returns
+//     (see "Offsets" in doc.go), so the hook sees every committed record
+//     again then: what a replica builds from it needs no state of its own
+//     on disk.
 //   - LeaderTerm says when a leader has applied everything committed
 //     before its term: raft appends an empty entry when a leader is
 //     elected, and commits it (with every entry before it, the previous
 //     leaders' uncommitted ones this leader holds included) before any
 //     other of its term; once an entry of its own term has applied here,
 //     every entry any earlier leader committed, or that can still commit,
-//     has been applied. (An entry this leader lacks was never committed
-//     and never will be: a leader holds every committed entry, and raft
-//     replaces what it lacks on the followers.)
+//     has been applied. (An entry this leader lacks was never committed,
+//     as a leader holds every committed entry, and never will be: every
+//     later leader holds this one's log up to that first entry.)
 //   - AppendInTerm proposes a record in the term the caller decided in,
 //     or not at all: it is refused, never proposed in a later term whose
 //     leader has not applied everything committed before that term.
