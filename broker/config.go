@@ -202,8 +202,9 @@ type Config struct {
 
 	// Idempotent publish: what each shard's owner remembers of the
 	// producers publishing to it with a ProducerID and a ProducerSeq, to
-	// write each of their records once however often it is retried. See
-	// "Idempotent publish" in producers.go.
+	// write each of their records once however often it is retried (on a
+	// replicated shard, every replica remembers it). See "Idempotent
+	// publish" in producers.go.
 
 	// MaxProducers bounds the producers each open shard log remembers;
 	// past it the least recently used is forgotten (its next record is
@@ -227,7 +228,9 @@ type Config struct {
 	// record older than ProducerExpiry, this many bytes of records (keys,
 	// values, headers, producer ids), MaxProducers producers or the first
 	// record. Producers seen only before that are unknown after the
-	// restart. Default 64 MiB.
+	// restart. Default 64 MiB. (A replica of a replicated shard learns
+	// them from its whole committed log, which raft applies again when it
+	// opens.)
 	ProducerRebuildBytes int64
 }
 

@@ -41,7 +41,8 @@ package broker
 // (producer.enqueuing), so the log never holds s+1 before s.
 //
 // A failed append (the log failed or closed) gives its sequence back:
-// accepted drops below it, so the retry is appended.
+// accepted drops below it (never below committed), so the retry is
+// appended.
 //
 // The table is bounded: at most Config.MaxProducers producers per shard
 // (past it the least recently used is forgotten), and a producer unused
@@ -67,6 +68,36 @@ package broker
 // expired), and one whose recent records go back further than the scan
 // has fewer acks remembered (older retries get duplicate_sequence). A
 // damaged record met by the scan is skipped.
+//
+// # Replicated shards
+//
+// A replicated shard (replication factor 3, replicated.go) keeps the same
+// table, with the same code, on every replica: not rebuilt by a scan, but
+// filled as committed records apply (applied, called by the replica for
+// each record with a producer sequence, in log order, with the offset and
+// timestamp every replica gives it): committed and the acks follow the
+// log as committed does for the owner above. When a replica opens, raft
+// applies its whole committed log again (before replica.Open returns),
+// which refills the table (bounded
+// by MaxProducers and ProducerWindow as always; producers whose last
+// record is older than ProducerExpiry are forgotten on their next use or
+// when room is needed). So whichever replica becomes leader has the
+// table. The leader alone admits (accepted, enqueuing, waiters are its
+// own proposals), and only once it has applied everything committed
+// before its term; its records are proposed in that term or not at all.
+// A record raft drops, or another leader's entries replace, gives its
+// sequence back as a failed append does; a publish waiting for it is
+// routed again with it. Why this never writes a sequence twice across a
+// failover is written at the top of replicated.go.
+//
+// One order is not kept in every case: if raft drops s (a leadership
+// transfer that is then abandoned, or the uncommitted-bytes limit) and
+// s+1 of the same producer, admitted before the drop was known and handed
+// to the group just after it took s, is proposed and commits, the log
+// holds s+1 before the retry of s, or, if s is sent again only after s+1
+// committed, without s (the retry gets out_of_order_sequence). Nothing is
+// written twice. Records handed to the group together are never split
+// this way: after a drop it proposes none of the rest of them.
 
 import (
 	"errors"
@@ -75,6 +106,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 	"github.com/felix-broker/felix/wal"
 )
@@ -276,10 +308,23 @@ func (t *producerTable) enqueued(p *producer) {
 func (t *producerTable) committed(p *producer, seq uint64, offset uint64, ts int64, err error) {
 	a := seqAck{offset: offset, ts: ts}
 	t.mu.Lock()
+	waiting := t.settleLocked(p, seq, a, err)
+	t.mu.Unlock()
+	for _, w := range waiting {
+		w(a, err)
+	}
+}
+
+// settleLocked records the outcome of sequence seq of p and returns the
+// publishes waiting for it.
+func (t *producerTable) settleLocked(p *producer, seq uint64, a seqAck, err error) []func(seqAck, error) {
 	if err != nil {
-		// Not written: the sequence may be sent again.
+		// Not written: the sequence may be sent again. (Never below
+		// committed: on a replicated shard a record the proposer saw
+		// replaced may have committed after all, from another leader's
+		// log, and applied here.)
 		if p.accepted >= seq {
-			p.accepted = seq - 1
+			p.accepted = max(seq-1, p.committed)
 		}
 	} else if seq > p.committed {
 		p.push(seq, a, t.lim.window)
@@ -287,9 +332,32 @@ func (t *producerTable) committed(p *producer, seq uint64, offset uint64, ts int
 	}
 	waiting := p.waiters[seq]
 	delete(p.waiters, seq)
+	return waiting
+}
+
+// applied records that sequence seq of producer id committed at offset
+// with timestamp ts: on every replica of a replicated shard, as the
+// record's entry applies (replica.Config.OnSequenced), in log order. It
+// learns the producer if the table does not know it, and hands the ack
+// to the publishes waiting for it.
+func (t *producerTable) applied(id []byte, seq, offset uint64, ts int64) {
+	a := seqAck{offset: offset, ts: ts}
+	t.mu.Lock()
+	p := t.mu.byID[string(id)]
+	if p == nil {
+		t.makeRoomLocked(t.now().UnixNano())
+		p = &producer{id: string(id), floor: seq - 1, committed: seq - 1, accepted: seq - 1}
+		t.mu.byID[p.id] = p
+		t.pushFrontLocked(p)
+	} else {
+		t.unlinkLocked(p)
+		t.pushFrontLocked(p)
+	}
+	p.seen = max(p.seen, ts)
+	waiting := t.settleLocked(p, seq, a, nil)
 	t.mu.Unlock()
 	for _, w := range waiting {
-		w(a, err)
+		w(a, nil)
 	}
 }
 
@@ -495,7 +563,10 @@ func (s *shardSet) openProducers(e *shardEntry) {
 // returns the producer to append it for, or nil when in has been answered
 // (a duplicate, a refusal) or will be, with the outcome of the same
 // sequence in flight.
-func (p *pubSession) admitIdempotent(in inbound, e *shardEntry, shard int, via string) *producer {
+// A publish that waited for the same sequence in flight, whose record
+// then failed, is answered as that record was: with the error, or, on a
+// replicated shard, routed again (attempt is its routing attempt).
+func (p *pubSession) admitIdempotent(in inbound, e *shardEntry, shard int, via string, attempt int) *producer {
 	b, pub := p.b, in.pub
 	t := e.producers
 	for {
@@ -519,7 +590,12 @@ func (p *pubSession) admitIdempotent(in inbound, e *shardEntry, shard int, via s
 			p.fail(in, &transport.Error{Code: transport.CodeOutOfOrderSequence, Owner: b.cfg.NodeID, Message: msg})
 		case admitWait:
 			w := func(ack seqAck, err error) {
-				if err != nil {
+				switch {
+				case err == nil:
+				case e.group != nil:
+					p.replicatedFailed(in, e, shardmap.ShardID{Stream: pub.Stream, Shard: shard}, attempt, err)
+					return
+				default:
 					p.fail(in, appendError(b, t.shard, err))
 					return
 				}

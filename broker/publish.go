@@ -399,7 +399,7 @@ func (p *pubSession) appendLocal(in inbound, m *shardmap.Map, shard int) {
 	var prod *producer // set for an idempotent publish to append
 	pseq := pub.ProducerSeq
 	if pub.ProducerID != "" && pseq > 0 {
-		if prod = p.admitIdempotent(in, e, shard, via); prod == nil {
+		if prod = p.admitIdempotent(in, e, shard, via, 0); prod == nil {
 			return // answered, or shares the outcome of the same record in flight
 		}
 	}

@@ -44,11 +44,33 @@ package broker
 // refused there (or ended) with unavailable, so that the SDK reads from
 // another replica.
 //
-// Not in this stage: idempotent publish (the producer table is the
-// owner's memory, rebuilt from its log; a replicated shard would need it
-// rebuilt by each new leader), so an idempotent publish to a replicated
-// stream is refused with invalid; retention and the per-shard log
-// metrics of replicated shards.
+// Idempotent publish works as on a shard of replication factor 1 (see
+// producers.go, "Replicated shards"): every replica keeps the shard's
+// producer table, filled from the committed records as their entries
+// apply, and the leader judges each idempotent publish against it before
+// proposing. A leader judges only once it has applied everything
+// committed before its term (replica.Group.LeaderTerm; until then the
+// publish waits in the retrier, as for an election), and its record is
+// proposed in the term it was judged in or not at all
+// (replica.Group.AppendInTerm). Why a duplicate never gets a second
+// offset, across a failover: say the old leader proposed (p, s) at term
+// T, lost the leadership with the entry uncommitted, and the publisher,
+// told unknown outcome or unavailable, sent it again to the new leader of
+// term T' > T. Either the new leader holds the old entry in its log: raft
+// commits it together with the empty entry the new leader appends first
+// in T', so it has applied (p, s), and answers the retry with its ack
+// (Duplicate) before it judges anything; or it does not: then the entry
+// was not committed (a leader holds every committed entry) and never will
+// be: every later leader holds the new leader's log up to that first
+// entry, which lacks it, and a term-T entry cannot follow a term-T' one in
+// a log; so writing (p, s) again is its only write. A record of the old
+// leader that raft dropped or replaced gives its sequence back on the old
+// leader (never below what has been applied there), which decides
+// nothing until it leads again and has applied its new term's first
+// entry.
+//
+// Not in this stage: retention and the per-shard log metrics of
+// replicated shards.
 
 import (
 	"errors"
@@ -165,6 +187,7 @@ func (s *shardSet) openGroup(e *shardEntry, dir string, st *shardmap.Stream) err
 		HeartbeatTicks: max(1, s.electionTicks/3),
 		MaxEntryBytes:  s.entryBytes,
 		SegmentSize:    s.segmentSize,
+		OnSequenced:    e.producers.applied, // see producers.go
 	})
 	if err != nil {
 		return err
@@ -259,11 +282,6 @@ func (p *pubSession) dispatchReplicated(in inbound, m *shardmap.Map, st *shardma
 	if !in.replicated() {
 		in.deadline = time.Now().Add(b.cfg.ForwardTimeout).UnixNano()
 	}
-	if pub.ProducerID != "" && pub.ProducerSeq > 0 {
-		p.fail(in, &transport.Error{Code: transport.CodeInvalid,
-			Message: fmt.Sprintf("stream %q is replicated (3 replicas per shard): idempotent publish (a producer id and sequence) is not supported on replicated streams yet; publish without them", pub.Stream)})
-		return
-	}
 	id := shardmap.ShardID{Stream: pub.Stream, Shard: shard}
 	set := st.Placement.Replicas(shard)
 	if len(set) == 0 {
@@ -337,52 +355,86 @@ func (p *pubSession) awaitLeader(in inbound, attempt int, id shardmap.ShardID, f
 }
 
 // appendReplicated proposes in's record to e's group, whose leader this
-// broker is; the answer is written from the group's commit callback.
+// broker is; the answer is written from the group's commit callback. An
+// idempotent publish is judged first by the shard's producer table, once
+// this leader has applied everything committed before its term, and
+// proposed in the term it was judged in (see the top of this file).
 func (p *pubSession) appendReplicated(in inbound, e *shardEntry, id shardmap.ShardID, attempt int) {
 	b, pub := p.b, in.pub
 	via := pub.Via
 	if via == "" {
 		via = b.cfg.NodeID
 	}
+	var prod *producer // set for an idempotent publish to append
+	var term uint64
+	pseq := pub.ProducerSeq
+	if pub.ProducerID != "" && pseq > 0 {
+		if term = e.group.LeaderTerm(); term == 0 {
+			// A new leader still applying what its predecessors
+			// committed: its table may lack some of it.
+			p.awaitLeader(in, attempt, id, "the leader of %s had not applied the records committed before its term")
+			return
+		}
+		if prod = p.admitIdempotent(in, e, id.Shard, via, attempt); prod == nil {
+			return // answered, or shares the outcome of the same record in flight
+		}
+	}
 	b.tel.stampRouted(&in.ev)
 	seq, stream, shard := pub.Seq, pub.Stream, id.Shard
-	appendFn := e.group.AppendAsync
-	if in.last {
-		appendFn = e.group.AppendNow
+	r := &wal.Record{ProducerID: pub.ProducerID, ProducerSeq: pseq, Headers: pub.Headers, Key: pub.Key, Value: pub.Value}
+	done := func(offset uint64, ts int64, err error) {
+		if prod != nil {
+			e.producers.committed(prod, pseq, offset, ts, err)
+		}
+		if err != nil {
+			p.replicatedFailed(in, e, id, attempt, err)
+			return
+		}
+		p.reply(&in, &transport.Ack{Seq: seq, Stream: stream, Shard: int32(shard), Offset: offset,
+			Timestamp: ts, Owner: b.cfg.NodeID, Via: via, Forwarded: via != b.cfg.NodeID})
 	}
-	appendFn(&wal.Record{Headers: pub.Headers, Key: pub.Key, Value: pub.Value}, func(offset uint64, ts int64, err error) {
-		if err == nil {
-			p.reply(&in, &transport.Ack{Seq: seq, Stream: stream, Shard: int32(shard), Offset: offset,
-				Timestamp: ts, Owner: b.cfg.NodeID, Via: via, Forwarded: via != b.cfg.NodeID})
+	switch {
+	case prod != nil:
+		e.group.AppendInTerm(term, r, done)
+		e.producers.enqueued(prod) // a later sequence of prod may now be queued
+	case in.last:
+		e.group.AppendNow(r, done)
+	default:
+		e.group.AppendAsync(r, done)
+	}
+}
+
+// replicatedFailed answers in, whose record e's group did not commit
+// (err): one that never was and never will be is routed again; otherwise
+// the publisher is told.
+func (p *pubSession) replicatedFailed(in inbound, e *shardEntry, id shardmap.ShardID, attempt int, err error) {
+	b, seq := p.b, in.pub.Seq
+	var nl *replica.NotLeaderError
+	switch {
+	case errors.As(err, &nl) || errors.Is(err, replica.ErrDropped):
+		// Never committed, and never will be: route it again.
+		var leader string
+		if nl != nil {
+			leader = nodeOf(e.nodes, nl.Leader)
+		}
+		if p.peerID != "" && leader != "" && leader != b.cfg.NodeID {
+			p.reply(&in, &transport.Error{Seq: seq, Code: transport.CodeNotOwner, Owner: leader,
+				Message: fmt.Sprintf("%s lost the leadership of %s before committing; %s leads it", b.cfg.NodeID, id, leader)})
 			return
 		}
-		var nl *replica.NotLeaderError
-		switch {
-		case errors.As(err, &nl) || errors.Is(err, replica.ErrDropped):
-			// Never committed, and never will be: route it again.
-			var leader string
-			if nl != nil {
-				leader = nodeOf(e.nodes, nl.Leader)
-			}
-			if p.peerID != "" && leader != "" && leader != b.cfg.NodeID {
-				p.reply(&in, &transport.Error{Seq: seq, Code: transport.CodeNotOwner, Owner: leader,
-					Message: fmt.Sprintf("%s lost the leadership of %s before committing; %s leads it", b.cfg.NodeID, id, leader)})
-				return
-			}
-			p.awaitLeader(in, attempt, id, "%s changed leaders and none took the record")
-			return
-		}
-		code := transport.CodeInternal
-		switch {
-		case errors.Is(err, replica.ErrClosed):
-			code = transport.CodeShuttingDown
-		case errors.Is(err, replica.ErrTooLarge):
-			code = transport.CodePayloadTooLarge
-		case errors.Is(err, replica.ErrUnknownOutcome), errors.Is(err, replica.ErrFailed):
-			// May or may not be committed: the publisher is told so.
-			code = transport.CodeUnavailable
-		}
-		p.reply(&in, &transport.Error{Seq: seq, Code: code,
-			Message: fmt.Sprintf("%s could not write %s: %v", b.cfg.NodeID, id, err)})
-	})
+		p.awaitLeader(in, attempt, id, "%s changed leaders and none took the record")
+		return
+	}
+	code := transport.CodeInternal
+	switch {
+	case errors.Is(err, replica.ErrClosed):
+		code = transport.CodeShuttingDown
+	case errors.Is(err, replica.ErrTooLarge):
+		code = transport.CodePayloadTooLarge
+	case errors.Is(err, replica.ErrUnknownOutcome), errors.Is(err, replica.ErrFailed):
+		// May or may not be committed: the publisher is told so.
+		code = transport.CodeUnavailable
+	}
+	p.reply(&in, &transport.Error{Seq: seq, Code: code,
+		Message: fmt.Sprintf("%s could not write %s: %v", b.cfg.NodeID, id, err)})
 }

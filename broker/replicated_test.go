@@ -150,19 +150,6 @@ func TestReplicatedPublish(t *testing.T) {
 	check(rest)
 }
 
-// TestReplicatedRefusesIdempotent: idempotent publish is not supported on
-// replicated streams yet, and says so.
-func TestReplicatedRefusesIdempotent(t *testing.T) {
-	ip := startInprocWith(t, fastRaft, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
-	ws := openStream(t, ip.dial(ip.brokers[0]))
-	defer ws.s.Close()
-	ws.send(&transport.Publish{Seq: 1, Stream: "r3", Shard: 0, Value: []byte("x"), ProducerID: "p", ProducerSeq: 1})
-	f := ws.recv()
-	if err, ok := f.(*transport.Error); !ok || !errors.Is(err, transport.ErrInvalid) {
-		t.Fatalf("idempotent publish to R=3: %T %+v, want invalid", f, f)
-	}
-}
-
 // TestRaftStreamIdentity: a raft stream is for brokers only, and a broker
 // speaks for itself only: a client's raft frame and a peer's frame in
 // another broker's name are refused unauthorized.

@@ -447,6 +447,8 @@ func (s *shardSet) open(e *shardEntry, st *shardmap.Stream) {
 	cfg := st.StreamConfig
 	dir, err := s.shardDir(e.id)
 	if err == nil && e.pinned {
+		// Filled as the replica applies its committed log (producers.go).
+		e.producers = newProducerTable(e.id.String(), s.producerLimits)
 		err = s.openGroup(e, dir, st)
 	} else if err == nil {
 		e.log, err = wal.Open(dir, wal.Options{

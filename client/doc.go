@@ -64,7 +64,8 @@
 //
 // With [WithIdempotence], every Publisher numbers its records (a random
 // producer id per Publisher and shard, sequences from 1) and the shard's
-// owner writes each (producer id, sequence) once. A record whose outcome
+// owner (on a replicated stream, its raft leader) writes each (producer
+// id, sequence) once, across a change of leader too. A record whose outcome
 // becomes unknown (lost connection, unavailable owner, broker shutting
 // down) is not failed: the Publisher sends it again on a new stream,
 // before any later record, and a copy the owner had already committed is

@@ -6,7 +6,8 @@ package client
 // the records it sends to shard s of stream x carry a producer id of its
 // own (random, per Publisher and shard) and sequences 1, 2, 3, ... in the
 // order they go on the wire. The shard's owner writes each (producer id,
-// sequence) once (see broker's producers.go).
+// sequence) once (see broker's producers.go); on a replicated stream its
+// leader does, and a new leader knows what the old one committed.
 //
 // When a record's outcome is unknown — its stream or connection died, or
 // the broker answered unavailable, shutting_down, timeout or internal — or

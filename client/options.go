@@ -229,7 +229,8 @@ func WithHeaders(h map[string]string) PublishOpt {
 // WithProducer tags the record with a producer id and its sequence number
 // within that producer, stored with the record and given to subscribers.
 //
-// With seq > 0 the publish is idempotent at the shard's owner: sequences
+// With seq > 0 the publish is idempotent at the shard's owner (a
+// replicated stream's leader, across failovers too): sequences
 // are per producer id and shard, start at 1 and go up by one in send
 // order; a sequence already committed is answered with its original ack
 // (Ack.Duplicate) and not written again, and a gap is refused with

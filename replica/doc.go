@@ -78,6 +78,14 @@
 // ack: a replica cut off from the majority keeps its proposals pending,
 // and drops them when a new leader's entries replace them.
 //
+// # Producer sequences
+//
+// For idempotent publish above it, a group tells Config.OnSequenced of
+// every committed record that carries a producer sequence as it applies
+// (on open too), says when a leader has applied everything committed
+// before its term (LeaderTerm), and proposes a record in the term it was
+// decided in or not at all (AppendInTerm). See sequenced.go.
+//
 // # Limits of this stage
 //
 // The only membership change is the replacement of a lost replica by a

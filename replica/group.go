@@ -52,6 +52,11 @@ type Config struct {
 	// disk); default 4 MiB, negative keeps none.
 	TailBytes int
 
+	// OnSequenced, if set, learns of every committed record that carries
+	// a producer sequence, as its entry applies (see sequenced.go). It
+	// runs on the group's goroutine and must not block.
+	OnSequenced func(producerID []byte, producerSeq, offset uint64, ts int64)
+
 	// Knobs are for tests only.
 	Knobs Knobs
 }
@@ -131,6 +136,9 @@ type Group struct {
 		dones []func(offset uint64, ts int64, err error)
 		msgs  []*pb.Message
 		ticks int
+		// term is the term the records in buf were handed over in: they
+		// are proposed in it or not at all.
+		term uint64
 		// transfer is the replica TransferLeadership last asked to hand
 		// the leadership to, 0 for none.
 		transfer uint64
@@ -146,6 +154,8 @@ type Group struct {
 
 	leader atomic.Uint64 // leader known to this replica, 0 if none
 	term   atomic.Uint64
+	// appliedTerm is the term of the last entry applied (LeaderTerm).
+	appliedTerm atomic.Uint64
 
 	// conf is the configuration this replica applied: the state file's
 	// (at creation) until raft replays the changes in the log.
@@ -238,8 +248,14 @@ func (g *Group) IsLeader() bool { return g.leader.Load() == g.cfg.ID }
 // an error: a *NotLeaderError (never committed), ErrUnknownOutcome (the
 // group closed or failed first), ErrClosed, ErrFailed or ErrTooLarge.
 // Records waiting while the group's goroutine handles a Ready go into one
-// entry. Key, Value, ProducerID and Headers are copied.
+// entry, proposed in the term they were handed over in or not at all (a
+// *NotLeaderError). Key, Value, ProducerID and Headers are copied.
 func (g *Group) AppendAsync(r *wal.Record, done func(offset uint64, ts int64, err error)) {
+	g.appendIn(0, r, done)
+}
+
+// appendIn is AppendAsync, and AppendInTerm for a term other than 0.
+func (g *Group) appendIn(term uint64, r *wal.Record, done func(offset uint64, ts int64, err error)) {
 	if size := recordSize(r); size+batchFixed+10 > g.cfg.MaxEntryBytes {
 		done(0, 0, fmt.Errorf("replica: group %q: %w: %d bytes, the limit is %d", g.cfg.Name, ErrTooLarge, size, g.cfg.MaxEntryBytes))
 		return
@@ -250,11 +266,17 @@ func (g *Group) AppendAsync(r *wal.Record, done func(offset uint64, ts int64, er
 		done(0, 0, err)
 		return
 	}
-	if lead := g.leader.Load(); lead != g.cfg.ID {
+	// Records waiting together were all handed over in one term: the
+	// leader they were handed to cannot lead in a later term before the
+	// run goroutine takes them (that needs a round of votes), so a record
+	// of another term is not from this leadership.
+	lead, cur := g.leader.Load(), g.term.Load()
+	if lead != g.cfg.ID || term != 0 && term != cur || len(g.in.dones) > 0 && g.in.term != cur {
 		g.in.Unlock()
-		done(0, 0, &NotLeaderError{Group: g.cfg.Name, Leader: lead, Term: g.term.Load()})
+		done(0, 0, &NotLeaderError{Group: g.cfg.Name, Leader: lead, Term: cur})
 		return
 	}
+	g.in.term = cur
 	g.in.buf = appendBatchRecord(g.in.buf, r)
 	g.in.ends = append(g.in.ends, len(g.in.buf))
 	g.in.dones = append(g.in.dones, done)

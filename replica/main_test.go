@@ -174,8 +174,13 @@ type result struct {
 
 // appendTo appends a record to g and returns a channel for its result.
 func appendTo(g *Group, value []byte) <-chan result {
+	return appendRecordTo(g, &wal.Record{Value: value})
+}
+
+// appendRecordTo appends r to g and returns a channel for its result.
+func appendRecordTo(g *Group, r *wal.Record) <-chan result {
 	ch := make(chan result, 1)
-	g.AppendAsync(&wal.Record{Value: value}, func(o uint64, ts int64, err error) { ch <- result{o, ts, err} })
+	g.AppendAsync(r, func(o uint64, ts int64, err error) { ch <- result{o, ts, err} })
 	return ch
 }
 
@@ -183,6 +188,13 @@ func appendTo(g *Group, value []byte) <-chan result {
 // and returns its offset.
 func (c *cluster) commit(value []byte) uint64 {
 	c.t.Helper()
+	return c.commitRecord(&wal.Record{Value: value})
+}
+
+// commitRecord is commit for a whole record.
+func (c *cluster) commitRecord(rec *wal.Record) uint64 {
+	c.t.Helper()
+	value := rec.Value
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		g := c.leader()
@@ -191,7 +203,7 @@ func (c *cluster) commit(value []byte) uint64 {
 			continue
 		}
 		select {
-		case r := <-appendTo(g, value):
+		case r := <-appendRecordTo(g, rec):
 			if r.err == nil {
 				return r.offset
 			}

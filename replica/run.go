@@ -59,7 +59,7 @@ func (g *Group) run() {
 		case <-g.wake:
 		}
 		g.in.Lock()
-		buf, ends, dones, msgs, ticks := g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.ticks
+		buf, ends, dones, msgs, ticks, term := g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.ticks, g.in.term
 		g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.ticks = nil, nil, nil, nil, 0
 		transfer, admits := g.in.transfer, g.in.admits
 		g.in.transfer, g.in.admits = 0, nil
@@ -83,7 +83,7 @@ func (g *Group) run() {
 			req.reply <- admitReply{a, err}
 		}
 		if len(dones) > 0 {
-			g.propose(l, buf, ends, dones)
+			g.propose(l, term, buf, ends, dones)
 		}
 		l.taken = nil
 		if err := g.handleReadies(l); err != nil {
@@ -176,11 +176,14 @@ func (g *Group) transfer(to uint64) {
 	}
 }
 
-// propose turns the waiting records into entries of at most MaxEntryBytes
-// of records each, and proposes them.
-func (g *Group) propose(l *loop, buf []byte, ends []int, dones []func(uint64, int64, error)) {
+// propose turns the waiting records, handed over in term, into entries of
+// at most MaxEntryBytes of records each, and proposes them: in term, or
+// not at all. Once raft drops one entry, the entries after it are not
+// proposed either (they fail alike), so that a drop never lets a later
+// record in ahead of an earlier one.
+func (g *Group) propose(l *loop, term uint64, buf []byte, ends []int, dones []func(uint64, int64, error)) {
 	st := g.rn.BasicStatus()
-	if st.RaftState != raft.StateLeader {
+	if st.RaftState != raft.StateLeader || st.GetTerm() != term {
 		err := &NotLeaderError{Group: g.cfg.Name, Leader: st.Lead, Term: st.GetTerm()}
 		for _, done := range dones {
 			done(0, 0, err)
@@ -189,12 +192,18 @@ func (g *Group) propose(l *loop, buf []byte, ends []int, dones []func(uint64, in
 	}
 	ts := time.Now().UnixNano()
 	start, first := 0, 0
+	var dropped error
 	for i := range ends {
 		if i+1 < len(ends) && ends[i+1]-start <= g.cfg.MaxEntryBytes {
 			continue // the next record fits too
 		}
 		l.seq++
 		w := &waiter{seq: l.seq, dones: dones[first : i+1]}
+		if dropped != nil {
+			w.fail(dropped)
+			start, first = ends[i], i+1
+			continue
+		}
 		l.entry = appendBatchHeader(l.entry[:0], batchHeader{proposer: g.cfg.ID, seq: w.seq, ts: ts, count: i + 1 - first})
 		l.entry = append(l.entry, buf[start:ends[i]]...)
 		data := make([]byte, len(l.entry)) // raft keeps it
@@ -207,9 +216,8 @@ func (g *Group) propose(l *loop, buf []byte, ends []int, dones []func(uint64, in
 					err = fmt.Errorf("replica: group %q: %w (too much uncommitted, or a leadership transfer)", g.cfg.Name, ErrDropped)
 				}
 			}
-			for _, done := range w.dones {
-				done(0, 0, err)
-			}
+			dropped = err
+			w.fail(err)
 		} else {
 			l.unindexed[w.seq] = w
 		}
@@ -367,6 +375,9 @@ func (g *Group) apply(l *loop, ents []*pb.Entry) error {
 		if err != nil {
 			return err
 		}
+		if data != nil && g.cfg.OnSequenced != nil {
+			g.sequenced(idx, data, base)
+		}
 		g.tail.add(idx, data)
 		if w := l.byIndex[idx]; w != nil {
 			delete(l.byIndex, idx)
@@ -378,6 +389,7 @@ func (g *Group) apply(l *loop, ents []*pb.Entry) error {
 		}
 	}
 	g.offs.publish()
+	g.appliedTerm.Store(ents[len(ents)-1].GetTerm())
 	for _, c := range completed {
 		if c.err != nil {
 			c.w.fail(c.err)

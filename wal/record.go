@@ -177,6 +177,30 @@ func DecodeBody(data []byte, r *Record) (rest []byte, err error) {
 	return d.b, nil
 }
 
+// BodyProducer reads the producer sequence and id of the record body at
+// the front of data (see AppendBody) and returns the bytes after the
+// body, without decoding the rest: id aliases data. It never panics,
+// whatever data holds; an error says what is malformed.
+func BodyProducer(data []byte) (seq uint64, id []byte, rest []byte, err error) {
+	if len(data) < 8 {
+		return 0, nil, nil, fmt.Errorf("body of %d bytes is shorter than its producer sequence", len(data))
+	}
+	seq = binary.LittleEndian.Uint64(data)
+	d := decoder{b: data[8:]}
+	id = d.bytes()
+	nh := d.uvarint()
+	if nh > uint64(len(d.b)/2) { // each header takes at least two bytes
+		return 0, nil, nil, fmt.Errorf("header count %d exceeds record size", nh)
+	}
+	for i := uint64(0); i < 2*nh+2 && !d.bad; i++ { // headers' keys and values, key, value
+		d.bytes()
+	}
+	if d.bad {
+		return 0, nil, nil, errors.New("malformed field lengths")
+	}
+	return seq, id, d.b, nil
+}
+
 // decoder reads uvarint-prefixed fields; after the first error it sets bad
 // and returns zero values.
 type decoder struct {

@@ -95,3 +95,29 @@ func checkDecode(t *testing.T, data []byte, off uint64) {
 		t.Fatal(err)
 	}
 }
+
+// FuzzBodyProducer: BodyProducer reads what DecodeBody decodes of a body
+// (producer sequence and id, and where the body ends), and fails where it
+// fails.
+func FuzzBodyProducer(f *testing.F) {
+	for i := range 8 {
+		b, _, _ := AppendBody(nil, rec(i))
+		f.Add(append(b, 0xee))
+	}
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var r Record
+		rest, err := DecodeBody(data, &r)
+		seq, id, prest, perr := BodyProducer(data)
+		if (err == nil) != (perr == nil) {
+			t.Fatalf("DecodeBody: %v, BodyProducer: %v", err, perr)
+		}
+		if err != nil {
+			return
+		}
+		if seq != r.ProducerSeq || string(id) != r.ProducerID || len(prest) != len(rest) {
+			t.Fatalf("BodyProducer: seq %d id %q, %d bytes after; DecodeBody: seq %d id %q, %d bytes after",
+				seq, id, len(prest), r.ProducerSeq, r.ProducerID, len(rest))
+		}
+	})
+}

@@ -23,10 +23,11 @@ const replicatedFailover = 20 * time.Second
 
 // workloadRun is the clients of a test on a replicated stream: through
 // every broker a plain publisher (one record at a time, every outcome
-// recorded) and a subscriber from the earliest offset of every shard,
-// plus a prober that finds a shard's raft leader by publishing to it
-// (the ack's Owner is the leader that committed it). Its publishes are
-// all in one history.
+// recorded) and a subscriber from the earliest offset of every shard; an
+// idempotent publisher through the first broker (it retries records of
+// unknown outcome: each must end acked, exactly once); and a prober that
+// finds a shard's raft leader by publishing to it (the ack's Owner is the
+// leader that committed it). Its publishes are all in one history.
 type workloadRun struct {
 	c      *Cluster
 	stream string
@@ -34,12 +35,14 @@ type workloadRun struct {
 
 	rec     hist.Recorder
 	clients []*client.Client // one per broker, for its publisher and the probes through it
+	idem    *client.Client   // the idempotent publisher's
 	subs    []*workload.Subscriber
 	stop    chan struct{}
 	wg      sync.WaitGroup
 	stopped bool
 	closed  bool
 	probeID int // the prober's publisher id
+	idemID  int // the idempotent publisher's id
 	probes  int
 }
 
@@ -53,7 +56,7 @@ func (c *Cluster) startWorkload(ctx context.Context, t *testing.T, stream string
 		t.Fatal(err)
 	}
 	c.waitStream(ctx, t, stream)
-	r := &workloadRun{c: c, stream: stream, shards: shards, stop: make(chan struct{}), probeID: len(c.Brokers)}
+	r := &workloadRun{c: c, stream: stream, shards: shards, stop: make(chan struct{}), probeID: len(c.Brokers), idemID: len(c.Brokers) + 2}
 	t.Cleanup(r.close)
 	for i, b := range c.Brokers {
 		cl, err := c.Client(ctx, b, client.WithReconnect(20*time.Millisecond, 500*time.Millisecond), client.WithDialTimeout(time.Second))
@@ -68,6 +71,13 @@ func (c *Cluster) startWorkload(ctx context.Context, t *testing.T, stream string
 		r.subs = append(r.subs, sub)
 		r.wg.Go(func() { workload.Publish(ctx, r.stop, cl, stream, i, false, &r.rec) })
 	}
+	idem, err := c.Client(ctx, c.Brokers[0], client.WithIdempotence(), client.WithRetryTimeout(time.Minute),
+		client.WithReconnect(20*time.Millisecond, 500*time.Millisecond), client.WithDialTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.idem = idem
+	r.wg.Go(func() { workload.Publish(ctx, r.stop, idem, stream, r.idemID, true, &r.rec) })
 	return r
 }
 
@@ -91,6 +101,9 @@ func (r *workloadRun) close() {
 	r.closed = true
 	for _, cl := range r.clients {
 		cl.Close()
+	}
+	if r.idem != nil {
+		r.idem.Close()
 	}
 }
 
@@ -168,6 +181,18 @@ func (r *workloadRun) finish(ctx context.Context, t *testing.T, skip ...*Node) (
 		t.Fatal(err)
 	}
 	rep := hist.Check(r.rec.Publishes(), logs, time.Minute)
+	idem := 0
+	for _, p := range r.rec.Publishes() {
+		if p.Publisher == r.idemID {
+			idem++
+			if p.Outcome != hist.Acked {
+				t.Errorf("idempotent publisher: %s ended %v, want acked exactly once", p.Value, p.Outcome)
+			}
+		}
+	}
+	if idem == 0 {
+		t.Errorf("the idempotent publisher published nothing")
+	}
 	if !rep.OK() {
 		t.Errorf("history check failed: %s\nlost %v\nduplicated %v\nmisplaced %v\nphantom %v\ngaps %v\nreordered %v",
 			rep, rep.Lost, rep.Duplicated, rep.Misplaced, rep.Phantom, rep.Gaps, rep.Reordered)

@@ -33,7 +33,8 @@ const failoverBound = 15 * time.Second
 
 // TestReplicatedFailover runs a stream of replication factor 3 on three
 // real broker processes: publishers through every broker while the
-// leader of shard 0 is killed -9 and restarted, cycle after cycle, and a
+// leader of shard 0 is killed -9 and restarted, cycle after cycle (one
+// publisher idempotent: each of its records acked exactly once), and a
 // subscriber attached throughout. It checks that a new leader takes
 // publishes within failoverBound of each kill, the history (no acked
 // record lost or duplicated, offsets dense, each publisher's order kept,
@@ -47,6 +48,10 @@ func TestReplicatedFailover(t *testing.T) {
 		t.Skip("the replicated failover test takes about a minute")
 	}
 	const stream, shards, publishers = "r3", 2, 3
+	// One publisher is idempotent: it retries records of unknown outcome
+	// (a leader killed under them) across the failover, and must end with
+	// each acked exactly once.
+	const idempotentPublisher = 1
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(*replKills)*30*time.Second+2*time.Minute)
 	defer cancel()
 	c := clustertest.Start(t, 3)
@@ -68,8 +73,12 @@ func TestReplicatedFailover(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range publishers {
 		via := c.Brokers()[i%len(c.Brokers())].ID
-		cl := clustertest.Connect(t, c, via, client.WithReconnect(20*time.Millisecond, 500*time.Millisecond), client.WithDialTimeout(time.Second))
-		wg.Go(func() { workload.Publish(ctx, stop, cl, stream, i, false, &rec) })
+		opts := []client.Opt{client.WithReconnect(20*time.Millisecond, 500*time.Millisecond), client.WithDialTimeout(time.Second)}
+		if i == idempotentPublisher {
+			opts = append(opts, client.WithIdempotence(), client.WithRetryTimeout(time.Minute))
+		}
+		cl := clustertest.Connect(t, c, via, opts...)
+		wg.Go(func() { workload.Publish(ctx, stop, cl, stream, i, i == idempotentPublisher, &rec) })
 	}
 	sub := tail(t, ctx, c, stream, shards)
 
@@ -136,7 +145,19 @@ func TestReplicatedFailover(t *testing.T) {
 		t.Logf("%d leader kills; time from kill -9 to the first ack by a new leader: median %v, max %v", len(sorted),
 			sorted[len(sorted)/2].Round(time.Millisecond), sorted[len(sorted)-1].Round(time.Millisecond))
 	}
-	t.Logf("%d publishers through 3 brokers, R=3: %s", publishers, r)
+	t.Logf("%d publishers (one idempotent) through 3 brokers, R=3: %s", publishers, r)
+	idem := 0
+	for _, p := range rec.Publishes() {
+		if p.Publisher == idempotentPublisher {
+			idem++
+			if p.Outcome != history.Acked {
+				t.Errorf("idempotent publisher %d: %s ended %v, want acked exactly once", p.Publisher, p.Value, p.Outcome)
+			}
+		}
+	}
+	if idem == 0 {
+		t.Errorf("the idempotent publisher published nothing")
+	}
 	if !r.OK() {
 		t.Errorf("history check failed: lost %v; duplicated %v; misplaced %v; phantom %v; gaps %v; reordered %v",
 			r.Lost, r.Duplicated, r.Misplaced, r.Phantom, r.Gaps, r.Reordered)
