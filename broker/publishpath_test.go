@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/felix-broker/felix/shardmap"
 )
@@ -48,6 +49,15 @@ func TestAcksFlowWhileALaneConnects(t *testing.T) {
 		p := publish(seq, "orders", "remote")
 		p.Shard = int32(remote)
 		ws.send(p)
+	}
+	// The lane is dialing (held in the knob) before the local record is
+	// sent: its ack must not wait for the dial.
+	deadline := time.Now().Add(waitFor)
+	for dials.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no dial to the remote owner within %v", waitFor)
+		}
+		time.Sleep(time.Millisecond)
 	}
 	p := publish(4, "orders", "local")
 	p.Shard = int32(local)
