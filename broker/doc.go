@@ -140,9 +140,12 @@
 // (serveRaft, a stream goroutine like a publisher's), which hands each
 // message to its group's Step without waiting; per hosted group, the
 // group's own goroutine (package replica), which owns the RawNode and
-// the log, and calls each record's completion, which writes the ack. All
-// are stopped by Close: the senders and ticker by raftNet.close, the
-// readers with the connections, the groups when their shard set closes.
+// the log, and calls each record's completion, which writes the ack; per
+// replica that replaces a lost one, until it is a voter, its join
+// goroutine (rejoin.go: asks the leader to admit it). All are stopped by
+// Close: the senders, ticker and joins by raftNet.close (a join also
+// when its group is unregistered), the readers with the connections, the
+// groups when their shard set closes.
 //
 // Hand-offs, client → leader L (direct), with followers F1, F2: L's
 // session reader → L's group goroutine (proposes, writes and fsyncs its
