@@ -99,7 +99,7 @@ func TestTransferOnTheQuorumCheckTick(t *testing.T) {
 			c.net.Cut(id, b.ID())
 		}
 	}
-	quiesce(t, b)
+	waitTaken(t, b) // the answers that came before the cut are stepped
 	b.in.Lock()
 	b.in.ticks++
 	b.in.transfer = a.ID()
@@ -125,41 +125,11 @@ func (c *cluster) electByHand() *Group {
 	return c.leader()
 }
 
-// tickLeader ticks g once and waits until g has handled the tick and a
-// round after it (the answers to its heartbeats, as a rule).
+// tickLeader ticks g once and waits until g has handled the tick.
 func tickLeader(t *testing.T, g *Group) {
 	t.Helper()
-	r := g.rounds.Load()
 	g.Tick()
-	waitRounds(t, g, r)
-}
-
-// quiesce waits until g has stepped every message handed to it so far.
-func quiesce(t *testing.T, g *Group) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		g.in.Lock()
-		n := len(g.in.msgs)
-		g.in.Unlock()
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("replica %d: %d messages not taken within 20s", g.ID(), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
-	// A wake-up with nothing new makes a round that ends after any round
-	// in progress, whose messages are then stepped.
-	r := g.rounds.Load()
-	g.signal()
-	for g.rounds.Load() < r+1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("replica %d: no round of work within 20s", g.ID())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitTaken(t, g)
 }
 
 // commitOn commits value through g, the leader, and waits until every
