@@ -137,8 +137,13 @@ func tickLeader(t *testing.T, g *Group) {
 // entry: a transfer needs that).
 func commitOn(t *testing.T, c *cluster, g *Group, value string) {
 	t.Helper()
-	if r := <-appendTo(g, []byte(value)); r.err != nil {
-		t.Fatalf("append %q to %d: %v", value, g.ID(), r.err)
+	select {
+	case r := <-appendTo(g, []byte(value)):
+		if r.err != nil {
+			t.Fatalf("append %q to %d: %v", value, g.ID(), r.err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("append %q to %d: no outcome within 20s", value, g.ID())
 	}
 	c.waitConverged(g.NextOffset())
 }
