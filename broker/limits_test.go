@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -270,7 +271,46 @@ func floodUnread(t *testing.T, ip *inproc, b *Broker, n, size int) (*wireStream,
 	return ws, &wg
 }
 
-// settled waits until f stops changing and returns its last value.
+// heldLog is a log handler that notes the limits the broker logs as
+// reached by a client (limits.hit), so that a test can wait until a limit
+// holds a publisher back before it judges what the broker took in.
+type heldLog struct {
+	mu      sync.Mutex
+	reached map[string]bool
+}
+
+func newHeldLog() *heldLog { return &heldLog{reached: map[string]bool{}} }
+
+func (h *heldLog) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *heldLog) Handle(_ context.Context, r slog.Record) error {
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "limit" {
+			h.mu.Lock()
+			h.reached[a.Value.String()] = true
+			h.mu.Unlock()
+		}
+		return true
+	})
+	return nil
+}
+
+func (h *heldLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *heldLog) WithGroup(string) slog.Handler      { return h }
+
+// waitHeld waits until the broker has logged limit as reached.
+func (h *heldLog) waitHeld(t *testing.T, limit string) {
+	t.Helper()
+	waitUntil(t, "the "+limit+" limit to hold the publisher back", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.reached[limit]
+	})
+}
+
+// settled waits until f stops changing and returns its last value. Call
+// it once the limit under test holds the publisher back: before that, a
+// pause of the broker (an fsync, a loaded machine) looks settled too.
 func settled(f func() uint64) uint64 {
 	last := f()
 	for {
@@ -288,10 +328,12 @@ func settled(f func() uint64) uint64 {
 // answered.
 func TestAckBacklog(t *testing.T) {
 	const inFlight, n = 64, 5000
-	ip := startLimited(t, 1, func(c *Config) { c.PublishInFlight = inFlight })
+	held := newHeldLog()
+	ip := startLimited(t, 1, func(c *Config) { c.PublishInFlight, c.Logger = inFlight, slog.New(held) })
 	b := ip.brokers[0]
 	ws, wg := floodUnread(t, ip, b, n, 100)
 	log := ip.logOf(b, "orders", 0)
+	held.waitHeld(t, limitPublishInFlight)
 	taken := settled(log.NextOffset)
 	// What fits the publisher's 2 KiB window, plus the slots.
 	if taken > 2<<10/20+inFlight {
@@ -320,10 +362,14 @@ func TestAckBacklog(t *testing.T) {
 // answers of a principal's publishers stay within its budget.
 func TestPublishBytesPerPrincipal(t *testing.T) {
 	const budget, size, n = 64 << 10, 4 << 10, 500
-	ip := startLimited(t, 1, func(c *Config) { c.PublishBytesPerPrincipal, c.MaxPayload = budget, 8<<10 })
+	held := newHeldLog()
+	ip := startLimited(t, 1, func(c *Config) {
+		c.PublishBytesPerPrincipal, c.MaxPayload, c.Logger = budget, 8<<10, slog.New(held)
+	})
 	b := ip.brokers[0]
 	ws, wg := floodUnread(t, ip, b, n, size)
 	log := ip.logOf(b, "orders", 0)
+	held.waitHeld(t, limitPublishBytes)
 	taken := settled(log.NextOffset)
 	if taken >= n/2 {
 		t.Fatalf("the broker took in %d records", taken)

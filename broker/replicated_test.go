@@ -66,6 +66,26 @@ func leaderOf(t *testing.T, brokers []*Broker, id shardmap.ShardID) *Broker {
 	return nil
 }
 
+// waitOwnerLeads waits until the shard's owner (its preferred leader)
+// leads id among brokers and returns it. The first election may go to
+// another replica, which hands the leadership to the owner within
+// preferEvery ticks: a test that asserts who acks waits for that first.
+func waitOwnerLeads(t *testing.T, ip *inproc, brokers []*Broker, id shardmap.ShardID) *Broker {
+	t.Helper()
+	st, _ := ip.ctl.Map().Stream(id.Stream)
+	owner := st.Placement.Owner(id.Shard)
+	deadline := time.Now().Add(waitFor)
+	for {
+		if l := leaderOf(t, brokers, id); l.NodeID() == owner {
+			return l
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s does not lead %s within %v", owner, id, waitFor)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // readReplica reads every committed record of e's replica.
 func readReplica(t *testing.T, e *shardEntry) []wal.Record {
 	t.Helper()
@@ -194,7 +214,9 @@ func TestRaftStreamIdentity(t *testing.T) {
 // TestReplicatedThroughNonReplica: on four brokers, a broker outside a
 // shard's replica set forwards its publishes to the leader (learning it
 // from the replicas' NotOwner answers), before and after the leader is
-// closed.
+// closed. The leader closed is the owner, once it leads: a leader that
+// is not the owner hands the leadership over to it (preferOwners), and
+// the acks would name the owner.
 func TestReplicatedThroughNonReplica(t *testing.T) {
 	ip := startInprocWith(t, fastRaft, 4, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
 	id := shardmap.ShardID{Stream: "r3", Shard: 0}
@@ -211,7 +233,7 @@ func TestReplicatedThroughNonReplica(t *testing.T) {
 	if outside == nil || len(replicas) != 3 {
 		t.Fatalf("placement %v over 4 brokers", st.Placement)
 	}
-	leader := leaderOf(t, replicas, id)
+	leader := waitOwnerLeads(t, ip, replicas, id)
 	next := uint64(0)
 	publish := func(want *Broker) {
 		t.Helper()
@@ -244,22 +266,7 @@ func TestReplicatedThroughNonReplica(t *testing.T) {
 func TestLeadershipReturnsToOwner(t *testing.T) {
 	ip := startInprocWith(t, fastRaft, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
 	id := shardmap.ShardID{Stream: "r3", Shard: 0}
-	st, _ := ip.ctl.Map().Stream("r3")
-	ownerID := st.Placement.Owner(0)
-	waitLeader := func(want string) {
-		t.Helper()
-		deadline := time.Now().Add(waitFor)
-		for {
-			if l := leaderOf(t, ip.brokers, id); l.NodeID() == want {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s does not lead %s within %v", want, id, waitFor)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	waitLeader(ownerID) // placed leaders: the first election may go elsewhere
+	ownerID := waitOwnerLeads(t, ip, ip.brokers, id).NodeID() // placed leaders: the first election may go elsewhere
 
 	var i int
 	for i = range ip.brokers {
@@ -273,7 +280,7 @@ func TestLeadershipReturnsToOwner(t *testing.T) {
 	rest := slices.Delete(slices.Clone(ip.brokers), i, i+1)
 	leaderOf(t, rest, id) // a failover
 	ip.brokers[i] = ip.startBroker(i)
-	waitLeader(ownerID)
+	waitOwnerLeads(t, ip, ip.brokers, id)
 	if f := publishVia(t, ip, ip.brokers[(i+1)%3], "r3", 0, 1, "back"); f.Type() != transport.FrameAck || f.(*transport.Ack).Owner != ownerID {
 		t.Fatalf("publish after the leadership came back: %T %+v", f, f)
 	}
@@ -312,10 +319,15 @@ func TestReplicatedLargeRecord(t *testing.T) {
 // caught up from the leader, becomes a voter in the old one's place, and
 // counts: with the third broker closed, the shard still commits. Its
 // other shards open as before.
+//
+// The leader is the owner, once it leads: it keeps the leadership, so its
+// configuration and records are the leader's when compared with the new
+// replica's (a first leader that is not the owner hands over to it, and
+// as a follower it may not have applied the last change yet).
 func TestEmptiedReplicaDirRejoins(t *testing.T) {
 	ip := startInprocWith(t, fastRaft, 3, shardmap.StreamConfig{Name: "r3", Shards: 2, Replicas: 3})
 	lostID, keptID := shardmap.ShardID{Stream: "r3", Shard: 0}, shardmap.ShardID{Stream: "r3", Shard: 1}
-	leader := leaderOf(t, ip.brokers, lostID)
+	leader := waitOwnerLeads(t, ip, ip.brokers, lostID)
 	leaderOf(t, ip.brokers, keptID)
 	for n := range 3 {
 		for _, id := range []shardmap.ShardID{lostID, keptID} {

@@ -40,6 +40,21 @@ type cluster struct {
 }
 
 func newCluster(t testing.TB, n int, seed uint64, opts func(*Config)) *cluster {
+	c := openCluster(t, n, seed, opts)
+	go c.tick()
+	return c
+}
+
+// newClusterTickedByHand is newCluster without the ticker: a group's
+// clock moves only when the test calls its Tick (see tickLeader), so a
+// test can tell which tick a leader is at.
+func newClusterTickedByHand(t testing.TB, n int, seed uint64, opts func(*Config)) *cluster {
+	c := openCluster(t, n, seed, opts)
+	close(c.done)
+	return c
+}
+
+func openCluster(t testing.TB, n int, seed uint64, opts func(*Config)) *cluster {
 	c := &cluster{t: t, net: NewMemNetwork(seed), dirs: map[uint64]string{}, joiners: map[uint64]bool{},
 		stop: make(chan struct{}), done: make(chan struct{}), opts: opts}
 	c.mu.groups = map[uint64]*Group{}
@@ -52,7 +67,6 @@ func newCluster(t testing.TB, n int, seed uint64, opts func(*Config)) *cluster {
 	for _, id := range c.ids {
 		c.start(id)
 	}
-	go c.tick()
 	t.Cleanup(c.close)
 	return c
 }

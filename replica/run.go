@@ -31,6 +31,11 @@ type loop struct {
 	entry     []byte
 	stepping  *pb.Message                  // the peer message raft is stepping, for a panic's report
 	taken     []func(uint64, int64, error) // appends taken from g.in, not yet proposed
+	// ticks counts the ticks this run has handed to raft; heard is, per
+	// peer, the value of ticks when a message from it was last stepped:
+	// whether a peer answers, for a leader transfer (see transfer).
+	ticks uint64
+	heard map[uint64]uint64
 }
 
 // run owns the RawNode and the storage: it takes the work handed in, and
@@ -42,7 +47,7 @@ type loop struct {
 // goes on.
 func (g *Group) run() {
 	defer close(g.done)
-	l := &loop{seq: rand.Uint64() >> 1, unindexed: map[uint64]*waiter{}, byIndex: map[uint64]*waiter{}}
+	l := &loop{seq: rand.Uint64() >> 1, unindexed: map[uint64]*waiter{}, byIndex: map[uint64]*waiter{}, heard: map[uint64]uint64{}}
 	defer g.drain(l)
 	defer g.contain(l)
 	// Replay the committed log first (offsets, configuration changes),
@@ -69,6 +74,7 @@ func (g *Group) run() {
 		for range ticks {
 			g.rn.Tick()
 		}
+		l.ticks += uint64(ticks)
 		for _, m := range msgs {
 			if err := g.step(l, m); err != nil {
 				g.fail(err)
@@ -76,7 +82,7 @@ func (g *Group) run() {
 			}
 		}
 		if transfer != 0 && g.IsLeader() && transfer != g.cfg.ID {
-			g.transfer(transfer)
+			g.transfer(l, transfer)
 		}
 		for _, req := range admits {
 			a, err := g.admit(req)
@@ -111,6 +117,7 @@ func (g *Group) handleReadies(l *loop) error {
 // a leader's commit index and a follower's acknowledgement only cover
 // entries already on disk here).
 func (g *Group) step(l *loop, m *pb.Message) error {
+	l.heard[m.GetFrom()] = l.ticks
 	if !g.cfg.Knobs.UncheckedStep {
 		why := g.st.checkAgainstLog(m)
 		if why != "" && g.rn.HasReady() {
@@ -168,9 +175,19 @@ func (g *Group) contain(l *loop) {
 // transfer starts a leader transfer to replica to if it is responsive and
 // caught up with the commit (else nothing: a transfer to a replica that
 // cannot take over would only drop proposals until it is abandoned).
-func (g *Group) transfer(to uint64) {
+//
+// Responsive means a message from it was stepped within the last election
+// timeout, counted here: not raft's Progress.RecentActive, which the
+// leader's quorum check clears for every peer once per election timeout,
+// until their next answers. A transfer asked for in the round of that
+// tick would see every peer inactive, and a caller that asks every n
+// election timeouts (the broker's preferOwners) would hit that tick every
+// time once in phase with it, and never hand over.
+func (g *Group) transfer(l *loop, to uint64) {
 	st := g.rn.Status()
-	if pr, ok := st.Progress[to]; ok && pr.RecentActive && pr.Match >= st.GetCommit() {
+	h, heard := l.heard[to]
+	answers := heard && l.ticks-h <= uint64(g.cfg.ElectionTicks)
+	if pr, ok := st.Progress[to]; ok && answers && pr.Match >= st.GetCommit() {
 		g.logger.Info("replica: handing the leadership over", "to", to)
 		g.rn.TransferLeader(to)
 	}

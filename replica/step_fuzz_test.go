@@ -56,14 +56,13 @@ func FuzzStep(f *testing.F) {
 		if g == nil {
 			g = c.group(1)
 		}
-		r := g.rounds.Load()
 		if err := g.Step(m); err != nil {
 			if !errors.Is(err, ErrBadMessage) {
 				t.Fatalf("Step: %v", err)
 			}
 			return
 		}
-		waitRounds(t, g, r)
+		waitTaken(t, g)
 		for _, g := range c.running() {
 			if err := failure(g); err != nil {
 				t.Fatalf("replica %d failed after %v: %v", g.ID(), m, err)

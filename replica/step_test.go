@@ -38,44 +38,42 @@ func failure(g *Group) error {
 	return g.in.err
 }
 
-// waitRounds waits until g's goroutine has finished two more rounds of
-// work than when it was called (so a message handed to Step before has
-// been stepped), or has stopped.
-func waitRounds(t testing.TB, g *Group, from uint64) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for g.rounds.Load() < from+2 {
-		select {
-		case <-g.done:
-			return
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("replica %d: no round of work within 20s", g.ID())
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
-// waitTaken waits until g's goroutine has taken every append handed to it
-// so far and finished the round that proposed them (appends made in a row
-// can be taken over more than one round).
+// waitTaken waits until g's goroutine has taken all the work handed to
+// it so far (appends, peers' messages, ticks) and finished the round that
+// took it, or has stopped. It looks at the work itself, not at a count of
+// rounds: appends made in a row can be taken over more than one round,
+// and a count read before the work was handed over can be passed by
+// rounds that did not take it (the ticker's, while the caller was
+// descheduled).
 func waitTaken(t testing.TB, g *Group) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
-	for {
-		g.in.Lock()
-		n := len(g.in.dones)
-		g.in.Unlock()
-		if n == 0 {
-			break
+	wait := func(what string, done func() bool) bool {
+		for !done() {
+			select {
+			case <-g.done:
+				return false
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("replica %d: %s within 20s", g.ID(), what)
+			}
+			time.Sleep(time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("replica %d: %d appends not taken within 20s", g.ID(), n)
-		}
-		time.Sleep(time.Millisecond)
+		return true
 	}
-	waitRounds(t, g, g.rounds.Load())
+	if !wait("work not taken", func() bool {
+		g.in.Lock()
+		defer g.in.Unlock()
+		return len(g.in.dones)+len(g.in.msgs)+g.in.ticks == 0
+	}) {
+		return
+	}
+	// A wake-up with nothing new makes a round that ends after any round
+	// in progress.
+	r := g.rounds.Load()
+	g.signal()
+	wait("no round of work", func() bool { return g.rounds.Load() > r })
 }
 
 func entries(first, term uint64, n int) []*pb.Entry {
@@ -210,11 +208,10 @@ func TestStepDropsMessagesThatContradictTheLog(t *testing.T) {
 		{f, &pb.Message{Type: pb.MsgHeartbeat.Enum(), To: new(peer), From: new(lead.ID()), Term: new(term), Commit: new(uint64(1 << 40))}},
 		{lead, &pb.Message{Type: pb.MsgAppResp.Enum(), To: new(lead.ID()), From: new(peer), Term: new(term), Index: new(uint64(1 << 40))}},
 	} {
-		r := s.g.rounds.Load()
 		if err := s.g.Step(s.m); err != nil {
 			t.Fatalf("Step %s: %v", s.m.GetType(), err)
 		}
-		waitRounds(t, s.g, r)
+		waitTaken(t, s.g)
 		if err := failure(s.g); err != nil {
 			t.Fatalf("replica %d failed on %s: %v", s.g.ID(), s.m.GetType(), err)
 		}

@@ -37,10 +37,12 @@ func TestTransferLeadership(t *testing.T) {
 }
 
 // TestTransferToADeadReplicaIsSkipped: a transfer to a replica that does
-// not answer is not started, so the leader keeps taking proposals.
+// not answer is not started, so the leader keeps taking proposals. The
+// replicas are ticked by hand: a transfer wrongly started would drop the
+// proposals until an election timeout of ticks that never comes.
 func TestTransferToADeadReplicaIsSkipped(t *testing.T) {
-	c := newCluster(t, 3, 1, nil)
-	leader := c.waitLeader()
+	c := newClusterTickedByHand(t, 3, 1, nil)
+	leader := c.electByHand()
 	var dead uint64
 	for _, id := range c.ids {
 		if id != leader.ID() {
@@ -49,8 +51,11 @@ func TestTransferToADeadReplicaIsSkipped(t *testing.T) {
 		}
 	}
 	c.kill(dead)
-	// CheckQuorum marks it inactive after an election timeout.
-	time.Sleep(3 * 10 * tickEvery)
+	// Two election timeouts of the leader's own ticks: it has heard
+	// nothing from the dead replica for a whole one, however it counts.
+	for range 2 * leader.cfg.ElectionTicks {
+		tickLeader(t, leader)
+	}
 	leader.TransferLeadership(dead)
 	for i := range 5 {
 		if r := <-appendTo(leader, []byte{byte(i)}); r.err != nil {
@@ -59,5 +64,98 @@ func TestTransferToADeadReplicaIsSkipped(t *testing.T) {
 	}
 	if !leader.IsLeader() {
 		t.Fatal("the leader gave up the leadership to a dead replica")
+	}
+}
+
+// TestTransferOnTheQuorumCheckTick: a transfer asked for in the round of
+// the tick on which the leader checks its quorum is started. That check
+// (every ElectionTicks ticks) marks every peer inactive in raft's
+// progress until it answers again; the broker asks for transfers every 50
+// ticks, so once in phase with the check it would never hand a leadership
+// back to the shard's owner (TestLeadershipReturnsToOwner failed so).
+func TestTransferOnTheQuorumCheckTick(t *testing.T) {
+	c := newClusterTickedByHand(t, 3, 1, nil)
+	a := c.electByHand()
+	var b *Group
+	for _, g := range c.running() {
+		if g != a {
+			b = g
+			break
+		}
+	}
+	commitOn(t, c, a, "before")
+	// Hand over with no tick: b leads at tick 0 of its term, and its
+	// clock moves only here from now on.
+	a.TransferLeadership(b.ID())
+	waitLeads(t, b, "the first transfer")
+	commitOn(t, c, b, "led by b")
+	for range b.cfg.ElectionTicks - 1 {
+		tickLeader(t, b)
+	}
+	// The next tick is the quorum check. Cut the answers to b first, so
+	// none arrives in the round of that tick to make a peer active again.
+	for _, id := range c.ids {
+		if id != b.ID() {
+			c.net.Cut(id, b.ID())
+		}
+	}
+	waitTaken(t, b) // the answers that came before the cut are stepped
+	b.in.Lock()
+	b.in.ticks++
+	b.in.transfer = a.ID()
+	b.in.Unlock()
+	b.signal()
+	waitLeads(t, a, "a transfer asked for on the tick of the quorum check")
+}
+
+// electByHand ticks every replica of c (a cluster ticked by hand) until
+// one leads, and returns it.
+func (c *cluster) electByHand() *Group {
+	c.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for c.leader() == nil {
+		if time.Now().After(deadline) {
+			c.t.Fatal("no leader elected within 20s")
+		}
+		for _, g := range c.running() {
+			g.Tick()
+		}
+		time.Sleep(tickEvery)
+	}
+	return c.leader()
+}
+
+// tickLeader ticks g once and waits until g has handled the tick.
+func tickLeader(t *testing.T, g *Group) {
+	t.Helper()
+	g.Tick()
+	waitTaken(t, g)
+}
+
+// commitOn commits value through g, the leader, and waits until every
+// replica holds it (so that g knows every replica has every committed
+// entry: a transfer needs that).
+func commitOn(t *testing.T, c *cluster, g *Group, value string) {
+	t.Helper()
+	select {
+	case r := <-appendTo(g, []byte(value)):
+		if r.err != nil {
+			t.Fatalf("append %q to %d: %v", value, g.ID(), r.err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("append %q to %d: no outcome within 20s", value, g.ID())
+	}
+	c.waitConverged(g.NextOffset())
+}
+
+// waitLeads waits until g leads.
+func waitLeads(t *testing.T, g *Group, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !g.IsLeader() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: replica %d does not lead within 10s", what, g.ID())
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
