@@ -287,22 +287,25 @@ func embeddedURLs(dir string, ec EtcdConfig) (etcdURLs, error) {
 		return rec, fmt.Errorf("ctl: read %s: %w", path, err)
 	}
 	urls := etcdURLs{Client: ec.ClientURL, Peer: ec.PeerURL}
+	var missing []*string
 	for _, u := range []struct {
 		dst *string
 		rec string
 	}{{&urls.Client, rec.Client}, {&urls.Peer, rec.Peer}} {
-		if *u.dst != "" {
-			continue
-		}
-		if u.rec != "" {
+		switch {
+		case *u.dst != "":
+		case u.rec != "":
 			*u.dst = u.rec
-			continue
+		default:
+			missing = append(missing, u.dst)
 		}
-		port, err := freeTCPPort()
-		if err != nil {
-			return urls, err
-		}
-		*u.dst = "http://127.0.0.1:" + strconv.Itoa(port)
+	}
+	ports, err := freeTCPPorts(len(missing))
+	if err != nil {
+		return urls, err
+	}
+	for i, dst := range missing {
+		*dst = "http://127.0.0.1:" + strconv.Itoa(ports[i])
 	}
 	if urls != rec {
 		b, _ := json.Marshal(urls)
@@ -313,13 +316,20 @@ func embeddedURLs(dir string, ec EtcdConfig) (etcdURLs, error) {
 	return urls, nil
 }
 
-func freeTCPPort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("ctl: find a free port for etcd: %w", err)
+// freeTCPPorts returns n distinct free loopback ports: all n are held
+// open together while they are picked, so that two picks cannot return
+// the same port (the kernel may hand a port just closed out again).
+func freeTCPPorts(n int) ([]int, error) {
+	var ports []int
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("ctl: find a free port for etcd: %w", err)
+		}
+		defer ln.Close()
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return ports, nil
 }
 
 func clusterName(ec EtcdConfig) string {

@@ -57,15 +57,12 @@ func planHA(t *testing.T, p *testPKI, n int) []Config {
 	t.Helper()
 	var peers []string
 	urls := make([]etcdURLs, n)
+	ports, err := freeTCPPorts(2 * n)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for i := range n {
-		cp, err := freeTCPPort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		pp, err := freeTCPPort()
-		if err != nil {
-			t.Fatal(err)
-		}
+		cp, pp := ports[2*i], ports[2*i+1]
 		urls[i] = etcdURLs{Client: fmt.Sprintf("https://127.0.0.1:%d", cp), Peer: fmt.Sprintf("https://127.0.0.1:%d", pp)}
 		peers = append(peers, fmt.Sprintf("ctl-%d=%s", i, urls[i].Peer))
 	}
