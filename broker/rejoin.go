@@ -38,10 +38,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/felix-broker/felix/internal/tidseg"
 	"github.com/felix-broker/felix/replica"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
+
+	"github.com/felix-broker/felix/internal/atomicfile"
 )
 
 // idSlots is the number of slots raft ids encode: more than any replica
@@ -115,25 +116,7 @@ func writeRaftID(dir string, id uint64) error {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return err
 	}
-	path := filepath.Join(dir, raftIDFile)
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o640)
-	if err != nil {
-		return err
-	}
-	_, err = f.WriteString(strconv.FormatUint(id, 10) + "\n")
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err == nil {
-		err = tidseg.SyncDir(dir)
-	}
+	err := atomicfile.WriteFile(filepath.Join(dir, raftIDFile), []byte(strconv.FormatUint(id, 10)+"\n"), 0o640)
 	if err != nil {
 		return fmt.Errorf("broker: store the replica id in %s: %w", dir, err)
 	}

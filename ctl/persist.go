@@ -13,6 +13,8 @@ import (
 
 	"github.com/felix-broker/felix/auth"
 	"github.com/felix-broker/felix/shardmap"
+
+	"github.com/felix-broker/felix/internal/atomicfile"
 )
 
 // This file reads the state file of ctl before etcd (issue 15), so that a
@@ -126,39 +128,9 @@ func loadState(dir string) (snapshot, error) {
 	return snap, nil
 }
 
-func writeFileAtomic(path string, b []byte) (err error) {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if _, err := tmp.Write(b); err != nil {
-		return fmt.Errorf("write %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", tmp.Name(), err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("rename %s: %w", tmp.Name(), err)
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("open dir %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync dir %s: %w", dir, err)
-	}
-	return nil
+// writeFileAtomic replaces path with b (see internal/atomicfile).
+func writeFileAtomic(path string, b []byte) error {
+	return atomicfile.WriteFile(path, b, 0o600)
 }
 
 // importedSuffix is appended to the state file once etcd holds its state.

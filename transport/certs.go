@@ -16,6 +16,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/felix-broker/felix/internal/atomicfile"
 )
 
 // Role is what a certificate is for, written in its subject's
@@ -312,29 +314,10 @@ func newSerial() (*big.Int, error) {
 	return serial, nil
 }
 
-// writeFileAtomic writes data to a temporary file beside name and renames
-// it over name, so a reader never sees a partial file.
+// writeFileAtomic replaces name with data (see internal/atomicfile), so
+// a reader never sees a partial file.
 func writeFileAtomic(name string, data []byte, perm os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(name), "."+filepath.Base(name)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("transport: writing %q: %w", name, err)
-	}
-	tmp := f.Name()
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Chmod(perm)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, name)
-	}
-	if err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.WriteFile(name, data, perm); err != nil {
 		return fmt.Errorf("transport: writing %q: %w", name, err)
 	}
 	return nil

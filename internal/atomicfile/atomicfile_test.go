@@ -1,0 +1,44 @@
+package atomicfile
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// WriteFile replaces the file whole with the permissions asked for, and
+// leaves no temporary file behind, whether it succeeds or fails.
+func TestWriteFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state")
+	for _, content := range []string{"first", "second, longer"} {
+		if err := WriteFile(path, []byte(content), 0o640); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil || string(b) != content {
+			t.Fatalf("read %q, %v; want %q", b, err, content)
+		}
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o640 {
+		t.Fatalf("mode %v, %v; want 0640", fi.Mode(), err)
+	}
+	// A rename over a directory fails: the temporary file goes too.
+	if err := os.Mkdir(filepath.Join(dir, "d"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteFile(filepath.Join(dir, "d"), []byte("x"), 0o600); err == nil {
+		t.Fatal("WriteFile over a directory succeeded")
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ents) != 2 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Fatalf("directory holds %v, want only state and d", names)
+	}
+}
