@@ -87,7 +87,7 @@ func New(cfg Config) (*Broker, error) {
 	if b.shards, err = newShardSet(cfg, b.log, b.tel); err != nil {
 		return nil, fmt.Errorf("broker %s: %w", cfg.NodeID, err)
 	}
-	b.raft = newRaftNet(cfg.NodeID, cfg.RaftTick, entryBytes(cfg), b.peers, b.currentMap, b.log)
+	b.raft = newRaftNet(cfg.NodeID, cfg.RaftTick, cfg.RaftElectionTicks, entryBytes(cfg), b.peers, b.currentMap, b.log)
 	b.shards.raft = b.raft
 	return b, nil
 }

@@ -134,7 +134,9 @@
 // certificate) in raft.go.
 //
 // Goroutines added: per broker, raftNet's ticker (ticks every hosted group
-// each Config.RaftTick) and one sender per peer it sends raft messages to
+// each Config.RaftTick, asks each peer's sender for a keep-alive frame when
+// its stream was idle that tick, and wakes the quiet groups of a peer that
+// fell silent or came back: raft.go) and one sender per peer it sends raft messages to
 // (raftpeer.go; it owns that raft stream's write side and is the only one
 // blocking on it); per raft stream a peer opened, its reader
 // (serveRaft, a stream goroutine like a publisher's), which hands each

@@ -20,15 +20,26 @@ package broker
 // group, before the group sees it: a broker can speak only for itself.
 //
 // One ticker (raftNet.runTicker) ticks every hosted group each
-// Config.RaftTick. Raft's heartbeats are still one message per group per
-// follower, every third of the election timeout (batched into the frames
-// to that follower); coalescing them into one per pair of brokers is left
-// for later.
+// Config.RaftTick. A busy group's heartbeats are one message per group per
+// follower every third of the election timeout, batched into the frames
+// to that follower. An idle group is quiet (replica's quiescence: no
+// ticks, no heartbeats, nothing sent), and the liveness of its members is
+// watched per pair of brokers instead: each raft stream carries an empty
+// frame on every tick it is otherwise idle (keepAlive), so a broker hears
+// each peer it shares groups with at least once a tick, whatever the
+// number of groups. A peer not heard for an election timeout is silent:
+// every hosted group it is a member of is woken (replica.Group.Wake) and
+// ticks again, so a follower whose leader is there campaigns after its
+// own election timeout; a silent peer heard again wakes them too, so that
+// a restarted replica gets its leader's heartbeats at once. A quiet
+// group's failover therefore takes up to two election timeouts (silence,
+// then election) instead of one.
 
 import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -70,6 +81,19 @@ type raftNet struct {
 	wg     sync.WaitGroup
 	bad    logonce.Set // peers that sent what they must not, logged once
 
+	// silentAfter is how long a peer may go unheard before it is silent
+	// (an election timeout); heard is when each peer's last raft frame
+	// came (unix nanoseconds), silent the peers the ticker last found
+	// silent (ticker only).
+	silentAfter time.Duration
+	heard       sync.Map // node id → *atomic.Int64
+	silent      map[string]bool
+	// since is when the ticker first found each peer among its groups'
+	// members (unix nanoseconds): a peer is given an election timeout to
+	// be heard from first. silences counts the peers found silent.
+	since    map[string]int64
+	silences atomic.Uint64
+
 	mu struct {
 		sync.RWMutex
 		closed bool
@@ -88,9 +112,10 @@ type raftMember struct {
 	stop  chan struct{}
 }
 
-func newRaftNet(node string, tick time.Duration, entryBytes int, peers *peerPool, mapOf func() *shardmap.Map, log *slog.Logger) *raftNet {
+func newRaftNet(node string, tick time.Duration, electionTicks, entryBytes int, peers *peerPool, mapOf func() *shardmap.Map, log *slog.Logger) *raftNet {
 	n := &raftNet{node: node, tick: tick, batch: entryBytes, maxFrame: 4*entryBytes + 64<<10,
-		peers: peers, mapOf: mapOf, log: log}
+		peers: peers, mapOf: mapOf, log: log,
+		silentAfter: time.Duration(electionTicks) * tick, silent: map[string]bool{}, since: map[string]int64{}}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.mu.groups = map[shardmap.ShardID]*raftMember{}
 	n.mu.peers = map[string]*raftPeer{}
@@ -144,13 +169,15 @@ func (n *raftNet) member(id shardmap.ShardID) *raftMember {
 // with the default tick.
 const preferEvery = 50
 
-// runTicker ticks every hosted group each tick, and every preferEvery
-// ticks hands leaderships back to their owners.
+// runTicker ticks every hosted group each tick (a quiet group ignores
+// it), keeps the raft streams to the peers it shares groups with alive,
+// wakes the groups of peers that fell silent or came back, and every
+// preferEvery ticks hands leaderships back to their owners.
 func (n *raftNet) runTicker() {
 	defer n.wg.Done()
 	t := time.NewTicker(n.tick)
 	defer t.Stop()
-	var gs []*replica.Group
+	var gs []*raftMember
 	for ticks := 1; ; ticks++ {
 		select {
 		case <-n.ctx.Done():
@@ -163,14 +190,84 @@ func (n *raftNet) runTicker() {
 		gs = gs[:0]
 		n.mu.RLock()
 		for _, m := range n.mu.groups {
-			gs = append(gs, m.g)
+			gs = append(gs, m)
 		}
 		n.mu.RUnlock()
-		for _, g := range gs {
-			g.Tick()
+		for _, m := range gs {
+			m.g.Tick()
 		}
+		n.watchPeers(gs)
 		clear(gs)
 	}
+}
+
+// watchPeers, once a tick: keeps alive the raft stream to every peer
+// that is a member of a group of gs, and wakes the groups of each peer
+// that fell silent or was heard again since the last tick.
+func (n *raftNet) watchPeers(gs []*raftMember) {
+	now := time.Now().UnixNano()
+	changed := map[string]bool{}
+	for _, m := range gs {
+		for _, node := range m.nodes {
+			if node == n.node {
+				continue
+			}
+			if _, seen := changed[node]; seen {
+				continue
+			}
+			n.peer(node).keepAlive()
+			if _, known := n.since[node]; !known {
+				n.since[node] = now
+			}
+			silent := now-max(n.lastHeard(node), n.since[node]) > int64(n.silentAfter)
+			changed[node] = silent != n.silent[node]
+			n.silent[node] = silent
+		}
+	}
+	for node, ok := range changed {
+		if !ok {
+			delete(changed, node)
+		}
+	}
+	if len(changed) == 0 {
+		return
+	}
+	woken := 0
+	for _, m := range gs {
+		for _, node := range m.nodes {
+			if changed[node] {
+				m.g.Wake()
+				woken++
+				break
+			}
+		}
+	}
+	for node := range changed {
+		if n.silent[node] {
+			n.silences.Add(1)
+			n.log.Warn("raft peer silent for an election timeout: its groups here tick again, and elect another leader where it led", "peer", node, "silent_for", n.silentAfter, "groups_woken", woken)
+		} else {
+			n.log.Info("raft peer heard again: its groups here tick again", "peer", node, "groups_woken", woken)
+		}
+	}
+}
+
+// heardFrom notes that a raft frame came from peer now.
+func (n *raftNet) heardFrom(peer string) {
+	v, ok := n.heard.Load(peer)
+	if !ok {
+		v, _ = n.heard.LoadOrStore(peer, new(atomic.Int64))
+	}
+	v.(*atomic.Int64).Store(time.Now().UnixNano())
+}
+
+// lastHeard returns when peer's last raft frame came (unix nanoseconds),
+// 0 if none has.
+func (n *raftNet) lastHeard(peer string) int64 {
+	if v, ok := n.heard.Load(peer); ok {
+		return v.(*atomic.Int64).Load()
+	}
+	return 0
 }
 
 // preferOwners asks each hosted group this broker leads, and whose owner
@@ -222,20 +319,27 @@ func (t *groupTransport) Send(msgs []*pb.Message) {
 	}
 }
 
-// send queues m for node's sender, starting it if need be. It never blocks.
+// send queues m for node's sender. It never blocks.
 func (n *raftNet) send(node string, m transport.RaftMsg) {
+	if p := n.peer(node); p != nil {
+		p.enqueue(m)
+	}
+}
+
+// peer returns node's sender, starting it if need be; nil once closed.
+func (n *raftNet) peer(node string) *raftPeer {
 	n.mu.RLock()
 	p := n.mu.peers[node]
 	closed := n.mu.closed
 	n.mu.RUnlock()
 	if closed {
-		return
+		return nil
 	}
 	if p == nil {
 		n.mu.Lock()
+		defer n.mu.Unlock()
 		if n.mu.closed {
-			n.mu.Unlock()
-			return
+			return nil
 		}
 		if p = n.mu.peers[node]; p == nil {
 			p = &raftPeer{n: n, id: node, wake: make(chan struct{}, 1)}
@@ -243,9 +347,8 @@ func (n *raftNet) send(node string, m transport.RaftMsg) {
 			n.wg.Add(1)
 			go p.run()
 		}
-		n.mu.Unlock()
 	}
-	p.enqueue(m)
+	return p
 }
 
 // deliver hands a message a peer sent to its group, after checking that
@@ -306,6 +409,7 @@ func (b *Broker) serveRaft(s *quic.Stream, r *transport.Reader, first *transport
 			b.refuse(s, transport.Errorf(transport.CodeUnauthorized, "peer %q sent raft messages as %q: a broker speaks for itself only", from.peerID, f.From))
 			return
 		}
+		b.raft.heardFrom(from.peerID)
 		for i := range f.Msgs {
 			b.raft.deliver(from.peerID, &f.Msgs[i])
 		}

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -13,20 +14,41 @@ import (
 // raftPeer sends the raft messages of every group to one peer broker, on
 // one stream of the pooled peer connection. Its goroutine (run) owns the
 // stream: it takes what is queued, opens the stream if need be, and writes
-// the messages in frames of about raftNet.batch bytes. A failure drops
-// what it was sending (raft sends it again) and the stream, which the next
-// batch opens again.
+// the messages in frames of about raftNet.batch bytes, or an empty frame
+// when the ticker asks for a keep-alive. A failure drops what it was
+// sending (raft sends it again) and the stream, which the next batch
+// opens again.
 type raftPeer struct {
 	n    *raftNet
 	id   string
 	wake chan struct{} // capacity 1: messages are queued
+	// wrote is set by run after each frame written, and cleared by
+	// keepAlive.
+	wrote atomic.Bool
 
 	mu struct {
 		sync.Mutex
 		queue []transport.RaftMsg
 		bytes int
+		ping  bool // a keep-alive is asked for
 	}
 	dropped int // messages dropped since the last log line (run only)
+}
+
+// keepAlive, called once a tick, has an empty frame sent if nothing was
+// written to the peer since the last call: the peer hears this broker at
+// least once a tick, which its quiet groups' liveness rests on (raft.go).
+func (p *raftPeer) keepAlive() {
+	if p == nil || p.wrote.Swap(false) {
+		return
+	}
+	p.mu.Lock()
+	p.mu.ping = true
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
 }
 
 // enqueue queues m; past raftQueueBytes it drops it. It never blocks.
@@ -45,12 +67,12 @@ func (p *raftPeer) enqueue(m transport.RaftMsg) {
 	}
 }
 
-func (p *raftPeer) take() []transport.RaftMsg {
+func (p *raftPeer) take() (msgs []transport.RaftMsg, ping bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	q := p.mu.queue
-	p.mu.queue, p.mu.bytes = nil, 0
-	return q
+	q, ping := p.mu.queue, p.mu.ping
+	p.mu.queue, p.mu.bytes, p.mu.ping = nil, 0, false
+	return q, ping
 }
 
 func (p *raftPeer) run() {
@@ -72,8 +94,8 @@ func (p *raftPeer) run() {
 			return
 		case <-p.wake:
 		}
-		msgs := p.take()
-		if len(msgs) == 0 {
+		msgs, ping := p.take()
+		if len(msgs) == 0 && !ping {
 			continue
 		}
 		if s == nil {
@@ -100,6 +122,10 @@ func (p *raftPeer) run() {
 				s, retryAt = nil, time.Now().Add(raftRedial)
 				continue
 			}
+			p.wrote.Store(true)
+			if len(msgs) == 0 {
+				continue // that frame was the keep-alive
+			}
 		}
 		if err := p.write(s, w, msgs); err != nil {
 			p.n.log.Debug("raft stream to peer lost; opening it again", "peer", p.id, "err", err)
@@ -110,9 +136,10 @@ func (p *raftPeer) run() {
 	}
 }
 
-// write sends msgs in frames of about raftNet.batch bytes of messages.
+// write sends msgs in frames of about raftNet.batch bytes of messages;
+// no messages, one empty frame (a keep-alive).
 func (p *raftPeer) write(s *quic.Stream, w *transport.Writer, msgs []transport.RaftMsg) error {
-	for len(msgs) > 0 {
+	for first := true; first || len(msgs) > 0; first = false {
 		n, size := 0, 0
 		for n < len(msgs) && (n == 0 || size+len(msgs[n].Data) <= p.n.batch) {
 			size += len(msgs[n].Data)
@@ -124,6 +151,7 @@ func (p *raftPeer) write(s *quic.Stream, w *transport.Writer, msgs []transport.R
 		}
 		clear(msgs[:n])
 		msgs = msgs[n:]
+		p.wrote.Store(true)
 	}
 	return nil
 }

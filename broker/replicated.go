@@ -186,8 +186,11 @@ func (s *shardSet) openGroup(e *shardEntry, dir string, st *shardmap.Stream) err
 		// wait for them (a leader sends each new commit index at once).
 		HeartbeatTicks: max(1, s.electionTicks/3),
 		MaxEntryBytes:  s.entryBytes,
-		SegmentSize:    s.segmentSize,
-		OnSequenced:    e.producers.applied, // see producers.go
+		// Idle groups go quiet; raftNet watches their members' liveness
+		// per pair of brokers and wakes them (raft.go).
+		Quiesce:     true,
+		SegmentSize: s.segmentSize,
+		OnSequenced: e.producers.applied, // see producers.go
 	})
 	if err != nil {
 		return err

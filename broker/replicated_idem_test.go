@@ -157,11 +157,7 @@ func TestReplicatedIdempotentFailover(t *testing.T) {
 	waitReplicas(t, ip.brokers, id, 3)
 	ws.s.Close()
 
-	if err := old.Close(); err != nil {
-		t.Fatal(err)
-	}
-	rest := slices.DeleteFunc(slices.Clone(ip.brokers), func(b *Broker) bool { return b == old })
-	ip.brokers = rest
+	rest := ip.closeBroker(t, old)
 	leader := leaderOf(t, rest, id)
 	other := rest[0]
 	if other == leader {

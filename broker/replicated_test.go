@@ -20,6 +20,16 @@ import (
 // fastRaft makes elections take a few hundred milliseconds.
 func fastRaft(c *Config) { c.RaftTick = 20 * time.Millisecond }
 
+// closeBroker closes b, drops it from ip.brokers and returns the others.
+func (ip *inproc) closeBroker(t *testing.T, b *Broker) []*Broker {
+	t.Helper()
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ip.brokers = slices.DeleteFunc(slices.Clone(ip.brokers), func(x *Broker) bool { return x == b })
+	return ip.brokers
+}
+
 // publishVia publishes value to shard of stream through b and returns
 // the answer.
 func publishVia(t *testing.T, ip *inproc, b *Broker, stream string, shard int, seq uint64, value string) transport.Frame {
@@ -154,17 +164,7 @@ func TestReplicatedPublish(t *testing.T) {
 
 	// Close the leader: another replica is elected and takes publishes,
 	// through itself and the remaining broker.
-	old := leaderOf(t, ip.brokers, id)
-	if err := old.Close(); err != nil {
-		t.Fatal(err)
-	}
-	var rest []*Broker
-	for _, b := range ip.brokers {
-		if b != old {
-			rest = append(rest, b)
-		}
-	}
-	ip.brokers = rest
+	rest := ip.closeBroker(t, leaderOf(t, ip.brokers, id))
 	leaderOf(t, rest, id)
 	publish(rest)
 	check(rest)

@@ -86,6 +86,13 @@
 // before its term (LeaderTerm), and proposes a record in the term it was
 // decided in or not at all (AppendInTerm). See sequenced.go.
 //
+// # Quiescence
+//
+// With Config.Quiesce an idle group stops ticking and heartbeating on
+// every replica, and its owner watches its hosts' liveness instead and
+// calls Wake (quiesce.go): thousands of idle groups cost no timers and no
+// messages.
+//
 // # Limits of this stage
 //
 // The only membership change is the replacement of a lost replica by a

@@ -56,6 +56,12 @@ type Config struct {
 	// disk); default 4 MiB, negative keeps none.
 	TailBytes int
 
+	// Quiesce lets an idle group stop ticking and heartbeating
+	// (quiesce.go). Only for an owner that watches the liveness of the
+	// group's hosts and calls Wake when one falls silent or comes back:
+	// without that, a quiet group whose leader dies never elects another.
+	Quiesce bool
+
 	// OnSequenced, if set, learns of every committed record that carries
 	// a producer sequence, as its entry applies (see sequenced.go). It
 	// runs on the group's goroutine and must not block.
@@ -147,6 +153,7 @@ type Group struct {
 		// the leadership to, 0 for none.
 		transfer uint64
 		admits   []admitRequest
+		wake     bool // Wake was called
 		closed   bool
 		err      error // set when the group failed
 	}
@@ -157,6 +164,7 @@ type Group struct {
 	once     sync.Once
 
 	leader atomic.Uint64 // leader known to this replica, 0 if none
+	quiet  atomic.Bool   // the run goroutine's loop.quiet, for Quiesced
 	term   atomic.Uint64
 	// appliedTerm is the term of the last entry applied (LeaderTerm).
 	appliedTerm atomic.Uint64
@@ -330,6 +338,9 @@ func (g *Group) Step(m *pb.Message) error {
 // heartbeats count ticks). The owner calls it at its tick interval, so
 // that one timer can drive many groups. It never blocks.
 func (g *Group) Tick() {
+	if g.quiet.Load() {
+		return // a quiet group takes no ticks (quiesce.go)
+	}
 	g.in.Lock()
 	g.in.ticks++
 	g.in.Unlock()

@@ -37,6 +37,11 @@ type loop struct {
 	// whether a peer answers, for a leader transfer (see transfer).
 	ticks uint64
 	heard map[uint64]uint64
+	// quiet is whether the replica is quiesced (quiesce.go): it hands no
+	// ticks to raft. lastActive is the value of ticks when a record was
+	// last proposed (or the replica last woke).
+	quiet      bool
+	lastActive uint64
 }
 
 // run owns the RawNode and the storage: it takes the work handed in, and
@@ -67,16 +72,45 @@ func (g *Group) run() {
 		g.in.Lock()
 		buf, ends, dones, msgs, ticks, term := g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.ticks, g.in.term
 		g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.ticks = nil, nil, nil, nil, 0
-		transfer, admits := g.in.transfer, g.in.admits
-		g.in.transfer, g.in.admits = 0, nil
+		transfer, admits, wake := g.in.transfer, g.in.admits, g.in.wake
+		g.in.transfer, g.in.admits, g.in.wake = 0, nil, false
 		g.in.Unlock()
 
 		l.taken = dones // to be failed by drain if raft panics before they are proposed
-		for range ticks {
-			g.rn.Tick()
+		work := len(dones) > 0 || transfer != 0 || len(admits) > 0
+		if l.quiet {
+			woken, byLeader := wake || work, false
+			for _, m := range msgs {
+				if wakes(m) {
+					if !woken {
+						byLeader = m.GetFrom() == g.leader.Load()
+					}
+					woken = true
+				}
+			}
+			if woken {
+				g.unquiesce(l, byLeader)
+			}
 		}
-		l.ticks += uint64(ticks)
+		if !l.quiet {
+			for range ticks {
+				g.rn.Tick()
+			}
+			l.ticks += uint64(ticks)
+		}
+		if work {
+			l.lastActive = l.ticks
+		}
+		// quiesceBy is a quiesce heartbeat that no waking message followed.
+		var quiesceBy *pb.Message
 		for _, m := range msgs {
+			switch {
+			case isQuiesceHeartbeat(m):
+				m.Context = nil // raft answers an ordinary heartbeat
+				quiesceBy = m
+			case wakes(m):
+				quiesceBy = nil
+			}
 			if err := g.step(l, m); err != nil {
 				g.fail(err)
 				return
@@ -96,6 +130,14 @@ func (g *Group) run() {
 		if err := g.handleReadies(l); err != nil {
 			g.fail(err)
 			return
+		}
+		switch {
+		case l.quiet || work || wake:
+		case quiesceBy != nil && g.followerQuiesces(quiesceBy):
+			l.quiet = true
+			g.quiet.Store(true)
+		case ticks > 0:
+			g.maybeQuiesce(l)
 		}
 		g.rounds.Add(1)
 	}

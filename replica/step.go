@@ -70,6 +70,11 @@ func checkMessage(m *pb.Message, self uint64) error {
 	case m.GetLogTerm() > m.GetTerm():
 		// The term of a sender's log entry is never above its own term.
 		return fmt.Errorf("%w: %s from %d of term %d has log term %d", ErrBadMessage, t, from, m.GetTerm(), m.GetLogTerm())
+	case t == pb.MsgHeartbeat && len(m.GetContext()) > 0 && !isQuiesceHeartbeat(m),
+		t == pb.MsgHeartbeatResp && len(m.GetContext()) > 0:
+		// raft reads a heartbeat's context as a read index (8 bytes), and
+		// this version sends none but the quiesce mark (quiesce.go).
+		return fmt.Errorf("%w: %s from %d carries a context of %d bytes", ErrBadMessage, t, from, len(m.GetContext()))
 	case m.GetSnapshot() != nil:
 		return fmt.Errorf("%w: %s from %d carries a snapshot, which this version does not support", ErrBadMessage, t, from)
 	}

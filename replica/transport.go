@@ -34,6 +34,14 @@ type MemNetwork struct {
 	// appended is, per receiver, the highest entry index delivered to it
 	// in an append message.
 	appended map[uint64]uint64
+	sent     uint64 // messages delivered
+}
+
+// Sent returns the number of messages the network has delivered.
+func (n *MemNetwork) Sent() uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.sent
 }
 
 // Appended returns the highest entry index delivered to replica id in an
@@ -130,6 +138,7 @@ func (t memTransport) Send(msgs []*pb.Message) {
 			n.appended[c.GetTo()] = max(n.appended[c.GetTo()], ents[len(ents)-1].GetIndex())
 		}
 		out = append(out, delivery{to, c})
+		n.sent++
 	}
 	t.n.mu.Unlock()
 	for _, d := range out {
