@@ -28,12 +28,12 @@ package broker
 // frame on every tick it is otherwise idle (keepAlive), so a broker hears
 // each peer it shares groups with at least once a tick, whatever the
 // number of groups. A peer not heard for an election timeout is silent:
-// every hosted group it is a member of is woken (replica.Group.Wake) and
-// ticks again, so a follower whose leader is there campaigns after its
-// own election timeout; a silent peer heard again wakes them too, so that
-// a restarted replica gets its leader's heartbeats at once. A quiet
-// group's failover therefore takes up to two election timeouts (silence,
-// then election) instead of one.
+// every hosted group it is a member of is woken and ticks again; a
+// follower whose leader is there campaigns as soon as its raft would have
+// had it never gone quiet (replica.Group.WakeSilent): the silence was an
+// election timeout without a word from the leader. A silent peer heard
+// again wakes them too (replica.Group.Wake), so that a restarted replica
+// gets its leader's heartbeats at once.
 
 import (
 	"context"
@@ -235,11 +235,16 @@ func (n *raftNet) watchPeers(gs []*raftMember) {
 	woken := 0
 	for _, m := range gs {
 		for _, node := range m.nodes {
-			if changed[node] {
-				m.g.Wake()
-				woken++
-				break
+			if !changed[node] {
+				continue
 			}
+			if n.silent[node] {
+				m.g.WakeSilent(memberAt(m.g, slotOf(raftID(m.nodes, node))))
+			} else {
+				m.g.Wake()
+			}
+			woken++
+			break
 		}
 	}
 	for node := range changed {

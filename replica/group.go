@@ -153,7 +153,8 @@ type Group struct {
 		// the leadership to, 0 for none.
 		transfer uint64
 		admits   []admitRequest
-		wake     bool // Wake was called
+		wake     bool   // Wake was called
+		silent   uint64 // the replica WakeSilent last named
 		closed   bool
 		err      error // set when the group failed
 	}

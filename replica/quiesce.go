@@ -65,11 +65,21 @@ func isQuiesceHeartbeat(m *pb.Message) bool {
 }
 
 // Wake makes a quiet replica tick again (see Quiescence). The owner calls
-// it when a member of the group fell silent, or is heard again after a
-// silence. It never blocks and is cheap on a group that is not quiet.
-func (g *Group) Wake() {
+// it when a member of the group is heard again after a silence. It never
+// blocks and is cheap on a group that is not quiet.
+func (g *Group) Wake() { g.WakeSilent(0) }
+
+// WakeSilent is Wake for when the host of replica id has been silent for
+// an election timeout. If this replica is a quiet follower of id, its
+// election timer is also moved on by the election timeout it skipped, so
+// that it campaigns (and grants votes) as soon as a replica that never
+// went quiet would: a quiet group fails over as fast as a busy one.
+func (g *Group) WakeSilent(id uint64) {
 	g.in.Lock()
 	g.in.wake = true
+	if id != 0 {
+		g.in.silent = id
+	}
 	g.in.Unlock()
 	g.signal()
 }
@@ -84,13 +94,21 @@ func wakes(m *pb.Message) bool {
 }
 
 // unquiesce makes the replica tick again. A follower not woken by its
-// leader wakes the leader too.
-func (g *Group) unquiesce(l *loop, byLeader bool) {
+// leader wakes the leader too, unless the leader's host is silent: then
+// it moves its election timer on instead (WakeSilent).
+func (g *Group) unquiesce(l *loop, byLeader bool, silent uint64) {
 	l.quiet = false
 	l.lastActive = l.ticks
 	g.quiet.Store(false)
 	st := g.rn.BasicStatus()
 	if byLeader || st.RaftState != raft.StateFollower || st.Lead == raft.None {
+		return
+	}
+	if st.Lead == silent {
+		for range g.cfg.ElectionTicks {
+			g.rn.Tick()
+		}
+		l.ticks += uint64(g.cfg.ElectionTicks)
 		return
 	}
 	g.cfg.Transport.Send([]*pb.Message{{

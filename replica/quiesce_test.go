@@ -58,8 +58,9 @@ func TestIdleGroupQuiesces(t *testing.T) {
 }
 
 // Without its hosts' liveness, a quiet group never notices that its
-// leader is gone; Wake (what the owner calls once the leader's host falls
-// silent) makes the others elect a new one, which commits.
+// leader is gone; WakeSilent (what the owner calls once the leader's host
+// has been silent for an election timeout) makes the others elect a new
+// one, which commits.
 func TestQuietGroupElectsOnceWoken(t *testing.T) {
 	c := newCluster(t, 3, 2, quiescing)
 	old := c.waitLeader()
@@ -72,7 +73,7 @@ func TestQuietGroupElectsOnceWoken(t *testing.T) {
 		t.Fatalf("replica %d was elected although nothing woke the quiet group", g.ID())
 	}
 	for _, g := range c.running() {
-		g.Wake()
+		g.WakeSilent(old.ID())
 	}
 	nl := c.waitLeader()
 	if nl.ID() == old.ID() {
@@ -131,4 +132,43 @@ func TestWokenFollowerWakesTheLeader(t *testing.T) {
 	if l, tm := leader.Leader(); l != leader.ID() || tm != term {
 		t.Fatalf("leader %d at term %d after the false alarm, want %d at term %d", l, tm, leader.ID(), term)
 	}
+}
+
+// A quiet group whose leader's host fell silent fails over as fast as a
+// busy one: woken with WakeSilent, the followers campaign within the
+// randomized part of the election timeout (under ElectionTicks ticks),
+// not after a whole timeout more. Ticked by hand.
+func TestSilentLeaderFailsOverWithinATimeout(t *testing.T) {
+	c := newClusterTickedByHand(t, 3, 4, quiescing)
+	tickAll := func() {
+		for _, g := range c.running() {
+			g.Tick()
+			waitTaken(t, g)
+		}
+	}
+	for c.leader() == nil {
+		tickAll()
+	}
+	old := c.leader()
+	res := appendTo(old, []byte("a"))
+	for len(res) == 0 {
+		tickAll()
+	}
+	for range 100 {
+		tickAll()
+	}
+	for _, g := range c.running() {
+		if !g.Quiesced() {
+			t.Fatalf("replica %d not quiet after 100 idle ticks", g.ID())
+		}
+	}
+	c.kill(old.ID())
+	for _, g := range c.running() {
+		g.WakeSilent(old.ID())
+		waitTaken(t, g)
+	}
+	for range old.cfg.ElectionTicks - 1 {
+		tickAll()
+	}
+	c.waitLeader()
 }

@@ -72,8 +72,8 @@ func (g *Group) run() {
 		g.in.Lock()
 		buf, ends, dones, msgs, ticks, term := g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.ticks, g.in.term
 		g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.ticks = nil, nil, nil, nil, 0
-		transfer, admits, wake := g.in.transfer, g.in.admits, g.in.wake
-		g.in.transfer, g.in.admits, g.in.wake = 0, nil, false
+		transfer, admits, wake, silent := g.in.transfer, g.in.admits, g.in.wake, g.in.silent
+		g.in.transfer, g.in.admits, g.in.wake, g.in.silent = 0, nil, false, 0
 		g.in.Unlock()
 
 		l.taken = dones // to be failed by drain if raft panics before they are proposed
@@ -89,7 +89,7 @@ func (g *Group) run() {
 				}
 			}
 			if woken {
-				g.unquiesce(l, byLeader)
+				g.unquiesce(l, byLeader, silent)
 			}
 		}
 		if !l.quiet {
