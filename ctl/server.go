@@ -131,8 +131,10 @@ type Server struct {
 	cfg Config
 	log *slog.Logger
 
-	// current is the latest map, for readers that need no lock.
+	// current is the latest map, for readers that need no lock; changed
+	// is closed when it is replaced (WatchMap).
 	current atomic.Pointer[shardmap.Map]
+	changed atomic.Pointer[chan struct{}]
 
 	// mu serializes every change to the state: registrations, heartbeats,
 	// lease expiry, stream changes, from many goroutines. A change, the
@@ -218,6 +220,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: log, etcd: etcd, lost: make(chan struct{}, 1), ctx: ctx, cancel: cancel}
+	s.changed.Store(new(make(chan struct{})))
 	s.store = newStore(etcd.cli, clusterName(cfg.Etcd))
 	s.store.rtt = cfg.OnEtcdRoundTrip
 	s.regToken = strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -248,7 +251,7 @@ func (s *Server) load() (int64, error) {
 	st := restoreState(snap, s.cfg.Superusers, s.cfg.MaxShardsTotal)
 	s.mu.st = st
 	s.mu.sessions = map[string]*session{}
-	s.current.Store(st.Map())
+	s.setCurrent(st.Map())
 	s.log.Info("ctl state loaded", "etcd", s.store.prefix, "epoch", st.epoch, "members", len(snap.Members), "streams", len(snap.Streams), "grants", len(snap.Grants))
 	return rev, nil
 }
@@ -362,6 +365,22 @@ func (s *Server) Addr() string {
 
 // Map returns the current map. It is immutable; share it freely.
 func (s *Server) Map() *shardmap.Map { return s.current.Load() }
+
+// WatchMap returns the current map and a channel closed once a newer one
+// is current: a reader that waits on it and reads again at once sees
+// every map but those replaced within the moment it takes to wake.
+func (s *Server) WatchMap() (*shardmap.Map, <-chan struct{}) {
+	ch := s.changed.Load()
+	return s.current.Load(), *ch
+}
+
+func (s *Server) setCurrent(m *shardmap.Map) {
+	s.current.Store(m)
+	ch := make(chan struct{})
+	if old := s.changed.Swap(&ch); old != nil {
+		close(*old)
+	}
+}
 
 // Streams returns the registered streams, sorted by name.
 func (s *Server) Streams() []shardmap.StreamConfig {
@@ -548,7 +567,7 @@ func (s *Server) retryCommit() {
 func (s *Server) publishLocked(reason string) {
 	s.mu.unsaved = "" // the map pushed is committed, with any change made before it
 	m := s.mu.st.Map()
-	s.current.Store(m)
+	s.setCurrent(m)
 	for _, ss := range s.mu.sessions {
 		ss.push(m)
 	}

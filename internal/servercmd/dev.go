@@ -137,19 +137,18 @@ func (c *Dev) Run(log *slog.Logger) error {
 
 	// Report liveness and ownership changes until interrupted, and keep
 	// the connection file's admin addresses current (a restarted broker
-	// has a new one).
+	// has a new one). Each map is read as soon as it is current: a broker
+	// marked down and live again 100 ms later is reported both times.
 	last := m
-	t := time.NewTicker(200 * time.Millisecond)
-	defer t.Stop()
 	for {
-		select {
-		case <-ctx.Done():
-			fmt.Println("\nstopping the cluster ...")
-			return nil
-		case <-t.C:
-		}
-		m := cl.Ctl().Map()
+		m, changed := cl.Ctl().WatchMap()
 		if m.Epoch == last.Epoch {
+			select {
+			case <-ctx.Done():
+				fmt.Println("\nstopping the cluster ...")
+				return nil
+			case <-changed:
+			}
 			continue
 		}
 		changedAdmin := false
