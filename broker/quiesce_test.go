@@ -40,7 +40,11 @@ func waitQuiet(t *testing.T, brokers []*Broker, stream string, shards int) {
 // and take publishes, with every acked record kept.
 func TestQuietShardsFailOver(t *testing.T) {
 	const shards = 4
-	ip := startInprocWith(t, fastRaft, 3, shardmap.StreamConfig{Name: "idle", Shards: shards, Replicas: 3})
+	// Ticks of 20 ms, and a 1 s election timeout: a peer is found silent
+	// only if its keep-alives stall for a whole second.
+	const tick, electionTicks = 20 * time.Millisecond, 50
+	ip := startInprocWith(t, func(c *Config) { c.RaftTick, c.RaftElectionTicks = tick, electionTicks }, 3,
+		shardmap.StreamConfig{Name: "idle", Shards: shards, Replicas: 3})
 	acked := map[int]string{}
 	for sh := range shards {
 		id := shardmap.ShardID{Stream: "idle", Shard: sh}
@@ -53,9 +57,9 @@ func TestQuietShardsFailOver(t *testing.T) {
 	}
 	waitQuiet(t, ip.brokers, "idle", shards)
 
-	// Five election timeouts later, nothing woke them, and no broker
-	// found another silent.
-	time.Sleep(5 * 10 * 20 * time.Millisecond)
+	// Two election timeouts later, nothing woke them, and no broker found
+	// another silent.
+	time.Sleep(2 * electionTicks * tick)
 	for _, b := range ip.brokers {
 		if n := b.raft.silences.Load(); n != 0 {
 			t.Fatalf("%s found a peer silent %d times while every broker ran", b.NodeID(), n)

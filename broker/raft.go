@@ -83,13 +83,14 @@ type raftNet struct {
 
 	// silentAfter is how long a peer may go unheard before it is silent
 	// (an election timeout); heard is when each peer's last raft frame
-	// came (unix nanoseconds), silent the peers the ticker last found
-	// silent (ticker only).
+	// came (nanoseconds since start, on the monotonic clock), silent the
+	// peers the ticker last found silent (ticker only).
+	start       time.Time
 	silentAfter time.Duration
 	heard       sync.Map // node id → *atomic.Int64
 	silent      map[string]bool
 	// since is when the ticker first found each peer among its groups'
-	// members (unix nanoseconds): a peer is given an election timeout to
+	// members (as heard): a peer is given an election timeout to
 	// be heard from first. silences counts the peers found silent.
 	since    map[string]int64
 	silences atomic.Uint64
@@ -115,7 +116,7 @@ type raftMember struct {
 func newRaftNet(node string, tick time.Duration, electionTicks, entryBytes int, peers *peerPool, mapOf func() *shardmap.Map, log *slog.Logger) *raftNet {
 	n := &raftNet{node: node, tick: tick, batch: entryBytes, maxFrame: 4*entryBytes + 64<<10,
 		peers: peers, mapOf: mapOf, log: log,
-		silentAfter: time.Duration(electionTicks) * tick, silent: map[string]bool{}, since: map[string]int64{}}
+		start: time.Now(), silentAfter: time.Duration(electionTicks) * tick, silent: map[string]bool{}, since: map[string]int64{}}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.mu.groups = map[shardmap.ShardID]*raftMember{}
 	n.mu.peers = map[string]*raftPeer{}
@@ -205,7 +206,7 @@ func (n *raftNet) runTicker() {
 // that is a member of a group of gs, and wakes the groups of each peer
 // that fell silent or was heard again since the last tick.
 func (n *raftNet) watchPeers(gs []*raftMember) {
-	now := time.Now().UnixNano()
+	now := n.now()
 	changed := map[string]bool{}
 	for _, m := range gs {
 		for _, node := range m.nodes {
@@ -263,11 +264,14 @@ func (n *raftNet) heardFrom(peer string) {
 	if !ok {
 		v, _ = n.heard.LoadOrStore(peer, new(atomic.Int64))
 	}
-	v.(*atomic.Int64).Store(time.Now().UnixNano())
+	v.(*atomic.Int64).Store(n.now())
 }
 
-// lastHeard returns when peer's last raft frame came (unix nanoseconds),
-// 0 if none has.
+// now is the time since the raftNet started, in nanoseconds (monotonic).
+func (n *raftNet) now() int64 { return int64(time.Since(n.start)) }
+
+// lastHeard returns when peer's last raft frame came (as now), 0 if none
+// has.
 func (n *raftNet) lastHeard(peer string) int64 {
 	if v, ok := n.heard.Load(peer); ok {
 		return v.(*atomic.Int64).Load()
