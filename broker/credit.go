@@ -5,9 +5,13 @@ import "sync"
 // credit counts the records a subscriber has allowed the broker to send,
 // up to a bound (Config.MaxCredit).
 type credit struct {
-	mu      sync.Mutex
-	n       uint64
-	max     uint64
+	mu  sync.Mutex
+	n   uint64
+	max uint64
+	// held is what the writer took (take) and has not settled yet
+	// (giveBack): still the subscriber's credit, so a grant meanwhile is
+	// judged against n + held.
+	held    uint64
 	over    bool          // a grant took n past max: the subscription ends
 	wake    chan struct{} // capacity 1: signalled when credit arrives
 	done    chan struct{} // closed when the subscriber's side ends
@@ -23,7 +27,7 @@ func newCredit(initial uint32, max uint64) *credit {
 func (c *credit) add(n uint32) bool {
 	c.mu.Lock()
 	c.n += uint64(n)
-	over := c.n > c.max
+	over := c.n+c.held > c.max
 	if over {
 		c.over = true
 	}
@@ -59,6 +63,7 @@ func (c *credit) take(max int, abort <-chan struct{}) (int, bool) {
 		if c.n > 0 {
 			n := min(uint64(max), c.n)
 			c.n -= n
+			c.held = n
 			c.mu.Unlock()
 			return int(n), true
 		}
@@ -73,13 +78,13 @@ func (c *credit) take(max int, abort <-chan struct{}) (int, bool) {
 	}
 }
 
-// giveBack returns credit taken but not used.
+// giveBack settles what take took: n records of it were not used and are
+// credit again; the rest are being sent.
 func (c *credit) giveBack(n int) {
-	if n > 0 {
-		c.mu.Lock()
-		c.n += uint64(n)
-		c.mu.Unlock()
-	}
+	c.mu.Lock()
+	c.n += uint64(max(n, 0))
+	c.held = 0
+	c.mu.Unlock()
 }
 
 func (c *credit) stop() {

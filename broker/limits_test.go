@@ -479,3 +479,26 @@ func (ip *inproc) dialAsWith(b *Broker, name string, cfg transport.Config) *quic
 	t.Cleanup(func() { conn.CloseWithError(0, "") })
 	return conn
 }
+
+// Subscriptions that grant credit over the bound after subscribing are
+// each ended with limit_exceeded for their credit, one after the other on
+// one connection allowed a single subscription: the grant is judged with
+// the credit the writer holds at that moment (it used to be judged
+// without it, and the subscription went on: TestSubscriptionsAndCredit
+// failed so under -race), and the ended subscription's slot is free for
+// the next.
+func TestSubscriptionSlotFreeWhenItEnds(t *testing.T) {
+	ip := startLimited(t, 1, func(c *Config) { c.MaxSubsPerConn, c.MaxCredit = 1, 100 })
+	conn := ip.dialAs(ip.brokers[0], "mallory")
+	for i := range 300 {
+		// Ended by the broker for credit granted later over the bound.
+		sub := openStream(t, conn)
+		sub.send(&transport.Subscribe{Stream: "orders", Start: transport.StartLatest, Credit: 60})
+		sub.send(&transport.Credit{Records: 41})
+		e := wantError(t, sub.recv(), transport.ErrLimitExceeded)
+		if !strings.Contains(e.Message, "MaxCredit") {
+			t.Fatalf("subscription %d refused for %q, want its credit", i, e.Message)
+		}
+		sub.recvEnd()
+	}
+}

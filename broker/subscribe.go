@@ -2,6 +2,7 @@ package broker
 
 import (
 	"github.com/felix-broker/felix/auth"
+	"sync"
 
 	"context"
 	"errors"
@@ -32,6 +33,10 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 		b.refuse(s, err)
 		return
 	}
+	// free gives the connection's subscription slot back. It runs before
+	// the stream ends (refuse, and the close at the bottom): a client that
+	// saw its subscription end may open another at once.
+	free := func() {}
 	if from.use != nil {
 		if n := from.use.subs.Add(1); int(n) > b.cfg.MaxSubsPerConn {
 			from.use.subs.Add(-1)
@@ -39,41 +44,47 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 				"the connection has %d subscriptions, the broker's limit (MaxSubsPerConn); close some or open another connection", b.cfg.MaxSubsPerConn))
 			return
 		}
-		defer from.use.subs.Add(-1)
+		var once sync.Once
+		free = func() { once.Do(func() { from.use.subs.Add(-1) }) }
+		defer free()
+	}
+	refuse := func(err error) {
+		free()
+		b.refuse(s, err)
 	}
 	if int64(sub.Credit) > int64(b.cfg.MaxCredit) {
-		b.refuse(s, b.limits.exceeded(limitCredit, from.principal,
+		refuse(b.limits.exceeded(limitCredit, from.principal,
 			"subscription credit of %d records is over the broker's limit of %d (MaxCredit); subscribe with less credit", sub.Credit, b.cfg.MaxCredit))
 		return
 	}
 	st, ok := m.Stream(sub.Stream)
 	if !ok {
-		b.refuse(s, &transport.Error{Code: transport.CodeUnknownStream, Epoch: m.Epoch,
+		refuse(&transport.Error{Code: transport.CodeUnknownStream, Epoch: m.Epoch,
 			Message: fmt.Sprintf("stream %q does not exist", sub.Stream)})
 		return
 	}
 	if sub.Shard < 0 || int(sub.Shard) >= st.Shards {
-		b.refuse(s, &transport.Error{Code: transport.CodeInvalid,
+		refuse(&transport.Error{Code: transport.CodeInvalid,
 			Message: fmt.Sprintf("stream %q has %d shards; there is no shard %d", sub.Stream, st.Shards, sub.Shard)})
 		return
 	}
 	id := shardmap.ShardID{Stream: sub.Stream, Shard: int(sub.Shard)}
 	if !st.Placement.IsReplica(id.Shard, b.cfg.NodeID) {
 		owner := st.Placement.Owner(id.Shard)
-		b.refuse(s, &transport.Error{Code: transport.CodeNotOwner, Epoch: m.Epoch, Owner: owner,
+		refuse(&transport.Error{Code: transport.CodeNotOwner, Epoch: m.Epoch, Owner: owner,
 			Message: fmt.Sprintf("%s does not own %s; subscribe at %s", b.cfg.NodeID, id, owner)})
 		return
 	}
 	e, err := b.shards.acquire(m, id)
 	if err != nil {
-		b.refuse(s, &transport.Error{Code: transport.CodeUnavailable,
+		refuse(&transport.Error{Code: transport.CodeUnavailable,
 			Message: fmt.Sprintf("%s cannot open its log of %s: %v", b.cfg.NodeID, id, err)})
 		return
 	}
 	defer e.release() // the subscription keeps its log open
 	if e.group != nil {
 		if err := replicaDown(e.group); err != nil {
-			b.refuse(s, replicaFailed(b.cfg.NodeID, id, err))
+			refuse(replicaFailed(b.cfg.NodeID, id, err))
 			return
 		}
 	}
@@ -87,7 +98,7 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 		// A replica may lag behind the one that served the offset: it
 		// waits for it (committed elsewhere, it is coming).
 		if first, end := log.FirstOffset(), log.NextOffset(); next < first || next > end && e.group == nil {
-			b.refuse(s, &transport.Error{Code: transport.CodeOutOfRange,
+			refuse(&transport.Error{Code: transport.CodeOutOfRange,
 				Message: fmt.Sprintf("offset %d of %s is outside the retained range %d..%d", next, id, first, end)})
 			return
 		}
@@ -216,6 +227,7 @@ loop:
 		b.tel.recordsOut.Add(context.Background(), int64(len(recs)))
 		b.tel.bytesOut.Add(context.Background(), int64(size))
 	}
+	free()
 	if credit.exceeded() {
 		w.Write(b.limits.exceeded(limitCredit, from.principal,
 			"subscription credit went over the broker's limit of %d records (MaxCredit); grant less", b.cfg.MaxCredit))
