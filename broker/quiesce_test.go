@@ -1,13 +1,46 @@
 package broker
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
+
+// raftGroupGauge returns felix.raft.groups by state, and
+// felix.raft.peer.silences as "silences".
+func raftGroupGauge(t *testing.T, r *sdkmetric.ManualReader) map[string]int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Gauge[int64]:
+				if m.Name == "felix.raft.groups" {
+					for _, dp := range d.DataPoints {
+						state, _ := dp.Attributes.Value("state")
+						out[state.AsString()] = dp.Value
+					}
+				}
+			case metricdata.Sum[int64]:
+				if m.Name == "felix.raft.peer.silences" && len(d.DataPoints) == 1 {
+					out["silences"] = d.DataPoints[0].Value
+				}
+			}
+		}
+	}
+	return out
+}
 
 // waitQuiet waits until every replica of every shard of stream on brokers
 // is quiet.
@@ -43,8 +76,12 @@ func TestQuietShardsFailOver(t *testing.T) {
 	// Ticks of 20 ms, and a 1 s election timeout: a peer is found silent
 	// only if its keep-alives stall for a whole second.
 	const tick, electionTicks = 20 * time.Millisecond, 50
-	ip := startInprocWith(t, func(c *Config) { c.RaftTick, c.RaftElectionTicks = tick, electionTicks }, 3,
-		shardmap.StreamConfig{Name: "idle", Shards: shards, Replicas: 3})
+	readers := map[string]*sdkmetric.ManualReader{}
+	ip := startInprocWith(t, func(c *Config) {
+		c.RaftTick, c.RaftElectionTicks = tick, electionTicks
+		readers[c.NodeID] = sdkmetric.NewManualReader()
+		c.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(readers[c.NodeID]))
+	}, 3, shardmap.StreamConfig{Name: "idle", Shards: shards, Replicas: 3})
 	acked := map[int]string{}
 	for sh := range shards {
 		id := shardmap.ShardID{Stream: "idle", Shard: sh}
@@ -56,6 +93,11 @@ func TestQuietShardsFailOver(t *testing.T) {
 		acked[sh] = v
 	}
 	waitQuiet(t, ip.brokers, "idle", shards)
+	for _, b := range ip.brokers {
+		if g := raftGroupGauge(t, readers[b.NodeID()]); g["quiet"] != shards || g["active"] != 0 {
+			t.Fatalf("%s: felix.raft.groups %v, want %d quiet and none active", b.NodeID(), g, shards)
+		}
+	}
 
 	// Two election timeouts later, nothing woke them, and no broker found
 	// another silent.
@@ -79,6 +121,9 @@ func TestQuietShardsFailOver(t *testing.T) {
 	for _, b := range rest {
 		if b.raft.silences.Load() == 0 {
 			t.Fatalf("%s did not find the closed broker silent", b.NodeID())
+		}
+		if g := raftGroupGauge(t, readers[b.NodeID()]); g["silences"] == 0 {
+			t.Fatalf("%s: felix.raft.peer.silences is 0 after the closed broker fell silent", b.NodeID())
 		}
 	}
 	f := publishVia(t, ip, nl, "idle", 0, 2, "after")

@@ -258,6 +258,20 @@ func (n *raftNet) watchPeers(gs []*raftMember) {
 	}
 }
 
+// groupStates counts the hosted groups that are quiet and the others.
+func (n *raftNet) groupStates() (quiet, active int) {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	for _, m := range n.mu.groups {
+		if m.g.Quiesced() {
+			quiet++
+		} else {
+			active++
+		}
+	}
+	return quiet, active
+}
+
 // heardFrom notes that a raft frame came from peer now.
 func (n *raftNet) heardFrom(peer string) {
 	v, ok := n.heard.Load(peer)

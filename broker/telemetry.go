@@ -62,7 +62,9 @@ type telemetry struct {
 	clientConn, peerConn []metric.AddOption
 	pubStream, subStream []metric.AddOption
 	reqStream            []metric.AddOption
-	codes                [32][]metric.AddOption // by transport.ErrorCode
+	quietGroups          metric.MeasurementOption // state=quiet, for felix.raft.groups
+	activeGroups         metric.MeasurementOption // state=active
+	codes                [32][]metric.AddOption   // by transport.ErrorCode
 
 	reg metric.Registration // observable gauges' callback
 
@@ -169,6 +171,12 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 	shardOmitted, err := m.Int64ObservableGauge("felix.shard.metrics.omitted", metric.WithUnit("{shard}"),
 		metric.WithDescription("Owned shards left out of the per-shard gauges by the broker's --shard-metrics bound."))
 	must(err)
+	raftGroups, err := m.Int64ObservableGauge("felix.raft.groups", metric.WithUnit("{group}"),
+		metric.WithDescription("Raft groups (replicas of replicated shards) hosted here, by state: quiet (idle: no ticks, no heartbeats) or active."))
+	must(err)
+	raftSilences, err := m.Int64ObservableCounter("felix.raft.peer.silences", metric.WithUnit("{silence}"),
+		metric.WithDescription("Times a peer sharing raft groups with this broker went unheard for an election timeout; its groups here were woken, to elect where it led."))
+	must(err)
 	if len(errs) > 0 {
 		return nil, errs[0]
 	}
@@ -182,6 +190,8 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 	t.pubStream = addOpt(attribute.String("type", "publish"))
 	t.subStream = addOpt(attribute.String("type", "subscribe"))
 	t.reqStream = addOpt(attribute.String("type", "request"))
+	t.quietGroups = metric.WithAttributes(attribute.String("state", "quiet"))
+	t.activeGroups = metric.WithAttributes(attribute.String("state", "active"))
 	for i := range t.codes {
 		t.codes[i] = addOpt(attribute.String("code", transport.ErrorCode(i).String()))
 	}
@@ -216,8 +226,14 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 			}
 			o.ObserveInt64(shardOmitted, int64(omitted))
 		}
+		if b.raft != nil {
+			quiet, active := b.raft.groupStates()
+			o.ObserveInt64(raftGroups, int64(quiet), t.quietGroups)
+			o.ObserveInt64(raftGroups, int64(active), t.activeGroups)
+			o.ObserveInt64(raftSilences, int64(b.raft.silences.Load()))
+		}
 		return nil
-	}, shardsOwned, epoch, lag, shardBytes, shardNext, shardRecords, shardOmitted)
+	}, shardsOwned, epoch, lag, shardBytes, shardNext, shardRecords, shardOmitted, raftGroups, raftSilences)
 	if err != nil {
 		return nil, err
 	}
