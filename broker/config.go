@@ -375,4 +375,7 @@ type Knobs struct {
 	// (once per lane, never per record); an error fails the dial. A test
 	// blocks it to hold one lane connecting. Default nil.
 	DialPeer func(ctx context.Context, nodeID string) error
+	// NoQuiesce keeps idle raft groups ticking and heartbeating (no
+	// quiescence, raft.go), for a benchmark to compare. Default false.
+	NoQuiesce bool
 }

@@ -188,7 +188,7 @@ func (s *shardSet) openGroup(e *shardEntry, dir string, st *shardmap.Stream) err
 		MaxEntryBytes:  s.entryBytes,
 		// Idle groups go quiet; raftNet watches their members' liveness
 		// per pair of brokers and wakes them (raft.go).
-		Quiesce:     true,
+		Quiesce:     !s.noQuiesce,
 		SegmentSize: s.segmentSize,
 		OnSequenced: e.producers.applied, // see producers.go
 	})

@@ -61,7 +61,7 @@ func groupOf(b *Broker, id shardmap.ShardID) *shardEntry {
 
 // leaderOf waits until the replicas among brokers agree on a leader of id
 // and returns it.
-func leaderOf(t *testing.T, brokers []*Broker, id shardmap.ShardID) *Broker {
+func leaderOf(t testing.TB, brokers []*Broker, id shardmap.ShardID) *Broker {
 	t.Helper()
 	deadline := time.Now().Add(waitFor)
 	for time.Now().Before(deadline) {

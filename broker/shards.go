@@ -107,6 +107,7 @@ type shardSet struct {
 	logger      *slog.Logger
 	tel         *telemetry
 	walFS       wal.FS          // Config.Knobs.WALFS
+	noQuiesce   bool            // Config.Knobs.NoQuiesce
 	acceptLoss  map[string]bool // Config.AcceptLoss, by ShardID.String()
 
 	producerLimits producerLimits // of every shard's producer table
@@ -217,7 +218,7 @@ func newShardSet(cfg Config, log *slog.Logger, tel *telemetry) (*shardSet, error
 		root: root, node: cfg.NodeID, segmentSize: cfg.SegmentSize, tailBytes: cfg.TailBytes,
 		maxOpen: cfg.MaxOpenShards, maxShards: cfg.MaxShards,
 		logger: log, tel: tel,
-		walFS: cfg.Knobs.WALFS, acceptLoss: map[string]bool{},
+		walFS: cfg.Knobs.WALFS, noQuiesce: cfg.Knobs.NoQuiesce, acceptLoss: map[string]bool{},
 	}
 	for _, id := range cfg.AcceptLoss {
 		s.acceptLoss[id] = true
