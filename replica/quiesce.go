@@ -70,10 +70,12 @@ func isQuiesceHeartbeat(m *pb.Message) bool {
 func (g *Group) Wake() { g.WakeSilent(0) }
 
 // WakeSilent is Wake for when the host of replica id has been silent for
-// an election timeout. If this replica is a quiet follower of id, its
-// election timer is also moved on by the election timeout it skipped, so
-// that it campaigns (and grants votes) as soon as a replica that never
-// went quiet would: a quiet group fails over as fast as a busy one.
+// an election timeout. If this replica follows id and was quiet until less
+// than an election timeout ago (still quiet, or woken meanwhile by a
+// peer's vote request, say), its election timer is also moved on to a
+// whole election timeout since it woke, the time it skipped: it campaigns
+// (and grants votes) as soon as a replica that never went quiet would, so
+// a quiet group fails over as fast as a busy one.
 func (g *Group) WakeSilent(id uint64) {
 	g.in.Lock()
 	g.in.wake = true
@@ -94,27 +96,33 @@ func wakes(m *pb.Message) bool {
 }
 
 // unquiesce makes the replica tick again. A follower not woken by its
-// leader wakes the leader too, unless the leader's host is silent: then
-// it moves its election timer on instead (WakeSilent).
+// leader wakes the leader too, unless the leader's host is silent.
 func (g *Group) unquiesce(l *loop, byLeader bool, silent uint64) {
 	l.quiet = false
-	l.lastActive = l.ticks
+	l.lastActive, l.woke = l.ticks, l.ticks
 	g.quiet.Store(false)
 	st := g.rn.BasicStatus()
-	if byLeader || st.RaftState != raft.StateFollower || st.Lead == raft.None {
-		return
-	}
-	if st.Lead == silent {
-		for range g.cfg.ElectionTicks {
-			g.rn.Tick()
-		}
-		l.ticks += uint64(g.cfg.ElectionTicks)
+	if byLeader || st.RaftState != raft.StateFollower || st.Lead == raft.None || st.Lead == silent {
 		return
 	}
 	g.cfg.Transport.Send([]*pb.Message{{
 		Type: pb.MsgAppResp.Enum(), To: new(st.Lead), From: new(g.cfg.ID),
 		Term: new(st.GetTerm()), Index: new(g.st.last),
 	}})
+}
+
+// leaderSilent moves the election timer of a follower of replica id,
+// whose host is silent, on to an election timeout since it last woke (see
+// WakeSilent).
+func (g *Group) leaderSilent(l *loop, id uint64) {
+	st := g.rn.BasicStatus()
+	if l.quiet || st.RaftState != raft.StateFollower || st.Lead != id {
+		return
+	}
+	for l.ticks-l.woke < uint64(g.cfg.ElectionTicks) {
+		g.rn.Tick()
+		l.ticks++
+	}
 }
 
 // maybeQuiesce quiesces a leader whose group is idle (the rules above),

@@ -42,6 +42,7 @@ type loop struct {
 	// last proposed (or the replica last woke).
 	quiet      bool
 	lastActive uint64
+	woke       uint64 // the value of ticks when the replica last woke
 }
 
 // run owns the RawNode and the storage: it takes the work handed in, and
@@ -91,6 +92,9 @@ func (g *Group) run() {
 			if woken {
 				g.unquiesce(l, byLeader, silent)
 			}
+		}
+		if silent != 0 {
+			g.leaderSilent(l, silent)
 		}
 		if !l.quiet {
 			for range ticks {
