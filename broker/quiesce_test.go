@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"context"
 	"fmt"
 	"syscall"
 	"testing"
@@ -18,28 +17,22 @@ import (
 // felix.raft.peer.silences as "silences".
 func raftGroupGauge(t *testing.T, r *sdkmetric.ManualReader) map[string]int64 {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := r.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			switch d := m.Data.(type) {
-			case metricdata.Gauge[int64]:
-				if m.Name == "felix.raft.groups" {
-					for _, dp := range d.DataPoints {
-						state, _ := dp.Attributes.Value("state")
-						out[state.AsString()] = dp.Value
-					}
-				}
-			case metricdata.Sum[int64]:
-				if m.Name == "felix.raft.peer.silences" && len(d.DataPoints) == 1 {
-					out["silences"] = d.DataPoints[0].Value
+	eachMetric(t, r, func(m metricdata.Metrics) {
+		switch d := m.Data.(type) {
+		case metricdata.Gauge[int64]:
+			if m.Name == "felix.raft.groups" {
+				for _, dp := range d.DataPoints {
+					state, _ := dp.Attributes.Value("state")
+					out[state.AsString()] = dp.Value
 				}
 			}
+		case metricdata.Sum[int64]:
+			if m.Name == "felix.raft.peer.silences" && len(d.DataPoints) == 1 {
+				out["silences"] = d.DataPoints[0].Value
+			}
 		}
-	}
+	})
 	return out
 }
 

@@ -15,32 +15,40 @@ import (
 // (or "" for a series without those labels).
 func gaugeValues(t *testing.T, r *sdkmetric.ManualReader, name string) map[string]int64 {
 	t.Helper()
+	out := map[string]int64{}
+	eachMetric(t, r, func(m metricdata.Metrics) {
+		if m.Name != name {
+			return
+		}
+		g, ok := m.Data.(metricdata.Gauge[int64])
+		if !ok {
+			t.Fatalf("%s is a %T, want an int64 gauge", name, m.Data)
+		}
+		for _, dp := range g.DataPoints {
+			stream, _ := dp.Attributes.Value("stream")
+			shard, _ := dp.Attributes.Value("shard")
+			key := ""
+			if stream.AsString() != "" {
+				key = stream.AsString() + "/" + shard.AsString()
+			}
+			out[key] = dp.Value
+		}
+	})
+	return out
+}
+
+// eachMetric collects r and calls f with each metric.
+func eachMetric(t testing.TB, r *sdkmetric.ManualReader, f func(metricdata.Metrics)) {
+	t.Helper()
 	var rm metricdata.ResourceMetrics
 	if err := r.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]int64{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			if m.Name != name {
-				continue
-			}
-			g, ok := m.Data.(metricdata.Gauge[int64])
-			if !ok {
-				t.Fatalf("%s is a %T, want an int64 gauge", name, m.Data)
-			}
-			for _, dp := range g.DataPoints {
-				stream, _ := dp.Attributes.Value("stream")
-				shard, _ := dp.Attributes.Value("shard")
-				key := ""
-				if stream.AsString() != "" {
-					key = stream.AsString() + "/" + shard.AsString()
-				}
-				out[key] = dp.Value
-			}
+			f(m)
 		}
 	}
-	return out
 }
 
 // TestShardGauges: every owned shard with a log reports its size, next

@@ -84,13 +84,13 @@ func TestQuietGroupElectsOnceWoken(t *testing.T) {
 	}
 }
 
-// A follower woken for nothing (a false alarm about the leader's host)
-// wakes the leader at once rather than campaigning against it after an
-// election timeout. Ticked by hand: after the Wake no replica is ticked
-// at all, so only the follower's own message can wake the leader.
-func TestWokenFollowerWakesTheLeader(t *testing.T) {
-	c := newClusterTickedByHand(t, 3, 3, quiescing)
-	tickAll := func() {
+// quietByHand starts a group of three ticked by hand (tickAll ticks
+// every running replica once), elects a leader, commits one record and
+// ticks until every replica is quiet; it returns the leader.
+func quietByHand(t *testing.T, seed uint64) (c *cluster, leader *Group, tickAll func()) {
+	t.Helper()
+	c = newClusterTickedByHand(t, 3, seed, quiescing)
+	tickAll = func() {
 		for _, g := range c.running() {
 			g.Tick()
 			waitTaken(t, g)
@@ -99,8 +99,7 @@ func TestWokenFollowerWakesTheLeader(t *testing.T) {
 	for c.leader() == nil {
 		tickAll()
 	}
-	leader := c.leader()
-	_, term := leader.Leader()
+	leader = c.leader()
 	res := appendTo(leader, []byte("a"))
 	for len(res) == 0 {
 		tickAll()
@@ -108,11 +107,23 @@ func TestWokenFollowerWakesTheLeader(t *testing.T) {
 	for range 100 {
 		tickAll()
 	}
-	var follower *Group
 	for _, g := range c.running() {
 		if !g.Quiesced() {
 			t.Fatalf("replica %d (leader %v) not quiet after 100 idle ticks", g.ID(), g.IsLeader())
 		}
+	}
+	return c, leader, tickAll
+}
+
+// A follower woken for nothing (a false alarm about the leader's host)
+// wakes the leader at once rather than campaigning against it after an
+// election timeout. Ticked by hand: after the Wake no replica is ticked
+// at all, so only the follower's own message can wake the leader.
+func TestWokenFollowerWakesTheLeader(t *testing.T) {
+	c, leader, tickAll := quietByHand(t, 3)
+	_, term := leader.Leader()
+	var follower *Group
+	for _, g := range c.running() {
 		if g != leader {
 			follower = g
 		}
@@ -139,29 +150,7 @@ func TestWokenFollowerWakesTheLeader(t *testing.T) {
 // randomized part of the election timeout (under ElectionTicks ticks),
 // not after a whole timeout more. Ticked by hand.
 func TestSilentLeaderFailsOverWithinATimeout(t *testing.T) {
-	c := newClusterTickedByHand(t, 3, 4, quiescing)
-	tickAll := func() {
-		for _, g := range c.running() {
-			g.Tick()
-			waitTaken(t, g)
-		}
-	}
-	for c.leader() == nil {
-		tickAll()
-	}
-	old := c.leader()
-	res := appendTo(old, []byte("a"))
-	for len(res) == 0 {
-		tickAll()
-	}
-	for range 100 {
-		tickAll()
-	}
-	for _, g := range c.running() {
-		if !g.Quiesced() {
-			t.Fatalf("replica %d not quiet after 100 idle ticks", g.ID())
-		}
-	}
+	c, old, tickAll := quietByHand(t, 4)
 	c.kill(old.ID())
 	for _, g := range c.running() {
 		g.WakeSilent(old.ID())
