@@ -97,11 +97,18 @@
 //
 // The only membership change is the replacement of a lost replica by a
 // new one (Config.Join, Group.Admit; members.go): learner, then voter in
-// its place by one joint change. No compaction (retention) and no
-// snapshots: a follower, a joining one too, is always caught up from the
-// leader's log, and every replica replays the configuration changes from
-// it. Opening a replica reads its whole log once (terms, checksums) and
-// applies the committed entries again before Open returns.
+// its place by one joint change. Opening a replica reads its whole log
+// once (terms, checksums) and applies the committed entries again before
+// Open returns: retention bounds that work by bounding the log.
+//
+// # Retention and snapshots
+//
+// With Config.RetentionBytes or RetentionAge, EnforceRetention drops whole
+// segments from the front of the log (retention.go): the state file
+// keeps the compaction point, its configuration and the offset after it.
+// A follower (or a joining replica) that needs entries a leader dropped
+// gets a snapshot that carries no records, only that point: its log goes
+// on from there (compact.go). Snapshots exist for nothing else.
 //
 // # Reads
 //

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -61,6 +62,19 @@ type Config struct {
 	// group's hosts and calls Wake when one falls silent or comes back:
 	// without that, a quiet group whose leader dies never elects another.
 	Quiesce bool
+
+	// RetentionBytes and RetentionAge, when positive, bound what the log
+	// keeps (retention.go): the owner calls EnforceRetention to apply
+	// them. Default 0: everything is kept.
+	RetentionBytes int64
+	RetentionAge   time.Duration
+
+	// OnRestore, if set, learns that this replica installed a snapshot
+	// (retention.go): its log now starts after the leader's compaction
+	// point, and the committed records before it were never applied
+	// here (OnSequenced did not see them). It runs on the group's
+	// goroutine and must not block.
+	OnRestore func()
 
 	// OnSequenced, if set, learns of every committed record that carries
 	// a producer sequence, as its entry applies (see sequenced.go). It
@@ -134,8 +148,13 @@ type Group struct {
 	logger *slog.Logger
 	st     *storage
 	rn     *raft.RawNode // run goroutine only
-	offs   offsetIndex
-	tail   *entryTail // recent committed entries, for Read
+	// applied is the last index applied, and confs the configurations
+	// applied after the compaction point, in log order (run goroutine
+	// only): what a compaction and a snapshot are made of.
+	applied uint64
+	confs   []confAt
+	offs    offsetIndex
+	tail    *entryTail // recent committed entries, for Read
 
 	// in is the work handed to the run goroutine. Its own lock: appenders,
 	// the transport and the ticker only contend for a brief append here.
@@ -153,6 +172,7 @@ type Group struct {
 		// the leadership to, 0 for none.
 		transfer uint64
 		admits   []admitRequest
+		retains  []retainRequest
 		wake     bool   // Wake was called
 		silent   uint64 // the replica WakeSilent last named
 		closed   bool
@@ -212,11 +232,12 @@ func Open(cfg Config) (*Group, error) {
 	// Applied starts at the compaction point: raft hands every committed
 	// entry after it to apply again, which rebuilds the offset index.
 	g.offs.reset(st.p.snapIndex+1, st.p.snapNext)
+	g.applied = st.p.snapIndex
 	g.rn, err = raft.NewRawNode(&raft.Config{
 		ID:                        cfg.ID,
 		ElectionTick:              cfg.ElectionTicks,
 		HeartbeatTick:             cfg.HeartbeatTicks,
-		Storage:                   st,
+		Storage:                   raftStorage{st, g},
 		Applied:                   st.p.snapIndex,
 		MaxSizePerMsg:             uint64(cfg.MaxEntryBytes),
 		MaxCommittedSizePerReady:  uint64(4 * cfg.MaxEntryBytes),
@@ -243,6 +264,16 @@ func Open(cfg Config) (*Group, error) {
 	}
 	return g, nil
 }
+
+// raftStorage is a group's raft.Storage: its log and state, and the
+// snapshot the group makes of its compaction point (retention.go).
+type raftStorage struct {
+	*storage
+	g *Group
+}
+
+// Snapshot implements raft.Storage.
+func (r raftStorage) Snapshot() (*pb.Snapshot, error) { return r.g.snapshot() }
 
 // ID returns this replica's raft id.
 func (g *Group) ID() uint64 { return g.cfg.ID }

@@ -213,7 +213,7 @@ func TestStepRefusesBadMessages(t *testing.T) {
 		{Type: pb.MsgHeartbeat.Enum(), To: new(uint64(1))},                       // from nobody
 		{Type: pb.MsgHup.Enum(), To: new(uint64(1)), From: new(uint64(2))},       // local
 		{Type: pb.MsgProp.Enum(), To: new(uint64(1)), From: new(uint64(2))},      // forwarded proposal
-		{Type: pb.MsgSnap.Enum(), To: new(uint64(1)), From: new(uint64(2))},      // snapshot
+		{Type: pb.MsgSnap.Enum(), To: new(uint64(1)), From: new(uint64(2))},      // snapshot message without one
 	} {
 		if err := g.Step(m); !errors.Is(err, ErrBadMessage) {
 			t.Errorf("step %v: %v, want ErrBadMessage", m, err)

@@ -36,7 +36,10 @@ import (
 // safe (a change proposed while another is pending is dropped by raft, and
 // a change applied twice changes nothing). The configuration at creation
 // is the one in the state file, from which every replica, a joining one
-// included, replays the changes in the log: no replica needs a snapshot.
+// included, replays the changes in the log; once retention has dropped
+// the log's start, the state file holds the configuration as of the
+// compaction point, and a replica that needs the dropped entries gets a
+// snapshot taken at the last change applied (retention.go).
 
 // Membership is a replica's place in its group's configuration.
 type Membership int

@@ -38,6 +38,27 @@ func (o *offsetIndex) reset(firstIndex, next uint64) {
 	o.changed = make(chan struct{})
 }
 
+// nextAfter returns the offset of the first record after entry index,
+// which is applied and at or after the compaction point (firstIndex-1).
+func (o *offsetIndex) nextAfter(index uint64) uint64 {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	if k := index + 1 - o.firstIndex; k < uint64(len(o.bases)) {
+		return o.bases[k]
+	}
+	return o.next
+}
+
+// compact forgets the entries before index cut, whose first record (or
+// the next one) has offset first: Read starts there now.
+func (o *offsetIndex) compact(cut, first uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	k := min(cut-o.firstIndex, uint64(len(o.bases)))
+	o.bases = append([]uint64(nil), o.bases[k:]...)
+	o.firstIndex, o.first = cut, first
+}
+
 // add records that entry index, the next one in log order, holds n
 // records, and returns its first offset. Only the run goroutine calls it.
 func (o *offsetIndex) add(index uint64, n int) (uint64, error) {

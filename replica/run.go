@@ -43,6 +43,9 @@ type loop struct {
 	quiet      bool
 	lastActive uint64
 	woke       uint64 // the value of ticks when the replica last woke
+	// segTS is, per complete segment (by its first index), the timestamp
+	// of its newest record, read once for retention by age.
+	segTS map[uint64]int64
 }
 
 // run owns the RawNode and the storage: it takes the work handed in, and
@@ -54,7 +57,7 @@ type loop struct {
 // goes on.
 func (g *Group) run() {
 	defer close(g.done)
-	l := &loop{seq: rand.Uint64() >> 1, unindexed: map[uint64]*waiter{}, byIndex: map[uint64]*waiter{}, heard: map[uint64]uint64{}}
+	l := &loop{seq: rand.Uint64() >> 1, unindexed: map[uint64]*waiter{}, byIndex: map[uint64]*waiter{}, heard: map[uint64]uint64{}, segTS: map[uint64]int64{}}
 	defer g.drain(l)
 	defer g.contain(l)
 	// Replay the committed log first (offsets, configuration changes),
@@ -73,8 +76,8 @@ func (g *Group) run() {
 		g.in.Lock()
 		buf, ends, dones, msgs, ticks, term := g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.ticks, g.in.term
 		g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.ticks = nil, nil, nil, nil, 0
-		transfer, admits, wake, silent := g.in.transfer, g.in.admits, g.in.wake, g.in.silent
-		g.in.transfer, g.in.admits, g.in.wake, g.in.silent = 0, nil, false, 0
+		transfer, admits, wake, silent, retains := g.in.transfer, g.in.admits, g.in.wake, g.in.silent, g.in.retains
+		g.in.transfer, g.in.admits, g.in.wake, g.in.silent, g.in.retains = 0, nil, false, 0, nil
 		g.in.Unlock()
 
 		l.taken = dones // to be failed by drain if raft panics before they are proposed
@@ -134,6 +137,15 @@ func (g *Group) run() {
 		if err := g.handleReadies(l); err != nil {
 			g.fail(err)
 			return
+		}
+		for _, req := range retains {
+			dropped, err, fatal := g.retain(l, req.now)
+			if fatal != nil {
+				req.reply <- retainReply{err: fatal}
+				g.fail(fatal)
+				return
+			}
+			req.reply <- retainReply{dropped, err}
 		}
 		switch {
 		case l.quiet || work || wake:
@@ -300,15 +312,14 @@ func (g *Group) propose(l *loop, term uint64, buf []byte, ends []int, dones []fu
 // majority has it on disk.
 func (g *Group) handleReady(l *loop) error {
 	rd := g.rn.Ready()
-	if !raft.IsEmptySnap(rd.Snapshot) {
-		// Step refuses MsgSnap and Storage never offers one, so this cannot
-		// happen; applying entries past an ignored snapshot would give
-		// wrong offsets, so the group stops instead.
-		return fmt.Errorf("replica: group %q: raft handed over a snapshot at index %d, which this version cannot install",
-			g.cfg.Name, rd.Snapshot.GetMetadata().GetIndex())
-	}
 	if rd.SoftState != nil {
 		g.leader.Store(rd.SoftState.Lead)
+	}
+	if !raft.IsEmptySnap(rd.Snapshot) {
+		// Installed before this Ready's entries, which follow it.
+		if err := g.restore(l, rd.Snapshot); err != nil {
+			return err
+		}
 	}
 	hs := rd.HardState
 	termVote := hs != nil && (hs.GetTerm() != g.st.p.term || hs.GetVote() != g.st.p.vote)
@@ -377,6 +388,15 @@ func (g *Group) handleReady(l *loop) error {
 		return err
 	}
 	g.rn.Advance(rd)
+	for _, m := range msgs {
+		if m.GetType() == pb.MsgSnap {
+			// The snapshot is one small message, sent like the others:
+			// raft may go on sending the log after it. Were it lost, the
+			// follower refuses the entries that follow, and raft sends
+			// the snapshot again.
+			g.rn.ReportSnapshot(m.GetTo(), raft.SnapshotFinish)
+		}
+	}
 	return nil
 }
 
@@ -451,6 +471,7 @@ func (g *Group) apply(l *loop, ents []*pb.Entry) error {
 		if err != nil {
 			return err
 		}
+		g.applied = idx
 		if data != nil && g.cfg.OnSequenced != nil {
 			g.sequenced(idx, data, base)
 		}
@@ -493,9 +514,12 @@ func (g *Group) applyConfChange(e *pb.Entry) error {
 		}
 		cc = &c
 	}
-	// The state file keeps the configuration at creation: the changes
-	// are in the log, and raft replays them on every open.
-	g.conf.Store(g.rn.ApplyConfChange(cc))
+	// The state file keeps the configuration as of the compaction point
+	// (at creation until the first): the changes after it are in the log,
+	// and raft replays them on every open.
+	cs := g.rn.ApplyConfChange(cc)
+	g.conf.Store(cs)
+	g.confs = append(g.confs, confAt{e.GetIndex(), cs})
 	return nil
 }
 
@@ -528,12 +552,15 @@ func (g *Group) drain(l *loop) {
 		g.in.closed = true
 	}
 	dones := append(l.taken, g.in.dones...)
-	admits := g.in.admits
-	g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.admits = nil, nil, nil, nil, nil
+	admits, retains := g.in.admits, g.in.retains
+	g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.admits, g.in.retains = nil, nil, nil, nil, nil, nil
 	refusal := g.refusal()
 	g.in.Unlock()
 	for _, req := range admits {
 		req.reply <- admitReply{err: refusal}
+	}
+	for _, req := range retains {
+		req.reply <- retainReply{err: refusal}
 	}
 	for _, done := range dones {
 		done(0, 0, refusal)

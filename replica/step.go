@@ -3,6 +3,7 @@ package replica
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
@@ -36,12 +37,13 @@ import (
 // goroutine (see run): the group fails with a *RaftPanicError.
 
 // peerTypes are the raft messages replicas of this version send each other.
-// Proposals are not forwarded (DisableProposalForwarding), snapshots are
-// not supported, and ReadIndex and leader transfer are not requested by
-// this package, so a peer never has reason to send those; MsgTimeoutNow is
-// accepted, since raft's own leader transfer sends it between peers.
+// Proposals are not forwarded (DisableProposalForwarding), and ReadIndex
+// and leader transfer are not requested by this package, so a peer never
+// has reason to send those; MsgTimeoutNow is accepted, since raft's own
+// leader transfer sends it between peers, and MsgSnap carries a leader's
+// compaction point (compact.go).
 var peerTypes = map[pb.MessageType]bool{
-	pb.MsgApp: true, pb.MsgAppResp: true,
+	pb.MsgApp: true, pb.MsgAppResp: true, pb.MsgSnap: true,
 	pb.MsgVote: true, pb.MsgVoteResp: true,
 	pb.MsgPreVote: true, pb.MsgPreVoteResp: true,
 	pb.MsgHeartbeat: true, pb.MsgHeartbeatResp: true,
@@ -75,8 +77,12 @@ func checkMessage(m *pb.Message, self uint64) error {
 		// raft reads a heartbeat's context as a read index (8 bytes), and
 		// this version sends none but the quiesce mark (quiesce.go).
 		return fmt.Errorf("%w: %s from %d carries a context of %d bytes", ErrBadMessage, t, from, len(m.GetContext()))
+	case t == pb.MsgSnap:
+		if err := checkSnapshot(m.GetSnapshot(), m.GetTerm()); err != nil {
+			return fmt.Errorf("%w: MsgSnap from %d: %w", ErrBadMessage, from, err)
+		}
 	case m.GetSnapshot() != nil:
-		return fmt.Errorf("%w: %s from %d carries a snapshot, which this version does not support", ErrBadMessage, t, from)
+		return fmt.Errorf("%w: %s from %d carries a snapshot", ErrBadMessage, t, from)
 	}
 	ents := m.GetEntries()
 	if len(ents) == 0 {
@@ -128,4 +134,60 @@ func (s *storage) checkAgainstLog(m *pb.Message) string {
 		}
 	}
 	return ""
+}
+
+// maxReplicas bounds the replicas a snapshot's configuration may name.
+const maxReplicas = 16
+
+// checkSnapshot returns why snap cannot be a compaction point a leader of
+// term sent (compact.go): raft restores its configuration with a panic
+// on one that does not hold together.
+func checkSnapshot(snap *pb.Snapshot, term uint64) error {
+	md := snap.GetMetadata()
+	switch {
+	case snap == nil || md == nil:
+		return fmt.Errorf("no snapshot")
+	case md.GetIndex() == 0 || md.GetTerm() == 0 || md.GetTerm() > term:
+		return fmt.Errorf("snapshot at index %d, term %d (message term %d)", md.GetIndex(), md.GetTerm(), term)
+	}
+	if _, err := decodeSnapshotData(snap.GetData()); err != nil {
+		return err
+	}
+	cs := md.GetConfState()
+	voters, learners := cs.GetVoters(), cs.GetLearners()
+	outgoing, next := cs.GetVotersOutgoing(), cs.GetLearnersNext()
+	if len(voters) == 0 || len(voters)+len(learners)+len(outgoing)+len(next) > 4*maxReplicas {
+		return fmt.Errorf("snapshot configuration of %d voters, %d learners", len(voters), len(learners))
+	}
+	seen := map[uint64]string{}
+	for _, set := range []struct {
+		name string
+		ids  []uint64
+	}{{"voter", voters}, {"learner", learners}, {"outgoing voter", outgoing}, {"next learner", next}} {
+		for _, id := range set.ids {
+			if id == 0 {
+				return fmt.Errorf("snapshot configuration names replica 0")
+			}
+			if prev := seen[id]; prev == set.name {
+				return fmt.Errorf("snapshot configuration names %s %d twice", set.name, id)
+			}
+			seen[id] = set.name
+		}
+	}
+	// raft's rules: a learner is no voter; a next learner is an outgoing
+	// voter; outgoing voters only during a joint configuration.
+	for _, id := range learners {
+		if slices.Contains(voters, id) || slices.Contains(outgoing, id) {
+			return fmt.Errorf("snapshot configuration has %d as voter and learner", id)
+		}
+	}
+	for _, id := range next {
+		if !slices.Contains(outgoing, id) || slices.Contains(voters, id) {
+			return fmt.Errorf("snapshot configuration has next learner %d that is not only an outgoing voter", id)
+		}
+	}
+	if len(outgoing) == 0 && cs.GetAutoLeave() {
+		return fmt.Errorf("snapshot configuration auto-leaves a joint configuration it is not in")
+	}
+	return nil
 }

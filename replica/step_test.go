@@ -107,7 +107,7 @@ func TestStepRefusesWhatNoPeerSends(t *testing.T) {
 	cases["from 0"].From = new(uint64(0))
 	cases["from self"] = msg(pb.MsgHeartbeat)
 	cases["from self"].From = new(f.ID())
-	for _, typ := range []pb.MessageType{pb.MsgHup, pb.MsgBeat, pb.MsgProp, pb.MsgSnap, pb.MsgUnreachable, pb.MsgSnapStatus,
+	for _, typ := range []pb.MessageType{pb.MsgHup, pb.MsgBeat, pb.MsgProp, pb.MsgUnreachable, pb.MsgSnapStatus,
 		pb.MsgCheckQuorum, pb.MsgTransferLeader, pb.MsgReadIndex, pb.MsgReadIndexResp, pb.MsgStorageAppend,
 		pb.MsgStorageAppendResp, pb.MsgStorageApply, pb.MsgStorageApplyResp, pb.MsgForgetLeader, pb.MessageType(99)} {
 		cases["type "+typ.String()] = msg(typ)
@@ -120,6 +120,23 @@ func TestStepRefusesWhatNoPeerSends(t *testing.T) {
 	cases["log term above term"].LogTerm = new(term + 1)
 	cases["snapshot"] = msg(pb.MsgHeartbeat)
 	cases["snapshot"].Snapshot = &pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: new(uint64(5)), Term: new(term)}}
+	snap := func(name string, index, snapTerm uint64, data []byte, cs *pb.ConfState) {
+		m := msg(pb.MsgSnap)
+		m.Snapshot = &pb.Snapshot{Data: data, Metadata: &pb.SnapshotMetadata{Index: new(index), Term: new(snapTerm), ConfState: cs}}
+		cases["snapshot: "+name] = m
+	}
+	good := &pb.ConfState{Voters: []uint64{1, 2, 3}}
+	cases["snapshot: none"] = msg(pb.MsgSnap)
+	snap("index 0", 0, term, snapshotData(5), good)
+	snap("term above the message's", 50, term+1, snapshotData(5), good)
+	snap("data of another version", 50, term, []byte{2, 0, 0, 0, 0, 0, 0, 0, 0}, good)
+	snap("data cut short", 50, term, snapshotData(5)[:4], good)
+	snap("no voters", 50, term, snapshotData(5), &pb.ConfState{Learners: []uint64{4}})
+	snap("replica 0", 50, term, snapshotData(5), &pb.ConfState{Voters: []uint64{0, 1}})
+	snap("voter twice", 50, term, snapshotData(5), &pb.ConfState{Voters: []uint64{1, 1, 2}})
+	snap("voter and learner", 50, term, snapshotData(5), &pb.ConfState{Voters: []uint64{1, 2}, Learners: []uint64{2}})
+	snap("next learner not outgoing", 50, term, snapshotData(5), &pb.ConfState{Voters: []uint64{1, 2}, LearnersNext: []uint64{3}})
+	snap("auto leave outside a joint configuration", 50, term, snapshotData(5), &pb.ConfState{Voters: []uint64{1, 2}, AutoLeave: new(true)})
 	cases["entries in a heartbeat"] = msg(pb.MsgHeartbeat)
 	cases["entries in a heartbeat"].Entries = entries(3, term, 1)
 	gap := msg(pb.MsgApp)

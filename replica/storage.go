@@ -87,18 +87,8 @@ func (s *storage) open() error {
 		return fmt.Errorf("replica: group %q: open log %q: %w", s.name, s.dir, err)
 	}
 	s.tw = tw
-	first, err := tw.FirstIndex()
-	if err == nil {
-		s.last, err = tw.LastIndex()
-	}
-	if err != nil {
-		return fmt.Errorf("replica: group %q: log bounds: %w", s.name, err)
-	}
-	if s.last == 0 && first == 1 {
-		s.last = s.p.snapIndex // empty
-	}
-	if first != s.p.snapIndex+1 && s.last >= first {
-		return fmt.Errorf("replica: group %q: %w: log starts at index %d, state expects %d", s.name, ErrCorrupt, first, s.p.snapIndex+1)
+	if err := s.reconcile(); err != nil {
+		return err
 	}
 	if s.last < s.p.commit {
 		return fmt.Errorf("replica: group %q: %w: log ends at index %d, below the committed index %d", s.name, ErrCorrupt, s.last, s.p.commit)
@@ -310,19 +300,6 @@ func (s *storage) LastIndex() (uint64, error) { return s.last, nil }
 
 // FirstIndex implements raft.Storage.
 func (s *storage) FirstIndex() (uint64, error) { return s.p.snapIndex + 1, nil }
-
-// Snapshot implements raft.Storage. The log is the state machine, so a
-// snapshot is only its compaction point; a follower that needs entries
-// from before it cannot be caught up by this stage (the records
-// themselves would have to travel), hence ErrSnapshotTemporarilyUnavailable.
-func (s *storage) Snapshot() (*pb.Snapshot, error) {
-	if s.p.snapIndex != 0 {
-		return nil, raft.ErrSnapshotTemporarilyUnavailable
-	}
-	return &pb.Snapshot{Metadata: &pb.SnapshotMetadata{
-		ConfState: proto.Clone(s.p.conf).(*pb.ConfState), Index: new(uint64(0)), Term: new(uint64(0)),
-	}}, nil
-}
 
 func (s *storage) close() error {
 	var errs []error

@@ -1,0 +1,180 @@
+package replica
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sort"
+
+	tidwall "github.com/tidwall/wal"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/felix-broker/felix/internal/tidseg"
+)
+
+// # Compaction and snapshots
+//
+// Retention (retention.go) drops whole segments from the front of the
+// log: compact records the new compaction point in the state file
+// (durably: snapIndex, its term, the offset after it and the
+// configuration as of it), then has tidwall drop the entries before it.
+// A crash between the two leaves a log that starts before the state's
+// compaction point; reconcile, at open, finishes the truncation.
+//
+// A follower (or a joining replica) that needs entries the leader has
+// dropped gets a snapshot. The log is the state machine, and the records
+// before the compaction point are gone on purpose, so a snapshot carries
+// no records: only the point it stands for (index, term, configuration)
+// and the offset of the first record after it (snapshotData). The
+// follower installs it by dropping its whole log (installSnapshot):
+// durably the new state first (compaction point and commit at the
+// snapshot's index), then an empty log that starts right after it. A
+// crash between the two leaves the old log: reconcile drops what lies at
+// or before the compaction point and keeps what follows it, which is
+// uncommitted (raft restores a snapshot only beyond its commit index) and
+// which raft replaces, since it cannot match the leader's entries after
+// the snapshot's index.
+
+// snapshotVersion is the first byte of a snapshot's data.
+const snapshotVersion = 1
+
+// snapshotData is the data of a snapshot: the version byte, then the
+// offset of the first record after the snapshot's index (uint64, little
+// endian).
+func snapshotData(next uint64) []byte {
+	return binary.LittleEndian.AppendUint64([]byte{snapshotVersion}, next)
+}
+
+// decodeSnapshotData returns the offset a snapshot's data carries.
+func decodeSnapshotData(b []byte) (next uint64, err error) {
+	if len(b) != 9 || b[0] != snapshotVersion {
+		return 0, fmt.Errorf("snapshot data of %d bytes is not version %d's 9", len(b), snapshotVersion)
+	}
+	return binary.LittleEndian.Uint64(b[1:]), nil
+}
+
+// reconcile brings the log opened in s.tw in line with the compaction
+// point of the state file, and sets s.last.
+func (s *storage) reconcile() error {
+	first, err := s.tw.FirstIndex()
+	if err == nil {
+		s.last, err = s.tw.LastIndex()
+	}
+	if err != nil {
+		return fmt.Errorf("replica: group %q: log bounds: %w", s.name, err)
+	}
+	want := s.p.snapIndex + 1
+	switch {
+	case first == want:
+	case s.last < first || s.last < want:
+		// Empty (a new log starts at 1), or wholly before the compaction
+		// point (a snapshot install stopped half-way): start afresh
+		// right after it.
+		if err := s.resetLog(want); err != nil {
+			return err
+		}
+	case first > want:
+		return fmt.Errorf("replica: group %q: %w: log starts at index %d, state expects %d", s.name, ErrCorrupt, first, want)
+	default:
+		// A compaction (or install) whose state was written before the
+		// process stopped: drop what it dropped.
+		s.logger.Warn("replica: finishing a compaction interrupted by a stop", "group", s.name, "from", first, "to", want)
+		if err := s.tw.TruncateFront(want); err != nil {
+			return fmt.Errorf("replica: group %q: drop entries before %d: %w", s.name, want, err)
+		}
+		if err := tidseg.SyncDir(s.dir); err != nil {
+			return fmt.Errorf("replica: group %q: %w", s.name, err)
+		}
+	}
+	if s.last < want-1 {
+		s.last = want - 1
+	}
+	return nil
+}
+
+// resetLog replaces the log with an empty one whose first index is
+// index.
+func (s *storage) resetLog(index uint64) error {
+	if err := s.tw.Close(); err != nil {
+		return fmt.Errorf("replica: group %q: close log: %w", s.name, err)
+	}
+	s.tw = nil
+	if err := tidseg.Reset(s.dir, index); err != nil {
+		return fmt.Errorf("replica: group %q: %w", s.name, err)
+	}
+	tw, err := tidwall.Open(s.dir, tidseg.Options(s.segSize))
+	if err != nil {
+		return fmt.Errorf("replica: group %q: open log %q: %w", s.name, s.dir, err)
+	}
+	s.tw, s.last = tw, index-1
+	return nil
+}
+
+// compact drops the entries before cut, which must be a committed index
+// of this log (or one past its last), with next the offset of the first
+// record at or after cut and conf the configuration as of cut-1.
+func (s *storage) compact(cut, next uint64, conf *pb.ConfState) error {
+	if cut <= s.p.snapIndex+1 {
+		return nil
+	}
+	if cut > s.p.commit+1 || cut > s.last+1 {
+		return fmt.Errorf("replica: group %q: compaction to %d: log holds (%d, %d], committed %d", s.name, cut, s.p.snapIndex, s.last, s.p.commit)
+	}
+	term, err := s.Term(cut - 1)
+	if err != nil {
+		return fmt.Errorf("replica: group %q: compaction to %d: %w", s.name, cut, err)
+	}
+	s.p.snapIndex, s.p.snapTerm, s.p.snapNext = cut-1, term, next
+	s.p.conf = proto.Clone(conf).(*pb.ConfState)
+	if err := s.st.write(&s.p, true); err != nil {
+		return fmt.Errorf("replica: group %q: %w", s.name, err)
+	}
+	if err := s.tw.TruncateFront(cut); err != nil {
+		return fmt.Errorf("replica: group %q: drop entries before %d: %w", s.name, cut, err)
+	}
+	if err := tidseg.SyncDir(s.dir); err != nil {
+		return fmt.Errorf("replica: group %q: %w", s.name, err)
+	}
+	s.dropTermsBefore(cut)
+	return s.findTail() // tidwall rewrote the first segment it kept
+}
+
+// installSnapshot replaces the log with snap's compaction point: every
+// entry is dropped, and the log goes on after snap's index.
+func (s *storage) installSnapshot(snap *pb.Snapshot, next uint64) error {
+	md := snap.GetMetadata()
+	index := md.GetIndex()
+	if index <= s.p.commit {
+		return fmt.Errorf("replica: group %q: snapshot at %d, not beyond the committed index %d", s.name, index, s.p.commit)
+	}
+	if s.last > s.p.commit && s.p.commit > s.p.snapIndex {
+		// What follows the commit index is not committed: drop it first,
+		// so that a stop before the new log is in place leaves nothing
+		// after the snapshot's index that another leader wrote.
+		if err := s.truncate(s.p.commit); err != nil {
+			return err
+		}
+	}
+	s.p.snapIndex, s.p.snapTerm, s.p.snapNext = index, md.GetTerm(), next
+	s.p.commit = max(s.p.commit, index)
+	s.p.conf = proto.Clone(md.GetConfState()).(*pb.ConfState)
+	if err := s.st.write(&s.p, true); err != nil {
+		return fmt.Errorf("replica: group %q: %w", s.name, err)
+	}
+	if err := s.resetLog(index + 1); err != nil {
+		return err
+	}
+	s.terms = nil
+	return s.findTail()
+}
+
+// dropTermsBefore forgets the term runs of entries before index.
+func (s *storage) dropTermsBefore(index uint64) {
+	k := sort.Search(len(s.terms), func(k int) bool { return s.terms[k].index > index })
+	if k == 0 {
+		return
+	}
+	// terms[k-1] covers index: it now starts there.
+	rest := append([]termRun{{index, s.terms[k-1].term}}, s.terms[k:]...)
+	s.terms = rest
+}
