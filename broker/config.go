@@ -187,6 +187,11 @@ type Config struct {
 	// for live subscribers (wal.Options.TailBytes). Default the wal's
 	// default, 1 MiB.
 	TailBytes int
+	// RetentionCheck is how often retention passes run over the shard
+	// logs of streams with a retention limit: each log's own (package
+	// wal) and one pass over every hosted replica (replicated shards).
+	// Default 10s.
+	RetentionCheck time.Duration
 
 	// Replicated shards (streams of replication factor 3, see
 	// replicated.go).
@@ -344,6 +349,9 @@ func (c Config) withDefaults() (Config, error) {
 	c = c.withProducerDefaults()
 	if c.RaftTick <= 0 {
 		c.RaftTick = 100 * time.Millisecond
+	}
+	if c.RetentionCheck <= 0 {
+		c.RetentionCheck = 10 * time.Second
 	}
 	if c.RaftElectionTicks <= 0 {
 		c.RaftElectionTicks = 10

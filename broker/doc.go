@@ -136,7 +136,9 @@
 // Goroutines added: per broker, raftNet's ticker (ticks every hosted group
 // each Config.RaftTick, asks each peer's sender for a keep-alive frame when
 // its stream was idle that tick, and wakes the quiet groups of a peer that
-// fell silent or came back: raft.go) and one sender per peer it sends raft messages to
+// fell silent or came back: raft.go), its retention pass (runRetention:
+// each Config.RetentionCheck, applies every hosted replica's retention,
+// one after the other) and one sender per peer it sends raft messages to
 // (raftpeer.go; it owns that raft stream's write side and is the only one
 // blocking on it); per raft stream a peer opened, its reader
 // (serveRaft, a stream goroutine like a publisher's), which hands each
@@ -145,7 +147,7 @@
 // the log, and calls each record's completion, which writes the ack; per
 // replica that replaces a lost one, until it is a voter, its join
 // goroutine (rejoin.go: asks the leader to admit it). All are stopped by
-// Close: the senders, ticker and joins by raftNet.close (a join also
+// Close: the senders, ticker, retention pass and joins by raftNet.close (a join also
 // when its group is unregistered), the readers with the connections, the
 // groups when their shard set closes.
 //

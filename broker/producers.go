@@ -82,7 +82,9 @@ package broker
 // by MaxProducers and ProducerWindow as always; producers whose last
 // record is older than ProducerExpiry are forgotten on their next use or
 // when room is needed). So whichever replica becomes leader has the
-// table. The leader alone admits (accepted, enqueuing, waiters are its
+// table. A replica that installs a snapshot (it was behind a retention
+// pass of the leader's, see package replica) forgets every producer, as
+// if expired: it never applied the records it skipped. The leader alone admits (accepted, enqueuing, waiters are its
 // own proposals), and only once it has applied everything committed
 // before its term; its records are proposed in that term or not at all.
 // A record raft drops, or another leader's entries replace, gives its
@@ -358,6 +360,21 @@ func (t *producerTable) applied(id []byte, seq, offset uint64, ts int64) {
 	t.mu.Unlock()
 	for _, w := range waiting {
 		w(a, nil)
+	}
+}
+
+// forget forgets every producer, as if each had expired. A replica of a
+// replicated shard calls it when it installs a snapshot
+// (replica.Config.OnRestore): it skipped the committed records before the
+// leader's compaction point, which may hold later sequences than the
+// table knows, and a producer known with an older sequence than its last
+// would have its next record refused as out of order. Records in flight
+// still complete, as after makeRoomLocked.
+func (t *producerTable) forget() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for p := t.mu.lru.next; p != &t.mu.lru; p = t.mu.lru.next {
+		t.removeLocked(p)
 	}
 }
 

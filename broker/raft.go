@@ -37,6 +37,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -188,16 +189,60 @@ func (n *raftNet) runTicker() {
 		if ticks%preferEvery == 0 {
 			n.preferOwners()
 		}
-		gs = gs[:0]
-		n.mu.RLock()
-		for _, m := range n.mu.groups {
-			gs = append(gs, m)
-		}
-		n.mu.RUnlock()
+		gs = n.members(gs[:0])
 		for _, m := range gs {
 			m.g.Tick()
 		}
 		n.watchPeers(gs)
+		clear(gs)
+	}
+}
+
+// members appends the hosted groups to dst.
+func (n *raftNet) members(dst []*raftMember) []*raftMember {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	for _, m := range n.mu.groups {
+		dst = append(dst, m)
+	}
+	return dst
+}
+
+// startRetention starts the retention pass over the hosted groups every
+// interval (runRetention).
+func (n *raftNet) startRetention(every time.Duration) {
+	n.wg.Add(1)
+	go n.runRetention(every)
+}
+
+// runRetention applies each hosted group's retention (replica.Group.
+// EnforceRetention: a no-op for a stream without limits) every interval,
+// one group at a time: a pass is a round of each group's goroutine, and a
+// quiet group stays quiet. A replica that stopped is skipped, as it has
+// been logged already.
+func (n *raftNet) runRetention(every time.Duration) {
+	defer n.wg.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var gs []*raftMember
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-t.C:
+		}
+		gs = n.members(gs[:0])
+		for _, m := range gs {
+			dropped, err := m.g.EnforceRetention(n.ctx, time.Now())
+			switch {
+			case n.ctx.Err() != nil:
+				return
+			case err != nil && !errors.Is(err, replica.ErrClosed) && !errors.Is(err, replica.ErrFailed):
+				n.log.Warn("retention pass on a replica failed; the next pass tries again", "err", err)
+			case dropped > 0:
+				n.log.Debug("retention dropped records from a replica", "records", dropped, "first_offset", m.g.FirstOffset())
+			}
+		}
 		clear(gs)
 	}
 }

@@ -69,8 +69,10 @@ package broker
 // nothing until it leads again and has applied its new term's first
 // entry.
 //
-// Not in this stage: retention and the per-shard log metrics of
-// replicated shards.
+// Retention: each replica applies the stream's to its own log
+// (replica.Group.EnforceRetention, whole segments), from one pass over
+// every hosted group each Config.RetentionCheck (raftNet.runRetention).
+// Not in this stage: the per-shard log metrics of replicated shards.
 
 import (
 	"errors"
@@ -190,7 +192,12 @@ func (s *shardSet) openGroup(e *shardEntry, dir string, st *shardmap.Stream) err
 		// per pair of brokers and wakes them (raft.go).
 		Quiesce:     !s.noQuiesce,
 		SegmentSize: s.segmentSize,
-		OnSequenced: e.producers.applied, // see producers.go
+		// Applied by each replica to its own log, from raftNet's
+		// retention pass.
+		RetentionBytes: st.RetentionBytes,
+		RetentionAge:   st.RetentionAge,
+		OnSequenced:    e.producers.applied, // see producers.go
+		OnRestore:      e.producers.forget,
 	})
 	if err != nil {
 		return err

@@ -102,13 +102,15 @@ type shardSet struct {
 	node        string
 	segmentSize int
 	tailBytes   int
-	maxOpen     int
-	maxShards   int
-	logger      *slog.Logger
-	tel         *telemetry
-	walFS       wal.FS          // Config.Knobs.WALFS
-	noQuiesce   bool            // Config.Knobs.NoQuiesce
-	acceptLoss  map[string]bool // Config.AcceptLoss, by ShardID.String()
+	// retentionCheck is Config.RetentionCheck, for the logs' own passes.
+	retentionCheck time.Duration
+	maxOpen        int
+	maxShards      int
+	logger         *slog.Logger
+	tel            *telemetry
+	walFS          wal.FS          // Config.Knobs.WALFS
+	noQuiesce      bool            // Config.Knobs.NoQuiesce
+	acceptLoss     map[string]bool // Config.AcceptLoss, by ShardID.String()
 
 	producerLimits producerLimits // of every shard's producer table
 
@@ -215,7 +217,7 @@ func newShardSet(cfg Config, log *slog.Logger, tel *telemetry) (*shardSet, error
 		return nil, fmt.Errorf("open shard data dir: %w", err)
 	}
 	s := &shardSet{
-		root: root, node: cfg.NodeID, segmentSize: cfg.SegmentSize, tailBytes: cfg.TailBytes,
+		root: root, node: cfg.NodeID, segmentSize: cfg.SegmentSize, tailBytes: cfg.TailBytes, retentionCheck: cfg.RetentionCheck,
 		maxOpen: cfg.MaxOpenShards, maxShards: cfg.MaxShards,
 		logger: log, tel: tel,
 		walFS: cfg.Knobs.WALFS, noQuiesce: cfg.Knobs.NoQuiesce, acceptLoss: map[string]bool{},
@@ -458,6 +460,7 @@ func (s *shardSet) open(e *shardEntry, st *shardmap.Stream) {
 			TailBytes:      s.tailBytes,
 			RetentionBytes: cfg.RetentionBytes,
 			RetentionAge:   cfg.RetentionAge,
+			RetentionCheck: s.retentionCheck,
 			Logger:         s.logger,
 			OnCommit:       s.tel.onCommit(e),
 			AcceptLoss:     s.acceptLoss[e.id.String()],

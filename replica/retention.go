@@ -17,13 +17,14 @@ import (
 // Each replica applies the stream's retention to its own log, as Kafka
 // and Redpanda do: whole segments are dropped from the front, never the
 // segment being written, and never an entry that is not applied here.
-// A segment goes once the log without it still holds more than
+// A segment goes once the log without it still holds at least
 // Config.RetentionBytes (segment files counted, as package wal counts
-// them) or once its newest record is older than Config.RetentionAge (by
-// the timestamp the proposer gave its entry, the one every replica
-// stores). So a log holds at most RetentionBytes plus the segment being
-// written (Config.SegmentSize), and records at least RetentionAge old
-// until their segment is complete.
+// them; Kafka's rule), or once its newest record is older than
+// Config.RetentionAge (by the timestamp the proposer gave its entry, the
+// one every replica stores). So a log holds at least RetentionBytes once
+// it has grown that far, and less than RetentionBytes plus its oldest
+// segment (about Config.SegmentSize, more if one entry is larger); a
+// record lives at least RetentionAge, and until its segment is complete.
 //
 // A leader also keeps what a follower it heard from within an election
 // timeout has not yet acknowledged: that follower is caught up from the
@@ -107,7 +108,7 @@ func (g *Group) retain(l *loop, now time.Time) (dropped uint64, err, fatal error
 		if end > limit {
 			break
 		}
-		drop := g.cfg.RetentionBytes > 0 && total > g.cfg.RetentionBytes
+		drop := g.cfg.RetentionBytes > 0 && total-segs[i].Size >= g.cfg.RetentionBytes
 		if !drop && g.cfg.RetentionAge > 0 {
 			ts, ok, err := g.newestRecord(l, segs[i].Index, end-1)
 			if err != nil {

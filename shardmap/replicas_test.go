@@ -126,9 +126,3 @@ func TestStreamConfigReplicas(t *testing.T) {
 		t.Fatalf("factor-1 config encodes as %x, earlier versions %x", a, b)
 	}
 }
-
-func TestReplicatedStreamRefusesRetention(t *testing.T) {
-	if err := (StreamConfig{Name: "s", Shards: 1, Replicas: 3, RetentionBytes: 1}).Validate(); err == nil {
-		t.Fatal("retention on a replicated stream must be refused (replica has no compaction yet)")
-	}
-}

@@ -67,9 +67,6 @@ func (c StreamConfig) Validate() error {
 	if c.Replicas != 0 && c.Replicas != 1 && c.Replicas != 3 {
 		return fmt.Errorf("shardmap: stream %q: replicas must be 1 or 3, got %d", c.Name, c.Replicas)
 	}
-	if c.Replicas > 1 && (c.RetentionBytes > 0 || c.RetentionAge > 0) {
-		return fmt.Errorf("shardmap: stream %q: retention is not supported on replicated streams yet", c.Name)
-	}
 	return nil
 }
 

@@ -1,0 +1,86 @@
+package broker
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/felix-broker/felix/internal/tidseg"
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// TestReplicatedRetention: a stream of replication factor 3 with a size
+// limit keeps, on every replica, at least the limit and less than the
+// limit plus its oldest segment (Kafka's rule, whole segments); the
+// records kept are the latest ones at their acked offsets;
+// a subscriber from the earliest offset starts at the first one kept, and
+// one from an offset retention dropped is told out_of_range.
+func TestReplicatedRetention(t *testing.T) {
+	const segment, limit = 4 << 10, 16 << 10
+	ip := startInprocWith(t, func(c *Config) {
+		fastRaft(c)
+		c.SegmentSize, c.RetentionCheck = segment, 20*time.Millisecond
+	}, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3, RetentionBytes: limit})
+	id := shardmap.ShardID{Stream: "r3", Shard: 0}
+	lead := leaderOf(t, ip.brokers, id)
+	value := func(i uint64) string { return fmt.Sprintf("%0200d", i) }
+	const n = 300
+	pub := openStream(t, ip.dial(lead))
+	for round := uint64(0); round < n; round += 30 { // entries of up to 30 records: several segments
+		for i := round + 1; i <= round+30; i++ {
+			pub.send(&transport.Publish{Seq: i, Stream: "r3", Value: []byte(value(i - 1))})
+		}
+		for i := round + 1; i <= round+30; i++ {
+			wantAck(t, pub.recv(), i)
+		}
+	}
+
+	for _, b := range ip.brokers {
+		e := groupOf(b, id)
+		dir, err := b.shards.shardDir(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Retention passes run every 20 ms: wait for one after the last
+		// record.
+		var size int64
+		var segs []tidseg.Segment
+		deadline := time.Now().Add(waitFor)
+		for {
+			if segs, _, err = tidseg.List(dir); err != nil {
+				t.Fatal(err)
+			}
+			size = 0
+			for _, s := range segs {
+				size += s.Size
+			}
+			if e.sl.NextOffset() == n && size-segs[0].Size < limit || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		first := e.sl.FirstOffset()
+		if first == 0 || first == n || e.sl.NextOffset() != n || size < limit || size-segs[0].Size >= limit {
+			t.Fatalf("%s: replica holds offsets [%d, %d) in %d bytes, the oldest segment %d: want %d records, some dropped, at least %d bytes kept and no segment more",
+				b.NodeID(), first, e.sl.NextOffset(), size, segs[0].Size, n, limit)
+		}
+		recs := readReplica(t, e)
+		for k, r := range recs {
+			if r.Offset != first+uint64(k) || string(r.Value) != value(r.Offset) {
+				t.Fatalf("%s: record %d of the replica has offset %d, value %q", b.NodeID(), k, r.Offset, r.Value)
+			}
+		}
+	}
+
+	first := groupOf(lead, id).sl.FirstOffset()
+	sub := openStream(t, ip.dial(lead))
+	sub.send(&transport.Subscribe{Stream: "r3", Start: transport.StartEarliest, Credit: 1000})
+	recs, ok := sub.recv().(*transport.Records)
+	if !ok || len(recs.Records) == 0 || recs.Records[0].Offset < first {
+		t.Fatalf("subscription from the earliest offset got %+v, want records from %d", recs, first)
+	}
+	old := openStream(t, ip.dial(lead))
+	old.send(&transport.Subscribe{Stream: "r3", Start: transport.StartOffset, Offset: 0, Credit: 1000})
+	wantError(t, old.recv(), transport.ErrOutOfRange)
+}
