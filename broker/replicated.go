@@ -72,7 +72,6 @@ package broker
 // Retention: each replica applies the stream's to its own log
 // (replica.Group.EnforceRetention, whole segments), from one pass over
 // every hosted group each Config.RetentionCheck (raftNet.runRetention).
-// Not in this stage: the per-shard log metrics of replicated shards.
 
 import (
 	"errors"
@@ -94,6 +93,7 @@ type shardLog interface {
 	Read(from uint64, maxRecords int, maxBytes int) ([]wal.Record, error)
 	FirstOffset() uint64
 	NextOffset() uint64
+	Size() int64
 	Watch() (next uint64, changed <-chan struct{})
 }
 

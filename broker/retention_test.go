@@ -1,9 +1,12 @@
 package broker
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/felix-broker/felix/internal/tidseg"
 	"github.com/felix-broker/felix/shardmap"
@@ -15,12 +18,18 @@ import (
 // limit plus its oldest segment (Kafka's rule, whole segments); the
 // records kept are the latest ones at their acked offsets;
 // a subscriber from the earliest offset starts at the first one kept, and
-// one from an offset retention dropped is told out_of_range.
+// one from an offset retention dropped is told out_of_range. The
+// per-shard gauges report each replica's log.
 func TestReplicatedRetention(t *testing.T) {
 	const segment, limit = 4 << 10, 16 << 10
+	readers := map[string]*sdkmetric.ManualReader{}
 	ip := startInprocWith(t, func(c *Config) {
 		fastRaft(c)
 		c.SegmentSize, c.RetentionCheck = segment, 20*time.Millisecond
+		readers[c.NodeID] = sdkmetric.NewManualReader()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(readers[c.NodeID]))
+		t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+		c.MeterProvider = mp
 	}, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3, RetentionBytes: limit})
 	id := shardmap.ShardID{Stream: "r3", Shard: 0}
 	lead := leaderOf(t, ip.brokers, id)
@@ -43,19 +52,21 @@ func TestReplicatedRetention(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Retention passes run every 20 ms: wait for one after the last
-		// record.
+		// record, and for its end (tidwall renames files, then the
+		// replica measures them).
 		var size int64
 		var segs []tidseg.Segment
+		var pending bool
 		deadline := time.Now().Add(waitFor)
 		for {
-			if segs, _, err = tidseg.List(dir); err != nil {
+			if segs, pending, err = tidseg.List(dir); err != nil {
 				t.Fatal(err)
 			}
 			size = 0
 			for _, s := range segs {
 				size += s.Size
 			}
-			if e.sl.NextOffset() == n && size-segs[0].Size < limit || time.Now().After(deadline) {
+			if !pending && e.sl.NextOffset() == n && size-segs[0].Size < limit && e.group.Size() == size || time.Now().After(deadline) {
 				break
 			}
 			time.Sleep(10 * time.Millisecond)
@@ -64,6 +75,12 @@ func TestReplicatedRetention(t *testing.T) {
 		if first == 0 || first == n || e.sl.NextOffset() != n || size < limit || size-segs[0].Size >= limit {
 			t.Fatalf("%s: replica holds offsets [%d, %d) in %d bytes, the oldest segment %d: want %d records, some dropped, at least %d bytes kept and no segment more",
 				b.NodeID(), first, e.sl.NextOffset(), size, segs[0].Size, n, limit)
+		}
+		// The per-shard gauges report the replica's log.
+		r := readers[b.NodeID()]
+		next, records, bytes := gaugeValues(t, r, "felix.shard.next.offset"), gaugeValues(t, r, "felix.shard.records"), gaugeValues(t, r, "felix.shard.log.size")
+		if next["r3/0"] != n || records["r3/0"] != int64(n-first) || bytes["r3/0"] != size {
+			t.Fatalf("%s: gauges next %d, records %d, size %d; want %d, %d, %d", b.NodeID(), next["r3/0"], records["r3/0"], bytes["r3/0"], n, n-first, size)
 		}
 		recs := readReplica(t, e)
 		for k, r := range recs {

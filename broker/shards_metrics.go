@@ -8,7 +8,8 @@ package broker
 // retention kept) are observed at scrape time, labelled stream and shard,
 // for the shards the current map assigns to this broker. They read what
 // the open logs already keep in memory (wal.Log.Size, FirstOffset,
-// NextOffset: atomic loads) under the shard set's read lock; a scrape
+// NextOffset: atomic loads; replica.Group's alike for a replicated
+// shard's replica) under the shard set's read lock; a scrape
 // opens no log and touches no file. A log closed for the open-log budget
 // (Config.MaxOpenShards) reports what it showed when it closed, which is
 // still true (nothing is written to a closed log); a shard whose log has
@@ -23,7 +24,6 @@ import (
 	"slices"
 
 	"github.com/felix-broker/felix/shardmap"
-	"github.com/felix-broker/felix/wal"
 )
 
 // shardStats is what the per-shard gauges report of one shard's log.
@@ -32,7 +32,7 @@ type shardStats struct {
 	first, next uint64
 }
 
-func statsOf(l *wal.Log) shardStats {
+func statsOf(l shardLog) shardStats {
 	return shardStats{bytes: l.Size(), first: l.FirstOffset(), next: l.NextOffset()}
 }
 
@@ -75,8 +75,8 @@ func (s *shardSet) stats(m *shardmap.Map, limit int) (out []shardStat, omitted i
 		default:
 			continue // opening
 		}
-		if e.log != nil {
-			out = append(out, shardStat{id, statsOf(e.log)})
+		if e.sl != nil { // a log, or a replica of a replicated shard
+			out = append(out, shardStat{id, statsOf(e.sl)})
 			live[id] = true
 		}
 	}

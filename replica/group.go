@@ -446,6 +446,10 @@ func (g *Group) Lost() error {
 	return nil
 }
 
+// Size returns the bytes of this replica's segment files, as of its last
+// write or retention pass. It does no I/O.
+func (g *Group) Size() int64 { return g.st.bytes.Load() }
+
 // NextOffset returns the offset the next committed record will get.
 func (g *Group) NextOffset() uint64 { return g.offs.nextOffset() }
 

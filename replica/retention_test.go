@@ -98,8 +98,8 @@ func TestRetentionBySizeDropsWholeSegments(t *testing.T) {
 		if dropped == 0 || dropped != f {
 			t.Fatalf("replica %d: retention dropped %d records, first offset %d", g.ID(), dropped, f)
 		}
-		if size := logBytes(t, c.dirs[g.ID()]); size > limit+segment {
-			t.Fatalf("replica %d: log of %d bytes after retention, limit %d + one %d-byte segment", g.ID(), size, limit, segment)
+		if size := logBytes(t, c.dirs[g.ID()]); size > limit+segment || size != g.Size() {
+			t.Fatalf("replica %d: log of %d bytes after retention (Size says %d), limit %d + one %d-byte segment", g.ID(), size, g.Size(), limit, segment)
 		}
 		if i == 0 {
 			first = f

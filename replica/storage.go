@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"sync/atomic"
 
 	tidwall "github.com/tidwall/wal"
 	"go.etcd.io/raft/v3"
@@ -53,6 +54,9 @@ type storage struct {
 	terms []termRun  // covering (p.snapIndex, last]
 	batch tidwall.Batch
 	buf   []byte
+	// bytes is the size of the segment files, for Group.Size (read by
+	// any goroutine).
+	bytes atomic.Int64
 
 	beforeSync func(last uint64) error // Knobs.BeforeSync
 }
@@ -124,6 +128,11 @@ func (s *storage) findTail() error {
 		_ = s.tail.f.Close()
 	}
 	s.tail.f, s.tail.index, s.tail.size = f, last.Index, last.Size
+	var n int64
+	for _, seg := range segs {
+		n += seg.Size
+	}
+	s.bytes.Store(n)
 	return nil
 }
 
@@ -160,7 +169,8 @@ func (s *storage) append(ents []*pb.Entry) error {
 		return fmt.Errorf("replica: group %q: write entries %d-%d: %w", s.name, first, first+uint64(len(ents))-1, err)
 	}
 	// Follow tidwall's segment roll: only the final tail needs our sync.
-	rolled, size, _ := tidseg.FollowRoll(s.tail.size, int64(s.segSize), first, sizes)
+	rolled, size, written := tidseg.FollowRoll(s.tail.size, int64(s.segSize), first, sizes)
+	s.bytes.Add(written)
 	if rolled != 0 {
 		if err := s.findTail(); err != nil {
 			return err
