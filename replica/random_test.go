@@ -1,12 +1,14 @@
 package replica
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,12 +39,26 @@ func TestRandomizedFaults(t *testing.T) {
 		steps = v
 	}
 	for seed := range uint64(seeds) {
-		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) { randomizedRun(t, seed+1, steps) })
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) { randomizedRun(t, seed+1, steps, false) })
+		t.Run(fmt.Sprint("retention/seed", seed), func(t *testing.T) { randomizedRun(t, seed+1, steps, true) })
 	}
 }
 
-func randomizedRun(t *testing.T, seed uint64, steps int) {
-	c := newCluster(t, 3, seed, nil)
+// randomizedRun is one seed of TestRandomizedFaults. With retention, the
+// replicas keep about 16 KiB each, the nemesis also runs retention passes
+// (so that replicas cut off or restarted come back behind a leader's
+// compaction point and get snapshots), and the check covers what every
+// replica still holds.
+func randomizedRun(t *testing.T, seed uint64, steps int, retention bool) {
+	var opts func(*Config)
+	var snapshots atomic.Int64
+	if retention {
+		opts = func(cfg *Config) {
+			cfg.SegmentSize, cfg.RetentionBytes = 2<<10, 16<<10
+			cfg.OnRestore = func() { snapshots.Add(1) }
+		}
+	}
+	c := newCluster(t, 3, seed, opts)
 	c.waitLeader()
 	h := &history{acked: map[string]uint64{}}
 	stop := make(chan struct{})
@@ -62,7 +78,7 @@ func randomizedRun(t *testing.T, seed uint64, steps int) {
 					time.Sleep(tickEvery)
 					continue
 				}
-				payload := fmt.Sprintf("w%d-%d", w, i)
+				payload := fmt.Sprintf("w%d-%d-%0100d", w, i, 0)
 				done := make(chan struct{})
 				h.mu.Lock()
 				h.pending++
@@ -95,10 +111,21 @@ func randomizedRun(t *testing.T, seed uint64, steps int) {
 		}()
 	}
 
+	retainAll := func() {
+		for _, g := range c.running() {
+			if _, err := g.EnforceRetention(context.Background(), time.Now()); err != nil && !errors.Is(err, ErrClosed) {
+				t.Errorf("replica %d: retention: %v", g.ID(), err)
+			}
+		}
+	}
 	rng := rand.New(rand.NewPCG(seed, 99))
 	for range steps {
 		id := c.ids[rng.IntN(len(c.ids))]
-		switch rng.IntN(5) {
+		action := rng.IntN(5)
+		if retention && rng.IntN(3) == 0 {
+			action = 5
+		}
+		switch action {
 		case 0:
 			c.net.Isolate(id, c.ids...)
 		case 1:
@@ -110,9 +137,17 @@ func randomizedRun(t *testing.T, seed uint64, steps int) {
 		case 3:
 			c.kill(id)
 			time.Sleep(time.Duration(rng.IntN(100)) * time.Millisecond)
+			if retention {
+				// Down for more than an election timeout while the others
+				// drop the log's start: it comes back behind it.
+				time.Sleep(20 * tickEvery)
+				retainAll()
+			}
 			c.start(id)
 		case 4:
 			c.net.Heal()
+		case 5:
+			retainAll()
 		}
 		time.Sleep(time.Duration(100+rng.IntN(300)) * time.Millisecond)
 	}
@@ -121,7 +156,18 @@ func randomizedRun(t *testing.T, seed uint64, steps int) {
 	c.net.Heal()
 	c.commit([]byte("final")) // a leader of the last term committed everything before it
 	next := c.waitConverged(1)
-	recs := c.checkSame(next) // dense offsets, the same records everywhere
+	var recs map[uint64]wal.Record
+	if retention {
+		for _, g := range c.running() {
+			retain(t, g, time.Now())
+		}
+		recs = c.checkSameFrom(next)
+	} else {
+		recs = map[uint64]wal.Record{}
+		for _, r := range c.checkSame(next) { // dense offsets, the same records everywhere
+			recs[r.Offset] = r
+		}
+	}
 
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -134,10 +180,14 @@ func randomizedRun(t *testing.T, seed uint64, steps int) {
 			t.Errorf("%q acked at offset %d, but only %d records are committed", payload, off, next)
 			continue
 		}
-		if got := string(recs[off].Value); got != payload {
+		r, held := recs[off]
+		if !held {
+			continue // dropped by retention
+		}
+		if got := string(r.Value); got != payload {
 			t.Errorf("%q acked at offset %d, which holds %q", payload, off, got)
 		}
-		if seen[payload] != 1 {
+		if seen[payload] != 1 && held {
 			t.Errorf("%q acked, held %d times", payload, seen[payload])
 		}
 	}
@@ -146,8 +196,8 @@ func randomizedRun(t *testing.T, seed uint64, steps int) {
 			t.Errorf("%q held %d times", payload, n)
 		}
 	}
-	t.Logf("seed %d: %d records committed, %d acked, %d failed (%d replaced by another leader's), %d open",
-		seed, next, len(h.acked), h.failed, h.replaced, h.pending)
+	t.Logf("seed %d: %d records committed, %d held, %d acked, %d failed (%d replaced by another leader's), %d open, %d snapshots installed",
+		seed, next, len(recs), len(h.acked), h.failed, h.replaced, h.pending, snapshots.Load())
 	if len(h.acked) == 0 {
 		t.Error("no record acked: the run tested nothing")
 	}

@@ -14,6 +14,7 @@ import (
 	pb "go.etcd.io/raft/v3/raftpb"
 
 	"github.com/felix-broker/felix/internal/tidseg"
+	"github.com/felix-broker/felix/wal"
 )
 
 // retentionValue is the value of the record the tests commit at offset i:
@@ -301,4 +302,38 @@ func TestInterruptedCompactionFinishedAtOpen(t *testing.T) {
 	if err := s.append([]*pb.Entry{testEntry(151, 2, "after")}); err != nil {
 		t.Fatalf("append after the snapshot's index: %v", err)
 	}
+}
+
+// checkSameFrom checks that the running replicas hold, from the highest
+// of their first offsets to next, the same records at the same offsets,
+// and that each one's records from its own first offset are dense; it
+// returns the records from that highest first offset.
+func (c *cluster) checkSameFrom(next uint64) map[uint64]wal.Record {
+	c.t.Helper()
+	var from uint64
+	for _, g := range c.running() {
+		from = max(from, g.FirstOffset())
+	}
+	out := map[uint64]wal.Record{}
+	for _, g := range c.running() {
+		for off := g.FirstOffset(); off < next; {
+			recs, err := g.Read(off, 1000, 1<<20)
+			if err != nil || len(recs) == 0 {
+				c.t.Fatalf("replica %d: read from %d (next %d): %d records, %v", g.ID(), off, next, len(recs), err)
+			}
+			for _, r := range recs {
+				if r.Offset != off {
+					c.t.Fatalf("replica %d: record at %d has offset %d", g.ID(), off, r.Offset)
+				}
+				if off >= from {
+					if prev, ok := out[off]; ok && (!bytes.Equal(prev.Value, r.Value) || prev.Timestamp != r.Timestamp) {
+						c.t.Fatalf("replica %d differs at offset %d: %q, another has %q", g.ID(), off, r.Value, prev.Value)
+					}
+					out[off] = r
+				}
+				off++
+			}
+		}
+	}
+	return out
 }
