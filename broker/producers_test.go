@@ -209,6 +209,31 @@ func TestProducerTableInFlight(t *testing.T) {
 	}
 }
 
+// A replica that installs a snapshot forgets its producers (forget): a
+// producer it knew at sequence 3, whose records up to 7 it skipped, is a
+// new producer to it, not one whose next record is out of order; a record
+// in flight still completes.
+func TestProducerTableForget(t *testing.T) {
+	tab := newProducerTable("s/0", producerLimits{max: 10, expiry: time.Minute, window: 4})
+	tab.applied([]byte("p"), 3, 30, time.Now().UnixNano())
+	inflight := tab.admit("q", 1)
+	tab.enqueued(inflight.p)
+	if a := tab.admit("p", 8); a.kind != admitOutOfOrder {
+		t.Fatalf("8 after 3, before forget: %v, want admitOutOfOrder", a.kind)
+	}
+	tab.forget()
+	if n := tab.size(); n != 0 {
+		t.Fatalf("%d producers after forget", n)
+	}
+	if a := tab.admit("p", 8); a.kind != admitAppend {
+		t.Fatalf("8 after forget: %v, want admitAppend", a.kind)
+	}
+	tab.committed(inflight.p, 1, 31, time.Now().UnixNano(), nil) // completes on the forgotten entry
+	if a := tab.admit("q", 2); a.kind != admitAppend {
+		t.Fatalf("q's next after forget: %v, want admitAppend", a.kind)
+	}
+}
+
 // dropClientConns closes every connection made to b (clients' and
 // peers'), as a network fault would.
 func dropClientConns(b *Broker) int {
