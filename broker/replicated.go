@@ -233,7 +233,7 @@ func (b *Broker) replicaStates(stream string) []transport.ReplicaState {
 			continue // failed to open
 		}
 		_, term := e.group.Leader()
-		st := transport.ReplicaState{Shard: e.id.Shard, Node: b.cfg.NodeID, Leader: e.leaderNode(), Term: term, Next: e.group.NextOffset(),
+		st := transport.ReplicaState{Shard: e.id.Shard, Node: b.cfg.NodeID, Leader: e.leaderNode(), Term: term, Next: e.group.NextOffset(), First: e.group.FirstOffset(),
 			Member: membershipName(e.group)}
 		if err := e.group.Err(); err != nil {
 			st.Err = err.Error()

@@ -110,6 +110,9 @@ type ReplicaState struct {
 	// Next is the offset the next record it commits will get: every
 	// record before it is committed and readable here.
 	Next uint64 `msgpack:"next"`
+	// First is the first offset it still holds: retention dropped the
+	// records before it (0 from a broker of an earlier version).
+	First uint64 `msgpack:"first,omitempty"`
 	// Err says why its group stopped, "" while it runs.
 	Err string `msgpack:"err,omitempty"`
 	// Member is the replica's place in the group's configuration as it

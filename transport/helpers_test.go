@@ -69,7 +69,7 @@ func sampleFrames() []namedFrame {
 		{"response/streams", &Response{Streams: []shardmap.StreamConfig{{Name: "a", Shards: 1}, {Name: "b", Shards: 4096}}}},
 		{"response/empty-streams", &Response{Streams: []shardmap.StreamConfig{}}},
 		{"response/map", &Response{Map: m}},
-		{"response/replicas", &Response{Replicas: []ReplicaState{{Shard: 1, Node: "n1", Leader: "n2", Term: 7, Next: 1 << 40}, {Node: "n3", Err: "stopped"}}}},
+		{"response/replicas", &Response{Replicas: []ReplicaState{{Shard: 1, Node: "n1", Leader: "n2", Term: 7, Next: 1 << 40, First: 1 << 39}, {Node: "n3", Err: "stopped"}}}},
 		{"map/nil", &MapUpdate{}},
 		{"map/full", &MapUpdate{Map: m}},
 		{"map/empty", &MapUpdate{Map: &shardmap.Map{Epoch: 1}}},

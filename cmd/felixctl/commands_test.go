@@ -310,7 +310,7 @@ func TestCommands(t *testing.T) {
 		// Each replica reports the leader it knows and its committed
 		// offsets: the record is on every replica (none behind) once
 		// the followers learn the commit.
-		caughtUp := regexp.MustCompile(`(?m)^r3/1 +broker-\d +voter +broker-\d +\d+ +1 +0$`)
+		caughtUp := regexp.MustCompile(`(?m)^r3/1 +broker-\d +voter +broker-\d +\d+ +0 +1 +0$`)
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			r = felixctl(t, env, "stream", "info", "r3")

@@ -240,10 +240,10 @@ func writeReplicaStatus(w io.Writer, stream string, states []client.ReplicaState
 		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SHARD\tREPLICA\tMEMBER\tLEADER\tTERM\tCOMMITTED\tBEHIND")
+	fmt.Fprintln(tw, "SHARD\tREPLICA\tMEMBER\tLEADER\tTERM\tFIRST\tCOMMITTED\tBEHIND")
 	for _, st := range states {
 		if st.Err != "" {
-			fmt.Fprintf(tw, "%s/%d\t%s\t-\t-\t-\t-\t%s\n", stream, st.Shard, st.Node, st.Err)
+			fmt.Fprintf(tw, "%s/%d\t%s\t-\t-\t-\t-\t-\t%s\n", stream, st.Shard, st.Node, st.Err)
 			continue
 		}
 		member := st.Member
@@ -255,7 +255,7 @@ func writeReplicaStatus(w io.Writer, stream string, states []client.ReplicaState
 			leader = "(election)"
 		}
 		behind := head[st.Shard] - min(st.Next, head[st.Shard])
-		fmt.Fprintf(tw, "%s/%d\t%s\t%s\t%s\t%d\t%d\t%d\n", stream, st.Shard, st.Node, member, leader, st.Term, st.Next, behind)
+		fmt.Fprintf(tw, "%s/%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n", stream, st.Shard, st.Node, member, leader, st.Term, st.First, st.Next, behind)
 	}
 	tw.Flush()
 }
