@@ -309,16 +309,40 @@ func (s *Server) lostLeadershipLocked() {
 // commits and pushes it to its brokers; the leader turns the broker
 // leases (live/) into liveness changes. A broken watch is re-established
 // after a full read.
+//
+// The value a deletion of a live/ key deleted comes from the live/ keys
+// this loop keeps (read at the watch's start revision, then following
+// its events), not from the watch (WithPrevKV): etcd would read it on
+// the server's watch goroutine, and an embedded etcd that is closing can
+// close its backend under that read, a nil-pointer panic that takes the
+// process down (etcd-io/etcd#17223, seen here in a ctl test).
 func (s *Server) watchLoop(rev int64) {
 	defer s.wg.Done()
+	live, _, err := s.store.readLiveKeys(s.ctx, rev)
+	if err != nil {
+		live = nil // read again with the state below
+	}
 	for s.ctx.Err() == nil {
+		if live == nil {
+			r, keys, err := s.resync()
+			if err != nil {
+				s.log.Warn("etcd unreachable; holding the last map", "err", err)
+				select {
+				case <-time.After(100 * time.Millisecond):
+				case <-s.ctx.Done():
+				}
+				continue
+			}
+			rev, live = r, keys
+		}
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(s.ctx))
-		wch := s.store.cli.Watch(wctx, s.store.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithPrevKV())
+		wch := s.store.cli.Watch(wctx, s.store.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 		for resp := range wch {
 			if err := resp.Err(); err != nil {
 				s.log.Warn("etcd watch failed; re-reading the state", "err", err)
 				break
 			}
+			live.follow(s.store, resp.Events)
 			s.applyEvents(resp.Events)
 			rev = resp.Header.Revision
 		}
@@ -332,12 +356,7 @@ func (s *Server) watchLoop(rev int64) {
 		case <-s.ctx.Done():
 			return
 		}
-		r, err := s.resync()
-		if err != nil {
-			s.log.Warn("etcd unreachable; holding the last map", "err", err)
-			continue
-		}
-		rev = r
+		live = nil
 	}
 }
 
@@ -451,24 +470,26 @@ func (s *Server) adoptLocked(snap snapshot) {
 }
 
 // resync re-reads the whole state after a broken watch and returns the
-// revision to watch from. The leader re-applies every broker lease.
-func (s *Server) resync() (int64, error) {
-	live, rev, err := s.store.readLive(s.ctx)
+// revision to watch from, with the live/ keys as of it. The leader
+// re-applies every broker lease.
+func (s *Server) resync() (int64, liveKeys, error) {
+	keys, rev, err := s.store.readLiveKeys(s.ctx, 0)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
+	live := keys.entries(s.store)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mu.closed {
-		return rev, nil
+		return rev, keys, nil
 	}
 	if !s.mu.leader {
 		snap, err := s.store.load(s.ctx)
 		if err != nil {
-			return 0, err
+			return 0, nil, err
 		}
 		s.adoptLocked(snap)
-		return rev, nil
+		return rev, keys, nil
 	}
 	changed := false
 	for _, e := range live {
@@ -487,7 +508,7 @@ func (s *Server) resync() (int64, error) {
 	if changed {
 		s.commitLocked("broker leases re-read")
 	}
-	return rev, nil
+	return rev, keys, nil
 }
 
 // restoreState is a follower's core: the state as the leader committed

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -139,19 +140,59 @@ func (s *Server) releaseLive(l *liveLease) bool {
 
 // readLive reads every live/ key, by node id.
 func (st *store) readLive(ctx context.Context) (map[string]liveEntry, int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, st.timeout)
-	defer cancel()
-	resp, err := st.cli.Get(ctx, st.livePrefix(), clientv3.WithPrefix())
+	kvs, rev, err := st.readLiveKeys(ctx, 0)
 	if err != nil {
-		return nil, 0, fmt.Errorf("ctl: read broker leases: %w", err)
+		return nil, 0, err
 	}
+	return kvs.entries(st), rev, nil
+}
+
+// liveKeys are the live/ keys, by key.
+type liveKeys map[string]*mvccpb.KeyValue
+
+// entries parses k, by node id.
+func (k liveKeys) entries(st *store) map[string]liveEntry {
 	out := map[string]liveEntry{}
-	for _, kv := range resp.Kvs {
+	for _, kv := range k {
 		if e, ok := parseLive(st, kv.Key, kv.Value, kv.CreateRevision); ok {
 			out[e.node.ID] = e
 		}
 	}
+	return out
+}
+
+// readLiveKeys reads every live/ key as of revision rev (0: the latest),
+// and returns the revision read.
+func (st *store) readLiveKeys(ctx context.Context, rev int64) (liveKeys, int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, st.timeout)
+	defer cancel()
+	resp, err := st.cli.Get(ctx, st.livePrefix(), clientv3.WithPrefix(), clientv3.WithRev(rev))
+	if err != nil {
+		return nil, 0, fmt.Errorf("ctl: read broker leases: %w", err)
+	}
+	out := liveKeys{}
+	for _, kv := range resp.Kvs {
+		out[string(kv.Key)] = kv
+	}
 	return out, resp.Header.Revision, nil
+}
+
+// follow keeps k up to date with evs, and gives each deletion of a
+// live/ key the value it deletes (the watch asks etcd for no previous
+// values: see watchLoop).
+func (k liveKeys) follow(st *store, evs []*clientv3.Event) {
+	for _, ev := range evs {
+		key := string(ev.Kv.Key)
+		if !strings.HasPrefix(key, st.livePrefix()) {
+			continue
+		}
+		if ev.Type == mvccpb.PUT {
+			k[key] = ev.Kv
+			continue
+		}
+		ev.PrevKv = k[key]
+		delete(k, key)
+	}
 }
 
 // liveEntry is a live/<node> key as the leader uses it: the node and the
