@@ -136,6 +136,10 @@ func (s *storage) checkAgainstLog(m *pb.Message) string {
 	return ""
 }
 
+// maxIndex bounds a snapshot's index: one entry per group commit never
+// gets near it, and the log's next index must not wrap around.
+const maxIndex = 1 << 62
+
 // maxReplicas bounds the replicas a snapshot's configuration may name.
 const maxReplicas = 16
 
@@ -147,7 +151,7 @@ func checkSnapshot(snap *pb.Snapshot, term uint64) error {
 	switch {
 	case snap == nil || md == nil:
 		return fmt.Errorf("no snapshot")
-	case md.GetIndex() == 0 || md.GetTerm() == 0 || md.GetTerm() > term:
+	case md.GetIndex() == 0 || md.GetIndex() > maxIndex || md.GetTerm() == 0 || md.GetTerm() > term:
 		return fmt.Errorf("snapshot at index %d, term %d (message term %d)", md.GetIndex(), md.GetTerm(), term)
 	}
 	if _, err := decodeSnapshotData(snap.GetData()); err != nil {

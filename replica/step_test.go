@@ -128,6 +128,7 @@ func TestStepRefusesWhatNoPeerSends(t *testing.T) {
 	good := &pb.ConfState{Voters: []uint64{1, 2, 3}}
 	cases["snapshot: none"] = msg(pb.MsgSnap)
 	snap("index 0", 0, term, snapshotData(5), good)
+	snap("index past the bound", 1<<63, term, snapshotData(5), good)
 	snap("term above the message's", 50, term+1, snapshotData(5), good)
 	snap("data of another version", 50, term, []byte{2, 0, 0, 0, 0, 0, 0, 0, 0}, good)
 	snap("data cut short", 50, term, snapshotData(5)[:4], good)
