@@ -62,10 +62,7 @@ func TestReplicatedRetention(t *testing.T) {
 			if segs, pending, err = tidseg.List(dir); err != nil {
 				t.Fatal(err)
 			}
-			size = 0
-			for _, s := range segs {
-				size += s.Size
-			}
+			size = tidseg.Total(segs)
 			if !pending && e.sl.NextOffset() == n && size-segs[0].Size < limit && e.group.Size() == size || time.Now().After(deadline) {
 				break
 			}

@@ -97,10 +97,7 @@ func (g *Group) retain(l *loop, now time.Time) (dropped uint64, err, fatal error
 			}
 		}
 	}
-	var total int64
-	for _, s := range segs {
-		total += s.Size
-	}
+	total := tidseg.Total(segs)
 	minTS := now.Add(-g.cfg.RetentionAge).UnixNano()
 	cut := uint64(0)
 	for i := 0; i+1 < len(segs); i++ {

@@ -64,11 +64,7 @@ func logBytes(t *testing.T, dir string) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var n int64
-	for _, s := range segs {
-		n += s.Size
-	}
-	return n
+	return tidseg.Total(segs)
 }
 
 func retain(t *testing.T, g *Group, now time.Time) uint64 {

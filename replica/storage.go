@@ -128,11 +128,7 @@ func (s *storage) findTail() error {
 		_ = s.tail.f.Close()
 	}
 	s.tail.f, s.tail.index, s.tail.size = f, last.Index, last.Size
-	var n int64
-	for _, seg := range segs {
-		n += seg.Size
-	}
-	s.bytes.Store(n)
+	s.bytes.Store(tidseg.Total(segs))
 	return nil
 }
 

@@ -56,6 +56,15 @@ func List(dir string) (segs []Segment, pending bool, err error) {
 	return segs, pending, nil
 }
 
+// Total is the size of segs' files.
+func Total(segs []Segment) int64 {
+	var n int64
+	for _, s := range segs {
+		n += s.Size
+	}
+	return n
+}
+
 // NextEntry splits the first tidwall entry off b. ok is false if b does not
 // start with a complete entry.
 func NextEntry(b []byte) (data []byte, n int, ok bool) {
