@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -97,4 +98,81 @@ func TestReplicatedRetention(t *testing.T) {
 	old := openStream(t, ip.dial(lead))
 	old.send(&transport.Subscribe{Stream: "r3", Start: transport.StartOffset, Offset: 0, Credit: 1000})
 	wantError(t, old.recv(), transport.ErrOutOfRange)
+}
+
+// TestReplicatedRetentionFollowerRestart: a broker stopped while the
+// others' retention drops the entries it lacks comes back, gets the
+// leader's snapshot (its replica's log goes on after the leader's
+// compaction point, with the records at their acked offsets), serves
+// subscribers from there, and takes part in the next election.
+func TestReplicatedRetentionFollowerRestart(t *testing.T) {
+	ip := startInprocWith(t, func(c *Config) {
+		fastRaft(c)
+		c.SegmentSize, c.RetentionCheck = 4<<10, 20*time.Millisecond
+	}, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3, RetentionBytes: 16 << 10})
+	id := shardmap.ShardID{Stream: "r3", Shard: 0}
+	lead := waitOwnerLeads(t, ip, ip.brokers, id)
+	value := func(i uint64) string { return fmt.Sprintf("%0200d", i) }
+	pub := openStream(t, ip.dial(lead))
+	seq := uint64(0)
+	publish := func(n uint64) { // in rounds of 30: entries of up to 30 records, several segments
+		for round := uint64(0); round < n; round += 30 {
+			for i := range uint64(30) {
+				pub.send(&transport.Publish{Seq: seq + i + 1, Stream: "r3", Value: []byte(value(seq + i))})
+			}
+			for i := range uint64(30) {
+				wantAck(t, pub.recv(), seq+i+1)
+			}
+			seq += 30
+		}
+	}
+	publish(30)
+	k := slices.IndexFunc(ip.brokers, func(b *Broker) bool { return b != lead })
+	victim := ip.brokers[k]
+	if err := victim.Close(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(15 * 20 * time.Millisecond) // past an election timeout: the leader no longer waits for it
+	publish(300)
+	deadline := time.Now().Add(waitFor)
+	for groupOf(lead, id).sl.FirstOffset() <= 30 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the leader's retention did not pass offset 30 within %v", waitFor)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	ip.brokers[k] = ip.startBroker(k)
+	b := ip.brokers[k]
+	var e *shardEntry
+	for deadline = time.Now().Add(waitFor); ; time.Sleep(10 * time.Millisecond) {
+		if e = groupOf(b, id); e != nil && e.sl.NextOffset() == seq {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's replica did not catch up to %d records within %v", b.NodeID(), seq, waitFor)
+		}
+	}
+	first := e.sl.FirstOffset()
+	if first <= 30 {
+		t.Fatalf("%s's replica starts at offset %d: it held [0, 30) and the leader had dropped up to past 30, so only a snapshot could catch it up", b.NodeID(), first)
+	}
+	for k, r := range readReplica(t, e) {
+		if r.Offset != first+uint64(k) || string(r.Value) != value(r.Offset) {
+			t.Fatalf("%s: record %d of the replica has offset %d, value %q", b.NodeID(), k, r.Offset, r.Value)
+		}
+	}
+	sub := openStream(t, ip.dial(b))
+	sub.send(&transport.Subscribe{Stream: "r3", Start: transport.StartEarliest, Credit: 1000})
+	if recs, ok := sub.recv().(*transport.Records); !ok || len(recs.Records) == 0 || recs.Records[0].Offset != first {
+		t.Fatalf("subscription at %s from the earliest offset got %+v, want records from %d", b.NodeID(), recs, first)
+	}
+
+	// With the old leader gone, the restarted replica and the third elect
+	// a leader that takes publishes.
+	rest := ip.closeBroker(t, lead)
+	next := leaderOf(t, rest, id)
+	if f := publishVia(t, ip, next, "r3", 0, 1, "after"); f.Type() != transport.FrameAck {
+		t.Fatalf("publish after the failover: %T %+v", f, f)
+	}
 }
