@@ -5,6 +5,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	pb "go.etcd.io/raft/v3/raftpb"
 )
 
 // TestLostLogStopsTheReplicaNotTheProcess: a replica whose directory was
@@ -73,4 +75,38 @@ func TestLostLogStopsTheReplicaNotTheProcess(t *testing.T) {
 		}
 		time.Sleep(tickEvery)
 	}
+}
+
+// A heartbeat of an older term than the replica's, whatever its commit
+// index, does not mark a replica's log lost: raft ignores it, and a
+// replica found lost stops voting for good.
+func TestStaleHeartbeatDoesNotMarkLost(t *testing.T) {
+	c := newCluster(t, 3, 5, nil)
+	first := c.waitLeader()
+	c.commit([]byte("a"))
+	c.kill(first.ID())
+	c.waitLeader(first.ID()) // a later term
+	c.start(first.ID())
+	c.commit([]byte("b"))
+	c.waitConverged(2)
+	var f *Group
+	for _, g := range c.running() {
+		if !g.IsLeader() {
+			f = g
+			break
+		}
+	}
+	_, term := f.Leader()
+	if term < 2 {
+		t.Fatalf("term %d after a failover", term)
+	}
+	from := f.ID()%3 + 1
+	if err := f.Step(&pb.Message{Type: pb.MsgHeartbeat.Enum(), To: new(f.ID()), From: new(from), Term: new(term - 1), Commit: new(uint64(1 << 30))}); err != nil {
+		t.Fatal(err)
+	}
+	waitTaken(t, f)
+	if err := f.Lost(); err != nil {
+		t.Fatalf("a heartbeat of term %d (the replica's is %d) marked its log lost: %v", term-1, term, err)
+	}
+	c.commit([]byte("c"))
 }
