@@ -11,7 +11,8 @@ import (
 type BrokerShards struct {
 	MaxOpenShards     int           `help:"Most shard logs open at once (each holds 2 file descriptors, a goroutine and its in-memory tail); past it the least recently used idle log is closed, and if all are in use the publish or subscription gets unavailable. 0: 1024, or a quarter of the file-descriptor limit left after 256, if smaller." default:"0" env:"FELIX_MAX_OPEN_SHARDS"`
 	MaxShards         int           `help:"Most shards this broker holds, counted in whole streams; a stream past it is refused (its publishes get unavailable) and logged once per map." default:"16384" env:"FELIX_MAX_SHARDS"`
-	SegmentSize       int           `help:"Size at which a shard log starts a new segment file, in bytes (0: the log's default, 20 MiB). Retention deletes whole segments." default:"0" env:"FELIX_SEGMENT_SIZE"`
+	SegmentSize       int           `help:"Size at which a shard log starts a new segment file, in bytes (0: the default, 1 MiB), for the logs of replicated shards' replicas too. Retention deletes whole segments of a replicated shard; a log of replication factor 1 is cut inside a segment." default:"0" env:"FELIX_SEGMENT_SIZE"`
+	RetentionCheck    time.Duration `help:"How often retention passes run over the shard logs of streams with a retention limit (each log's own, and one pass over every hosted replica of a replicated stream)." default:"10s" env:"FELIX_RETENTION_CHECK"`
 	RaftTick          time.Duration `help:"Replicated streams: the interval of the one ticker that drives every raft group this broker hosts (elections and heartbeats count ticks)." default:"100ms" env:"FELIX_RAFT_TICK"`
 	RaftElectionTicks int           `help:"Replicated streams: ticks a follower waits without hearing from its leader before it campaigns (raft randomizes it up to twice that); with --raft-tick, the failover time." default:"10" env:"FELIX_RAFT_ELECTION_TICKS"`
 	AcceptLoss        []string      `help:"Shards (stream/shard, repeatable) whose logs may open although acknowledged records are missing from them: the log continues past the lost offsets, which are never reused and read as corrupt. Without it such a shard stays unavailable. Restore the files first if you can." name:"accept-loss" placeholder:"STREAM/SHARD" env:"FELIX_ACCEPT_LOSS"`
@@ -22,6 +23,7 @@ func (s BrokerShards) apply(cfg broker.Config) broker.Config {
 	cfg.MaxOpenShards = s.MaxOpenShards
 	cfg.MaxShards = s.MaxShards
 	cfg.SegmentSize = s.SegmentSize
+	cfg.RetentionCheck = s.RetentionCheck
 	cfg.AcceptLoss = s.AcceptLoss
 	cfg.RaftTick = s.RaftTick
 	cfg.RaftElectionTicks = s.RaftElectionTicks
