@@ -77,9 +77,10 @@ func TestLostLogStopsTheReplicaNotTheProcess(t *testing.T) {
 	}
 }
 
-// A heartbeat of an older term than the replica's, whatever its commit
-// index, does not mark a replica's log lost: raft ignores it, and a
-// replica found lost stops voting for good.
+// A heartbeat of an older term than the replica's, or of its term from a
+// replica that is not the leader it knows, whatever its commit index,
+// does not mark a replica's log lost: raft ignores the first, a term has
+// one leader, and a replica found lost stops voting for good.
 func TestStaleHeartbeatDoesNotMarkLost(t *testing.T) {
 	c := newCluster(t, 3, 5, nil)
 	first := c.waitLeader()
@@ -100,13 +101,23 @@ func TestStaleHeartbeatDoesNotMarkLost(t *testing.T) {
 	if term < 2 {
 		t.Fatalf("term %d after a failover", term)
 	}
-	from := f.ID()%3 + 1
-	if err := f.Step(&pb.Message{Type: pb.MsgHeartbeat.Enum(), To: new(f.ID()), From: new(from), Term: new(term - 1), Commit: new(uint64(1 << 30))}); err != nil {
-		t.Fatal(err)
+	leader, _ := f.Leader()
+	other := c.peers[0] // the third replica: neither f nor its leader
+	for _, id := range c.peers {
+		if id != f.ID() && id != leader {
+			other = id
+		}
 	}
-	waitTaken(t, f)
-	if err := f.Lost(); err != nil {
-		t.Fatalf("a heartbeat of term %d (the replica's is %d) marked its log lost: %v", term-1, term, err)
+	for _, hb := range []struct {
+		from, term uint64
+	}{{leader, term - 1}, {other, term}} {
+		if err := f.Step(&pb.Message{Type: pb.MsgHeartbeat.Enum(), To: new(f.ID()), From: new(hb.from), Term: new(hb.term), Commit: new(uint64(1 << 30))}); err != nil {
+			t.Fatal(err)
+		}
+		waitTaken(t, f)
+		if err := f.Lost(); err != nil {
+			t.Fatalf("a heartbeat from %d of term %d (the replica's is %d, its leader %d) marked its log lost: %v", hb.from, hb.term, term, leader, err)
+		}
 	}
 	c.commit([]byte("c"))
 }

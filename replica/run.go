@@ -186,13 +186,15 @@ func (g *Group) step(l *loop, m *pb.Message) error {
 			why = g.st.checkAgainstLog(m)
 		}
 		if why != "" {
-			if m.GetType() == pb.MsgHeartbeat && m.GetTerm() >= g.term.Load() {
+			if cur := g.term.Load(); m.GetType() == pb.MsgHeartbeat &&
+				(m.GetTerm() > cur || m.GetTerm() == cur && m.GetFrom() == g.leader.Load()) {
 				// A leader sends min(match, commit): it holds this
 				// replica's log to reach that far, so it was lost. Only
-				// a leader of this replica's term or a later one says
-				// so: raft ignores an older term's heartbeat, and a
-				// replica found lost votes no more, so a stale or
-				// wrong message must not be taken for it.
+				// the leader of this replica's term, or a replica of a
+				// later term, says so: raft ignores an older term's
+				// heartbeat, a term has one leader, and a replica found
+				// lost votes no more, so a stale or wrong message must
+				// not be taken for it.
 				g.lost.CompareAndSwap(nil, fmt.Sprintf("a heartbeat from %d at term %d: %s", m.GetFrom(), m.GetTerm(), why))
 			}
 			if g.dropped.First(fmt.Sprintf("%d/%s", m.GetFrom(), m.GetType())) {
