@@ -34,9 +34,13 @@ type Node struct {
 type StreamConfig struct {
 	Name   string `msgpack:"name"`
 	Shards int    `msgpack:"shards"`
-	// RetentionBytes bounds each shard's log size; 0 means unlimited.
+	// RetentionBytes bounds each shard's log size; 0 means unlimited. A
+	// replicated shard's replicas drop whole segments while the rest of
+	// the log holds at least this much (package replica).
 	RetentionBytes int64 `msgpack:"retention_bytes,omitempty"`
-	// RetentionAge bounds the age of each shard's records; 0 means unlimited.
+	// RetentionAge bounds the age of each shard's records; 0 means
+	// unlimited. A replicated shard's replicas drop a segment once its
+	// newest record is older.
 	RetentionAge time.Duration `msgpack:"retention_age,omitempty"`
 	// Replicas is the replication factor: 1 (0 means 1), each shard on
 	// one broker, acknowledged once it has fsynced the record; or 3, each
