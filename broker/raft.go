@@ -208,6 +208,9 @@ func (n *raftNet) members(dst []*raftMember) []*raftMember {
 	return dst
 }
 
+// retentionWait bounds the wait for one group in a retention pass.
+const retentionWait = 10 * time.Second
+
 // startRetention starts the retention pass over the hosted groups every
 // interval (runRetention).
 func (n *raftNet) startRetention(every time.Duration) {
@@ -218,7 +221,9 @@ func (n *raftNet) startRetention(every time.Duration) {
 // runRetention applies each hosted group's retention (replica.Group.
 // EnforceRetention: a no-op for a stream without limits) every interval,
 // one group at a time: a pass is a round of each group's goroutine, and a
-// quiet group stays quiet. A replica that stopped is skipped, as it has
+// quiet group stays quiet. A group whose goroutine does not take the pass
+// within retentionWait (stuck in a write) is left for the next pass, so
+// that it holds up no other. A replica that stopped is skipped, as it has
 // been logged already.
 func (n *raftNet) runRetention(every time.Duration) {
 	defer n.wg.Done()
@@ -233,7 +238,9 @@ func (n *raftNet) runRetention(every time.Duration) {
 		}
 		gs = n.members(gs[:0])
 		for _, m := range gs {
-			dropped, err := m.g.EnforceRetention(n.ctx, time.Now())
+			ctx, cancel := context.WithTimeout(n.ctx, retentionWait)
+			dropped, err := m.g.EnforceRetention(ctx, time.Now())
+			cancel()
 			switch {
 			case n.ctx.Err() != nil:
 				return

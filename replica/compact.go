@@ -7,7 +7,6 @@ import (
 
 	tidwall "github.com/tidwall/wal"
 	pb "go.etcd.io/raft/v3/raftpb"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/felix-broker/felix/internal/tidseg"
 )
@@ -86,9 +85,6 @@ func (s *storage) reconcile() error {
 			return fmt.Errorf("replica: group %q: %w", s.name, err)
 		}
 	}
-	if s.last < want-1 {
-		s.last = want - 1
-	}
 	return nil
 }
 
@@ -125,7 +121,7 @@ func (s *storage) compact(cut, next uint64, conf *pb.ConfState) error {
 		return fmt.Errorf("replica: group %q: compaction to %d: %w", s.name, cut, err)
 	}
 	s.p.snapIndex, s.p.snapTerm, s.p.snapNext = cut-1, term, next
-	s.p.conf = proto.Clone(conf).(*pb.ConfState)
+	s.p.conf = cloneConf(conf)
 	if err := s.st.write(&s.p, true); err != nil {
 		return fmt.Errorf("replica: group %q: %w", s.name, err)
 	}
@@ -157,7 +153,7 @@ func (s *storage) installSnapshot(snap *pb.Snapshot, next uint64) error {
 	}
 	s.p.snapIndex, s.p.snapTerm, s.p.snapNext = index, md.GetTerm(), next
 	s.p.commit = max(s.p.commit, index)
-	s.p.conf = proto.Clone(md.GetConfState()).(*pb.ConfState)
+	s.p.conf = cloneConf(md.GetConfState())
 	if err := s.st.write(&s.p, true); err != nil {
 		return fmt.Errorf("replica: group %q: %w", s.name, err)
 	}
