@@ -83,8 +83,9 @@ package broker
 // record is older than ProducerExpiry are forgotten on their next use or
 // when room is needed). So whichever replica becomes leader has the
 // table. A replica that installs a snapshot (it was behind a retention
-// pass of the leader's, see package replica) forgets every producer, as
-// if expired: it never applied the records it skipped. The leader alone admits (accepted, enqueuing, waiters are its
+// pass of the leader's, see package replica) never applied the records
+// it skipped: it takes the leader's table, which the snapshot carries
+// (producers_snapshot.go). The leader alone admits (accepted, enqueuing, waiters are its
 // own proposals), and only once it has applied everything committed
 // before its term; its records are proposed in that term or not at all.
 // A record raft drops, or another leader's entries replace, gives its
@@ -364,12 +365,12 @@ func (t *producerTable) applied(id []byte, seq, offset uint64, ts int64) {
 }
 
 // forget forgets every producer, as if each had expired. A replica of a
-// replicated shard calls it when it installs a snapshot
-// (replica.Config.OnRestore): it skipped the committed records before the
-// leader's compaction point, which may hold later sequences than the
-// table knows, and a producer known with an older sequence than its last
-// would have its next record refused as out of order. Records in flight
-// still complete, as after makeRoomLocked.
+// replicated shard does it before taking the table a snapshot carries
+// (restoreState): it skipped the committed records before the leader's
+// compaction point, which may hold later sequences than the table knows,
+// and a producer known with an older sequence than its last would have
+// its next record refused as out of order. Records in flight still
+// complete, as after makeRoomLocked.
 func (t *producerTable) forget() {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -209,10 +209,10 @@ func TestProducerTableInFlight(t *testing.T) {
 	}
 }
 
-// A replica that installs a snapshot forgets its producers (forget): a
-// producer it knew at sequence 3, whose records up to 7 it skipped, is a
-// new producer to it, not one whose next record is out of order; a record
-// in flight still completes.
+// A replica that installs a snapshot first forgets its producers
+// (forget, then restoreState): a producer it knew at sequence 3, whose
+// records up to 7 it skipped, is not one whose next record is out of
+// order; a record in flight still completes.
 func TestProducerTableForget(t *testing.T) {
 	tab := newProducerTable("s/0", producerLimits{max: 10, expiry: time.Minute, window: 4})
 	tab.applied([]byte("p"), 3, 30, time.Now().UnixNano())

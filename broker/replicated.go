@@ -197,7 +197,15 @@ func (s *shardSet) openGroup(e *shardEntry, dir string, st *shardmap.Stream) err
 		RetentionBytes: st.RetentionBytes,
 		RetentionAge:   st.RetentionAge,
 		OnSequenced:    e.producers.applied, // see producers.go
-		OnRestore:      e.producers.forget,
+		// A snapshot carries the producer table (producers_snapshot.go),
+		// in at most an entry's bytes: the raft frame takes four.
+		SnapshotState: func() []byte { return e.producers.snapshotState(s.entryBytes) },
+		OnRestore: func(state []byte) {
+			if err := e.producers.restoreState(state); err != nil {
+				s.logger.Warn("replicated shard: the leader's snapshot carried a producer table that does not decode; its producers are forgotten, as if expired",
+					"shard", e.id.String(), "err", err)
+			}
+		},
 	})
 	if err != nil {
 		return err

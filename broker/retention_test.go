@@ -115,10 +115,17 @@ func TestReplicatedRetentionFollowerRestart(t *testing.T) {
 	value := func(i uint64) string { return fmt.Sprintf("%0200d", i) }
 	pub := openStream(t, ip.dial(lead))
 	seq := uint64(0)
-	publish := func(n uint64) { // in rounds of 30: entries of up to 30 records, several segments
+	// publish sends n records in rounds of 30 (entries of up to 30
+	// records, several segments), as producer "p" with sequences from 1
+	// if idempotent.
+	publish := func(n uint64, idempotent bool) {
 		for round := uint64(0); round < n; round += 30 {
 			for i := range uint64(30) {
-				pub.send(&transport.Publish{Seq: seq + i + 1, Stream: "r3", Value: []byte(value(seq + i))})
+				p := &transport.Publish{Seq: seq + i + 1, Stream: "r3", Value: []byte(value(seq + i))}
+				if idempotent {
+					p.ProducerID, p.ProducerSeq = "p", seq+i+1
+				}
+				pub.send(p)
 			}
 			for i := range uint64(30) {
 				wantAck(t, pub.recv(), seq+i+1)
@@ -126,14 +133,14 @@ func TestReplicatedRetentionFollowerRestart(t *testing.T) {
 			seq += 30
 		}
 	}
-	publish(30)
+	publish(30, true)
 	k := slices.IndexFunc(ip.brokers, func(b *Broker) bool { return b != lead })
 	victim := ip.brokers[k]
 	if err := victim.Close(); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(15 * 20 * time.Millisecond) // past an election timeout: the leader no longer waits for it
-	publish(300)
+	publish(300, false)
 	deadline := time.Now().Add(waitFor)
 	for groupOf(lead, id).sl.FirstOffset() <= 30 {
 		if time.Now().After(deadline) {
@@ -162,6 +169,12 @@ func TestReplicatedRetentionFollowerRestart(t *testing.T) {
 			t.Fatalf("%s: record %d of the replica has offset %d, value %q", b.NodeID(), k, r.Offset, r.Value)
 		}
 	}
+	// It never applied producer p's records, but knows p from the table
+	// the snapshot carried: a retry of p's sequence 5 is the record at
+	// offset 4, not a new one.
+	if a := e.producers.admit("p", 5); a.kind != admitDuplicate || a.ack.offset != 4 {
+		t.Fatalf("%s's producer table after the snapshot: p/5 is %+v, want a duplicate of offset 4", b.NodeID(), a)
+	}
 	sub := openStream(t, ip.dial(b))
 	sub.send(&transport.Subscribe{Stream: "r3", Start: transport.StartEarliest, Credit: 1000})
 	if recs, ok := sub.recv().(*transport.Records); !ok || len(recs.Records) == 0 || recs.Records[0].Offset != first {
@@ -174,5 +187,9 @@ func TestReplicatedRetentionFollowerRestart(t *testing.T) {
 	next := leaderOf(t, rest, id)
 	if f := publishVia(t, ip, next, "r3", 0, 1, "after"); f.Type() != transport.FrameAck {
 		t.Fatalf("publish after the failover: %T %+v", f, f)
+	}
+	retry := openStream(t, ip.dial(next))
+	if a := wantAck(t, retry.roundTrip(idem(1, "r3", "p", 5, value(4))), 1); !a.Duplicate || a.Offset != 4 {
+		t.Fatalf("retry of p/5 after the failover (leader %s): %+v, want the duplicate of offset 4", next.NodeID(), a)
 	}
 }

@@ -23,8 +23,10 @@ import (
 // A follower (or a joining replica) that needs entries the leader has
 // dropped gets a snapshot. The log is the state machine, and the records
 // before the compaction point are gone on purpose, so a snapshot carries
-// no records: only the point it stands for (index, term, configuration)
-// and the offset of the first record after it (snapshotData). The
+// no records: only the point it stands for (index, term, configuration),
+// the offset of the first record after it and the owner's state as of the
+// leader's last applied entry (snapshotData; the broker's idempotent
+// producers, Config.SnapshotState). The
 // follower installs it by dropping its whole log (installSnapshot):
 // durably the new state first (compaction point and commit at the
 // snapshot's index), then an empty log that starts right after it. A
@@ -34,22 +36,37 @@ import (
 // which raft replaces, since it cannot match the leader's entries after
 // the snapshot's index.
 
-// snapshotVersion is the first byte of a snapshot's data.
-const snapshotVersion = 1
+// Snapshot data versions, its first byte. Version 1 is the offset alone;
+// version 2 adds the owner's state (Config.SnapshotState). A snapshot
+// without owner state is written as version 1, which every release reads.
+const (
+	snapshotV1 = 1
+	snapshotV2 = 2
+)
 
-// snapshotData is the data of a snapshot: the version byte, then the
-// offset of the first record after the snapshot's index (uint64, little
-// endian).
-func snapshotData(next uint64) []byte {
-	return binary.LittleEndian.AppendUint64([]byte{snapshotVersion}, next)
+// snapshotData is the data of a snapshot: the version byte, the offset of
+// the first record after the snapshot's index (uint64, little endian),
+// then (version 2) the owner's state.
+func snapshotData(next uint64, state []byte) []byte {
+	if len(state) == 0 {
+		return binary.LittleEndian.AppendUint64([]byte{snapshotV1}, next)
+	}
+	b := make([]byte, 0, 9+len(state))
+	b = binary.LittleEndian.AppendUint64(append(b, snapshotV2), next)
+	return append(b, state...)
 }
 
-// decodeSnapshotData returns the offset a snapshot's data carries.
-func decodeSnapshotData(b []byte) (next uint64, err error) {
-	if len(b) != 9 || b[0] != snapshotVersion {
-		return 0, fmt.Errorf("snapshot data of %d bytes is not version %d's 9", len(b), snapshotVersion)
+// decodeSnapshotData returns the offset and the owner's state (nil if
+// none) a snapshot's data carries. state aliases b.
+func decodeSnapshotData(b []byte) (next uint64, state []byte, err error) {
+	switch {
+	case len(b) == 9 && b[0] == snapshotV1:
+	case len(b) > 9 && b[0] == snapshotV2:
+		state = b[9:]
+	default:
+		return 0, nil, fmt.Errorf("snapshot data of %d bytes is neither version %d's 9 nor version %d's more", len(b), snapshotV1, snapshotV2)
 	}
-	return binary.LittleEndian.Uint64(b[1:]), nil
+	return binary.LittleEndian.Uint64(b[1:9]), state, nil
 }
 
 // reconcile brings the log opened in s.tw in line with the compaction

@@ -69,12 +69,24 @@ type Config struct {
 	RetentionBytes int64
 	RetentionAge   time.Duration
 
+	// SnapshotState, if set, returns the owner's state to carry in a
+	// snapshot this replica sends (retention.go), at most about
+	// MaxEntryBytes: state built from the committed entries (the
+	// broker's idempotent producers), as of every entry applied here,
+	// which may be past the snapshot's index. The receiver applies the
+	// entries after the snapshot's index again on top of it, so the
+	// state must take an entry it already reflects as a no-op. It runs
+	// on the group's goroutine and must not block.
+	SnapshotState func() []byte
+
 	// OnRestore, if set, learns that this replica installed a snapshot
 	// (retention.go): its log now starts after the leader's compaction
 	// point, and the committed records before it were never applied
-	// here (OnSequenced did not see them). It runs on the group's
-	// goroutine and must not block.
-	OnRestore func()
+	// here (OnSequenced did not see them). state is what the leader's
+	// SnapshotState returned (nil if none): it comes from a peer, so it
+	// is bad input until checked. It runs on the group's goroutine and
+	// must not block.
+	OnRestore func(state []byte)
 
 	// OnSequenced, if set, learns of every committed record that carries
 	// a producer sequence, as its entry applies (see sequenced.go). It

@@ -55,7 +55,7 @@ func randomizedRun(t *testing.T, seed uint64, steps int, retention bool) {
 	if retention {
 		opts = func(cfg *Config) {
 			cfg.SegmentSize, cfg.RetentionBytes = 2<<10, 16<<10
-			cfg.OnRestore = func() { snapshots.Add(1) }
+			cfg.OnRestore = func([]byte) { snapshots.Add(1) }
 		}
 	}
 	c := newCluster(t, 3, seed, opts)

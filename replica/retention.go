@@ -207,8 +207,12 @@ func (g *Group) snapshot() (*pb.Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replica: group %q: snapshot at %d: %w", g.cfg.Name, index, err)
 	}
+	var state []byte
+	if g.cfg.SnapshotState != nil {
+		state = g.cfg.SnapshotState()
+	}
 	return &pb.Snapshot{
-		Data:     snapshotData(g.offs.nextAfter(index)),
+		Data:     snapshotData(g.offs.nextAfter(index), state),
 		Metadata: &pb.SnapshotMetadata{ConfState: cloneConf(cs), Index: new(index), Term: new(term)},
 	}, nil
 }
@@ -217,7 +221,7 @@ func (g *Group) snapshot() (*pb.Snapshot, error) {
 // replaced (compact.go), offsets go on from the snapshot's, and the
 // proposals this replica had in the dropped log fail.
 func (g *Group) restore(l *loop, snap *pb.Snapshot) error {
-	next, err := decodeSnapshotData(snap.GetData())
+	next, state, err := decodeSnapshotData(snap.GetData())
 	if err != nil {
 		return fmt.Errorf("replica: group %q: %w", g.cfg.Name, err)
 	}
@@ -239,7 +243,7 @@ func (g *Group) restore(l *loop, snap *pb.Snapshot) error {
 	g.conf.Store(cloneConf(md.GetConfState()))
 	g.appliedTerm.Store(md.GetTerm())
 	if g.cfg.OnRestore != nil {
-		g.cfg.OnRestore()
+		g.cfg.OnRestore(state)
 	}
 	return nil
 }

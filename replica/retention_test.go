@@ -155,12 +155,15 @@ func TestRetentionByAge(t *testing.T) {
 func TestFollowerBehindCompactionGetsASnapshot(t *testing.T) {
 	var mu sync.Mutex
 	restored := map[uint64]int{}
+	states := map[uint64][]string{} // the owner state each replica installed
 	c := newCluster(t, 3, 43, func(cfg *Config) {
 		id := cfg.ID
 		cfg.SegmentSize, cfg.RetentionBytes = 4<<10, 8<<10
-		cfg.OnRestore = func() {
+		cfg.SnapshotState = func() []byte { return fmt.Appendf(nil, "state of replica %d", id) }
+		cfg.OnRestore = func(state []byte) {
 			mu.Lock()
 			restored[id]++
+			states[id] = append(states[id], string(state))
 			mu.Unlock()
 		}
 	})
@@ -183,10 +186,14 @@ func TestFollowerBehindCompactionGetsASnapshot(t *testing.T) {
 	g := c.start(down)
 	c.waitConverged(next)
 	mu.Lock()
-	n := restored[down]
+	n, got := restored[down], states[down]
 	mu.Unlock()
 	if n != 1 || g.FirstOffset() <= 20 || g.FirstOffset() > first {
 		t.Fatalf("replica %d: %d snapshots installed, first offset %d (the others' %d)", down, n, g.FirstOffset(), first)
+	}
+	var sender uint64 // the leader that sent the snapshot
+	if _, err := fmt.Sscanf(got[0], "state of replica %d", &sender); err != nil || sender == down {
+		t.Fatalf("replica %d installed owner state %q with the snapshot, want its leader's", down, got[0])
 	}
 	checkFrom(t, g, g.FirstOffset(), next)
 

@@ -154,7 +154,7 @@ func checkSnapshot(snap *pb.Snapshot, term uint64) error {
 	case md.GetIndex() == 0 || md.GetIndex() > maxIndex || md.GetTerm() == 0 || md.GetTerm() > term:
 		return fmt.Errorf("snapshot at index %d, term %d (message term %d)", md.GetIndex(), md.GetTerm(), term)
 	}
-	if _, err := decodeSnapshotData(snap.GetData()); err != nil {
+	if _, _, err := decodeSnapshotData(snap.GetData()); err != nil {
 		return err
 	}
 	cs := md.GetConfState()

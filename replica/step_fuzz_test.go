@@ -41,9 +41,9 @@ func FuzzStep(f *testing.F) {
 	add(2, 3, &pb.Message{Type: pb.MsgPreVote.Enum(), Term: new(uint64(2)), Index: new(uint64(3)), LogTerm: new(uint64(1))})
 	add(1, 3, &pb.Message{Type: pb.MsgTimeoutNow.Enum(), Term: new(uint64(1))})
 	add(0, 0, &pb.Message{Type: pb.MsgSnap.Enum(), To: new(uint64(1)), From: new(uint64(2)), Term: new(uint64(1))})
-	add(2, 1, &pb.Message{Type: pb.MsgSnap.Enum(), Term: new(uint64(4)), Snapshot: &pb.Snapshot{Data: snapshotData(7),
+	add(2, 1, &pb.Message{Type: pb.MsgSnap.Enum(), Term: new(uint64(4)), Snapshot: &pb.Snapshot{Data: snapshotData(7, nil),
 		Metadata: &pb.SnapshotMetadata{Index: new(uint64(40)), Term: new(uint64(3)), ConfState: &pb.ConfState{Voters: []uint64{1, 2, 3}}}}})
-	add(3, 2, &pb.Message{Type: pb.MsgSnap.Enum(), Term: new(uint64(1)), Snapshot: &pb.Snapshot{Data: snapshotData(0),
+	add(3, 2, &pb.Message{Type: pb.MsgSnap.Enum(), Term: new(uint64(1)), Snapshot: &pb.Snapshot{Data: snapshotData(0, nil),
 		Metadata: &pb.SnapshotMetadata{Index: new(uint64(1)), Term: new(uint64(1)), ConfState: &pb.ConfState{Voters: []uint64{1, 2}, Learners: []uint64{3}}}}})
 
 	c := newCluster(f, 3, 31, nil)
