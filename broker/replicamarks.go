@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/felix-broker/felix/internal/atomicfile"
 	"github.com/felix-broker/felix/shardmap"
 )
 
@@ -100,38 +101,13 @@ func (m *replicaMarks) removeStream(stream string) error {
 	return m.writeLocked()
 }
 
-// writeLocked replaces the file with the current marks: a temporary file,
-// fsynced, renamed over it, and the directory fsynced.
+// writeLocked replaces the file with the current marks, atomically and
+// durably.
 func (m *replicaMarks) writeLocked() error {
 	ids := make([]string, 0, len(m.ids))
 	for id := range m.ids {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
-	tmp := replicaMarksFile + ".tmp"
-	f, err := m.root.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o640)
-	if err != nil {
-		return fmt.Errorf("write %s in %s: %w", replicaMarksFile, m.root.Name(), err)
-	}
-	_, err = f.WriteString(strings.Join(ids, "\n") + "\n")
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = m.root.Rename(tmp, replicaMarksFile)
-	}
-	if err == nil {
-		var d *os.File
-		if d, err = m.root.Open("."); err == nil {
-			err = d.Sync()
-			d.Close()
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("write %s in %s: %w", replicaMarksFile, m.root.Name(), err)
-	}
-	return nil
+	return atomicfile.WriteFileIn(m.root, replicaMarksFile, []byte(strings.Join(ids, "\n")+"\n"), 0o640)
 }

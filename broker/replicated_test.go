@@ -421,3 +421,98 @@ func readShard(t *testing.T, e *shardEntry) []string {
 	}
 	return out
 }
+
+// TestReplicatedStreamCreatedAgainWhileDown: a replicated stream deleted
+// and created again under the same name while one of its brokers is down
+// is a new raft group. The restarted broker must not bring the old
+// group's log and raft state into it (an old log of a higher index could
+// win an election and overwrite the new stream's records): it removes
+// them, joins the new group empty, and holds exactly the new stream's
+// records, at their offsets, also once the new group needs its vote.
+func TestReplicatedStreamCreatedAgainWhileDown(t *testing.T) {
+	cfg := shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3}
+	ip := startInprocWith(t, fastRaft, 3, cfg)
+	id := shardmap.ShardID{Stream: "r3", Shard: 0}
+	lead := waitOwnerLeads(t, ip, ip.brokers, id)
+	for i := range uint64(20) {
+		if a := wantAck(t, publishVia(t, ip, lead, "r3", 0, i+1, fmt.Sprint("old-", i)), i+1); a.Offset != i {
+			t.Fatalf("old record %d acked at offset %d", i, a.Offset)
+		}
+	}
+	k := slices.IndexFunc(ip.brokers, func(b *Broker) bool { return b != lead })
+	if err := ip.brokers[k].Close(); err != nil {
+		t.Fatal(err)
+	}
+	rest := slices.Delete(slices.Clone(ip.brokers), k, k+1)
+	if err := ip.ctl.DeleteStream("r3"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ip.ctl.CreateStream(cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range rest {
+		for deadline := time.Now().Add(waitFor); b.Map().Epoch < ip.ctl.Map().Epoch; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s did not apply epoch %d", b.NodeID(), ip.ctl.Map().Epoch)
+			}
+		}
+	}
+	publishNew := func(via *Broker, i uint64) {
+		t.Helper()
+		for deadline := time.Now().Add(waitFor); ; time.Sleep(20 * time.Millisecond) {
+			f := publishVia(t, ip, via, "r3", 0, i+1, fmt.Sprint("new-", i))
+			if a, ok := f.(*transport.Ack); ok {
+				if a.Offset != i {
+					t.Fatalf("new record %d acked at offset %d", i, a.Offset)
+				}
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("new record %d: %T %+v", i, f, f)
+			}
+		}
+	}
+	publishNew(leaderOf(t, rest, id), 0)
+	publishNew(leaderOf(t, rest, id), 1)
+
+	ip.brokers[k] = ip.startBroker(k)
+	back := ip.brokers[k]
+	var e *shardEntry
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(10 * time.Millisecond) {
+		if e = groupOf(back, id); e != nil && e.sl.NextOffset() >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's replica of the new stream did not catch up", back.NodeID())
+		}
+	}
+	// The new group now needs the restarted replica: one of the other
+	// two goes.
+	gone := rest[0]
+	if l := leaderOf(t, ip.brokers, id); l == gone {
+		gone = rest[1]
+	}
+	ip.closeBroker(t, gone)
+	publishNew(leaderOf(t, ip.brokers, id), 2)
+	for _, b := range ip.brokers {
+		var got []string
+		for deadline := time.Now().Add(waitFor); ; time.Sleep(10 * time.Millisecond) {
+			got = got[:0]
+			if e := groupOf(b, id); e != nil && e.sl.NextOffset() == 3 {
+				for k, r := range readReplica(t, e) {
+					if r.Offset != uint64(k) {
+						t.Fatalf("%s: record %d at offset %d", b.NodeID(), k, r.Offset)
+					}
+					got = append(got, string(r.Value))
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s's replica does not hold the new stream's 3 records", b.NodeID())
+			}
+		}
+		if want := []string{"new-0", "new-1", "new-2"}; !slices.Equal(got, want) {
+			t.Fatalf("%s's replica holds %q, want %q", b.NodeID(), got, want)
+		}
+	}
+}

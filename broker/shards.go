@@ -15,7 +15,13 @@ package broker
 // deleted stream's directory is first renamed to .deleted-<x>-<epoch>
 // (atomic: a crash leaves the stream whole or in the trash, never half of
 // it, and a stream of the same name may be created at once), then removed;
-// trash left by a crash is removed when the broker starts.
+// trash left by a crash is removed when the broker starts. A stream's
+// directory holds its Created epoch (createdFile, written durably before
+// any shard of it), so that data of an earlier stream of the same name,
+// deleted while this broker was down or in maps it never applied, is
+// removed as the deletion would have removed it, never served as the new
+// stream's (claimDir; the new incarnation is also found by retain while
+// the broker runs).
 //
 // Every directory is created, inspected, renamed and removed through an
 // os.Root opened on <DataDir>/streams, so no name — one that slipped past
@@ -73,6 +79,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/felix-broker/felix/internal/atomicfile"
 	"github.com/felix-broker/felix/replica"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/wal"
@@ -161,6 +168,10 @@ type shardSet struct {
 		// before its data directory was lost, until each opens (and
 		// rejoins its group under a new raft id: rejoin.go).
 		lost map[shardmap.ShardID]bool
+		// incarnation holds, per stream whose directory this run has
+		// claimed (claimDir), the Created epoch of the stream it holds
+		// data of.
+		incarnation map[string]uint64
 	}
 }
 
@@ -235,6 +246,7 @@ func newShardSet(cfg Config, log *slog.Logger, tel *telemetry) (*shardSet, error
 	s.electionTicks, s.entryBytes = cfg.RaftElectionTicks, entryBytes(cfg)
 	s.mu.entries = map[shardmap.ShardID]*shardEntry{}
 	s.mu.removing = map[string]chan struct{}{}
+	s.mu.incarnation = map[string]uint64{}
 	s.mu.admitted = map[string]int{}
 	s.mu.failed = map[shardmap.ShardID]failure{}
 	s.mu.closedStats = map[shardmap.ShardID]shardStats{}
@@ -259,6 +271,42 @@ func (s *shardSet) emptyTrash() {
 			s.logger.Info("removed data of a stream deleted before a crash", "dir", e.Name())
 		}
 	}
+}
+
+// createdFile, in a stream's directory, holds the Created epoch of the
+// stream whose data the directory holds (shardmap.Stream.Created).
+const createdFile = ".created"
+
+// claimDir makes the directory of stream st hold st's data: if it holds
+// the data of an earlier stream of the same name (one deleted while this
+// broker was down, or in maps it never applied), that data is removed as
+// a deletion would have removed it; then the directory is created if
+// need be and marked with st's Created epoch, durably, before any shard
+// of st writes there. A directory without a mark holds data written
+// before marks existed, or none: it is st's. epoch names the trash.
+func (s *shardSet) claimDir(st *shardmap.Stream, epoch uint64) error {
+	if st.Created == 0 {
+		return nil // created by a control plane that does not tell incarnations apart
+	}
+	mark := filepath.Join(st.Name, createdFile)
+	b, err := s.root.ReadFile(mark)
+	switch {
+	case err == nil:
+		if have, perr := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); perr == nil && have == st.Created {
+			return nil
+		}
+		s.logger.Warn("removing the data of an earlier stream of the same name: it was deleted and created again while this broker did not see it",
+			"stream", st.Name, "data_of_stream_created_at_epoch", strings.TrimSpace(string(b)), "stream_created_at_epoch", st.Created)
+		if err := s.removeStream(st.Name, epoch); err != nil {
+			return err
+		}
+	case !errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("read %s in %s: %w", mark, s.root.Name(), err)
+	}
+	if err := s.root.Mkdir(st.Name, 0o750); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("create %q in %s: %w", st.Name, s.root.Name(), err)
+	}
+	return atomicfile.WriteFileIn(s.root, mark, []byte(strconv.FormatUint(st.Created, 10)+"\n"), 0o640)
 }
 
 // shardDir creates the directory of shard id through the root, checks that
@@ -343,6 +391,32 @@ func (s *shardSet) acquireSlow(m *shardmap.Map, id shardmap.ShardID) (*shardEntr
 		if err != nil {
 			s.mu.Unlock()
 			return nil, err
+		}
+		if inc, ok := s.mu.incarnation[st.Name]; !ok {
+			// First use this run: make sure the directory holds this
+			// stream's data, not an earlier one's of the same name. Opens
+			// of its shards wait meanwhile.
+			ch := make(chan struct{})
+			s.mu.removing[st.Name] = ch
+			epoch := s.mu.latest.Epoch
+			s.mu.Unlock()
+			err := s.claimDir(st, epoch)
+			s.mu.Lock()
+			delete(s.mu.removing, st.Name)
+			if err == nil {
+				s.mu.incarnation[st.Name] = st.Created
+			}
+			s.mu.Unlock()
+			close(ch)
+			if err != nil {
+				return nil, fmt.Errorf("shard %s: %w", id, err)
+			}
+			continue
+		} else if inc != st.Created {
+			// Deleted and created again in maps this broker has not
+			// applied yet: the apply that does removes the old data.
+			s.mu.Unlock()
+			return nil, fmt.Errorf("%w: %s was created again at map epoch %d; this broker still holds the stream of epoch %d", errShardGone, id, st.Created, inc)
 		}
 		if f, ok := s.mu.failed[id]; ok && time.Since(f.at) < failRetry {
 			s.mu.Unlock()
@@ -643,8 +717,13 @@ func (s *shardSet) retain(m *shardmap.Map, r *applyResult) *shardmap.Map {
 		known[name] = true
 	}
 	var deleted []string
+	replaced := map[string]bool{} // deleted and created again, in maps not applied here
 	for name := range known {
-		if _, ok := m.Stream(name); !ok && shardmap.ValidateStreamName(name) == nil {
+		st, ok := m.Stream(name)
+		if inc, claimed := s.mu.incarnation[name]; ok && claimed && st.Created != inc {
+			replaced[name], ok = true, false
+		}
+		if !ok && shardmap.ValidateStreamName(name) == nil {
 			deleted = append(deleted, name) // an invalid name never had data here
 		}
 	}
@@ -657,11 +736,12 @@ func (s *shardSet) retain(m *shardmap.Map, r *applyResult) *shardmap.Map {
 		}
 		s.mu.total -= s.mu.admitted[name]
 		delete(s.mu.admitted, name)
+		delete(s.mu.incarnation, name) // the next use claims the directory again
 	}
 	var retired []*shardEntry
 	for id, e := range s.mu.entries {
 		st, ok := m.Stream(id.Stream)
-		if ok && st.Placement.IsReplica(id.Shard, s.node) {
+		if ok && !replaced[id.Stream] && st.Placement.IsReplica(id.Shard, s.node) {
 			continue
 		}
 		if e.gone == nil {

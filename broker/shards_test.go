@@ -161,8 +161,8 @@ func TestTroublesomeStreamNames(t *testing.T) {
 	if got := dirNames(t, filepath.Join(ip.dir, b.NodeID())); !slices.Equal(got, parentBefore) {
 		t.Fatalf("the broker's data dir changed from %q to %q", parentBefore, got)
 	}
-	if got := dirNames(t, filepath.Join(streamsDir, "0")); !slices.Equal(got, []string{"0", "1"}) {
-		t.Fatalf("stream 0's dir holds %q", got)
+	if got := dirNames(t, filepath.Join(streamsDir, "0")); !slices.Equal(got, []string{createdFile, "0", "1"}) {
+		t.Fatalf("stream 0's dir holds %q, want its mark and its two shards", got)
 	}
 
 	// Restart: "0" holds exactly its records, and offsets continue.
@@ -502,4 +502,85 @@ func TestMaxShardsAdmitsWholeStreams(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// createdMap is a hand map holding stream "orders" of one shard, created
+// at epoch created (0: by a control plane older than Created).
+func createdMap(epoch, created uint64) *shardmap.Map {
+	m := handMap(epoch, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	m.Streams[0].Created = created
+	return m
+}
+
+// TestStreamCreatedAgainIsNew: a stream deleted and created again under
+// the same name in maps this broker never applied (the maps in between
+// skipped while it ran, or all of them while it was down) is a new
+// stream: the old one's records are removed, never served as the new
+// one's, and the new one's offsets start at 0. The same incarnation
+// keeps its records across a restart, and so does a stream from a
+// control plane that does not record incarnations.
+func TestStreamCreatedAgainIsNew(t *testing.T) {
+	dataDir := t.TempDir()
+	id := shardmap.ShardID{Stream: "orders", Shard: 0}
+	appendN := func(s *shardSet, m *shardmap.Map, n int) {
+		t.Helper()
+		e, err := s.acquire(m, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.release()
+		for i := range n {
+			if _, err := e.log.Append(context.Background(), &wal.Record{Value: fmt.Appendf(nil, "%d", i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	wantNext := func(s *shardSet, m *shardmap.Map, want uint64, when string) {
+		t.Helper()
+		e, err := s.acquire(m, id)
+		if err != nil {
+			t.Fatalf("%s: %v", when, err)
+		}
+		defer e.release()
+		if first, next := e.log.FirstOffset(), e.log.NextOffset(); first != 0 || next != want {
+			t.Fatalf("%s: orders/0 holds [%d, %d), want [0, %d)", when, first, next, want)
+		}
+	}
+
+	s := testShardSet(t, dataDir, nil)
+	m := createdMap(1, 1)
+	s.apply(m)
+	appendN(s, m, 3)
+
+	// Deleted at epoch 2 and created again at 3; map 2 never applied.
+	m = createdMap(3, 3)
+	if _, r := s.apply(m); !slices.Equal(r.deleted, []string{"orders"}) || len(r.deleteErr) > 0 {
+		t.Fatalf("apply of the stream created again: deleted %q, errors %v", r.deleted, r.deleteErr)
+	}
+	wantNext(s, m, 0, "created again while running")
+	appendN(s, m, 2)
+	if err := s.close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Deleted and created again while the broker was down.
+	s = testShardSet(t, dataDir, nil)
+	m = createdMap(9, 8)
+	s.apply(m)
+	wantNext(s, m, 0, "created again while down")
+	appendN(s, m, 4)
+	if err := s.close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The same stream after a restart, and from an older control plane.
+	for _, created := range []uint64{8, 0} {
+		s = testShardSet(t, dataDir, nil)
+		m = createdMap(10, created)
+		s.apply(m)
+		wantNext(s, m, 4, fmt.Sprintf("restart, created %d", created))
+		if err := s.close(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

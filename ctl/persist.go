@@ -77,6 +77,9 @@ type fileStream struct {
 	// Replicas is the replication factor, absent for 1 (as in the files
 	// of earlier versions); its shards' replica sets are in Owners.
 	Replicas int `json:"replicas,omitempty"`
+	// Created is the epoch of the stream's first map
+	// (shardmap.Stream.Created), absent in files of earlier versions.
+	Created uint64 `json:"created,omitempty"`
 }
 
 // loadState reads the state file in dir. A missing file is an empty state
@@ -116,7 +119,7 @@ func loadState(dir string) (snapshot, error) {
 			return snapshot{}, fmt.Errorf("ctl: load state %s: corrupt stream %q: %d owners for %d shards", path, s.Name, s.Owners.Len(), c.Shards)
 		}
 		seen[c.Name] = true
-		snap.Streams = append(snap.Streams, shardmap.Stream{StreamConfig: c, Placement: s.Owners})
+		snap.Streams = append(snap.Streams, shardmap.Stream{StreamConfig: c, Placement: s.Owners, Created: s.Created})
 	}
 	for _, g := range f.Grants {
 		ag := auth.Grant{Principal: g.Principal, Action: auth.Action(g.Action), Pattern: g.Pattern}

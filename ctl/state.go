@@ -267,8 +267,8 @@ func (s *state) createStream(c shardmap.StreamConfig) error {
 		return fmt.Errorf("%w: stream %q with %d replicas per shard needs at least %d members, the cluster has %d; add brokers or create it with --replicas 1",
 			ErrTooFewMembers, c.Name, c.Replicas, c.Replicas, len(s.members))
 	}
-	s.streams[c.Name] = shardmap.Stream{StreamConfig: c}
-	s.bump() // places the new stream's shards over the current members
+	s.streams[c.Name] = shardmap.Stream{StreamConfig: c, Created: s.epoch + 1}
+	s.bump() // places the new stream's shards over the current members, in the map of epoch Created
 	return nil
 }
 

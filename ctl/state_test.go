@@ -180,6 +180,17 @@ func TestStreamRegistry(t *testing.T) {
 	if c, err := s.stream("b"); err != nil || c.Shards != 1 {
 		t.Errorf("stream b = %+v, %v", c, err)
 	}
+	// A stream's Created is the epoch of its first map; created again
+	// under the same name, it is another stream.
+	if b, _ := s.Map().Stream("b"); b.Created != epochs[2] {
+		t.Errorf("stream b created at epoch %d, first in the map of epoch %d", b.Created, epochs[2])
+	}
+	if err := s.createStream(shardmap.StreamConfig{Name: "a", Shards: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := s.Map().Stream("a"); a.Created != s.Map().Epoch || a.Created <= epochs[1] {
+		t.Errorf("stream a created again at epoch %d (map %d; the first a at %d)", a.Created, s.Map().Epoch, epochs[1])
+	}
 
 	cp := s.checkpoint()
 	before := s.Map()

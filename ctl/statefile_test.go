@@ -14,8 +14,7 @@ func saveState(dir string, snap snapshot) error {
 		f.Members = append(f.Members, fileMember{ID: n.ID, Addr: n.Addr, Admin: n.Admin}) // liveness is not kept in the file
 	}
 	for _, c := range snap.Streams {
-		f.Streams = append(f.Streams, fileStream{Name: c.Name, Shards: c.Shards, RetentionBytes: c.RetentionBytes,
-			RetentionAgeNano: int64(c.RetentionAge), Owners: c.Placement})
+		f.Streams = append(f.Streams, toFileStream(c))
 	}
 	for _, g := range snap.Grants {
 		f.Grants = append(f.Grants, fileGrant{Principal: g.Principal, Action: string(g.Action), Pattern: g.Pattern})

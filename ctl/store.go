@@ -244,7 +244,7 @@ func (st *store) diff(old, next snapshot) []clientv3.Op {
 		oldS[s.Name] = s
 	}
 	for _, s := range next.Streams {
-		if o, ok := oldS[s.Name]; !ok || o.StreamConfig != s.StreamConfig || !o.Placement.Equal(s.Placement) {
+		if o, ok := oldS[s.Name]; !ok || o.StreamConfig != s.StreamConfig || o.Created != s.Created || !o.Placement.Equal(s.Placement) {
 			put(st.streamKey(s.Name), toFileStream(s))
 		}
 		delete(oldS, s.Name)
@@ -275,7 +275,7 @@ func toFileMember(n shardmap.Node) fileMember {
 
 func toFileStream(c shardmap.Stream) fileStream {
 	return fileStream{Name: c.Name, Shards: c.Shards, RetentionBytes: c.RetentionBytes,
-		RetentionAgeNano: int64(c.RetentionAge), Owners: c.Placement, Replicas: c.Replicas}
+		RetentionAgeNano: int64(c.RetentionAge), Owners: c.Placement, Replicas: c.Replicas, Created: c.Created}
 }
 
 func toFileGrant(g auth.Grant) fileGrant {
@@ -294,5 +294,5 @@ func (s fileStream) stream() (shardmap.Stream, error) {
 	if s.Owners.Len() > c.Shards {
 		return shardmap.Stream{}, fmt.Errorf("stream %q: %d owners for %d shards", s.Name, s.Owners.Len(), c.Shards)
 	}
-	return shardmap.Stream{StreamConfig: c, Placement: s.Owners}, nil
+	return shardmap.Stream{StreamConfig: c, Placement: s.Owners, Created: s.Created}, nil
 }

@@ -117,6 +117,14 @@ type Stream struct {
 	// Placement says which node owns each shard (the "owners" field of
 	// earlier versions, encoded as it was).
 	Placement Placement `msgpack:"owners"`
+	// Created is the epoch of the first map that held the stream: with
+	// the name, it tells this stream from one of the same name deleted
+	// before it (epochs never repeat), as Kafka's topic ids do. A broker
+	// that finds data of another incarnation under the name (the stream
+	// was deleted and created again while the broker was down, or in maps
+	// it never saw) removes it instead of serving it as the new stream's.
+	// 0 for a stream created by a control plane older than the field.
+	Created uint64 `msgpack:"created,omitempty"`
 }
 
 // Map is one version of the cluster's shard map. A Map is immutable once

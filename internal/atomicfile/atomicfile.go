@@ -50,3 +50,41 @@ func WriteFile(path string, data []byte, perm os.FileMode) (err error) {
 	}
 	return nil
 }
+
+// WriteFileIn is WriteFile for a file named name inside root (a path
+// relative to it, resolved by the root so that it cannot lead out): the
+// temporary file is name + ".tmp" beside it.
+func WriteFileIn(root *os.Root, name string, data []byte, perm os.FileMode) (err error) {
+	tmp := name + ".tmp"
+	f, err := root.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, perm)
+	if err != nil {
+		return fmt.Errorf("create %s in %s: %w", tmp, root.Name(), err)
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			root.Remove(tmp)
+		}
+	}()
+	if _, err := f.Write(data); err != nil {
+		return fmt.Errorf("write %s in %s: %w", tmp, root.Name(), err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("fsync %s in %s: %w", tmp, root.Name(), err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close %s in %s: %w", tmp, root.Name(), err)
+	}
+	if err := root.Rename(tmp, name); err != nil {
+		return fmt.Errorf("rename %s in %s: %w", tmp, root.Name(), err)
+	}
+	d, err := root.Open(filepath.Dir(name))
+	if err != nil {
+		return fmt.Errorf("open dir of %s in %s: %w", name, root.Name(), err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync dir of %s in %s: %w", name, root.Name(), err)
+	}
+	return nil
+}

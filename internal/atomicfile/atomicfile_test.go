@@ -42,3 +42,32 @@ func TestWriteFile(t *testing.T) {
 		t.Fatalf("directory holds %v, want only state and d", names)
 	}
 }
+
+// WriteFileIn replaces a file inside a root, in a subdirectory too, leaves
+// no temporary file behind, and cannot be led out of the root.
+func TestWriteFileIn(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	for _, content := range []string{"first", "second, longer"} {
+		if err := WriteFileIn(root, filepath.Join("sub", "mark"), []byte(content), 0o640); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "sub", "mark"))
+		if err != nil || string(b) != content {
+			t.Fatalf("read %q, %v; want %q", b, err, content)
+		}
+	}
+	if ents, err := os.ReadDir(filepath.Join(dir, "sub")); err != nil || len(ents) != 1 {
+		t.Fatalf("sub holds %v (%v), want only mark", ents, err)
+	}
+	if err := WriteFileIn(root, "../escape", []byte("x"), 0o640); err == nil {
+		t.Fatal("WriteFileIn wrote outside its root")
+	}
+}
