@@ -21,7 +21,8 @@ package broker
 // deleted while this broker was down or in maps it never applied, is
 // removed as the deletion would have removed it, never served as the new
 // stream's (claimDir; the new incarnation is also found by retain while
-// the broker runs).
+// the broker runs), and the data of a stream deleted while this broker
+// was down is removed by the first map it applies (sweepDeleted).
 //
 // Every directory is created, inspected, renamed and removed through an
 // os.Root opened on <DataDir>/streams, so no name — one that slipped past
@@ -133,6 +134,9 @@ type shardSet struct {
 	// marks are the replicas of replicated shards this broker created
 	// (replicamarks.go).
 	marks *replicaMarks
+	// swept: the first map applied has been compared with the stream
+	// directories on disk (sweepDeleted).
+	swept atomic.Bool
 
 	// clock is advanced by every open; a use stamps it on the entry, so
 	// the entry with the smallest stamp is (about) the least recently used.
@@ -288,25 +292,42 @@ func (s *shardSet) claimDir(st *shardmap.Stream, epoch uint64) error {
 	if st.Created == 0 {
 		return nil // created by a control plane that does not tell incarnations apart
 	}
-	mark := filepath.Join(st.Name, createdFile)
-	b, err := s.root.ReadFile(mark)
+	have, marked, err := s.createdMark(st.Name)
 	switch {
-	case err == nil:
-		if have, perr := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); perr == nil && have == st.Created {
-			return nil
-		}
+	case err != nil:
+		return err
+	case marked && have == st.Created:
+		return nil
+	case marked:
 		s.logger.Warn("removing the data of an earlier stream of the same name: it was deleted and created again while this broker did not see it",
-			"stream", st.Name, "data_of_stream_created_at_epoch", strings.TrimSpace(string(b)), "stream_created_at_epoch", st.Created)
+			"stream", st.Name, "data_of_stream_created_at_epoch", have, "stream_created_at_epoch", st.Created)
 		if err := s.removeStream(st.Name, epoch); err != nil {
 			return err
 		}
-	case !errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("read %s in %s: %w", mark, s.root.Name(), err)
 	}
 	if err := s.root.Mkdir(st.Name, 0o750); err != nil && !errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("create %q in %s: %w", st.Name, s.root.Name(), err)
 	}
-	return atomicfile.WriteFileIn(s.root, mark, []byte(strconv.FormatUint(st.Created, 10)+"\n"), 0o640)
+	return atomicfile.WriteFileIn(s.root, filepath.Join(st.Name, createdFile), []byte(strconv.FormatUint(st.Created, 10)+"\n"), 0o640)
+}
+
+// createdMark reads the Created epoch marking the directory of stream
+// name; marked is false if there is no mark. A mark that does not parse
+// is an error: the data is neither removed nor opened on a guess.
+func (s *shardSet) createdMark(name string) (created uint64, marked bool, err error) {
+	mark := filepath.Join(name, createdFile)
+	b, err := s.root.ReadFile(mark)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, fmt.Errorf("read %s in %s: %w", mark, s.root.Name(), err)
+	}
+	created, err = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, false, fmt.Errorf("%s in %s is damaged (%q): restore it or remove the stream's directory: %w", mark, s.root.Name(), b, err)
+	}
+	return created, true, nil
 }
 
 // shardDir creates the directory of shard id through the root, checks that
@@ -662,6 +683,9 @@ func firstFew(list []string) string {
 func (s *shardSet) apply(m *shardmap.Map) (*shardmap.Map, applyResult) {
 	var r applyResult
 	m = s.retain(m, &r)
+	if !s.swept.Swap(true) {
+		s.sweepDeleted(m, &r)
+	}
 	toOpen := s.admit(m, &r)
 	for _, id := range toOpen {
 		s.mu.RLock()
@@ -779,6 +803,57 @@ func (s *shardSet) retain(m *shardmap.Map, r *applyResult) *shardmap.Map {
 		s.mu.Unlock()
 	}
 	return m
+}
+
+// sweepDeleted removes, once per run (on the first map applied), the
+// data of streams deleted while this broker was down: a stream directory
+// whose stream m does not hold, marked with a Created epoch older than
+// m's (so m is a map of the control plane that created the stream and
+// has since deleted it). A directory without a mark (data written before
+// marks existed), or with a mark at or past m's epoch (a map from a
+// control plane that lost its state and counts epochs afresh), is kept:
+// it is never removed on a guess.
+func (s *shardSet) sweepDeleted(m *shardmap.Map, r *applyResult) {
+	ents, err := fs.ReadDir(s.root.FS(), ".")
+	if err != nil {
+		s.logger.Error("listing shard data dir", "dir", s.root.Name(), "err", err)
+		return
+	}
+	for _, ent := range ents {
+		name := ent.Name()
+		if !ent.IsDir() || shardmap.ValidateStreamName(name) != nil {
+			continue // the broker's own files, and trash
+		}
+		if _, ok := m.Stream(name); ok {
+			continue
+		}
+		created, marked, err := s.createdMark(name)
+		if err != nil || !marked || created == 0 || created >= m.Epoch {
+			continue
+		}
+		s.mu.Lock()
+		_, admitted := s.mu.admitted[name]
+		busy := s.mu.removing[name] != nil || admitted || s.mu.latest != m
+		ch := make(chan struct{})
+		if !busy {
+			s.mu.removing[name] = ch // opens of its shards wait
+		}
+		s.mu.Unlock()
+		if busy {
+			continue // a newer map, or a use of the name meanwhile: leave it to them
+		}
+		if err := s.removeStream(name, m.Epoch); err != nil {
+			r.deleteErr = append(r.deleteErr, err)
+		} else {
+			r.deleted = append(r.deleted, name)
+			s.logger.Info("removed the data of a stream deleted while this broker was down",
+				"stream", name, "created_at_epoch", created, "map_epoch", m.Epoch)
+		}
+		s.mu.Lock()
+		delete(s.mu.removing, name)
+		s.mu.Unlock()
+		close(ch)
+	}
 }
 
 // removeStream removes the data of a deleted stream: it renames the

@@ -584,3 +584,91 @@ func TestStreamCreatedAgainIsNew(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamDeletedWhileDownIsRemoved: the first map a broker applies
+// after a restart removes the data of a stream deleted while it was down
+// (marked with a Created epoch older than the map's), and keeps data it
+// cannot judge: a stream directory without a mark (written before marks
+// existed), or one whose mark is at or past the map's epoch (a control
+// plane that lost its state and counts epochs afresh).
+func TestStreamDeletedWhileDownIsRemoved(t *testing.T) {
+	dataDir := t.TempDir()
+	s := testShardSet(t, dataDir, nil)
+	m := handMap(4, shardmap.StreamConfig{Name: "gone", Shards: 1}, shardmap.StreamConfig{Name: "legacy", Shards: 1},
+		shardmap.StreamConfig{Name: "young", Shards: 1})
+	m.Streams[0].Created, m.Streams[2].Created = 3, 4 // "legacy" from a control plane without Created
+	s.apply(m)
+	for _, name := range []string{"gone", "legacy", "young"} {
+		e, err := s.acquire(m, shardmap.ShardID{Stream: name, Shard: 0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.log.Append(context.Background(), &wal.Record{Value: []byte("v")}); err != nil {
+			t.Fatal(err)
+		}
+		e.release()
+	}
+	if err := s.close(); err != nil {
+		t.Fatal(err)
+	}
+	streams := filepath.Join(dataDir, "streams")
+
+	// A control plane that lost its state: epoch 4 is not past "young"'s.
+	s = testShardSet(t, dataDir, nil)
+	if _, r := s.apply(handMap(4)); len(r.deleted) != 1 || r.deleted[0] != "gone" {
+		t.Fatalf("first map of epoch 4 deleted %q, want only gone", r.deleted)
+	}
+	if got := dirNames(t, streams); slices.Contains(got, "gone") || !slices.Contains(got, "legacy") || !slices.Contains(got, "young") {
+		t.Fatalf("streams dir holds %q, want gone removed, legacy and young kept", got)
+	}
+	// Only the first map of a run sweeps.
+	if _, r := s.apply(handMap(9)); len(r.deleted) != 0 {
+		t.Fatalf("a later map deleted %q", r.deleted)
+	}
+	if err := s.close(); err != nil {
+		t.Fatal(err)
+	}
+	s = testShardSet(t, dataDir, nil)
+	defer s.close()
+	if _, r := s.apply(handMap(9)); !slices.Equal(r.deleted, []string{"young"}) {
+		t.Fatalf("first map of epoch 9 deleted %q, want young", r.deleted)
+	}
+	if got := dirNames(t, streams); !slices.Contains(got, "legacy") || slices.Contains(got, "young") {
+		t.Fatalf("streams dir holds %q, want legacy kept and young removed", got)
+	}
+}
+
+// TestDamagedStreamMarkRefuses: a stream directory whose mark does not
+// parse is neither removed nor opened: its shards fail to open with an
+// error naming the mark, and its records stay.
+func TestDamagedStreamMarkRefuses(t *testing.T) {
+	dataDir := t.TempDir()
+	s := testShardSet(t, dataDir, nil)
+	m := createdMap(1, 1)
+	s.apply(m)
+	e, err := s.acquire(m, shardmap.ShardID{Stream: "orders", Shard: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.log.Append(context.Background(), &wal.Record{Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	e.release()
+	if err := s.close(); err != nil {
+		t.Fatal(err)
+	}
+	mark := filepath.Join(dataDir, "streams", "orders", createdFile)
+	if err := os.WriteFile(mark, []byte("1x\n"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	s = testShardSet(t, dataDir, nil)
+	defer s.close()
+	m = createdMap(5, 1)
+	s.apply(m)
+	if _, err := s.acquire(m, shardmap.ShardID{Stream: "orders", Shard: 0}); err == nil || !strings.Contains(err.Error(), createdFile) {
+		t.Fatalf("open with a damaged mark: %v, want an error naming %s", err, createdFile)
+	}
+	if got := dirNames(t, filepath.Join(dataDir, "streams", "orders")); !slices.Contains(got, "0") {
+		t.Fatalf("the stream's data went: %q", got)
+	}
+}
