@@ -76,7 +76,9 @@ package broker
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/felix-broker/felix/replica"
@@ -134,7 +136,47 @@ func entryBytes(cfg Config) int { return max(1<<20, cfg.MaxPayload+64<<10) }
 
 // openGroup opens this broker's replica of the replicated shard of e in
 // dir and registers it for raft messages.
+//
+// A replica whose storage is damaged (replica.ErrCorrupt: an entry that
+// fails its checksum, a log that ends below its committed index, a state
+// file with no valid slot) cannot be trusted with its votes or its log,
+// as one whose disk was lost: its directory is set aside (setAside, kept
+// for inspection) and a new, empty replica joins the group in its place
+// under a new raft id, caught up from its peers (rejoin.go).
 func (s *shardSet) openGroup(e *shardEntry, dir string, st *shardmap.Stream) error {
+	err := s.openReplica(e, dir, st)
+	if !errors.Is(err, replica.ErrCorrupt) {
+		return err
+	}
+	aside, aerr := s.setAside(e.id)
+	if aerr != nil {
+		return errors.Join(err, aerr)
+	}
+	s.logger.Error("replica's storage is damaged: set aside for inspection, and a new replica joins the group in its place, caught up from its peers",
+		"shard", e.id.String(), "err", err, "set_aside_in", aside)
+	if dir, err = s.shardDir(e.id); err != nil {
+		return err
+	}
+	return s.openReplica(e, dir, st)
+}
+
+// damagedPrefix starts the name of a damaged replica's directory set
+// aside in the streams directory (never removed by the broker).
+const damagedPrefix = ".damaged-"
+
+// setAside moves the directory of shard id to
+// <streams>/.damaged-<stream>-<shard>-<unix ns> and returns that path.
+func (s *shardSet) setAside(id shardmap.ShardID) (string, error) {
+	name := fmt.Sprintf("%s%s-%d-%d", damagedPrefix, id.Stream, id.Shard, time.Now().UnixNano())
+	if err := s.root.Rename(filepath.Join(id.Stream, strconv.Itoa(id.Shard)), name); err != nil {
+		return "", fmt.Errorf("set aside the damaged replica of %s: %w", id, err)
+	}
+	return filepath.Join(s.root.Name(), name), nil
+}
+
+// openReplica opens this broker's replica of e's shard in dir: under its
+// raft id, or, if it was lost, as a new replica that joins (rejoin.go).
+func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) error {
 	set := st.Placement.Replicas(e.id.Shard)
 	nodes := raftNodes(set)
 	id := raftID(nodes, s.node)

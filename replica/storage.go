@@ -233,6 +233,9 @@ func decodeEntry(b []byte, index uint64) (typ pb.EntryType, term uint64, data []
 // readEntry reads entry index from disk. Safe for concurrent use.
 func (s *storage) readEntry(index uint64) (pb.EntryType, uint64, []byte, error) {
 	b, err := s.tw.Read(index)
+	if errors.Is(err, tidwall.ErrCorrupt) { // a segment that does not parse
+		return 0, 0, nil, fmt.Errorf("replica: group %q: read entry %d: %w: %w", s.name, index, ErrCorrupt, err)
+	}
 	if err != nil {
 		return 0, 0, nil, fmt.Errorf("replica: group %q: read entry %d: %w", s.name, index, err)
 	}
