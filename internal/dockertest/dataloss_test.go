@@ -3,6 +3,9 @@ package dockertest
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -140,4 +143,119 @@ func perShard(shards, shard int, entries []hist.Entry) [][]hist.Entry {
 	out := make([][]hist.Entry, shards)
 	out[shard] = entries
 	return out
+}
+
+// TestReplicatedBitFlip damages a broker's disk as Jepsen's bitflip
+// nemesis does: while publishers and subscribers run on a stream of
+// replication factor 3, a broker that does not lead shard 0 is killed,
+// one bit is flipped in the middle of the oldest log segment of each of
+// its replicas (docker cp out and in), and it is started again. Each
+// replica fails its checksums when it opens; the broker must set it aside
+// and have a new replica join in its place (never serve, vote or ack
+// from damaged data). Then: the history check of workloadRun.finish (no
+// acked record lost or duplicated, linearizable; the two intact replicas
+// agree), and each new replica on the damaged broker serves every record
+// of its shard at the same offsets as the others.
+func TestReplicatedBitFlip(t *testing.T) {
+	c := Start(t, Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const stream, shards = "flip", 3
+	r := c.startWorkload(ctx, t, stream, shards)
+	time.Sleep(3 * time.Second) // records on every replica
+
+	leader, err := r.leader(ctx, 0, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var victim *Node
+	for _, b := range c.Brokers {
+		if b.Name != leader {
+			victim = b
+			break
+		}
+	}
+	if err := c.Kill(ctx, victim); err != nil {
+		t.Fatal(err)
+	}
+	for s := range shards {
+		seg, at, err := c.flipSegmentBit(ctx, t, victim, fmt.Sprintf("/data/streams/%s/%d", stream, s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("flipped a bit of %s's replica of %s/%d: byte %d of segment %s", victim.Name, stream, s, at, seg)
+	}
+	if err := c.Restart(ctx, victim); err != nil {
+		t.Fatal(err)
+	}
+	restarted := time.Now()
+	if err := c.WaitHealthy(ctx); err != nil {
+		t.Fatalf("after restarting %s: %v", victim.Name, err)
+	}
+	time.Sleep(3 * time.Second) // more load while the damaged replicas are replaced
+
+	rep, logs := r.finish(ctx, t, victim)
+	t.Logf("%s", rep)
+	for s := range shards {
+		deadline := time.Now().Add(rejoinWithin)
+		for {
+			got, err := workload.ReadReplica(ctx, victim.Addr, c.brokerTLS(victim), stream, s, uint64(len(logs[s])-1), 5*time.Second)
+			if errs := workload.Compare(victim.Name, perShard(shards, s, got), logs); len(errs) > 0 {
+				t.Fatalf("%s's replica of %s/%d served a wrong record: %v", victim.Name, stream, s, errs)
+			}
+			if err == nil && len(got) == len(logs[s]) {
+				t.Logf("%s's new replica of %s/%d holds all %d records, %v after the restart", victim.Name, stream, s, len(got), time.Since(restarted).Round(time.Second))
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s's replica of %s/%d did not catch up within %v: %d of %d records, %v", victim.Name, stream, s, rejoinWithin, len(got), len(logs[s]), err)
+			}
+			time.Sleep(time.Second)
+		}
+	}
+	if n := strings.Count(c.Logs(victim, 2000), "replica's storage is damaged"); n != shards {
+		t.Errorf("%s logged %d damaged replicas, want %d (one per shard)", victim.Name, n, shards)
+	}
+}
+
+// flipSegmentBit flips one bit in the middle of the oldest tidwall
+// segment in dir of n's stopped container, and returns the segment's
+// name and the byte's position.
+func (c *Cluster) flipSegmentBit(ctx context.Context, t *testing.T, n *Node, dir string) (string, int, error) {
+	tmp := t.TempDir()
+	if _, err := docker(ctx, "cp", n.Container+":"+dir, tmp); err != nil {
+		return "", 0, err
+	}
+	local := filepath.Join(tmp, filepath.Base(dir))
+	ents, err := os.ReadDir(local)
+	if err != nil {
+		return "", 0, err
+	}
+	var seg string
+	for _, e := range ents { // sorted by name: the oldest segment first
+		if n := e.Name(); len(n) == 20 && strings.Trim(n, "0123456789") == "" {
+			seg = n
+			break
+		}
+	}
+	if seg == "" {
+		return "", 0, fmt.Errorf("no segment in %s of %s", dir, n.Name)
+	}
+	path := filepath.Join(local, seg)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", 0, err
+	}
+	if len(b) < 2 {
+		return "", 0, fmt.Errorf("segment %s of %s in %s is %d bytes", seg, dir, n.Name, len(b))
+	}
+	at := len(b) / 2
+	b[at] ^= 0x04
+	if err := os.WriteFile(path, b, 0o640); err != nil {
+		return "", 0, err
+	}
+	if _, err := docker(ctx, "cp", path, n.Container+":"+dir+"/"+seg); err != nil {
+		return "", 0, err
+	}
+	return seg, at, nil
 }

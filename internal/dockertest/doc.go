@@ -27,8 +27,9 @@
 // streams (issue 16): TestReplicatedNemesis (publishers and subscribers
 // through every broker while a nemesis kills -9 shard leaders, pauses a
 // broker and cuts one off the network, the history checked with
-// porcupine through internal/history) and TestReplicatedDataLoss (a
-// broker's data directory lost):
+// porcupine through internal/history), TestReplicatedDataLoss (a
+// broker's data directory lost) and TestReplicatedBitFlip (one bit
+// flipped in each of a broker's replicas while it is down):
 //
 //	go test ./internal/dockertest/                          # all: kills, partition, restart, nemesis (a few minutes)
 //	go test ./internal/dockertest/ -run 'CtlLeaderKill/external' -args -felix.docker.kills=10   # failover figures
