@@ -353,8 +353,16 @@ func (p *pubSession) dispatchReplicated(in inbound, m *shardmap.Map, st *shardma
 	if slices.Contains(set, b.cfg.NodeID) {
 		e, err := b.shards.acquire(m, id)
 		if err != nil {
+			// This broker's replica cannot serve (it failed to open):
+			// the others still can. A client's publish goes to one of
+			// them, as from a broker that holds no replica; a peer's is
+			// answered with one.
+			if target := b.guessLeader(m, id, set, b.cfg.NodeID); target != "" {
+				p.forwardReplicated(in, m, id, target, attempt)
+				return
+			}
 			p.fail(in, &transport.Error{Code: transport.CodeUnavailable,
-				Message: fmt.Sprintf("%s cannot open its replica of %s: %v", b.cfg.NodeID, id, err)})
+				Message: fmt.Sprintf("%s cannot open its replica of %s (%v), and no other replica is live", b.cfg.NodeID, id, err)})
 			return
 		}
 		target = e.leaderNode()

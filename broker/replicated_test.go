@@ -597,3 +597,38 @@ func TestDamagedReplicaRejoins(t *testing.T) {
 		t.Fatalf("publish after the failover acked at offset %d, want 60", a.Offset)
 	}
 }
+
+// TestPublishThroughBrokerWithFailedReplica: a broker whose own replica
+// of a shard cannot open (here its directory is a file) still takes
+// publishes of the shard: it forwards them to the leader among the other
+// replicas, as a broker holding no replica would.
+func TestPublishThroughBrokerWithFailedReplica(t *testing.T) {
+	ip := startInprocWith(t, fastRaft, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	id := shardmap.ShardID{Stream: "r3", Shard: 0}
+	lead := waitOwnerLeads(t, ip, ip.brokers, id)
+	wantAck(t, publishVia(t, ip, lead, "r3", 0, 1, "before"), 1)
+	k := slices.IndexFunc(ip.brokers, func(b *Broker) bool { return b != lead })
+	broken := ip.brokers[k]
+	if err := broken.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(ip.dir, broken.NodeID(), "streams", "r3", "0")
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir, []byte("not a directory"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	ip.brokers[k] = ip.startBroker(k)
+	broken = ip.brokers[k]
+	ip.waitEpoch(ip.ctl.Map().Epoch)
+	if e := groupOf(broken, id); e != nil {
+		t.Fatalf("%s opened its replica over a file", broken.NodeID())
+	}
+	for i := uint64(2); i <= 4; i++ {
+		f := publishVia(t, ip, broken, "r3", 0, i, fmt.Sprint("via-", i))
+		if a := wantAck(t, f, i); a.Offset != i-1 || a.Owner == broken.NodeID() {
+			t.Fatalf("publish %d through %s: acked at offset %d by %s", i, broken.NodeID(), a.Offset, a.Owner)
+		}
+	}
+}
