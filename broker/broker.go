@@ -88,8 +88,8 @@ func New(cfg Config) (*Broker, error) {
 		return nil, fmt.Errorf("broker %s: %w", cfg.NodeID, err)
 	}
 	b.raft = newRaftNet(cfg.NodeID, cfg.RaftTick, cfg.RaftElectionTicks, entryBytes(cfg), b.peers, b.currentMap, b.log)
-	b.raft.startRetention(cfg.RetentionCheck)
 	b.shards.raft = b.raft
+	b.raft.startRetention(cfg.RetentionCheck, b.shards.replaceFailed)
 	return b, nil
 }
 

@@ -386,4 +386,8 @@ type Knobs struct {
 	// NoQuiesce keeps idle raft groups ticking and heartbeating (no
 	// quiescence, raft.go), for a benchmark to compare. Default false.
 	NoQuiesce bool
+	// ReplicaBeforeSync, if set, runs before each fdatasync of a
+	// replica's appended entries (replica.Knobs.BeforeSync); an error
+	// fails the fdatasync, and the group. Default nil.
+	ReplicaBeforeSync func(id shardmap.ShardID, last uint64) error
 }

@@ -138,7 +138,8 @@
 // its stream was idle that tick, and wakes the quiet groups of a peer that
 // fell silent or came back: raft.go), its retention pass (runRetention:
 // each Config.RetentionCheck, applies every hosted replica's retention,
-// one after the other) and one sender per peer it sends raft messages to
+// one after the other, and replaces a replica whose group failed:
+// shardSet.replaceFailed) and one sender per peer it sends raft messages to
 // (raftpeer.go; it owns that raft stream's write side and is the only one
 // blocking on it); per raft stream a peer opened, its reader
 // (serveRaft, a stream goroutine like a publisher's), which hands each

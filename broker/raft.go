@@ -76,6 +76,10 @@ type raftNet struct {
 	log      *slog.Logger
 	peers    *peerPool
 	mapOf    func() *shardmap.Map // the broker's current map, nil before Start
+	// failed, called by the retention pass with a hosted group that has
+	// failed (replica.ErrFailed), replaces it (shardSet.replaceFailed).
+	// Set once before the first pass runs.
+	failed func(id shardmap.ShardID, g *replica.Group)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -108,6 +112,7 @@ type raftNet struct {
 // nodes[i]; owner is its preferred leader. stop is closed when it is
 // unregistered (it ends a join).
 type raftMember struct {
+	id    shardmap.ShardID
 	g     *replica.Group
 	nodes []string
 	owner string
@@ -136,7 +141,7 @@ func (n *raftNet) transport(id shardmap.ShardID, nodes []string) replica.Transpo
 // ticker hand g's leadership back to owner when it can. A replica that
 // replaces a lost one (join) gets a goroutine that asks to be admitted.
 func (n *raftNet) register(id shardmap.ShardID, g *replica.Group, nodes []string, owner string, join bool) {
-	gm := &raftMember{g: g, nodes: nodes, owner: owner, stop: make(chan struct{})}
+	gm := &raftMember{id: id, g: g, nodes: nodes, owner: owner, stop: make(chan struct{})}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if old := n.mu.groups[id]; old != nil {
@@ -212,8 +217,9 @@ func (n *raftNet) members(dst []*raftMember) []*raftMember {
 const retentionWait = 10 * time.Second
 
 // startRetention starts the retention pass over the hosted groups every
-// interval (runRetention).
-func (n *raftNet) startRetention(every time.Duration) {
+// interval (runRetention), which also hands each failed group to failed.
+func (n *raftNet) startRetention(every time.Duration, failed func(shardmap.ShardID, *replica.Group)) {
+	n.failed = failed
 	n.wg.Add(1)
 	go n.runRetention(every)
 }
@@ -238,13 +244,19 @@ func (n *raftNet) runRetention(every time.Duration) {
 		}
 		gs = n.members(gs[:0])
 		for _, m := range gs {
+			if err := m.g.Err(); errors.Is(err, replica.ErrFailed) {
+				n.failed(m.id, m.g)
+				continue
+			}
 			ctx, cancel := context.WithTimeout(n.ctx, retentionWait)
 			dropped, err := m.g.EnforceRetention(ctx, time.Now())
 			cancel()
 			switch {
 			case n.ctx.Err() != nil:
 				return
-			case err != nil && !errors.Is(err, replica.ErrClosed) && !errors.Is(err, replica.ErrFailed):
+			case errors.Is(err, replica.ErrFailed):
+				n.failed(m.id, m.g)
+			case err != nil && !errors.Is(err, replica.ErrClosed):
 				n.log.Warn("retention pass on a replica failed; the next pass tries again", "err", err)
 			case dropped > 0:
 				n.log.Debug("retention dropped records from a replica", "records", dropped, "first_offset", m.g.FirstOffset())

@@ -76,9 +76,11 @@ package broker
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/felix-broker/felix/replica"
@@ -166,12 +168,79 @@ const damagedPrefix = ".damaged-"
 
 // setAside moves the directory of shard id to
 // <streams>/.damaged-<stream>-<shard>-<unix ns> and returns that path.
+// One copy per shard is kept: an older one of the same shard is removed
+// first, so a disk that keeps failing cannot fill up with them.
 func (s *shardSet) setAside(id shardmap.ShardID) (string, error) {
-	name := fmt.Sprintf("%s%s-%d-%d", damagedPrefix, id.Stream, id.Shard, time.Now().UnixNano())
+	prefix := fmt.Sprintf("%s%s-%d-", damagedPrefix, id.Stream, id.Shard)
+	if ents, err := fs.ReadDir(s.root.FS(), "."); err == nil {
+		for _, ent := range ents {
+			if rest, ok := strings.CutPrefix(ent.Name(), prefix); ok && strings.Trim(rest, "0123456789") == "" {
+				if err := s.root.RemoveAll(ent.Name()); err != nil {
+					s.logger.Error("removing an older copy of a damaged replica", "dir", ent.Name(), "err", err)
+				}
+			}
+		}
+	}
+	name := prefix + strconv.FormatInt(time.Now().UnixNano(), 10)
 	if err := s.root.Rename(filepath.Join(id.Stream, strconv.Itoa(id.Shard)), name); err != nil {
 		return "", fmt.Errorf("set aside the damaged replica of %s: %w", id, err)
 	}
 	return filepath.Join(s.root.Name(), name), nil
+}
+
+// replicaKnobs passes Config.Knobs.ReplicaBeforeSync to shard id's
+// replica.
+func replicaKnobs(id shardmap.ShardID, beforeSync func(shardmap.ShardID, uint64) error) replica.Knobs {
+	if beforeSync == nil {
+		return replica.Knobs{}
+	}
+	return replica.Knobs{BeforeSync: func(last uint64) error { return beforeSync(id, last) }}
+}
+
+// replaceEvery bounds how often one shard's failed replica is replaced.
+const replaceEvery = time.Minute
+
+// replaceFailed replaces this broker's replica of shard id whose group g
+// failed while it ran (a storage error, or a peer's message that made
+// raft panic, contained): a replica stays failed until reopened, and its
+// files cannot be trusted as they stand (after a failed fdatasync the
+// kernel may have dropped the data it could not write, while reads still
+// see it). So it is replaced as a damaged one is at open: set aside, and
+// a new replica joins in its place under a new raft id, caught up from
+// its peers. At most once per replaceEvery per shard. Called by the
+// retention pass (raftNet.runRetention).
+func (s *shardSet) replaceFailed(id shardmap.ShardID, g *replica.Group) {
+	s.mu.Lock()
+	e := s.mu.entries[id]
+	if s.mu.closed || e == nil || e.gone != nil || e.group != g || s.mu.removing[id.Stream] != nil ||
+		time.Since(s.mu.replaced[id]) < replaceEvery {
+		s.mu.Unlock()
+		return
+	}
+	s.mu.replaced[id] = time.Now()
+	e.gone = make(chan struct{})
+	ch := make(chan struct{})
+	s.mu.removing[id.Stream] = ch // no open of the stream's shards until the old files are aside
+	m := s.mu.latest
+	s.mu.Unlock()
+	cause := g.Err()
+	s.finish(e) // the failed group's close error is its failure again
+	aside, err := s.setAside(id)
+	s.mu.Lock()
+	delete(s.mu.removing, id.Stream)
+	s.mu.Unlock()
+	close(ch)
+	if err != nil {
+		s.logger.Error("replica failed and could not be set aside; it stays closed", "shard", id.String(), "cause", cause, "err", err)
+		return
+	}
+	s.logger.Error("replica failed: set aside for inspection, and a new replica joins the group in its place, caught up from its peers",
+		"shard", id.String(), "cause", cause, "set_aside_in", aside)
+	if e, err := s.acquire(m, id); err != nil {
+		s.logger.Error("replacing a failed replica: the new one did not open; the next map or use tries again", "shard", id.String(), "err", err)
+	} else {
+		e.release()
+	}
 }
 
 // openReplica opens this broker's replica of e's shard in dir: under its
@@ -239,6 +308,7 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 		RetentionBytes: st.RetentionBytes,
 		RetentionAge:   st.RetentionAge,
 		OnSequenced:    e.producers.applied, // see producers.go
+		Knobs:          replicaKnobs(e.id, s.beforeSync),
 		// A snapshot carries the producer table (producers_snapshot.go),
 		// in at most an entry's bytes: the raft frame takes four.
 		SnapshotState: func() []byte { return e.producers.snapshotState(s.entryBytes) },

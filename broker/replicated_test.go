@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -631,4 +632,66 @@ func TestPublishThroughBrokerWithFailedReplica(t *testing.T) {
 			t.Fatalf("publish %d through %s: acked at offset %d by %s", i, broken.NodeID(), a.Offset, a.Owner)
 		}
 	}
+}
+
+// TestFailedReplicaReplaced: a follower's replica whose fdatasync fails
+// while it runs (Knobs.ReplicaBeforeSync) stops; the broker's retention
+// pass finds it failed, sets its files aside and has a new replica join
+// in its place under a new raft id, caught up from its peers, which then
+// holds every acked record and votes: once the leader goes, it and the
+// third elect a leader that takes publishes.
+func TestFailedReplicaReplaced(t *testing.T) {
+	var failing atomic.Value // the node whose replica's next fsync fails, "" for none
+	failing.Store("")
+	ip := startInprocWith(t, func(c *Config) {
+		fastRaft(c)
+		c.RetentionCheck = 50 * time.Millisecond
+		node := c.NodeID
+		c.Knobs.ReplicaBeforeSync = func(shardmap.ShardID, uint64) error {
+			if failing.CompareAndSwap(node, "") { // once
+				return errors.New("injected fdatasync failure")
+			}
+			return nil
+		}
+	}, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	id := shardmap.ShardID{Stream: "r3", Shard: 0}
+	lead := waitOwnerLeads(t, ip, ip.brokers, id)
+	victim := ip.brokers[slices.IndexFunc(ip.brokers, func(b *Broker) bool { return b != lead })]
+	oldID := groupOf(victim, id).group.ID()
+	seq := uint64(0)
+	publish := func(via *Broker, n int) {
+		t.Helper()
+		for range n {
+			seq++
+			if a := wantAck(t, publishVia(t, ip, via, "r3", 0, seq, fmt.Sprint("v-", seq)), seq); a.Offset != seq-1 {
+				t.Fatalf("record %d acked at offset %d", seq, a.Offset)
+			}
+		}
+	}
+	publish(lead, 10)
+	failing.Store(victim.NodeID())
+	publish(lead, 10) // the leader and the third commit; the victim's group fails
+	var e *shardEntry
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(10 * time.Millisecond) {
+		if e = groupOf(victim, id); e != nil && e.group.ID() != oldID && e.sl.NextOffset() == seq && membership(e.group) == replica.Voter {
+			break
+		}
+		if time.Now().After(deadline) {
+			if e != nil {
+				t.Logf("replica id %d (old %d), next %d of %d, %v, err %v", e.group.ID(), oldID, e.sl.NextOffset(), seq, membershipName(e.group), e.group.Err())
+			}
+			t.Fatalf("%s's failed replica was not replaced by one caught up from its peers", victim.NodeID())
+		}
+	}
+	for k, r := range readReplica(t, e) {
+		if r.Offset != uint64(k) || string(r.Value) != fmt.Sprint("v-", k+1) {
+			t.Fatalf("record %d of the new replica: offset %d, value %q", k, r.Offset, r.Value)
+		}
+	}
+	streams := filepath.Join(ip.dir, victim.NodeID(), "streams")
+	if n := len(slices.DeleteFunc(dirNames(t, streams), func(n string) bool { return !strings.HasPrefix(n, damagedPrefix+"r3-0-") })); n != 1 {
+		t.Fatalf("%d copies of the failed replica set aside, want 1: %q", n, dirNames(t, streams))
+	}
+	rest := ip.closeBroker(t, lead)
+	publish(leaderOf(t, rest, id), 1)
 }

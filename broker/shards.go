@@ -116,9 +116,10 @@ type shardSet struct {
 	maxShards      int
 	logger         *slog.Logger
 	tel            *telemetry
-	walFS          wal.FS          // Config.Knobs.WALFS
-	noQuiesce      bool            // Config.Knobs.NoQuiesce
-	acceptLoss     map[string]bool // Config.AcceptLoss, by ShardID.String()
+	walFS          wal.FS                               // Config.Knobs.WALFS
+	noQuiesce      bool                                 // Config.Knobs.NoQuiesce
+	beforeSync     func(shardmap.ShardID, uint64) error // Config.Knobs.ReplicaBeforeSync
+	acceptLoss     map[string]bool                      // Config.AcceptLoss, by ShardID.String()
 
 	producerLimits producerLimits // of every shard's producer table
 
@@ -176,6 +177,9 @@ type shardSet struct {
 		// claimed (claimDir), the Created epoch of the stream it holds
 		// data of.
 		incarnation map[string]uint64
+		// replaced is when each shard's failed replica was last
+		// replaced (replaceFailed).
+		replaced map[shardmap.ShardID]time.Time
 	}
 }
 
@@ -235,7 +239,7 @@ func newShardSet(cfg Config, log *slog.Logger, tel *telemetry) (*shardSet, error
 		root: root, node: cfg.NodeID, segmentSize: cfg.SegmentSize, tailBytes: cfg.TailBytes, retentionCheck: cfg.RetentionCheck,
 		maxOpen: cfg.MaxOpenShards, maxShards: cfg.MaxShards,
 		logger: log, tel: tel,
-		walFS: cfg.Knobs.WALFS, noQuiesce: cfg.Knobs.NoQuiesce, acceptLoss: map[string]bool{},
+		walFS: cfg.Knobs.WALFS, noQuiesce: cfg.Knobs.NoQuiesce, beforeSync: cfg.Knobs.ReplicaBeforeSync, acceptLoss: map[string]bool{},
 	}
 	for _, id := range cfg.AcceptLoss {
 		s.acceptLoss[id] = true
@@ -251,6 +255,7 @@ func newShardSet(cfg Config, log *slog.Logger, tel *telemetry) (*shardSet, error
 	s.mu.entries = map[shardmap.ShardID]*shardEntry{}
 	s.mu.removing = map[string]chan struct{}{}
 	s.mu.incarnation = map[string]uint64{}
+	s.mu.replaced = map[shardmap.ShardID]time.Time{}
 	s.mu.admitted = map[string]int{}
 	s.mu.failed = map[shardmap.ShardID]failure{}
 	s.mu.closedStats = map[shardmap.ShardID]shardStats{}
