@@ -213,8 +213,8 @@ func TestReplicatedBitFlip(t *testing.T) {
 			time.Sleep(time.Second)
 		}
 	}
-	if n := strings.Count(c.Logs(victim, 2000), "replica's storage is damaged"); n != shards {
-		t.Errorf("%s logged %d damaged replicas, want %d (one per shard)", victim.Name, n, shards)
+	if n := strings.Count(c.Logs(victim, 2000), "replica's storage is damaged"); n < shards {
+		t.Errorf("%s logged %d damaged replicas, want one per shard (%d)", victim.Name, n, shards)
 	}
 }
 
