@@ -283,9 +283,15 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 			return err
 		}
 	}
-	peers := make([]uint64, len(nodes))
-	for i := range peers {
-		peers[i] = uint64(i) + 1
+	// The voters of a new group. A replica that holds its group's state
+	// keeps the configuration stored there, and one that replaced a lost
+	// replica is not among these ids: so none for it.
+	var peers []uint64
+	if !has {
+		peers = make([]uint64, len(nodes))
+		for i := range peers {
+			peers[i] = uint64(i) + 1
+		}
 	}
 	g, err := replica.Open(replica.Config{
 		ID: id, Peers: peers, Join: join, Dir: dir, Name: e.id.String(),

@@ -592,6 +592,25 @@ func TestDamagedReplicaRejoins(t *testing.T) {
 	if !slices.ContainsFunc(dirNames(t, streams), func(n string) bool { return strings.HasPrefix(n, damagedPrefix+"r3-0-") }) {
 		t.Fatalf("the damaged replica was not set aside: %q", dirNames(t, streams))
 	}
+	// The new replica is an ordinary one from now on: it reopens under
+	// its new raft id after a restart.
+	newID := e.group.ID()
+	if err := victim.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ip.brokers[k] = ip.startBroker(k)
+	victim = ip.brokers[k]
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(10 * time.Millisecond) {
+		if e = groupOf(victim, id); e != nil && e.sl.NextOffset() == 60 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's replica did not reopen after a restart: %v", victim.NodeID(), victim.shards.mu.failed[id].err)
+		}
+	}
+	if e.group.ID() != newID {
+		t.Fatalf("the replica reopened under raft id %d, want %d", e.group.ID(), newID)
+	}
 	rest := ip.closeBroker(t, lead)
 	next := leaderOf(t, rest, id)
 	if a := wantAck(t, publishVia(t, ip, next, "r3", 0, 100, "after"), 100); a.Offset != 60 {

@@ -2,6 +2,7 @@ package dockertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -218,9 +219,12 @@ func TestReplicatedBitFlip(t *testing.T) {
 	}
 }
 
+// errNothingToFlip: the replica holds no segment with data yet.
+var errNothingToFlip = errors.New("no segment with data")
+
 // flipSegmentBit flips one bit in the middle of the oldest tidwall
-// segment in dir of n's stopped container, and returns the segment's
-// name and the byte's position.
+// segment with data in dir of n's stopped container, and returns the
+// segment's name and the byte's position.
 func (c *Cluster) flipSegmentBit(ctx context.Context, t *testing.T, n *Node, dir string) (string, int, error) {
 	tmp := t.TempDir()
 	if _, err := docker(ctx, "cp", n.Container+":"+dir, tmp); err != nil {
@@ -231,23 +235,21 @@ func (c *Cluster) flipSegmentBit(ctx context.Context, t *testing.T, n *Node, dir
 	if err != nil {
 		return "", 0, err
 	}
-	var seg string
+	var seg, path string
+	var b []byte
 	for _, e := range ents { // sorted by name: the oldest segment first
-		if n := e.Name(); len(n) == 20 && strings.Trim(n, "0123456789") == "" {
-			seg = n
-			break
+		if name := e.Name(); len(name) == 20 && strings.Trim(name, "0123456789") == "" {
+			if b, err = os.ReadFile(filepath.Join(local, name)); err != nil {
+				return "", 0, err
+			}
+			if len(b) >= 2 {
+				seg, path = name, filepath.Join(local, name)
+				break
+			}
 		}
 	}
 	if seg == "" {
-		return "", 0, fmt.Errorf("no segment in %s of %s", dir, n.Name)
-	}
-	path := filepath.Join(local, seg)
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", 0, err
-	}
-	if len(b) < 2 {
-		return "", 0, fmt.Errorf("segment %s of %s in %s is %d bytes", seg, dir, n.Name, len(b))
+		return "", 0, fmt.Errorf("%w: in %s of %s", errNothingToFlip, dir, n.Name)
 	}
 	at := len(b) / 2
 	b[at] ^= 0x04

@@ -35,4 +35,5 @@
 //	go test ./internal/dockertest/ -run 'CtlLeaderKill/external' -args -felix.docker.kills=10   # failover figures
 //	go test ./internal/dockertest/ -run TestReplicatedNemesis -timeout 1h -args -felix.docker.cycles=50   # a long nemesis run
 //	go test ./internal/dockertest/ -run TestReplicatedNemesis -timeout 1h -args -felix.docker.cycles=20 -felix.docker.faults=kill   # R=3 failover figures
+//	go test ./internal/dockertest/ -run TestReplicatedNemesis -timeout 1h -args -felix.docker.cycles=20 -felix.docker.faults=kill,pause,partition,bitflip   # with bit flips
 package dockertest

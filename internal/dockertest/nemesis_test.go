@@ -2,6 +2,7 @@ package dockertest
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -18,7 +19,7 @@ import (
 var (
 	nemesisCycles = flag.Int("felix.docker.cycles", 6, "nemesis cycles in TestReplicatedNemesis")
 	nemesisFaults = flag.String("felix.docker.faults", "kill,pause,partition",
-		"the faults TestReplicatedNemesis's nemesis picks from, in turn: kill (kill -9 a shard's raft leader, then restart it), pause (SIGSTOP one broker), partition (cut one broker off the network)")
+		"the faults TestReplicatedNemesis's nemesis picks from, in turn: kill (kill -9 a shard's raft leader, then restart it), pause (SIGSTOP one broker), partition (cut one broker off the network), bitflip (kill -9 one broker, flip a bit in the oldest segment of each of its replicas, restart it)")
 )
 
 // faultHold is how long a paused or cut-off broker stays so: longer than
@@ -32,7 +33,9 @@ const faultHold = 4 * time.Second
 // -felix.docker.cycles cycles, in turn kills -9 the broker leading a
 // shard (found by an ack's Owner) and restarts it, freezes one broker
 // (docker pause, as SIGSTOP) for faultHold, or cuts one off the network
-// for faultHold, waiting for the cluster to heal after each. Then it
+// for faultHold (with -felix.docker.faults=...,bitflip also: kills one
+// broker, flips a bit in each of its replicas and restarts it), waiting
+// for the cluster to heal after each. Then it
 // reads every shard back and checks (workloadRun.finish): no acked
 // record lost, none duplicated, offsets dense, each publisher's order
 // kept, acks linearizable (porcupine); the subscribers saw only
@@ -42,7 +45,7 @@ const faultHold = 4 * time.Second
 func TestReplicatedNemesis(t *testing.T) {
 	faults := strings.Split(*nemesisFaults, ",")
 	for _, f := range faults {
-		if !slices.Contains([]string{"kill", "pause", "partition"}, f) {
+		if !slices.Contains([]string{"kill", "pause", "partition", "bitflip"}, f) {
 			t.Fatalf("-felix.docker.faults: unknown fault %q", f)
 		}
 	}
@@ -79,6 +82,31 @@ func TestReplicatedNemesis(t *testing.T) {
 				t.Fatal(err)
 			}
 			what = fmt.Sprintf("paused %s for %v", n.Name, faultHold)
+		case "bitflip":
+			n := c.Brokers[rnd.IntN(len(c.Brokers))]
+			if err := c.Kill(ctx, n); err != nil {
+				t.Fatal(err)
+			}
+			flipped := 0
+			for s := range shards {
+				_, _, err := c.flipSegmentBit(ctx, t, n, fmt.Sprintf("/data/streams/%s/%d", stream, s))
+				switch {
+				case err == nil:
+					flipped++
+				case !errors.Is(err, errNothingToFlip): // a replica without data yet is left alone
+					t.Fatal(err)
+				}
+			}
+			if err := c.Restart(ctx, n); err != nil {
+				t.Fatal(err)
+			}
+			// Its replicas rejoin as new ones: the next fault waits until
+			// they are voters again (losing two replicas of a shard at
+			// once is beyond what a majority of three survives).
+			if err := r.waitVoters(ctx, n.Name); err != nil {
+				t.Fatalf("cycle %d: %v", cycle, err)
+			}
+			what = fmt.Sprintf("killed %s, flipped a bit in %d of its %d replicas, restarted it; its replicas are voters", n.Name, flipped, shards)
 		case "partition":
 			n := c.Brokers[rnd.IntN(len(c.Brokers))]
 			if err := c.Disconnect(ctx, n); err != nil {
@@ -139,4 +167,26 @@ func (r *workloadRun) killLeader(ctx context.Context, shard int) (time.Duration,
 		return 0, "", err
 	}
 	return took, fmt.Sprintf("killed %s, leader of %s/%d; %s acked %v later; restarted", leader, r.stream, shard, next, took.Round(time.Millisecond)), nil
+}
+
+// waitVoters waits until every replica of the stream on node is a voter
+// without an error, within rejoinWithin.
+func (r *workloadRun) waitVoters(ctx context.Context, node string) error {
+	deadline := time.Now().Add(rejoinWithin)
+	for {
+		sts, err := r.clients[0].ReplicaStatus(ctx, r.stream)
+		voters := 0
+		for _, st := range sts {
+			if st.Node == node && st.Err == "" && st.Member == "voter" {
+				voters++
+			}
+		}
+		if err == nil && voters == r.shards {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s's replicas of %s are not all voters within %v: %+v, %v", node, r.stream, rejoinWithin, sts, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
