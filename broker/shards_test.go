@@ -504,6 +504,21 @@ func TestMaxShardsAdmitsWholeStreams(t *testing.T) {
 	})
 }
 
+// appendRecords appends n records to shard id of s, as map m places it.
+func appendRecords(t *testing.T, s *shardSet, m *shardmap.Map, id shardmap.ShardID, n int) {
+	t.Helper()
+	e, err := s.acquire(m, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.release()
+	for i := range n {
+		if _, err := e.log.Append(context.Background(), &wal.Record{Value: fmt.Appendf(nil, "%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // createdMap is a hand map holding stream "orders" of one shard, created
 // at epoch created (0: by a control plane older than Created).
 func createdMap(epoch, created uint64) *shardmap.Map {
@@ -522,19 +537,7 @@ func createdMap(epoch, created uint64) *shardmap.Map {
 func TestStreamCreatedAgainIsNew(t *testing.T) {
 	dataDir := t.TempDir()
 	id := shardmap.ShardID{Stream: "orders", Shard: 0}
-	appendN := func(s *shardSet, m *shardmap.Map, n int) {
-		t.Helper()
-		e, err := s.acquire(m, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.release()
-		for i := range n {
-			if _, err := e.log.Append(context.Background(), &wal.Record{Value: fmt.Appendf(nil, "%d", i)}); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	appendN := func(s *shardSet, m *shardmap.Map, n int) { t.Helper(); appendRecords(t, s, m, id, n) }
 	wantNext := func(s *shardSet, m *shardmap.Map, want uint64, when string) {
 		t.Helper()
 		e, err := s.acquire(m, id)
@@ -599,14 +602,7 @@ func TestStreamDeletedWhileDownIsRemoved(t *testing.T) {
 	m.Streams[0].Created, m.Streams[2].Created = 3, 4 // "legacy" from a control plane without Created
 	s.apply(m)
 	for _, name := range []string{"gone", "legacy", "young"} {
-		e, err := s.acquire(m, shardmap.ShardID{Stream: name, Shard: 0})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.log.Append(context.Background(), &wal.Record{Value: []byte("v")}); err != nil {
-			t.Fatal(err)
-		}
-		e.release()
+		appendRecords(t, s, m, shardmap.ShardID{Stream: name, Shard: 0}, 1)
 	}
 	if err := s.close(); err != nil {
 		t.Fatal(err)
@@ -646,14 +642,7 @@ func TestDamagedStreamMarkRefuses(t *testing.T) {
 	s := testShardSet(t, dataDir, nil)
 	m := createdMap(1, 1)
 	s.apply(m)
-	e, err := s.acquire(m, shardmap.ShardID{Stream: "orders", Shard: 0})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.log.Append(context.Background(), &wal.Record{Value: []byte("v")}); err != nil {
-		t.Fatal(err)
-	}
-	e.release()
+	appendRecords(t, s, m, shardmap.ShardID{Stream: "orders", Shard: 0}, 1)
 	if err := s.close(); err != nil {
 		t.Fatal(err)
 	}

@@ -99,19 +99,29 @@ func TestReplicatedDataLoss(t *testing.T) {
 	// The emptied broker's replicas rejoin and catch up: each serves
 	// every record of its shard, the same as the intact replicas. While
 	// one is joining it refuses subscribers (unavailable).
+	c.waitReplicasHold(ctx, t, lost, stream, logs, replaced, "the loss")
+}
+
+// waitReplicasHold waits, within rejoinWithin, until n's new replica of
+// every shard of stream serves all of that shard's records as logs holds
+// them, failing at the first wrong record; since and after say what the
+// catch-up time is measured from.
+func (c *Cluster) waitReplicasHold(ctx context.Context, t *testing.T, n *Node, stream string, logs [][]hist.Entry, since time.Time, after string) {
+	t.Helper()
+	shards := len(logs)
 	for s := range shards {
 		deadline := time.Now().Add(rejoinWithin)
 		for {
-			got, err := workload.ReadReplica(ctx, lost.Addr, c.brokerTLS(lost), stream, s, uint64(len(logs[s])-1), 5*time.Second)
-			if errs := workload.Compare(lost.Name, perShard(shards, s, got), logs); len(errs) > 0 {
-				t.Fatalf("%s's new replica of %s/%d served a wrong record: %v", lost.Name, stream, s, errs)
+			got, err := workload.ReadReplica(ctx, n.Addr, c.brokerTLS(n), stream, s, uint64(len(logs[s])-1), 5*time.Second)
+			if errs := workload.Compare(n.Name, perShard(shards, s, got), logs); len(errs) > 0 {
+				t.Fatalf("%s's new replica of %s/%d served a wrong record: %v", n.Name, stream, s, errs)
 			}
 			if err == nil && len(got) == len(logs[s]) {
-				t.Logf("%s's new replica of %s/%d holds all %d records, %v after the loss", lost.Name, stream, s, len(got), time.Since(replaced).Round(time.Second))
+				t.Logf("%s's new replica of %s/%d holds all %d records, %v after %s", n.Name, stream, s, len(got), time.Since(since).Round(time.Second), after)
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%s's new replica of %s/%d did not catch up within %v: %d of %d records, %v", lost.Name, stream, s, rejoinWithin, len(got), len(logs[s]), err)
+				t.Fatalf("%s's new replica of %s/%d did not catch up within %v: %d of %d records, %v", n.Name, stream, s, rejoinWithin, len(got), len(logs[s]), err)
 			}
 			time.Sleep(time.Second)
 		}
@@ -197,23 +207,7 @@ func TestReplicatedBitFlip(t *testing.T) {
 
 	rep, logs := r.finish(ctx, t, victim)
 	t.Logf("%s", rep)
-	for s := range shards {
-		deadline := time.Now().Add(rejoinWithin)
-		for {
-			got, err := workload.ReadReplica(ctx, victim.Addr, c.brokerTLS(victim), stream, s, uint64(len(logs[s])-1), 5*time.Second)
-			if errs := workload.Compare(victim.Name, perShard(shards, s, got), logs); len(errs) > 0 {
-				t.Fatalf("%s's replica of %s/%d served a wrong record: %v", victim.Name, stream, s, errs)
-			}
-			if err == nil && len(got) == len(logs[s]) {
-				t.Logf("%s's new replica of %s/%d holds all %d records, %v after the restart", victim.Name, stream, s, len(got), time.Since(restarted).Round(time.Second))
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s's replica of %s/%d did not catch up within %v: %d of %d records, %v", victim.Name, stream, s, rejoinWithin, len(got), len(logs[s]), err)
-			}
-			time.Sleep(time.Second)
-		}
-	}
+	c.waitReplicasHold(ctx, t, victim, stream, logs, restarted, "the restart")
 	if n := strings.Count(c.Logs(victim, 2000), "replica's storage is damaged"); n < shards {
 		t.Errorf("%s logged %d damaged replicas, want one per shard (%d)", victim.Name, n, shards)
 	}
