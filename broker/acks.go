@@ -3,6 +3,7 @@ package broker
 import (
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/quic-go/quic-go"
 
@@ -35,6 +36,12 @@ type frameWriter struct {
 	wg      *sync.WaitGroup            // counts the flusher
 	release func(records, bytes int64) // gives back what written answers held; nil if frames hold nothing
 	failed  func(error)                // told once of the first write error; may be nil
+	// limit, if not 0, bounds the backlog's bytes: a frame that would
+	// pass it is dropped (for frames whose loss the protocol repairs,
+	// raft's). timeout, if not 0, bounds each blocking write of the
+	// flusher; one that runs out fails the writer.
+	limit   int
+	timeout time.Duration
 
 	// mu guards the stream's write side; it is never held across a write
 	// that can block (the flusher writes with it released).
@@ -120,7 +127,7 @@ func (a *frameWriter) write(f transport.Frame, h held) error {
 	}
 	mark := len(a.mu.backlog)
 	var err error
-	if a.mu.backlog, err = transport.AppendFrame(a.mu.backlog, f); err != nil {
+	if a.mu.backlog, err = transport.AppendFrame(a.mu.backlog, f); err != nil || a.limit > 0 && len(a.mu.backlog) > a.limit {
 		a.mu.backlog = a.mu.backlog[:mark]
 		a.mu.Unlock()
 		a.free(h)
@@ -187,6 +194,9 @@ func (a *frameWriter) flush() {
 		a.mu.held = held{}
 		s := a.mu.s
 		a.mu.Unlock()
+		if a.timeout > 0 {
+			s.SetWriteDeadline(time.Now().Add(a.timeout))
+		}
 		_, err := s.Write(buf)
 		a.free(h)
 		if err != nil {

@@ -130,41 +130,44 @@
 // the publish path pays one integer comparison (StreamConfig.Replicas) per
 // record and is otherwise unchanged. Where a record goes, and what happens
 // while no leader is known, is in replicated.go; how raft messages travel
-// (one stream per pair of brokers, batched, the sender checked against its
-// certificate) in raft.go.
+// (one stream per pair of brokers, written by the groups themselves, the
+// sender checked against its certificate) in raft.go.
 //
 // Goroutines added: per broker, raftNet's ticker (ticks every hosted group
-// each Config.RaftTick, asks each peer's sender for a keep-alive frame when
+// each Config.RaftTick, has each peer's stream carry a keep-alive frame when
 // its stream was idle that tick, and wakes the quiet groups of a peer that
 // fell silent or came back: raft.go), its retention pass (runRetention:
 // each Config.RetentionCheck, applies every hosted replica's retention,
 // one after the other, and replaces a replica whose group failed:
-// shardSet.replaceFailed) and one sender per peer it sends raft messages to
-// (raftpeer.go; it owns that raft stream's write side and is the only one
-// blocking on it); per raft stream a peer opened, its reader
+// shardSet.replaceFailed) and one goroutine per peer it sends raft
+// messages to (raftpeer.go: it opens that raft stream, and opens it again
+// after a failure; the groups queue their messages on it without
+// blocking, and a flusher writes only while its flow-control window is
+// full); per raft stream a peer opened, its reader
 // (serveRaft, a stream goroutine like a publisher's), which hands each
 // message to its group's Step without waiting; per hosted group, the
 // group's own goroutine (package replica), which owns the RawNode and
 // the log, and calls each record's completion, which writes the ack; per
 // replica that replaces a lost one, until it is a voter, its join
 // goroutine (rejoin.go: asks the leader to admit it). All are stopped by
-// Close: the senders, ticker, retention pass and joins by raftNet.close (a join also
-// when its group is unregistered), the readers with the connections, the
-// groups when their shard set closes.
+// Close: the peers' goroutines, ticker, retention pass and joins by
+// raftNet.close (a join also when its group is unregistered), the readers
+// with the connections, the groups when their shard set closes.
 //
 // Hand-offs, client → leader L (direct), with followers F1, F2: L's
-// session reader → L's group goroutine (proposes, writes and fsyncs its
-// entry while it hands the append to) → L's raft senders to F1 and F2 →
-// quic-go → F's raft stream reader → F's group goroutine (appends,
-// fsyncs, answers) → F's raft sender → quic-go → L's raft stream reader
-// → L's group goroutine (commits, applies, assigns offsets, calls the
-// completions) → quic-go (the ack). Five Felix goroutines on the leader
-// and three on each follower per round, against one or two for R=1;
-// under load each round carries a whole batch of records. Through a
+// session reader → L's group goroutine (proposes, queues the append to F1
+// and F2 on their raft streams itself, then writes and fsyncs its entry)
+// → quic-go → F's raft stream reader → F's group goroutine (appends,
+// fsyncs, queues its answer itself) → quic-go → L's raft stream reader →
+// L's group goroutine (commits, applies, assigns offsets, calls the
+// completions) → quic-go (the ack). Four Felix goroutines on the leader
+// (the group's twice) and two on each follower per round, against one or
+// two for R=1; under load each round carries a whole batch of records.
+// Before, a sender goroutine per peer wrote the raft streams: one more
+// hand-off on the leader and on each follower per round. Through a
 // forwarder (or a follower) the forwarding hop of R=1 comes first. The
-// leader's own fsync runs in parallel with the followers' (raft's
-// appends are handed to the senders before the write, see package
-// replica).
+// leader's own fsync runs in parallel with the followers' (raft's appends
+// are queued before the write, see package replica).
 //
 // # Identity and authorization
 //

@@ -6,9 +6,10 @@ package broker
 // 3, each shard a replica.Group) talk raft over the peer connections the
 // publish path forwards on: one long-lived stream per ordered pair of
 // brokers (this broker opens its own to each peer it sends to), carrying
-// transport.Raft frames, each a batch of the messages for every group the
-// two brokers share. Thousands of shards mean thousands of groups, but one
-// stream, one sender goroutine and one batch per wake-up per peer.
+// transport.Raft frames, each the messages of one group's Ready for that
+// peer, which the group's goroutine queues in quic-go's send buffer itself
+// (raftPeer). Thousands of shards mean thousands of groups, but one stream
+// and one goroutine (which opens the stream) per peer.
 //
 // A group's raft ids name their node by their slot, the node's index in
 // the replica set sorted by node id (rejoin.go), which never changes (see
@@ -392,9 +393,15 @@ type groupTransport struct {
 }
 
 func (t *groupTransport) Send(msgs []*pb.Message) {
+	// A replica set has two other members: a Ready's messages go to at
+	// most two peers, each written as one run of frames, in order.
+	var to [2]struct {
+		node string
+		msgs []transport.RaftMsg
+	}
 	for _, m := range msgs {
-		to := nodeOf(t.nodes, m.GetTo())
-		if to == "" || to == t.n.node {
+		node := nodeOf(t.nodes, m.GetTo())
+		if node == "" || node == t.n.node {
 			continue
 		}
 		data, err := proto.Marshal(m)
@@ -402,14 +409,30 @@ func (t *groupTransport) Send(msgs []*pb.Message) {
 			t.n.log.Error("raft message not encodable; dropped", "shard", t.stream, "err", err)
 			continue
 		}
-		t.n.send(to, transport.RaftMsg{Stream: t.stream, Shard: t.shard, Data: data})
+		rm := transport.RaftMsg{Stream: t.stream, Shard: t.shard, Data: data}
+		i := 0
+		for i < len(to) && to[i].node != "" && to[i].node != node {
+			i++
+		}
+		if i == len(to) { // a third peer, which a replica set never has
+			t.n.send(node, []transport.RaftMsg{rm})
+			continue
+		}
+		to[i].node = node
+		to[i].msgs = append(to[i].msgs, rm)
+	}
+	for _, p := range to {
+		if p.node != "" {
+			t.n.send(p.node, p.msgs)
+		}
 	}
 }
 
-// send queues m for node's sender. It never blocks.
-func (n *raftNet) send(node string, m transport.RaftMsg) {
+// send writes msgs on node's raft stream, or queues them. It never blocks
+// on the network.
+func (n *raftNet) send(node string, msgs []transport.RaftMsg) {
 	if p := n.peer(node); p != nil {
-		p.enqueue(m)
+		p.send(msgs)
 	}
 }
 

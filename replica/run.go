@@ -369,12 +369,14 @@ func (g *Group) handleReady(l *loop) error {
 
 	if len(rd.Entries) > 0 {
 		if readied {
-			// The goroutines just woken (the peer senders, the acks'
-			// writers) wait in this goroutine's run-next slot, and a
-			// blocking fdatasync keeps them there until it returns:
-			// measured, the leader's appends left 190 µs (its fsync)
-			// after they were handed over instead of 28 µs. Yield, so
-			// that they run before the write, or beside it.
+			// The goroutines just woken (the transport's: in a broker,
+			// the quic-go connection loops that send what this goroutine
+			// queued; the acks' writers) wait in this goroutine's
+			// run-next slot, and a blocking fdatasync keeps them there
+			// until it returns: measured, the leader's appends left
+			// 190 µs (its fsync) after they were handed over instead of
+			// 28 µs. Yield, so that they run before the write, or beside
+			// it.
 			runtime.Gosched()
 		}
 		g.index(l, rd.Entries)
