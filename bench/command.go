@@ -41,7 +41,7 @@ type Command struct {
 	Source string `kong:"-"`
 
 	Brokers     int    `help:"Brokers of the local cluster." default:"3"`
-	BrokerProcs int    `help:"With --local: GOMAXPROCS of each broker process (0: Go's default, all CPUs)." default:"0"`
+	BrokerProcs int    `help:"With --local: GOMAXPROCS of each broker process (0: a share of the CPUs when the brokers outnumber them, else Go's default; -1: Go's default)." default:"0"`
 	Dir         string `help:"With --local: where the cluster lives (default: a temporary directory, removed afterwards). Otherwise: a directory on the brokers' data disk, where the fsync floor is measured (default: the system temp dir)." type:"path" placeholder:"DIR"`
 	Keep        bool   `help:"With --local: keep the cluster's directory (data, broker logs) after the run."`
 
