@@ -116,12 +116,20 @@ func TestLocalEveryScenario(t *testing.T) {
 			if num(s, "load_pct") != 50 || num(s, "rate_per_s") < 1 || num(s, "generator_lag_p99_us") < 0 || num(s, "shards") != 6 {
 				t.Errorf("load: fields %v %v %v %v", s["load_pct"], s["rate_per_s"], s["generator_lag_p99_us"], s["shards"])
 			}
+			if num(s, "broker_cpu_pct") <= 0 || num(s, "client_cpu_pct") <= 0 || num(s, "machine_cpu_pct") < 0.8*num(s, "broker_cpu_pct") {
+				t.Errorf("load: usage brokers %v bench %v machine %v", s["broker_cpu_pct"], s["client_cpu_pct"], s["machine_cpu_pct"])
+			}
 		case "throughput/pipelined":
 			if num(s, "broker_cpu_pct") <= 0 || num(s, "broker_rss_mib") <= 0 || num(s, "broker_peak_rss_mib") < num(s, "broker_rss_mib") {
 				t.Errorf("throughput: broker usage cpu %v rss %v peak %v", s["broker_cpu_pct"], s["broker_rss_mib"], s["broker_peak_rss_mib"])
 			}
-			if procs, _ := s["processes"].([]any); len(procs) != 1+c.Brokers {
-				t.Errorf("throughput: %d processes watched, want the bench and %d brokers", len(procs), c.Brokers)
+			if procs, _ := s["processes"].([]any); len(procs) != 2+c.Brokers {
+				t.Errorf("throughput: %d usages, want the bench's, %d brokers' and the machine's", len(procs), c.Brokers)
+			}
+			// The machine's busy time holds the brokers' (with slack
+			// for the clock ticks both are counted in).
+			if num(s, "machine_cpu_pct") < 0.8*num(s, "broker_cpu_pct") {
+				t.Errorf("throughput: the machine's CPUs %v%% busy, less than the brokers' %v%%", s["machine_cpu_pct"], s["broker_cpu_pct"])
 			}
 			if num(s, "wal_records_per_fsync") < 1 {
 				t.Errorf("throughput: wal_records_per_fsync %v", s["wal_records_per_fsync"])

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/felix-broker/felix/client"
 )
@@ -16,6 +17,8 @@ import (
 // runs from each record's intended send time, or from the generator's
 // wake-up where its own timer overshot, and any wait the client or the
 // brokers impose on the send (a full window, a blocked write) is charged.
+// Each row also reports the CPU the brokers, the bench and the whole
+// machine used.
 func (e *env) runLoad(ctx context.Context, ps *pubSet, maxRate, pct float64) (*Result, error) {
 	rate := max(1, int(maxRate*pct/100))
 	n := max(1, int(float64(rate)*e.cfg.loadDuration.Seconds()))
@@ -30,11 +33,18 @@ func (e *env) runLoad(ctx context.Context, ps *pubSet, maxRate, pct float64) (*R
 	var trials []trial
 	for t := range e.cfg.trials {
 		e.prog.phase(fmt.Sprintf("load %g%% %d/s %d/%d", pct, rate, t+1, e.cfg.trials), warmup+n)
+		e.watch.begin()
+		start := time.Now()
 		rec, acks, err := openLoop(ctx, rate, warmup, n, sends, e.prog)
 		if err != nil {
 			return nil, fmt.Errorf("bench: load %g%%: %w", pct, err)
 		}
-		trials = append(trials, rec.trial(acks))
+		tr := rec.trial(acks)
+		// What the processes and the machine used, warm-up included (it
+		// runs at the same rate): whether the CPUs, not the disk, set
+		// the row's latency.
+		tr.usage = e.watch.end(time.Since(start).Seconds())
+		trials = append(trials, tr)
 	}
 	res := summarize(Load, ModeOpen, trials)
 	res.LoadPct, res.RatePerSec = pct, rate

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -115,12 +116,13 @@ type ProcUsage struct {
 	PeakRSSMiB float64 `json:"peak_rss_mib"`
 }
 
-// procWatch measures a set of processes over an interval. A nil
-// *procWatch measures nothing.
+// procWatch measures a set of processes, and the machine, over an
+// interval. A nil *procWatch measures nothing.
 type procWatch struct {
 	names  []string
 	pids   []int
 	before []procSample
+	cpus   cpuSample // the machine's at begin
 }
 
 // begin samples every process at the start of the interval. A process
@@ -133,14 +135,20 @@ func (w *procWatch) begin() {
 	for i, pid := range w.pids {
 		w.before[i], _ = readProc(pid)
 	}
+	w.cpus, _ = readCPUs()
 }
 
-// end samples them again and returns their usage over wall seconds.
+// end samples them again and returns their usage over wall seconds, the
+// machine's as one more entry (named machineName) when /proc/stat reads.
 func (w *procWatch) end(wallSeconds float64) []ProcUsage {
 	if w == nil {
 		return nil
 	}
 	var out []ProcUsage
+	if after, err := readCPUs(); err == nil && after.total > w.cpus.total && w.cpus.total > 0 {
+		busy := float64(after.busy-w.cpus.busy) / float64(after.total-w.cpus.total)
+		out = append(out, ProcUsage{Name: machineName, CPUPct: round1(busy * float64(after.n) * 100)})
+	}
 	for i, pid := range w.pids {
 		after, err := readProc(pid)
 		if err != nil || wallSeconds <= 0 {
@@ -156,4 +164,50 @@ func (w *procWatch) end(wallSeconds float64) []ProcUsage {
 		})
 	}
 	return out
+}
+
+// machineName names the machine's entry among the usages procWatch.end
+// returns: every CPU's busy time, whoever used it (the brokers, the bench,
+// the kernel's threads and interrupts).
+const machineName = "machine"
+
+// cpuSample is the machine's CPU time so far, in ticks of /proc/stat's
+// first line, over its n CPUs.
+type cpuSample struct {
+	busy, total uint64
+	n           int
+}
+
+// readCPUs samples /proc/stat: busy is every state but idle and iowait.
+func readCPUs() (cpuSample, error) {
+	var s cpuSample
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return s, fmt.Errorf("bench: read /proc/stat: %w", err)
+	}
+	for line := range strings.Lines(string(raw)) {
+		f := strings.Fields(line)
+		switch {
+		case len(f) > 5 && f[0] == "cpu":
+			for i, v := range f[1:] {
+				n, err := strconv.ParseUint(v, 10, 64)
+				if err != nil {
+					return s, fmt.Errorf("bench: malformed /proc/stat: %q", strings.TrimSpace(line))
+				}
+				if i >= 7 { // guest and guest_nice are within user and nice
+					break
+				}
+				s.total += n
+				if i != 3 && i != 4 { // idle, iowait
+					s.busy += n
+				}
+			}
+		case len(f) > 0 && strings.HasPrefix(f[0], "cpu"):
+			s.n++
+		}
+	}
+	if s.n == 0 || s.total == 0 {
+		return s, errors.New("bench: no cpu line in /proc/stat")
+	}
+	return s, nil
 }

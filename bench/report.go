@@ -113,11 +113,12 @@ type Result struct {
 	Shards           int         `json:"shards,omitempty"`               // throughput, load
 	Replicas         int         `json:"replicas,omitempty"`             // the bench stream's replication factor when not 1
 	Subscribers      int         `json:"subscribers,omitempty"`          // e2e, fanout
-	BrokerCPUPct     *float64    `json:"broker_cpu_pct,omitempty"`       // throughput: all brokers, % of one core
+	BrokerCPUPct     *float64    `json:"broker_cpu_pct,omitempty"`       // throughput, load: all brokers, % of one core
+	MachineCPUPct    *float64    `json:"machine_cpu_pct,omitempty"`      // throughput, load: every CPU's busy time, % of one core
 	BrokerRSSMiB     *float64    `json:"broker_rss_mib,omitempty"`       // throughput: largest broker RSS at the end
 	BrokerPeakRSSMiB *float64    `json:"broker_peak_rss_mib,omitempty"`  // throughput: largest broker peak RSS
-	ClientCPUPct     *float64    `json:"client_cpu_pct,omitempty"`       // throughput: this process
-	Processes        []ProcUsage `json:"processes,omitempty"`            // throughput: last trial, per process
+	ClientCPUPct     *float64    `json:"client_cpu_pct,omitempty"`       // throughput, load: this process
+	Processes        []ProcUsage `json:"processes,omitempty"`            // throughput, load: last trial, per process and the machine
 	// WALRecordsPerFsync is records per fsync as the brokers count them
 	// (felix_wal_batch_records over the measured part, all brokers): unlike
 	// RecordsPerFsync it sees a commit shared by several shards, and other
@@ -165,7 +166,7 @@ func summarize(scenario, mode string, trials []trial) *Result {
 	var pcts []Percentiles
 	var hists, lags, raws, waits []*hdrhistogram.Histogram
 	acks := newAckGroups()
-	var cpu, clientCPU []float64
+	var cpu, clientCPU, machineCPU []float64
 	for _, t := range trials {
 		p := percentilesOf(t.hist)
 		pcts = append(pcts, p)
@@ -184,8 +185,12 @@ func summarize(scenario, mode string, trials []trial) *Result {
 		if t.usage != nil {
 			sum, peak, rss := 0.0, 0.0, 0.0
 			for _, u := range t.usage {
-				if u.Name == selfName {
+				switch u.Name {
+				case selfName:
 					clientCPU = append(clientCPU, u.CPUPct)
+					continue
+				case machineName:
+					machineCPU = append(machineCPU, u.CPUPct)
 					continue
 				}
 				sum += u.CPUPct
@@ -218,6 +223,9 @@ func summarize(scenario, mode string, trials []trial) *Result {
 	}
 	if len(clientCPU) > 0 {
 		r.ClientCPUPct = ptr(round1(median(clientCPU)))
+	}
+	if len(machineCPU) > 0 {
+		r.MachineCPUPct = ptr(round1(median(machineCPU)))
 	}
 	return r
 }
@@ -407,8 +415,8 @@ func (rep *Report) writeScenarios(w io.Writer) error {
 				fmtUS(*r.UncorrectedP50), fmtUS(*r.UncorrectedP99))
 		}
 		if r.BrokerCPUPct != nil {
-			fmt.Fprintf(w, "%s: brokers used %.0f%% CPU (of one core), largest broker RSS %.1f MiB (peak %.1f MiB); the bench itself %.0f%% CPU\n",
-				r.Label(), *r.BrokerCPUPct, *r.BrokerRSSMiB, *r.BrokerPeakRSSMiB, deref(r.ClientCPUPct))
+			fmt.Fprintf(w, "%s: brokers used %.0f%% CPU (of one core), largest broker RSS %.1f MiB (peak %.1f MiB); the bench itself %.0f%% CPU%s\n",
+				r.Label(), *r.BrokerCPUPct, *r.BrokerRSSMiB, *r.BrokerPeakRSSMiB, deref(r.ClientCPUPct), machineBusy(r.MachineCPUPct))
 		}
 		if r.WALRecordsPerFsync != nil {
 			fmt.Fprintf(w, "%s: %.2f records per fsync as the brokers' WALs count them (felix_wal_batch_records)\n", r.Label(), *r.WALRecordsPerFsync)
@@ -483,4 +491,12 @@ func (r *Report) write(w io.Writer, asJSON bool) error {
 		return fmt.Errorf("bench: write the report: %w", err)
 	}
 	return nil
+}
+
+// machineBusy says how busy the machine's CPUs were, if measured.
+func machineBusy(pct *float64) string {
+	if pct == nil {
+		return ""
+	}
+	return fmt.Sprintf("; the machine's CPUs %.0f%% busy of %d%%", *pct, 100*runtime.NumCPU())
 }
