@@ -149,11 +149,14 @@ func TestLocalEveryScenario(t *testing.T) {
 			t.Errorf("no result for %s", k)
 		}
 	}
-	for _, k := range []string{"fsync", "rtt"} {
+	for _, k := range []string{"fsync", "rtt", "rtt_idle"} {
 		p, _ := doc.Floors[k].(map[string]any)
 		if p == nil || p["count"].(float64) != float64(c.FloorCount) || p["p50_us"].(float64) <= 0 {
 			t.Errorf("floor %s: %v", k, doc.Floors[k])
 		}
+	}
+	if gap := doc.Floors["rtt_idle_gap_us"]; gap != 1e6/float64(c.Rate) {
+		t.Errorf("floor rtt_idle_gap_us %v, want the open-loop rate's gap %v", gap, 1e6/float64(c.Rate))
 	}
 	// direct p50 and p99, forwarded hop, e2e, throughput, broker RSS,
 	// light load, load 50% and the shards sweep.

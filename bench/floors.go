@@ -30,6 +30,12 @@ type Floors struct {
 	// RTT is the echo of one payload-sized frame over QUIC between the
 	// bench and an echo process (two processes, as client and broker are).
 	RTT Percentiles `json:"rtt"`
+	// RTTIdle is the same echo sent after IdleGapUS with nothing sent
+	// (the gap between records of the open-loop rows): what waking idle
+	// CPUs and sleeping threads adds to a round trip on this machine,
+	// with no Felix code in it.
+	RTTIdle   Percentiles `json:"rtt_idle"`
+	IdleGapUS float64     `json:"rtt_idle_gap_us"`
 	// FsyncDir and FsyncFS say where the fsync floor was measured.
 	FsyncDir string `json:"fsync_dir"`
 	FsyncFS  string `json:"fsync_fs"`
@@ -54,13 +60,15 @@ type floorMeter struct {
 	w       *transport.Writer
 	pubEcho *transport.Publish
 
-	fsync, rtt *hdrhistogram.Histogram
+	fsync, rtt, rttIdle *hdrhistogram.Histogram
+	idleGap             time.Duration // before each sample of rttIdle
 }
 
 // startFloors opens the fsync file in dataDir and starts the echo process
-// (binary's hidden `echo` command) with a certificate made in workDir.
-func startFloors(ctx context.Context, binary, workDir, dataDir string, size int) (_ *floorMeter, err error) {
-	m := &floorMeter{dir: dataDir, payload: make([]byte, size), fsync: newHist(), rtt: newHist()}
+// (binary's hidden `echo` command) with a certificate made in workDir;
+// the idle round trips are taken idleGap apart.
+func startFloors(ctx context.Context, binary, workDir, dataDir string, size int, idleGap time.Duration) (_ *floorMeter, err error) {
+	m := &floorMeter{dir: dataDir, payload: make([]byte, size), fsync: newHist(), rtt: newHist(), rttIdle: newHist(), idleGap: idleGap}
 	defer func() {
 		if err != nil {
 			m.close()
@@ -161,17 +169,33 @@ func (m *floorMeter) measure(warmup, n int, prog *progress) error {
 	}
 	prog.phase("floor: QUIC round trip", warmup+n)
 	for i := range warmup + n {
-		t0 := time.Now()
-		if err := m.w.Write(m.pubEcho); err != nil {
-			return fmt.Errorf("bench: RTT floor: write to the echo process: %w", err)
-		}
-		if _, err := m.r.Read(); err != nil {
-			return fmt.Errorf("bench: RTT floor: read from the echo process: %w", err)
-		}
-		if i >= warmup {
-			record(m.rtt, time.Since(t0))
+		if err := m.echo1(m.rtt, i >= warmup); err != nil {
+			return err
 		}
 		prog.add(1)
+	}
+	prog.phase("floor: QUIC round trip after idle", n)
+	for range n {
+		time.Sleep(m.idleGap)
+		if err := m.echo1(m.rttIdle, true); err != nil {
+			return err
+		}
+		prog.add(1)
+	}
+	return nil
+}
+
+// echo1 takes one round trip to the echo process, into h if keep.
+func (m *floorMeter) echo1(h *hdrhistogram.Histogram, keep bool) error {
+	t0 := time.Now()
+	if err := m.w.Write(m.pubEcho); err != nil {
+		return fmt.Errorf("bench: RTT floor: write to the echo process: %w", err)
+	}
+	if _, err := m.r.Read(); err != nil {
+		return fmt.Errorf("bench: RTT floor: read from the echo process: %w", err)
+	}
+	if keep {
+		record(h, time.Since(t0))
 	}
 	return nil
 }
@@ -180,6 +204,7 @@ func (m *floorMeter) measure(warmup, n int, prog *progress) error {
 func (m *floorMeter) floors() Floors {
 	return Floors{
 		Fsync: percentilesOf(m.fsync), RTT: percentilesOf(m.rtt),
+		RTTIdle: percentilesOf(m.rttIdle), IdleGapUS: float64(m.idleGap.Microseconds()),
 		FsyncDir: m.dir, FsyncFS: fsType(m.dir),
 		fsyncHist: m.fsync, rttHist: m.rtt,
 	}

@@ -331,6 +331,10 @@ func (rep *Report) checkTargets() {
 	if open := rep.find(Direct, ModeOpen); open != nil && direct != nil {
 		le("light load p50", fmt.Sprintf("direct open loop %d/s p50 <= direct closed p50 (light load costs no more than a lone record)", open.RatePerSec),
 			open.P50, direct.P50, "us")
+		if f.RTTIdle.Count > 0 {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("light load: direct open loop p50 - direct closed p50 = %s; the QUIC echo floor alone, after %s idle - back to back = %s (waking idle CPUs and threads, with no Felix code in it)",
+				fmtUS(open.P50-direct.P50), fmtUS(f.IdleGapUS), fmtUS(f.RTTIdle.P50-f.RTT.P50)))
+		}
 	}
 	for _, r := range rep.Scenarios {
 		if r.Scenario == Load && r.LoadPct == 50 && direct != nil {
@@ -391,8 +395,12 @@ func (rep *Report) writeTable(w io.Writer) error {
 // writeScenarios writes the floors and one line per scenario.
 func (rep *Report) writeScenarios(w io.Writer) error {
 	f := rep.Floors
-	fmt.Fprintf(w, "floors (same run): write+fdatasync p50 %s p99 %s (%s, %s); QUIC RTT between 2 processes p50 %s p99 %s\n",
+	fmt.Fprintf(w, "floors (same run): write+fdatasync p50 %s p99 %s (%s, %s); QUIC RTT between 2 processes p50 %s p99 %s",
 		fmtUS(f.Fsync.P50), fmtUS(f.Fsync.P99), f.FsyncFS, f.FsyncDir, fmtUS(f.RTT.P50), fmtUS(f.RTT.P99))
+	if f.RTTIdle.Count > 0 {
+		fmt.Fprintf(w, ", after %s idle p50 %s p99 %s", fmtUS(f.IdleGapUS), fmtUS(f.RTTIdle.P50), fmtUS(f.RTTIdle.P99))
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintf(w, "floor = fsync + RTT: p50 %s, p99 %s\n\n", fmtUS(f.Fsync.P50+f.RTT.P50), fmtUS(f.Fsync.P99+f.RTT.P99))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "SCENARIO\tCOUNT\tP50\tP90\tP99\tP99.9\tMAX\tP50/FLOOR\tP99/FLOOR\tP50 SPREAD\tMSG/S\tREC/FSYNC\t")
