@@ -67,8 +67,9 @@ const (
 )
 
 // raftNet owns the raft traffic of the groups this broker hosts: the
-// registry of groups (by shard, for incoming messages), a sender per peer
-// and the ticker. Its goroutines (ticker, senders) stop at close.
+// registry of groups (by shard, for incoming messages), a raftPeer per
+// peer (its stream) and the ticker. Its goroutines (ticker, retention
+// pass, the peers' and their flushers) stop at close.
 type raftNet struct {
 	node     string
 	tick     time.Duration
@@ -384,7 +385,7 @@ func (n *raftNet) preferOwners() {
 }
 
 // groupTransport is one group's replica.Transport: it marshals each
-// message and queues it for its peer's sender.
+// message and writes it on its peer's raft stream (raftPeer.send).
 type groupTransport struct {
 	n      *raftNet
 	stream string
