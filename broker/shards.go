@@ -795,7 +795,9 @@ func (s *shardSet) retain(m *shardmap.Map, r *applyResult) *shardmap.Map {
 	for _, name := range deleted {
 		ch := done[name]
 		if ch == nil {
-			continue // another apply is removing it
+			if ch = s.gateDeleted(name); ch == nil {
+				continue // created again meanwhile: its first use claims the directory
+			}
 		}
 		if err := s.removeStream(name, m.Epoch); err != nil {
 			r.deleteErr = append(r.deleteErr, err)
@@ -808,6 +810,37 @@ func (s *shardSet) retain(m *shardmap.Map, r *applyResult) *shardmap.Map {
 		s.mu.Unlock()
 	}
 	return m
+}
+
+// gateDeleted takes the gate of a deleted stream's name that another
+// holder had when retain looked: a first use claiming its directory, a
+// failed replica being set aside, or another apply removing it. It waits
+// for each holder in turn and returns the gate, now retain's, for the
+// removal (which finds nothing left if that holder was a removal); or nil
+// if a newer map holds the stream again, whose first use will claim the
+// directory.
+func (s *shardSet) gateDeleted(name string) chan struct{} {
+	for {
+		s.mu.Lock()
+		if l := s.mu.latest; l != nil {
+			if _, ok := l.Stream(name); ok {
+				s.mu.Unlock()
+				return nil
+			}
+		}
+		held := s.mu.removing[name]
+		if held == nil {
+			ch := make(chan struct{})
+			s.mu.removing[name] = ch
+			// A claim that ended meanwhile noted the deleted stream's
+			// incarnation: forget it again.
+			delete(s.mu.incarnation, name)
+			s.mu.Unlock()
+			return ch
+		}
+		s.mu.Unlock()
+		<-held
+	}
 }
 
 // sweepDeleted removes, once per run (on the first map applied), the

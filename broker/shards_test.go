@@ -661,3 +661,34 @@ func TestDamagedStreamMarkRefuses(t *testing.T) {
 		t.Fatalf("the stream's data went: %q", got)
 	}
 }
+
+// TestStreamDeletedWhileItsNameIsGated: a map that deletes a stream while
+// another holder has its name's gate (a first use claiming the directory,
+// a failed replica being set aside) waits for that holder, then removes
+// the stream's data: it is never left behind until the next restart.
+func TestStreamDeletedWhileItsNameIsGated(t *testing.T) {
+	dataDir := t.TempDir()
+	s := testShardSet(t, dataDir, nil)
+	defer s.close()
+	m := createdMap(1, 1)
+	s.apply(m)
+	appendRecords(t, s, m, shardmap.ShardID{Stream: "orders", Shard: 0}, 3)
+
+	held := make(chan struct{})
+	s.mu.Lock()
+	s.mu.removing["orders"] = held
+	s.mu.Unlock()
+	go func() {
+		time.Sleep(100 * time.Millisecond) // the apply below meets the gate held
+		s.mu.Lock()
+		delete(s.mu.removing, "orders")
+		s.mu.Unlock()
+		close(held)
+	}()
+	if _, r := s.apply(handMap(2)); !slices.Equal(r.deleted, []string{"orders"}) || len(r.deleteErr) > 0 {
+		t.Fatalf("apply without the stream: deleted %q, errors %v", r.deleted, r.deleteErr)
+	}
+	if got := dirNames(t, filepath.Join(dataDir, "streams")); slices.Contains(got, "orders") {
+		t.Fatalf("the deleted stream's data is still there: %q", got)
+	}
+}
