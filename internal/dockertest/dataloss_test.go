@@ -39,20 +39,7 @@ func TestReplicatedDataLoss(t *testing.T) {
 	r := c.startWorkload(ctx, t, stream, shards)
 	time.Sleep(time.Second)
 
-	leader, err := r.leader(ctx, 0, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lost *Node
-	for _, b := range c.Brokers {
-		if b.Name != leader {
-			lost = b
-			break
-		}
-	}
-	if err := c.Kill(ctx, lost); err != nil {
-		t.Fatal(err)
-	}
+	lost, leader := r.killFollower(ctx, t, c)
 	if err := c.Replace(ctx, lost); err != nil {
 		t.Fatalf("starting %s again with an empty data directory: %v", lost.Name, err)
 	}
@@ -175,20 +162,7 @@ func TestReplicatedBitFlip(t *testing.T) {
 	r := c.startWorkload(ctx, t, stream, shards)
 	time.Sleep(3 * time.Second) // records on every replica
 
-	leader, err := r.leader(ctx, 0, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var victim *Node
-	for _, b := range c.Brokers {
-		if b.Name != leader {
-			victim = b
-			break
-		}
-	}
-	if err := c.Kill(ctx, victim); err != nil {
-		t.Fatal(err)
-	}
+	victim, _ := r.killFollower(ctx, t, c)
 	for s := range shards {
 		seg, at, err := c.flipSegmentBit(ctx, t, victim, fmt.Sprintf("/data/streams/%s/%d", stream, s))
 		if err != nil {
@@ -254,4 +228,25 @@ func (c *Cluster) flipSegmentBit(ctx context.Context, t *testing.T, n *Node, dir
 		return "", 0, err
 	}
 	return seg, at, nil
+}
+
+// killFollower kills -9 a broker of c that does not lead shard 0 and
+// returns it, with shard 0's leader.
+func (r *workloadRun) killFollower(ctx context.Context, t *testing.T, c *Cluster) (*Node, string) {
+	t.Helper()
+	leader, err := r.leader(ctx, 0, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range c.Brokers {
+		if b.Name == leader {
+			continue
+		}
+		if err := c.Kill(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+		return b, leader
+	}
+	t.Fatalf("no broker other than the leader %s", leader)
+	return nil, ""
 }
