@@ -51,9 +51,10 @@
 //     owns the lane's read side: it relays each Ack to the publisher and
 //     hands a NotOwner refusal to the session's retrier, never waiting
 //     for a map or a lock held across one.
-//   - The retrier (one per session, running only while refusals wait)
-//     catches up to the refusing owner's map and routes each refused
-//     record again, in the order refused.
+//   - The retrier (one per session, running only while records wait to
+//     be routed again) catches up to the refusing owner's map and routes
+//     each shard's waiting records again, in the order received, once
+//     nothing of that shard is unanswered on another route (order.go).
 //   - A frameWriter (acks.go) serializes the frames written on one
 //     stream: answers on the publisher stream, forwards on a lane.
 //     TryWriteAll queues a frame in quic-go's send buffer without
@@ -62,7 +63,7 @@
 //
 // The mutexes on the path, each held for memory operations only: the
 // session's lanes (lookup or insertion of a lane, which is opened without
-// waiting for it) and retry queue; a lane's pending forwards; a
+// waiting for it) and its routes and waiting records (order.go); a lane's pending forwards; a
 // frameWriter's buffers (encoding and a non-blocking TryWriteAll; the
 // flusher writes with it released); the principal's byte budget; the
 // shard set's index (an RLock) and a shard's producer table. How to check
@@ -114,11 +115,23 @@
 // re-dispatched itself (stalling that lane's acks); now the lane reader
 // queues the refusal → retrier (one hand-off, only on a map change) →
 // the retrier refreshes and routes it again like the reader would.
-// Refusals are re-routed in the order they came, but a record the reader
-// routes by the new map meanwhile can overtake a refused one of the same
-// shard (as before): keeping a shard's order across a re-route needs the
-// reader to queue a shard's records behind its refused ones, a per-shard
-// queue not built yet.
+//
+// Order across a re-route (order.go): a session keeps each shard's
+// unanswered records on one route at a time (one lane, or this broker's
+// own replica). A record refused, or waiting for a leader, waits with
+// the records of its shard that came after it, in the order received,
+// and the retrier routes them oldest first once nothing of the shard is
+// unanswered elsewhere; a record routed by a newer map to another owner
+// while earlier ones are unanswered on the old route waits the same way.
+// Before, a record the reader routed by the new map could overtake a
+// refused one of its shard (TestRerouteKeepsOrder and
+// TestReplicatedOrderAcrossLeaderChanges fail without it). A waiting
+// record whose successor an owner acknowledged meanwhile (one that
+// refused a record and then took the next) fails unavailable, nothing
+// written, rather than be committed out of order. The cost on the hot
+// path: a forwarded or replicated record takes the session's route lock
+// twice (routed, answered); a record of replication factor 1 appended
+// here loads one atomic counter.
 //
 // # Replicated shards (replication factor 3)
 //

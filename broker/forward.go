@@ -187,12 +187,16 @@ func (p *pubSession) forward(in inbound, m *shardmap.Map, shard int, owner strin
 	// (the parent of the owner's server span), if traced.
 	fwd.Headers = b.tel.forwardContext(&in.ev, owner, pub.Headers)
 	fw := forwarded{in: in, attempt: attempt}
+	id := shardmap.ShardID{Stream: pub.Stream, Shard: shard}
 	var l *lane
 	for {
 		if l = p.laneTo(node); l == nil {
 			p.fail(fw.in, &transport.Error{Code: transport.CodeShuttingDown,
 				Message: fmt.Sprintf("the publisher stream on %s is closing", b.cfg.NodeID)})
 			return
+		}
+		if !p.onRoute(&fw.in, id, l, attempt, true) {
+			return // waits behind the shard's earlier records (order.go)
 		}
 		added, dup := l.add(fw)
 		if dup {
@@ -205,6 +209,7 @@ func (p *pubSession) forward(in inbound, m *shardmap.Map, shard int, owner strin
 		}
 		// The lane died between lookup and add: the next lookup opens a
 		// new one.
+		p.resolved(&fw.in, false)
 	}
 	if err := l.w.send(&fwd); err != nil {
 		// Not encodable: nothing was written, the lane goes on.
@@ -340,17 +345,18 @@ func (l *lane) read(s *quic.Stream) {
 // catches up and routes it again (bounded); anything else goes back to
 // the publisher. It never blocks.
 func (p *pubSession) answer(fw forwarded, e *transport.Error) {
+	id := shardmap.ShardID{Stream: fw.in.pub.Stream, Shard: fw.in.ev.shard}
 	if e.Code == transport.CodeNotOwner && fw.in.replicated() {
 		// A replica that is not the leader: it names the leader, if it
 		// knows one. Routed again until the record's deadline.
-		p.b.noteLeader(shardmap.ShardID{Stream: fw.in.pub.Stream, Shard: fw.in.ev.shard}, e.Owner)
+		p.b.noteLeader(id, e.Owner)
 		if !fw.in.expired() {
 			p.b.tel.rerouted(&fw.in.ev, e)
 			r := refused{in: fw.in, attempt: fw.attempt, epoch: e.Epoch, by: e.Owner}
 			if e.Owner == "" {
 				r.delay = p.b.cfg.RaftTick
 			}
-			p.requeue(r)
+			p.requeue(r, id)
 			return
 		}
 	}
@@ -359,79 +365,7 @@ func (p *pubSession) answer(fw forwarded, e *transport.Error) {
 		return
 	}
 	p.b.tel.rerouted(&fw.in.ev, e) // this forward is over; the record goes on
-	p.requeue(refused{in: fw.in, attempt: fw.attempt, epoch: e.Epoch, by: e.Owner})
-}
-
-// requeue hands r to the session's retrier, starting it if need be. It
-// never blocks.
-func (p *pubSession) requeue(r refused) {
-	p.retry.Lock()
-	p.retry.queue = append(p.retry.queue, r)
-	start := !p.retry.running
-	if start {
-		p.retry.running = true
-		p.workers.Add(1)
-	}
-	p.retry.Unlock()
-	if start {
-		go p.retrier()
-	}
-}
-
-// refused is a forward an owner refused with NotOwner at epoch.
-type refused struct {
-	in      inbound
-	attempt int
-	epoch   uint64 // the refusing owner's map epoch
-	by      string // the refusing owner's id
-	// delay is how long to wait before routing it again: a replicated
-	// shard's record waiting for a leader to be elected.
-	delay time.Duration
-}
-
-// retrier re-routes refused forwards, in the order they were refused:
-// for each it catches up to the refusing owner's map (waiting for the
-// control plane if need be, holding nothing) and dispatches it again.
-// It runs while there are refusals to handle; the lanes' readers start
-// it, so they never wait for a map.
-func (p *pubSession) retrier() {
-	defer p.workers.Done()
-	for {
-		p.retry.Lock()
-		if len(p.retry.queue) == 0 {
-			p.retry.running = false
-			p.retry.queue = nil
-			p.retry.Unlock()
-			return
-		}
-		r := p.retry.queue[0]
-		p.retry.queue = p.retry.queue[1:]
-		p.retry.Unlock()
-
-		if p.ctx.Err() != nil {
-			p.fail(r.in, &transport.Error{Code: transport.CodeShuttingDown,
-				Message: fmt.Sprintf("the publisher stream on %s closed before the record could be routed again; nothing was written", p.b.cfg.NodeID)})
-			continue
-		}
-		if r.delay > 0 {
-			t := time.NewTimer(r.delay)
-			select {
-			case <-t.C:
-			case <-p.ctx.Done():
-				t.Stop()
-			}
-		}
-
-		ctx, cancel := context.WithTimeout(p.ctx, p.b.cfg.ForwardTimeout)
-		_, err := p.b.member.Refresh(ctx, r.epoch)
-		cancel()
-		if err != nil {
-			p.fail(r.in, &transport.Error{Code: transport.CodeUnavailable,
-				Message: fmt.Sprintf("%s was refused by %s (not the owner at epoch %d) and could not get that map: %v", p.b.cfg.NodeID, r.by, r.epoch, err)})
-			continue
-		}
-		p.dispatch(r.in.rerouted(), r.attempt+1)
-	}
+	p.requeue(refused{in: fw.in, attempt: fw.attempt, epoch: e.Epoch, by: e.Owner}, id)
 }
 
 // kill ends the lane and fails every forward still waiting on it: the owner
@@ -455,8 +389,9 @@ func (l *lane) kill(cause error) {
 		if s == nil && fw.in.replicated() && !fw.in.expired() && l.p.ctx.Err() == nil {
 			// Never sent, and a replicated shard has other replicas: one
 			// of them may lead by now.
-			l.p.b.forgetLeader(shardmap.ShardID{Stream: fw.in.pub.Stream, Shard: fw.in.ev.shard}, l.owner)
-			l.p.requeue(refused{in: fw.in.rerouted(), attempt: fw.attempt, delay: l.p.b.cfg.RaftTick, by: l.owner})
+			id := shardmap.ShardID{Stream: fw.in.pub.Stream, Shard: fw.in.ev.shard}
+			l.p.b.forgetLeader(id, l.owner)
+			l.p.requeue(refused{in: fw.in.rerouted(), attempt: fw.attempt, delay: l.p.b.cfg.RaftTick, by: l.owner}, id)
 			continue
 		}
 		e := &transport.Error{Code: transport.CodeUnavailable, Owner: l.owner,

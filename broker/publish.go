@@ -57,13 +57,12 @@ type pubSession struct {
 		closed bool // closeLanes ran: nothing more is forwarded
 	}
 
-	// retry queues forwards refused with NotOwner for the retrier, which
-	// runs while the queue is not empty (forward.go).
-	retry struct {
-		sync.Mutex
-		queue   []refused
-		running bool
-	}
+	// order keeps the records of each shard in the order received while
+	// some are routed again, and runs the retrier (order.go).
+	order routeOrder
+
+	// received numbers the records the reader takes in (the reader's).
+	received uint64
 }
 
 func (b *Broker) servePublish(s *quic.Stream, r *transport.Reader, first *transport.Publish, from caller) {
@@ -73,6 +72,7 @@ func (b *Broker) servePublish(s *quic.Stream, r *transport.Reader, first *transp
 		idle:  make(chan struct{}),
 	}
 	p.lanes.m = map[string]*lane{}
+	p.order.init()
 	if from.use != nil {
 		p.budget = from.use.use.publish
 	}
@@ -154,6 +154,13 @@ type inbound struct {
 	// first routed (replicated.go): when it stops waiting for a leader.
 	// Zero for replication factor 1, which pays nothing more per record.
 	deadline int64
+
+	// n is the record's place in the stream (receipt order), route the
+	// shard's route it is counted on until answered or handed back, and
+	// resumed marks the retrier's dispatch of a waiting record (order.go).
+	n       uint64
+	route   *shardRoute
+	resumed bool
 }
 
 // replicated reports whether in is a record of a replicated shard.
@@ -173,7 +180,8 @@ func (in inbound) rerouted() inbound {
 // handle takes one publish in. It returns false when the session is ending.
 func (p *pubSession) handle(pub *transport.Publish) bool {
 	// received takes the hop context off the headers, traced or not.
-	in := inbound{pub: pub, last: !p.r.Ready(), ev: p.b.tel.received(pub, p.peerID)}
+	p.received++
+	in := inbound{pub: pub, last: !p.r.Ready(), ev: p.b.tel.received(pub, p.peerID), n: p.received}
 	if p.peerID == "" {
 		// Only a forwarding peer may speak for an epoch or another broker.
 		pub.Epoch, pub.Via = 0, ""
@@ -385,6 +393,9 @@ func (p *pubSession) dispatch(in inbound, attempt int) {
 func (p *pubSession) appendLocal(in inbound, m *shardmap.Map, shard int) {
 	b, pub := p.b, in.pub
 	id := shardmap.ShardID{Stream: pub.Stream, Shard: shard}
+	if !p.onRoute(&in, id, nil, 0, false) {
+		return // waits behind the shard's earlier records (order.go)
+	}
 	e, err := b.shards.acquire(m, id)
 	if err != nil {
 		p.fail(in, &transport.Error{Code: transport.CodeUnavailable,
@@ -459,6 +470,8 @@ func (p *pubSession) fail(in inbound, err *transport.Error) {
 func (p *pubSession) reply(in *inbound, f transport.Frame) {
 	t := p.b.tel
 	t.stampAnswered(&in.ev)
+	_, acked := f.(*transport.Ack)
+	p.resolved(in, acked)
 	switch f := f.(type) {
 	case *transport.Ack:
 		in.ev.offset = f.Offset

@@ -495,7 +495,7 @@ func (p *pubSession) awaitLeader(in inbound, attempt int, id shardmap.ShardID, f
 			Message: fmt.Sprintf(format+" after %v (ForwardTimeout); nothing was written", id, p.b.cfg.ForwardTimeout)})
 		return
 	}
-	p.requeue(refused{in: in.rerouted(), attempt: attempt, delay: p.b.cfg.RaftTick, by: p.b.cfg.NodeID})
+	p.requeue(refused{in: in.rerouted(), attempt: attempt, delay: p.b.cfg.RaftTick, by: p.b.cfg.NodeID}, id)
 }
 
 // appendReplicated proposes in's record to e's group, whose leader this
@@ -504,6 +504,9 @@ func (p *pubSession) awaitLeader(in inbound, attempt int, id shardmap.ShardID, f
 // this leader has applied everything committed before its term, and
 // proposed in the term it was judged in (see the top of this file).
 func (p *pubSession) appendReplicated(in inbound, e *shardEntry, id shardmap.ShardID, attempt int) {
+	if !p.onRoute(&in, id, nil, attempt, true) {
+		return // waits behind the shard's earlier records (order.go)
+	}
 	b, pub := p.b, in.pub
 	via := pub.Via
 	if via == "" {
