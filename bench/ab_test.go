@@ -18,7 +18,7 @@ func abReport() *Report {
 		Machine: Machine{CPUs: 2, OS: "linux/amd64", GoVersion: "go1.26"}, PayloadBytes: 128, Trials: 3,
 		Scenarios: []*Result{}, Targets: []Target{},
 		AB: &ABComparison{
-			A: "this build: /bin/felixctl", B: "felix built from HEAD~1 (abc)",
+			A: "this build: /bin/felixctl", B: "felixctl built from HEAD~1 (abc)",
 			Scenarios: []*ABResult{
 				{Scenario: Direct, Mode: ModeClosed, PathA: "broker-1 -> broker-1", PathB: "broker-1 -> broker-1", Count: 6000,
 					P50A: 500, P50B: 600, P99A: 1000, P99B: 1500, RatioP50: 1.2, RatioP99: 1.5,
@@ -42,7 +42,7 @@ func TestABTable(t *testing.T) {
 	for _, want := range []string{
 		"A/B: two builds side by side", "every ratio is B/A",
 		"P50 A", "MSG/S B", "TRIAL B/A",
-		"A: this build: /bin/felixctl", "B: felix built from HEAD~1 (abc)",
+		"A: this build: /bin/felixctl", "B: felixctl built from HEAD~1 (abc)",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
