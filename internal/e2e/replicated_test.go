@@ -80,6 +80,11 @@ func TestReplicatedFailover(t *testing.T) {
 		cl := clustertest.Connect(t, c, via, opts...)
 		wg.Go(func() { workload.Publish(ctx, stop, cl, stream, i, i == idempotentPublisher, &rec) })
 	}
+	// One more, pipelined (8 in flight) through broker-1: its acked
+	// records of each shard must keep the order sent across the kills.
+	pipe := clustertest.Connect(t, c, c.Brokers()[1].ID, client.WithReconnect(20*time.Millisecond, 500*time.Millisecond), client.WithDialTimeout(time.Second))
+	const pipelined = publishers + 2 // publishers is the prober, +1 the read-back
+	wg.Go(func() { workload.PublishPipelined(ctx, stop, pipe, stream, pipelined, 8, &rec) })
 	sub := tail(t, ctx, c, stream, shards)
 
 	probes := &prober{t: t, c: c, stream: stream, rec: &rec, id: publishers}
@@ -145,9 +150,11 @@ func TestReplicatedFailover(t *testing.T) {
 		t.Logf("%d leader kills; time from kill -9 to the first ack by a new leader: median %v, max %v", len(sorted),
 			sorted[len(sorted)/2].Round(time.Millisecond), sorted[len(sorted)-1].Round(time.Millisecond))
 	}
-	t.Logf("%d publishers (one idempotent) through 3 brokers, R=3: %s", publishers, r)
-	idem := 0
+	idem, piped := 0, 0
 	for _, p := range rec.Publishes() {
+		if p.Publisher == pipelined && p.Outcome == history.Acked {
+			piped++
+		}
 		if p.Publisher == idempotentPublisher {
 			idem++
 			if p.Outcome != history.Acked {
@@ -155,8 +162,12 @@ func TestReplicatedFailover(t *testing.T) {
 			}
 		}
 	}
+	t.Logf("%d publishers (one idempotent, one pipelined with %d acked) through 3 brokers, R=3: %s", publishers+1, piped, r)
 	if idem == 0 {
 		t.Errorf("the idempotent publisher published nothing")
+	}
+	if piped == 0 {
+		t.Errorf("the pipelined publisher had nothing acknowledged")
 	}
 	if !r.OK() {
 		t.Errorf("history check failed: lost %v; duplicated %v; misplaced %v; phantom %v; gaps %v; reordered %v",

@@ -71,3 +71,77 @@ func Publish(ctx context.Context, stop <-chan struct{}, cl *client.Client, strea
 		}
 	}
 }
+
+// PublishPipelined publishes unique values ("p<id>-<n>") on one publisher
+// stream of cl with up to window records in flight (PublishAsync), until
+// stop is closed or ctx ends, recording each outcome in rec as publisher
+// id's: called when handed to the stream, returned when its future
+// resolved, Unknown when it did not within 3s. Its acked records of a
+// shard must hold offsets in the order sent (history's reordered check),
+// which a publisher that waits for each ack cannot break: pipelined, a
+// record routed again after a refusal is what could overtake.
+func PublishPipelined(ctx context.Context, stop <-chan struct{}, cl *client.Client, stream string, id, window int, rec *history.Recorder) {
+	const timeout = 3 * time.Second
+	type sent struct {
+		value string
+		call  time.Time
+		fut   *client.Future
+	}
+	inflight := make(chan sent, window-1) // and one with the collector
+	collected := make(chan struct{})
+	go func() { // ends when inflight is closed and drained
+		defer close(collected)
+		for s := range inflight {
+			wctx, cancel := context.WithDeadline(ctx, s.call.Add(timeout))
+			ack, err := s.fut.Wait(wctx)
+			cancel()
+			p := history.Publish{Publisher: id, Value: s.value, Outcome: Outcome(err), Call: s.call, Return: time.Now()}
+			if err == nil {
+				p.Shard, p.Offset, p.Owner = ack.Shard, ack.Offset, ack.Owner
+			}
+			rec.Add(p)
+		}
+	}()
+	defer func() {
+		close(inflight)
+		<-collected
+	}()
+	var pub *client.Publisher
+	defer func() {
+		if pub != nil {
+			pub.Close()
+		}
+	}()
+	for n := 0; ; n++ {
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		default:
+		}
+		if pub == nil {
+			var err error
+			if pub, err = cl.Publisher(ctx, stream); err != nil {
+				pub = nil
+				time.Sleep(20 * time.Millisecond) // the broker may be down: do not spin
+				continue
+			}
+		}
+		value := fmt.Sprintf("p%d-%d", id, n)
+		call := time.Now()
+		fut, err := pub.PublishAsync(ctx, []byte(value), []byte(value))
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			rec.Add(history.Publish{Publisher: id, Value: value, Outcome: Outcome(err), Call: call, Return: time.Now()})
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		inflight <- sent{value: value, call: call, fut: fut}
+		if n%window == window-1 {
+			time.Sleep(10 * time.Millisecond) // a window at a time: a few hundred records/s
+		}
+	}
+}
