@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/quic-go/quic-go"
 
@@ -282,5 +283,36 @@ func TestRerouteKeepsOrder(t *testing.T) {
 		if got, want := string(r.Value), fmt.Sprint(i+1); got != want {
 			t.Errorf("offset %d holds record %s, want %s", i, got, want)
 		}
+	}
+}
+
+// TestOwnerServesIncarnationWithoutCatchingUp: a forward carrying a newer
+// epoch than the owner holds, and the incarnation of the stream the
+// owner's map has, with the shard on the owner, is written at once: the
+// owner need not reach the control plane (the epoch here never exists,
+// as when the owner's link to the control plane is down). A forward
+// naming another incarnation still waits for the newer map, and is
+// refused unavailable when none comes.
+func TestOwnerServesIncarnationWithoutCatchingUp(t *testing.T) {
+	ip := startInprocWith(t, func(c *Config) { c.ForwardTimeout = 300 * time.Millisecond }, 2, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	owner, other := ip.owner("orders", 0), ip.nonOwner("orders", 0)
+	st, _ := owner.Map().Stream("orders")
+	if st.Created == 0 {
+		t.Fatal("the stream has no incarnation")
+	}
+	fwd := openStream(t, ip.dialPeer(owner, other.NodeID()))
+	p := publish(1, "orders", "same stream")
+	p.Shard, p.Epoch, p.Via, p.Created = 0, owner.Map().Epoch+100, other.NodeID(), st.Created
+	fwd.send(p)
+	if a := wantAck(t, fwd.recv(), 1); a.Owner != owner.NodeID() || a.Offset != 0 {
+		t.Fatalf("ack %+v", a)
+	}
+
+	p = publish(2, "orders", "another incarnation")
+	p.Shard, p.Epoch, p.Via, p.Created = 0, owner.Map().Epoch+100, other.NodeID(), st.Created+1
+	fwd.send(p)
+	wantError(t, fwd.recv(), transport.ErrUnavailable)
+	if next := ip.logOf(owner, "orders", 0).NextOffset(); next != 1 {
+		t.Fatalf("owner holds %d records, want 1", next)
 	}
 }

@@ -183,6 +183,9 @@ func (p *pubSession) forward(in inbound, m *shardmap.Map, shard int, owner strin
 	fwd.Shard = int32(shard)
 	fwd.Epoch = m.Epoch
 	fwd.Via = b.cfg.NodeID
+	if st, ok := m.Stream(pub.Stream); ok {
+		fwd.Created = st.Created
+	}
 	// Only what the owner needs goes before the write: the hop context
 	// (the parent of the owner's server span), if traced.
 	fwd.Headers = b.tel.forwardContext(&in.ev, owner, pub.Headers)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -184,7 +185,7 @@ func (p *pubSession) handle(pub *transport.Publish) bool {
 	in := inbound{pub: pub, last: !p.r.Ready(), ev: p.b.tel.received(pub, p.peerID), n: p.received}
 	if p.peerID == "" {
 		// Only a forwarding peer may speak for an epoch or another broker.
-		pub.Epoch, pub.Via = 0, ""
+		pub.Epoch, pub.Via, pub.Created = 0, "", 0
 	}
 	hlen := headersLen(pub.Headers)
 	size := len(pub.Key) + len(pub.Value) + hlen + len(pub.ProducerID)
@@ -344,7 +345,7 @@ func headersLen(h map[string]string) int {
 func (p *pubSession) dispatch(in inbound, attempt int) {
 	b, pub := p.b, in.pub
 	m := b.routingMap()
-	if pub.Epoch > m.Epoch {
+	if pub.Epoch > m.Epoch && !p.servesIncarnation(m, pub) {
 		// The forwarder has seen a newer map than ours: catch up before
 		// judging ownership, so a moved shard is never written twice.
 		ctx, cancel := context.WithTimeout(p.ctx, b.cfg.ForwardTimeout)
@@ -386,6 +387,31 @@ func (p *pubSession) dispatch(in inbound, attempt int) {
 	default:
 		p.forward(in, m, shard, owner, attempt)
 	}
+}
+
+// servesIncarnation reports whether m, older than the map pub was
+// forwarded by, already has what judging pub needs from the newer one:
+// the same incarnation of pub's stream (pub.Created, which only a
+// forwarder sets) with pub's shard placed on this broker. A shard's
+// placement is fixed for its stream's incarnation (it moves only when
+// its owner leaves the membership, and not back), and the forwarder
+// routed pub here by the newer map, so both maps name this broker: the
+// epochs in between changed something else (a broker's liveness, another
+// stream), and pub need not wait for them. Without this an owner that
+// missed the last maps (its control-plane link was down while the others
+// got them) refused every forward until it caught up.
+func (p *pubSession) servesIncarnation(m *shardmap.Map, pub *transport.Publish) bool {
+	if pub.Created == 0 || pub.Shard < 0 {
+		return false
+	}
+	st, ok := m.Stream(pub.Stream)
+	if !ok || st.Created != pub.Created || int(pub.Shard) >= st.Shards {
+		return false
+	}
+	if st.Replicas > 1 {
+		return slices.Contains(st.Placement.Replicas(int(pub.Shard)), p.b.cfg.NodeID)
+	}
+	return st.Placement.Owner(int(pub.Shard)) == p.b.cfg.NodeID
 }
 
 // appendLocal appends pub to this broker's log of the shard; the ack is

@@ -459,11 +459,20 @@ func TestReaderReleasesBigBuffer(t *testing.T) {
 }
 
 func TestVersionTolerance(t *testing.T) {
+	// A Publish without Created (a client's, an earlier peer's) has ten
+	// fields; a forwarder's has eleven.
+	if b := body(&Publish{Seq: 1, Stream: "s"}); b[0] != 0x9a {
+		t.Fatalf("a Publish without Created starts 0x%02x, want 0x9a (10 elements)", b[0])
+	}
+	fwd := &Publish{Seq: 1, Stream: "s", Epoch: 7, Via: "n1", Created: 5}
+	if got, err := DecodeFrame(FramePublish, body(fwd)); err != nil || !reflect.DeepEqual(got, fwd) {
+		t.Fatalf("forward with Created: got %#v, %v; want %#v", got, err, fwd)
+	}
 	// A newer peer's Publish with two more fields decodes; the extra
 	// fields are ignored.
-	want := &Publish{Seq: 1, Stream: "s", Value: []byte("v")}
+	want := &Publish{Seq: 1, Stream: "s", Value: []byte("v"), Created: 3}
 	b := body(want)
-	b[0] = 0x9c // 12 elements
+	b[0] = 0x9d // 13 elements
 	b = append(b, 0xa3, 'n', 'e', 'w', 0x92, 0x01, 0x02)
 	got, err := DecodeFrame(FramePublish, b)
 	if err != nil {

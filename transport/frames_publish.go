@@ -15,9 +15,19 @@ type Publish struct {
 	ProducerSeq uint64
 	Epoch       uint64 // set by a forwarding broker: the map epoch it routed by
 	Via         string // set by a forwarding broker: its node id
+	// Created is set by a forwarding broker: the stream's incarnation
+	// (shardmap.Stream.Created) in the map it routed by. An owner holding
+	// an older map that has the same incarnation of the stream, and this
+	// shard on itself, need not wait for the newer map.
+	Created uint64
 }
 
-const publishFields = 10
+// publishFields is the fields a Publish is sent with; one without Created
+// (a client's, or from a peer of an earlier version) has publishFieldsMin.
+const (
+	publishFields    = 11
+	publishFieldsMin = 10
+)
 
 // Type implements [Frame].
 func (*Publish) Type() FrameType { return FramePublish }
@@ -26,7 +36,11 @@ func (p *Publish) appendBody(b []byte) ([]byte, error) {
 	if p == nil {
 		return b, errNilFrame(FramePublish)
 	}
-	b = appendArrayHeader(b, publishFields)
+	fields := publishFieldsMin
+	if p.Created != 0 {
+		fields = publishFields
+	}
+	b = appendArrayHeader(b, fields)
 	b = appendUint(b, p.Seq)
 	b = appendStr(b, p.Stream)
 	b = appendInt(b, int64(p.Shard))
@@ -37,11 +51,14 @@ func (p *Publish) appendBody(b []byte) ([]byte, error) {
 	b = appendUint(b, p.ProducerSeq)
 	b = appendUint(b, p.Epoch)
 	b = appendStr(b, p.Via)
+	if p.Created != 0 {
+		b = appendUint(b, p.Created)
+	}
 	return b, nil
 }
 
 func (p *Publish) decode(d *decoder) {
-	n := d.arrayHeader(publishFields)
+	n := d.arrayHeader(publishFieldsMin)
 	p.Seq = d.uint64()
 	p.Stream = d.str()
 	p.Shard = d.int32()
@@ -52,7 +69,12 @@ func (p *Publish) decode(d *decoder) {
 	p.ProducerSeq = d.uint64()
 	p.Epoch = d.uint64()
 	p.Via = d.str()
-	d.skipN(n - publishFields)
+	p.Created = 0
+	if n > publishFieldsMin {
+		p.Created = d.uint64()
+		n--
+	}
+	d.skipN(n - publishFieldsMin)
 }
 
 // Ack tells a publisher that the record it published with Seq is durable:
