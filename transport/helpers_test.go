@@ -40,7 +40,7 @@ func sampleFrames() []namedFrame {
 		{"publish/full", &Publish{
 			Seq: 1<<64 - 1, Stream: "orders", Shard: -1, Key: []byte("user-42"), Value: []byte("hello"),
 			Headers:    map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
-			ProducerID: "p1", ProducerSeq: 99, Epoch: 12, Via: "n2",
+			ProducerID: "p1", ProducerSeq: 99, Epoch: 12, Via: "n2", Created: 9,
 		}},
 		{"publish/empty-not-nil", &Publish{Key: []byte{}, Value: []byte{}, Headers: map[string]string{}}},
 		{"publish/extremes", &Publish{Seq: 128, Shard: -2147483648, Value: big, Stream: long, Headers: many, ProducerSeq: 1 << 32, Epoch: 65536}},
