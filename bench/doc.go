@@ -36,6 +36,10 @@
 // for after that (a full window, a blocked write, the sends before it in
 // the same burst) is charged, and reported as the send wait. One
 // collector goroutine per publisher timestamps its acks in send order.
+// On a local cluster (the brokers share the bench's clock) each row is
+// also split at the stamp the owner put on the record's batch before its
+// write and fsync, which the ack carries: the way in (due -> stamp) and
+// the write, fsync and way back (stamp -> ack).
 //
 // Latency under load (the load rows, --load) is open loop over the
 // throughput scenario's publishers and stream at fractions (10%, 50%, 80%

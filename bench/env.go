@@ -230,3 +230,8 @@ func (e *env) close(ctx context.Context) error {
 	}
 	return errors.Join(errs...)
 }
+
+// sameClock reports whether the brokers' wall clock is this process's:
+// they are processes of this machine (a local cluster), so a time the
+// owner stamped on a record can be set against the bench's own.
+func (e *env) sameClock() bool { return e.watch != nil }

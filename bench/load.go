@@ -39,7 +39,7 @@ func (e *env) runLoad(ctx context.Context, ps *pubSet, maxRate, pct float64) (*R
 		if err != nil {
 			return nil, fmt.Errorf("bench: load %g%%: %w", pct, err)
 		}
-		tr := rec.trial(acks)
+		tr := rec.trial(acks, e.sameClock())
 		// What the processes and the machine used, warm-up included (it
 		// runs at the same rate): whether the CPUs, not the disk, set
 		// the row's latency.

@@ -83,22 +83,31 @@ type coRecorder struct {
 	raw  *hdrhistogram.Histogram // done - sent: what a naive harness reports
 	lag  *hdrhistogram.Histogram // charged - intended: the generator's timer overshoot
 	wait *hdrhistogram.Histogram // sent - charged: what the send waited for (charged)
+	// lat split at the ack's batch stamp (the owner's clock when it began
+	// the batch the record was written in, before its write and fsync):
+	// charged - stamp is the way in (the client, the network, the
+	// broker's read and the wait for the owner's committer), done - stamp
+	// the write, the fsync and the way back. Meaningful only when the
+	// owner's clock is this process's (a local cluster).
+	toBatch, fromBatch *hdrhistogram.Histogram
 
 	first, last time.Time // earliest intended send, latest ack
 }
 
 func newCORecorder() *coRecorder {
-	return &coRecorder{lat: newHist(), raw: newHist(), lag: newHist(), wait: newHist()}
+	return &coRecorder{lat: newHist(), raw: newHist(), lag: newHist(), wait: newHist(), toBatch: newHist(), fromBatch: newHist()}
 }
 
 // Record adds one record meant to be sent at intended, charged from
 // charged (intended, or the generator's later wake-up), sent at sent,
-// whose ack arrived at done.
-func (r *coRecorder) Record(intended, charged, sent, done time.Time) {
+// written in the batch the owner stamped stamp, whose ack arrived at done.
+func (r *coRecorder) Record(intended, charged, sent, stamp, done time.Time) {
 	record(r.lat, done.Sub(charged))
 	record(r.raw, done.Sub(sent))
 	record(r.lag, charged.Sub(intended))
 	record(r.wait, sent.Sub(charged))
+	record(r.toBatch, stamp.Sub(charged))
+	record(r.fromBatch, done.Sub(stamp))
 	if r.first.IsZero() || intended.Before(r.first) {
 		r.first = intended
 	}
@@ -113,6 +122,8 @@ func (r *coRecorder) merge(o *coRecorder) {
 	r.raw.Merge(o.raw)
 	r.lag.Merge(o.lag)
 	r.wait.Merge(o.wait)
+	r.toBatch.Merge(o.toBatch)
+	r.fromBatch.Merge(o.fromBatch)
 	if !o.first.IsZero() && (r.first.IsZero() || o.first.Before(r.first)) {
 		r.first = o.first
 	}
@@ -121,10 +132,15 @@ func (r *coRecorder) merge(o *coRecorder) {
 	}
 }
 
-// trial returns what the recorder saw as one trial.
-func (r *coRecorder) trial(acks *ackGroups) trial {
-	return trial{hist: r.lat, lag: r.lag, raw: r.raw, wait: r.wait, acks: acks,
+// trial returns what the recorder saw as one trial; the split at the
+// batch stamp only when sameClock (the owners' clock is this process's).
+func (r *coRecorder) trial(acks *ackGroups, sameClock bool) trial {
+	t := trial{hist: r.lat, lag: r.lag, raw: r.raw, wait: r.wait, acks: acks,
 		count: r.lat.TotalCount(), elapsed: r.last.Sub(r.first)}
+	if sameClock {
+		t.toBatch, t.fromBatch = r.toBatch, r.fromBatch
+	}
+	return t
 }
 
 // inflight is one open-loop record waiting for its ack.
@@ -234,7 +250,7 @@ func (c *collector) run(ctx context.Context, prog *progress) error {
 			return fmt.Errorf("open loop: %w", err)
 		}
 		if f.measured {
-			c.rec.Record(f.intended, f.charged, f.sent, done)
+			c.rec.Record(f.intended, f.charged, f.sent, ack.Timestamp, done)
 			c.acks.add(ack)
 		}
 		prog.add(1)

@@ -34,7 +34,7 @@ func TestCORecorderStall(t *testing.T) {
 			done = done.Add(stall)
 		}
 		free = done
-		rec.Record(intended, intended, sent, done) // the system held the generator up: charged from the intended time
+		rec.Record(intended, intended, sent, sent.Add(service/5), done) // the system held the generator up: charged from the intended time
 	}
 
 	raw, lat, wait, lag := percentilesOf(rec.raw), percentilesOf(rec.lat), percentilesOf(rec.wait), percentilesOf(rec.lag)
@@ -74,12 +74,30 @@ func TestCORecorderCharges(t *testing.T) {
 	rec := newCORecorder()
 	t0 := time.Unix(1000, 0)
 	ms := time.Millisecond
-	// Due at t0, the timer woke 1 ms late, the ack came 300 µs after.
-	rec.Record(t0, t0.Add(ms), t0.Add(ms), t0.Add(ms+300*time.Microsecond))
+	us := time.Microsecond
+	// Due at t0, the timer woke 1 ms late, the owner stamped its batch
+	// 100 µs after the send, the ack came 300 µs after the send.
+	rec.Record(t0, t0.Add(ms), t0.Add(ms), t0.Add(ms+100*us), t0.Add(ms+300*us))
 	// Due at t0+1ms, after the same wake-up, but the send blocked 2 ms on
 	// a full window: charged from the wake-up, wait included.
-	rec.Record(t0.Add(ms), t0.Add(ms), t0.Add(3*ms), t0.Add(3*ms+300*time.Microsecond))
+	rec.Record(t0.Add(ms), t0.Add(ms), t0.Add(3*ms), t0.Add(3*ms+100*us), t0.Add(3*ms+300*us))
 	lat, lag, wait, raw := percentilesOf(rec.lat), percentilesOf(rec.lag), percentilesOf(rec.wait), percentilesOf(rec.raw)
+	// The split at the batch stamp: the way in carries what was charged
+	// before the send (the blocked window), the way out does not.
+	to, from := percentilesOf(rec.toBatch), percentilesOf(rec.fromBatch)
+	if to.P50 != 100 || to.Max < 2099 || to.Max > 2101 {
+		t.Errorf("due -> stamp p50 %v max %v µs, want 100 and 2100", to.P50, to.Max)
+	}
+	if from.P50 != 200 || from.Max < 199 || from.Max > 201 {
+		t.Errorf("stamp -> ack p50 %v max %v µs, want 200 and 200", from.P50, from.Max)
+	}
+	// Reported only when the owners' clock is the bench's.
+	if r := summarize(Load, ModeOpen, []trial{rec.trial(newAckGroups(), false)}); r.ToBatchP50 != nil || r.FromBatchP50 != nil {
+		t.Errorf("split reported for a cluster on another clock: %v %v", *r.ToBatchP50, *r.FromBatchP50)
+	}
+	if r := summarize(Load, ModeOpen, []trial{rec.trial(newAckGroups(), true)}); r.ToBatchP99 == nil || *r.ToBatchP99 < 2099 || r.FromBatchP50 == nil || *r.FromBatchP50 != 200 {
+		t.Errorf("split of a local cluster: to %v from %v", r.ToBatchP99, r.FromBatchP50)
+	}
 	if lat.P50 != 300 || lat.Max < 2290 || lat.Max > 2310 {
 		t.Errorf("latency p50 %v max %v µs, want 300 and 2300", lat.P50, lat.Max)
 	}

@@ -108,6 +108,10 @@ type Result struct {
 	SendWaitP99      *float64    `json:"send_wait_p99_us,omitempty"`     // open loop
 	UncorrectedP50   *float64    `json:"uncorrected_p50_us,omitempty"`   // open loop: from the actual send
 	UncorrectedP99   *float64    `json:"uncorrected_p99_us,omitempty"`   // open loop
+	ToBatchP50       *float64    `json:"to_batch_p50_us,omitempty"`      // open loop, local cluster: from due to the owner's stamp on the record's batch (before its write and fsync)
+	ToBatchP99       *float64    `json:"to_batch_p99_us,omitempty"`      // open loop, local cluster
+	FromBatchP50     *float64    `json:"from_batch_p50_us,omitempty"`    // open loop, local cluster: from that stamp to the ack in the client (write, fsync, the way back)
+	FromBatchP99     *float64    `json:"from_batch_p99_us,omitempty"`    // open loop, local cluster
 	Publishers       int         `json:"publishers,omitempty"`           // throughput, load
 	Window           int         `json:"window,omitempty"`               // throughput: records in flight per publisher
 	Shards           int         `json:"shards,omitempty"`               // throughput, load
@@ -164,7 +168,7 @@ func (r *Result) label() string {
 func summarize(scenario, mode string, trials []trial) *Result {
 	r := &Result{Scenario: scenario, Mode: mode, Trials: len(trials)}
 	var pcts []Percentiles
-	var hists, lags, raws, waits []*hdrhistogram.Histogram
+	var hists, lags, raws, waits, tos, froms []*hdrhistogram.Histogram
 	acks := newAckGroups()
 	var cpu, clientCPU, machineCPU []float64
 	for _, t := range trials {
@@ -180,6 +184,9 @@ func summarize(scenario, mode string, trials []trial) *Result {
 		hists = append(hists, t.hist)
 		if t.lag != nil {
 			lags, raws, waits = append(lags, t.lag), append(raws, t.raw), append(waits, t.wait)
+		}
+		if t.toBatch != nil {
+			tos, froms = append(tos, t.toBatch), append(froms, t.fromBatch)
 		}
 		acks.merge(t.acks)
 		if t.usage != nil {
@@ -212,6 +219,11 @@ func summarize(scenario, mode string, trials []trial) *Result {
 		r.GeneratorLagP50, r.GeneratorLagP99 = ptr(lag.P50), ptr(lag.P99)
 		r.SendWaitP50, r.SendWaitP99 = ptr(wait.P50), ptr(wait.P99)
 		r.UncorrectedP50, r.UncorrectedP99 = ptr(raw.P50), ptr(raw.P99)
+	}
+	if len(tos) > 0 {
+		to, from := percentilesOf(merged(tos...)), percentilesOf(merged(froms...))
+		r.ToBatchP50, r.ToBatchP99 = ptr(to.P50), ptr(to.P99)
+		r.FromBatchP50, r.FromBatchP99 = ptr(from.P50), ptr(from.P99)
 	}
 	if rpf, ok := acks.perFsync(); ok {
 		r.RecordsPerFsync = ptr(float64(int64(rpf*100+0.5)) / 100)
@@ -421,6 +433,10 @@ func (rep *Report) writeScenarios(w io.Writer) error {
 			fmt.Fprintf(w, "%s: latency from the intended send time (from the generator's wake-up where its timer overshot); generator lag (not charged) p50 %s p99 %s; send wait (charged) p50 %s p99 %s; from the actual send p50 %s p99 %s\n",
 				r.Label(), fmtUS(*r.GeneratorLagP50), fmtUS(*r.GeneratorLagP99), fmtUS(deref(r.SendWaitP50)), fmtUS(deref(r.SendWaitP99)),
 				fmtUS(*r.UncorrectedP50), fmtUS(*r.UncorrectedP99))
+		}
+		if r.ToBatchP50 != nil {
+			fmt.Fprintf(w, "%s: split at the owner's stamp on the record's batch (before its write and fsync): due -> stamp p50 %s p99 %s (client, network, the broker's read, the wait for its committer); stamp -> ack p50 %s p99 %s (write, fsync, the way back)\n",
+				r.Label(), fmtUS(*r.ToBatchP50), fmtUS(*r.ToBatchP99), fmtUS(*r.FromBatchP50), fmtUS(*r.FromBatchP99))
 		}
 		if r.BrokerCPUPct != nil {
 			fmt.Fprintf(w, "%s: brokers used %.0f%% CPU (of one core), largest broker RSS %.1f MiB (peak %.1f MiB); the bench itself %.0f%% CPU%s\n",

@@ -41,15 +41,18 @@ const (
 
 // trial is what one trial of a scenario measured.
 type trial struct {
-	hist    *hdrhistogram.Histogram // latencies of the measured records
-	lag     *hdrhistogram.Histogram // open loop: the generator's lag (timer overshoot), not charged
-	wait    *hdrhistogram.Histogram // open loop: what the send waited for (a full window), charged
-	raw     *hdrhistogram.Histogram // open loop: latency from the actual send
-	count   int64                   // what throughput counts: acks or deliveries
-	elapsed time.Duration           // wall time of the measured part
-	acks    *ackGroups
-	usage   []ProcUsage
-	wal     *stats.Histogram // throughput: the brokers' WAL batches over the measured part
+	hist *hdrhistogram.Histogram // latencies of the measured records
+	lag  *hdrhistogram.Histogram // open loop: the generator's lag (timer overshoot), not charged
+	wait *hdrhistogram.Histogram // open loop: what the send waited for (a full window), charged
+	raw  *hdrhistogram.Histogram // open loop: latency from the actual send
+	// open loop on a local cluster: latency split at the owner's batch
+	// stamp (see coRecorder)
+	toBatch, fromBatch *hdrhistogram.Histogram
+	count              int64         // what throughput counts: acks or deliveries
+	elapsed            time.Duration // wall time of the measured part
+	acks               *ackGroups
+	usage              []ProcUsage
+	wal                *stats.Histogram // throughput: the brokers' WAL batches over the measured part
 }
 
 // publisherOn creates a one-shard stream named after name and returns a
@@ -160,7 +163,7 @@ func (e *env) runOpen(ctx context.Context, scenario string) (*Result, error) {
 		if err != nil {
 			return nil, fmt.Errorf("bench: %s: %w", scenario, err)
 		}
-		trials = append(trials, rec.trial(acks))
+		trials = append(trials, rec.trial(acks, e.sameClock()))
 	}
 	res := summarize(scenario, ModeOpen, trials)
 	res.Path = fmt.Sprintf("%s -> %s", via, owner)
