@@ -105,12 +105,12 @@ type Config struct {
 	// open one more past the bound the broker first closes the least
 	// recently used log nobody is publishing to or subscribed to, and if
 	// every open log is in use the publish or subscription gets an
-	// unavailable error naming the shard. An open log holds 2 file
+	// unavailable error naming the shard. An open log holds 4 file
 	// descriptors, a goroutine, up to wal's TailRecords recent records
 	// and up to a segment (SegmentSize) of tidwall's in-memory tail; a
 	// log closed and opened again pays its recovery (a read of its last
 	// segment) again, so set it above the shards in active use.
-	// Default 1024, or a quarter of what the process's file-descriptor
+	// Default 1024, or a sixth of what the process's file-descriptor
 	// limit (RLIMIT_NOFILE) leaves after 256 for connections, if that is
 	// smaller; never below 16.
 	MaxOpenShards int

@@ -41,9 +41,10 @@ package broker
 //
 // # Open logs under a budget
 //
-// An open shard log holds two file descriptors (tidwall's tail segment and
-// ours, for fdatasync), a committer goroutine, its tail cache and up to a
-// segment of tidwall's in-memory tail. So logs are opened on first use
+// An open shard log holds four file descriptors (tidwall's tail segment,
+// ours for fdatasync, the high-water mark and the eventfd of the
+// committer's parked fdatasync), a committer goroutine, its tail cache and
+// up to a segment of tidwall's in-memory tail. So logs are opened on first use
 // (and, while under the budget, when a map assigns the shard), and at most
 // Config.MaxOpenShards are open at once: opening one more first closes the
 // least recently used log that nobody is using. Users hold a reference

@@ -69,7 +69,7 @@ func (l *Log) Append(ctx context.Context, r *Record) (uint64, error) {
 	}
 	if inline {
 		q.one[0] = q
-		l.commit(q.one[:])
+		l.commit(q.one[:], nil)
 		q.one[0] = nil
 		l.releaseCommit()
 	}
@@ -119,7 +119,7 @@ func (l *Log) AppendNow(r *Record, done func(offset uint64, ts int64, err error)
 		// complete returns q to the pool before calling done: q must not
 		// be touched after commit.
 		one := [1]*request{q}
-		l.commit(one[:])
+		l.commit(one[:], nil)
 		l.releaseCommit()
 	}
 }
@@ -176,12 +176,17 @@ func (l *Log) signal() {
 // one batch per fsync, and sleeps only when nothing is. There is no timer:
 // a lone record is written as soon as it arrives, and records that arrive
 // during an fsync share the next one.
+//
+// Its fdatasyncs are parked (see parkedSync): records reach it when the
+// log was busy, and so, usually, is the process.
 func (l *Log) runCommitter() {
 	defer close(l.committerDone)
+	var ps parkedSync
+	defer ps.close()
 	for {
 		reqs, exit := l.take()
 		if len(reqs) > 0 {
-			l.commit(reqs)
+			l.commit(reqs, &ps)
 			l.mu.Lock()
 			l.mu.committing = false
 			l.mu.Unlock()
@@ -241,9 +246,10 @@ func (l *Log) take() (reqs []*request, exit bool) {
 	return l.c.work, false
 }
 
-// commit writes reqs as one batch, fsyncs once, publishes the records and
-// completes the requests. The caller holds the commit role.
-func (l *Log) commit(reqs []*request) {
+// commit writes reqs as one batch, fsyncs once (parked through ps, or
+// blocking when ps is nil), publishes the records and completes the
+// requests. The caller holds the commit role.
+func (l *Log) commit(reqs []*request, ps *parkedSync) {
 	if l.c.failed != nil {
 		complete(reqs, 0, 0, l.c.failed)
 		return
@@ -295,7 +301,7 @@ func (l *Log) commit(reqs []*request) {
 	l.c.sizes, l.c.recs = sizes, recs
 
 	began := time.Now()
-	err := l.writeAndSync(base+1, sizes)
+	err := l.writeAndSync(base+1, sizes, ps)
 	if err == nil {
 		// Into the page cache, before the acks: see hwm.go.
 		err = l.hwm.write(base + uint64(len(reqs)))
@@ -351,8 +357,8 @@ func complete(reqs []*request, base uint64, ts int64, err error) {
 
 // writeAndSync writes the prepared batch (first entry at index first, entry
 // sizes in sizes) and makes it durable with one fdatasync of the tail
-// segment.
-func (l *Log) writeAndSync(first uint64, sizes []int) error {
+// segment, parked through ps unless ps is nil.
+func (l *Log) writeAndSync(first uint64, sizes []int, ps *parkedSync) error {
 	l.tail.Lock()
 	defer l.tail.Unlock()
 	if err := l.tw.WriteBatch(&l.c.batch); err != nil {
@@ -377,7 +383,7 @@ func (l *Log) writeAndSync(first uint64, sizes []int) error {
 		}
 		return l.syncFallback(err)
 	}
-	if err := l.tail.f.Sync(); err != nil {
+	if err := ps.sync(l.tail.f); err != nil {
 		return fmt.Errorf("fdatasync %s: %w", segmentName(l.tail.index), err)
 	}
 	return nil

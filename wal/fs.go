@@ -95,3 +95,44 @@ func readFile(fs FS, name string) ([]byte, error) {
 	}
 	return data[:n], err
 }
+
+// parkedSync is the committer goroutine's fdatasync of the tail segment:
+// parked on the kernel (tidseg.ParkedSyncer), so that while the disk works
+// the goroutine's P runs the rest of the process — the network input, the
+// other shards' commits, whose fsyncs then overlap instead of queueing.
+// With GOMAXPROCS=1 (a local cluster's brokers) a blocking fdatasync holds
+// the only P for the whole call. A lone record committed inline on an idle
+// log (Append, AppendNow) keeps the blocking call, which is tens of
+// microseconds faster when nothing else is waiting: its *parkedSync is
+// nil.
+//
+// Only a real OS file is synced parked; a file of another FS (FaultFS in
+// tests) gets its own Sync. Where the kernel gives no AIO context (not
+// Linux, or fs.aio-max-nr reached), every fdatasync blocks.
+type parkedSync struct {
+	s      *tidseg.ParkedSyncer
+	failed bool // NewParkedSyncer failed: do not try again
+}
+
+func (p *parkedSync) sync(f File) error {
+	of, ok := f.(osFile)
+	if p == nil || !ok || p.failed {
+		return f.Sync()
+	}
+	if p.s == nil {
+		s, err := tidseg.NewParkedSyncer()
+		if err != nil {
+			p.failed = true
+			return f.Sync()
+		}
+		p.s = s
+	}
+	return p.s.Fdatasync(of.File)
+}
+
+func (p *parkedSync) close() {
+	if p.s != nil {
+		_ = p.s.Close()
+		p.s = nil
+	}
+}

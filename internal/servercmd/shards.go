@@ -9,7 +9,7 @@ import (
 // BrokerShards are the flags bounding a broker's shard logs (see the
 // fields of broker.Config of the same names). Their defaults are broker's.
 type BrokerShards struct {
-	MaxOpenShards     int           `help:"Most shard logs open at once (each holds 2 file descriptors, a goroutine and its in-memory tail); past it the least recently used idle log is closed, and if all are in use the publish or subscription gets unavailable. 0: 1024, or a quarter of the file-descriptor limit left after 256, if smaller." default:"0" env:"FELIX_MAX_OPEN_SHARDS"`
+	MaxOpenShards     int           `help:"Most shard logs open at once (each holds 4 file descriptors, a goroutine and its in-memory tail); past it the least recently used idle log is closed, and if all are in use the publish or subscription gets unavailable. 0: 1024, or a sixth of the file-descriptor limit left after 256, if smaller." default:"0" env:"FELIX_MAX_OPEN_SHARDS"`
 	MaxShards         int           `help:"Most shards this broker holds, counted in whole streams; a stream past it is refused (its publishes get unavailable) and logged once per map." default:"16384" env:"FELIX_MAX_SHARDS"`
 	SegmentSize       int           `help:"Size at which a shard log starts a new segment file, in bytes (0: the default, 1 MiB), for the logs of replicated shards' replicas too. Retention deletes whole segments of a replicated shard; a log of replication factor 1 is cut inside a segment." default:"0" env:"FELIX_SEGMENT_SIZE"`
 	RetentionCheck    time.Duration `help:"How often retention passes run over the shard logs of streams with a retention limit (each log's own, and one pass over every hosted replica of a replicated stream)." default:"10s" env:"FELIX_RETENTION_CHECK"`
