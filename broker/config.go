@@ -60,6 +60,10 @@ type Config struct {
 	LeaseTTL time.Duration
 	// SegmentSize is the shard logs' segment size; default the wal default.
 	SegmentSize int
+	// ParkedSync parks the fdatasyncs of shard logs of replication factor
+	// 1 that their committers run (wal.Options.ParkedSync): for brokers
+	// with many busy shards per CPU. Off by default.
+	ParkedSync bool
 	// AcceptLoss names shards, as "stream/shard", whose logs may open
 	// although acknowledged records are missing from them (a damaged or
 	// truncated log: wal.LostRecordsError). Such a shard is otherwise
@@ -105,10 +109,10 @@ type Config struct {
 	// open one more past the bound the broker first closes the least
 	// recently used log nobody is publishing to or subscribed to, and if
 	// every open log is in use the publish or subscription gets an
-	// unavailable error naming the shard. An open log holds 4 file
-	// descriptors, a goroutine, up to wal's TailRecords recent records
-	// and up to a segment (SegmentSize) of tidwall's in-memory tail; a
-	// log closed and opened again pays its recovery (a read of its last
+	// unavailable error naming the shard. An open log holds 3 file
+	// descriptors (4 with ParkedSync), a goroutine, up to wal's
+	// TailRecords recent records and up to a segment (SegmentSize) of
+	// tidwall's in-memory tail; a log closed and opened again pays its recovery (a read of its last
 	// segment) again, so set it above the shards in active use.
 	// Default 1024, or a sixth of what the process's file-descriptor
 	// limit (RLIMIT_NOFILE) leaves after 256 for connections, if that is

@@ -41,9 +41,9 @@ package broker
 //
 // # Open logs under a budget
 //
-// An open shard log holds four file descriptors (tidwall's tail segment,
-// ours for fdatasync, the high-water mark and the eventfd of the
-// committer's parked fdatasync), a committer goroutine, its tail cache and
+// An open shard log holds three file descriptors (tidwall's tail segment,
+// ours for fdatasync and the high-water mark; four with ParkedSync: the
+// eventfd of the committer's parked fdatasync), a committer goroutine, its tail cache and
 // up to a segment of tidwall's in-memory tail. So logs are opened on first use
 // (and, while under the budget, when a map assigns the shard), and at most
 // Config.MaxOpenShards are open at once: opening one more first closes the
@@ -110,6 +110,7 @@ type shardSet struct {
 	root        *os.Root // <DataDir>/streams
 	node        string
 	segmentSize int
+	parkedSync  bool // wal.Options.ParkedSync
 	tailBytes   int
 	// retentionCheck is Config.RetentionCheck, for the logs' own passes.
 	retentionCheck time.Duration
@@ -237,7 +238,7 @@ func newShardSet(cfg Config, log *slog.Logger, tel *telemetry) (*shardSet, error
 		return nil, fmt.Errorf("open shard data dir: %w", err)
 	}
 	s := &shardSet{
-		root: root, node: cfg.NodeID, segmentSize: cfg.SegmentSize, tailBytes: cfg.TailBytes, retentionCheck: cfg.RetentionCheck,
+		root: root, node: cfg.NodeID, segmentSize: cfg.SegmentSize, parkedSync: cfg.ParkedSync, tailBytes: cfg.TailBytes, retentionCheck: cfg.RetentionCheck,
 		maxOpen: cfg.MaxOpenShards, maxShards: cfg.MaxShards,
 		logger: log, tel: tel,
 		walFS: cfg.Knobs.WALFS, noQuiesce: cfg.Knobs.NoQuiesce, beforeSync: cfg.Knobs.ReplicaBeforeSync, acceptLoss: map[string]bool{},
@@ -565,6 +566,7 @@ func (s *shardSet) open(e *shardEntry, st *shardmap.Stream) {
 			Logger:         s.logger,
 			OnCommit:       s.tel.onCommit(e),
 			AcceptLoss:     s.acceptLoss[e.id.String()],
+			ParkedSync:     s.parkedSync,
 			FS:             s.walFS,
 		})
 		if err == nil {

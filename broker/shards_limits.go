@@ -8,9 +8,10 @@ const DefaultMaxShards = 16384
 const DefaultMaxOpenShards = 1024
 
 // fdsPerShard is what one open shard log holds: tidwall's tail segment,
-// the broker's own handle on it for fdatasync, the high-water-mark file and
-// the eventfd of the committer's parked fdatasync (package wal), with room
-// for the files a segment roll or a retention pass opens for a moment.
+// the broker's own handle on it for fdatasync, the high-water-mark file and,
+// with Config.ParkedSync, the eventfd of the committer's parked fdatasync
+// (package wal), with room for the files a segment roll or a retention
+// pass opens for a moment.
 const fdsPerShard = 6
 
 // fdReserve is what the budget leaves for connections, the admin listener,

@@ -177,16 +177,18 @@ func (l *Log) signal() {
 // a lone record is written as soon as it arrives, and records that arrive
 // during an fsync share the next one.
 //
-// Its fdatasyncs are parked (see parkedSync): records reach it when the
-// log was busy, and so, usually, is the process.
+// With Options.ParkedSync its fdatasyncs are parked (see parkedSync).
 func (l *Log) runCommitter() {
 	defer close(l.committerDone)
-	var ps parkedSync
-	defer ps.close()
+	var ps *parkedSync
+	if l.opts.ParkedSync {
+		ps = new(parkedSync)
+		defer ps.close()
+	}
 	for {
 		reqs, exit := l.take()
 		if len(reqs) > 0 {
-			l.commit(reqs, &ps)
+			l.commit(reqs, ps)
 			l.mu.Lock()
 			l.mu.committing = false
 			l.mu.Unlock()

@@ -41,14 +41,14 @@
 // failure cannot be retried safely, so the shard must be reopened, which
 // re-reads what actually reached the disk.
 //
-// The committer goroutine's fdatasync is parked on Linux (submitted to the
-// kernel as AIO IOCB_CMD_FDSYNC, the goroutine waiting on an eventfd in
-// Go's poller; see tidseg.ParkedSyncer), so that its P runs the rest of
-// the process while the disk works and the fsyncs of many logs overlap. A
-// lone record on an idle log, committed inline by Append or AppendNow,
-// keeps the blocking call, which costs tens of microseconds less when
-// nothing else is waiting. Both are the same fdatasync, with the same
-// guarantee and the same failure handling.
+// With Options.ParkedSync the committer goroutine's fdatasync is parked on
+// Linux (submitted to the kernel as AIO IOCB_CMD_FDSYNC, the goroutine
+// waiting on an eventfd in Go's poller; see tidseg.ParkedSyncer), so that
+// its P runs the rest of the process while the disk works and the fsyncs
+// of many logs overlap. A lone record on an idle log, committed inline by
+// Append or AppendNow, keeps the blocking call, which costs tens of
+// microseconds less when nothing else is waiting. Both are the same
+// fdatasync, with the same guarantee and the same failure handling.
 //
 // On Open, the last segment is checked record by record and cut at the first
 // record that is incomplete or fails its checksum (a torn write), so a crash

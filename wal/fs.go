@@ -96,15 +96,14 @@ func readFile(fs FS, name string) ([]byte, error) {
 	return data[:n], err
 }
 
-// parkedSync is the committer goroutine's fdatasync of the tail segment:
-// parked on the kernel (tidseg.ParkedSyncer), so that while the disk works
-// the goroutine's P runs the rest of the process — the network input, the
-// other shards' commits, whose fsyncs then overlap instead of queueing.
-// With GOMAXPROCS=1 (a local cluster's brokers) a blocking fdatasync holds
-// the only P for the whole call. A lone record committed inline on an idle
-// log (Append, AppendNow) keeps the blocking call, which is tens of
-// microseconds faster when nothing else is waiting: its *parkedSync is
-// nil.
+// parkedSync is the committer goroutine's fdatasync of the tail segment
+// with Options.ParkedSync: parked on the kernel (tidseg.ParkedSyncer), so
+// that while the disk works the goroutine's P runs the rest of the process
+// — the network input, the other shards' commits, whose fsyncs then
+// overlap instead of queueing. With GOMAXPROCS=1 (a local cluster's
+// brokers) a blocking fdatasync holds the only P for the whole call. A
+// nil *parkedSync (the option off, or a lone record committed inline on an
+// idle log, which is tens of microseconds faster blocking) syncs blocking.
 //
 // Only a real OS file is synced parked; a file of another FS (FaultFS in
 // tests) gets its own Sync. Where the kernel gives no AIO context (not

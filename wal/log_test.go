@@ -105,119 +105,123 @@ func TestReadLimitsAndBounds(t *testing.T) {
 }
 
 func TestGroupCommit(t *testing.T) {
-	const appenders, each = 64, 40
-	l, _ := testLog(t, t.TempDir(), Options{SegmentSize: 16 << 10, TailRecords: 100})
-	type sent struct {
-		off uint64
-		r   *Record
-	}
-	results := make([][]sent, appenders)
-	var wg sync.WaitGroup
-	for g := range appenders {
-		wg.Go(func() {
-			for i := range each {
-				r := &Record{Key: fmt.Appendf(nil, "g%d", g), Value: fmt.Appendf(nil, "g%d-i%d", g, i), ProducerID: fmt.Sprint(g), ProducerSeq: uint64(i)}
-				off, err := l.Append(context.Background(), r)
-				if err != nil {
-					t.Errorf("Append: %v", err)
-					return
+	eachSync(t, func(t *testing.T, parked bool) {
+		const appenders, each = 64, 40
+		l, _ := testLog(t, t.TempDir(), Options{SegmentSize: 16 << 10, TailRecords: 100, ParkedSync: parked})
+		type sent struct {
+			off uint64
+			r   *Record
+		}
+		results := make([][]sent, appenders)
+		var wg sync.WaitGroup
+		for g := range appenders {
+			wg.Go(func() {
+				for i := range each {
+					r := &Record{Key: fmt.Appendf(nil, "g%d", g), Value: fmt.Appendf(nil, "g%d-i%d", g, i), ProducerID: fmt.Sprint(g), ProducerSeq: uint64(i)}
+					off, err := l.Append(context.Background(), r)
+					if err != nil {
+						t.Errorf("Append: %v", err)
+						return
+					}
+					results[g] = append(results[g], sent{off, r})
 				}
-				results[g] = append(results[g], sent{off, r})
-			}
-		})
-	}
-	wg.Wait()
-	byOffset := map[uint64]*Record{}
-	for g := range appenders {
-		var last uint64
-		for i, s := range results[g] {
-			if _, dup := byOffset[s.off]; dup {
-				t.Fatalf("offset %d given twice", s.off)
-			}
-			if i > 0 && s.off <= last {
-				t.Fatalf("appender %d: offset %d after %d", g, s.off, last)
-			}
-			last = s.off
-			byOffset[s.off] = s.r
+			})
 		}
-	}
-	const total = appenders * each
-	offs := make([]uint64, 0, total)
-	for o := range byOffset {
-		offs = append(offs, o)
-	}
-	sort.Slice(offs, func(i, j int) bool { return offs[i] < offs[j] })
-	if len(offs) != total || offs[0] != 0 || offs[total-1] != total-1 {
-		t.Fatalf("offsets not dense: %d of them, %d..%d", len(offs), offs[0], offs[len(offs)-1])
-	}
-	st := l.Stats()
-	t.Logf("stats: %+v", st)
-	if st.Records != total || st.Fsyncs >= st.Records || st.MaxBatch < 2 {
-		t.Fatalf("stats %+v: want %d records in fewer fsyncs", st, total)
-	}
-	for i, r := range readAll(t, l, 0) {
-		if err := sameRecord(r, byOffset[uint64(i)]); err != nil {
-			t.Fatalf("offset %d: %v", i, err)
+		wg.Wait()
+		byOffset := map[uint64]*Record{}
+		for g := range appenders {
+			var last uint64
+			for i, s := range results[g] {
+				if _, dup := byOffset[s.off]; dup {
+					t.Fatalf("offset %d given twice", s.off)
+				}
+				if i > 0 && s.off <= last {
+					t.Fatalf("appender %d: offset %d after %d", g, s.off, last)
+				}
+				last = s.off
+				byOffset[s.off] = s.r
+			}
 		}
-	}
+		const total = appenders * each
+		offs := make([]uint64, 0, total)
+		for o := range byOffset {
+			offs = append(offs, o)
+		}
+		sort.Slice(offs, func(i, j int) bool { return offs[i] < offs[j] })
+		if len(offs) != total || offs[0] != 0 || offs[total-1] != total-1 {
+			t.Fatalf("offsets not dense: %d of them, %d..%d", len(offs), offs[0], offs[len(offs)-1])
+		}
+		st := l.Stats()
+		t.Logf("stats: %+v", st)
+		if st.Records != total || st.Fsyncs >= st.Records || st.MaxBatch < 2 {
+			t.Fatalf("stats %+v: want %d records in fewer fsyncs", st, total)
+		}
+		for i, r := range readAll(t, l, 0) {
+			if err := sameRecord(r, byOffset[uint64(i)]); err != nil {
+				t.Fatalf("offset %d: %v", i, err)
+			}
+		}
+	})
 }
 
 func TestAppendAsyncOrderAndClose(t *testing.T) {
-	dir := t.TempDir()
-	l, _ := testLog(t, dir, Options{MaxBatch: 64})
-	const n = 2000
-	var mu sync.Mutex
-	var offs []uint64
-	var errs []error
-	for i := range n {
-		l.AppendAsync(rec(i), func(off uint64, ts int64, err error) {
-			mu.Lock()
-			defer mu.Unlock()
-			offs = append(offs, off)
-			errs = append(errs, err)
-		})
-	}
-	if err := l.Close(); err != nil { // commits everything queued
-		t.Fatal(err)
-	}
-	mu.Lock()
-	if len(offs) != n {
-		t.Fatalf("%d callbacks, want %d", len(offs), n)
-	}
-	for i := range offs {
-		if errs[i] != nil || offs[i] != uint64(i) {
-			t.Fatalf("callback %d: offset %d err %v", i, offs[i], errs[i])
+	eachSync(t, func(t *testing.T, parked bool) {
+		dir := t.TempDir()
+		l, _ := testLog(t, dir, Options{MaxBatch: 64, ParkedSync: parked})
+		const n = 2000
+		var mu sync.Mutex
+		var offs []uint64
+		var errs []error
+		for i := range n {
+			l.AppendAsync(rec(i), func(off uint64, ts int64, err error) {
+				mu.Lock()
+				defer mu.Unlock()
+				offs = append(offs, off)
+				errs = append(errs, err)
+			})
 		}
-	}
-	mu.Unlock()
-	if st := l.Stats(); st.MaxBatch > 64 {
-		t.Fatalf("batch of %d exceeds MaxBatch 64", st.MaxBatch)
-	}
+		if err := l.Close(); err != nil { // commits everything queued
+			t.Fatal(err)
+		}
+		mu.Lock()
+		if len(offs) != n {
+			t.Fatalf("%d callbacks, want %d", len(offs), n)
+		}
+		for i := range offs {
+			if errs[i] != nil || offs[i] != uint64(i) {
+				t.Fatalf("callback %d: offset %d err %v", i, offs[i], errs[i])
+			}
+		}
+		mu.Unlock()
+		if st := l.Stats(); st.MaxBatch > 64 {
+			t.Fatalf("batch of %d exceeds MaxBatch 64", st.MaxBatch)
+		}
 
-	if _, err := l.Append(context.Background(), rec(0)); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Append after Close: %v", err)
-	}
-	called := 0
-	l.AppendAsync(rec(0), func(_ uint64, _ int64, err error) {
-		called++
-		if !errors.Is(err, ErrClosed) {
-			t.Errorf("AppendAsync after Close: %v", err)
+		if _, err := l.Append(context.Background(), rec(0)); !errors.Is(err, ErrClosed) {
+			t.Fatalf("Append after Close: %v", err)
+		}
+		called := 0
+		l.AppendAsync(rec(0), func(_ uint64, _ int64, err error) {
+			called++
+			if !errors.Is(err, ErrClosed) {
+				t.Errorf("AppendAsync after Close: %v", err)
+			}
+		})
+		if called != 1 {
+			t.Fatalf("done called %d times", called)
+		}
+		if _, err := l.Read(0, 1, 0); !errors.Is(err, ErrClosed) {
+			t.Fatalf("Read after Close: %v", err)
+		}
+		if err := l.Close(); err != nil {
+			t.Fatalf("second Close: %v", err)
+		}
+
+		l2, _ := testLog(t, dir, Options{})
+		if got := len(readAll(t, l2, 0)); got != n {
+			t.Fatalf("reopened log holds %d records, want %d", got, n)
 		}
 	})
-	if called != 1 {
-		t.Fatalf("done called %d times", called)
-	}
-	if _, err := l.Read(0, 1, 0); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Read after Close: %v", err)
-	}
-	if err := l.Close(); err != nil {
-		t.Fatalf("second Close: %v", err)
-	}
-
-	l2, _ := testLog(t, dir, Options{})
-	if got := len(readAll(t, l2, 0)); got != n {
-		t.Fatalf("reopened log holds %d records, want %d", got, n)
-	}
 }
 
 func TestAppendCanceledContext(t *testing.T) {
@@ -366,31 +370,33 @@ func TestChecksumInEarlierSegment(t *testing.T) {
 // rolls; the tail tracking must never disagree with tidwall (that would log
 // an error) and every record must survive a reopen.
 func TestSegmentRollTracking(t *testing.T) {
-	dir := t.TempDir()
-	l, _ := testLog(t, dir, Options{SegmentSize: 700, MaxBatch: 13})
-	var wg sync.WaitGroup
-	for g := range 8 {
-		wg.Go(func() {
-			for i := range 60 {
-				r := &Record{Value: make([]byte, (g*60+i)%300)}
-				if _, err := l.Append(context.Background(), r); err != nil {
-					t.Error(err)
-					return
+	eachSync(t, func(t *testing.T, parked bool) {
+		dir := t.TempDir()
+		l, _ := testLog(t, dir, Options{SegmentSize: 700, MaxBatch: 13, ParkedSync: parked})
+		var wg sync.WaitGroup
+		for g := range 8 {
+			wg.Go(func() {
+				for i := range 60 {
+					r := &Record{Value: make([]byte, (g*60+i)%300)}
+					if _, err := l.Append(context.Background(), r); err != nil {
+						t.Error(err)
+						return
+					}
 				}
-			}
-		})
-	}
-	wg.Wait()
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	l2, sink := testLog(t, dir, Options{SegmentSize: 700})
-	if got := len(readAll(t, l2, 0)); got != 480 {
-		t.Fatalf("read %d records after reopen, want 480", got)
-	}
-	if sink.count(slogLevelWarn) != 0 {
-		t.Fatalf("reopen cut a tail of a cleanly closed log: %q", sink.msgs)
-	}
+			})
+		}
+		wg.Wait()
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		l2, sink := testLog(t, dir, Options{SegmentSize: 700})
+		if got := len(readAll(t, l2, 0)); got != 480 {
+			t.Fatalf("read %d records after reopen, want 480", got)
+		}
+		if sink.count(slogLevelWarn) != 0 {
+			t.Fatalf("reopen cut a tail of a cleanly closed log: %q", sink.msgs)
+		}
+	})
 }
 
 // TestCloseWhileAppending closes the log under concurrent Append and
@@ -501,5 +507,13 @@ func TestAppendNowOrdersWithAsync(t *testing.T) {
 	wg.Wait()
 	if len(seen) != 1600 || l.NextOffset() != 1600 {
 		t.Fatalf("%d offsets seen, next %d; want 1600", len(seen), l.NextOffset())
+	}
+}
+
+// eachSync runs f with the committer's fdatasyncs blocking and parked
+// (Options.ParkedSync): the same commits, the same outcome.
+func eachSync(t *testing.T, f func(t *testing.T, parked bool)) {
+	for _, parked := range []bool{false, true} {
+		t.Run(fmt.Sprintf("parked=%v", parked), func(t *testing.T) { f(t, parked) })
 	}
 }

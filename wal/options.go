@@ -60,6 +60,18 @@ type Options struct {
 	// operator's decision for one shard, never a default.
 	AcceptLoss bool
 
+	// ParkedSync parks the committer goroutine's fdatasyncs on the kernel
+	// (Linux AIO; see tidseg.ParkedSyncer) instead of blocking its thread,
+	// so that while the disk works the goroutine's P runs the rest of the
+	// process — its network input, other logs' commits, whose fsyncs then
+	// overlap. A lone record committed inline on an idle log (Append,
+	// AppendNow) always blocks: parked it costs tens of microseconds
+	// more. Off by default; measured on a 2-vCPU VM with brokers at
+	// GOMAXPROCS=1 (README, "Latency under load"), it helps many shards
+	// and moderate load and hurts a saturated CPU: each parked commit's
+	// completion waits for the scheduler to run its goroutine again.
+	ParkedSync bool
+
 	// FS is a testing knob: the filesystem under the operations the
 	// package performs itself (see FS for what it covers). Default nil:
 	// the OS. Production code never sets it.
