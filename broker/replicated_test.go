@@ -788,3 +788,35 @@ func TestReplicatedOrderAcrossLeaderChanges(t *testing.T) {
 	}
 	t.Logf("%d acked, %d errors", len(acked), errs)
 }
+
+// TestReplicasOpenPastTheBudget: a replica opens when a map assigns it,
+// whatever MaxOpenShards (a follower must take its leader's entries, and a
+// group with too few replicas open has no quorum), as the package says.
+// With a budget of 4 and a replicated stream of 8 shards on three
+// brokers, every broker opens all 8 replicas, and every shard takes a
+// publish. Before, the replicas past the budget were left to open on
+// first use, which a follower's replica never gets: the shards past it had
+// no open replica on any broker and refused every publish.
+func TestReplicasOpenPastTheBudget(t *testing.T) {
+	const budget, shards = 4, 8
+	ip := startInprocWith(t, func(c *Config) { fastRaft(c); c.MaxOpenShards = budget }, 3,
+		shardmap.StreamConfig{Name: "wide", Shards: shards, Replicas: 3})
+	for s := range shards {
+		id := shardmap.ShardID{Stream: "wide", Shard: s}
+		for _, b := range ip.brokers {
+			deadline := time.Now().Add(waitFor)
+			for groupOf(b, id) == nil && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if groupOf(b, id) == nil {
+				t.Fatalf("%s has not opened its replica of %s (MaxOpenShards %d)", b.NodeID(), id, budget)
+			}
+		}
+		leaderOf(t, ip.brokers, id)
+		if f := publishVia(t, ip, ip.brokers[s%3], "wide", s, 1, fmt.Sprint(s)); !isAck(f) {
+			t.Fatalf("publish to %s: %T %+v", id, f, f)
+		}
+	}
+}
+
+func isAck(f transport.Frame) bool { _, ok := f.(*transport.Ack); return ok }

@@ -451,6 +451,11 @@ func (s *shardSet) acquireSlow(m *shardmap.Map, id shardmap.ShardID) (*shardEntr
 			return nil, f.err
 		}
 		victims, closing, err := s.makeRoomLocked()
+		if errors.Is(err, errOpenLimit) && st.Factor() > 1 {
+			// A replica opens whatever the budget: a follower must take
+			// its leader's entries, and first use never comes to it.
+			err = nil
+		}
 		if err != nil {
 			s.mu.Unlock()
 			return nil, fmt.Errorf("shard %s: %w", id, err)
