@@ -43,8 +43,9 @@ package broker
 //
 // An open shard log holds three file descriptors (tidwall's tail segment,
 // ours for fdatasync and the high-water mark; four with ParkedSync: the
-// eventfd of the committer's parked fdatasync), a committer goroutine, its tail cache and
-// up to a segment of tidwall's in-memory tail. So logs are opened on first use
+// eventfd of the committer's parked fdatasync), a committer goroutine, its
+// tail cache and up to a segment of tidwall's in-memory tail. So logs are
+// opened on first use
 // (and, while under the budget, when a map assigns the shard), and at most
 // Config.MaxOpenShards are open at once: opening one more first closes the
 // least recently used log that nobody is using. Users hold a reference
@@ -450,12 +451,8 @@ func (s *shardSet) acquireSlow(m *shardmap.Map, id shardmap.ShardID) (*shardEntr
 			s.mu.Unlock()
 			return nil, f.err
 		}
-		victims, closing, err := s.makeRoomLocked()
-		if errors.Is(err, errOpenLimit) && st.Factor() > 1 {
-			// A replica opens whatever the budget: a follower must take
-			// its leader's entries, and first use never comes to it.
-			err = nil
-		}
+		pinned := st.Factor() > 1
+		victims, closing, err := s.makeRoomLocked(pinned)
 		if err != nil {
 			s.mu.Unlock()
 			return nil, fmt.Errorf("shard %s: %w", id, err)
@@ -465,7 +462,7 @@ func (s *shardSet) acquireSlow(m *shardmap.Map, id shardmap.ShardID) (*shardEntr
 			<-closing // a log being closed still holds its files
 			continue
 		}
-		e := &shardEntry{id: id, ready: make(chan struct{}), pinned: st.Factor() > 1}
+		e := &shardEntry{id: id, ready: make(chan struct{}), pinned: pinned}
 		e.refs.Store(1)
 		s.mu.entries[id] = e
 		s.mu.Unlock()
@@ -520,7 +517,12 @@ func (s *shardSet) latestLocked(m *shardmap.Map) *shardmap.Map {
 // being closed count against the budget until they are: if there are not
 // enough unused logs but some are closing, it returns one of those for the
 // caller to wait for and try again.
-func (s *shardSet) makeRoomLocked() (victims []*shardEntry, closing chan struct{}, err error) {
+//
+// A replica (pinned) opens whatever the budget: a follower must take its
+// leader's entries, and first use never comes to it. For one, the unused
+// logs there are are retired, without waiting for logs being closed, and
+// it is no error when they are not enough.
+func (s *shardSet) makeRoomLocked(pinned bool) (victims []*shardEntry, closing chan struct{}, err error) {
 	over := len(s.mu.entries) + 1 - s.maxOpen
 	if over <= 0 {
 		return nil, nil, nil
@@ -536,10 +538,14 @@ func (s *shardSet) makeRoomLocked() (victims []*shardEntry, closing chan struct{
 		}
 	}
 	if len(idle) < over {
-		if closing != nil {
+		switch {
+		case pinned:
+			over = len(idle)
+		case closing != nil:
 			return nil, closing, nil
+		default:
+			return nil, nil, fmt.Errorf("%w: %d logs open, all in use (MaxOpenShards %d)", errOpenLimit, len(s.mu.entries), s.maxOpen)
 		}
-		return nil, nil, fmt.Errorf("%w: %d logs open, all in use (MaxOpenShards %d)", errOpenLimit, len(s.mu.entries), s.maxOpen)
 	}
 	slices.SortFunc(idle, func(a, b *shardEntry) int { return cmp.Compare(a.used.Load(), b.used.Load()) })
 	idle = idle[:over]
