@@ -65,7 +65,7 @@ type Command struct {
 
 	Subscribers int   `help:"Fanout: subscribers of the one stream." default:"8"`
 	Replicas    []int `help:"Replication factors of the bench streams, each 1 or 3 (each shard a raft group on three brokers; direct then publishes to the shard's raft leader, forwarded through a follower). Every scenario runs at the first; direct, forwarded and throughput run again at each other one, next to it, with their targets (3 is skipped, with a note, on fewer than three brokers)." default:"1,3" sep:","`
-	FloorCount  int   `help:"Samples of each floor (fsync, QUIC round trip back to back and after the open-loop gap idle), taken half before and half after the scenarios." default:"2000"`
+	FloorCount  int   `help:"Samples of each floor (fsync, QUIC round trip back to back and after the open-loop gap idle; with replication factor 3, three fsyncs at once), taken half before and half after the scenarios." default:"2000"`
 
 	AB    string `name:"ab" help:"With --local: compare this build with another felixctl (or felix) executable (cluster A runs this build, cluster B runs FELIX), side by side in one run: direct and forwarded closed loop with records alternating between them, throughput in alternating trials; every figure as the ratio B/A. Give a felixctl built like this one: on identical code a felix executable's brokers measured 5% slower (code layout)." type:"path" placeholder:"FELIX"`
 	ABRev string `name:"ab-rev" help:"With --local: --ab with felixctl built from git revision REV of the repository around the working directory (exported with git archive into a temporary directory; the working tree is not touched)." placeholder:"REV"`
@@ -344,7 +344,7 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 	if c.Rate > 0 {
 		idleGap = time.Second / time.Duration(c.Rate)
 	}
-	floors, err := startFloors(ctx, binary, workDir, dataDir, c.Size, idleGap)
+	floors, err := startFloors(ctx, binary, workDir, dataDir, c.Size, idleGap, slices.Contains(c.factors(), 3))
 	if err != nil {
 		return nil, err
 	}

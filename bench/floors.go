@@ -36,6 +36,15 @@ type Floors struct {
 	// with no Felix code in it.
 	RTTIdle   Percentiles `json:"rtt_idle"`
 	IdleGapUS float64     `json:"rtt_idle_gap_us"`
+	// FsyncShared, measured when replication factor 3 runs, is the shared
+	// disk's floor for a replicated commit: write+fdatasync of one payload
+	// appended to each of three files of the data filesystem at once (one
+	// goroutine each, as the three brokers of a local cluster do), until
+	// the second is done, as a commit needs the leader's and one
+	// follower's. Its excess over Fsync is what sharing one disk (and one
+	// filesystem journal) costs a replicated record here; machines of
+	// their own would overlap the fdatasyncs.
+	FsyncShared *Percentiles `json:"fsync_shared,omitempty"`
 	// FsyncDir and FsyncFS say where the fsync floor was measured.
 	FsyncDir string `json:"fsync_dir"`
 	FsyncFS  string `json:"fsync_fs"`
@@ -50,6 +59,7 @@ type floorMeter struct {
 	dir     string
 	payload []byte
 	file    *os.File
+	shared  []*os.File // the three files of the shared-disk floor, if measured
 
 	echo    *exec.Cmd
 	exited  chan struct{} // closed when echo has been waited for
@@ -60,14 +70,22 @@ type floorMeter struct {
 	w       *transport.Writer
 	pubEcho *transport.Publish
 
-	fsync, rtt, rttIdle *hdrhistogram.Histogram
-	idleGap             time.Duration // before each sample of rttIdle
+	fsync, rtt, rttIdle, fsyncShared *hdrhistogram.Histogram
+	idleGap                          time.Duration // before each sample of rttIdle
 }
+
+// sharedReplicas is the replicas whose fdatasyncs the shared-disk floor
+// runs at once, and sharedQuorum the ones a commit waits for.
+const (
+	sharedReplicas = 3
+	sharedQuorum   = 2
+)
 
 // startFloors opens the fsync file in dataDir and starts the echo process
 // (binary's hidden `echo` command) with a certificate made in workDir;
-// the idle round trips are taken idleGap apart.
-func startFloors(ctx context.Context, binary, workDir, dataDir string, size int, idleGap time.Duration) (_ *floorMeter, err error) {
+// the idle round trips are taken idleGap apart. With shared, it also
+// opens the shared-disk floor's files.
+func startFloors(ctx context.Context, binary, workDir, dataDir string, size int, idleGap time.Duration, shared bool) (_ *floorMeter, err error) {
 	m := &floorMeter{dir: dataDir, payload: make([]byte, size), fsync: newHist(), rtt: newHist(), rttIdle: newHist(), idleGap: idleGap}
 	defer func() {
 		if err != nil {
@@ -77,6 +95,16 @@ func startFloors(ctx context.Context, binary, workDir, dataDir string, size int,
 	m.file, err = os.CreateTemp(dataDir, "felix-bench-fsync-*")
 	if err != nil {
 		return nil, fmt.Errorf("bench: fsync floor: create a file in %s: %w", dataDir, err)
+	}
+	if shared {
+		m.fsyncShared = newHist()
+		for range sharedReplicas {
+			f, err := os.CreateTemp(dataDir, "felix-bench-fsync-shared-*")
+			if err != nil {
+				return nil, fmt.Errorf("bench: shared-disk fsync floor: create a file in %s: %w", dataDir, err)
+			}
+			m.shared = append(m.shared, f)
+		}
 	}
 
 	certDir := filepath.Join(workDir, "echo-certs")
@@ -167,6 +195,19 @@ func (m *floorMeter) measure(warmup, n int, prog *progress) error {
 		}
 		prog.add(1)
 	}
+	if len(m.shared) > 0 {
+		prog.phase(fmt.Sprintf("floor: %d write+fdatasyncs at once", len(m.shared)), warmup+n)
+		for i := range warmup + n {
+			d, err := m.syncShared()
+			if err != nil {
+				return err
+			}
+			if i >= warmup {
+				record(m.fsyncShared, d)
+			}
+			prog.add(1)
+		}
+	}
 	prog.phase("floor: QUIC round trip", warmup+n)
 	for i := range warmup + n {
 		if err := m.echo1(m.rtt, i >= warmup); err != nil {
@@ -183,6 +224,37 @@ func (m *floorMeter) measure(warmup, n int, prog *progress) error {
 		prog.add(1)
 	}
 	return nil
+}
+
+// syncShared appends the payload to each shared file and fdatasyncs it,
+// all at once, and returns the time until sharedQuorum of them are done
+// (it waits for the rest before it returns).
+func (m *floorMeter) syncShared() (time.Duration, error) {
+	done := make(chan error, len(m.shared))
+	t0 := time.Now()
+	for _, f := range m.shared {
+		go func() {
+			_, err := f.Write(m.payload)
+			if err == nil {
+				err = fdatasync(f)
+			}
+			done <- err
+		}()
+	}
+	var quorum time.Duration
+	var errs []error
+	for i := range m.shared {
+		if err := <-done; err != nil {
+			errs = append(errs, err)
+		}
+		if i+1 == sharedQuorum {
+			quorum = time.Since(t0)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return 0, fmt.Errorf("bench: shared-disk fsync floor: %w", err)
+	}
+	return quorum, nil
 }
 
 // echo1 takes one round trip to the echo process, into h if keep.
@@ -202,12 +274,17 @@ func (m *floorMeter) echo1(h *hdrhistogram.Histogram, keep bool) error {
 
 // floors returns what was measured so far.
 func (m *floorMeter) floors() Floors {
-	return Floors{
+	f := Floors{
 		Fsync: percentilesOf(m.fsync), RTT: percentilesOf(m.rtt),
 		RTTIdle: percentilesOf(m.rttIdle), IdleGapUS: float64(m.idleGap.Microseconds()),
 		FsyncDir: m.dir, FsyncFS: fsType(m.dir),
 		fsyncHist: m.fsync, rttHist: m.rtt,
 	}
+	if m.fsyncShared != nil {
+		shared := percentilesOf(m.fsyncShared)
+		f.FsyncShared = &shared
+	}
+	return f
 }
 
 // close closes the connection, stops the echo process and removes the
@@ -229,9 +306,10 @@ func (m *floorMeter) close() error {
 			<-m.exited
 		}
 	}
-	if m.file != nil {
-		name := m.file.Name()
-		errs = append(errs, m.file.Close(), os.Remove(name))
+	for _, f := range append([]*os.File{m.file}, m.shared...) {
+		if f != nil {
+			errs = append(errs, f.Close(), os.Remove(f.Name()))
+		}
 	}
 	return errors.Join(errs...)
 }

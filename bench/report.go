@@ -356,6 +356,11 @@ func (rep *Report) checkTargets() {
 	}
 	if r1, r3 := rep.findReplicated(Direct, ModeClosed); r3 != nil {
 		le("R=3 direct p50", "R=3 direct p50 <= R=1 direct p50 + 1.5 x RTT p50", r3.P50, r1.P50+1.5*f.RTT.P50, "us")
+		if fs := f.FsyncShared; fs != nil && fs.Count > 0 {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("R=3 direct p50 - R=1 direct p50 = %s (%.1f x RTT p50); of it, the shared disk: %d write+fdatasyncs at once on %s, until %d are done, p50 %s - one alone %s = %s (%.1f x RTT p50)",
+				fmtUS(r3.P50-r1.P50), (r3.P50-r1.P50)/f.RTT.P50, sharedReplicas, f.FsyncFS, sharedQuorum,
+				fmtUS(fs.P50), fmtUS(f.Fsync.P50), fmtUS(fs.P50-f.Fsync.P50), (fs.P50-f.Fsync.P50)/f.RTT.P50))
+		}
 	}
 	if r1, r3 := rep.findReplicated(Throughput, ModePipelined); r3 != nil && r1.ThroughputMsgsPerS > 0 {
 		share := ratio3(r3.ThroughputMsgsPerS, r1.ThroughputMsgsPerS)
@@ -411,6 +416,9 @@ func (rep *Report) writeScenarios(w io.Writer) error {
 		fmtUS(f.Fsync.P50), fmtUS(f.Fsync.P99), f.FsyncFS, f.FsyncDir, fmtUS(f.RTT.P50), fmtUS(f.RTT.P99))
 	if f.RTTIdle.Count > 0 {
 		fmt.Fprintf(w, ", after %s idle p50 %s p99 %s", fmtUS(f.IdleGapUS), fmtUS(f.RTTIdle.P50), fmtUS(f.RTTIdle.P99))
+	}
+	if fs := f.FsyncShared; fs != nil && fs.Count > 0 {
+		fmt.Fprintf(w, "; %d write+fdatasyncs at once, %d done p50 %s p99 %s", sharedReplicas, sharedQuorum, fmtUS(fs.P50), fmtUS(fs.P99))
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "floor = fsync + RTT: p50 %s, p99 %s\n\n", fmtUS(f.Fsync.P50+f.RTT.P50), fmtUS(f.Fsync.P99+f.RTT.P99))

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -144,7 +145,7 @@ func defaults(c *Command) error {
 // The R=3 targets compare the R=3 rows with the R=1 rows before them, in
 // the same run; the R=1 targets keep reading the R=1 rows.
 func TestReplicatedTargets(t *testing.T) {
-	rep := &Report{Floors: Floors{RTT: Percentiles{P50: 200}, Fsync: Percentiles{P50: 300}}, Scenarios: []*Result{
+	rep := &Report{Floors: Floors{RTT: Percentiles{P50: 200}, Fsync: Percentiles{P50: 300}, FsyncShared: &Percentiles{Count: 10, P50: 550}}, Scenarios: []*Result{
 		{Scenario: Direct, Mode: ModeClosed, P50: 500},
 		{Scenario: Throughput, Mode: ModePipelined, ThroughputMsgsPerS: 100000, Publishers: 64, Shards: 6},
 		{Scenario: Direct, Mode: ModeClosed, P50: 900, Replicas: 3},
@@ -161,6 +162,10 @@ func TestReplicatedTargets(t *testing.T) {
 	if d := got["R=3 direct p50"]; d.Value != 900 || d.Limit != 800 || d.Met {
 		t.Errorf("R=3 direct p50 target: %+v, want 900 against 500 + 1.5 x 200 = 800, missed", d)
 	}
+	if len(rep.Notes) != 1 || !strings.Contains(rep.Notes[0], "= 400µs (2.0 x RTT p50); of it, the shared disk") ||
+		!strings.Contains(rep.Notes[0], "p50 550µs - one alone 300µs = 250µs (1.2 x RTT p50)") {
+		t.Errorf("R=3 notes %q, want the excess over R=1 and the shared disk's part of it", rep.Notes)
+	}
 	if tp := got["R=3 throughput"]; tp.Value != 0.4 || tp.Met {
 		t.Errorf("R=3 throughput target: %+v, want 0.4 of R=1, missed", tp)
 	}
@@ -169,5 +174,35 @@ func TestReplicatedTargets(t *testing.T) {
 	}
 	if l := rep.Scenarios[2].Label(); l != "direct R=3" {
 		t.Errorf("label %q", l)
+	}
+}
+
+// The shared-disk floor runs real write+fdatasyncs of three files at
+// once and times the second to finish: each file grows by one payload
+// per sample, and a write error is reported, not timed.
+func TestSharedFsyncFloor(t *testing.T) {
+	dir := t.TempDir()
+	m := &floorMeter{payload: make([]byte, 64)}
+	for range sharedReplicas {
+		f, err := os.CreateTemp(dir, "shared-*")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.shared = append(m.shared, f)
+	}
+	for range 5 {
+		d, err := m.syncShared()
+		if err != nil || d <= 0 {
+			t.Fatalf("syncShared = %v, %v", d, err)
+		}
+	}
+	for _, f := range m.shared {
+		if fi, err := f.Stat(); err != nil || fi.Size() != 5*64 {
+			t.Errorf("%s: %v bytes (%v), want 5 payloads", f.Name(), fi.Size(), err)
+		}
+	}
+	m.shared[1].Close()
+	if _, err := m.syncShared(); err == nil {
+		t.Error("a closed file's write went unreported")
 	}
 }
