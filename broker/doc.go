@@ -158,7 +158,12 @@
 // blocking, and a flusher writes only while its flow-control window is
 // full); per raft stream a peer opened, its reader
 // (serveRaft, a stream goroutine like a publisher's), which hands each
-// message to its group's Step without waiting; per hosted group, the
+// message to its group's Step without waiting, and per raft stream this
+// broker opened, its reader (raftPeer.read: a pair's stream carries
+// both directions, so that one QUIC connection per pair carries its
+// raft traffic and each side's messages acknowledge the other's packets;
+// measured, 8.1-8.5 packets per replicated record on the peer
+// connections instead of 10.6); per hosted group, the
 // group's own goroutine (package replica), which owns the RawNode and
 // the log, and calls each record's completion, which writes the ack; per
 // replica that replaces a lost one, until it is a voter, its join

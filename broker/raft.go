@@ -4,8 +4,10 @@ package broker
 //
 // The replicated shards this broker hosts (streams of replication factor
 // 3, each shard a replica.Group) talk raft over the peer connections the
-// publish path forwards on: one long-lived stream per ordered pair of
-// brokers (this broker opens its own to each peer it sends to), carrying
+// publish path forwards on: one long-lived stream per pair of brokers,
+// opened by the one whose node id sorts first and written both ways
+// (raftPeer: a peer that does not write back, or has not opened its
+// stream yet, is sent to on a stream of this broker's own), carrying
 // transport.Raft frames, each the messages of one group's Ready for that
 // peer, which the group's goroutine queues in quic-go's send buffer itself
 // (raftPeer). Thousands of shards mean thousands of groups, but one stream
@@ -507,33 +509,52 @@ func (n *raftNet) close() {
 }
 
 // serveRaft reads the raft stream a peer opened, first being its first
-// frame, and delivers the messages until the stream ends.
+// frame, and delivers the messages until the stream ends. A duplex stream
+// from a peer whose node id sorts before this broker's carries this
+// broker's messages to it too, while it lasts (raftPeer.adopt).
 func (b *Broker) serveRaft(s *quic.Stream, r *transport.Reader, first *transport.Raft, from caller) {
 	if from.peerID == "" {
 		b.refuse(s, transport.Errorf(transport.CodeUnauthorized, "raft messages come from brokers only"))
 		return
 	}
 	r.SetMaxFrame(b.raft.maxFrame)
+	var back *frameWriter
+	p := b.raft.peer(from.peerID)
+	if p != nil && first.Duplex && first.From == from.peerID && from.peerID < b.raft.node {
+		back = p.adopt(s)
+	}
+	err := b.raft.receive(from.peerID, r, first)
+	if back != nil {
+		p.release(back)
+	}
+	if err != nil {
+		b.refuse(s, err)
+		return
+	}
+	s.CancelRead(0)
+	s.Close()
+}
+
+// receive delivers the raft frames peer sends on one stream, first being
+// the first read, until the stream ends (nil) or the peer breaks the
+// protocol (a *transport.Error).
+func (n *raftNet) receive(peer string, r *transport.Reader, first *transport.Raft) error {
 	f := first
 	for {
-		if f.From != from.peerID {
-			b.refuse(s, transport.Errorf(transport.CodeUnauthorized, "peer %q sent raft messages as %q: a broker speaks for itself only", from.peerID, f.From))
-			return
+		if f.From != peer {
+			return transport.Errorf(transport.CodeUnauthorized, "peer %q sent raft messages as %q: a broker speaks for itself only", peer, f.From)
 		}
-		b.raft.heardFrom(from.peerID)
+		n.heardFrom(peer)
 		for i := range f.Msgs {
-			b.raft.deliver(from.peerID, &f.Msgs[i])
+			n.deliver(peer, &f.Msgs[i])
 		}
 		next, err := r.Read()
 		if err != nil {
-			s.CancelRead(0)
-			s.Close()
-			return
+			return nil
 		}
 		var ok bool
 		if f, ok = next.(*transport.Raft); !ok {
-			b.refuse(s, transport.Errorf(transport.CodeUnexpectedFrame, "a raft stream carries raft frames, not %T", next))
-			return
+			return transport.Errorf(transport.CodeUnexpectedFrame, "a raft stream carries raft frames, not %T", next)
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
 
@@ -26,6 +27,18 @@ import (
 // writes the queue, and hands the stream to the groups. A write failure
 // drops what was being sent (raft sends it again) and the stream, and the
 // next messages have run open another one.
+//
+// One stream carries a pair's raft traffic both ways: the one the broker
+// whose node id sorts first opens. Its opener reads the peer's messages
+// on it (read) and says so in its first frame (Duplex); the peer adopts
+// it for its own messages (adopt, from serveRaft) and drops any stream
+// it had opened itself. So both directions share one QUIC connection,
+// and a follower's answer acknowledges the packet of the leader's append
+// it answers, instead of an acknowledgement packet of its own in each
+// direction (every other packet of a one-way stream: quic-go's ACK
+// frequency). Until the first broker opens its stream (or with a peer of
+// an earlier version, which never writes back), the other opens its own,
+// as before.
 type raftPeer struct {
 	n    *raftNet
 	id   string
@@ -36,10 +49,11 @@ type raftPeer struct {
 
 	mu struct {
 		sync.Mutex
-		w     *frameWriter // the open stream's writer; nil while none is
-		queue []transport.RaftMsg
-		bytes int
-		ping  bool // a keep-alive is asked for
+		w       *frameWriter // the open stream's writer (run's, or adopted); nil while none is
+		adopted bool         // w writes on the stream the peer opened
+		queue   []transport.RaftMsg
+		bytes   int
+		ping    bool // a keep-alive is asked for
 	}
 }
 
@@ -113,7 +127,7 @@ func (p *raftPeer) poke() {
 func (p *raftPeer) failed(w *frameWriter) {
 	p.mu.Lock()
 	if p.mu.w == w {
-		p.mu.w = nil
+		p.mu.w, p.mu.adopted = nil, false
 	}
 	p.mu.Unlock()
 	p.poke()
@@ -146,17 +160,18 @@ func (p *raftPeer) run() {
 		}
 		p.mu.Lock()
 		current := w != nil && p.mu.w == w
+		adopted := p.mu.w != nil && !current
 		waiting := len(p.mu.queue) > 0 || p.mu.ping
 		p.mu.Unlock()
 		if current {
 			continue // the groups write on the stream
 		}
-		if s != nil {
+		if s != nil && !adopted {
 			p.n.log.Debug("raft stream to peer lost; opening it again", "peer", p.id)
-			drop()
 		}
-		if !waiting {
-			continue
+		drop()
+		if adopted || !waiting {
+			continue // the groups write on the peer's stream, or have nothing to
 		}
 		if time.Now().Before(retryAt) {
 			p.take() // dropped: raft sends again
@@ -171,26 +186,98 @@ func (p *raftPeer) run() {
 			}
 			continue
 		}
-		var nw *frameWriter
-		nw = newDetachedWriter(&p.n.wg, func(error) { p.failed(nw) })
-		nw.limit, nw.timeout = raftQueueBytes, raftWriteTimeout
-		w = nw
+		w = p.newWriter()
 		// The first frame is empty: the peer reads a stream's first frame
 		// under its usual (publish) frame limit, and raises it for what
 		// follows once it sees a raft stream. The queue follows, then
 		// whatever the groups send once they have the writer.
-		w.send(&transport.Raft{From: p.n.node})
-		p.mu.Lock()
-		msgs := p.mu.queue
-		p.mu.queue, p.mu.bytes, p.mu.ping = nil, 0, false
-		if len(msgs) > 0 {
-			p.frames(w, msgs)
+		w.send(&transport.Raft{From: p.n.node, Duplex: true})
+		if !p.install(w, s, false) {
+			w.abort(errAdopted)
+			s.CancelWrite(quic.StreamErrorCode(transport.CodeUnavailable))
+			s.CancelRead(0)
+			s, w = nil, nil
+			continue
 		}
-		p.mu.w = w
+		p.n.wg.Add(1)
+		go p.read(s, w)
+	}
+}
+
+// errAdopted ends a stream of this broker's own when the peer's stream
+// took its place.
+var errAdopted = errors.New("raft stream replaced by the peer's")
+
+// newWriter returns a detached writer for a raft stream.
+func (p *raftPeer) newWriter() *frameWriter {
+	var w *frameWriter
+	w = newDetachedWriter(&p.n.wg, func(error) { p.failed(w) })
+	w.limit, w.timeout = raftQueueBytes, raftWriteTimeout
+	return w
+}
+
+// install makes w, a detached writer, write on s and the groups write on
+// w, what waits in the queue first. Unless replace, it does not take the
+// place of another writer (false).
+func (p *raftPeer) install(w *frameWriter, s *quic.Stream, replace bool) bool {
+	p.mu.Lock()
+	if p.mu.w != nil && !replace {
 		p.mu.Unlock()
-		w.attach(s)
-		w.flush()
-		p.wrote.Store(true)
+		return false
+	}
+	p.mu.adopted = replace
+	msgs := p.mu.queue
+	p.mu.queue, p.mu.bytes, p.mu.ping = nil, 0, false
+	if len(msgs) > 0 {
+		p.frames(w, msgs)
+	}
+	p.mu.w = w
+	p.mu.Unlock()
+	w.attach(s)
+	w.flush()
+	p.wrote.Store(true)
+	return true
+}
+
+// adopt makes s, the duplex raft stream the peer opened, the stream this
+// broker sends to the peer on; run drops a stream of its own. It returns
+// the writer, which the caller (the stream's reader) releases when the
+// stream ends.
+func (p *raftPeer) adopt(s *quic.Stream) *frameWriter {
+	w := p.newWriter()
+	p.install(w, s, true)
+	p.poke()
+	return w
+}
+
+// release ends w, an adopted stream's writer, once its stream ended: the
+// next messages have run open a stream of this broker's own until the
+// peer opens another.
+func (p *raftPeer) release(w *frameWriter) {
+	w.abort(errors.New("raft stream ended"))
+	p.failed(w)
+}
+
+// read delivers what the peer sends back on s, the stream run opened
+// (written by w), until the stream ends; a peer of an earlier version
+// sends nothing. A peer that breaks the protocol loses the stream.
+func (p *raftPeer) read(s *quic.Stream, w *frameWriter) {
+	defer p.n.wg.Done()
+	r := transport.NewReader(s, p.n.maxFrame)
+	f, err := r.Read()
+	if err != nil {
+		return // the stream ended
+	}
+	first, ok := f.(*transport.Raft)
+	if ok {
+		err = p.n.receive(p.id, r, first)
+	} else {
+		err = transport.Errorf(transport.CodeUnexpectedFrame, "a raft stream carries raft frames, not %T", f)
+	}
+	if err != nil {
+		p.n.refuse(p.id, "raft stream broken by its peer", shardmap.ShardID{}, err)
+		s.CancelRead(quic.StreamErrorCode(transport.CodeUnexpectedFrame))
+		p.failed(w)
 	}
 }
 

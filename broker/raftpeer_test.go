@@ -9,6 +9,89 @@ import (
 	"github.com/felix-broker/felix/transport"
 )
 
+// TestRaftPairSharesOneConnection: a pair of brokers sends its raft
+// messages both ways on the stream the one whose node id sorts first
+// opened, so one QUIC connection per pair carries them and each side's
+// answers carry its acknowledgements: a replicated record, one at a time,
+// costs the peer connections fewer packets than with one stream (and one
+// connection) per direction, where each receiver acknowledges every
+// other packet in a packet of its own.
+func TestRaftPairSharesOneConnection(t *testing.T) {
+	// The default tick: heartbeats and keep-alives, which depend on time,
+	// not on records, are few beside the records' packets.
+	ip := startInprocWith(t, nil, 3, shardmap.StreamConfig{Name: "r", Shards: 1, Replicas: 3})
+	id := shardmap.ShardID{Stream: "r", Shard: 0}
+	l := waitOwnerLeads(t, ip, ip.brokers, id)
+	if !isAck(publishVia(t, ip, l, "r", 0, 1, "warm")) {
+		t.Fatal("first publish not acked")
+	}
+	// Every broker writes to each peer whose id sorts first on the
+	// stream that peer opened (adopted), once the peer has opened it.
+	deadline := time.Now().Add(waitFor)
+	for {
+		adopted, want := 0, 0
+		for _, b := range ip.brokers {
+			b.raft.mu.RLock()
+			for node, p := range b.raft.mu.peers {
+				if node < b.NodeID() {
+					want++
+					p.mu.Lock()
+					if p.mu.adopted {
+						adopted++
+					}
+					p.mu.Unlock()
+				}
+			}
+			b.raft.mu.RUnlock()
+		}
+		if want == 3 && adopted == want {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d raft peers (want 3) write on the stream their peer opened", adopted, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	// packets counts the packets on every peer connection, both ways:
+	// each is dialed by one broker, and counted there.
+	packets := func() (n uint64) {
+		for _, b := range ip.brokers {
+			b.peers.mu.Lock()
+			for _, pc := range b.peers.mu.conns {
+				select {
+				case <-pc.ready:
+					if pc.err == nil {
+						st := pc.conn.ConnectionStats()
+						n += st.PacketsSent + st.PacketsReceived
+					}
+				default:
+				}
+			}
+			b.peers.mu.Unlock()
+		}
+		return n
+	}
+	const records = 200
+	ws := openStream(t, ip.dial(l))
+	defer ws.s.Close()
+	before := packets()
+	for i := range records {
+		ws.send(&transport.Publish{Seq: uint64(i + 2), Stream: "r", Value: []byte("v")})
+		if f := ws.recv(); !isAck(f) {
+			t.Fatalf("record %d: %+v, want an ack", i, f)
+		}
+	}
+	// A record takes a round of appends and answers (4 packets) and a
+	// round carrying the new commit index (4 more); with a stream per
+	// direction, about 3.4 acknowledgements of their own were added.
+	per := float64(packets()-before) / records
+	t.Logf("%.2f packets on the peer connections per replicated record", per)
+	if per > 9.5 {
+		t.Errorf("%.2f packets on the peer connections per replicated record, want at most 9.5 (8 raft messages, and heartbeats)", per)
+	}
+}
+
 // TestRaftStreamReopens: when a broker's raft streams to its peers fail
 // while every broker runs, the groups stop writing on them and the peers'
 // goroutines open new ones; what is published next is committed and

@@ -481,6 +481,14 @@ func TestVersionTolerance(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %#v, want %#v", got, want)
 	}
+	// A Raft frame has two fields unless it opens a duplex stream; an
+	// earlier broker reads a duplex one as a plain one.
+	if b := body(&Raft{From: "n1"}); b[0] != 0x92 {
+		t.Fatalf("a Raft frame without Duplex starts 0x%02x, want 0x92 (2 elements)", b[0])
+	}
+	if b := body(&Raft{From: "n1", Duplex: true}); b[0] != 0x93 || b[len(b)-1] != 0xc3 {
+		t.Fatalf("a duplex Raft frame: % x, want 3 elements ending in true", b)
+	}
 	// A record with an extra field too.
 	rb := body(&Records{Stream: "s", Records: []Record{{Offset: 1}}})
 	i := bytes.IndexByte(rb, 0x97)

@@ -7,9 +7,16 @@ package transport
 // peer's certificate. Each message is opaque here: the marshalled
 // raftpb.Message, tagged with the group (stream and shard) it belongs to;
 // package replica decodes it.
+//
+// Duplex, set on the first frame of a stream by a broker that reads the
+// stream too, lets the receiver send its own raft messages back on it:
+// then one QUIC connection carries a pair's raft traffic both ways, and
+// each side's acknowledgements ride on its messages instead of packets
+// of their own. A receiver that does not know the field ignores it.
 type Raft struct {
-	From string
-	Msgs []RaftMsg
+	From   string
+	Msgs   []RaftMsg
+	Duplex bool
 }
 
 // RaftMsg is one raft message of a [Raft] batch.
@@ -20,7 +27,7 @@ type RaftMsg struct {
 }
 
 const (
-	raftFields    = 2
+	raftFields    = 2 // without Duplex, which is written only when set
 	raftMsgFields = 3
 )
 
@@ -31,7 +38,11 @@ func (r *Raft) appendBody(b []byte) ([]byte, error) {
 	if r == nil {
 		return b, errNilFrame(FrameRaft)
 	}
-	b = appendArrayHeader(b, raftFields)
+	n := raftFields
+	if r.Duplex {
+		n++
+	}
+	b = appendArrayHeader(b, n)
 	b = appendStr(b, r.From)
 	b = appendArrayHeader(b, len(r.Msgs))
 	for i := range r.Msgs {
@@ -40,6 +51,9 @@ func (r *Raft) appendBody(b []byte) ([]byte, error) {
 		b = appendStr(b, m.Stream)
 		b = appendInt(b, int64(m.Shard))
 		b = appendBin(b, m.Data)
+	}
+	if r.Duplex {
+		b = appendBool(b, true)
 	}
 	return b, nil
 }
@@ -63,6 +77,11 @@ func (r *Raft) decode(d *decoder) {
 			m.Data = d.bin()
 			d.skipN(k - raftMsgFields)
 		}
+	}
+	r.Duplex = false
+	if n > raftFields {
+		r.Duplex = d.bool()
+		n--
 	}
 	d.skipN(n - raftFields)
 }

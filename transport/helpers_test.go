@@ -77,6 +77,7 @@ func sampleFrames() []namedFrame {
 		{"register/full", &Register{NodeID: "n1", Addr: "10.0.0.1:7400", Admin: "10.0.0.1:8400"}},
 		{"heartbeat/full", &Heartbeat{NodeID: "n1", Epoch: 1<<64 - 1}},
 		{"raft/zero", &Raft{}},
+		{"raft/duplex", &Raft{From: "n1", Duplex: true}},
 		{"raft/full", &Raft{From: "n2", Msgs: []RaftMsg{
 			{Stream: "orders", Shard: 3, Data: []byte{8, 3, 16, 1}},
 			{Stream: long, Shard: 2147483647, Data: big},
