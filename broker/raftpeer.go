@@ -26,7 +26,11 @@ import (
 // open, messages wait in a queue (bounded alike) and run opens the stream,
 // writes the queue, and hands the stream to the groups. A write failure
 // drops what was being sent (raft sends it again) and the stream, and the
-// next messages have run open another one.
+// next messages have run open another one. A queue whose oldest message
+// waited longer than an election timeout (a dial to a peer that went
+// away) is dropped rather than written to the next stream: raft probes a
+// peer back from silence itself, and a burst of stale messages would
+// only replay what it has moved on from.
 //
 // One stream carries a pair's raft traffic both ways: the one the broker
 // whose node id sorts first opens. Its opener reads the peer's messages
@@ -52,6 +56,7 @@ type raftPeer struct {
 		w       *frameWriter // the open stream's writer (run's, or adopted); nil while none is
 		adopted bool         // w writes on the stream the peer opened
 		queue   []transport.RaftMsg
+		since   time.Time // when the oldest message in queue was queued
 		bytes   int
 		ping    bool // a keep-alive is asked for
 	}
@@ -85,6 +90,9 @@ func (p *raftPeer) send(msgs []transport.RaftMsg) {
 	p.mu.Lock()
 	w := p.mu.w
 	if w == nil {
+		if len(p.mu.queue) == 0 {
+			p.mu.since = time.Now()
+		}
 		for _, m := range msgs {
 			if p.mu.bytes+len(m.Data) > raftQueueBytes {
 				break
@@ -228,7 +236,7 @@ func (p *raftPeer) install(w *frameWriter, s *quic.Stream, replace bool) bool {
 	p.mu.adopted = replace
 	msgs := p.mu.queue
 	p.mu.queue, p.mu.bytes, p.mu.ping = nil, 0, false
-	if len(msgs) > 0 {
+	if len(msgs) > 0 && time.Since(p.mu.since) <= p.n.silentAfter {
 		p.frames(w, msgs)
 	}
 	p.mu.w = w
