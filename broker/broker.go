@@ -88,6 +88,7 @@ func New(cfg Config) (*Broker, error) {
 		return nil, fmt.Errorf("broker %s: %w", cfg.NodeID, err)
 	}
 	b.raft = newRaftNet(cfg.NodeID, cfg.RaftTick, cfg.RaftElectionTicks, entryBytes(cfg), b.peers, b.currentMap, b.log)
+	b.raft.simplex = cfg.Knobs.RaftSimplex
 	b.shards.raft = b.raft
 	b.raft.startRetention(cfg.RetentionCheck, b.shards.replaceFailed)
 	return b, nil

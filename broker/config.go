@@ -394,4 +394,9 @@ type Knobs struct {
 	// replica's appended entries (replica.Knobs.BeforeSync); an error
 	// fails the fdatasync, and the group. Default nil.
 	ReplicaBeforeSync func(id shardmap.ShardID, last uint64) error
+	// RaftSimplex makes this broker's raft streams one-way, as an earlier
+	// version's were: its streams do not say Duplex and it reads nothing
+	// back on them, and it adopts no peer's stream. For a test of a
+	// mixed pair during a rolling upgrade. Default false.
+	RaftSimplex bool
 }

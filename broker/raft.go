@@ -75,8 +75,9 @@ const (
 type raftNet struct {
 	node     string
 	tick     time.Duration
-	maxFrame int // the largest raft frame sent or accepted
-	batch    int // message bytes after which a batch is sent as one frame
+	maxFrame int  // the largest raft frame sent or accepted
+	batch    int  // message bytes after which a batch is sent as one frame
+	simplex  bool // one-way streams, as an earlier version's (Knobs.RaftSimplex)
 	log      *slog.Logger
 	peers    *peerPool
 	mapOf    func() *shardmap.Map // the broker's current map, nil before Start
@@ -520,7 +521,7 @@ func (b *Broker) serveRaft(s *quic.Stream, r *transport.Reader, first *transport
 	r.SetMaxFrame(b.raft.maxFrame)
 	var back *frameWriter
 	p := b.raft.peer(from.peerID)
-	if p != nil && first.Duplex && first.From == from.peerID && from.peerID < b.raft.node {
+	if p != nil && first.Duplex && !b.raft.simplex && first.From == from.peerID && from.peerID < b.raft.node {
 		back = p.adopt(s)
 	}
 	err := b.raft.receive(from.peerID, r, first)

@@ -199,7 +199,7 @@ func (p *raftPeer) run() {
 		// under its usual (publish) frame limit, and raises it for what
 		// follows once it sees a raft stream. The queue follows, then
 		// whatever the groups send once they have the writer.
-		w.send(&transport.Raft{From: p.n.node, Duplex: true})
+		w.send(&transport.Raft{From: p.n.node, Duplex: !p.n.simplex})
 		if !p.install(w, s, false) {
 			w.abort(errAdopted)
 			s.CancelWrite(quic.StreamErrorCode(transport.CodeUnavailable))
@@ -207,8 +207,10 @@ func (p *raftPeer) run() {
 			s, w = nil, nil
 			continue
 		}
-		p.n.wg.Add(1)
-		go p.read(s, w)
+		if !p.n.simplex {
+			p.n.wg.Add(1)
+			go p.read(s, w)
+		}
 	}
 }
 

@@ -1,10 +1,12 @@
 package broker
 
 import (
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/felix-broker/felix/internal/cluster"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -27,31 +29,7 @@ func TestRaftPairSharesOneConnection(t *testing.T) {
 	}
 	// Every broker writes to each peer whose id sorts first on the
 	// stream that peer opened (adopted), once the peer has opened it.
-	deadline := time.Now().Add(waitFor)
-	for {
-		adopted, want := 0, 0
-		for _, b := range ip.brokers {
-			b.raft.mu.RLock()
-			for node, p := range b.raft.mu.peers {
-				if node < b.NodeID() {
-					want++
-					p.mu.Lock()
-					if p.mu.adopted {
-						adopted++
-					}
-					p.mu.Unlock()
-				}
-			}
-			b.raft.mu.RUnlock()
-		}
-		if want == 3 && adopted == want {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d raft peers (want 3) write on the stream their peer opened", adopted, want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitRaftStreams(t, ip, func(b, peer string) bool { return peer < b })
 
 	// packets counts the packets on every peer connection, both ways:
 	// each is dialed by one broker, and counted there.
@@ -89,6 +67,66 @@ func TestRaftPairSharesOneConnection(t *testing.T) {
 	t.Logf("%.2f packets on the peer connections per replicated record", per)
 	if per > 9.5 {
 		t.Errorf("%.2f packets on the peer connections per replicated record, want at most 9.5 (8 raft messages, and heartbeats)", per)
+	}
+}
+
+// TestRaftPairWithEarlierPeer: a broker of an earlier version, whose raft
+// streams are one-way (Knobs.RaftSimplex), among current ones during a
+// rolling upgrade: its peers send to it on streams of their own, the
+// current pair shares one stream, and replicated records published
+// through every broker are committed and acknowledged.
+func TestRaftPairWithEarlierPeer(t *testing.T) {
+	old := cluster.BrokerID(0)
+	ip := startInprocWith(t, func(c *Config) {
+		fastRaft(c)
+		c.Knobs.RaftSimplex = c.NodeID == old
+	}, 3, shardmap.StreamConfig{Name: "r", Shards: 1, Replicas: 3})
+	id := shardmap.ShardID{Stream: "r", Shard: 0}
+	waitOwnerLeads(t, ip, ip.brokers, id)
+	for i, b := range ip.brokers {
+		if f := publishVia(t, ip, b, "r", 0, uint64(i+1), "v"); !isAck(f) {
+			t.Fatalf("publish through %s: %+v, want an ack", b.NodeID(), f)
+		}
+	}
+	waitRaftStreams(t, ip, func(b, peer string) bool { return peer < b && peer != old && b != old })
+	l := leaderOf(t, ip.brokers, id)
+	for i := range 20 {
+		if f := publishVia(t, ip, l, "r", 0, uint64(10+i), "w"); !isAck(f) {
+			t.Fatalf("publish %d through the leader %s: %+v, want an ack", i, l.NodeID(), f)
+		}
+	}
+}
+
+// waitRaftStreams waits until every broker of ip has a raft stream open
+// to each of its peers, written on the stream the peer opened (adopted)
+// exactly where adopted(broker, peer) says.
+func waitRaftStreams(t *testing.T, ip *inproc, adopted func(b, peer string) bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		var wrong []string
+		for _, b := range ip.brokers {
+			b.raft.mu.RLock()
+			for node, p := range b.raft.mu.peers {
+				p.mu.Lock()
+				open, adopt := p.mu.w != nil, p.mu.adopted
+				p.mu.Unlock()
+				if !open || adopt != adopted(b.NodeID(), node) {
+					wrong = append(wrong, fmt.Sprintf("%s->%s open %v adopted %v", b.NodeID(), node, open, adopt))
+				}
+			}
+			if len(b.raft.mu.peers) != len(ip.brokers)-1 {
+				wrong = append(wrong, fmt.Sprintf("%s has %d raft peers", b.NodeID(), len(b.raft.mu.peers)))
+			}
+			b.raft.mu.RUnlock()
+		}
+		if len(wrong) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("raft streams after %v: %v", waitFor, wrong)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
