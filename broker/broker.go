@@ -87,8 +87,7 @@ func New(cfg Config) (*Broker, error) {
 	if b.shards, err = newShardSet(cfg, b.log, b.tel); err != nil {
 		return nil, fmt.Errorf("broker %s: %w", cfg.NodeID, err)
 	}
-	b.raft = newRaftNet(cfg.NodeID, cfg.RaftTick, cfg.RaftElectionTicks, entryBytes(cfg), b.peers, b.currentMap, b.log)
-	b.raft.simplex = cfg.Knobs.RaftSimplex
+	b.raft = newRaftNet(cfg.NodeID, cfg.RaftTick, cfg.RaftElectionTicks, entryBytes(cfg), cfg.Knobs.RaftSimplex, b.peers, b.currentMap, b.log)
 	b.shards.raft = b.raft
 	b.raft.startRetention(cfg.RetentionCheck, b.shards.replaceFailed)
 	return b, nil

@@ -124,8 +124,8 @@ type raftMember struct {
 	stop  chan struct{}
 }
 
-func newRaftNet(node string, tick time.Duration, electionTicks, entryBytes int, peers *peerPool, mapOf func() *shardmap.Map, log *slog.Logger) *raftNet {
-	n := &raftNet{node: node, tick: tick, batch: entryBytes, maxFrame: 4*entryBytes + 64<<10,
+func newRaftNet(node string, tick time.Duration, electionTicks, entryBytes int, simplex bool, peers *peerPool, mapOf func() *shardmap.Map, log *slog.Logger) *raftNet {
+	n := &raftNet{node: node, tick: tick, batch: entryBytes, maxFrame: 4*entryBytes + 64<<10, simplex: simplex,
 		peers: peers, mapOf: mapOf, log: log,
 		start: time.Now(), silentAfter: time.Duration(electionTicks) * tick, silent: map[string]bool{}, since: map[string]int64{}}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
@@ -519,10 +519,12 @@ func (b *Broker) serveRaft(s *quic.Stream, r *transport.Reader, first *transport
 		return
 	}
 	r.SetMaxFrame(b.raft.maxFrame)
+	var p *raftPeer
 	var back *frameWriter
-	p := b.raft.peer(from.peerID)
-	if p != nil && first.Duplex && !b.raft.simplex && first.From == from.peerID && from.peerID < b.raft.node {
-		back = p.adopt(s)
+	if first.Duplex && !b.raft.simplex && first.From == from.peerID && from.peerID < b.raft.node {
+		if p = b.raft.peer(from.peerID); p != nil {
+			back = p.adopt(s)
+		}
 	}
 	err := b.raft.receive(from.peerID, r, first)
 	if back != nil {
@@ -536,26 +538,27 @@ func (b *Broker) serveRaft(s *quic.Stream, r *transport.Reader, first *transport
 	s.Close()
 }
 
-// receive delivers the raft frames peer sends on one stream, first being
-// the first read, until the stream ends (nil) or the peer breaks the
-// protocol (a *transport.Error).
+// receive delivers the raft frames peer sends on one stream, starting
+// with first if it was read already (else nil), until the stream ends
+// (nil) or the peer breaks the protocol (a *transport.Error).
 func (n *raftNet) receive(peer string, r *transport.Reader, first *transport.Raft) error {
-	f := first
-	for {
+	for f := first; ; f = nil {
+		if f == nil {
+			next, err := r.Read()
+			if err != nil {
+				return nil
+			}
+			var ok bool
+			if f, ok = next.(*transport.Raft); !ok {
+				return transport.Errorf(transport.CodeUnexpectedFrame, "a raft stream carries raft frames, not %T", next)
+			}
+		}
 		if f.From != peer {
 			return transport.Errorf(transport.CodeUnauthorized, "peer %q sent raft messages as %q: a broker speaks for itself only", peer, f.From)
 		}
 		n.heardFrom(peer)
 		for i := range f.Msgs {
 			n.deliver(peer, &f.Msgs[i])
-		}
-		next, err := r.Read()
-		if err != nil {
-			return nil
-		}
-		var ok bool
-		if f, ok = next.(*transport.Raft); !ok {
-			return transport.Errorf(transport.CodeUnexpectedFrame, "a raft stream carries raft frames, not %T", next)
 		}
 	}
 }

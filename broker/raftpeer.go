@@ -227,15 +227,15 @@ func (p *raftPeer) newWriter() *frameWriter {
 }
 
 // install makes w, a detached writer, write on s and the groups write on
-// w, what waits in the queue first. Unless replace, it does not take the
-// place of another writer (false).
-func (p *raftPeer) install(w *frameWriter, s *quic.Stream, replace bool) bool {
+// w, what waits in the queue first. A writer on a stream of this broker's
+// own (not adopted) does not take the place of another (false).
+func (p *raftPeer) install(w *frameWriter, s *quic.Stream, adopted bool) bool {
 	p.mu.Lock()
-	if p.mu.w != nil && !replace {
+	if p.mu.w != nil && !adopted {
 		p.mu.Unlock()
 		return false
 	}
-	p.mu.adopted = replace
+	p.mu.adopted = adopted
 	msgs := p.mu.queue
 	p.mu.queue, p.mu.bytes, p.mu.ping = nil, 0, false
 	if len(msgs) > 0 && time.Since(p.mu.since) <= p.n.silentAfter {
@@ -273,18 +273,7 @@ func (p *raftPeer) release(w *frameWriter) {
 // sends nothing. A peer that breaks the protocol loses the stream.
 func (p *raftPeer) read(s *quic.Stream, w *frameWriter) {
 	defer p.n.wg.Done()
-	r := transport.NewReader(s, p.n.maxFrame)
-	f, err := r.Read()
-	if err != nil {
-		return // the stream ended
-	}
-	first, ok := f.(*transport.Raft)
-	if ok {
-		err = p.n.receive(p.id, r, first)
-	} else {
-		err = transport.Errorf(transport.CodeUnexpectedFrame, "a raft stream carries raft frames, not %T", f)
-	}
-	if err != nil {
+	if err := p.n.receive(p.id, transport.NewReader(s, p.n.maxFrame), nil); err != nil {
 		p.n.refuse(p.id, "raft stream broken by its peer", shardmap.ShardID{}, err)
 		s.CancelRead(quic.StreamErrorCode(transport.CodeUnexpectedFrame))
 		p.failed(w)
