@@ -688,6 +688,7 @@ func (s *shardSet) close() error {
 		}
 		<-gone
 	}
+	s.marks.close()
 	if err := s.root.Close(); err != nil {
 		errs = append(errs, err)
 	}
