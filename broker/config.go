@@ -60,9 +60,11 @@ type Config struct {
 	LeaseTTL time.Duration
 	// SegmentSize is the shard logs' segment size; default the wal default.
 	SegmentSize int
-	// ParkedSync parks the fdatasyncs of shard logs of replication factor
-	// 1 that their committers run (wal.Options.ParkedSync): for brokers
-	// with many busy shards per CPU. Off by default.
+	// ParkedSync parks every fdatasync that the committers of shard logs
+	// of replication factor 1 run (wal.Options.ParkedSync). Off by
+	// default: then they park only while several of the broker's logs
+	// have records to commit at once (parkAtBusyLogs, wal.SyncGroup), and
+	// block otherwise.
 	ParkedSync bool
 	// AcceptLoss names shards, as "stream/shard", whose logs may open
 	// although acknowledged records are missing from them (a damaged or
@@ -110,7 +112,7 @@ type Config struct {
 	// recently used log nobody is publishing to or subscribed to, and if
 	// every open log is in use the publish or subscription gets an
 	// unavailable error naming the shard. An open log holds 3 file
-	// descriptors (4 with ParkedSync), a goroutine, up to wal's
+	// descriptors (4 once it has parked an fdatasync), a goroutine, up to wal's
 	// TailRecords recent records and up to a segment (SegmentSize) of
 	// tidwall's in-memory tail; a log closed and opened again pays its recovery (a read of its last
 	// segment) again, so set it above the shards in active use.

@@ -42,8 +42,8 @@ package broker
 // # Open logs under a budget
 //
 // An open shard log holds three file descriptors (tidwall's tail segment,
-// ours for fdatasync and the high-water mark; four with ParkedSync: the
-// eventfd of the committer's parked fdatasync), a committer goroutine, its
+// ours for fdatasync and the high-water mark; four once its committer has
+// parked an fdatasync: that fdatasync's eventfd), a committer goroutine, its
 // tail cache and up to a segment of tidwall's in-memory tail. So logs are
 // opened on first use
 // (and, while under the budget, when a map assigns the shard), and at most
@@ -111,7 +111,8 @@ type shardSet struct {
 	root        *os.Root // <DataDir>/streams
 	node        string
 	segmentSize int
-	parkedSync  bool // wal.Options.ParkedSync
+	parkedSync  bool           // wal.Options.ParkedSync
+	syncGroup   *wal.SyncGroup // every log's wal.Options.SyncGroup
 	tailBytes   int
 	// retentionCheck is Config.RetentionCheck, for the logs' own passes.
 	retentionCheck time.Duration
@@ -239,7 +240,7 @@ func newShardSet(cfg Config, log *slog.Logger, tel *telemetry) (*shardSet, error
 		return nil, fmt.Errorf("open shard data dir: %w", err)
 	}
 	s := &shardSet{
-		root: root, node: cfg.NodeID, segmentSize: cfg.SegmentSize, parkedSync: cfg.ParkedSync, tailBytes: cfg.TailBytes, retentionCheck: cfg.RetentionCheck,
+		root: root, node: cfg.NodeID, segmentSize: cfg.SegmentSize, parkedSync: cfg.ParkedSync, syncGroup: wal.NewSyncGroup(parkAtBusyLogs), tailBytes: cfg.TailBytes, retentionCheck: cfg.RetentionCheck,
 		maxOpen: cfg.MaxOpenShards, maxShards: cfg.MaxShards,
 		logger: log, tel: tel,
 		walFS: cfg.Knobs.WALFS, noQuiesce: cfg.Knobs.NoQuiesce, beforeSync: cfg.Knobs.ReplicaBeforeSync, acceptLoss: map[string]bool{},
@@ -578,6 +579,7 @@ func (s *shardSet) open(e *shardEntry, st *shardmap.Stream) {
 			OnCommit:       s.tel.onCommit(e),
 			AcceptLoss:     s.acceptLoss[e.id.String()],
 			ParkedSync:     s.parkedSync,
+			SyncGroup:      s.syncGroup,
 			FS:             s.walFS,
 		})
 		if err == nil {

@@ -177,18 +177,26 @@ func (l *Log) signal() {
 // a lone record is written as soon as it arrives, and records that arrive
 // during an fsync share the next one.
 //
-// With Options.ParkedSync its fdatasyncs are parked (see parkedSync).
+// With Options.ParkedSync its fdatasyncs are parked (see parkedSync); with
+// Options.SyncGroup, while enough of the group's logs are busy.
 func (l *Log) runCommitter() {
 	defer close(l.committerDone)
 	var ps *parkedSync
-	if l.opts.ParkedSync {
+	if l.opts.ParkedSync || l.opts.SyncGroup != nil {
 		ps = new(parkedSync)
 		defer ps.close()
 	}
+	member := busyLog{g: l.opts.SyncGroup}
+	defer member.set(false)
 	for {
 		reqs, exit := l.take()
+		member.set(len(reqs) > 0)
 		if len(reqs) > 0 {
-			l.commit(reqs, ps)
+			sync := ps
+			if !l.opts.ParkedSync && !l.opts.SyncGroup.park() {
+				sync = nil
+			}
+			l.commit(reqs, sync)
 			l.mu.Lock()
 			l.mu.committing = false
 			l.mu.Unlock()
@@ -303,6 +311,9 @@ func (l *Log) commit(reqs []*request, ps *parkedSync) {
 	l.c.sizes, l.c.recs = sizes, recs
 
 	began := time.Now()
+	if ps != nil {
+		l.stats.parked.Add(1)
+	}
 	err := l.writeAndSync(base+1, sizes, ps)
 	if err == nil {
 		// Into the page cache, before the acks: see hwm.go.

@@ -63,8 +63,8 @@ type Log struct {
 	}
 
 	stats struct {
-		fsyncs, records, bytes atomic.Uint64
-		lastBatch, maxBatch    atomic.Int64
+		fsyncs, records, bytes, parked atomic.Uint64
+		lastBatch, maxBatch            atomic.Int64
 	}
 
 	// size is the bytes of the segment files: listed when the log opens
@@ -91,6 +91,10 @@ type Stats struct {
 	Bytes     uint64 // stored bytes committed
 	LastBatch int    // records in the last fsync
 	MaxBatch  int    // most records seen in one fsync
+	// Parked counts the commits whose fdatasync was parked rather than
+	// blocking (Options.ParkedSync or SyncGroup; where the kernel offers
+	// no AIO context it blocks all the same).
+	Parked uint64
 }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
@@ -293,6 +297,7 @@ func (l *Log) Stats() Stats {
 		Bytes:     l.stats.bytes.Load(),
 		LastBatch: int(l.stats.lastBatch.Load()),
 		MaxBatch:  int(l.stats.maxBatch.Load()),
+		Parked:    l.stats.parked.Load(),
 	}
 }
 

@@ -72,6 +72,12 @@ type Options struct {
 	// completion waits for the scheduler to run its goroutine again.
 	ParkedSync bool
 
+	// SyncGroup, shared by the logs of one process on one disk, parks
+	// the committer's fdatasyncs as ParkedSync does while at least the
+	// group's threshold of its logs have records to commit, and lets them
+	// block otherwise (see SyncGroup). Nil: only ParkedSync decides.
+	SyncGroup *SyncGroup
+
 	// FS is a testing knob: the filesystem under the operations the
 	// package performs itself (see FS for what it covers). Default nil:
 	// the OS. Production code never sets it.
