@@ -41,8 +41,9 @@
 // failure cannot be retried safely, so the shard must be reopened, which
 // re-reads what actually reached the disk.
 //
-// With Options.ParkedSync the committer goroutine's fdatasync is parked on
-// Linux (submitted to the kernel as AIO IOCB_CMD_FDSYNC, the goroutine
+// With Options.ParkedSync, or with Options.SyncGroup while enough of the
+// group's logs have records to commit at once, the committer goroutine's
+// fdatasync is parked on Linux (submitted to the kernel as AIO IOCB_CMD_FDSYNC, the goroutine
 // waiting on an eventfd in Go's poller; see tidseg.ParkedSyncer), so that
 // its P runs the rest of the process while the disk works and the fsyncs
 // of many logs overlap. A lone record on an idle log, committed inline by
