@@ -309,6 +309,7 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 		// per pair of brokers and wakes them (raft.go).
 		Quiesce:     !s.noQuiesce,
 		SegmentSize: s.segmentSize,
+		SyncGroup:   s.syncGroup, // with the shard logs': one disk, one P
 		// Applied by each replica to its own log, from raftNet's
 		// retention pass.
 		RetentionBytes: st.RetentionBytes,

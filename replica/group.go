@@ -52,6 +52,11 @@ type Config struct {
 	// pages, copies of the whole slice) took a third of each broker's CPU
 	// in the R=3 throughput bench, and up to 64 MiB per replica.
 	SegmentSize int
+	// SyncGroup, shared with the other logs of the process on the same
+	// disk, parks this replica's fdatasyncs while at least the group's
+	// threshold of its logs have entries to write, as wal's committers
+	// do (see wal.SyncGroup); otherwise, and with none, they block.
+	SyncGroup *wal.SyncGroup
 	// TailBytes bounds the data of the most recently committed entries kept
 	// in memory for reads (live subscribers read them without going to
 	// disk); default 4 MiB, negative keeps none.
@@ -223,6 +228,9 @@ func Open(cfg Config) (*Group, error) {
 		return nil, err
 	}
 	st, err := openStorage(cfg.Dir, cfg.Name, cfg.Peers, cfg.SegmentSize, cfg.Logger)
+	if err == nil {
+		st.group, st.member = cfg.SyncGroup, cfg.SyncGroup.Member()
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -155,6 +155,7 @@ func (g *Group) run() {
 		case ticks > 0:
 			g.maybeQuiesce(l)
 		}
+		g.st.settle()
 		g.rounds.Add(1)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/felix-broker/felix/internal/tidseg"
+	"github.com/felix-broker/felix/wal"
 )
 
 // Stored entry format, one raft entry in one tidwall entry at the same
@@ -59,6 +60,17 @@ type storage struct {
 	bytes atomic.Int64
 
 	beforeSync func(last uint64) error // Knobs.BeforeSync
+
+	// Parking fdatasyncs while the process's logs are busy (Config.SyncGroup):
+	// this replica's membership, busy from an append until a round of its
+	// group's goroutine that appends nothing (settle); whether this round
+	// appended; its parked syncer, made on first use.
+	group    *wal.SyncGroup
+	member   wal.SyncMember
+	appended bool
+	parked   *tidseg.ParkedSyncer
+	noPark   bool          // the kernel gave no AIO context: always block
+	parks    atomic.Uint64 // fdatasyncs handed to the parked syncer, for tests
 }
 
 // termRun says entries from index on have term, up to the next run.
@@ -154,6 +166,8 @@ func (s *storage) append(ents []*pb.Entry) error {
 			return err
 		}
 	}
+	s.member.SetBusy(true)
+	s.appended = true
 	s.batch.Clear()
 	sizes := make([]int, 0, len(ents))
 	for _, e := range ents {
@@ -184,7 +198,7 @@ func (s *storage) append(ents []*pb.Entry) error {
 			return fmt.Errorf("replica: group %q: fdatasync entries %d-%d: %w", s.name, first, first+uint64(len(ents))-1, err)
 		}
 	}
-	if err := tidseg.Fdatasync(s.tail.f); err != nil {
+	if err := s.fdatasync(); err != nil {
 		return fmt.Errorf("replica: group %q: fdatasync entries %d-%d: %w", s.name, first, first+uint64(len(ents))-1, err)
 	}
 	for _, e := range ents {
@@ -192,6 +206,33 @@ func (s *storage) append(ents []*pb.Entry) error {
 	}
 	s.last = ents[len(ents)-1].GetIndex()
 	return nil
+}
+
+// fdatasync syncs the tail segment: parked while the sync group says so
+// (many of the process's logs busy), blocking otherwise.
+func (s *storage) fdatasync() error {
+	if s.noPark || !s.group.Park() {
+		return tidseg.Fdatasync(s.tail.f)
+	}
+	if s.parked == nil {
+		p, err := tidseg.NewParkedSyncer()
+		if err != nil {
+			s.noPark = true
+			return tidseg.Fdatasync(s.tail.f)
+		}
+		s.parked = p
+	}
+	s.parks.Add(1)
+	return s.parked.Fdatasync(s.tail.f)
+}
+
+// settle ends a round of the group's goroutine: a replica that appended
+// nothing in it is idle in its sync group.
+func (s *storage) settle() {
+	if !s.appended {
+		s.member.SetBusy(false)
+	}
+	s.appended = false
 }
 
 // truncate drops the entries after index, which are not committed.
@@ -319,6 +360,10 @@ func (s *storage) close() error {
 		errs = append(errs, s.tail.f.Close())
 	}
 	errs = append(errs, s.st.close())
+	if s.parked != nil {
+		errs = append(errs, s.parked.Close())
+	}
+	s.member.SetBusy(false)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("replica: group %q: close storage: %w", s.name, err)
 	}

@@ -186,14 +186,14 @@ func (l *Log) runCommitter() {
 		ps = new(parkedSync)
 		defer ps.close()
 	}
-	member := busyLog{g: l.opts.SyncGroup}
-	defer member.set(false)
+	member := l.opts.SyncGroup.Member()
+	defer member.SetBusy(false)
 	for {
 		reqs, exit := l.take()
-		member.set(len(reqs) > 0)
+		member.SetBusy(len(reqs) > 0)
 		if len(reqs) > 0 {
 			sync := ps
-			if !l.opts.ParkedSync && !l.opts.SyncGroup.park() {
+			if !l.opts.ParkedSync && !l.opts.SyncGroup.Park() {
 				sync = nil
 			}
 			l.commit(reqs, sync)

@@ -36,24 +36,31 @@ func NewSyncGroup(parkAt int) *SyncGroup {
 // Busy returns how many of the group's logs have records to commit.
 func (g *SyncGroup) Busy() int { return int(g.busy.Load()) }
 
-// park reports whether a commit should park its fdatasync now.
-func (g *SyncGroup) park() bool { return g != nil && g.busy.Load() >= g.parkAt }
+// Park reports whether a commit should park its fdatasync now: at least
+// the threshold of the group's logs are busy. A nil group never parks.
+func (g *SyncGroup) Park() bool { return g != nil && g.busy.Load() >= g.parkAt }
 
-// busyLog is one committer's membership in its log's group: set busy when
-// it takes records, idle when it finds none. A nil group does nothing.
-type busyLog struct {
+// Member returns a log's (or a replica's) membership in g, idle. g may be
+// nil: the membership then does nothing.
+func (g *SyncGroup) Member() SyncMember { return SyncMember{g: g} }
+
+// SyncMember is one log's membership in its SyncGroup, owned by the
+// goroutine that commits the log: busy from when it has records to commit
+// until it finds none.
+type SyncMember struct {
 	g    *SyncGroup
 	busy bool
 }
 
-func (b *busyLog) set(busy bool) {
-	if b.g == nil || b.busy == busy {
+// SetBusy marks the member busy or idle.
+func (m *SyncMember) SetBusy(busy bool) {
+	if m.g == nil || m.busy == busy {
 		return
 	}
-	b.busy = busy
+	m.busy = busy
 	if busy {
-		b.g.busy.Add(1)
+		m.g.busy.Add(1)
 	} else {
-		b.g.busy.Add(-1)
+		m.g.busy.Add(-1)
 	}
 }
