@@ -229,7 +229,7 @@ func Open(cfg Config) (*Group, error) {
 	}
 	st, err := openStorage(cfg.Dir, cfg.Name, cfg.Peers, cfg.SegmentSize, cfg.Logger)
 	if err == nil {
-		st.group, st.member = cfg.SyncGroup, cfg.SyncGroup.Member()
+		st.member = cfg.SyncGroup.Member()
 	}
 	if err != nil {
 		return nil, err

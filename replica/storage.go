@@ -65,12 +65,10 @@ type storage struct {
 	// this replica's membership, busy from an append until a round of its
 	// group's goroutine that appends nothing (settle); whether this round
 	// appended; its parked syncer, made on first use.
-	group    *wal.SyncGroup
 	member   wal.SyncMember
 	appended bool
-	parked   *tidseg.ParkedSyncer
-	noPark   bool          // the kernel gave no AIO context: always block
-	parks    atomic.Uint64 // fdatasyncs handed to the parked syncer, for tests
+	parker   tidseg.Parker
+	parks    atomic.Uint64 // fdatasyncs handed to the parker, for tests
 }
 
 // termRun says entries from index on have term, up to the next run.
@@ -211,19 +209,11 @@ func (s *storage) append(ents []*pb.Entry) error {
 // fdatasync syncs the tail segment: parked while the sync group says so
 // (many of the process's logs busy), blocking otherwise.
 func (s *storage) fdatasync() error {
-	if s.noPark || !s.group.Park() {
+	if !s.member.Park() {
 		return tidseg.Fdatasync(s.tail.f)
 	}
-	if s.parked == nil {
-		p, err := tidseg.NewParkedSyncer()
-		if err != nil {
-			s.noPark = true
-			return tidseg.Fdatasync(s.tail.f)
-		}
-		s.parked = p
-	}
 	s.parks.Add(1)
-	return s.parked.Fdatasync(s.tail.f)
+	return s.parker.Fdatasync(s.tail.f)
 }
 
 // settle ends a round of the group's goroutine: a replica that appended
@@ -360,9 +350,7 @@ func (s *storage) close() error {
 		errs = append(errs, s.tail.f.Close())
 	}
 	errs = append(errs, s.st.close())
-	if s.parked != nil {
-		errs = append(errs, s.parked.Close())
-	}
+	errs = append(errs, s.parker.Close())
 	s.member.SetBusy(false)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("replica: group %q: close storage: %w", s.name, err)

@@ -193,7 +193,7 @@ func (l *Log) runCommitter() {
 		member.SetBusy(len(reqs) > 0)
 		if len(reqs) > 0 {
 			sync := ps
-			if !l.opts.ParkedSync && !l.opts.SyncGroup.Park() {
+			if !l.opts.ParkedSync && !member.Park() {
 				sync = nil
 			}
 			l.commit(reqs, sync)

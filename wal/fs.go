@@ -108,30 +108,14 @@ func readFile(fs FS, name string) ([]byte, error) {
 // Only a real OS file is synced parked; a file of another FS (FaultFS in
 // tests) gets its own Sync. Where the kernel gives no AIO context (not
 // Linux, or fs.aio-max-nr reached), every fdatasync blocks.
-type parkedSync struct {
-	s      *tidseg.ParkedSyncer
-	failed bool // NewParkedSyncer failed: do not try again
-}
+type parkedSync struct{ p tidseg.Parker }
 
 func (p *parkedSync) sync(f File) error {
 	of, ok := f.(osFile)
-	if p == nil || !ok || p.failed {
+	if p == nil || !ok {
 		return f.Sync()
 	}
-	if p.s == nil {
-		s, err := tidseg.NewParkedSyncer()
-		if err != nil {
-			p.failed = true
-			return f.Sync()
-		}
-		p.s = s
-	}
-	return p.s.Fdatasync(of.File)
+	return p.p.Fdatasync(of.File)
 }
 
-func (p *parkedSync) close() {
-	if p.s != nil {
-		_ = p.s.Close()
-		p.s = nil
-	}
-}
+func (p *parkedSync) close() { _ = p.p.Close() }

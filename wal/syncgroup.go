@@ -52,6 +52,10 @@ type SyncMember struct {
 	busy bool
 }
 
+// Park reports whether the member's commit should park its fdatasync now
+// (its group's Park).
+func (m *SyncMember) Park() bool { return m.g.Park() }
+
 // SetBusy marks the member busy or idle.
 func (m *SyncMember) SetBusy(busy bool) {
 	if m.g == nil || m.busy == busy {
