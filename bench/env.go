@@ -23,7 +23,9 @@ type env struct {
 	log      *slog.Logger
 	prog     *progress
 	opts     []client.Opt
-	nodes    []shardmap.Node // live brokers, by id
+	nodes    []shardmap.Node   // live brokers, by id
+	members  []string          // every broker in the map, sorted: what placement hashes over
+	names    map[string]string // scenario -> the stream createStream made for it
 	clients  map[string]*client.Client
 	streams  []string // created, deleted by close
 	runID    string
@@ -41,6 +43,7 @@ func newEnv(ctx context.Context, cfg settings, log *slog.Logger, prog *progress,
 	e := &env{
 		cfg: cfg, log: log, prog: prog, opts: opts,
 		clients: make(map[string]*client.Client),
+		names:   make(map[string]string),
 		runID:   hex.EncodeToString(id),
 		base:    time.Now(),
 	}
@@ -54,6 +57,7 @@ func newEnv(ctx context.Context, cfg settings, log *slog.Logger, prog *progress,
 		return nil, fmt.Errorf("bench: shard map from %s: %w", seed, err)
 	}
 	for _, n := range m.Nodes {
+		e.members = append(e.members, n.ID)
 		if n.Live {
 			e.nodes = append(e.nodes, n)
 		}
@@ -61,6 +65,7 @@ func newEnv(ctx context.Context, cfg settings, log *slog.Logger, prog *progress,
 			e.clients[n.ID] = c
 		}
 	}
+	slices.Sort(e.members)
 	if len(e.nodes) == 0 {
 		c.Close()
 		return nil, fmt.Errorf("bench: the shard map from %s has no live broker", seed)
@@ -106,6 +111,10 @@ func (e *env) anyClient(ctx context.Context) (*client.Client, error) {
 // every live broker routes by a map that has it; it returns that map.
 func (e *env) createStream(ctx context.Context, scenario string, shards int) (string, *shardmap.Map, error) {
 	name := e.streamName(scenario)
+	if e.cfg.replicas <= 1 {
+		name = balancedName(name, shards, e.members)
+	}
+	e.names[scenario] = name
 	c, err := e.anyClient(ctx)
 	if err != nil {
 		return "", nil, err
@@ -150,7 +159,10 @@ func (e *env) streamName(scenario string) string {
 }
 
 func (e *env) deleteStream(ctx context.Context, scenario string) error {
-	name := e.streamName(scenario)
+	name, ok := e.names[scenario]
+	if !ok {
+		name = e.streamName(scenario)
+	}
 	c, err := e.anyClient(ctx)
 	if err != nil {
 		return err
@@ -159,7 +171,52 @@ func (e *env) deleteStream(ctx context.Context, scenario string) error {
 		return fmt.Errorf("bench: delete stream %s: %w", name, err)
 	}
 	e.streams = slices.DeleteFunc(e.streams, func(s string) bool { return s == name })
+	delete(e.names, scenario)
 	return nil
+}
+
+// balanceTries bounds the names balancedName tries.
+const balanceTries = 256
+
+// balancedName returns base, or base with a numbered suffix, whichever
+// name of the first balanceTries spreads shards most evenly over members
+// by the control plane's placement rule (rendezvous hashing of the name,
+// shard and node id; shardmap.Assign): the first whose per-broker shard
+// counts differ by at most one, else the one with the smallest
+// difference. Placement is a pure function of these, so one name serves
+// both clusters of an A/B run. Why: with hashing alone, 6 shards over 3
+// brokers land 2/2/2 in only 12% of names, and one broker in four gets
+// none, so the throughput row would measure two brokers in one run and
+// three in the next.
+func balancedName(base string, shards int, members []string) string {
+	if shards < 2 || len(members) < 2 {
+		return base
+	}
+	best, bestSpread := base, shards+1
+	for i := range balanceTries {
+		name := base
+		if i > 0 {
+			name = fmt.Sprintf("%s-%d", base, i)
+		}
+		if d := placementSpread(shardmap.Assign(name, shards, members), members); d < bestSpread {
+			best, bestSpread = name, d
+			if d <= 1 {
+				break
+			}
+		}
+	}
+	return best
+}
+
+// placementSpread is the difference between the most and the fewest
+// shards p gives one of members.
+func placementSpread(p shardmap.Placement, members []string) int {
+	most, fewest := 0, p.Len()
+	for _, id := range members {
+		n := len(p.OwnedBy(id))
+		most, fewest = max(most, n), min(fewest, n)
+	}
+	return most - fewest
 }
 
 // owner returns the owner of shard of stream in m, and another live broker

@@ -93,36 +93,37 @@ type Result struct {
 	P50FloorRatio float64 `json:"p50_floor_ratio"` // p50 / (fsync p50 + RTT p50)
 	P99FloorRatio float64 `json:"p99_floor_ratio"` // p99 / (fsync p99 + RTT p99)
 
-	Trials           int         `json:"trials"`
-	TrialP50         []float64   `json:"trial_p50_us"`
-	TrialP99         []float64   `json:"trial_p99_us"`
-	TrialThroughput  []float64   `json:"trial_throughput_msgs_per_s"`
-	P50SpreadPct     float64     `json:"p50_spread_pct"` // (max - min) / median of the trials' p50
-	P99SpreadPct     float64     `json:"p99_spread_pct"`
-	ThroughputSpread float64     `json:"throughput_spread_pct"`
-	RatePerSec       int         `json:"rate_per_s,omitempty"`           // open loop: the intended rate
-	LoadPct          float64     `json:"load_pct,omitempty"`             // load: the rate as a percentage of the throughput row's msg/s
-	GeneratorLagP50  *float64    `json:"generator_lag_p50_us,omitempty"` // open loop: the generator's timer overshoot past the intended send, not charged
-	GeneratorLagP99  *float64    `json:"generator_lag_p99_us,omitempty"` // open loop
-	SendWaitP50      *float64    `json:"send_wait_p50_us,omitempty"`     // open loop: from due to the send (a full window, the burst before it), charged
-	SendWaitP99      *float64    `json:"send_wait_p99_us,omitempty"`     // open loop
-	UncorrectedP50   *float64    `json:"uncorrected_p50_us,omitempty"`   // open loop: from the actual send
-	UncorrectedP99   *float64    `json:"uncorrected_p99_us,omitempty"`   // open loop
-	ToBatchP50       *float64    `json:"to_batch_p50_us,omitempty"`      // open loop, local cluster: from due to the owner's stamp on the record's batch (before its write and fsync)
-	ToBatchP99       *float64    `json:"to_batch_p99_us,omitempty"`      // open loop, local cluster
-	FromBatchP50     *float64    `json:"from_batch_p50_us,omitempty"`    // open loop, local cluster: from that stamp to the ack in the client (write, fsync, the way back)
-	FromBatchP99     *float64    `json:"from_batch_p99_us,omitempty"`    // open loop, local cluster
-	Publishers       int         `json:"publishers,omitempty"`           // throughput, load
-	Window           int         `json:"window,omitempty"`               // throughput: records in flight per publisher
-	Shards           int         `json:"shards,omitempty"`               // throughput, load
-	Replicas         int         `json:"replicas,omitempty"`             // the bench stream's replication factor when not 1
-	Subscribers      int         `json:"subscribers,omitempty"`          // e2e, fanout
-	BrokerCPUPct     *float64    `json:"broker_cpu_pct,omitempty"`       // throughput, load: all brokers, % of one core
-	MachineCPUPct    *float64    `json:"machine_cpu_pct,omitempty"`      // throughput, load: every CPU's busy time, % of one core
-	BrokerRSSMiB     *float64    `json:"broker_rss_mib,omitempty"`       // throughput: largest broker RSS at the end
-	BrokerPeakRSSMiB *float64    `json:"broker_peak_rss_mib,omitempty"`  // throughput: largest broker peak RSS
-	ClientCPUPct     *float64    `json:"client_cpu_pct,omitempty"`       // throughput, load: this process
-	Processes        []ProcUsage `json:"processes,omitempty"`            // throughput, load: last trial, per process and the machine
+	Trials           int            `json:"trials"`
+	TrialP50         []float64      `json:"trial_p50_us"`
+	TrialP99         []float64      `json:"trial_p99_us"`
+	TrialThroughput  []float64      `json:"trial_throughput_msgs_per_s"`
+	P50SpreadPct     float64        `json:"p50_spread_pct"` // (max - min) / median of the trials' p50
+	P99SpreadPct     float64        `json:"p99_spread_pct"`
+	ThroughputSpread float64        `json:"throughput_spread_pct"`
+	RatePerSec       int            `json:"rate_per_s,omitempty"`           // open loop: the intended rate
+	LoadPct          float64        `json:"load_pct,omitempty"`             // load: the rate as a percentage of the throughput row's msg/s
+	GeneratorLagP50  *float64       `json:"generator_lag_p50_us,omitempty"` // open loop: the generator's timer overshoot past the intended send, not charged
+	GeneratorLagP99  *float64       `json:"generator_lag_p99_us,omitempty"` // open loop
+	SendWaitP50      *float64       `json:"send_wait_p50_us,omitempty"`     // open loop: from due to the send (a full window, the burst before it), charged
+	SendWaitP99      *float64       `json:"send_wait_p99_us,omitempty"`     // open loop
+	UncorrectedP50   *float64       `json:"uncorrected_p50_us,omitempty"`   // open loop: from the actual send
+	UncorrectedP99   *float64       `json:"uncorrected_p99_us,omitempty"`   // open loop
+	ToBatchP50       *float64       `json:"to_batch_p50_us,omitempty"`      // open loop, local cluster: from due to the owner's stamp on the record's batch (before its write and fsync)
+	ToBatchP99       *float64       `json:"to_batch_p99_us,omitempty"`      // open loop, local cluster
+	FromBatchP50     *float64       `json:"from_batch_p50_us,omitempty"`    // open loop, local cluster: from that stamp to the ack in the client (write, fsync, the way back)
+	FromBatchP99     *float64       `json:"from_batch_p99_us,omitempty"`    // open loop, local cluster
+	Publishers       int            `json:"publishers,omitempty"`           // throughput, load
+	Window           int            `json:"window,omitempty"`               // throughput: records in flight per publisher
+	Shards           int            `json:"shards,omitempty"`               // throughput, load
+	ShardsPerBroker  map[string]int `json:"shards_per_broker,omitempty"`    // throughput: shards whose owner each broker is (R=1: bench streams are named so that placement spreads them evenly; see balancedName)
+	Replicas         int            `json:"replicas,omitempty"`             // the bench stream's replication factor when not 1
+	Subscribers      int            `json:"subscribers,omitempty"`          // e2e, fanout
+	BrokerCPUPct     *float64       `json:"broker_cpu_pct,omitempty"`       // throughput, load: all brokers, % of one core
+	MachineCPUPct    *float64       `json:"machine_cpu_pct,omitempty"`      // throughput, load: every CPU's busy time, % of one core
+	BrokerRSSMiB     *float64       `json:"broker_rss_mib,omitempty"`       // throughput: largest broker RSS at the end
+	BrokerPeakRSSMiB *float64       `json:"broker_peak_rss_mib,omitempty"`  // throughput: largest broker peak RSS
+	ClientCPUPct     *float64       `json:"client_cpu_pct,omitempty"`       // throughput, load: this process
+	Processes        []ProcUsage    `json:"processes,omitempty"`            // throughput, load: last trial, per process and the machine
 	// WALRecordsPerFsync is records per fsync as the brokers count them
 	// (felix_wal_batch_records over the measured part, all brokers): unlike
 	// RecordsPerFsync it sees a commit shared by several shards, and other

@@ -25,6 +25,10 @@ type pubSet struct {
 	// What creating the stream and opening its shards cost the brokers
 	// (--local only; nil otherwise).
 	idleShardKiB, openShardKiB *float64
+	// owned is how many shards each broker owns by the map the stream
+	// was created in (for replicated shards, is first in the replica
+	// set: the leader the bench waits for).
+	owned map[string]int
 }
 
 // shardOf returns the shard publisher p writes.
@@ -46,7 +50,7 @@ func (e *env) throughputPublishers(ctx context.Context, name string, shards int)
 	if err != nil {
 		return nil, err
 	}
-	ps := &pubSet{stream: stream, shards: shards, value: make([]byte, e.cfg.size)}
+	ps := &pubSet{stream: stream, shards: shards, value: make([]byte, e.cfg.size), owned: map[string]int{}}
 	if e.cfg.replicas > 1 {
 		// Let every shard's leadership settle on its owner first, so
 		// that no hand-over stalls a measured trial.
@@ -60,6 +64,13 @@ func (e *env) throughputPublishers(ctx context.Context, name string, shards int)
 		if ps.idleShardKiB, ps.openShardKiB, err = e.shardMemory(ctx, stream, shards, before); err != nil {
 			return nil, err
 		}
+	}
+	for s := range shards {
+		owner, _, err := e.owner(m, stream, s)
+		if err != nil {
+			return nil, err
+		}
+		ps.owned[owner]++
 	}
 	ps.pubs = make([]*client.Publisher, e.cfg.publishers)
 	for p := range ps.pubs {
@@ -205,6 +216,7 @@ func (e *env) runThroughput(ctx context.Context, ps *pubSet) (*Result, error) {
 func (e *env) throughputResult(ps *pubSet, trials []trial) *Result {
 	res := summarize(Throughput, ModePipelined, trials)
 	res.Publishers, res.Window, res.Shards = len(ps.pubs), e.cfg.window, ps.shards
+	res.ShardsPerBroker = ps.owned
 	res.Path = "publisher -> owner (each publisher on its shard's owner)"
 	var wal stats.Histogram
 	walOK := true
