@@ -103,3 +103,42 @@ func TestShardGauges(t *testing.T) {
 		})
 	}
 }
+
+// TestParkedFsyncsCounted: felix.wal.fsyncs.parked counts the
+// fdatasyncs the broker's logs parked. With Config.ParkedSync every
+// committer's fdatasync parks (a lone record committed inline blocks), so
+// pipelined records make it grow; the counter equals the sync group's.
+func TestParkedFsyncsCounted(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	ip := startInprocWith(t, func(c *Config) {
+		c.MeterProvider, c.ParkedSync = mp, true
+	}, 1, shardmap.StreamConfig{Name: "parked", Shards: 1})
+	b := ip.brokers[0]
+	ws := openStream(t, ip.dial(b))
+	const n = 200
+	for seq := range uint64(n) { // pipelined: the committer takes what queues behind the first
+		ws.send(publish(seq, "parked", "v"))
+	}
+	for seq := range uint64(n) {
+		wantAck(t, ws.recv(), seq)
+	}
+	var parked int64 = -1
+	eachMetric(t, reader, func(m metricdata.Metrics) {
+		if m.Name != "felix.wal.fsyncs.parked" {
+			return
+		}
+		s, ok := m.Data.(metricdata.Sum[int64])
+		if !ok || !s.IsMonotonic || len(s.DataPoints) != 1 {
+			t.Fatalf("felix.wal.fsyncs.parked is %#v, want one monotonic int64 sum", m.Data)
+		}
+		parked = s.DataPoints[0].Value
+	})
+	if parked <= 0 {
+		t.Fatalf("felix.wal.fsyncs.parked = %d after %d pipelined records with ParkedSync, want > 0", parked, n)
+	}
+	if g := b.shards.syncGroup.Parked(); uint64(parked) > g {
+		t.Fatalf("felix.wal.fsyncs.parked = %d, more than the sync group's %d", parked, g)
+	}
+}

@@ -177,6 +177,9 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 	raftSilences, err := m.Int64ObservableCounter("felix.raft.peer.silences", metric.WithUnit("{silence}"),
 		metric.WithDescription("Times a peer sharing raft groups with this broker went unheard for an election timeout; its groups here were woken, to elect where it led."))
 	must(err)
+	parkedSyncs, err := m.Int64ObservableCounter("felix.wal.fsyncs.parked", metric.WithUnit("{fsync}"),
+		metric.WithDescription("Fdatasyncs of shard logs and replicas parked on the kernel (Linux AIO) instead of blocking the broker's thread: those taken while at least four of its logs were busy, or every committer's with --parked-fsync."))
+	must(err)
 	if len(errs) > 0 {
 		return nil, errs[0]
 	}
@@ -211,6 +214,9 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 			}
 		}
 		o.ObserveInt64(shardsOwned, int64(owned))
+		if b.shards != nil {
+			o.ObserveInt64(parkedSyncs, int64(b.shards.syncGroup.Parked()))
+		}
 		for id, n := range b.subs.lag() {
 			o.ObserveInt64(lag, int64(n), metric.WithAttributes(
 				attribute.String("stream", id.Stream), attribute.String("shard", strconv.Itoa(id.Shard))))
@@ -233,7 +239,7 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 			o.ObserveInt64(raftSilences, int64(b.raft.silences.Load()))
 		}
 		return nil
-	}, shardsOwned, epoch, lag, shardBytes, shardNext, shardRecords, shardOmitted, raftGroups, raftSilences)
+	}, shardsOwned, epoch, lag, shardBytes, shardNext, shardRecords, shardOmitted, raftGroups, raftSilences, parkedSyncs)
 	if err != nil {
 		return nil, err
 	}

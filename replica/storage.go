@@ -68,7 +68,6 @@ type storage struct {
 	member   wal.SyncMember
 	appended bool
 	parker   tidseg.Parker
-	parks    atomic.Uint64 // fdatasyncs handed to the parker, for tests
 }
 
 // termRun says entries from index on have term, up to the next run.
@@ -212,7 +211,7 @@ func (s *storage) fdatasync() error {
 	if !s.member.Park() {
 		return tidseg.Fdatasync(s.tail.f)
 	}
-	s.parks.Add(1)
+	s.member.Parking()
 	return s.parker.Fdatasync(s.tail.f)
 }
 

@@ -43,10 +43,7 @@ func TestSyncGroupParksBusyReplicas(t *testing.T) {
 					t.Fatalf("record %d: not committed after 30s", i)
 				}
 			}
-			var parks uint64
-			for _, gr := range c.running() {
-				parks += gr.st.parks.Load()
-			}
+			parks := g.Parked()
 			if tc.parks && parks == 0 {
 				t.Fatalf("%d records pipelined through three replicas sharing a group that parks at 2 busy: no fdatasync parked", n)
 			}

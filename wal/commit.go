@@ -196,6 +196,9 @@ func (l *Log) runCommitter() {
 			if !l.opts.ParkedSync && !member.Park() {
 				sync = nil
 			}
+			if sync != nil {
+				member.Parking()
+			}
 			l.commit(reqs, sync)
 			l.mu.Lock()
 			l.mu.committing = false

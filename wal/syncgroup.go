@@ -24,7 +24,8 @@ import "sync/atomic"
 // The zero value is not usable: make one with NewSyncGroup.
 type SyncGroup struct {
 	parkAt int64
-	busy   atomic.Int64 // logs whose committer has taken records and not yet found none
+	busy   atomic.Int64  // logs whose committer has taken records and not yet found none
+	parked atomic.Uint64 // fdatasyncs the members parked
 }
 
 // NewSyncGroup returns a group whose logs park their fdatasyncs while at
@@ -35,6 +36,15 @@ func NewSyncGroup(parkAt int) *SyncGroup {
 
 // Busy returns how many of the group's logs have records to commit.
 func (g *SyncGroup) Busy() int { return int(g.busy.Load()) }
+
+// Parked returns how many fdatasyncs the group's members have parked (a
+// nil group: none).
+func (g *SyncGroup) Parked() uint64 {
+	if g == nil {
+		return 0
+	}
+	return g.parked.Load()
+}
 
 // Park reports whether a commit should park its fdatasync now: at least
 // the threshold of the group's logs are busy. A nil group never parks.
@@ -55,6 +65,14 @@ type SyncMember struct {
 // Park reports whether the member's commit should park its fdatasync now
 // (its group's Park).
 func (m *SyncMember) Park() bool { return m.g.Park() }
+
+// Parking counts one fdatasync the member is about to park in its
+// group's Parked.
+func (m *SyncMember) Parking() {
+	if m.g != nil {
+		m.g.parked.Add(1)
+	}
+}
 
 // SetBusy marks the member busy or idle.
 func (m *SyncMember) SetBusy(busy bool) {

@@ -92,6 +92,9 @@ func TestSyncGroupParksWhileLogsAreBusy(t *testing.T) {
 	if st := a.Stats(); st.Parked != 0 {
 		t.Fatalf("A's commit, taken while B was idle, parked (%d); want it blocking", st.Parked)
 	}
+	if got, want := g.Parked(), a.Stats().Parked+b.Stats().Parked; got != want {
+		t.Fatalf("the group counts %d parked fdatasyncs, its logs %d", got, want)
+	}
 
 	waitIdle(t, g)
 }

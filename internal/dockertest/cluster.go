@@ -1,6 +1,7 @@
 package dockertest
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -9,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -478,6 +481,55 @@ func (c *Cluster) Logs(n *Node, lines int) string {
 		fmt.Fprintf(&out, "(docker logs: %v)", err)
 	}
 	return out.String()
+}
+
+// Metric returns the value of the Prometheus series name (without
+// labels other than the exporter's scope labels, summed over any it
+// has) that broker n serves on its admin listener, or an error if it
+// serves none.
+func (c *Cluster) Metric(ctx context.Context, n *Node, name string) (float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/metrics", net.JoinHostPort(n.IP, strconv.Itoa(adminPort))), nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("%s's metrics: %w", n.Name, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("%s's metrics: %s", n.Name, resp.Status)
+	}
+	var sum float64
+	found := false
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		fields := strings.Fields(rest[strings.LastIndexByte(rest, '}')+1:])
+		if len(fields) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s's metrics: %q: %w", n.Name, line, err)
+		}
+		sum += v
+		found = true
+	}
+	if err := sc.Err(); err != nil {
+		return 0, fmt.Errorf("%s's metrics: %w", n.Name, err)
+	}
+	if !found {
+		return 0, fmt.Errorf("%s serves no %s", n.Name, name)
+	}
+	return sum, nil
 }
 
 // remove prints the logs if the test failed, then removes the containers

@@ -27,7 +27,9 @@
 // streams (issue 16): TestReplicatedNemesis (publishers and subscribers
 // through every broker while a nemesis kills -9 shard leaders, pauses a
 // broker and cuts one off the network, the history checked with
-// porcupine through internal/history), TestReplicatedDataLoss (a
+// porcupine through internal/history; over 8 shards, so that each broker
+// has enough busy replicas to park fdatasyncs, which it checks through
+// felix_wal_fsyncs_parked_total), TestReplicatedDataLoss (a
 // broker's data directory lost) and TestReplicatedBitFlip (one bit
 // flipped in each of a broker's replicas while it is down):
 //
