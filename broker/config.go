@@ -118,8 +118,15 @@ type Config struct {
 	// segment) again, so set it above the shards in active use.
 	// Default 1024, or a sixth of what the process's file-descriptor
 	// limit (RLIMIT_NOFILE) leaves after 256 for connections, if that is
-	// smaller; never below 16.
+	// smaller; never below 16. LogMemory lowers it further.
 	MaxOpenShards int
+	// LogMemory bounds, in bytes, what the open shard logs and replicas
+	// hold in memory: each holds up to its tail segment (tidwall keeps it
+	// in a byte slice, up to 5/4 of SegmentSize with its growth) and its
+	// tail cache (up to twice TailBytes), so at most LogMemory / that many
+	// are open at once (never fewer than 16), within MaxOpenShards. With
+	// the defaults that is 3.25 MiB a log and 315 logs. Default 1 GiB.
+	LogMemory int64
 	// MaxShards bounds the shards this broker holds: streams are admitted
 	// whole (all the shards of the stream the map assigns here) while the
 	// total stays within it, in the order they appear (streams with data
@@ -189,9 +196,9 @@ type Config struct {
 	// values; a record with more is refused with payload_too_large. It
 	// counts toward MaxPayload as well. Default 16 KiB.
 	MaxHeaderBytes int
-	// TailBytes bounds the recent records each shard log keeps in memory
-	// for live subscribers (wal.Options.TailBytes). Default the wal's
-	// default, 1 MiB.
+	// TailBytes bounds the recent records each shard log, and each
+	// replica of a replicated shard, keeps in memory for live subscribers
+	// (wal.Options.TailBytes, replica.Config.TailBytes). Default 1 MiB.
 	TailBytes int
 	// RetentionCheck is how often retention passes run over the shard
 	// logs of streams with a retention limit: each log's own (package
@@ -349,6 +356,10 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxOpenShards <= 0 {
 		c.MaxOpenShards = defaultMaxOpenShards()
 	}
+	if c.LogMemory <= 0 {
+		c.LogMemory = DefaultLogMemory
+	}
+	c.MaxOpenShards = min(c.MaxOpenShards, openByMemory(c.LogMemory, c.SegmentSize, c.TailBytes))
 	if c.MaxShards <= 0 {
 		c.MaxShards = DefaultMaxShards
 	}

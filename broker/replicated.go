@@ -74,6 +74,7 @@ package broker
 // every hosted group each Config.RetentionCheck (raftNet.runRetention).
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -309,7 +310,9 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 		// per pair of brokers and wakes them (raft.go).
 		Quiesce:     !s.noQuiesce,
 		SegmentSize: s.segmentSize,
-		SyncGroup:   s.syncGroup, // with the shard logs': one disk, one P
+		// As a shard log's, so that LogMemory's estimate covers it.
+		TailBytes: cmp.Or(s.tailBytes, defaultTailBytes),
+		SyncGroup: s.syncGroup, // with the shard logs': one disk, one P
 		// Applied by each replica to its own log, from raftNet's
 		// retention pass.
 		RetentionBytes: st.RetentionBytes,

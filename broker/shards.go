@@ -47,7 +47,8 @@ package broker
 // tail cache and up to a segment of tidwall's in-memory tail. So logs are
 // opened on first use
 // (and, while under the budget, when a map assigns the shard), and at most
-// Config.MaxOpenShards are open at once: opening one more first closes the
+// Config.MaxOpenShards are open at once (lowered so that their memory stays
+// within Config.LogMemory: logMemory): opening one more first closes the
 // least recently used log that nobody is using. Users hold a reference
 // while they use a log (a publish from its lookup until its append is
 // queued; a subscription for its lifetime), and only a log with none is
@@ -545,7 +546,7 @@ func (s *shardSet) makeRoomLocked(pinned bool) (victims []*shardEntry, closing c
 		case closing != nil:
 			return nil, closing, nil
 		default:
-			return nil, nil, fmt.Errorf("%w: %d logs open, all in use (MaxOpenShards %d)", errOpenLimit, len(s.mu.entries), s.maxOpen)
+			return nil, nil, fmt.Errorf("%w: %d logs open, all in use (at most %d: --max-open-shards and --log-memory)", errOpenLimit, len(s.mu.entries), s.maxOpen)
 		}
 	}
 	slices.SortFunc(idle, func(a, b *shardEntry) int { return cmp.Compare(a.used.Load(), b.used.Load()) })

@@ -7,6 +7,41 @@ const DefaultMaxShards = 16384
 // file-descriptor limit does not lower it.
 const DefaultMaxOpenShards = 1024
 
+// DefaultLogMemory is Config.LogMemory's default.
+const DefaultLogMemory = 1 << 30
+
+// Defaults of the shard logs' in-memory sizes when Config leaves them 0:
+// wal's and what replicas are given (replicaConfig).
+const (
+	defaultSegmentSize = 1 << 20
+	defaultTailBytes   = 1 << 20
+)
+
+// logMemory is the most one open shard log (or replica) of segmentSize
+// and tailBytes (0: the defaults) holds in memory: tidwall's copy of its
+// tail segment, a byte slice grown by append up to the segment size
+// (Go grows a large slice by a quarter, so its capacity reaches 5/4 of
+// it), and its tail cache, whose records may keep up to twice tailBytes
+// of batch buffers alive (wal.Options.TailBytes).
+func logMemory(segmentSize, tailBytes int) int64 {
+	if segmentSize <= 0 {
+		segmentSize = defaultSegmentSize
+	}
+	if tailBytes <= 0 {
+		tailBytes = defaultTailBytes
+	}
+	return int64(segmentSize)*5/4 + 2*int64(tailBytes)
+}
+
+// minOpenShards is the fewest open logs any budget allows.
+const minOpenShards = 16
+
+// openByMemory returns how many logs of segmentSize and tailBytes fit
+// in budget bytes, never fewer than minOpenShards.
+func openByMemory(budget int64, segmentSize, tailBytes int) int {
+	return int(max(minOpenShards, min(budget/logMemory(segmentSize, tailBytes), 1<<30)))
+}
+
 // fdsPerShard is what one open shard log holds: tidwall's tail segment,
 // the broker's own handle on it for fdatasync, the high-water-mark file and,
 // once its committer has parked an fdatasync (Config.ParkedSync, or many

@@ -385,7 +385,7 @@ func TestOpenLogBudgetInUse(t *testing.T) {
 	}
 	ws := openStream(t, ip.dial(b))
 	e := wantError(t, publishShard(ws, 1, "s", 6, "x"), transport.ErrUnavailable)
-	if !strings.Contains(e.Message, "s/6") || !strings.Contains(e.Message, "MaxOpenShards") {
+	if !strings.Contains(e.Message, "s/6") || !strings.Contains(e.Message, "--max-open-shards") {
 		t.Fatalf("error %q should name the shard and the limit", e.Message)
 	}
 	// The subscriptions still work: a record published to shard 0 arrives.

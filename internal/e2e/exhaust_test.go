@@ -356,3 +356,112 @@ func exchange(ctx context.Context, conn *quic.Conn, f transport.Frame) error {
 	}
 	return nil
 }
+
+// wideLogMemory is the broker's --log-memory in TestHostileWideStream:
+// 16 open logs (the floor) of 3.25 MiB each at the default segment and
+// tail sizes.
+const wideLogMemory = 32 << 20
+
+// wideRSSBound is the peak RSS TestHostileWideStream allows its broker:
+// its baseline (about 50 MiB), the 52 MiB its 16 open logs may hold, and
+// as much again for the garbage collector's headroom. Without the budget
+// the attack's 128 shards would hold about 300 MiB.
+const wideRSSBound = 192 << 20
+
+// TestHostileWideStream: a principal allowed to publish to a stream of
+// many shards fills every shard's log past a segment (12 records of 100
+// KiB each, pipelined, shard after shard). Each open log holds its tail
+// segment and its tail cache in memory, so what the broker holds is
+// bounded by the logs open at once, which --log-memory caps (here
+// wideLogMemory: 16 logs); the broker closes the least recently used
+// idle log to open another. Its peak RSS must stay under wideRSSBound
+// while a well-behaved client keeps publishing without an error, and
+// every record the attacker had acknowledged must be readable after.
+func TestHostileWideStream(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fills 128 shard logs")
+	}
+	const shards, perShard, size = 128, 12, 100 << 10
+	ctx := testCtx(t)
+	c := clustertest.Start(t, 1, func(o *cluster.Options) {
+		o.BrokerEnv = append(o.BrokerEnv, "FELIX_LOG_MEMORY="+strconv.Itoa(wideLogMemory))
+	})
+	b := c.Brokers()[0]
+	admin := clustertest.Connect(t, c, b.ID)
+	createStream(t, ctx, admin, shardmap.StreamConfig{Name: "good", Shards: 1})
+	createStream(t, ctx, admin, shardmap.StreamConfig{Name: "wide", Shards: shards})
+	mallory := issue(t, c, "mallory")
+	if err := admin.Grant(ctx, auth.Grant{Principal: "mallory", Action: auth.Publish, Pattern: "wide"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the grant reaches the broker
+	evil := clustertest.Connect(t, c, b.ID, client.WithClientCertFile(mallory.cert, mallory.key))
+	good := clustertest.Connect(t, c, b.ID)
+
+	acked := make([]int, shards)
+	r := measure(t, ctx, c, b, good, func(ctx context.Context) string {
+		pub, err := evil.Publisher(ctx, "wide")
+		if err != nil {
+			return "publisher: " + err.Error()
+		}
+		defer pub.Close()
+		value := bytes.Repeat([]byte{'w'}, size)
+		refused := 0
+		for shard := 0; shard < shards && ctx.Err() == nil; shard++ {
+			futs := make([]*client.Future, 0, perShard)
+			for range perShard {
+				f, err := pub.PublishAsync(ctx, nil, value, client.WithShard(shard))
+				if err != nil {
+					break
+				}
+				futs = append(futs, f)
+			}
+			for _, f := range futs {
+				if _, err := f.Wait(ctx); err != nil {
+					refused++
+					continue
+				}
+				acked[shard]++
+			}
+		}
+		total := 0
+		for _, n := range acked {
+			total += n
+		}
+		return fmt.Sprintf("%d records of 100 KiB acked over %d shards, %d refused", total, shards, refused)
+	})
+	t.Logf("%s; peak RSS %d MiB (bound %d MiB), fds %d; good publisher p50 %v, %d publishes",
+		r.outcome, r.rss>>20, wideRSSBound>>20, r.fds, r.p50, r.n)
+	if r.rss > wideRSSBound {
+		t.Errorf("peak RSS %d MiB over the bound of %d MiB", r.rss>>20, wideRSSBound>>20)
+	}
+	filled := 0
+	for shard, n := range acked {
+		if n == perShard {
+			filled++
+		}
+		if n == 0 {
+			continue
+		}
+		sub, err := admin.Subscribe(ctx, "wide", client.Earliest(), client.Shard(shard))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for rec, err := range sub.Records(ctx) {
+			if err != nil {
+				t.Fatalf("wide/%d: %v", shard, err)
+			}
+			if len(rec.Value) != size {
+				t.Fatalf("wide/%d offset %d: %d bytes, want %d", shard, rec.Offset, len(rec.Value), size)
+			}
+			if got++; got == n {
+				break
+			}
+		}
+		sub.Stop()
+	}
+	if filled < shards/2 {
+		t.Errorf("only %d of %d shards filled within %v: the attack did not reach the budget", filled, shards, attackFor)
+	}
+}
