@@ -110,10 +110,9 @@ func (e *env) anyClient(ctx context.Context) (*client.Client, error) {
 // createStream creates a bench stream of shards shards and waits until
 // every live broker routes by a map that has it; it returns that map.
 func (e *env) createStream(ctx context.Context, scenario string, shards int) (string, *shardmap.Map, error) {
-	name := e.streamName(scenario)
-	if e.cfg.replicas <= 1 {
-		name = balancedName(name, shards, e.members)
-	}
+	// Its owners, and for replication factor 3 the leaders the bench
+	// waits for (each shard's first replica), spread evenly.
+	name := balancedName(e.streamName(scenario), shards, e.members)
 	e.names[scenario] = name
 	c, err := e.anyClient(ctx)
 	if err != nil {

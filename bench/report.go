@@ -115,7 +115,7 @@ type Result struct {
 	Publishers       int            `json:"publishers,omitempty"`           // throughput, load
 	Window           int            `json:"window,omitempty"`               // throughput: records in flight per publisher
 	Shards           int            `json:"shards,omitempty"`               // throughput, load
-	ShardsPerBroker  map[string]int `json:"shards_per_broker,omitempty"`    // throughput: shards whose owner each broker is (R=1: bench streams are named so that placement spreads them evenly; see balancedName)
+	ShardsPerBroker  map[string]int `json:"shards_per_broker,omitempty"`    // throughput: shards whose owner (R=3: first replica, the leader the bench waits for) each broker is; bench streams are named so that placement spreads them evenly (balancedName)
 	Replicas         int            `json:"replicas,omitempty"`             // the bench stream's replication factor when not 1
 	Subscribers      int            `json:"subscribers,omitempty"`          // e2e, fanout
 	BrokerCPUPct     *float64       `json:"broker_cpu_pct,omitempty"`       // throughput, load: all brokers, % of one core
