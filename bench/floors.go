@@ -27,6 +27,12 @@ type Floors struct {
 	// Fsync is write+fdatasync of one payload appended to a file on the
 	// brokers' data filesystem.
 	Fsync Percentiles `json:"fsync"`
+	// FsyncPrealloc is write+fdatasync of one payload over zeros written
+	// (and fdatasynced) beforehand, as a shard log writes into its
+	// preallocated tail segment (package wal, prealloc.go): the file's
+	// size does not change, so the fdatasync writes no inode. The
+	// targets use Fsync, the plain append.
+	FsyncPrealloc Percentiles `json:"fsync_prealloc"`
 	// RTT is the echo of one payload-sized frame over QUIC between the
 	// bench and an echo process (two processes, as client and broker are).
 	RTT Percentiles `json:"rtt"`
@@ -59,6 +65,7 @@ type floorMeter struct {
 	dir     string
 	payload []byte
 	file    *os.File
+	pre     *os.File   // the preallocated file of FsyncPrealloc
 	shared  []*os.File // the three files of the shared-disk floor, if measured
 
 	echo    *exec.Cmd
@@ -70,8 +77,8 @@ type floorMeter struct {
 	w       *transport.Writer
 	pubEcho *transport.Publish
 
-	fsync, rtt, rttIdle, fsyncShared *hdrhistogram.Histogram
-	idleGap                          time.Duration // before each sample of rttIdle
+	fsync, fsyncPre, rtt, rttIdle, fsyncShared *hdrhistogram.Histogram
+	idleGap                                    time.Duration // before each sample of rttIdle
 }
 
 // sharedReplicas is the replicas whose fdatasyncs the shared-disk floor
@@ -86,13 +93,17 @@ const (
 // the idle round trips are taken idleGap apart. With shared, it also
 // opens the shared-disk floor's files.
 func startFloors(ctx context.Context, binary, workDir, dataDir string, size int, idleGap time.Duration, shared bool) (_ *floorMeter, err error) {
-	m := &floorMeter{dir: dataDir, payload: make([]byte, size), fsync: newHist(), rtt: newHist(), rttIdle: newHist(), idleGap: idleGap}
+	m := &floorMeter{dir: dataDir, payload: make([]byte, size), fsync: newHist(), fsyncPre: newHist(), rtt: newHist(), rttIdle: newHist(), idleGap: idleGap}
 	defer func() {
 		if err != nil {
 			m.close()
 		}
 	}()
 	m.file, err = os.CreateTemp(dataDir, "felix-bench-fsync-*")
+	if err != nil {
+		return nil, fmt.Errorf("bench: fsync floor: create a file in %s: %w", dataDir, err)
+	}
+	m.pre, err = os.CreateTemp(dataDir, "felix-bench-fsync-prealloc-*")
 	if err != nil {
 		return nil, fmt.Errorf("bench: fsync floor: create a file in %s: %w", dataDir, err)
 	}
@@ -182,18 +193,18 @@ func (m *floorMeter) startEcho(ctx context.Context, binary, certDir string) (str
 // measure takes n samples of each floor after warmup unrecorded ones.
 func (m *floorMeter) measure(warmup, n int, prog *progress) error {
 	prog.phase("floor: write+fdatasync", warmup+n)
-	for i := range warmup + n {
-		t0 := time.Now()
-		if _, err := m.file.Write(m.payload); err != nil {
-			return fmt.Errorf("bench: fsync floor: write %s: %w", m.file.Name(), err)
-		}
-		if err := fdatasync(m.file); err != nil {
-			return fmt.Errorf("bench: fsync floor: fdatasync %s: %w", m.file.Name(), err)
-		}
-		if i >= warmup {
-			record(m.fsync, time.Since(t0))
-		}
-		prog.add(1)
+	if err := m.writeSyncs(m.file, m.fsync, warmup, n, prog, false); err != nil {
+		return err
+	}
+	prog.phase("floor: write+fdatasync over preallocated zeros", warmup+n)
+	if _, err := m.pre.WriteAt(make([]byte, (warmup+n)*len(m.payload)), 0); err != nil {
+		return fmt.Errorf("bench: fsync floor: preallocate %s: %w", m.pre.Name(), err)
+	}
+	if err := fdatasync(m.pre); err != nil {
+		return fmt.Errorf("bench: fsync floor: fdatasync %s: %w", m.pre.Name(), err)
+	}
+	if err := m.writeSyncs(m.pre, m.fsyncPre, warmup, n, prog, true); err != nil {
+		return err
 	}
 	if len(m.shared) > 0 {
 		prog.phase(fmt.Sprintf("floor: %d write+fdatasyncs at once", len(m.shared)), warmup+n)
@@ -220,6 +231,32 @@ func (m *floorMeter) measure(warmup, n int, prog *progress) error {
 		time.Sleep(m.idleGap)
 		if err := m.echo1(m.rttIdle, true); err != nil {
 			return err
+		}
+		prog.add(1)
+	}
+	return nil
+}
+
+// writeSyncs times warmup+n writes of the payload to f, each followed by
+// an fdatasync, into h (all but the warmup): appended, or, with over,
+// written over what f holds at the payload's place.
+func (m *floorMeter) writeSyncs(f *os.File, h *hdrhistogram.Histogram, warmup, n int, prog *progress, over bool) error {
+	for i := range warmup + n {
+		t0 := time.Now()
+		var err error
+		if over {
+			_, err = f.WriteAt(m.payload, int64(i*len(m.payload)))
+		} else {
+			_, err = f.Write(m.payload)
+		}
+		if err != nil {
+			return fmt.Errorf("bench: fsync floor: write %s: %w", f.Name(), err)
+		}
+		if err := fdatasync(f); err != nil {
+			return fmt.Errorf("bench: fsync floor: fdatasync %s: %w", f.Name(), err)
+		}
+		if i >= warmup {
+			record(h, time.Since(t0))
 		}
 		prog.add(1)
 	}
@@ -275,7 +312,7 @@ func (m *floorMeter) echo1(h *hdrhistogram.Histogram, keep bool) error {
 // floors returns what was measured so far.
 func (m *floorMeter) floors() Floors {
 	f := Floors{
-		Fsync: percentilesOf(m.fsync), RTT: percentilesOf(m.rtt),
+		Fsync: percentilesOf(m.fsync), FsyncPrealloc: percentilesOf(m.fsyncPre), RTT: percentilesOf(m.rtt),
 		RTTIdle: percentilesOf(m.rttIdle), IdleGapUS: float64(m.idleGap.Microseconds()),
 		FsyncDir: m.dir, FsyncFS: fsType(m.dir),
 		fsyncHist: m.fsync, rttHist: m.rtt,
@@ -306,7 +343,7 @@ func (m *floorMeter) close() error {
 			<-m.exited
 		}
 	}
-	for _, f := range append([]*os.File{m.file}, m.shared...) {
+	for _, f := range append([]*os.File{m.file, m.pre}, m.shared...) {
 		if f != nil {
 			errs = append(errs, f.Close(), os.Remove(f.Name()))
 		}

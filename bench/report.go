@@ -413,8 +413,11 @@ func (rep *Report) writeTable(w io.Writer) error {
 // writeScenarios writes the floors and one line per scenario.
 func (rep *Report) writeScenarios(w io.Writer) error {
 	f := rep.Floors
-	fmt.Fprintf(w, "floors (same run): write+fdatasync p50 %s p99 %s (%s, %s); QUIC RTT between 2 processes p50 %s p99 %s",
-		fmtUS(f.Fsync.P50), fmtUS(f.Fsync.P99), f.FsyncFS, f.FsyncDir, fmtUS(f.RTT.P50), fmtUS(f.RTT.P99))
+	fmt.Fprintf(w, "floors (same run): write+fdatasync p50 %s p99 %s (%s, %s)", fmtUS(f.Fsync.P50), fmtUS(f.Fsync.P99), f.FsyncFS, f.FsyncDir)
+	if fp := f.FsyncPrealloc; fp.Count > 0 {
+		fmt.Fprintf(w, ", over preallocated zeros p50 %s p99 %s", fmtUS(fp.P50), fmtUS(fp.P99))
+	}
+	fmt.Fprintf(w, "; QUIC RTT between 2 processes p50 %s p99 %s", fmtUS(f.RTT.P50), fmtUS(f.RTT.P99))
 	if f.RTTIdle.Count > 0 {
 		fmt.Fprintf(w, ", after %s idle p50 %s p99 %s", fmtUS(f.IdleGapUS), fmtUS(f.RTTIdle.P50), fmtUS(f.RTTIdle.P99))
 	}

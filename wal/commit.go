@@ -377,6 +377,9 @@ func complete(reqs []*request, base uint64, ts int64, err error) {
 func (l *Log) writeAndSync(first uint64, sizes []int, ps *parkedSync) error {
 	l.tail.Lock()
 	defer l.tail.Unlock()
+	if err := l.preallocate(sizes); err != nil {
+		return err
+	}
 	if err := l.tw.WriteBatch(&l.c.batch); err != nil {
 		return fmt.Errorf("write batch: %w", err)
 	}
@@ -384,6 +387,11 @@ func (l *Log) writeAndSync(first uint64, sizes []int, ps *parkedSync) error {
 	// Follow tidwall's segment roll: only the final tail needs our sync.
 	rolled, size, written := tidseg.FollowRoll(l.tail.size, int64(l.opts.SegmentSize), first, sizes)
 	if rolled != 0 {
+		// The segment tidwall left ends with its last entry, not zeros.
+		oldEnd, _ := tidseg.TailEnd(l.tail.size, int64(l.opts.SegmentSize), sizes)
+		if err := l.unpad(oldEnd); err != nil {
+			return err
+		}
 		if err := l.openTail(rolled); err != nil {
 			return l.syncFallback(err)
 		}
@@ -393,9 +401,9 @@ func (l *Log) writeAndSync(first uint64, sizes []int, ps *parkedSync) error {
 	}
 	l.tail.size = size
 	l.size.Add(written)
-	if got, err := l.tail.f.Size(); err != nil || got != size {
+	if got, err := l.tail.f.Size(); err != nil || got != max(size, l.tail.padEnd) {
 		if err == nil {
-			err = fmt.Errorf("tail segment %s is %d bytes, expected %d", segmentName(l.tail.index), got, size)
+			err = fmt.Errorf("tail segment %s is %d bytes, expected %d", segmentName(l.tail.index), got, max(size, l.tail.padEnd))
 		}
 		return l.syncFallback(err)
 	}
@@ -422,6 +430,9 @@ func (l *Log) syncFallback(cause error) error {
 		return errors.Join(cause, errors.New("no segment files"))
 	}
 	if err := l.openTail(segs[len(segs)-1].Index); err != nil {
+		return err
+	}
+	if err := l.findPadding(); err != nil {
 		return err
 	}
 	return l.syncDir()

@@ -51,6 +51,12 @@
 // microseconds less when nothing else is waiting. Both are the same
 // fdatasync, with the same guarantee and the same failure handling.
 //
+// The tail segment is preallocated: the committer writes zeros ahead of
+// tidwall's writes (prealloc.go), so that a batch overwrites blocks the
+// file already has and its fdatasync writes no inode, about 30% faster on
+// ext4. The zeros are not records; Close, a segment roll and repair on
+// Open cut them.
+//
 // On Open, the last segment is checked record by record and cut at the first
 // record that is incomplete or fails its checksum (a torn write), so a crash
 // never leaves garbage at the end of the log. Records in earlier segments
@@ -60,8 +66,8 @@
 //
 // Options.FS is a testing knob: the filesystem under the file operations
 // this package performs itself (FaultFS fails chosen ones, after pebble's
-// vfs/errorfs). It covers the tail segment's fdatasync and size check after
-// each batch, the directory fsyncs, the high-water-mark file, and the
+// vfs/errorfs). It covers the tail segment's preallocated zeros, its
+// fdatasync and size check after each batch, the directory fsyncs, the high-water-mark file, and the
 // repair's read and cut of the tail segment on Open. It cannot cover what
 // tidwall/wal does with its own files: the writes of batches into segments,
 // segment creation on a roll, reads for Read and retention's truncations.

@@ -12,8 +12,10 @@ import (
 // through Options.FS; the zero value is the real OS.
 //
 // What it covers, exactly:
-//   - the tail segment: opening it to sync it, checking its size after each
-//     batch (Stat) and its fdatasync after each batch (Sync);
+//   - the tail segment: opening it to sync it, writing the zeros that
+//     preallocate it (WriteAt) and cutting them (Truncate), checking its
+//     size after each batch (Stat) and its fdatasync after each batch
+//     (Sync);
 //   - the directory fsync after a segment roll and after Open;
 //   - the high-water-mark file (hwm): opening it, its write after each
 //     commit (WriteAt), its fdatasync on Open and Close;

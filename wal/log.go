@@ -41,9 +41,10 @@ type Log struct {
 	// tidwall then replaces the tail file.
 	tail struct {
 		sync.Mutex
-		f     File
-		index uint64 // tidwall index of the file's first entry
-		size  int64  // bytes tidwall has written to it
+		f      File
+		index  uint64 // tidwall index of the file's first entry
+		size   int64  // bytes tidwall has written to it
+		padEnd int64  // end of the zeros written ahead of them, 0 for none (prealloc.go)
 	}
 
 	ring   ring       // recent committed records
@@ -229,7 +230,7 @@ func (l *Log) load() error {
 // measure sets l.size from the segment files. Callers hold l.tail's lock
 // or own l exclusively.
 func (l *Log) measure() error {
-	segs, _, err := listSegments(l.dir)
+	segs, err := l.dataSegments()
 	if err != nil {
 		return err
 	}
@@ -239,6 +240,20 @@ func (l *Log) measure() error {
 	}
 	l.size.Store(total)
 	return nil
+}
+
+// dataSegments lists the segment files with the size of the data each
+// holds: the tail's without the zeros preallocated after its data
+// (prealloc.go). Callers hold l.tail's lock or own l exclusively.
+func (l *Log) dataSegments() ([]segmentFile, error) {
+	segs, _, err := listSegments(l.dir)
+	if err != nil {
+		return nil, err
+	}
+	if n := len(segs); n > 0 && segs[n-1].Index == l.tail.index && l.tail.padEnd > l.tail.size {
+		segs[n-1].Size -= l.tail.padEnd - l.tail.size
+	}
+	return segs, nil
 }
 
 // syncDir fsyncs the log's directory through l.fs.
@@ -261,7 +276,7 @@ func (l *Log) syncDir() error {
 // syncs. Callers hold l.tail's lock or own l exclusively.
 func (l *Log) openTail(index uint64) error {
 	path := l.dir + string(os.PathSeparator) + segmentName(index)
-	f, err := l.fs.OpenFile(path, os.O_RDONLY, 0)
+	f, err := l.fs.OpenFile(path, os.O_RDWR, 0) // written to only to preallocate it
 	if err != nil {
 		return fmt.Errorf("wal: shard %q: open tail segment %q: %w", l.name, path, err)
 	}
@@ -273,7 +288,7 @@ func (l *Log) openTail(index uint64) error {
 	if l.tail.f != nil {
 		_ = l.tail.f.Close()
 	}
-	l.tail.f, l.tail.index, l.tail.size = f, index, size
+	l.tail.f, l.tail.index, l.tail.size, l.tail.padEnd = f, index, size, 0
 	return nil
 }
 
@@ -360,6 +375,9 @@ func (l *Log) close() error {
 
 	var errs []error
 	l.tail.Lock()
+	if err := l.unpad(l.tail.size); err != nil {
+		errs = append(errs, fmt.Errorf("wal: shard %q: %w", l.name, err))
+	}
 	if err := l.tail.f.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("wal: shard %q: close tail segment: %w", l.name, err))
 	}

@@ -60,6 +60,12 @@ func repairTail(dir string, o *Options, floor uint64) error {
 	if err := tidseg.Cut(f, int64(keep)); err != nil {
 		return fmt.Errorf("wal: shard %q: cut torn tail of segment %q: %w", o.Name, last.Path, err)
 	}
+	if tidseg.ZeroTail(data[keep:]) {
+		// What a crash leaves of the zeros written ahead of the data
+		// (prealloc.go): no record was there.
+		o.Logger.Debug("wal: cut preallocated zeros", "shard", o.Name, "file", last.Path, "bytes_cut", len(data)-keep, "next_offset", end)
+		return nil
+	}
 	o.Logger.Warn("wal: cut torn tail",
 		"shard", o.Name,
 		"file", last.Path,

@@ -48,7 +48,9 @@ func (l *Log) EnforceRetention(now time.Time) (dropped uint64, err error) {
 	if first >= next {
 		return 0, nil
 	}
-	segs, _, err := listSegments(l.dir)
+	l.tail.Lock()
+	segs, err := l.dataSegments()
+	l.tail.Unlock()
 	if err != nil {
 		return 0, err
 	}

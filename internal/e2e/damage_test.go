@@ -13,6 +13,7 @@ import (
 	"github.com/felix-broker/felix/client"
 	"github.com/felix-broker/felix/internal/cluster"
 	"github.com/felix-broker/felix/internal/clustertest"
+	"github.com/felix-broker/felix/internal/tidseg"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -53,6 +54,9 @@ func readSegments(t *testing.T, b *cluster.Broker, stream string) []segment {
 		}
 		s := segment{path: path}
 		for at, i := 0, uint64(0); at < len(raw); i++ {
+			if tidseg.ZeroTail(raw[at:]) {
+				break // zeros preallocated after the data (package wal)
+			}
 			n, w := binary.Uvarint(raw[at:])
 			if w <= 0 {
 				t.Fatalf("%s: bad entry at %d", path, at)

@@ -26,3 +26,32 @@ func FollowRoll(tailSize, segmentSize int64, first uint64, sizes []int) (started
 	}
 	return started, size, written
 }
+
+// TailEnd returns the size the tail segment, of tailSize bytes, has once
+// tidwall has written a batch of entries of sizes onto it, and whether the
+// batch left it for a new segment (by FollowRoll's rule: a tail over
+// segmentSize is left before the batch; one brought to segmentSize by an
+// entry is left after it).
+func TailEnd(tailSize, segmentSize int64, sizes []int) (end int64, left bool) {
+	if tailSize > segmentSize {
+		return tailSize, true
+	}
+	for _, n := range sizes {
+		if tailSize += int64(n); tailSize >= segmentSize {
+			return tailSize, true
+		}
+	}
+	return tailSize, false
+}
+
+// ZeroTail reports whether every byte of b is zero: what is left of a
+// segment after its last entry when its writer preallocated it with zeros
+// (an entry never starts with a zero byte in a Felix log: none is empty).
+func ZeroTail(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
