@@ -108,6 +108,9 @@ func (s *storage) reconcile() error {
 // resetLog replaces the log with an empty one whose first index is
 // index.
 func (s *storage) resetLog(index uint64) error {
+	if err := s.unpad(s.tail.size); err != nil {
+		return err
+	}
 	if err := s.tw.Close(); err != nil {
 		return fmt.Errorf("replica: group %q: close log: %w", s.name, err)
 	}
@@ -141,6 +144,9 @@ func (s *storage) compact(cut, next uint64, conf *pb.ConfState) error {
 	s.p.conf = cloneConf(conf)
 	if err := s.st.write(&s.p, true); err != nil {
 		return fmt.Errorf("replica: group %q: %w", s.name, err)
+	}
+	if err := s.unpad(s.tail.size); err != nil {
+		return err
 	}
 	if err := s.tw.TruncateFront(cut); err != nil {
 		return fmt.Errorf("replica: group %q: drop entries before %d: %w", s.name, cut, err)

@@ -26,8 +26,14 @@
 // wal does, following tidwall's segment roll and fsyncing the directory
 // when a segment starts: internal/tidseg, shared with package wal, knows
 // tidwall's files); a suffix raft replaces is cut with TruncateBack,
-// never a committed one. Open repairs a torn tail of the last segment (an
-// append that was never acknowledged) and refuses a log that ends below the
+// never a committed one. The tail segment is preallocated as a shard
+// log's is (tidseg.Padding: zeros ahead of tidwall's writes, so that an
+// fdatasync writes the data alone, not the inode of a grown file); the
+// zeros are cut before anything that makes tidwall rewrite or reopen the
+// tail (TruncateBack, a compaction, a snapshot install), from the segment
+// a roll leaves, and on close. Open repairs a torn tail of the last
+// segment (an append that was never acknowledged; zeros a crash left
+// are cut without the warning) and refuses a log that ends below the
 // committed index. The raft state lives in a double-buffered, checksummed
 // file (state.go): term and vote changes are fdatasynced before any message
 // that depends on them leaves. Files are opened on the real OS: package

@@ -50,6 +50,12 @@ func repairTail(dir, name string, segSize int, logger *slog.Logger) error {
 	if err := tidseg.Cut(f, int64(keep)); err != nil {
 		return fmt.Errorf("replica: group %q: cut torn tail of segment %q: %w", name, last.Path, err)
 	}
+	if tidseg.ZeroTail(data[keep:]) {
+		// What a crash leaves of the zeros written ahead of the entries
+		// (tidseg.Padding): no entry was there.
+		logger.Debug("replica: cut preallocated zeros", "group", name, "file", filepath.Base(last.Path), "bytes_cut", len(data)-keep)
+		return nil
+	}
 	logger.Warn("replica: cut torn tail",
 		"group", name,
 		"file", filepath.Base(last.Path),

@@ -45,9 +45,10 @@ type storage struct {
 	segSize   int
 	tw        *tidwall.Log
 	tail      struct {
-		f     *os.File // the last segment, opened to fdatasync it
+		f     *os.File // the last segment, opened to fdatasync it (and preallocate it)
 		index uint64   // its first index
 		size  int64
+		pad   tidseg.Padding // zeros written ahead of tidwall's writes
 	}
 	st    *stateFile
 	p     persistent // last state written
@@ -129,14 +130,16 @@ func (s *storage) findTail() error {
 		return fmt.Errorf("replica: group %q: no segment in %q", s.name, s.dir)
 	}
 	last := segs[len(segs)-1]
-	f, err := os.Open(last.Path)
+	f, err := os.OpenFile(last.Path, os.O_RDWR, 0)
 	if err != nil {
 		return fmt.Errorf("replica: group %q: open tail segment: %w", s.name, err)
 	}
 	if s.tail.f != nil {
 		_ = s.tail.f.Close()
 	}
-	s.tail.f, s.tail.index, s.tail.size = f, last.Index, last.Size
+	// Never preallocated yet: the zeros of the tail before were cut
+	// (unpad) before anything that reopens it.
+	s.tail.f, s.tail.index, s.tail.size, s.tail.pad = f, last.Index, last.Size, tidseg.Padding{}
 	s.bytes.Store(tidseg.Total(segs))
 	return nil
 }
@@ -172,6 +175,9 @@ func (s *storage) append(ents []*pb.Entry) error {
 		s.batch.Write(e.GetIndex(), s.buf)
 		sizes = append(sizes, tidseg.EntrySize(len(s.buf)))
 	}
+	if err := s.tail.pad.Extend(s.tail.f, s.tail.size, int64(s.segSize), sizes); err != nil {
+		return fmt.Errorf("replica: group %q: preallocate the tail segment: %w", s.name, err)
+	}
 	if err := s.tw.WriteBatch(&s.batch); err != nil {
 		return fmt.Errorf("replica: group %q: write entries %d-%d: %w", s.name, first, first+uint64(len(ents))-1, err)
 	}
@@ -179,6 +185,11 @@ func (s *storage) append(ents []*pb.Entry) error {
 	rolled, size, written := tidseg.FollowRoll(s.tail.size, int64(s.segSize), first, sizes)
 	s.bytes.Add(written)
 	if rolled != 0 {
+		// The segment tidwall left ends with its last entry, not zeros.
+		oldEnd, _ := tidseg.TailEnd(s.tail.size, int64(s.segSize), sizes)
+		if err := s.unpad(oldEnd); err != nil {
+			return err
+		}
 		if err := s.findTail(); err != nil {
 			return err
 		}
@@ -224,8 +235,24 @@ func (s *storage) settle() {
 	s.appended = false
 }
 
+// unpad cuts the zeros written ahead of the tail's data, whose entries
+// end at size: before tidwall rewrites or reopens the tail, and when it
+// leaves it.
+func (s *storage) unpad(size int64) error {
+	if s.tail.f == nil {
+		return nil
+	}
+	if err := s.tail.pad.Cut(s.tail.f, size); err != nil {
+		return fmt.Errorf("replica: group %q: cut the preallocated zeros of the tail segment: %w", s.name, err)
+	}
+	return nil
+}
+
 // truncate drops the entries after index, which are not committed.
 func (s *storage) truncate(index uint64) error {
+	if err := s.unpad(s.tail.size); err != nil {
+		return err
+	}
 	if err := s.tw.TruncateBack(index); err != nil {
 		return fmt.Errorf("replica: group %q: drop entries after %d: %w", s.name, index, err)
 	}
@@ -342,6 +369,7 @@ func (s *storage) FirstIndex() (uint64, error) { return s.p.snapIndex + 1, nil }
 
 func (s *storage) close() error {
 	var errs []error
+	errs = append(errs, s.unpad(s.tail.size))
 	if s.tw != nil {
 		errs = append(errs, s.tw.Close())
 	}

@@ -401,9 +401,9 @@ func (l *Log) writeAndSync(first uint64, sizes []int, ps *parkedSync) error {
 	}
 	l.tail.size = size
 	l.size.Add(written)
-	if got, err := l.tail.f.Size(); err != nil || got != max(size, l.tail.padEnd) {
+	if got, err := l.tail.f.Size(); err != nil || got != l.tail.pad.Size(size) {
 		if err == nil {
-			err = fmt.Errorf("tail segment %s is %d bytes, expected %d", segmentName(l.tail.index), got, max(size, l.tail.padEnd))
+			err = fmt.Errorf("tail segment %s is %d bytes, expected %d", segmentName(l.tail.index), got, l.tail.pad.Size(size))
 		}
 		return l.syncFallback(err)
 	}

@@ -51,11 +51,11 @@
 // microseconds less when nothing else is waiting. Both are the same
 // fdatasync, with the same guarantee and the same failure handling.
 //
-// The tail segment is preallocated: the committer writes zeros ahead of
-// tidwall's writes (prealloc.go), so that a batch overwrites blocks the
-// file already has and its fdatasync writes no inode, about 30% faster on
-// ext4. The zeros are not records; Close, a segment roll and repair on
-// Open cut them.
+// The tail segment is preallocated (tidseg.Padding, prealloc.go): the
+// committer writes zeros ahead of tidwall's writes, so that a batch
+// overwrites blocks the file already has and its fdatasync writes no
+// inode, about 30% faster on ext4. The zeros are not records; Close, a
+// segment roll and repair on Open cut them.
 //
 // On Open, the last segment is checked record by record and cut at the first
 // record that is incomplete or fails its checksum (a torn write), so a crash

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 
 	tidwall "github.com/tidwall/wal"
+
+	"github.com/felix-broker/felix/internal/tidseg"
 )
 
 // Log is one shard's durable log. All methods are safe for concurrent use.
@@ -41,10 +43,10 @@ type Log struct {
 	// tidwall then replaces the tail file.
 	tail struct {
 		sync.Mutex
-		f      File
-		index  uint64 // tidwall index of the file's first entry
-		size   int64  // bytes tidwall has written to it
-		padEnd int64  // end of the zeros written ahead of them, 0 for none (prealloc.go)
+		f     File
+		index uint64         // tidwall index of the file's first entry
+		size  int64          // bytes tidwall has written to it
+		pad   tidseg.Padding // zeros written ahead of them (prealloc.go)
 	}
 
 	ring   ring       // recent committed records
@@ -250,8 +252,8 @@ func (l *Log) dataSegments() ([]segmentFile, error) {
 	if err != nil {
 		return nil, err
 	}
-	if n := len(segs); n > 0 && segs[n-1].Index == l.tail.index && l.tail.padEnd > l.tail.size {
-		segs[n-1].Size -= l.tail.padEnd - l.tail.size
+	if n := len(segs); n > 0 && segs[n-1].Index == l.tail.index {
+		segs[n-1].Size -= l.tail.pad.Extra(l.tail.size)
 	}
 	return segs, nil
 }
@@ -288,7 +290,7 @@ func (l *Log) openTail(index uint64) error {
 	if l.tail.f != nil {
 		_ = l.tail.f.Close()
 	}
-	l.tail.f, l.tail.index, l.tail.size, l.tail.padEnd = f, index, size, 0
+	l.tail.f, l.tail.index, l.tail.size, l.tail.pad = f, index, size, tidseg.Padding{}
 	return nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	hist "github.com/felix-broker/felix/internal/history"
+	"github.com/felix-broker/felix/internal/tidseg"
 	"github.com/felix-broker/felix/internal/workload"
 )
 
@@ -219,7 +220,8 @@ func (c *Cluster) flipSegmentBit(ctx context.Context, t *testing.T, n *Node, dir
 	if seg == "" {
 		return "", 0, fmt.Errorf("%w: in %s of %s", errNothingToFlip, dir, n.Name)
 	}
-	at := len(b) / 2
+	end, _ := tidseg.EntriesEnd(b)
+	at := end / 2 // in an entry, not in the zeros preallocated after them
 	b[at] ^= 0x04
 	if err := os.WriteFile(path, b, 0o640); err != nil {
 		return "", 0, err

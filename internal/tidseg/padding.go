@@ -1,0 +1,101 @@
+package tidseg
+
+import "io"
+
+// Padding is the zeros a log's owner writes ahead of tidwall's writes in
+// the tail segment, so that tidwall's entries overwrite blocks the file
+// already has: an fdatasync after an append must also write the inode of
+// the grown file (one more synchronous write on ext4), after an overwrite
+// it writes the data alone. Measured on a 2-vCPU VM with ext4 (no
+// journal), 100-byte records each followed by its fdatasync: p50 225–282
+// µs appended, 155–190 µs over zeros.
+//
+// The zeros are written into the page cache just before a batch that
+// would come within PadLow of their end (PadChunk at a time, never past
+// the segment size), and that batch's fdatasync makes them durable with
+// it: one fdatasync in PadChunk bytes still grows the file, none is added.
+//
+// They are never entries (no Felix entry is empty; an empty tidwall entry
+// is one zero byte), and tidwall must never see them where it reads a
+// segment to find its end, its last one: the owner cuts them (Cut) from
+// the tail it leaves on a roll, before it closes the log, and before any
+// tidwall call that may rewrite or reopen the tail (a truncation), and a
+// crash leaves them for the repair on open to cut (ZeroTail tells them
+// from a torn tail). An older segment that kept its zeros (a crash
+// between a roll and its cut reaching the disk) is harmless: tidwall
+// finds an older segment's entries by index, counted from its name, and
+// never asks it for one past its data.
+//
+// The zero value has no zeros written. It belongs to the goroutine that
+// writes the log.
+type Padding struct {
+	end int64 // where the zeros end; 0 for none
+}
+
+// PadChunk is how many zeros Padding writes at a time, PadLow how close to
+// their end a batch may come before it writes more.
+const (
+	PadChunk = 256 << 10
+	PadLow   = 64 << 10
+)
+
+// zeros is PadChunk zero bytes, never written to.
+var zeros = make([]byte, PadChunk)
+
+// Extend writes zeros to f, the tail segment, which holds size bytes of
+// entries, before a batch of entries of sizes is written to it, if the
+// batch stays in the segment (by TailEnd) and would come within PadLow of
+// the zeros' end.
+func (p *Padding) Extend(f io.WriterAt, size, segmentSize int64, sizes []int) error {
+	end, left := TailEnd(size, segmentSize, sizes)
+	have := max(p.end, size)
+	if left || end+PadLow <= have || have >= segmentSize {
+		return nil
+	}
+	to := min(max(end+PadLow, size+PadChunk), segmentSize)
+	for at := have; at < to; {
+		n, err := f.WriteAt(zeros[:min(to-at, PadChunk)], at)
+		if err != nil {
+			return err
+		}
+		at += int64(n)
+	}
+	p.end = to
+	return nil
+}
+
+// Found records zeros that a file opened without knowing of them holds
+// up to end (after its entries).
+func (p *Padding) Found(end int64) { p.end = end }
+
+// Size returns the size f has with size bytes of entries: the zeros' end
+// if it is past them.
+func (p *Padding) Size(size int64) int64 { return max(size, p.end) }
+
+// Extra returns how many zeros follow size bytes of entries.
+func (p *Padding) Extra(size int64) int64 { return max(0, p.end-size) }
+
+// Cut truncates f to size, the end of its entries, if zeros follow them,
+// and forgets them either way (the next tail starts with none).
+func (p *Padding) Cut(f interface{ Truncate(int64) error }, size int64) error {
+	pad := p.end > size
+	p.end = 0
+	if pad {
+		return f.Truncate(size)
+	}
+	return nil
+}
+
+// EntriesEnd returns where the whole entries at the start of a segment's
+// data end, and whether nothing but zeros (or nothing) follows them: a
+// preallocated tail's zeros, not a torn entry.
+func EntriesEnd(data []byte) (end int, zeros bool) {
+	for end < len(data) && !ZeroTail(data[end:]) {
+		_, n, ok := NextEntry(data[end:])
+		if !ok {
+			return end, false
+		}
+		end += n
+	}
+	return end, true
+}
