@@ -242,7 +242,14 @@ func (s *storage) unpad(size int64) error {
 	if s.tail.f == nil {
 		return nil
 	}
-	if err := s.tail.pad.Cut(s.tail.f, size); err != nil {
+	err := s.tail.pad.Cut(s.tail.f, size)
+	if errors.Is(err, tidseg.ErrNotZeros) {
+		// The count of the tail's bytes is wrong: cutting nothing is
+		// safe (zeros after an older segment's entries are harmless).
+		s.logger.Error("replica: lost track of the tail segment's end; its preallocated zeros are left", "group", s.name, "err", err)
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("replica: group %q: cut the preallocated zeros of the tail segment: %w", s.name, err)
 	}
 	return nil

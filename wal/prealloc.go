@@ -1,6 +1,7 @@
 package wal
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
@@ -27,8 +28,17 @@ func (l *Log) preallocate(sizes []int) error {
 
 // unpad cuts the zeros after the tail's data (tidwall has written size
 // bytes of it), if there are any. Callers hold l.tail's lock.
+// Bytes other than zeros where they should be mean that the count of
+// the tail's bytes is wrong: nothing is cut, which is safe (zeros left
+// after the data of a segment tidwall left are harmless), and it is
+// logged.
 func (l *Log) unpad(size int64) error {
-	if err := l.tail.pad.Cut(l.tail.f, size); err != nil {
+	err := l.tail.pad.Cut(l.tail.f, size)
+	if errors.Is(err, tidseg.ErrNotZeros) {
+		l.logger.Error("wal: lost track of the tail segment's end; its preallocated zeros are left", "shard", l.name, "file", segmentName(l.tail.index), "err", err)
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("cut preallocated zeros of %s: %w", segmentName(l.tail.index), err)
 	}
 	return nil

@@ -1,6 +1,10 @@
 package tidseg
 
-import "io"
+import (
+	"errors"
+	"fmt"
+	"io"
+)
 
 // Padding is the zeros a log's owner writes ahead of tidwall's writes in
 // the tail segment, so that tidwall's entries overwrite blocks the file
@@ -75,15 +79,39 @@ func (p *Padding) Size(size int64) int64 { return max(size, p.end) }
 // Extra returns how many zeros follow size bytes of entries.
 func (p *Padding) Extra(size int64) int64 { return max(0, p.end-size) }
 
+// ErrNotZeros: Cut found bytes other than zeros where the zeros should be
+// (the owner's count of its entries' bytes is wrong), and cut nothing.
+var ErrNotZeros = errors.New("tidseg: not zeros after the entries")
+
+// PadFile is a tail segment as Cut needs it.
+type PadFile interface {
+	io.ReaderAt
+	Truncate(size int64) error
+}
+
 // Cut truncates f to size, the end of its entries, if zeros follow them,
-// and forgets them either way (the next tail starts with none).
-func (p *Padding) Cut(f interface{ Truncate(int64) error }, size int64) error {
-	pad := p.end > size
+// and forgets them either way (the next tail starts with none). It first
+// reads what it would cut, and cuts nothing, returning ErrNotZeros, if
+// that is not all zeros: an entry never is (its length comes first, and
+// no entry is empty), so a wrong size can never cut one.
+func (p *Padding) Cut(f PadFile, size int64) error {
+	end := p.end
 	p.end = 0
-	if pad {
-		return f.Truncate(size)
+	if end <= size {
+		return nil
 	}
-	return nil
+	b := make([]byte, end-size)
+	n, err := f.ReadAt(b, size)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	if !ZeroTail(b[:n]) {
+		return fmt.Errorf("%w: at bytes %d-%d", ErrNotZeros, size, size+int64(n))
+	}
+	if n == 0 {
+		return nil // the file ends at size
+	}
+	return f.Truncate(size)
 }
 
 // EntriesEnd returns where the whole entries at the start of a segment's

@@ -3,6 +3,7 @@ package tidseg
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -48,6 +49,14 @@ func TestPadding(t *testing.T) {
 	}
 	if err := p.Cut(f, 10); err != nil || size() != 1234 {
 		t.Fatalf("Cut with no zeros left changed the file: %d, %v", size(), err)
+	}
+	// A wrong count of the entries' bytes never cuts one.
+	if _, err := f.WriteAt([]byte{7}, 2000); err != nil {
+		t.Fatal(err)
+	}
+	p.Found(PadChunk)
+	if err := p.Cut(f, 1000); !errors.Is(err, ErrNotZeros) || size() != 2001 {
+		t.Fatalf("Cut over a non-zero byte = %v, file %d; want ErrNotZeros and the file untouched (2001 bytes)", err, size())
 	}
 
 	entry := func(s string) []byte { return append(binary.AppendUvarint(nil, uint64(len(s))), s...) }
