@@ -7,6 +7,8 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+
+	"github.com/felix-broker/felix/internal/tidseg"
 )
 
 // This file reads a segment that tidwall cannot parse, or whose entries do
@@ -74,7 +76,9 @@ func scanSegment(name string, data []byte, base, end uint64) *scannedSegment {
 	if expect < end {
 		s.damaged = append(s.damaged, damage{expect, end - 1, "the segment ends before its last record"})
 	}
-	s.garbage += len(data) - pos
+	if !tidseg.ZeroTail(data[pos:]) { // zeros after the last record were preallocated (prealloc.go)
+		s.garbage += len(data) - pos
+	}
 	return s
 }
 

@@ -77,3 +77,22 @@ func TestPreallocatedTail(t *testing.T) {
 		}
 	}
 }
+
+// TestScanIgnoresPreallocatedZeros: a segment parsed by the damage reader
+// whose last record is followed by preallocated zeros has no damage and
+// no garbage (a crash can leave them on a segment tidwall left).
+func TestScanIgnoresPreallocatedZeros(t *testing.T) {
+	var recs []*Record
+	for i := range 5 {
+		recs = append(recs, rec(i))
+	}
+	data, _ := rawEntries(recs, 0)
+	s := scanSegment("seg", append(data, make([]byte, 4096)...), 0, 5)
+	if len(s.damaged) != 0 || s.garbage != 0 {
+		t.Fatalf("records then zeros: damaged %v, garbage %d; want none", s.damaged, s.garbage)
+	}
+	s = scanSegment("seg", append(data, 1, 2, 3), 0, 5)
+	if s.garbage != 3 {
+		t.Fatalf("records then 3 stray bytes: garbage %d, want 3", s.garbage)
+	}
+}
