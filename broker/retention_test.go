@@ -63,7 +63,9 @@ func TestReplicatedRetention(t *testing.T) {
 			if segs, pending, err = tidseg.List(dir); err != nil {
 				t.Fatal(err)
 			}
-			size = tidseg.Total(segs)
+			if size, err = tidseg.DataSize(segs); err != nil {
+				t.Fatal(err)
+			}
 			if !pending && e.sl.NextOffset() == n && size-segs[0].Size < limit && e.group.Size() == size || time.Now().After(deadline) {
 				break
 			}

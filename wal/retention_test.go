@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/felix-broker/felix/internal/tidseg"
 )
 
 func filesSize(t *testing.T, dir string) int64 {
@@ -13,9 +15,9 @@ func filesSize(t *testing.T, dir string) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var n int64
-	for _, s := range segs {
-		n += s.Size
+	n, err := tidseg.DataSize(segs) // not the zeros preallocated after the tail's records
+	if err != nil {
+		t.Fatal(err)
 	}
 	return n
 }

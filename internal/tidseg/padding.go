@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 )
 
 // Padding is the zeros a log's owner writes ahead of tidwall's writes in
@@ -126,4 +127,22 @@ func EntriesEnd(data []byte) (end int, zeros bool) {
 		end += n
 	}
 	return end, true
+}
+
+// DataSize returns the bytes of entries segs hold: the files' total less
+// the zeros preallocated after the last one's entries, found by reading
+// the last one whole.
+func DataSize(segs []Segment) (int64, error) {
+	n := Total(segs)
+	if len(segs) == 0 {
+		return n, nil
+	}
+	data, err := os.ReadFile(segs[len(segs)-1].Path)
+	if err != nil {
+		return 0, err
+	}
+	if end, zeros := EntriesEnd(data); zeros {
+		n -= int64(len(data) - end)
+	}
+	return n, nil
 }
