@@ -61,6 +61,12 @@ type ABResult struct {
 	RatioThroughput          float64   `json:"ratio_throughput,omitempty"` // ThroughputB / ThroughputA
 	TrialRatiosThroughput    []float64 `json:"trial_ratios_throughput,omitempty"`
 	RatioThroughputSpreadPct float64   `json:"ratio_throughput_spread_pct,omitempty"`
+
+	// Throughput only: the brokers' CPU µs per acked record (median over
+	// the trials; see Result.BrokerCPUPerRecord) and its ratio.
+	CPUPerRecordA     *float64 `json:"broker_cpu_us_per_record_a,omitempty"`
+	CPUPerRecordB     *float64 `json:"broker_cpu_us_per_record_b,omitempty"`
+	RatioCPUPerRecord float64  `json:"ratio_broker_cpu_per_record,omitempty"` // B / A
 }
 
 // abScenarios returns the scenarios --ab compares: those of direct,
@@ -352,6 +358,10 @@ func (c *Command) abThroughput(ctx context.Context, envs [2]*env) (*ABResult, er
 	r.ThroughputA, r.ThroughputB = ra.ThroughputMsgsPerS, rb.ThroughputMsgsPerS
 	r.RatioThroughput = ratio3(r.ThroughputB, r.ThroughputA)
 	r.RatioThroughputSpreadPct = spreadPct(r.TrialRatiosThroughput)
+	r.CPUPerRecordA, r.CPUPerRecordB = ra.BrokerCPUPerRecord, rb.BrokerCPUPerRecord
+	if ra.BrokerCPUPerRecord != nil && rb.BrokerCPUPerRecord != nil {
+		r.RatioCPUPerRecord = ratio3(*rb.BrokerCPUPerRecord, *ra.BrokerCPUPerRecord)
+	}
 	return r, nil
 }
 
@@ -380,6 +390,11 @@ func (ab *ABComparison) writeTable(w io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(w, "TRIAL B/A and SPREAD: of the p50 for latency rows, of msg/s for throughput")
+	for _, r := range ab.Scenarios {
+		if r.CPUPerRecordA != nil && r.CPUPerRecordB != nil {
+			fmt.Fprintf(w, "%s: brokers' CPU per acked record A %.2f µs, B %.2f µs, B/A %.3f\n", r.Scenario, *r.CPUPerRecordA, *r.CPUPerRecordB, r.RatioCPUPerRecord)
+		}
+	}
 	fmt.Fprintf(w, "A: %s\nB: %s\n", ab.A, ab.B)
 	return nil
 }

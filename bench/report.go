@@ -123,7 +123,14 @@ type Result struct {
 	BrokerRSSMiB     *float64       `json:"broker_rss_mib,omitempty"`       // throughput: largest broker RSS at the end
 	BrokerPeakRSSMiB *float64       `json:"broker_peak_rss_mib,omitempty"`  // throughput: largest broker peak RSS
 	ClientCPUPct     *float64       `json:"client_cpu_pct,omitempty"`       // throughput, load: this process
-	Processes        []ProcUsage    `json:"processes,omitempty"`            // throughput, load: last trial, per process and the machine
+	// BrokerCPUPerRecord is the brokers' CPU time (user and system, all
+	// of them) per acked record, in µs: what a record costs the brokers
+	// when the CPUs are what bounds throughput. MachineCPUPerRecord is
+	// every CPU's busy time per acked record (the bench's publishers
+	// too). Throughput only; medians over the trials.
+	BrokerCPUPerRecord  *float64    `json:"broker_cpu_us_per_record,omitempty"`
+	MachineCPUPerRecord *float64    `json:"machine_cpu_us_per_record,omitempty"`
+	Processes           []ProcUsage `json:"processes,omitempty"` // throughput, load: last trial, per process and the machine
 	// WALRecordsPerFsync is records per fsync as the brokers count them
 	// (felix_wal_batch_records over the measured part, all brokers): unlike
 	// RecordsPerFsync it sees a commit shared by several shards, and other
@@ -171,7 +178,7 @@ func summarize(scenario, mode string, trials []trial) *Result {
 	var pcts []Percentiles
 	var hists, lags, raws, waits, tos, froms []*hdrhistogram.Histogram
 	acks := newAckGroups()
-	var cpu, clientCPU, machineCPU []float64
+	var cpu, clientCPU, machineCPU, cpuPerRec, machinePerRec []float64
 	for _, t := range trials {
 		p := percentilesOf(t.hist)
 		pcts = append(pcts, p)
@@ -205,6 +212,12 @@ func summarize(scenario, mode string, trials []trial) *Result {
 				rss, peak = max(rss, u.RSSMiB), max(peak, u.PeakRSSMiB)
 			}
 			cpu = append(cpu, sum)
+			if tp > 0 {
+				cpuPerRec = append(cpuPerRec, perRecord(sum, tp))
+				if n := len(machineCPU); n > 0 {
+					machinePerRec = append(machinePerRec, perRecord(machineCPU[n-1], tp))
+				}
+			}
 			r.BrokerRSSMiB, r.BrokerPeakRSSMiB = ptr(rss), ptr(peak)
 			r.Processes = t.usage
 		}
@@ -237,6 +250,12 @@ func summarize(scenario, mode string, trials []trial) *Result {
 	if len(clientCPU) > 0 {
 		r.ClientCPUPct = ptr(round1(median(clientCPU)))
 	}
+	if scenario == Throughput && r.BrokerCPUPct != nil && len(cpuPerRec) > 0 {
+		r.BrokerCPUPerRecord = ptr(median(cpuPerRec))
+		if len(machinePerRec) > 0 {
+			r.MachineCPUPerRecord = ptr(median(machinePerRec))
+		}
+	}
 	if len(machineCPU) > 0 {
 		r.MachineCPUPct = ptr(round1(median(machineCPU)))
 	}
@@ -244,6 +263,12 @@ func summarize(scenario, mode string, trials []trial) *Result {
 }
 
 func ptr(f float64) *float64 { return &f }
+
+// perRecord converts a CPU percentage (of one core) at tp records/s into
+// µs of CPU per record, to two decimals.
+func perRecord(cpuPct, tp float64) float64 {
+	return float64(int64(cpuPct/100*1e6/tp*100+0.5)) / 100
+}
 
 // setFloors fills the floor fields of every result.
 func (rep *Report) setFloors(f Floors) {
@@ -454,6 +479,9 @@ func (rep *Report) writeScenarios(w io.Writer) error {
 			fmt.Fprintf(w, "%s: brokers used %.0f%% CPU (of one core), largest broker RSS %.1f MiB (peak %.1f MiB); the bench itself %.0f%% CPU%s\n",
 				r.Label(), *r.BrokerCPUPct, *r.BrokerRSSMiB, *r.BrokerPeakRSSMiB, deref(r.ClientCPUPct), machineBusy(r.MachineCPUPct))
 		}
+		if r.BrokerCPUPerRecord != nil {
+			fmt.Fprintf(w, "%s: CPU per acked record: brokers %.2f µs, whole machine %s µs\n", r.Label(), *r.BrokerCPUPerRecord, fmtOpt2(r.MachineCPUPerRecord))
+		}
 		if r.WALRecordsPerFsync != nil {
 			fmt.Fprintf(w, "%s: %.2f records per fsync as the brokers' WALs count them (felix_wal_batch_records)\n", r.Label(), *r.WALRecordsPerFsync)
 		}
@@ -495,6 +523,13 @@ func fmtOpt(f *float64) string {
 		return "n/a"
 	}
 	return fmt.Sprintf("%.1f", *f)
+}
+
+func fmtOpt2(f *float64) string {
+	if f == nil {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f", *f)
 }
 
 func deref(f *float64) float64 {

@@ -206,3 +206,30 @@ func TestSharedFsyncFloor(t *testing.T) {
 		t.Error("a closed file's write went unreported")
 	}
 }
+
+// TestCPUPerRecord: the brokers' CPU (every broker's, not the bench's)
+// and the machine's per acked record, the median over the trials.
+func TestCPUPerRecord(t *testing.T) {
+	trialAt := func(count int64, brokers, machine float64) trial {
+		return trial{hist: newHist(), acks: newAckGroups(), count: count, elapsed: time.Second, usage: []ProcUsage{
+			{Name: machineName, CPUPct: machine},
+			{Name: selfName, CPUPct: 70},
+			{Name: "broker-0", CPUPct: brokers / 2},
+			{Name: "broker-1", CPUPct: brokers / 2},
+		}}
+	}
+	r := summarize(Throughput, ModePipelined, []trial{
+		trialAt(100_000, 100, 180), // 10 µs, 18 µs
+		trialAt(125_000, 100, 190), // 8 µs, 15.2 µs
+		trialAt(80_000, 120, 200),  // 15 µs, 25 µs
+	})
+	if r.BrokerCPUPerRecord == nil || *r.BrokerCPUPerRecord != 10 {
+		t.Errorf("brokers' CPU per record %v, want 10 µs", fmtOpt2(r.BrokerCPUPerRecord))
+	}
+	if r.MachineCPUPerRecord == nil || *r.MachineCPUPerRecord != 18 {
+		t.Errorf("machine's CPU per record %v, want 18 µs", fmtOpt2(r.MachineCPUPerRecord))
+	}
+	if r := summarize(Direct, ModeClosed, []trial{trialAt(1000, 50, 60)}); r.BrokerCPUPerRecord != nil {
+		t.Errorf("a latency scenario reported CPU per record %v", *r.BrokerCPUPerRecord)
+	}
+}

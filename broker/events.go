@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -207,14 +208,13 @@ func (t *telemetry) rerouted(ev *pubEvents, refusal *transport.Error) {
 
 // count records a record's counters at its answer.
 func (t *telemetry) count(ev *pubEvents) {
-	ctx := context.Background()
 	if ev.taken {
-		src := t.fromClient
+		src := 0
 		if ev.peer != "" {
-			src = t.fromPeer
+			src = 1
 		}
-		t.recordsIn.Add(ctx, 1, src...)
-		t.bytesIn.Add(ctx, int64(len(ev.pub.Key)+len(ev.pub.Value)), src...)
+		t.in.records[src].Add(1)
+		t.in.bytes[src].Add(int64(len(ev.pub.Key) + len(ev.pub.Value)))
 	}
 	if ev.err != nil {
 		t.countError(ev.err.Code)
@@ -250,21 +250,22 @@ func (t *telemetry) buildHop(ev *pubEvents) {
 	if ev.hop.forwarded.IsZero() {
 		return
 	}
-	ctx := context.Background()
 	po := t.peerOpts(ev.hop.peer)
-	t.forwards.Add(ctx, 1, po.add...)
+	po.forwards.Add(1)
 	if ev.err == nil {
-		t.forwardDur.Record(ctx, ev.answered.Sub(ev.hop.forwarded).Seconds(), po.rec...)
+		t.forwardDur.Record(context.Background(), ev.answered.Sub(ev.hop.forwarded).Seconds(), po.rec...)
 	}
 	if ev.trace.on {
 		t.endClient(ev)
 	}
 }
 
-// peerMetricOpts are the metric options of a peer (peer=id).
+// peerMetricOpts are the metric options of a peer (peer=id), and the
+// count of records forwarded to it (reported by the callback).
 type peerMetricOpts struct {
-	rec []metric.RecordOption
-	add []metric.AddOption
+	rec      []metric.RecordOption
+	at       metric.MeasurementOption
+	forwards atomic.Int64
 }
 
 // peerOpts returns the metric options of peer id, made once per peer.
@@ -273,7 +274,7 @@ func (t *telemetry) peerOpts(id string) *peerMetricOpts {
 		return o.(*peerMetricOpts)
 	}
 	kv := attribute.String("peer", id)
-	o, _ := t.peers.LoadOrStore(id, &peerMetricOpts{rec: recordOpt(kv), add: addOpt(kv)})
+	o, _ := t.peers.LoadOrStore(id, &peerMetricOpts{rec: recordOpt(kv), at: metric.WithAttributeSet(attribute.NewSet(kv))})
 	return o.(*peerMetricOpts)
 }
 
