@@ -53,6 +53,11 @@ type frameWriter struct {
 		held     held         // what the answers in backlog hold
 		flushing bool         // a flusher (or a connector) owns the stream's write side
 		err      error        // first write error; later frames are dropped
+
+		corks      int        // corks held (see cork)
+		corked     []byte     // frames written while corked
+		corkedHeld held       // what the answers in corked hold
+		uncorked   *sync.Cond // signalled when corks drops to 0
 	}
 }
 
@@ -66,6 +71,7 @@ type held struct{ records, bytes int64 }
 func newAckWriter(s *quic.Stream, wg *sync.WaitGroup, release func(records, bytes int64)) *ackWriter {
 	a := &frameWriter{wg: wg, release: release}
 	a.mu.s = s
+	a.mu.uncorked = sync.NewCond(&a.mu)
 	return a
 }
 
@@ -74,6 +80,7 @@ func newAckWriter(s *quic.Stream, wg *sync.WaitGroup, release func(records, byte
 func newDetachedWriter(wg *sync.WaitGroup, failed func(error)) *frameWriter {
 	a := &frameWriter{wg: wg, failed: failed}
 	a.mu.flushing = true
+	a.mu.uncorked = sync.NewCond(&a.mu)
 	return a
 }
 
@@ -94,6 +101,19 @@ func (a *frameWriter) write(f transport.Frame, h held) error {
 		a.free(h)
 		return nil
 	}
+	if a.mu.corks > 0 && !a.mu.flushing {
+		mark := len(a.mu.corked)
+		var err error
+		if a.mu.corked, err = transport.AppendFrame(a.mu.corked, f); err != nil {
+			a.mu.corked = a.mu.corked[:mark]
+			a.mu.Unlock()
+			a.free(h)
+			return err
+		}
+		a.mu.corkedHeld.add(h)
+		a.mu.Unlock()
+		return nil
+	}
 	if !a.mu.flushing {
 		var err error
 		if a.mu.scratch, err = transport.AppendFrame(a.mu.scratch[:0], f); err != nil {
@@ -101,28 +121,7 @@ func (a *frameWriter) write(f transport.Frame, h held) error {
 			a.free(h)
 			return err
 		}
-		err = a.mu.s.TryWriteAll(a.mu.scratch)
-		if err == nil || !errors.Is(err, quic.ErrWouldBlock) {
-			first := err != nil
-			if first {
-				a.mu.err = err
-			}
-			a.mu.Unlock()
-			a.free(h)
-			if first {
-				a.fail(err)
-			}
-			return nil
-		}
-		a.mu.backlog = append(a.mu.backlog, a.mu.scratch...)
-		a.mu.held.add(h)
-		a.mu.flushing = true
-		a.wg.Add(1)
-		a.mu.Unlock()
-		go func() {
-			defer a.wg.Done()
-			a.flush()
-		}()
+		a.tryWrite(a.mu.scratch, h) // unlocks
 		return nil
 	}
 	mark := len(a.mu.backlog)
@@ -136,6 +135,117 @@ func (a *frameWriter) write(f transport.Frame, h held) error {
 	a.mu.held.add(h)
 	a.mu.Unlock()
 	return nil
+}
+
+// tryWrite writes buf, encoded frames holding h, with TryWriteAll, or,
+// when the stream's window is full, puts them in the backlog and starts
+// the flusher. The caller holds a.mu, which tryWrite unlocks, and does
+// not hold the flusher role; buf may be reused once a.mu is taken again
+// (TryWriteAll copies it).
+func (a *frameWriter) tryWrite(buf []byte, h held) {
+	err := a.mu.s.TryWriteAll(buf)
+	if err == nil || !errors.Is(err, quic.ErrWouldBlock) {
+		first := err != nil
+		if first {
+			a.mu.err = err
+		}
+		a.mu.Unlock()
+		a.free(h)
+		if first {
+			a.fail(err)
+		}
+		return
+	}
+	a.mu.backlog = append(a.mu.backlog, buf...)
+	a.mu.held.add(h)
+	a.mu.flushing = true
+	a.wg.Add(1)
+	a.mu.Unlock()
+	go func() {
+		defer a.wg.Done()
+		a.flush()
+	}()
+}
+
+// cork makes the frames written from now on wait, encoded, until the
+// matching uncork, which writes them in one write: a shard log's commit
+// corks the publisher streams it answers on while it runs the batch's
+// callbacks (batchAnswers), so a batch of acks costs one quic-go write
+// per stream, not one per record. Corks nest (two shards' commits may
+// answer on one stream at once); the last uncork writes.
+func (a *frameWriter) cork() {
+	a.mu.Lock()
+	a.mu.corks++
+	a.mu.Unlock()
+}
+
+// uncork ends a cork; the last one writes what was corked.
+func (a *frameWriter) uncork() {
+	a.mu.Lock()
+	a.mu.corks--
+	if a.mu.corks > 0 {
+		a.mu.Unlock()
+		return
+	}
+	defer a.mu.uncorked.Broadcast()
+	buf, h := a.mu.corked, a.mu.corkedHeld
+	a.mu.corked, a.mu.corkedHeld = buf[:0], held{}
+	switch {
+	case len(buf) == 0:
+		a.mu.Unlock()
+	case a.mu.err != nil:
+		a.mu.Unlock()
+		a.free(h) // dropped, like any frame after a write error
+	case a.mu.flushing:
+		// Not while corked (corked frames never start a flusher), but a
+		// flusher that was already running when the cork began owns the
+		// stream: the frames go after its backlog, which is older.
+		a.mu.backlog = append(a.mu.backlog, buf...)
+		a.mu.held.add(h)
+		a.mu.Unlock()
+	default:
+		a.tryWrite(buf, h) // unlocks
+	}
+}
+
+// batchAnswers is the set of publisher streams one commit of a shard log
+// answers on: each is corked at its first ack of the commit and uncorked
+// by flush, the log's wal.Options.Answered, once the commit's callbacks
+// have run. Only the goroutine committing touches it (a log's commits
+// never overlap), and only for records the commit wrote: a record failed
+// outside a commit (the log closed, say) is answered at once.
+type batchAnswers struct {
+	corked map[*frameWriter]struct{}
+}
+
+// cork corks w until flush, once per commit.
+func (b *batchAnswers) cork(w *frameWriter) {
+	if _, ok := b.corked[w]; ok {
+		return
+	}
+	if b.corked == nil {
+		b.corked = make(map[*frameWriter]struct{})
+	}
+	w.cork()
+	b.corked[w] = struct{}{}
+}
+
+// flush uncorks every stream the commit answered on.
+func (b *batchAnswers) flush() {
+	for w := range b.corked {
+		w.uncork()
+	}
+	clear(b.corked)
+}
+
+// waitUncorked waits until no cork is held, so that every answer written
+// so far has reached the stream (or its backlog).
+func (a *frameWriter) waitUncorked() {
+	a.mu.Lock()
+	for a.mu.corks > 0 {
+		a.mu.uncorked.Wait()
+	}
+	a.mu.Unlock()
 }
 
 func (h *held) add(o held) { h.records, h.bytes = h.records+o.records, h.bytes+o.bytes }

@@ -515,6 +515,7 @@ func (a *localAppend) committed(offset uint64, ts int64, err error) {
 			Message: fmt.Sprintf("%s could not write %s: %v", p.b.cfg.NodeID, a.id, err)})
 	} else {
 		e.commits.stamp(&a.in.ev) // committed: the commit its log just made
+		e.answers.cork(p.acks)    // written with the commit's other acks
 		node := p.b.cfg.NodeID
 		a.ack = transport.Ack{Seq: pub.Seq, Stream: pub.Stream, Shard: int32(a.id.Shard), Offset: offset,
 			Timestamp: ts, Owner: node, Via: a.via, Forwarded: a.via != node}
@@ -574,6 +575,7 @@ func (p *pubSession) finish() {
 	p.cancel()
 	p.closeLanes()
 	p.workers.Wait()
+	p.acks.waitUncorked() // the last answers may still be corked by a commit
 	p.s.Close()
 }
 

@@ -219,6 +219,10 @@ type shardEntry struct {
 	// (telemetry.go).
 	commits shardCommits
 
+	// answers are the publisher streams the log's current commit has
+	// answered on (acks.go); touched only by the goroutine committing.
+	answers batchAnswers
+
 	// producers is the shard's idempotent producer table, set with log
 	// (see producers.go).
 	producers *producerTable
@@ -578,6 +582,7 @@ func (s *shardSet) open(e *shardEntry, st *shardmap.Stream) {
 			RetentionCheck: s.retentionCheck,
 			Logger:         s.logger,
 			OnCommit:       s.tel.onCommit(e),
+			Answered:       e.answers.flush,
 			AcceptLoss:     s.acceptLoss[e.id.String()],
 			ParkedSync:     s.parkedSync,
 			SyncGroup:      s.syncGroup,

@@ -351,6 +351,9 @@ func (l *Log) commit(reqs []*request, ps *parkedSync) {
 		l.opts.OnCommit(Commit{Records: len(reqs), Bytes: len(arena), Start: began, Sync: took})
 	}
 	complete(reqs, base, ts, nil)
+	if l.opts.Answered != nil {
+		l.opts.Answered()
+	}
 }
 
 // complete reports the result of each request; offsets count up from base.

@@ -51,6 +51,12 @@ type Options struct {
 	// committed inline), which then runs the batch's done callbacks; calls
 	// never overlap. It must not block: it delays every append.
 	OnCommit func(Commit)
+	// Answered, if set, is called once per successful commit after the
+	// batch's done callbacks, by the goroutine that ran them (see
+	// OnCommit). Callbacks may leave work for it that is cheaper done
+	// once per batch: the broker writes the batch's acks to each
+	// publisher stream in one write. It must not block.
+	Answered func()
 
 	// AcceptLoss lets Open continue past acknowledged records that are
 	// missing (a *LostRecordsError otherwise): it cuts the damaged tail,
