@@ -21,13 +21,18 @@ type commitKey struct {
 type ackGroups struct {
 	records int64
 	commits map[commitKey]struct{}
+	last    commitKey // the commit of the last ack added, already in commits
 }
 
 func newAckGroups() *ackGroups { return &ackGroups{commits: make(map[commitKey]struct{})} }
 
 func (g *ackGroups) add(a client.Ack) {
 	g.records++
-	g.commits[commitKey{owner: a.Owner, stream: a.Stream, shard: a.Shard, ts: a.Timestamp.UnixNano()}] = struct{}{}
+	k := commitKey{owner: a.Owner, stream: a.Stream, shard: a.Shard, ts: a.Timestamp.UnixNano()}
+	if k == g.last && g.records > 1 {
+		return // the same commit as the last ack, the usual case: no hashing
+	}
+	g.commits[k], g.last = struct{}{}, k
 }
 
 func (g *ackGroups) merge(o *ackGroups) {

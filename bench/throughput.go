@@ -301,13 +301,16 @@ func (w *tpWorker) run(ctx context.Context) {
 		if len(queue)-head == 0 && head > 0 {
 			queue, head = queue[:0], 0
 		}
-		for len(queue)-head < w.window && time.Now().Before(w.mEnd) {
+		for len(queue)-head < w.window {
+			sent := time.Now() // one clock read per record here, one at its ack
+			if !sent.Before(w.mEnd) {
+				break
+			}
 			if head > 0 && len(queue) == cap(queue) { // compact before growing
 				n := copy(queue, queue[head:])
 				clear(queue[n:])
 				queue, head = queue[:n], 0
 			}
-			sent := time.Now()
 			fut, err := w.pub.PublishAsync(ctx, nil, w.value, opt)
 			if err != nil {
 				w.err = err

@@ -118,7 +118,7 @@ func (st *idemState) newIDLocked() string {
 func (st *idemState) stamp(f *Future) {
 	st.mu.Lock()
 	st.mu.order++
-	f.order = st.mu.order
+	f.idem.order = st.mu.order
 	st.mu.Unlock()
 }
 
@@ -159,10 +159,10 @@ func (st *idemState) unresolve(pending map[uint64]*Future, cause error) {
 	now := time.Now()
 	st.mu.Lock()
 	for _, f := range pending {
-		if f.failedAt.IsZero() {
-			f.failedAt = now
+		if f.idem.failedAt.IsZero() {
+			f.idem.failedAt = now
 		}
-		f.cause = cause
+		f.idem.cause = cause
 		st.mu.unresolved = append(st.mu.unresolved, f)
 	}
 	slices.SortFunc(st.mu.unresolved, byOrder)
@@ -186,7 +186,7 @@ func (st *idemState) takeUnresolved() []*Future {
 		sh := st.mu.shards[k]
 		renumbered := false
 		for _, f := range fs {
-			fr := f.frame
+			fr := f.idem.frame
 			if fr.Stream != k.stream || fr.Shard != k.shard || fr.ProducerID != r.id || fr.ProducerSeq <= r.seq {
 				continue
 			}
@@ -231,16 +231,16 @@ func (st *idemState) deadline() (time.Time, bool) {
 		st.mu.resending = false
 		return time.Time{}, false
 	}
-	oldest := st.mu.unresolved[0].failedAt
+	oldest := st.mu.unresolved[0].idem.failedAt
 	for _, f := range st.mu.unresolved {
-		if f.failedAt.Before(oldest) {
-			oldest = f.failedAt
+		if f.idem.failedAt.Before(oldest) {
+			oldest = f.idem.failedAt
 		}
 	}
 	return oldest.Add(st.retryFor), true
 }
 
-func byOrder(a, b *Future) int { return cmp.Compare(a.order, b.order) }
+func byOrder(a, b *Future) int { return cmp.Compare(a.idem.order, b.idem.order) }
 
 // abandon fails every unresolved record with err (wrapped as a
 // PublishError), and gives their shards fresh producer ids when fresh.
@@ -250,8 +250,8 @@ func (st *idemState) abandon(err func(*Future) error, fresh bool) {
 	st.mu.unresolved = nil
 	if fresh {
 		for _, f := range fs {
-			k := shardKey{f.frame.Stream, f.frame.Shard}
-			if sh := st.mu.shards[k]; sh != nil && sh.id == f.frame.ProducerID {
+			k := shardKey{f.idem.frame.Stream, f.idem.frame.Shard}
+			if sh := st.mu.shards[k]; sh != nil && sh.id == f.idem.frame.ProducerID {
 				sh.id, sh.last = st.newIDLocked(), 0
 			}
 		}
@@ -292,7 +292,7 @@ func (p *Publisher) resendLoop() {
 			st.abandon(func(*Future) error { return errClosedInFlight }, false)
 		case !time.Now().Before(deadline):
 			st.abandon(func(f *Future) error {
-				return fmt.Errorf("%w after %v: %w (last: %w; then %w)", ErrRetriesExhausted, st.retryFor, ErrConnectionLost, f.cause, err)
+				return fmt.Errorf("%w after %v: %w (last: %w; then %w)", ErrRetriesExhausted, st.retryFor, ErrConnectionLost, f.idem.cause, err)
 			}, true)
 			p.c.cfg.logger.Warn("client: idempotent publisher gave up retrying records of unknown outcome", "broker", p.c.addr, "after", st.retryFor, "err", err)
 		default:
@@ -321,7 +321,7 @@ func (p *Publisher) openIdem(ctx context.Context) (*pubSession, error) {
 
 	fs := p.idem.takeUnresolved()
 	for i, f := range fs {
-		if err := s.send(f, f.frame); errors.Is(err, errStaleSession) {
+		if err := s.send(f, f.idem.frame); errors.Is(err, errStaleSession) {
 			p.idem.putBack(fs[i:])
 			return nil, fmt.Errorf("sending records of unknown outcome again to %s: %w", p.c.addr, err)
 		}

@@ -53,22 +53,36 @@ type Future struct {
 	// window is the publisher's in-flight window, released on resolve.
 	window chan struct{}
 
+	// obs is the publish's telemetry, set when the client traces or
+	// records metrics; idem is set for an idempotent publisher's record.
+	// Each in its own allocation, made only when used: a Future is
+	// allocated per record, and carrying both cost a publisher 300 bytes
+	// per record it did not use.
+	obs  *publishObs
+	idem *idemRecord
+}
+
+// publishObs is what the client's telemetry keeps of one publish.
+type publishObs struct {
 	tel      *telemetry
 	span     trace.Span        // the producer span once started; nil when not traced
 	reserved trace.SpanContext // its context, when reserved before the send
 	parent   context.Context   // the publish's context, until the reserved span starts
 	root     bool              // the reserved span has no parent
-	start    time.Time         // zero when telemetry is off
-	end      time.Time         // when it resolved; zero when telemetry is off
+	start    time.Time         // zero unless metrics are recorded or the publish is traced
+	end      time.Time         // when it resolved; zero when start is
 	// For the producer span's attributes: the value's size, and, set as
 	// the record is sent, the broker it went to and its producer id.
 	bodySize   int
 	broker     string
 	producerID string
+}
 
-	// Idempotent publishers only (see idempotent.go): the frame, kept to
-	// be sent again; the record's place in the publisher's send order;
-	// when its outcome first became unknown, and why.
+// idemRecord is what an idempotent publisher keeps of a record (see
+// idempotent.go): the frame, kept to be sent again; the record's place in
+// the publisher's send order; when its outcome first became unknown, and
+// why.
+type idemRecord struct {
 	frame    *transport.Publish
 	order    uint64
 	failedAt time.Time
@@ -100,8 +114,8 @@ func (f *Future) Wait(ctx context.Context) (Ack, error) {
 // finish or finishLater, which the caller runs once the waiter is
 // released.
 func (f *Future) resolve(ack Ack, err error) {
-	if !f.start.IsZero() || f.span != nil {
-		f.end = time.Now()
+	if o := f.obs; o != nil && (!o.start.IsZero() || o.span != nil) {
+		o.end = time.Now()
 	}
 	f.ack, f.err = ack, err
 	<-f.window
@@ -110,16 +124,16 @@ func (f *Future) resolve(ack Ack, err error) {
 
 // finish records f's telemetry once it has resolved.
 func (f *Future) finish() {
-	if f.tel != nil {
-		f.tel.finishPublish(f)
+	if f.obs != nil {
+		f.obs.tel.finishPublish(f)
 	}
 }
 
 // finishLater has f's telemetry recorded off the path of the next publish
 // (telemetry.later).
 func (f *Future) finishLater() {
-	if !f.end.IsZero() {
-		f.tel.later.Add(f.finish)
+	if f.obs != nil && !f.obs.end.IsZero() {
+		f.obs.tel.later.Add(f.finish)
 	}
 }
 
@@ -192,11 +206,13 @@ func (s *pubSession) send(f *Future, p *transport.Publish) error {
 	s.mu.seq++
 	p.Seq = s.mu.seq
 	s.mu.pending[p.Seq] = f
-	if f.frame != nil && p.ProducerSeq == 0 {
+	if f.idem != nil && p.ProducerSeq == 0 {
 		// Sequences are taken in the order records go on the wire.
 		p.ProducerID, p.ProducerSeq = s.idem.next(p.Stream, p.Shard)
 	}
-	f.broker, f.producerID = s.addr, p.ProducerID
+	if o := f.obs; o != nil {
+		o.broker, o.producerID = s.addr, p.ProducerID
+	}
 	s.mu.Unlock()
 
 	if err := s.w.Buffer(p); err != nil {
@@ -297,7 +313,7 @@ func (s *pubSession) readLoop() {
 					// Not written: later records of its shard will be
 					// refused out of order; they are sent again under a
 					// new producer id.
-					s.idem.refused(fut.frame)
+					s.idem.refused(fut.idem.frame)
 					fut.resolve(Ack{}, s.publishErr(fut, f))
 					fut.finishLater()
 					s.fail(lost(f))

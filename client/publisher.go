@@ -203,11 +203,26 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 		return nil, &PublishError{Stream: stream, Shard: int(cfg.shard), Broker: p.c.addr, Err: err}
 	}
 	tel := p.c.tel
-	f := &Future{done: make(chan struct{}), stream: stream, shard: cfg.shard, window: p.window, tel: tel, bodySize: len(value)}
-	if tel.timed {
-		f.start = time.Now()
+	f := &Future{done: make(chan struct{}), stream: stream, shard: cfg.shard, window: p.window}
+	if tel.timed || tel.tracer != nil {
+		f.obs = &publishObs{tel: tel, bodySize: len(value)}
+		if tel.timed {
+			f.obs.start = time.Now()
+		}
 	}
-	frame := &transport.Publish{
+	var frame *transport.Publish
+	if p.idem != nil {
+		frame = new(transport.Publish) // kept until acked (idemRecord)
+	} else {
+		// Encoded by send, not kept: reused (a frame per record was 140
+		// bytes allocated per publish).
+		frame = publishFrames.Get().(*transport.Publish)
+		defer func() {
+			*frame = transport.Publish{}
+			publishFrames.Put(frame)
+		}()
+	}
+	*frame = transport.Publish{
 		Stream:      stream,
 		Shard:       cfg.shard,
 		Key:         key,
@@ -220,7 +235,7 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 		// The publisher numbers it (when it goes on the wire), and keeps
 		// the frame to send it again.
 		frame.ProducerID, frame.ProducerSeq = "", 0
-		f.frame = frame
+		f.idem = &idemRecord{frame: frame}
 		p.idem.stamp(f)
 	}
 	// Retries are bounded from the first failure (read then: a clock read
@@ -255,6 +270,9 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 		return nil, perr
 	}
 }
+
+// publishFrames are the frames of plain publishes, reused once sent.
+var publishFrames = sync.Pool{New: func() any { return new(transport.Publish) }}
 
 // acquire takes a window slot, waiting for one if block.
 func (p *Publisher) acquire(ctx context.Context, block bool) error {

@@ -117,23 +117,24 @@ func (t *telemetry) startPublish(ctx context.Context, f *Future, h map[string]st
 	if t.tracer == nil {
 		return h
 	}
+	o := f.obs // set: the client traces
 	cfg := trace.SpanContextConfig{SpanID: msgtrace.NewSpanID(), TraceFlags: trace.FlagsSampled}
 	if parent := trace.SpanContextFromContext(ctx); parent.IsValid() {
 		cfg.TraceID, cfg.TraceFlags, cfg.TraceState = parent.TraceID(), parent.TraceFlags()&trace.FlagsSampled, parent.TraceState()
 	} else {
-		cfg.TraceID, f.root = msgtrace.NewTraceID(), true
+		cfg.TraceID, o.root = msgtrace.NewTraceID(), true
 	}
-	if f.start.IsZero() {
-		f.start = time.Now()
+	if o.start.IsZero() {
+		o.start = time.Now()
 	}
-	f.parent, f.reserved = ctx, trace.NewSpanContext(cfg)
+	o.parent, o.reserved = ctx, trace.NewSpanContext(cfg)
 	if t.ids.Honoured() {
-		return msgtrace.WithRecordContext(f.reserved, h)
+		return msgtrace.WithRecordContext(o.reserved, h)
 	}
 	// Start it now, asking for the reserved IDs all the same: the first
 	// publish learns whether the provider honours them.
 	sp := t.producerSpan(f)
-	t.ids.Learn(sp, f.reserved.SpanID())
+	t.ids.Learn(sp, o.reserved.SpanID())
 	if sc := sp.SpanContext(); sc.IsValid() {
 		return msgtrace.WithRecordContext(sc, h)
 	}
@@ -143,35 +144,40 @@ func (t *telemetry) startPublish(ctx context.Context, f *Future, h map[string]st
 // producerSpan returns f's producer span, starting it (at f.start, with
 // its reserved IDs) if need be; nil when f is not traced.
 func (t *telemetry) producerSpan(f *Future) trace.Span {
-	if f.span != nil || !f.reserved.IsValid() {
-		return f.span
+	o := f.obs
+	if o == nil {
+		return nil
 	}
-	ctx := f.parent
+	if o.span != nil || !o.reserved.IsValid() {
+		return o.span
+	}
+	ctx := o.parent
 	switch {
 	case t.ids.Refused(): // asking would be wasted work
-	case f.root:
-		ctx = msgtrace.ReserveRoot(ctx, f.reserved.TraceID(), f.reserved.SpanID())
+	case o.root:
+		ctx = msgtrace.ReserveRoot(ctx, o.reserved.TraceID(), o.reserved.SpanID())
 	default:
-		ctx = msgtrace.Reserve(ctx, f.reserved.SpanID())
+		ctx = msgtrace.Reserve(ctx, o.reserved.SpanID())
 	}
-	_, f.span = t.tracer.Start(ctx, "publish "+f.stream, trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(f.start))
-	f.parent = nil
-	if got := f.span.SpanContext(); t.ids.Honoured() && (got.SpanID() != f.reserved.SpanID() || got.IsSampled() != f.reserved.IsSampled()) {
+	_, o.span = t.tracer.Start(ctx, "publish "+f.stream, trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(o.start))
+	o.parent = nil
+	if got := o.span.SpanContext(); t.ids.Honoured() && (got.SpanID() != o.reserved.SpanID() || got.IsSampled() != o.reserved.IsSampled()) {
 		if t.ids.Refuse() {
 			// Expected once with a sampler that is not parent-based with
 			// always-on roots (a trace-ID ratio for roots, say).
 			t.log.Info("client: tracing: a producer span did not get the IDs or sampling decision sent with its record; producer spans are now started before sending",
-				"sent", f.reserved.SpanID().String(), "sent_sampled", f.reserved.IsSampled(),
+				"sent", o.reserved.SpanID().String(), "sent_sampled", o.reserved.IsSampled(),
 				"got", got.SpanID().String(), "got_sampled", got.IsSampled())
 		}
 	}
-	return f.span
+	return o.span
 }
 
 // finishPublish records a resolved publish; it runs after the waiter was
 // released.
 func (t *telemetry) finishPublish(f *Future) {
-	end := f.end
+	o := f.obs
+	end := o.end
 	if end.IsZero() {
 		end = time.Now()
 	}
@@ -180,7 +186,7 @@ func (t *telemetry) finishPublish(f *Future) {
 		if f.err != nil {
 			opt = t.failed
 		}
-		t.publishDur.Record(context.Background(), end.Sub(f.start).Seconds(), opt...)
+		t.publishDur.Record(context.Background(), end.Sub(o.start).Seconds(), opt...)
 	}
 	sp := t.producerSpan(f)
 	if sp == nil {
@@ -188,10 +194,10 @@ func (t *telemetry) finishPublish(f *Future) {
 	}
 	if sp.IsRecording() {
 		sp.SetAttributes(msgtrace.System, msgtrace.OpSend, msgtrace.OpNamePublish, msgtrace.Destination.String(f.stream),
-			msgtrace.BodySize.Int(f.bodySize))
-		sp.SetAttributes(msgtrace.Server(f.broker)...)
-		if f.producerID != "" {
-			sp.SetAttributes(msgtrace.ClientID.String(f.producerID))
+			msgtrace.BodySize.Int(o.bodySize))
+		sp.SetAttributes(msgtrace.Server(o.broker)...)
+		if o.producerID != "" {
+			sp.SetAttributes(msgtrace.ClientID.String(o.producerID))
 		}
 		if f.shard >= 0 {
 			sp.SetAttributes(msgtrace.Partition.String(strconv.Itoa(int(f.shard))))
