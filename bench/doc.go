@@ -55,7 +55,13 @@
 // carries other traffic it is a lower bound. The throughput rows add
 // wal_records_per_fsync, the brokers' own count (felix_wal_batch_records
 // between two scrapes of /metrics around the measured part), which also
-// sees one fsync shared by several shards.
+// sees one fsync shared by several shards. They also give the CPU per
+// acked record: the brokers' CPU time (user and system, /proc) over the
+// measured part divided by the records acked in it, and the machine's busy
+// time divided the same way (the bench's publishers included). When the
+// CPUs are what bound throughput, that, not records/s, is what a change to
+// the path moves; it still moves with batching (fewer records per fsync
+// cost more each), so compare it within one run (A/B).
 //
 // # Shards sweep
 //
@@ -81,7 +87,8 @@
 // trials (A B, B A, …), never both clusters loaded at once. The report
 // gives each side's p50 and p99 (and records/s) and every figure as the
 // ratio B/A, overall and per trial, with the spread of the per-trial
-// ratios: a change's effect as a ratio measured in one run.
+// ratios, and, for throughput, each side's brokers' CPU per acked record:
+// a change's effect as a ratio measured in one run.
 //
 // # Telemetry overhead
 //

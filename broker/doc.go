@@ -43,7 +43,11 @@
 //     map (a forward carrying a newer epoch than this broker holds); that
 //     holds back that forwarding lane alone, and nothing else waits on it.
 //   - A shard's committer (package wal) owns the log's write side; it
-//     calls each record's completion, which writes the answer.
+//     calls each record's completion, which writes the answer. While it
+//     runs a commit's completions it corks each publisher stream it
+//     answers on, and uncorks them after the last (wal's Answered hook):
+//     a commit's acks go to quic-go in one write per stream, not one per
+//     record, on the committer's goroutine still (no hand-off added).
 //   - A lane (forward.go, one per session and owner) has a connector
 //     goroutine that dials and opens the lane's stream while forwards
 //     routed meanwhile wait in its writer's backlog, in order; then it
