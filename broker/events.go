@@ -113,8 +113,12 @@ func (t *telemetry) stampRouted(ev *pubEvents) {
 
 // stampAnswered records that the record's answer is about to be written
 // (taken before it leaves, so the spans built from it nest inside the
-// producer's).
-func (t *telemetry) stampAnswered(ev *pubEvents) { ev.answered = t.now() }
+// producer's), unless its commit already gave it one (shardCommits.stamp).
+func (t *telemetry) stampAnswered(ev *pubEvents) {
+	if ev.answered.IsZero() {
+		ev.answered = t.now()
+	}
+}
 
 // forwardContext records a forward of the record to owner and returns
 // the headers to send it with: h, plus the hop context (the parent of the
