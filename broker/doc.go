@@ -52,9 +52,11 @@
 //     goroutine that dials and opens the lane's stream while forwards
 //     routed meanwhile wait in its writer's backlog, in order; then it
 //     writes that backlog, starts the lane's reader, and ends. The reader
-//     owns the lane's read side: it relays each Ack to the publisher and
-//     hands a NotOwner refusal to the session's retrier, never waiting
-//     for a map or a lock held across one.
+//     owns the lane's read side: it relays each Ack to the publisher
+//     (corking the publisher's stream while more answers are buffered, so
+//     answers that arrived together go out in one write) and hands a
+//     NotOwner refusal to the session's retrier, never waiting for a map
+//     or a lock held across one.
 //   - The retrier (one per session, running only while records wait to
 //     be routed again) catches up to the refusing owner's map and routes
 //     each shard's waiting records again, in the order received, once

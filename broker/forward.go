@@ -315,15 +315,32 @@ func (l *lane) take(seq uint64) (forwarded, bool) {
 
 // read relays the owner's answers to the publisher until the lane ends.
 // It never waits for anything but the owner: refusals to re-route go to
-// the session's retrier.
+// the session's retrier. While more answers are buffered it corks the
+// publisher's stream, so answers that arrived together go out in one
+// write (as a commit's acks do on the owner); it never waits in Read
+// while corked (Ready: the next frame is buffered).
 func (l *lane) read(s *quic.Stream) {
 	defer l.p.workers.Done()
 	r := transport.NewReader(s, l.p.b.cfg.Transport.MaxFrame)
+	corked := false
+	defer func() {
+		if corked {
+			l.p.acks.uncork()
+		}
+	}()
 	for {
+		if corked && !r.Ready() {
+			l.p.acks.uncork()
+			corked = false
+		}
 		f, err := r.Read()
 		if err != nil {
 			l.kill(err)
 			return
+		}
+		if !corked && r.Ready() {
+			l.p.acks.cork()
+			corked = true
 		}
 		switch f := f.(type) {
 		case *transport.Ack:
