@@ -104,16 +104,24 @@ func (c *Client) Map(ctx context.Context) (*Map, error) {
 	return c.refreshMap(ctx)
 }
 
-// ReplicaStatus asks every live broker holding a replica of a replicated
-// stream's shards what its replicas know: the leader and term it sees,
-// and the offsets it has committed ([ReplicaState.Next]; a replica
-// behind the leader has a smaller one). A broker that does not answer
+// ReplicaStatus asks every broker that holds a replica of a replicated
+// stream's shards, and that the current shard map (fetched for the call)
+// has live, what its replicas know: the leader and term it sees, and the
+// offsets it has committed ([ReplicaState.Next]; a replica behind the
+// leader has a smaller one). A broker that does not answer
 // gets one state per shard it holds, with Err saying why. A stream of
 // replication factor 1 has no replicas to report.
 func (c *Client) ReplicaStatus(ctx context.Context, stream string) ([]ReplicaState, error) {
-	m, st, err := c.mapWith(ctx, stream)
+	// A fresh map, not the cached one: a status must not name a broker
+	// down (and leave it unasked) because the cache was taken while it
+	// was, as a Docker nemesis run once saw for a minute after a restart.
+	m, err := c.refreshMap(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("client: replica status of %q: %w", stream, err)
+	}
+	st, ok := m.Stream(stream)
+	if !ok {
+		return nil, fmt.Errorf("client: replica status: %w", unknownStream(stream, m.Epoch))
 	}
 	nodes := map[string][]int{}
 	for shard := range st.Shards {

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -107,10 +108,17 @@ func (fc *fakeCluster) createStream(cfg shardmap.StreamConfig) error {
 	}
 	m := &shardmap.Map{Epoch: old.Epoch + 1, Nodes: old.Nodes, Streams: append([]shardmap.Stream(nil), old.Streams...)}
 	owners := make([]string, cfg.Shards)
+	sets := make([][]string, cfg.Shards)
 	for s := range cfg.Shards {
 		owners[s] = old.Nodes[s%len(old.Nodes)].ID
+		for r := range min(cfg.Replicas, len(old.Nodes)) {
+			sets[s] = append(sets[s], old.Nodes[(s+r)%len(old.Nodes)].ID)
+		}
 	}
 	st := shardmap.Stream{StreamConfig: cfg, Placement: shardmap.NewPlacement(owners...)}
+	if cfg.Replicas > 1 {
+		st.Placement = shardmap.NewReplicatedPlacement(sets...)
+	}
 	m.Streams = append(m.Streams, st)
 	// keep sorted by name
 	for i := len(m.Streams) - 1; i > 0 && m.Streams[i].Name < m.Streams[i-1].Name; i-- {
@@ -118,6 +126,20 @@ func (fc *fakeCluster) createStream(cfg shardmap.StreamConfig) error {
 	}
 	fc.mu.m = m
 	return nil
+}
+
+// setLive marks broker id live or down in the map, under a new epoch.
+func (fc *fakeCluster) setLive(id string, live bool) {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	old := fc.mu.m
+	m := &shardmap.Map{Epoch: old.Epoch + 1, Nodes: slices.Clone(old.Nodes), Streams: old.Streams}
+	for i := range m.Nodes {
+		if m.Nodes[i].ID == id {
+			m.Nodes[i].Live = live
+		}
+	}
+	fc.mu.m = m
 }
 
 // append commits a record and returns its offset.
@@ -327,6 +349,17 @@ func (b *fakeBroker) serveRequest(req *transport.Request, w *transport.Writer) {
 		} else {
 			resp = &transport.Response{}
 		}
+	case opReplicaStatus:
+		// Every replica this broker holds runs, as a voter.
+		var out []transport.ReplicaState
+		if st, ok := b.fc.currentMap().Stream(req.Stream.Name); ok {
+			for shard := range st.Shards {
+				if slices.Contains(st.Placement.Replicas(shard), b.id) {
+					out = append(out, transport.ReplicaState{Shard: shard, Node: b.id, Member: "voter"})
+				}
+			}
+		}
+		resp = &transport.Response{Replicas: out}
 	case opStreamList:
 		var out []shardmap.StreamConfig
 		for _, s := range b.fc.currentMap().Streams {
