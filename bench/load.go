@@ -26,8 +26,8 @@ func (e *env) runLoad(ctx context.Context, ps *pubSet, maxRate, pct float64) (*R
 	sends := make([]sendFunc, len(ps.pubs))
 	for p, pub := range ps.pubs {
 		opt := client.WithShard(ps.shardOf(p))
-		sends[p] = func(ctx context.Context) (*client.Future, error) {
-			return pub.PublishAsync(ctx, nil, ps.value, opt)
+		sends[p] = func(ctx context.Context, then client.PublishOpt) (*client.Future, error) {
+			return pub.PublishAsync(ctx, nil, ps.value, opt, then)
 		}
 	}
 	var trials []trial

@@ -143,42 +143,26 @@ func (r *coRecorder) trial(acks *ackGroups, sameClock bool) trial {
 	return t
 }
 
-// inflight is one open-loop record waiting for its ack.
-type inflight struct {
-	intended, charged, sent time.Time
-	fut                     *client.Future
-	measured                bool
-}
-
-// sendFunc sends one record without waiting for its ack (PublishAsync).
-type sendFunc func(context.Context) (*client.Future, error)
+// sendFunc sends one record without waiting for its ack (PublishAsync),
+// with then to be called with its outcome (client.OnResolved).
+type sendFunc func(ctx context.Context, then client.PublishOpt) (*client.Future, error)
 
 // openLoop sends warmup+n records at ratePerSec, record i through
 // sends[i mod len(sends)], and returns the measured ones (those after the
 // warm-up). The calling goroutine is the generator: it sleeps on a pacer
-// until each record is due and sends it; each send function has one
-// collector goroutine, owned and waited for here, that takes its futures in
-// send order (one publisher's acks come back in that order) and timestamps
-// each ack as it resolves.
+// until each record is due and sends it. Each record's ack is timestamped
+// and recorded by its OnResolved function, on the publisher's ack reader
+// as the ack is read: no goroutine of the bench's waits per record (a
+// collector goroutine per publisher did, one wake-up per record, and its
+// wake-up was charged to the record).
 func openLoop(ctx context.Context, ratePerSec, warmup, n int, sends []sendFunc, prog *progress) (*coRecorder, *ackGroups, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	cols := make([]*collector, len(sends))
-	var wg sync.WaitGroup
 	for k := range sends {
-		// A publisher has at most its window in flight: its sends block
-		// before its queue fills.
-		col := &collector{queue: make(chan inflight, client.DefaultMaxInFlight+1), rec: newCORecorder(), acks: newAckGroups()}
-		cols[k] = col
-		wg.Go(func() {
-			if err := col.run(ctx, prog); err != nil {
-				col.err = err
-				cancel(err) // stops the generator and the other collectors
-				for range col.queue {
-				}
-			}
-		})
+		cols[k] = &collector{rec: newCORecorder(), acks: newAckGroups()}
 	}
+	var pending sync.WaitGroup // records sent and not yet resolved
 
 	p := newPacer(ratePerSec)
 	defer p.stop()
@@ -188,31 +172,42 @@ func openLoop(ctx context.Context, ratePerSec, warmup, n int, sends []sendFunc, 
 		if err != nil {
 			break
 		}
-		col := cols[i%len(cols)]
+		col, measured := cols[i%len(cols)], i >= warmup
 		sent := time.Now()
-		fut, err := sends[i%len(sends)](ctx)
+		pending.Add(1)
+		_, err = sends[i%len(sends)](ctx, client.OnResolved(func(ack client.Ack, err error) {
+			done := time.Now()
+			defer pending.Done()
+			if err != nil {
+				cancel(fmt.Errorf("open loop: %w", err)) // stops the generator
+				return
+			}
+			if measured {
+				col.record(intended, charged, sent, done, ack)
+			}
+			prog.add(1)
+		}))
 		if err != nil {
+			pending.Done() // not sent: no call will come
 			if ctx.Err() == nil {
 				sendErr = fmt.Errorf("open loop: record %d: %w", i, err)
 			}
 			break
 		}
-		select {
-		case col.queue <- inflight{intended: intended, charged: charged, sent: sent, fut: fut, measured: i >= warmup}:
-		case <-ctx.Done():
-		}
 		if ctx.Err() != nil {
 			break
 		}
 	}
-	for _, col := range cols {
-		close(col.queue)
-	}
-	wg.Wait()
-	for _, col := range cols {
-		if col.err != nil {
-			return nil, nil, col.err
-		}
+	resolved := make(chan struct{})
+	go func() {
+		pending.Wait()
+		close(resolved)
+	}()
+	select {
+	case <-resolved:
+	case <-ctx.Done():
+		// Failed or cancelled: what is still in flight resolves when its
+		// publisher closes, and is not read.
 	}
 	if sendErr != nil {
 		return nil, nil, sendErr
@@ -222,38 +217,26 @@ func openLoop(ctx context.Context, ratePerSec, warmup, n int, sends []sendFunc, 
 	}
 	rec, acks := newCORecorder(), newAckGroups()
 	for _, col := range cols {
+		col.mu.Lock()
 		rec.merge(col.rec)
 		acks.merge(col.acks)
+		col.mu.Unlock()
 	}
 	return rec, acks, nil
 }
 
-// collector waits for one publisher's futures in send order and records
-// each. Its goroutine owns rec, acks and err until openLoop's wait returns.
+// collector records one publisher's acks. Its functions are called on
+// the publisher's ack reader, and on another goroutine for a failure: mu
+// keeps them apart (uncontended in the usual case).
 type collector struct {
-	queue chan inflight
-	rec   *coRecorder
-	acks  *ackGroups
-	err   error
+	mu   sync.Mutex
+	rec  *coRecorder
+	acks *ackGroups
 }
 
-func (c *collector) run(ctx context.Context, prog *progress) error {
-	for f := range c.queue {
-		select {
-		case <-f.fut.Done():
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		}
-		done := time.Now()
-		ack, err := f.fut.Wait(ctx)
-		if err != nil {
-			return fmt.Errorf("open loop: %w", err)
-		}
-		if f.measured {
-			c.rec.Record(f.intended, f.charged, f.sent, ack.Timestamp, done)
-			c.acks.add(ack)
-		}
-		prog.add(1)
-	}
-	return nil
+func (c *collector) record(intended, charged, sent, done time.Time, ack client.Ack) {
+	c.mu.Lock()
+	c.rec.Record(intended, charged, sent, ack.Timestamp, done)
+	c.acks.add(ack)
+	c.mu.Unlock()
 }

@@ -152,8 +152,9 @@ func (e *env) runOpen(ctx context.Context, scenario string) (*Result, error) {
 	value := make([]byte, e.cfg.size) // never modified: safe to share between records in flight
 	n := max(1, int(float64(e.cfg.rate)*e.cfg.openDuration.Seconds()))
 	warmup := max(1, e.cfg.rate/4) // a quarter of a second
-	send := func(ctx context.Context) (*client.Future, error) {
-		return pub.PublishAsync(ctx, nil, value, client.WithShard(0))
+	shard := client.WithShard(0)
+	send := func(ctx context.Context, then client.PublishOpt) (*client.Future, error) {
+		return pub.PublishAsync(ctx, nil, value, shard, then)
 	}
 
 	var trials []trial

@@ -9,7 +9,9 @@ import (
 	"net"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -404,3 +406,129 @@ func clientGoroutines() string {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// TestOnResolved: the function given with OnResolved is called once per
+// record: with its ack, in the order the acks arrive, before the next ack
+// is read (no hand-off); with the error when the connection is lost; and
+// not at all when the publish call itself fails.
+func TestOnResolved(t *testing.T) {
+	fc := newFakeCluster(t, 1)
+	b := fc.brokers[0]
+	c := connect(t, fc, 0, WithMaxInFlight(4), WithBlockOnFull(false))
+	ctx := testCtx(t)
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var offsets []uint64
+	var errs []error
+	calls := 0
+	then := OnResolved(func(a Ack, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if err != nil {
+			errs = append(errs, err)
+			return
+		}
+		offsets = append(offsets, a.Offset)
+	})
+	const n = 200
+	for i := range n {
+		for {
+			f, err := c.PublishAsync(ctx, "s", nil, []byte(fmt.Sprint(i)), then)
+			if errors.Is(err, ErrWindowFull) {
+				time.Sleep(100 * time.Microsecond)
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i == n-1 {
+				if _, err := f.Wait(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			break
+		}
+	}
+	mu.Lock()
+	if calls != n || len(offsets) != n {
+		t.Fatalf("%d calls, %d acks, want %d", calls, len(offsets), n)
+	}
+	for i, off := range offsets {
+		if off != uint64(i) {
+			t.Fatalf("call %d had offset %d: acks out of order", i, off)
+		}
+	}
+	calls, offsets = 0, nil
+	mu.Unlock()
+
+	// A full window fails the call: no function call for that record.
+	b.holdAcks.Store(true)
+	for range 4 {
+		if _, err := c.PublishAsync(ctx, "s", nil, []byte("held"), then); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.PublishAsync(ctx, "s", nil, []byte("refused"), then); !errors.Is(err, ErrWindowFull) {
+		t.Fatalf("want ErrWindowFull, got %v", err)
+	}
+	for b.published.Load() < n+4 {
+		time.Sleep(time.Millisecond)
+	}
+	b.holdAcks.Store(false)
+	b.restart(t) // the 4 in flight fail with the connection
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		got, gotErrs := calls, slices.Clone(errs)
+		mu.Unlock()
+		if got == 4 {
+			for _, err := range gotErrs {
+				if !errors.Is(err, ErrConnectionLost) {
+					t.Fatalf("call with %v, want ErrConnectionLost", err)
+				}
+			}
+			break
+		}
+		if got > 4 || time.Now().After(deadline) {
+			t.Fatalf("%d calls after the connection was lost, want 4", got)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestReplicaStatusFreshMap: a replica status asks the brokers the
+// current map has live, not those of the map the client cached while one
+// of them was down.
+func TestReplicaStatusFreshMap(t *testing.T) {
+	fc := newFakeCluster(t, 3)
+	c := connect(t, fc, 0)
+	ctx := testCtx(t)
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "r", Shards: 2, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	down := fc.brokers[2].id
+	fc.setLive(down, false)
+	if _, err := c.Map(ctx); err != nil { // cached: the broker is down
+		t.Fatal(err)
+	}
+	fc.setLive(down, true)
+	sts, err := c.ReplicaStatus(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	voters := 0
+	for _, st := range sts {
+		if st.Node == down {
+			if st.Err != "" || st.Member != "voter" {
+				t.Fatalf("%s's replica of shard %d: %+v, want a voter (it is live in the current map)", down, st.Shard, st)
+			}
+			voters++
+		}
+	}
+	if voters != 2 {
+		t.Fatalf("%d replicas of %s reported, want 2: %+v", voters, down, sts)
+	}
+}

@@ -212,11 +212,24 @@ type publishConfig struct {
 	headers     map[string]string
 	producerID  string
 	producerSeq uint64
+	then        func(Ack, error)
 }
 
 // WithShard sends the record to shard n, whatever its key.
 func WithShard(n int) PublishOpt {
 	return publishOptFunc(func(c *publishConfig) { c.shard = int32(n) })
+}
+
+// OnResolved has fn called once with the record's outcome, as soon as its
+// Future resolves: with an ack or a broker's refusal, on the goroutine
+// that reads the publisher's acks, in the order they arrive (no goroutine
+// hand-off between the ack and fn, as with franz-go's promises); with a
+// failure of the connection or the publisher, on another goroutine of the
+// client's. fn must not block and must not publish on the same
+// publisher: the acks behind it wait for it. It is not called when the
+// publish call itself returns an error.
+func OnResolved(fn func(Ack, error)) PublishOpt {
+	return publishOptFunc(func(c *publishConfig) { c.then = fn })
 }
 
 // WithHeaders attaches headers (for example a W3C traceparent) to the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -52,6 +53,8 @@ type Future struct {
 	shard  int32
 	// window is the publisher's in-flight window, released on resolve.
 	window chan struct{}
+
+	then func(Ack, error) // OnResolved's, if any
 
 	// obs is the publish's telemetry, set when the client traces or
 	// records metrics; idem is set for an idempotent publisher's record.
@@ -120,6 +123,29 @@ func (f *Future) resolve(ack Ack, err error) {
 	f.ack, f.err = ack, err
 	<-f.window
 	close(f.done)
+}
+
+// notify calls f's OnResolved function, if any, on this goroutine. f has
+// resolved.
+func (f *Future) notify() {
+	if f.then != nil {
+		f.then(f.ack, f.err)
+	}
+}
+
+// notifyElsewhere calls the OnResolved functions of fs, resolved, on a
+// goroutine of its own: for futures resolved where a lock is held (a
+// function may publish from a goroutine it starts, and must not deadlock
+// on the session's write lock). It starts none when no f has a function.
+func notifyElsewhere(fs []*Future) {
+	if !slices.ContainsFunc(fs, func(f *Future) bool { return f.then != nil }) {
+		return
+	}
+	go func() {
+		for _, f := range fs {
+			f.notify()
+		}
+	}()
 }
 
 // finish records f's telemetry once it has resolved.
@@ -222,6 +248,7 @@ func (s *pubSession) send(f *Future, p *transport.Publish) error {
 		}
 		if s.take(p.Seq) != nil {
 			f.resolve(Ack{}, s.publishErr(f, err))
+			notifyElsewhere([]*Future{f}) // under wmu
 			f.finish()
 		}
 		return nil
@@ -261,10 +288,13 @@ func (s *pubSession) fail(cause error) {
 		s.idem.unresolve(pending, cause)
 		return
 	}
+	fs := make([]*Future, 0, len(pending))
 	for _, f := range pending {
 		f.resolve(Ack{}, s.publishErr(f, cause))
+		fs = append(fs, f)
 	}
-	for _, f := range pending {
+	notifyElsewhere(fs) // fail may run under wmu (from send)
+	for _, f := range fs {
 		f.finish()
 	}
 }
@@ -299,6 +329,7 @@ func (s *pubSession) readLoop() {
 		case *transport.Ack:
 			if fut := s.take(f.Seq); fut != nil {
 				fut.resolve(ackFrom(f), nil)
+				fut.notify()
 				fut.finishLater()
 			}
 		case *transport.Error:
@@ -315,6 +346,7 @@ func (s *pubSession) readLoop() {
 					// new producer id.
 					s.idem.refused(fut.idem.frame)
 					fut.resolve(Ack{}, s.publishErr(fut, f))
+					fut.notify()
 					fut.finishLater()
 					s.fail(lost(f))
 					return
@@ -322,6 +354,7 @@ func (s *pubSession) readLoop() {
 			}
 			if fut := s.take(f.Seq); fut != nil {
 				fut.resolve(Ack{}, s.publishErr(fut, f))
+				fut.notify()
 				fut.finishLater()
 			}
 			if f.Seq == 0 || streamLevel(f.Code) {
