@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
@@ -162,7 +163,17 @@ func openLoop(ctx context.Context, ratePerSec, warmup, n int, sends []sendFunc, 
 	for k := range sends {
 		cols[k] = &collector{rec: newCORecorder(), acks: newAckGroups()}
 	}
-	var pending sync.WaitGroup // records sent and not yet resolved
+	// Records sent and not yet resolved; resolved is closed once the
+	// generator is done and none is left (no goroutine waits for it).
+	var outstanding atomic.Int64
+	var sentAll atomic.Bool
+	resolved := make(chan struct{})
+	var closeOnce sync.Once
+	settle := func() {
+		if sentAll.Load() && outstanding.Load() == 0 {
+			closeOnce.Do(func() { close(resolved) })
+		}
+	}
 
 	p := newPacer(ratePerSec)
 	defer p.stop()
@@ -174,10 +185,13 @@ func openLoop(ctx context.Context, ratePerSec, warmup, n int, sends []sendFunc, 
 		}
 		col, measured := cols[i%len(cols)], i >= warmup
 		sent := time.Now()
-		pending.Add(1)
+		outstanding.Add(1)
 		_, err = sends[i%len(sends)](ctx, client.OnResolved(func(ack client.Ack, err error) {
 			done := time.Now()
-			defer pending.Done()
+			defer func() {
+				outstanding.Add(-1)
+				settle()
+			}()
 			if err != nil {
 				cancel(fmt.Errorf("open loop: %w", err)) // stops the generator
 				return
@@ -188,7 +202,7 @@ func openLoop(ctx context.Context, ratePerSec, warmup, n int, sends []sendFunc, 
 			prog.add(1)
 		}))
 		if err != nil {
-			pending.Done() // not sent: no call will come
+			outstanding.Add(-1) // not sent: no call will come
 			if ctx.Err() == nil {
 				sendErr = fmt.Errorf("open loop: record %d: %w", i, err)
 			}
@@ -198,11 +212,8 @@ func openLoop(ctx context.Context, ratePerSec, warmup, n int, sends []sendFunc, 
 			break
 		}
 	}
-	resolved := make(chan struct{})
-	go func() {
-		pending.Wait()
-		close(resolved)
-	}()
+	sentAll.Store(true)
+	settle()
 	select {
 	case <-resolved:
 	case <-ctx.Done():

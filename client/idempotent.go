@@ -260,7 +260,7 @@ func (st *idemState) abandon(err func(*Future) error, fresh bool) {
 	for _, f := range fs {
 		f.resolve(Ack{}, &PublishError{Stream: f.stream, Shard: int(f.shard), Broker: st.p.c.addr, Err: err(f)})
 	}
-	notifyElsewhere(fs)
+	notifyLater(&st.p.c.tel.later, fs)
 	for _, f := range fs {
 		f.finish()
 	}

@@ -224,9 +224,10 @@ func WithShard(n int) PublishOpt {
 // Future resolves: with an ack or a broker's refusal, on the goroutine
 // that reads the publisher's acks, in the order they arrive (no goroutine
 // hand-off between the ack and fn, as with franz-go's promises); with a
-// failure of the connection or the publisher, on another goroutine of the
-// client's. fn must not block and must not publish on the same
-// publisher: the acks behind it wait for it. It is not called when the
+// failure of the connection or the publisher, within a few milliseconds
+// on the client's runner of deferred work (the one that ends producer
+// spans; Close runs what it holds). fn must not block and must not
+// publish on the same publisher: the acks behind it wait for it. It is not called when the
 // publish call itself returns an error.
 func OnResolved(fn func(Ack, error)) PublishOpt {
 	return publishOptFunc(func(c *publishConfig) { c.then = fn })

@@ -11,6 +11,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/felix-broker/felix/internal/msgtrace"
 	"github.com/felix-broker/felix/transport"
 )
 
@@ -133,19 +134,20 @@ func (f *Future) notify() {
 	}
 }
 
-// notifyElsewhere calls the OnResolved functions of fs, resolved, on a
-// goroutine of its own: for futures resolved where a lock is held (a
-// function may publish from a goroutine it starts, and must not deadlock
-// on the session's write lock). It starts none when no f has a function.
-func notifyElsewhere(fs []*Future) {
+// notifyLater calls the OnResolved functions of fs, resolved, on the
+// client's deferred runner (within a few milliseconds; at once after the
+// client closed): for futures resolved where a lock is held, so that a
+// function cannot deadlock on the session's write lock. The runner is the
+// client's: Close runs what is queued and waits for it.
+func notifyLater(later *msgtrace.Deferred, fs []*Future) {
 	if !slices.ContainsFunc(fs, func(f *Future) bool { return f.then != nil }) {
 		return
 	}
-	go func() {
+	later.Add(func() {
 		for _, f := range fs {
 			f.notify()
 		}
-	}()
+	})
 }
 
 // finish records f's telemetry once it has resolved.
@@ -196,10 +198,12 @@ type pubSession struct {
 		err     error // non-nil once the session has failed
 	}
 	done chan struct{} // closed when the reader has exited
+
+	later *msgtrace.Deferred // the client's, for OnResolved functions (notifyLater)
 }
 
-func newPubSession(addr string, str *quic.Stream, maxFrame int) *pubSession {
-	s := &pubSession{addr: addr, str: str, maxFrame: maxFrame, done: make(chan struct{})}
+func newPubSession(addr string, str *quic.Stream, maxFrame int, later *msgtrace.Deferred) *pubSession {
+	s := &pubSession{addr: addr, str: str, maxFrame: maxFrame, done: make(chan struct{}), later: later}
 	s.w = transport.NewWriter(str)
 	s.w.SetMaxFrame(maxFrame)
 	s.mu.pending = make(map[uint64]*Future)
@@ -248,7 +252,7 @@ func (s *pubSession) send(f *Future, p *transport.Publish) error {
 		}
 		if s.take(p.Seq) != nil {
 			f.resolve(Ack{}, s.publishErr(f, err))
-			notifyElsewhere([]*Future{f}) // under wmu
+			notifyLater(s.later, []*Future{f}) // under wmu
 			f.finish()
 		}
 		return nil
@@ -293,7 +297,7 @@ func (s *pubSession) fail(cause error) {
 		f.resolve(Ack{}, s.publishErr(f, cause))
 		fs = append(fs, f)
 	}
-	notifyElsewhere(fs) // fail may run under wmu (from send)
+	notifyLater(s.later, fs) // fail may run under wmu (from send)
 	for _, f := range fs {
 		f.finish()
 	}

@@ -344,7 +344,7 @@ func (p *Publisher) openStream(ctx context.Context, ready bool) (*pubSession, er
 		// Nothing was sent: the caller may try again on a new connection.
 		return nil, fmt.Errorf("opening publish stream to %s: %w", p.c.addr, errors.Join(errStaleSession, err))
 	}
-	s := newPubSession(p.c.addr, str, p.c.maxFrame())
+	s := newPubSession(p.c.addr, str, p.c.maxFrame(), &p.c.tel.later)
 	s.idem = p.idem
 
 	p.mu.Lock()

@@ -73,7 +73,8 @@ type telemetry struct {
 	ok, failed []metric.RecordOption
 
 	// later ends producer spans and records publish latencies off the
-	// path of the next publish.
+	// path of the next publish, and calls the OnResolved functions of
+	// records failed under a lock (notifyLater).
 	later msgtrace.Deferred
 }
 
