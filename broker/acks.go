@@ -179,6 +179,12 @@ func (a *frameWriter) cork() {
 	a.mu.Unlock()
 }
 
+// maxKeptCork is the largest corked buffer a writer keeps for the next
+// cork: a stream's corked answers are bounded by its records in flight
+// (PublishInFlight, about 60 bytes each), and thousands of streams must
+// not each keep their largest burst.
+const maxKeptCork = 16 << 10
+
 // uncork ends a cork; the last one writes what was corked.
 func (a *frameWriter) uncork() {
 	a.mu.Lock()
@@ -189,7 +195,10 @@ func (a *frameWriter) uncork() {
 	}
 	defer a.mu.uncorked.Broadcast()
 	buf, h := a.mu.corked, a.mu.corkedHeld
-	a.mu.corked, a.mu.corkedHeld = buf[:0], held{}
+	a.mu.corked, a.mu.corkedHeld = buf[:0], held{} // reused once buf is written (under mu)
+	if cap(buf) > maxKeptCork {
+		a.mu.corked = nil // a burst's buffer is not kept for the stream's life
+	}
 	switch {
 	case len(buf) == 0:
 		a.mu.Unlock()
