@@ -56,7 +56,9 @@
 // [Ack] comes once the owner has fsynced the record, and says which broker
 // committed it (Owner), which one received it (Via) and whether it was
 // Forwarded. [Client.Publish] waits for the ack; [Client.PublishAsync]
-// returns a [Future] and keeps up to [WithMaxInFlight] records in flight.
+// returns a [Future] and keeps up to [WithMaxInFlight] records in flight;
+// with [OnResolved] it also calls a function with the record's outcome on
+// the goroutine that reads the acks, with no hand-off in between.
 // A [Publisher] is one ordered stream: its records are committed in the
 // order sent (within each shard).
 //
