@@ -31,8 +31,7 @@ type env struct {
 	runID    string
 	base     time.Time  // payload stamps count from here (monotonic)
 	watch    *procWatch // the brokers' processes; nil when not ours
-	selfPid  int
-	ownsData bool // the cluster is ours: leave the streams to die with it
+	ownsData bool       // the cluster is ours: leave the streams to die with it
 }
 
 // newEnv connects to seed (a broker address) and learns the live brokers
