@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/felix-broker/felix/internal/sysmon"
 )
 
 // clockTicks is USER_HZ, the unit of utime and stime in /proc/PID/stat:
@@ -210,4 +212,29 @@ func readCPUs() (cpuSample, error) {
 		return s, errors.New("bench: no cpu line in /proc/stat")
 	}
 	return s, nil
+}
+
+// processGodebug returns the GODEBUG setting the process pid runs with,
+// as /proc/PID/environ shows it: "" when it has none or cannot be read.
+func processGodebug(pid int) string {
+	raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
+	if err != nil {
+		return ""
+	}
+	godebug := ""
+	for kv := range strings.SplitSeq(string(raw), "\x00") {
+		if v, ok := strings.CutPrefix(kv, "GODEBUG="); ok {
+			godebug = v // the last one counts, as for Go
+		}
+	}
+	return godebug
+}
+
+// sysmonNote says how the Go runtime's sysmon ran in the brokers, from a
+// broker's GODEBUG (see package sysmon).
+func sysmonNote(godebug string) string {
+	if strings.Contains(","+godebug+",", ","+sysmon.Setting+",") {
+		return "the brokers and the echo process ran with GODEBUG=" + sysmon.Setting + ": Go's sysmon never parks, so a syscall after idleness wakes no thread (package sysmon)"
+	}
+	return fmt.Sprintf("the brokers ran with GODEBUG=%q: Go's sysmon parks while they idle, and the next syscall wakes it (package sysmon)", godebug)
 }

@@ -39,15 +39,19 @@ type Report struct {
 
 // Machine describes where the run happened.
 type Machine struct {
-	CPUs      int    `json:"cpus"`
-	CPUModel  string `json:"cpu_model,omitempty"`
-	Kernel    string `json:"kernel,omitempty"`
+	CPUs     int    `json:"cpus"`
+	CPUModel string `json:"cpu_model,omitempty"`
+	Kernel   string `json:"kernel,omitempty"`
+	// CPUIdle is how an idle CPU waits (Linux cpuidle driver and, for a
+	// guest's haltpoll driver, how long it polls before halting): it sets
+	// what waking an idle CPU costs, which every light-load figure pays.
+	CPUIdle   string `json:"cpu_idle,omitempty"`
 	OS        string `json:"os"`
 	GoVersion string `json:"go"`
 }
 
 func thisMachine() Machine {
-	m := Machine{CPUs: runtime.NumCPU(), OS: runtime.GOOS + "/" + runtime.GOARCH, GoVersion: runtime.Version()}
+	m := Machine{CPUs: runtime.NumCPU(), OS: runtime.GOOS + "/" + runtime.GOARCH, GoVersion: runtime.Version(), CPUIdle: cpuIdle(readTrimmed)}
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		m.Kernel = strings.TrimSpace(string(b))
 	}
@@ -60,6 +64,36 @@ func thisMachine() Machine {
 		}
 	}
 	return m
+}
+
+// cpuIdle describes Linux's cpuidle driver and governor, and for the
+// haltpoll driver (a virtual machine's) its guest_halt_poll_ns: with 0 an
+// idle vCPU halts at once and its next wake-up is a VM exit. Empty where
+// the files do not exist. read returns a file's trimmed text, "" if it
+// cannot.
+func cpuIdle(read func(path string) string) string {
+	const dir = "/sys/devices/system/cpu/cpuidle/"
+	driver := read(dir + "current_driver")
+	if driver == "" {
+		return ""
+	}
+	s := "cpuidle " + driver
+	if g := read(dir + "current_governor_ro"); g != "" {
+		s += ", governor " + g
+	}
+	if ns := read("/sys/module/haltpoll/parameters/guest_halt_poll_ns"); ns != "" && driver == "haltpoll" {
+		s += ", guest_halt_poll_ns " + ns
+	}
+	return s
+}
+
+// readTrimmed returns the file's text without surrounding space, or "".
+func readTrimmed(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // Result is one scenario in one mode. Percentiles are the median over the
@@ -410,6 +444,9 @@ func (rep *Report) writeJSON(w io.Writer) error {
 func (rep *Report) writeTable(w io.Writer) error {
 	fmt.Fprintf(w, "Felix bench: %s, %d-byte records, %d trials; %d CPUs (%s), %s, %s\n",
 		rep.Cluster, rep.PayloadBytes, rep.Trials, rep.Machine.CPUs, rep.Machine.CPUModel, rep.Machine.Kernel, rep.Machine.GoVersion)
+	if rep.Machine.CPUIdle != "" {
+		fmt.Fprintf(w, "Idle CPUs: %s\n", rep.Machine.CPUIdle)
+	}
 	if (rep.Telemetry == nil && rep.AB == nil) || len(rep.Scenarios) > 0 { // --telemetry and --ab measure no floors and run no scenario
 		if err := rep.writeScenarios(w); err != nil {
 			return err

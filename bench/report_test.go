@@ -9,6 +9,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/felix-broker/felix/client"
+	"github.com/felix-broker/felix/internal/sysmon"
 )
 
 func TestMedianAndSpread(t *testing.T) {
@@ -231,5 +232,41 @@ func TestCPUPerRecord(t *testing.T) {
 	}
 	if r := summarize(Direct, ModeClosed, []trial{trialAt(1000, 50, 60)}); r.BrokerCPUPerRecord != nil {
 		t.Errorf("a latency scenario reported CPU per record %v", *r.BrokerCPUPerRecord)
+	}
+}
+
+func TestCPUIdle(t *testing.T) {
+	files := func(m map[string]string) func(string) string {
+		return func(p string) string { return m[p] }
+	}
+	const (
+		driver   = "/sys/devices/system/cpu/cpuidle/current_driver"
+		governor = "/sys/devices/system/cpu/cpuidle/current_governor_ro"
+		pollNs   = "/sys/module/haltpoll/parameters/guest_halt_poll_ns"
+	)
+	for _, tc := range []struct {
+		files map[string]string
+		want  string
+	}{
+		{map[string]string{driver: "haltpoll", governor: "haltpoll", pollNs: "0"}, "cpuidle haltpoll, governor haltpoll, guest_halt_poll_ns 0"},
+		{map[string]string{driver: "intel_idle", governor: "menu", pollNs: "200000"}, "cpuidle intel_idle, governor menu"},
+		{map[string]string{pollNs: "0"}, ""},
+	} {
+		if got := cpuIdle(files(tc.files)); got != tc.want {
+			t.Errorf("cpuIdle(%v) = %q, want %q", tc.files, got, tc.want)
+		}
+	}
+}
+
+func TestSysmonNote(t *testing.T) {
+	pid := os.Getpid()
+	if got := processGodebug(pid); got != os.Getenv("GODEBUG") {
+		t.Errorf("processGodebug(self) = %q, want %q", got, os.Getenv("GODEBUG"))
+	}
+	if n := sysmonNote("madvdontneed=1," + sysmon.Setting); !strings.Contains(n, "never parks") {
+		t.Errorf("sysmonNote with the setting = %q", n)
+	}
+	if n := sysmonNote("schedtrace=0"); !strings.Contains(n, "parks while they idle") {
+		t.Errorf("sysmonNote with schedtrace=0 = %q", n)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/felix-broker/felix/client"
 	"github.com/felix-broker/felix/internal/servercmd"
+	"github.com/felix-broker/felix/internal/sysmon"
 	"github.com/felix-broker/felix/internal/telemetry"
 )
 
@@ -39,6 +40,13 @@ func main() {
 		kong.Vars{"conn_file": client.DefaultClusterFile, "version": "felix " + telemetry.VersionLine()},
 	)
 	logger := servercmd.NewLogger(c.LogFormat, c.LogLevel)
+	switch ctx.Command() {
+	case "broker", "echo":
+		// Returns only without the exec (see package sysmon).
+		if err := sysmon.Reexec(); err != nil {
+			logger.Warn("felix: going on with the Go runtime's sysmon parking when idle", "err", err)
+		}
+	}
 	if err := ctx.Run(logger); err != nil {
 		fmt.Fprintf(os.Stderr, "felix: %v\n", err)
 		os.Exit(1)

@@ -36,6 +36,7 @@ import (
 
 	"github.com/felix-broker/felix/client"
 	"github.com/felix-broker/felix/internal/servercmd"
+	"github.com/felix-broker/felix/internal/sysmon"
 )
 
 // cli is the command line. The connection and output flags are global:
@@ -99,7 +100,12 @@ type app struct {
 	ctx context.Context
 }
 
+// reexec is sysmon.Reexec in the felixctl executable, nil in its tests
+// (which run commands in-process).
+var reexec func() error
+
 func main() {
+	reexec = sysmon.Reexec
 	os.Exit(runIO(os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv))
 }
 
@@ -158,6 +164,12 @@ func runIO(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func
 		}
 	}
 	a.log = servercmd.NewLogger(c.LogFormat, level)
+	if cmd := kctx.Command(); reexec != nil && (cmd == "broker" || cmd == "echo") {
+		// Returns only without the exec (see package sysmon).
+		if err := reexec(); err != nil {
+			a.log.Warn("felixctl: going on with the Go runtime's sysmon parking when idle", "err", err)
+		}
+	}
 
 	if err := kctx.Run(a, a.log); err != nil {
 		if server {
