@@ -7,9 +7,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/felix-broker/felix/internal/sysmon"
 )
 
 // tinyLocal is a --local run of every scenario small enough for a test.
@@ -162,6 +165,12 @@ func TestLocalEveryScenario(t *testing.T) {
 	// light load, load 50% and the shards sweep.
 	if len(doc.Targets) != 9 {
 		t.Errorf("%d targets checked, want 9: %v", len(doc.Targets), doc.Targets)
+	}
+	// The brokers re-executed themselves with sysmon kept awake (package
+	// sysmon), and the report says so from a broker's environment.
+	if !sysmon.Configured(os.Getenv("GODEBUG")) &&
+		!slices.ContainsFunc(rep.Notes, func(n string) bool { return strings.Contains(n, "GODEBUG="+sysmon.Setting) }) {
+		t.Errorf("notes %q: none says the brokers ran with GODEBUG=%s", rep.Notes, sysmon.Setting)
 	}
 	if len(doc.ShardSweep) != 2 || doc.ShardSweep[0]["shards"] != 6.0 || doc.ShardSweep[1]["shards"] != 12.0 || doc.ShardSweep[0]["ratio_to_fewest"] != 1.0 {
 		t.Errorf("shard sweep %v", doc.ShardSweep)

@@ -288,8 +288,8 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 			}
 			watch.names, watch.pids = append(watch.names, b.ID), append(watch.pids, pid)
 		}
-		if len(watch.pids) > 0 {
-			rep.Notes = append(rep.Notes, sysmonNote(processGodebug(watch.pids[0])))
+		if len(watch.pids) > 1 { // watch.pids[0] is this process
+			rep.Notes = append(rep.Notes, sysmonNote(processGodebug(watch.pids[1])))
 		}
 		seed = cl.Brokers()[0].Addr
 		opts = append(opts, client.WithCAFile(cl.CAFile()), client.WithClientCertFile(cl.AdminCert()))
