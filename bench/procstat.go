@@ -233,8 +233,8 @@ func processGodebug(pid int) string {
 // sysmonNote says how the Go runtime's sysmon ran in the brokers, from a
 // broker's GODEBUG (see package sysmon).
 func sysmonNote(godebug string) string {
-	if strings.Contains(","+godebug+",", ","+sysmon.Setting+",") {
-		return "the brokers and the echo process ran with GODEBUG=" + sysmon.Setting + ": Go's sysmon never parks, so a syscall after idleness wakes no thread (package sysmon)"
+	if sysmon.Awake(godebug) {
+		return "the brokers and the echo process ran with GODEBUG=" + godebug + ": Go's sysmon never parks, so a syscall after idleness wakes no thread (package sysmon)"
 	}
 	return fmt.Sprintf("the brokers ran with GODEBUG=%q: Go's sysmon parks while they idle, and the next syscall wakes it (package sysmon)", godebug)
 }

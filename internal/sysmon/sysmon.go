@@ -34,6 +34,7 @@ package sysmon
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 )
@@ -49,6 +50,18 @@ func Configured(godebug string) bool {
 		}
 	}
 	return false
+}
+
+// Awake reports whether the GODEBUG value godebug keeps sysmon out of its
+// deep sleep: its last schedtrace setting is a positive number.
+func Awake(godebug string) bool {
+	n := 0
+	for _, kv := range strings.Split(godebug, ",") {
+		if k, v, _ := strings.Cut(strings.TrimSpace(kv), "="); k == "schedtrace" {
+			n, _ = strconv.Atoi(v)
+		}
+	}
+	return n > 0
 }
 
 // Env returns env (KEY=VALUE entries) with Setting added to its GODEBUG

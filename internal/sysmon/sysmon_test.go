@@ -23,6 +23,21 @@ func TestConfigured(t *testing.T) {
 	}
 }
 
+func TestAwake(t *testing.T) {
+	for godebug, want := range map[string]bool{
+		"":                               false,
+		Setting:                          true,
+		"madvdontneed=1,schedtrace=1000": true,
+		"schedtrace=0":                   false,
+		"schedtrace=1000,schedtrace=0":   false,
+		"schedtrace=x":                   false,
+	} {
+		if got := Awake(godebug); got != want {
+			t.Errorf("Awake(%q) = %v, want %v", godebug, got, want)
+		}
+	}
+}
+
 func TestEnv(t *testing.T) {
 	for _, tc := range []struct {
 		in, want []string
