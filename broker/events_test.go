@@ -110,4 +110,22 @@ func testReroutedForwardSpans(t *testing.T, reserved bool) {
 	if !refused.EndTime.After(refused.StartTime) || acked.StartTime.Before(refused.EndTime) {
 		t.Errorf("refused forward %v..%v, acked forward %v..%v: want the second after the first", refused.StartTime, refused.EndTime, acked.StartTime, acked.EndTime)
 	}
+	waitAllAnswered(t, fwd, owner, wrong)
+}
+
+// waitAllAnswered waits until each broker's telemetry counts no record
+// taken in and unanswered (telemetry.open, which decides when deferred
+// telemetry runs): every record a broker took in, refused and re-routed
+// ones too, must be observed once.
+func waitAllAnswered(t *testing.T, brokers ...*Broker) {
+	t.Helper()
+	for _, b := range brokers {
+		deadline := time.Now().Add(waitFor)
+		for b.tel.open.Load() != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s counts %d records taken in and not answered, want 0", b.cfg.NodeID, b.tel.open.Load())
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
 }

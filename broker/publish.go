@@ -252,6 +252,7 @@ func (p *pubSession) take(in *inbound, size int) bool {
 		}
 	}
 	p.pending.Add(1)
+	p.b.tel.taken(&in.ev)
 	return true
 }
 

@@ -65,8 +65,11 @@ type telemetry struct {
 
 	reg metric.Registration // observable gauges' callback
 
-	// later runs the telemetry of answered records, off their path.
+	// later runs the telemetry of answered records, off their path: when
+	// the broker has answered every record it took in (open drops to 0,
+	// see observe), or at its next tick under load.
 	later msgtrace.Deferred
+	open  atomic.Int64 // records taken in and not yet answered (telemetry on only)
 
 	// in counts the records and payload bytes taken in, by source (0:
 	// client, 1: peer): atomics on the path, reported by the callback at

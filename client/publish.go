@@ -236,6 +236,7 @@ func (s *pubSession) send(f *Future, p *transport.Publish) error {
 	s.mu.seq++
 	p.Seq = s.mu.seq
 	s.mu.pending[p.Seq] = f
+	lone := len(s.mu.pending) == 1
 	if f.idem != nil && p.ProducerSeq == 0 {
 		// Sequences are taken in the order records go on the wire.
 		p.ProducerID, p.ProducerSeq = s.idem.next(p.Stream, p.Shard)
@@ -259,6 +260,14 @@ func (s *pubSession) send(f *Future, p *transport.Publish) error {
 	}
 	if err := s.w.Flush(); err != nil {
 		s.fail(lost(err)) // resolves f with the rest
+		return nil
+	}
+	if lone && f.obs != nil {
+		// The only record in flight on the stream, as in a closed loop:
+		// the telemetry of the records before it is built while it is on
+		// its way, rather than at a tick that may fall on the caller's
+		// path. Under load (more in flight) the ticks build it.
+		s.later.Soon()
 	}
 	return nil
 }

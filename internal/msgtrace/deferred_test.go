@@ -90,19 +90,7 @@ func TestDeferredParksAndWakes(t *testing.T) {
 	ran := make(chan struct{}, 1)
 	d.Add(func() { ran <- struct{}{} })
 	<-ran
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		d.mu.Lock()
-		parked := d.parked
-		d.mu.Unlock()
-		if parked {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the runner did not park")
-		}
-		time.Sleep(DeferDelay)
-	}
+	waitParked(t, &d, "the runner did not park")
 	d.Add(func() { ran <- struct{}{} })
 	select {
 	case <-ran:
@@ -111,4 +99,53 @@ func TestDeferredParksAndWakes(t *testing.T) {
 	}
 	d.Close()
 	d.Close() // idempotent
+}
+
+// TestDeferredSoon: with ticks an hour apart, only Soon can run what is
+// queued; after that run the runner parks, and the next Add and Soon
+// run again. Soon before the first Add and after Close does nothing.
+func TestDeferredSoon(t *testing.T) {
+	defer func(d time.Duration) { tick = d }(tick)
+	tick = time.Hour
+	var d Deferred
+	d.Soon() // nothing queued, no runner: a no-op
+	ran := make(chan int, 2)
+	wait := func(want int) {
+		t.Helper()
+		select {
+		case got := <-ran:
+			if got != want {
+				t.Fatalf("ran %d, want %d", got, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d did not run within 5s of Soon", want)
+		}
+	}
+	d.Add(func() { ran <- 1 })
+	d.Soon()
+	wait(1)
+	waitParked(t, &d, "the runner did not park after a run Soon asked for")
+	d.Add(func() { ran <- 2 })
+	d.Soon()
+	wait(2)
+	d.Close()
+	d.Soon() // after Close: a no-op
+	d.Add(func() { ran <- 3 })
+	wait(3) // inline after Close
+}
+
+// waitParked waits up to 5s for d's runner to park, failing with msg.
+func waitParked(t *testing.T, d *Deferred, msg string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		d.mu.Lock()
+		parked := d.parked
+		d.mu.Unlock()
+		if parked {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(msg)
+		}
+	}
 }
