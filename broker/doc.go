@@ -285,9 +285,13 @@
 // None of this runs between a record's receipt and its ack, beyond taking
 // timestamps and parsing the trace context: counters are added at the
 // answer, after its write; latencies are recorded and spans started and
-// ended in batches a couple of milliseconds later (with the times things
-// happened), where the cost of a span on a cold cache does not delay the
-// next record. A forward's span IDs are reserved before it is sent when
+// ended afterwards, with the times things happened: when the broker has
+// answered the last record it held (telemetry.open drops to 0; the
+// deferred runner, msgtrace.Deferred, yields once so the answer's sender
+// goes first, then builds: one goroutine wake-up per idle spell, with
+// telemetry on only), or under load in batches every 2 ms. Either way the
+// work runs while the broker would otherwise wait, not inside the next
+// record's path. A forward's span IDs are reserved before it is sent when
 // the provider was built with TraceIDGenerator (its hop context in the
 // felix-hop-* headers carries the reserved client span ID); otherwise
 // the forward's server and client spans are started before it is sent.
