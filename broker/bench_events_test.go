@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"maps"
 	"testing"
 	"time"
 
@@ -18,20 +19,8 @@ import (
 // BenchmarkBuildEvents measures what telemetry builds per answered record
 // (spans and latencies), on a forwarder and on an owner.
 func BenchmarkBuildEvents(b *testing.B) {
-	tp := sdktrace.NewTracerProvider(
-		sdktrace.WithSpanProcessor(itel.NewSpanBuffer(itel.Discard{}, itel.SpanBufferOptions{})),
-		sdktrace.WithIDGenerator(msgtrace.IDs{}))
-	defer tp.Shutdown(context.Background())
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
-	defer mp.Shutdown(context.Background())
-	br := &Broker{cfg: Config{NodeID: "broker-0"}}
-	tel, err := newTelemetry(br, tp, mp)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer tel.close()
-	parent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: msgtrace.NewTraceID(), SpanID: msgtrace.NewSpanID(), TraceFlags: trace.FlagsSampled})
-	pub := &transport.Publish{Stream: "bench", Value: make([]byte, 128), Headers: msgtrace.WithRecordContext(parent, nil)}
+	tel, headers := benchTelemetry(b)
+	pub := &transport.Publish{Stream: "bench", Value: make([]byte, 128), Headers: headers}
 	b.Run("forwarder", func(b *testing.B) {
 		for b.Loop() {
 			ev := tel.received(pub, "")
@@ -55,4 +44,52 @@ func BenchmarkBuildEvents(b *testing.B) {
 			tel.build(&ev)
 		}
 	})
+}
+
+// BenchmarkInlineEvents measures the telemetry a traced forwarded record
+// costs on its path, before its answer: the forwarder's receipt and
+// forward, and the owner's receipt of the forward.
+func BenchmarkInlineEvents(b *testing.B) {
+	tel, headers := benchTelemetry(b)
+	// Teach it that reserved IDs are honoured, as the first forward does.
+	{
+		pub := &transport.Publish{Stream: "bench", Headers: maps.Clone(headers)}
+		ev := tel.received(pub, "")
+		tel.forwardContext(&ev, "broker-1", pub.Headers)
+	}
+	b.Run("forwarder", func(b *testing.B) {
+		pub := &transport.Publish{Stream: "bench", Value: make([]byte, 128), Headers: headers}
+		for b.Loop() {
+			ev := tel.received(pub, "")
+			_ = tel.forwardContext(&ev, "broker-1", pub.Headers)
+		}
+	})
+	b.Run("owner", func(b *testing.B) {
+		ev := tel.received(&transport.Publish{Stream: "bench", Headers: maps.Clone(headers)}, "")
+		hop := tel.forwardContext(&ev, "broker-1", headers)
+		for b.Loop() {
+			pub := &transport.Publish{Stream: "bench", Value: make([]byte, 128), Headers: maps.Clone(hop)}
+			_ = tel.received(pub, "broker-0")
+		}
+	})
+}
+
+// benchTelemetry returns a broker's telemetry tracing every publish (span
+// IDs reserved, spans dropped in-process) and recording metrics, as
+// `felixctl bench --telemetry` runs it, and the headers of a record sent
+// under a sampled producer span.
+func benchTelemetry(b *testing.B) (*telemetry, map[string]string) {
+	tp := sdktrace.NewTracerProvider(
+		sdktrace.WithSpanProcessor(itel.NewSpanBuffer(itel.Discard{}, itel.SpanBufferOptions{})),
+		sdktrace.WithIDGenerator(msgtrace.IDs{}))
+	b.Cleanup(func() { tp.Shutdown(context.Background()) })
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	b.Cleanup(func() { mp.Shutdown(context.Background()) })
+	tel, err := newTelemetry(&Broker{cfg: Config{NodeID: "broker-0"}}, tp, mp)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(tel.close)
+	parent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: msgtrace.NewTraceID(), SpanID: msgtrace.NewSpanID(), TraceFlags: trace.FlagsSampled})
+	return tel, msgtrace.WithRecordContext(parent, nil)
 }
