@@ -167,9 +167,17 @@ func (d *Deferred) waitParked() bool {
 	}
 }
 
-// runSoon runs the queue for Soon, after yielding once.
+// runSoon runs the queue for Soon, after yielding once to the process's
+// goroutines and once to the machine's threads (yieldCPU): the caller's
+// last write woke a thread of another process (the receiver of its
+// packet), which Linux tends to queue on this CPU, the waker's, expecting
+// the waker to sleep. Building spans instead would keep it waiting.
+// Measured, seven alternated pairs of `felixctl bench --local
+// --telemetry`: traced over untraced p50 1.013 direct and 1.072
+// forwarded (medians) with the yield, 1.033 and 1.094 without.
 func (d *Deferred) runSoon() {
 	runtime.Gosched()
+	yieldCPU()
 	d.flush()
 }
 
