@@ -357,6 +357,11 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 		return nil, err
 	}
 
+	if slices.Contains(c.scenarios(), Throughput) {
+		if e.shardMem, err = e.measureShardMemory(ctx, c.memoryProbes(len(e.nodes))); err != nil {
+			return nil, err
+		}
+	}
 	for pass, factor := range c.factors() {
 		if factor > len(e.nodes) {
 			rep.Notes = append(rep.Notes, fmt.Sprintf("replication factor %d skipped: the cluster has %d brokers", factor, len(e.nodes)))
@@ -407,6 +412,26 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 		return nil, err
 	}
 	return rep, nil
+}
+
+// memoryProbes returns the streams whose memory per shard the throughput
+// rows report: each shard count at the first replication factor, the
+// first count at the others (as runThroughputScenario runs them).
+func (c *Command) memoryProbes(brokers int) []memKey {
+	var keys []memKey
+	for pass, factor := range c.factors() {
+		if factor > brokers {
+			continue
+		}
+		counts := c.shardCounts(brokers)
+		if pass > 0 {
+			counts = counts[:1]
+		}
+		for _, n := range counts {
+			keys = append(keys, memKey{factor, n})
+		}
+	}
+	return keys
 }
 
 // againScenarios are those run again at each replication factor after
@@ -475,6 +500,9 @@ func (c *Command) runThroughputScenario(ctx context.Context, e *env, first bool)
 			r, err := e.runThroughput(ctx, ps)
 			if err != nil {
 				return nil, err
+			}
+			if m, ok := e.shardMem[memKey{e.cfg.replicas, n}]; ok {
+				r.IdleShardKiB, r.OpenShardKiB = m.idle, m.open
 			}
 			rs := []*Result{r}
 			if k > 0 {

@@ -23,9 +23,10 @@ type env struct {
 	log      *slog.Logger
 	prog     *progress
 	opts     []client.Opt
-	nodes    []shardmap.Node   // live brokers, by id
-	members  []string          // every broker in the map, sorted: what placement hashes over
-	names    map[string]string // scenario -> the stream createStream made for it
+	nodes    []shardmap.Node     // live brokers, by id
+	members  []string            // every broker in the map, sorted: what placement hashes over
+	names    map[string]string   // scenario -> the stream createStream made for it
+	shardMem map[memKey]shardMem // the throughput rows' memory per shard (measureShardMemory)
 	clients  map[string]*client.Client
 	streams  []string // created, deleted by close
 	runID    string

@@ -171,11 +171,14 @@ type Result struct {
 	// traffic. Throughput only; absent when /metrics cannot be scraped.
 	WALRecordsPerFsync *float64 `json:"wal_records_per_fsync,omitempty"`
 	// IdleShardKiB is the brokers' RSS growth (summed over them) from
-	// creating the stream, divided by its shards: what a shard costs
-	// before its first record. OpenShardKiB is the same after one record
-	// to each shard (its log open, its tail cache started). Throughput
-	// with --local only; RSS moves by whole pages and with the Go heap, so
-	// few shards give a rough figure.
+	// creating a stream of the row's shard count, divided by its shards:
+	// what a shard costs before its first record. OpenShardKiB is the
+	// same after one record to each shard (its log open, its tail cache
+	// started). Both are measured on probe streams before the
+	// scenario's load, each reading once the RSS holds still (see
+	// measureShardMemory). Throughput with --local only; RSS moves by
+	// whole pages and with the Go heap, so few shards give a rough
+	// figure.
 	IdleShardKiB *float64 `json:"idle_shard_kib,omitempty"`
 	OpenShardKiB *float64 `json:"open_shard_kib,omitempty"`
 	Note         string   `json:"note,omitempty"`

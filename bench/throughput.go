@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -22,9 +23,6 @@ type pubSet struct {
 	pubs   []*client.Publisher
 	value  []byte // never modified: shared by every record in flight
 
-	// What creating the stream and opening its shards cost the brokers
-	// (--local only; nil otherwise).
-	idleShardKiB, openShardKiB *float64
 	// owned is how many shards each broker owns by the map the stream
 	// was created in (for replicated shards, is first in the replica
 	// set: the leader the bench waits for).
@@ -41,11 +39,8 @@ func (ps *pubSet) close() {
 }
 
 // throughputPublishers creates the stream bench-<runID>-<name> of shards
-// shards and cfg.publishers Publishers on it. On a local cluster it first
-// measures what the stream's shards cost the brokers in memory, idle and
-// then with one record each (see Result.IdleShardKiB).
+// shards and cfg.publishers Publishers on it.
 func (e *env) throughputPublishers(ctx context.Context, name string, shards int) (*pubSet, error) {
-	before, haveRSS := e.brokersRSS()
 	stream, m, err := e.createStream(ctx, name, shards)
 	if err != nil {
 		return nil, err
@@ -58,11 +53,6 @@ func (e *env) throughputPublishers(ctx context.Context, name string, shards int)
 			if _, _, err := e.leader(ctx, m, stream, s); err != nil {
 				return nil, err
 			}
-		}
-	}
-	if haveRSS {
-		if ps.idleShardKiB, ps.openShardKiB, err = e.shardMemory(ctx, stream, shards, before); err != nil {
-			return nil, err
 		}
 	}
 	for s := range shards {
@@ -96,28 +86,83 @@ func (e *env) throughputPublishers(ctx context.Context, name string, shards int)
 // the first record of each shard) before their RSS is read.
 const memorySettle = 500 * time.Millisecond
 
-// shardMemory measures the brokers' RSS growth per shard of stream: after
-// its creation (idle shards), then after one record to each shard.
-func (e *env) shardMemory(ctx context.Context, stream string, shards int, before uint64) (idle, open *float64, err error) {
+// shardMem is what a stream's shards cost the brokers in memory, per
+// shard (see Result.IdleShardKiB).
+type shardMem struct{ idle, open *float64 }
+
+// memKey names a probe stream of measureShardMemory.
+type memKey struct{ replicas, shards int }
+
+// measureShardMemory measures, on a local cluster, what a stream of each
+// shard count and replication factor of keys costs the brokers per shard,
+// before any throughput load: on probe streams created one after another
+// and deleted only once every one is measured. Measured after a load (or
+// after deleting a stream) new shards land in heap the brokers already
+// hold, and the RSS growth came out near zero or negative. It returns nil
+// when the brokers' RSS cannot be read (not --local).
+func (e *env) measureShardMemory(ctx context.Context, keys []memKey) (_ map[memKey]shardMem, err error) {
+	before, ok := e.settledRSS(ctx)
+	if !ok {
+		return nil, nil
+	}
+	replicas := e.cfg.replicas
+	var probes []memKey
+	defer func() {
+		for _, k := range probes {
+			e.cfg.replicas = k.replicas
+			if derr := e.deleteStream(ctx, k.probe()); err == nil {
+				err = derr
+			}
+		}
+		e.cfg.replicas = replicas
+	}()
+	out := make(map[memKey]shardMem, len(keys))
+	for _, k := range keys {
+		if _, done := out[k]; done {
+			continue
+		}
+		e.cfg.replicas = k.replicas
+		e.prog.phase(fmt.Sprintf("memory per shard: %d shards, replication factor %d", k.shards, k.replicas), 0)
+		stream, _, err := e.createStream(ctx, k.probe(), k.shards)
+		if err != nil {
+			return nil, err
+		}
+		probes = append(probes, k)
+		var m shardMem
+		if m, before, err = e.shardMemory(ctx, stream, k.shards, before); err != nil {
+			return nil, err
+		}
+		out[k] = m
+	}
+	return out, nil
+}
+
+// probe is the scenario name of k's probe stream.
+func (k memKey) probe() string { return fmt.Sprintf("memory-%d-%d", k.shards, k.replicas) }
+
+// shardMemory measures the brokers' RSS growth per shard of stream, of
+// shards shards, from before (KiB): after its creation (idle shards),
+// then after one record to each shard. It returns the last reading.
+func (e *env) shardMemory(ctx context.Context, stream string, shards int, before uint64) (m shardMem, last uint64, err error) {
 	perShard := func(after uint64) *float64 {
 		grown := float64(after) - float64(before) // may be negative: the Go heap moves
 		return ptr(round1(grown / float64(shards)))
 	}
-	select {
-	case <-time.After(memorySettle):
-	case <-ctx.Done():
-		return nil, nil, ctx.Err()
+	if err := sleepCtx(ctx, memorySettle); err != nil {
+		return m, 0, err
 	}
-	if after, ok := e.brokersRSS(); ok {
-		idle = perShard(after)
+	after, ok := e.settledRSS(ctx)
+	if !ok {
+		return m, 0, errors.New("bench: the brokers' RSS is gone")
 	}
+	m.idle = perShard(after)
 	c, err := e.anyClient(ctx)
 	if err != nil {
-		return nil, nil, err
+		return m, 0, err
 	}
 	pub, err := c.Publisher(ctx, stream)
 	if err != nil {
-		return nil, nil, fmt.Errorf("bench: %s: %w", stream, err)
+		return m, 0, fmt.Errorf("bench: %s: %w", stream, err)
 	}
 	defer pub.Close()
 	value := make([]byte, e.cfg.size)
@@ -125,24 +170,73 @@ func (e *env) shardMemory(ctx context.Context, stream string, shards int, before
 	for s := range shards {
 		f, err := pub.PublishAsync(ctx, nil, value, client.WithShard(s))
 		if err != nil {
-			return nil, nil, fmt.Errorf("bench: %s: one record to shard %d: %w", stream, s, err)
+			return m, 0, fmt.Errorf("bench: %s: one record to shard %d: %w", stream, s, err)
 		}
 		futs = append(futs, f)
 	}
 	for s, f := range futs {
 		if _, err := f.Wait(ctx); err != nil {
-			return nil, nil, fmt.Errorf("bench: %s: one record to shard %d: %w", stream, s, err)
+			return m, 0, fmt.Errorf("bench: %s: one record to shard %d: %w", stream, s, err)
 		}
 	}
+	if err := sleepCtx(ctx, memorySettle); err != nil {
+		return m, 0, err
+	}
+	if after, ok = e.settledRSS(ctx); !ok {
+		return m, 0, errors.New("bench: the brokers' RSS is gone")
+	}
+	m.open = perShard(after)
+	return m, after, nil
+}
+
+// rssQuiet is how little the brokers' RSS (summed, KiB) may move between
+// two readings rssStep apart for settledRSS to take it as settled, and
+// rssPatience how long it waits for that at most.
+const (
+	rssQuiet    = 256
+	rssStep     = 200 * time.Millisecond
+	rssPatience = 5 * time.Second
+)
+
+// settledRSS is brokersRSS once it holds still: after a scenario the Go
+// heap of each broker goes on shrinking (its scavenger hands freed pages
+// back over seconds) or growing (a collection still due), and a reading
+// taken meanwhile made the memory per shard of the next stream come out
+// negative, or megabytes for a handful of shards. It reads every rssStep
+// until two readings are within rssQuiet KiB, or rssPatience has passed,
+// and returns the last.
+func (e *env) settledRSS(ctx context.Context) (uint64, bool) {
+	last, ok := e.brokersRSS()
+	if !ok {
+		return 0, false
+	}
+	for end := time.Now().Add(rssPatience); time.Now().Before(end); {
+		if sleepCtx(ctx, rssStep) != nil {
+			break
+		}
+		now, ok := e.brokersRSS()
+		if !ok {
+			return 0, false
+		}
+		quiet := max(now, last)-min(now, last) <= rssQuiet
+		last = now
+		if quiet {
+			break
+		}
+	}
+	return last, true
+}
+
+// sleepCtx sleeps for d, or until ctx is done (its error).
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
 	select {
-	case <-time.After(memorySettle):
+	case <-t.C:
+		return nil
 	case <-ctx.Done():
-		return nil, nil, ctx.Err()
+		return ctx.Err()
 	}
-	if after, ok := e.brokersRSS(); ok {
-		open = perShard(after)
-	}
-	return idle, open, nil
 }
 
 // brokersRSS returns the RSS of the watched brokers together, in KiB;
@@ -230,7 +324,6 @@ func (e *env) throughputResult(ps *pubSet, trials []trial) *Result {
 	if walOK && wal.Count > 0 {
 		res.WALRecordsPerFsync = ptr(float64(int64(wal.Mean()*100+0.5)) / 100)
 	}
-	res.IdleShardKiB, res.OpenShardKiB = ps.idleShardKiB, ps.openShardKiB
 	return res
 }
 
