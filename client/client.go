@@ -38,8 +38,8 @@ type Client struct {
 		publishers map[*Publisher]struct{}
 		subs       map[*Subscription]struct{}
 	}
-	// wg counts the client's goroutines: one reader per publish stream and
-	// one per subscribed shard.
+	// wg counts the client's goroutines: a reader and a flusher per
+	// publish stream, and one per subscribed shard.
 	wg sync.WaitGroup
 }
 

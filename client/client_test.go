@@ -532,3 +532,30 @@ func TestReplicaStatusFreshMap(t *testing.T) {
 		t.Fatalf("%d replicas of %s reported, want 2: %+v", voters, down, sts)
 	}
 }
+
+// TestBufferedRecordsWritten: records published while others wait for
+// their acks are only buffered by the sender; the stream's flusher
+// goroutine must write them, without any ack to prompt it.
+func TestBufferedRecordsWritten(t *testing.T) {
+	fc := newFakeCluster(t, 1)
+	c := connect(t, fc, 0)
+	ctx := testCtx(t)
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	b := fc.brokers[0]
+	b.holdAcks.Store(true)
+	const n = 50
+	for i := range n {
+		if _, err := c.PublishAsync(ctx, "s", nil, []byte{byte(i)}); err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for b.published.Load() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("the broker got %d of %d records: buffered records were never written", b.published.Load(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -355,10 +355,14 @@ func (p *Publisher) openStream(ctx context.Context, ready bool) (*pubSession, er
 	}
 	p.mu.sess, p.mu.ready = s, ready
 	// Add under mu: shutdown takes mu before Close waits on wg.
-	p.c.wg.Add(1)
+	p.c.wg.Add(2)
 	go func() {
 		defer p.c.wg.Done()
 		s.readLoop()
+	}()
+	go func() {
+		defer p.c.wg.Done()
+		s.flushLoop()
 	}()
 	return s, nil
 }
