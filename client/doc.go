@@ -61,10 +61,10 @@
 // the goroutine that reads the acks, with no hand-off in between.
 // A [Publisher] is one ordered stream: its records are committed in the
 // order sent (within each shard).
-// A record alone in flight on its stream is written at once, on the
-// caller's goroutine; records published while others are in flight are
-// buffered and written together by the stream's flusher goroutine, many
-// to a QUIC packet (as the NATS client's flusher does).
+// A record with few others in flight on its stream is written at once,
+// on the caller's goroutine; records published while many are in flight
+// are buffered and written together by the stream's flusher goroutine,
+// many to a QUIC packet (as the NATS client's flusher does).
 //
 // # Idempotent publishing
 //

@@ -242,7 +242,7 @@ func (s *pubSession) send(f *Future, p *transport.Publish) error {
 	s.mu.seq++
 	p.Seq = s.mu.seq
 	s.mu.pending[p.Seq] = f
-	lone := len(s.mu.pending) == 1
+	inFlight := len(s.mu.pending)
 	if f.idem != nil && p.ProducerSeq == 0 {
 		// Sequences are taken in the order records go on the wire.
 		p.ProducerID, p.ProducerSeq = s.idem.next(p.Stream, p.Shard)
@@ -264,8 +264,8 @@ func (s *pubSession) send(f *Future, p *transport.Publish) error {
 		}
 		return nil
 	}
-	if !lone {
-		// Others are in flight: flushLoop writes this one with whatever
+	if inFlight > inlineInFlight {
+		// Many are in flight: flushLoop writes this one with whatever
 		// else is buffered by the time it runs.
 		if !s.buffered {
 			s.buffered = true
@@ -276,11 +276,12 @@ func (s *pubSession) send(f *Future, p *transport.Publish) error {
 		}
 		return nil
 	}
+	s.buffered = false // written now, with anything buffered before it
 	if err := s.w.Flush(); err != nil {
 		s.fail(lost(err)) // resolves f with the rest
 		return nil
 	}
-	if f.obs != nil {
+	if inFlight == 1 && f.obs != nil {
 		// The only record in flight on the stream, as in a closed loop:
 		// the telemetry of the records before it is built while it is on
 		// its way, rather than at a tick that may fall on the caller's
@@ -290,25 +291,34 @@ func (s *pubSession) send(f *Future, p *transport.Publish) error {
 	return nil
 }
 
-// flushLoop writes the records send buffered while others were in flight
-// on the stream, until the reader exits. It is the session's second
-// goroutine, in the way the NATS client's flusher goroutine writes what
-// publishes buffered meanwhile.
+// inlineInFlight is the most records in flight on a stream, the new one
+// included, with which a record is still written at once by its sender;
+// past it the record is buffered for flushLoop. At light load a record
+// often joins one or two others in flight (an open loop at 1,000/s on a
+// 2-vCPU VM: a quarter of its records), and the hand-off to flushLoop, a
+// wake-up, cost them more than a packet of their own; a pipelining
+// publisher keeps far more in flight (the bench: 32).
+const inlineInFlight = 4
+
+// flushLoop writes the records send buffered while many others were in
+// flight on the stream, until the reader exits. It is the session's
+// second goroutine, in the way the NATS client's flusher goroutine writes
+// what publishes buffered meanwhile.
 //
-// A record alone in flight on its stream (one at a time, or the first
-// after a lull) is written by its sender at once, without a hand-off. One
-// that joins records in flight is only buffered, and this goroutine is
-// woken; by the time it runs (the sender's goroutine readies it on its
-// own P, so it usually runs once the sender waits), and after it yields
-// once more, the sender's burst is buffered too and goes in one write.
-// Under load that puts many records in each QUIC packet: writing each at
-// once cost a packet and a sendmsg apiece, which on loopback also pays
-// the receiver's kernel path, and was a third of the bench client's CPU.
-// Measured on a 2-vCPU VM, `felixctl bench --local` with 64 publishers
-// of 32 in flight, two alternated pairs of runs: 280–299k acked records/s
-// against 236–244k, closed-loop direct and forwarded p50 unchanged (one
-// record in flight is written at once, as before). A stream blocked by
-// flow control blocks only its own loop.
+// A record with few others in flight (inlineInFlight) is written by its
+// sender at once, without a hand-off. One that joins many is only
+// buffered, and this goroutine is woken; by the time it runs (the
+// sender's goroutine readies it on its own P, so it usually runs once the
+// sender waits), and after it yields once more, the sender's burst is
+// buffered too and goes in one write. Under load that puts many records
+// in each QUIC packet: writing each at once cost a packet and a sendmsg
+// apiece, which on loopback also pays the receiver's kernel path, and
+// was a third of the bench client's CPU. Measured on a 2-vCPU VM,
+// `felixctl bench --local` with 64 publishers of 32 in flight, two
+// alternated pairs of runs: 280–299k acked records/s against 236–244k,
+// closed-loop direct and forwarded p50 unchanged (one record in flight
+// is written at once, as before). A stream blocked by flow control
+// blocks only its own loop.
 func (s *pubSession) flushLoop() {
 	for {
 		select {
