@@ -99,7 +99,9 @@ type memKey struct{ replicas, shards int }
 // and deleted only once every one is measured. Measured after a load (or
 // after deleting a stream) new shards land in heap the brokers already
 // hold, and the RSS growth came out near zero or negative. It returns nil
-// when the brokers' RSS cannot be read (not --local).
+// when the brokers' RSS cannot be read (not --local). It sets
+// e.cfg.replicas to each probe's factor (createStream and deleteStream
+// read it there) and puts it back before returning.
 func (e *env) measureShardMemory(ctx context.Context, keys []memKey) (_ map[memKey]shardMem, err error) {
 	before, ok := e.settledRSS(ctx)
 	if !ok {
