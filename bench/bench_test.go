@@ -152,7 +152,7 @@ func TestLocalEveryScenario(t *testing.T) {
 			t.Errorf("no result for %s", k)
 		}
 	}
-	for _, k := range []string{"fsync", "rtt", "rtt_idle"} {
+	for _, k := range []string{"fsync", "fsync_idle", "rtt", "rtt_idle"} {
 		p, _ := doc.Floors[k].(map[string]any)
 		if p == nil || p["count"].(float64) != float64(c.FloorCount) || p["p50_us"].(float64) <= 0 {
 			t.Errorf("floor %s: %v", k, doc.Floors[k])

@@ -42,6 +42,11 @@ type Floors struct {
 	// with no Felix code in it.
 	RTTIdle   Percentiles `json:"rtt_idle"`
 	IdleGapUS float64     `json:"rtt_idle_gap_us"`
+	// FsyncIdle is FsyncPrealloc's write+fdatasync taken after IdleGapUS
+	// with nothing written, as a shard log's commit at light load is:
+	// what an idle machine adds to a commit (on a VM, a halted vCPU's
+	// wake-up when the disk completes), with no Felix code in it.
+	FsyncIdle Percentiles `json:"fsync_idle"`
 	// FsyncShared, measured when replication factor 3 runs, is the shared
 	// disk's floor for a replicated commit: write+fdatasync of one payload
 	// appended to each of three files of the data filesystem at once (one
@@ -77,8 +82,8 @@ type floorMeter struct {
 	w       *transport.Writer
 	pubEcho *transport.Publish
 
-	fsync, fsyncPre, rtt, rttIdle, fsyncShared *hdrhistogram.Histogram
-	idleGap                                    time.Duration // before each sample of rttIdle
+	fsync, fsyncPre, fsyncIdle, rtt, rttIdle, fsyncShared *hdrhistogram.Histogram
+	idleGap                                               time.Duration // before each sample of rttIdle
 }
 
 // sharedReplicas is the replicas whose fdatasyncs the shared-disk floor
@@ -93,7 +98,7 @@ const (
 // the idle round trips are taken idleGap apart. With shared, it also
 // opens the shared-disk floor's files.
 func startFloors(ctx context.Context, binary, workDir, dataDir string, size int, idleGap time.Duration, shared bool) (_ *floorMeter, err error) {
-	m := &floorMeter{dir: dataDir, payload: make([]byte, size), fsync: newHist(), fsyncPre: newHist(), rtt: newHist(), rttIdle: newHist(), idleGap: idleGap}
+	m := &floorMeter{dir: dataDir, payload: make([]byte, size), fsync: newHist(), fsyncPre: newHist(), fsyncIdle: newHist(), rtt: newHist(), rttIdle: newHist(), idleGap: idleGap}
 	defer func() {
 		if err != nil {
 			m.close()
@@ -197,7 +202,8 @@ func (m *floorMeter) measure(warmup, n int, prog *progress) error {
 		return err
 	}
 	prog.phase("floor: write+fdatasync over preallocated zeros", warmup+n)
-	if _, err := m.pre.WriteAt(make([]byte, (warmup+n)*len(m.payload)), 0); err != nil {
+	// Zeros for the back-to-back samples, then for the idle ones.
+	if _, err := m.pre.WriteAt(make([]byte, (warmup+2*n)*len(m.payload)), 0); err != nil {
 		return fmt.Errorf("bench: fsync floor: preallocate %s: %w", m.pre.Name(), err)
 	}
 	if err := fdatasync(m.pre); err != nil {
@@ -205,6 +211,14 @@ func (m *floorMeter) measure(warmup, n int, prog *progress) error {
 	}
 	if err := m.writeSyncs(m.pre, m.fsyncPre, warmup, n, prog, true); err != nil {
 		return err
+	}
+	prog.phase("floor: write+fdatasync over zeros after idle", n)
+	for i := range n {
+		time.Sleep(m.idleGap)
+		if err := m.writeSync(m.pre, m.fsyncIdle, int64((warmup+n+i)*len(m.payload))); err != nil {
+			return err
+		}
+		prog.add(1)
 	}
 	if len(m.shared) > 0 {
 		prog.phase(fmt.Sprintf("floor: %d write+fdatasyncs at once", len(m.shared)), warmup+n)
@@ -242,23 +256,40 @@ func (m *floorMeter) measure(warmup, n int, prog *progress) error {
 // written over what f holds at the payload's place.
 func (m *floorMeter) writeSyncs(f *os.File, h *hdrhistogram.Histogram, warmup, n int, prog *progress, over bool) error {
 	for i := range warmup + n {
-		t0 := time.Now()
-		var err error
+		at := int64(-1)
 		if over {
-			_, err = f.WriteAt(m.payload, int64(i*len(m.payload)))
-		} else {
-			_, err = f.Write(m.payload)
+			at = int64(i * len(m.payload))
 		}
-		if err != nil {
-			return fmt.Errorf("bench: fsync floor: write %s: %w", f.Name(), err)
+		keep := h
+		if i < warmup {
+			keep = nil
 		}
-		if err := fdatasync(f); err != nil {
-			return fmt.Errorf("bench: fsync floor: fdatasync %s: %w", f.Name(), err)
-		}
-		if i >= warmup {
-			record(h, time.Since(t0))
+		if err := m.writeSync(f, keep, at); err != nil {
+			return err
 		}
 		prog.add(1)
+	}
+	return nil
+}
+
+// writeSync times one write of the payload to f and its fdatasync, into
+// h unless it is nil: appended when at < 0, else written at at.
+func (m *floorMeter) writeSync(f *os.File, h *hdrhistogram.Histogram, at int64) error {
+	t0 := time.Now()
+	var err error
+	if at >= 0 {
+		_, err = f.WriteAt(m.payload, at)
+	} else {
+		_, err = f.Write(m.payload)
+	}
+	if err != nil {
+		return fmt.Errorf("bench: fsync floor: write %s: %w", f.Name(), err)
+	}
+	if err := fdatasync(f); err != nil {
+		return fmt.Errorf("bench: fsync floor: fdatasync %s: %w", f.Name(), err)
+	}
+	if h != nil {
+		record(h, time.Since(t0))
 	}
 	return nil
 }
@@ -312,7 +343,7 @@ func (m *floorMeter) echo1(h *hdrhistogram.Histogram, keep bool) error {
 // floors returns what was measured so far.
 func (m *floorMeter) floors() Floors {
 	f := Floors{
-		Fsync: percentilesOf(m.fsync), FsyncPrealloc: percentilesOf(m.fsyncPre), RTT: percentilesOf(m.rtt),
+		Fsync: percentilesOf(m.fsync), FsyncPrealloc: percentilesOf(m.fsyncPre), FsyncIdle: percentilesOf(m.fsyncIdle), RTT: percentilesOf(m.rtt),
 		RTTIdle: percentilesOf(m.rttIdle), IdleGapUS: float64(m.idleGap.Microseconds()),
 		FsyncDir: m.dir, FsyncFS: fsType(m.dir),
 		fsyncHist: m.fsync, rttHist: m.rtt,

@@ -407,8 +407,12 @@ func (rep *Report) checkTargets() {
 		le("light load p50", fmt.Sprintf("direct open loop %d/s p50 <= direct closed p50 (light load costs no more than a lone record)", open.RatePerSec),
 			open.P50, direct.P50, "us")
 		if f.RTTIdle.Count > 0 {
-			rep.Notes = append(rep.Notes, fmt.Sprintf("light load: direct open loop p50 - direct closed p50 = %s; the QUIC echo floor alone, after %s idle - back to back = %s (waking idle CPUs and threads, with no Felix code in it)",
-				fmtUS(open.P50-direct.P50), fmtUS(f.IdleGapUS), fmtUS(f.RTTIdle.P50-f.RTT.P50)))
+			note := fmt.Sprintf("light load: direct open loop p50 - direct closed p50 = %s; the QUIC echo floor alone, after %s idle - back to back = %s",
+				fmtUS(open.P50-direct.P50), fmtUS(f.IdleGapUS), fmtUS(f.RTTIdle.P50-f.RTT.P50))
+			if fi, fp := f.FsyncIdle, f.FsyncPrealloc; fi.Count > 0 && fp.Count > 0 {
+				note += fmt.Sprintf(", write+fdatasync over zeros %s, together %s", fmtUS(fi.P50-fp.P50), fmtUS(fi.P50-fp.P50+f.RTTIdle.P50-f.RTT.P50))
+			}
+			rep.Notes = append(rep.Notes, note+" (waking idle CPUs and threads, with no Felix code in it)")
 		}
 	}
 	for _, r := range rep.Scenarios {
@@ -481,6 +485,9 @@ func (rep *Report) writeScenarios(w io.Writer) error {
 	fmt.Fprintf(w, "floors (same run): write+fdatasync p50 %s p99 %s (%s, %s)", fmtUS(f.Fsync.P50), fmtUS(f.Fsync.P99), f.FsyncFS, f.FsyncDir)
 	if fp := f.FsyncPrealloc; fp.Count > 0 {
 		fmt.Fprintf(w, ", over preallocated zeros p50 %s p99 %s", fmtUS(fp.P50), fmtUS(fp.P99))
+		if fi := f.FsyncIdle; fi.Count > 0 {
+			fmt.Fprintf(w, " (after %s idle p50 %s p99 %s)", fmtUS(f.IdleGapUS), fmtUS(fi.P50), fmtUS(fi.P99))
+		}
 	}
 	fmt.Fprintf(w, "; QUIC RTT between 2 processes p50 %s p99 %s", fmtUS(f.RTT.P50), fmtUS(f.RTT.P99))
 	if f.RTTIdle.Count > 0 {
