@@ -241,29 +241,33 @@ func (s *pubSession) send(f *Future, p *transport.Publish) error {
 	}
 	s.mu.seq++
 	p.Seq = s.mu.seq
-	s.mu.pending[p.Seq] = f
-	inFlight := len(s.mu.pending)
 	if f.idem != nil && p.ProducerSeq == 0 {
 		// Sequences are taken in the order records go on the wire.
 		p.ProducerID, p.ProducerSeq = s.idem.next(p.Stream, p.Shard)
 	}
-	if o := f.obs; o != nil {
-		o.broker, o.producerID = s.addr, p.ProducerID
-	}
-	s.mu.Unlock()
-
+	// p is encoded before f is pending: once it is, a failing session
+	// hands f to an idempotent publisher's resender, which sends p again
+	// on a new session (setting its Seq, perhaps renumbering it), so p
+	// must be read here no more by then. Encoding only copies into the
+	// writer's buffer: nothing here waits while mu is held.
 	if err := s.w.Buffer(p); err != nil {
 		// It did not encode (too large, say): nothing was sent.
 		if s.idem != nil {
 			s.idem.refused(p) // its sequence is skipped: renumber what follows
 		}
-		if s.take(p.Seq) != nil {
-			f.resolve(Ack{}, s.publishErr(f, err))
-			notifyLater(s.later, []*Future{f}) // under wmu
-			f.finish()
-		}
+		s.mu.Unlock()
+		f.resolve(Ack{}, s.publishErr(f, err))
+		notifyLater(s.later, []*Future{f}) // under wmu
+		f.finish()
 		return nil
 	}
+	s.mu.pending[p.Seq] = f
+	inFlight := len(s.mu.pending)
+	if o := f.obs; o != nil {
+		o.broker, o.producerID = s.addr, p.ProducerID
+	}
+	s.mu.Unlock()
+
 	if inFlight > inlineInFlight {
 		// Many are in flight: flushLoop writes this one with whatever
 		// else is buffered by the time it runs.
