@@ -290,8 +290,14 @@ func TestLeadershipReturnsToOwner(t *testing.T) {
 
 // TestReplicatedLargeRecord: a record of the largest size a broker takes
 // replicates (its raft message is larger than a publish frame).
+//
+// At the default raft tick, not fastRaft's: in a CI run with the race
+// detector on a loaded 2-vCPU machine, the leader lost its leadership
+// before committing the 1 MiB record and answered not_owner (a correct
+// answer, but not what this test is about). fastRaft's election timeout
+// is 200–400 ms, which such an append can take there.
 func TestReplicatedLargeRecord(t *testing.T) {
-	ip := startInprocWith(t, fastRaft, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	ip := startInprocWith(t, nil, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
 	id := shardmap.ShardID{Stream: "r3", Shard: 0}
 	leader := leaderOf(t, ip.brokers, id)
 	big := make([]byte, ip.brokers[0].cfg.MaxPayload-64)
