@@ -245,6 +245,9 @@ func (s *pubSession) send(f *Future, p *transport.Publish) error {
 		// Sequences are taken in the order records go on the wire.
 		p.ProducerID, p.ProducerSeq = s.idem.next(p.Stream, p.Shard)
 	}
+	if o := f.obs; o != nil {
+		o.broker, o.producerID = s.addr, p.ProducerID
+	}
 	// p is encoded before f is pending: once it is, a failing session
 	// hands f to an idempotent publisher's resender, which sends p again
 	// on a new session (setting its Seq, perhaps renumbering it), so p
@@ -263,9 +266,6 @@ func (s *pubSession) send(f *Future, p *transport.Publish) error {
 	}
 	s.mu.pending[p.Seq] = f
 	inFlight := len(s.mu.pending)
-	if o := f.obs; o != nil {
-		o.broker, o.producerID = s.addr, p.ProducerID
-	}
 	s.mu.Unlock()
 
 	if inFlight > inlineInFlight {
