@@ -452,17 +452,30 @@ func TestOnResolved(t *testing.T) {
 			break
 		}
 	}
-	mu.Lock()
-	if calls != n || len(offsets) != n {
-		t.Fatalf("%d calls, %d acks, want %d", calls, len(offsets), n)
+	// The last record's Wait returns once its future resolved, which is
+	// just before its function is called: wait for the call (a bounded
+	// wait), and check with mu released, so that a failure does not leave
+	// the reader blocked in a function.
+	var gotCalls int
+	var gotOffsets []uint64
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		mu.Lock()
+		gotCalls, gotOffsets = calls, offsets
+		if calls >= n || time.Now().After(deadline) {
+			calls, offsets = 0, nil
+			mu.Unlock()
+			break
+		}
+		mu.Unlock()
 	}
-	for i, off := range offsets {
+	if gotCalls != n || len(gotOffsets) != n {
+		t.Fatalf("%d calls, %d acks, want %d", gotCalls, len(gotOffsets), n)
+	}
+	for i, off := range gotOffsets {
 		if off != uint64(i) {
 			t.Fatalf("call %d had offset %d: acks out of order", i, off)
 		}
 	}
-	calls, offsets = 0, nil
-	mu.Unlock()
 
 	// A full window fails the call: no function call for that record.
 	b.holdAcks.Store(true)

@@ -228,7 +228,8 @@ func WithShard(n int) PublishOpt {
 // on the client's runner of deferred work (the one that ends producer
 // spans; Close runs what it holds). fn must not block and must not
 // publish on the same publisher: the acks behind it wait for it. It is not called when the
-// publish call itself returns an error.
+// publish call itself returns an error. The Future resolves first: a
+// Wait on it may return just before fn is called.
 func OnResolved(fn func(Ack, error)) PublishOpt {
 	return publishOptFunc(func(c *publishConfig) { c.then = fn })
 }
