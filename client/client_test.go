@@ -146,7 +146,7 @@ func TestWindow(t *testing.T) {
 	if err := p.acquire(ctx, true); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("want DeadlineExceeded, got %v", err)
 	}
-	f := &Future{done: make(chan struct{}), window: p.window, stream: "x"}
+	f := &Future{window: p.window, stream: "x"}
 	go func() {
 		time.Sleep(10 * time.Millisecond)
 		f.resolve(Ack{Offset: 7}, nil)
@@ -165,7 +165,7 @@ func TestWindow(t *testing.T) {
 }
 
 func TestFutureWaitContext(t *testing.T) {
-	f := &Future{done: make(chan struct{}), window: make(chan struct{}, 1), stream: "x"}
+	f := &Future{window: make(chan struct{}, 1), stream: "x"}
 	f.window <- struct{}{}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -48,7 +49,10 @@ func ackFrom(a *transport.Ack) Ack {
 // Future is the pending outcome of an asynchronous publish. It resolves
 // exactly once, with an [Ack] or a [*PublishError].
 type Future struct {
-	done   chan struct{}
+	// done is made by the first Done or Wait that finds f pending, or is
+	// closedDone once f resolved: a Future whose caller never waits on
+	// it (PublishAsync with OnResolved, or a Flush) costs no channel.
+	done   atomic.Pointer[chan struct{}]
 	ack    Ack
 	err    error
 	stream string
@@ -94,20 +98,37 @@ type idemRecord struct {
 	cause    error
 }
 
+// closedDone is the done channel of every resolved Future.
+var closedDone = func() *chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return &c
+}()
+
 // Done returns a channel closed when the future has resolved.
-func (f *Future) Done() <-chan struct{} { return f.done }
+func (f *Future) Done() <-chan struct{} {
+	if p := f.done.Load(); p != nil {
+		return *p
+	}
+	c := make(chan struct{})
+	if f.done.CompareAndSwap(nil, &c) {
+		return c // resolve closes it
+	}
+	return *f.done.Load() // resolved meanwhile: closedDone
+}
+
+// resolved reports whether f has resolved; its outcome is then readable.
+func (f *Future) resolved() bool { return f.done.Load() == closedDone }
 
 // Wait waits for the outcome of the publish: its Ack, or the
 // [*PublishError] it failed with. If ctx ends first Wait returns ctx's
 // error; the publish itself goes on, and Wait can be called again.
 func (f *Future) Wait(ctx context.Context) (Ack, error) {
-	select {
-	case <-f.done:
+	if f.resolved() {
 		return f.ack, f.err
-	default:
 	}
 	select {
-	case <-f.done:
+	case <-f.Done():
 		return f.ack, f.err
 	case <-ctx.Done():
 		return Ack{}, fmt.Errorf("client: waiting for the ack of a record to %s: %w", f.stream, ctx.Err())
@@ -124,7 +145,9 @@ func (f *Future) resolve(ack Ack, err error) {
 	}
 	f.ack, f.err = ack, err
 	<-f.window
-	close(f.done)
+	if p := f.done.Swap(closedDone); p != nil {
+		close(*p) // a waiter made it
+	}
 }
 
 // notify calls f's OnResolved function, if any, on this goroutine. f has

@@ -136,7 +136,7 @@ func (p *Publisher) Flush(ctx context.Context) error {
 	}
 	for _, f := range futures {
 		select {
-		case <-f.done:
+		case <-f.Done():
 		case <-ctx.Done():
 			return fmt.Errorf("client: flush: %w", ctx.Err())
 		}
@@ -203,7 +203,7 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 		return nil, &PublishError{Stream: stream, Shard: int(cfg.shard), Broker: p.c.addr, Err: err}
 	}
 	tel := p.c.tel
-	f := &Future{done: make(chan struct{}), stream: stream, shard: cfg.shard, window: p.window, then: cfg.then}
+	f := &Future{stream: stream, shard: cfg.shard, window: p.window, then: cfg.then}
 	if tel.timed || tel.tracer != nil {
 		f.obs = &publishObs{tel: tel, bodySize: len(value)}
 		if tel.timed {
