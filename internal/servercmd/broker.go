@@ -98,5 +98,5 @@ func (c *Broker) Run(log *slog.Logger) error {
 	}
 	<-ctx.Done()
 	log.Info("shutting down")
-	return b.Close()
+	return closeWatched(log, "broker", b.Close)
 }

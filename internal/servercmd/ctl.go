@@ -138,7 +138,7 @@ func (c *Ctl) Run(log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	<-ctx.Done()
-	return s.Close()
+	return closeWatched(log, "ctl", s.Close)
 }
 
 // etcdRoundTrips returns the hook recording felix_ctl_etcd_duration_seconds
