@@ -20,9 +20,10 @@ import (
 // forwarder holds the connection a follower forwards changes to the
 // leader on, redialed when the leader changes.
 type forwarder struct {
-	mu   sync.Mutex // guards the cached connection
-	addr string
-	conn *quic.Conn
+	mu     sync.Mutex // guards the cached connection; never held across a dial
+	addr   string
+	conn   *quic.Conn
+	closed bool
 }
 
 // forwardTimeout bounds a forwarded change, including the wait for a
@@ -84,21 +85,40 @@ func (s *Server) forwardTo(ctx context.Context, addr string, req *transport.Requ
 }
 
 func (f *forwarder) dial(ctx context.Context, addr string, tlsConf *tls.Config, cfg transport.Config) (*quic.Conn, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.conn != nil && f.addr == addr && f.conn.Context().Err() == nil {
-		return f.conn, nil
+	if conn := f.cached(addr); conn != nil {
+		return conn, nil
 	}
-	if f.conn != nil {
-		f.conn.CloseWithError(0, "")
-		f.conn = nil
-	}
+	// Dialed without the lock: a handshake with a leader that does not
+	// answer must not hold up the requests that find a connection, nor
+	// close.
 	conn, err := transport.Dial(ctx, addr, transport.VerifyPeer(tlsConf, transport.RoleCtl, ""), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("dial the ctl leader at %s: %w", addr, err)
 	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case f.closed:
+		conn.CloseWithError(0, "")
+		return nil, transport.Errorf(transport.CodeShuttingDown, "ctl is closing")
+	case f.conn != nil && f.addr == addr && f.conn.Context().Err() == nil:
+		conn.CloseWithError(0, "") // another request dialed it meanwhile
+		return f.conn, nil
+	case f.conn != nil:
+		f.conn.CloseWithError(0, "")
+	}
 	f.conn, f.addr = conn, addr
 	return conn, nil
+}
+
+// cached returns the connection to addr, if one is open.
+func (f *forwarder) cached(addr string) *quic.Conn {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.conn != nil && f.addr == addr && f.conn.Context().Err() == nil {
+		return f.conn
+	}
+	return nil
 }
 
 func (f *forwarder) drop(conn *quic.Conn) {
@@ -113,6 +133,7 @@ func (f *forwarder) drop(conn *quic.Conn) {
 func (f *forwarder) close() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.closed = true
 	if f.conn != nil {
 		f.conn.CloseWithError(0, "")
 		f.conn = nil
