@@ -9,7 +9,16 @@ import (
 
 // BenchmarkPublishAsync measures the SDK's publish path against the
 // in-process fake broker (no fsync): encode, window, write, ack, resolve.
-func BenchmarkPublishAsync(b *testing.B) {
+func BenchmarkPublishAsync(b *testing.B) { benchPublishAsync(b) }
+
+// BenchmarkPublishAsyncOnResolved is BenchmarkPublishAsync as the bench
+// and a callback user publish: to a given shard, with a function called
+// on the outcome instead of a Wait.
+func BenchmarkPublishAsyncOnResolved(b *testing.B) {
+	benchPublishAsync(b, WithShard(0), OnResolved(func(Ack, error) {}))
+}
+
+func benchPublishAsync(b *testing.B, opts ...PublishOpt) {
 	fc := newFakeCluster(b, 1)
 	ctx := context.Background()
 	c, err := Connect(ctx, fc.brokers[0].addr, fc.clientOpts(WithLogger(quiet))...)
@@ -24,7 +33,7 @@ func BenchmarkPublishAsync(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {
-		if _, err := c.PublishAsync(ctx, "bench", nil, value); err != nil {
+		if _, err := c.PublishAsync(ctx, "bench", nil, value, opts...); err != nil {
 			b.Fatal(err)
 		}
 	}

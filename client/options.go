@@ -201,11 +201,33 @@ func WithIdempotence() Opt { return optFunc(func(c *config) { c.idempotent = tru
 func WithRetryTimeout(d time.Duration) Opt { return optFunc(func(c *config) { c.retryTimeout = d }) }
 
 // PublishOpt configures one publish.
-type PublishOpt interface{ applyPublish(*publishConfig) }
+//
+// Each option is a small value that returns the configuration it was
+// given with its field set: the configuration is copied, never shared by
+// pointer, so that a publish's stays on its caller's stack (through an
+// interface call, a pointer to it would make it a heap allocation per
+// record).
+type PublishOpt interface {
+	applyPublish(publishConfig) publishConfig
+}
 
-type publishOptFunc func(*publishConfig)
+type (
+	shardOpt    int32
+	thenOpt     func(Ack, error)
+	headersOpt  map[string]string
+	producerOpt struct {
+		id  string
+		seq uint64
+	}
+)
 
-func (f publishOptFunc) applyPublish(c *publishConfig) { f(c) }
+func (o shardOpt) applyPublish(c publishConfig) publishConfig   { c.shard = int32(o); return c }
+func (o thenOpt) applyPublish(c publishConfig) publishConfig    { c.then = o; return c }
+func (o headersOpt) applyPublish(c publishConfig) publishConfig { c.headers = o; return c }
+func (o producerOpt) applyPublish(c publishConfig) publishConfig {
+	c.producerID, c.producerSeq = o.id, o.seq
+	return c
+}
 
 type publishConfig struct {
 	shard       int32 // -1: from the key
@@ -216,9 +238,7 @@ type publishConfig struct {
 }
 
 // WithShard sends the record to shard n, whatever its key.
-func WithShard(n int) PublishOpt {
-	return publishOptFunc(func(c *publishConfig) { c.shard = int32(n) })
-}
+func WithShard(n int) PublishOpt { return shardOpt(n) }
 
 // OnResolved has fn called once with the record's outcome, as soon as its
 // Future resolves: with an ack or a broker's refusal, on the goroutine
@@ -230,16 +250,12 @@ func WithShard(n int) PublishOpt {
 // publish on the same publisher: the acks behind it wait for it. It is not called when the
 // publish call itself returns an error. The Future resolves first: a
 // Wait on it may return just before fn is called.
-func OnResolved(fn func(Ack, error)) PublishOpt {
-	return publishOptFunc(func(c *publishConfig) { c.then = fn })
-}
+func OnResolved(fn func(Ack, error)) PublishOpt { return thenOpt(fn) }
 
 // WithHeaders attaches headers (for example a W3C traceparent) to the
 // record. The map is sent as is; do not modify it until the publish
 // returns.
-func WithHeaders(h map[string]string) PublishOpt {
-	return publishOptFunc(func(c *publishConfig) { c.headers = h })
-}
+func WithHeaders(h map[string]string) PublishOpt { return headersOpt(h) }
 
 // WithProducer tags the record with a producer id and its sequence number
 // within that producer, stored with the record and given to subscribers.
@@ -252,9 +268,7 @@ func WithHeaders(h map[string]string) PublishOpt {
 // [ErrOutOfOrderSequence]. The application then retries records
 // of unknown outcome itself, in order; [WithIdempotence] does all of
 // this for it. Seq 0 means not idempotent: the id is metadata only.
-func WithProducer(id string, seq uint64) PublishOpt {
-	return publishOptFunc(func(c *publishConfig) { c.producerID, c.producerSeq = id, seq })
-}
+func WithProducer(id string, seq uint64) PublishOpt { return producerOpt{id, seq} }
 
 // SubOpt configures a subscription.
 type SubOpt interface{ applySub(*subConfig) }

@@ -181,7 +181,7 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 	cfg := publishConfig{shard: -1}
 	for _, o := range opts {
 		if o != nil {
-			o.applyPublish(&cfg)
+			cfg = o.applyPublish(cfg)
 		}
 	}
 	if cfg.shard < 0 && len(key) == 0 {
