@@ -101,7 +101,7 @@ func (f *forwarder) dial(ctx context.Context, addr string, tlsConf *tls.Config, 
 	case f.closed:
 		conn.CloseWithError(0, "")
 		return nil, transport.Errorf(transport.CodeShuttingDown, "ctl is closing")
-	case f.conn != nil && f.addr == addr && f.conn.Context().Err() == nil:
+	case f.usableLocked(addr) != nil:
 		conn.CloseWithError(0, "") // another request dialed it meanwhile
 		return f.conn, nil
 	case f.conn != nil:
@@ -115,6 +115,11 @@ func (f *forwarder) dial(ctx context.Context, addr string, tlsConf *tls.Config, 
 func (f *forwarder) cached(addr string) *quic.Conn {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.usableLocked(addr)
+}
+
+// usableLocked is cached with f.mu held.
+func (f *forwarder) usableLocked(addr string) *quic.Conn {
 	if f.conn != nil && f.addr == addr && f.conn.Context().Err() == nil {
 		return f.conn
 	}
