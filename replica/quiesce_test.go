@@ -38,7 +38,7 @@ func TestIdleGroupQuiesces(t *testing.T) {
 	sent := c.net.Sent()
 	time.Sleep(3 * 10 * tickEvery) // three election timeouts of ticks
 	if n := c.net.Sent() - sent; n != 0 {
-		t.Fatalf("a quiet group sent %d messages over three election timeouts, want 0", n)
+		t.Fatalf("a quiet group sent %d messages over three election timeouts, want 0: %q", n, c.net.SentSince(sent))
 	}
 	for _, g := range c.running() {
 		if !g.Quiesced() {

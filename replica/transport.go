@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"sync"
 
@@ -35,13 +36,46 @@ type MemNetwork struct {
 	// in an append message.
 	appended map[uint64]uint64
 	sent     uint64 // messages delivered
+	// recent holds the last messages delivered, message number
+	// sent-len(recent)+1 first: what a test that counts messages reports
+	// when the count is wrong.
+	recent []sentMsg
 }
+
+// sentMsg is what MemNetwork keeps of a message it delivered.
+type sentMsg struct {
+	from, to, term, index, commit uint64
+	typ                           pb.MessageType
+	entries                       int
+}
+
+// recentKept bounds MemNetwork.recent.
+const recentKept = 64
 
 // Sent returns the number of messages the network has delivered.
 func (n *MemNetwork) Sent() uint64 {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.sent
+}
+
+// SentSince describes the messages delivered after the first n (as Sent
+// counted them), of the last 64 at most.
+func (n *MemNetwork) SentSince(first uint64) []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	skip := int(first) - (int(n.sent) - len(n.recent))
+	if skip < 0 {
+		skip = 0
+	}
+	if skip > len(n.recent) {
+		skip = len(n.recent)
+	}
+	var out []string
+	for _, m := range n.recent[skip:] {
+		out = append(out, fmt.Sprintf("%d->%d %s term %d index %d commit %d entries %d", m.from, m.to, m.typ, m.term, m.index, m.commit, m.entries))
+	}
+	return out
 }
 
 // Appended returns the highest entry index delivered to replica id in an
@@ -139,6 +173,10 @@ func (t memTransport) Send(msgs []*pb.Message) {
 		}
 		out = append(out, delivery{to, c})
 		n.sent++
+		if len(n.recent) == recentKept {
+			n.recent = append(n.recent[:0], n.recent[1:]...)
+		}
+		n.recent = append(n.recent, sentMsg{c.GetFrom(), c.GetTo(), c.GetTerm(), c.GetIndex(), c.GetCommit(), c.GetType(), len(c.GetEntries())})
 	}
 	t.n.mu.Unlock()
 	for _, d := range out {
