@@ -115,6 +115,14 @@ func TestLocalEveryScenario(t *testing.T) {
 			if num(s, "generator_lag_p99_us") < 0 || num(s, "send_wait_p99_us") < 0 || num(s, "rate_per_s") != float64(c.Rate) {
 				t.Errorf("%s: open-loop fields %v %v %v", key, s["generator_lag_p99_us"], s["send_wait_p99_us"], s["rate_per_s"])
 			}
+		case "load/open", "throughput/pipelined":
+			// Every record left in a QUIC packet: the counts come from the
+			// bench's connections over the row, not from zero values.
+			if sent, lost := num(s, "quic_packets_sent"), num(s, "quic_packets_lost"); sent < num(s, "count")/64 || lost < 0 || lost > sent {
+				t.Errorf("%s: QUIC packets sent %v lost %v for %v records", key, s["quic_packets_sent"], s["quic_packets_lost"], s["count"])
+			}
+		}
+		switch key {
 		case "load/open":
 			if num(s, "load_pct") != 50 || num(s, "rate_per_s") < 1 || num(s, "generator_lag_p99_us") < 0 || num(s, "shards") != 6 {
 				t.Errorf("load: fields %v %v %v %v", s["load_pct"], s["rate_per_s"], s["generator_lag_p99_us"], s["shards"])

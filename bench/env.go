@@ -99,6 +99,30 @@ func (e *env) client(ctx context.Context, id string) (*client.Client, error) {
 	return nil, fmt.Errorf("bench: no live broker %q", id)
 }
 
+// quicCounts is what the bench's QUIC connections to the brokers sent and
+// declared lost (client.ConnStats).
+type quicCounts struct{ sent, lost uint64 }
+
+// quicTotals returns the packets the bench's clients have sent and lost
+// so far, over all their connections.
+func (e *env) quicTotals() quicCounts {
+	var q quicCounts
+	for _, c := range e.clients {
+		for _, st := range c.ConnStats() {
+			q.sent += st.PacketsSent
+			q.lost += st.PacketsLost
+		}
+	}
+	return q
+}
+
+// quicSince returns what the bench's connections sent and lost since
+// before (a quicTotals).
+func (e *env) quicSince(before quicCounts) *quicCounts {
+	now := e.quicTotals()
+	return &quicCounts{sent: now.sent - before.sent, lost: now.lost - before.lost}
+}
+
 // anyClient returns a connected client.
 func (e *env) anyClient(ctx context.Context) (*client.Client, error) {
 	for _, c := range e.clients {

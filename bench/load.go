@@ -34,6 +34,7 @@ func (e *env) runLoad(ctx context.Context, ps *pubSet, maxRate, pct float64) (*R
 	for t := range e.cfg.trials {
 		e.prog.phase(fmt.Sprintf("load %g%% %d/s %d/%d", pct, rate, t+1, e.cfg.trials), warmup+n)
 		e.watch.begin()
+		quic := e.quicTotals()
 		start := time.Now()
 		rec, acks, err := openLoop(ctx, rate, warmup, n, sends, e.prog)
 		if err != nil {
@@ -44,6 +45,7 @@ func (e *env) runLoad(ctx context.Context, ps *pubSet, maxRate, pct float64) (*R
 		// runs at the same rate): whether the CPUs, not the disk, set
 		// the row's latency.
 		tr.usage = e.watch.end(time.Since(start).Seconds())
+		tr.quic = e.quicSince(quic)
 		trials = append(trials, tr)
 	}
 	res := summarize(Load, ModeOpen, trials)

@@ -157,6 +157,13 @@ type Result struct {
 	BrokerRSSMiB     *float64       `json:"broker_rss_mib,omitempty"`       // throughput: largest broker RSS at the end
 	BrokerPeakRSSMiB *float64       `json:"broker_peak_rss_mib,omitempty"`  // throughput: largest broker peak RSS
 	ClientCPUPct     *float64       `json:"client_cpu_pct,omitempty"`       // throughput, load: this process
+	// QUICPacketsSent and QUICPacketsLost are the packets the bench's QUIC
+	// connections sent to the brokers over the row's trials (throughput:
+	// the measured part; load: warm-up included), and those quic-go
+	// declared lost and sent again (client.ConnStats): on loopback, a
+	// broker that fell 256 packets behind reading its connection.
+	QUICPacketsSent *uint64 `json:"quic_packets_sent,omitempty"` // throughput, load
+	QUICPacketsLost *uint64 `json:"quic_packets_lost,omitempty"` // throughput, load
 	// BrokerCPUPerRecord is the brokers' CPU time (user and system, all
 	// of them) per acked record, in µs: what a record costs the brokers
 	// when the CPUs are what bounds throughput. MachineCPUPerRecord is
@@ -234,6 +241,13 @@ func summarize(scenario, mode string, trials []trial) *Result {
 			tos, froms = append(tos, t.toBatch), append(froms, t.fromBatch)
 		}
 		acks.merge(t.acks)
+		if t.quic != nil {
+			if r.QUICPacketsSent == nil {
+				r.QUICPacketsSent, r.QUICPacketsLost = new(uint64), new(uint64)
+			}
+			*r.QUICPacketsSent += t.quic.sent
+			*r.QUICPacketsLost += t.quic.lost
+		}
 		if t.usage != nil {
 			sum, peak, rss := 0.0, 0.0, 0.0
 			for _, u := range t.usage {
@@ -525,6 +539,9 @@ func (rep *Report) writeScenarios(w io.Writer) error {
 		if r.BrokerCPUPct != nil {
 			fmt.Fprintf(w, "%s: brokers used %.0f%% CPU (of one core), largest broker RSS %.1f MiB (peak %.1f MiB); the bench itself %.0f%% CPU%s\n",
 				r.Label(), *r.BrokerCPUPct, *r.BrokerRSSMiB, *r.BrokerPeakRSSMiB, deref(r.ClientCPUPct), machineBusy(r.MachineCPUPct))
+		}
+		if r.QUICPacketsSent != nil {
+			fmt.Fprintf(w, "%s: the bench's QUIC connections sent %d packets, %d of them declared lost and sent again\n", r.Label(), *r.QUICPacketsSent, *r.QUICPacketsLost)
 		}
 		if r.BrokerCPUPerRecord != nil {
 			fmt.Fprintf(w, "%s: CPU per acked record: brokers %.2f µs, whole machine %s µs\n", r.Label(), *r.BrokerCPUPerRecord, fmtOpt2(r.MachineCPUPerRecord))

@@ -53,6 +53,7 @@ type trial struct {
 	acks               *ackGroups
 	usage              []ProcUsage
 	wal                *stats.Histogram // throughput: the brokers' WAL batches over the measured part
+	quic               *quicCounts      // throughput, load: what the bench's QUIC connections sent and lost meanwhile
 }
 
 // publisherOn creates a one-shard stream named after name and returns a

@@ -345,13 +345,14 @@ func (e *env) throughputTrial(ctx context.Context, ps *pubSet, label string) (tr
 	}
 	time.Sleep(time.Until(mStart))
 	e.watch.begin()
+	quic := e.quicTotals()
 	walBefore, ok1 := e.walBatches(ctx)
 	time.Sleep(time.Until(mEnd))
 	walAfter, ok2 := e.walBatches(ctx)
 	usage := e.watch.end(time.Since(mStart).Seconds())
 	wg.Wait()
 
-	tr := trial{hist: newHist(), acks: newAckGroups(), elapsed: mEnd.Sub(mStart), usage: usage}
+	tr := trial{hist: newHist(), acks: newAckGroups(), elapsed: mEnd.Sub(mStart), usage: usage, quic: e.quicSince(quic)}
 	if ok1 && ok2 {
 		d := walAfter.Sub(walBefore)
 		tr.wal = &d

@@ -34,6 +34,8 @@ type brokerConn struct {
 		retryAt  time.Time     // no dial before this (backoff)
 		lastErr  error         // error of the last failed dial
 		dialed   bool          // a connection was established before
+		dials    int           // connections established
+		past     ConnStats     // the counters of the connections before conn
 	}
 }
 
@@ -53,6 +55,7 @@ func (b *brokerConn) get(ctx context.Context) (*quic.Conn, error) {
 				return conn, nil
 			}
 			b.mu.conn = nil
+			b.mu.past.add(conn.ConnectionStats())
 			b.c.cfg.logger.Info("client: connection to broker lost; will redial", "broker", b.addr, "cause", context.Cause(conn.Context()))
 		}
 		if ch := b.mu.dialing; ch != nil {
@@ -84,6 +87,7 @@ func (b *brokerConn) get(ctx context.Context) (*quic.Conn, error) {
 			return nil, ErrClosed
 		case err == nil:
 			b.mu.conn, b.mu.failures, b.mu.lastErr, b.mu.dialed = conn, 0, nil, true
+			b.mu.dials++
 			b.mu.Unlock()
 			if redial {
 				b.c.cfg.logger.Info("client: reconnected to broker", "broker", b.addr)
@@ -154,6 +158,9 @@ func (b *brokerConn) close() {
 	b.mu.Lock()
 	conn := b.mu.conn
 	b.mu.conn = nil
+	if conn != nil {
+		b.mu.past.add(conn.ConnectionStats())
+	}
 	b.mu.Unlock()
 	if conn != nil {
 		_ = conn.CloseWithError(0, "client closed")

@@ -149,4 +149,10 @@
 // ends and latency records run in batches off the publish path; with a
 // tracer provider built with [TraceIDGenerator] the producer span itself
 // is started after the record is sent, with its real start time.
+//
+// [Client.ConnStats] reads quic-go's accounting of the connection to each
+// broker: round-trip times, congestion window, packets and bytes sent,
+// received and declared lost, counted across redials. On loopback or a
+// LAN, lost packets mean a broker (or this process) stopped reading for a
+// while: quic-go drops what arrives for a connection 256 packets behind.
 package client

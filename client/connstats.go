@@ -1,0 +1,81 @@
+package client
+
+import (
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/quic-go/quic-go"
+)
+
+// ConnStats is what the client's QUIC connection to one broker has seen,
+// by quic-go's own accounting. The counters add up every connection the
+// client made to the broker (a redial starts a new one); the RTTs and the
+// congestion window are the current connection's, zero while there is
+// none.
+//
+// PacketsLost counts packets this client sent that quic-go declared lost
+// (never acknowledged in time) and sent again. On loopback or a LAN that
+// is rarely the network: a QUIC connection whose goroutine falls 256
+// packets behind drops what comes next (quic-go's receive queue), so lost
+// packets say a broker, or this process, stopped reading for a while.
+// Each loss also shrinks the congestion window, which can hold the
+// client's next packets back.
+type ConnStats struct {
+	Broker    string // the broker's address
+	Connected bool   // a connection is up now
+	Dials     int    // connections established to the broker
+
+	SmoothedRTT      time.Duration
+	MinRTT           time.Duration
+	LatestRTT        time.Duration
+	CongestionWindow uint64 // bytes
+
+	PacketsSent, PacketsReceived, PacketsLost uint64
+	BytesSent, BytesReceived, BytesLost       uint64
+}
+
+// ConnStats returns the stats of the client's connection to each broker it
+// has used, sorted by address. It never blocks on the network.
+func (c *Client) ConnStats() []ConnStats {
+	c.mu.Lock()
+	conns := make([]*brokerConn, 0, len(c.mu.conns))
+	for _, b := range c.mu.conns {
+		conns = append(conns, b)
+	}
+	c.mu.Unlock()
+	out := make([]ConnStats, 0, len(conns))
+	for _, b := range conns {
+		out = append(out, b.stats())
+	}
+	slices.SortFunc(out, func(a, b ConnStats) int { return strings.Compare(a.Broker, b.Broker) })
+	return out
+}
+
+// stats returns b's ConnStats: its past connections' counters and its
+// current connection's.
+func (b *brokerConn) stats() ConnStats {
+	b.mu.Lock()
+	st, conn := b.mu.past, b.mu.conn
+	st.Broker, st.Dials = b.addr, b.mu.dials
+	b.mu.Unlock()
+	if conn != nil && conn.Context().Err() == nil {
+		q := conn.ConnectionStats()
+		st.Connected = true
+		st.SmoothedRTT, st.MinRTT, st.LatestRTT, st.CongestionWindow = q.SmoothedRTT, q.MinRTT, q.LatestRTT, q.CongestionWindow
+		st.add(q)
+	} else if conn != nil {
+		st.add(conn.ConnectionStats()) // dead, not yet replaced
+	}
+	return st
+}
+
+// add adds q's counters to s's.
+func (s *ConnStats) add(q quic.ConnectionStats) {
+	s.PacketsSent += q.PacketsSent
+	s.PacketsReceived += q.PacketsReceived
+	s.PacketsLost += q.PacketsLost
+	s.BytesSent += q.BytesSent
+	s.BytesReceived += q.BytesReceived
+	s.BytesLost += q.BytesLost
+}
