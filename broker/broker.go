@@ -30,7 +30,8 @@ type Broker struct {
 	log    *slog.Logger
 	shards *shardSet
 	peers  *peerPool
-	raft   *raftNet // raft messages of the replicated shards (raft.go)
+	quic   quicAccount // what the broker's QUIC connections sent and lost (quicstats.go)
+	raft   *raftNet    // raft messages of the replicated shards (raft.go)
 	// leaders holds, by shardmap.ShardID, the node a replica last named
 	// as the leader of a replicated shard (a string), for routing from a
 	// broker outside its replica set.
@@ -75,7 +76,7 @@ func New(cfg Config) (*Broker, error) {
 	}
 	b := &Broker{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID)}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
-	b.peers = newPeerPool(cfg.PeerTLS, cfg.Transport, b.log)
+	b.peers = newPeerPool(cfg.PeerTLS, cfg.Transport, b.log, &b.quic)
 	b.mu.conns = map[*quic.Conn]struct{}{}
 	b.mu.pubs = map[*pubSession]struct{}{}
 	if b.limits, err = newLimits(&b.cfg, b.log); err != nil {
@@ -317,10 +318,11 @@ func (b *Broker) serveConn(conn *quic.Conn) {
 		return
 	}
 	defer b.untrack(conn)
-	kind := b.tel.clientConn
+	kind, qkind := b.tel.clientConn, kindClient
 	if peerID != "" {
-		kind = b.tel.peerConn
+		kind, qkind = b.tel.peerConn, kindPeer
 	}
+	b.quic.watch(conn, qkind)
 	b.tel.conns.Add(context.Background(), 1, kind...)
 	defer b.tel.conns.Add(context.Background(), -1, kind...)
 	for {

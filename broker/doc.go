@@ -248,6 +248,9 @@
 // felix_records_out_total, felix_payload_out_bytes_total,
 // felix_errors_total{code}, felix_limit_hits_total{limit},
 // felix_connections{type}, felix_quic_streams{type} (open QUIC streams),
+// felix_quic_packets_sent_total{type} and felix_quic_packets_lost_total{type}
+// (quic-go's counts over the broker's client and peer connections, ended
+// ones included; quicstats.go),
 // felix_shards_owned, felix_map_epoch,
 // felix_subscriber_lag_records{stream,shard}, and per owned shard
 // felix_shard_log_size_bytes, felix_shard_next_offset and

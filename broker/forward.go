@@ -26,9 +26,10 @@ const dialTimeout = 3 * time.Second
 // peerPool keeps one QUIC connection per peer broker; every forwarding
 // lane to that peer is a stream on it.
 type peerPool struct {
-	tls *tls.Config
-	cfg transport.Config
-	log *slog.Logger
+	tls  *tls.Config
+	cfg  transport.Config
+	log  *slog.Logger
+	acct *quicAccount // counts what the dialed connections send and lose
 
 	// mu guards conns; dialing happens outside it, one dial per peer at a
 	// time through the entry's ready channel.
@@ -46,8 +47,8 @@ type peerConn struct {
 	err   error
 }
 
-func newPeerPool(tlsConf *tls.Config, cfg transport.Config, log *slog.Logger) *peerPool {
-	p := &peerPool{tls: tlsConf, cfg: cfg, log: log}
+func newPeerPool(tlsConf *tls.Config, cfg transport.Config, log *slog.Logger, acct *quicAccount) *peerPool {
+	p := &peerPool{tls: tlsConf, cfg: cfg, log: log, acct: acct}
 	p.mu.conns = map[string]*peerConn{}
 	return p
 }
@@ -81,6 +82,9 @@ func (p *peerPool) conn(ctx context.Context, node shardmap.Node) (*quic.Conn, er
 		// over by another node, or by a client, is refused.
 		pc.conn, pc.err = transport.Dial(dctx, node.Addr, transport.VerifyPeer(p.tls, transport.RoleNode, node.ID), p.cfg)
 		cancel()
+		if pc.err == nil {
+			p.acct.watch(pc.conn, kindPeer)
+		}
 		close(pc.ready)
 	} else {
 		p.mu.Unlock()

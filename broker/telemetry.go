@@ -187,6 +187,12 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 	parkedSyncs, err := m.Int64ObservableCounter("felix.wal.fsyncs.parked", metric.WithUnit("{fsync}"),
 		metric.WithDescription("Fdatasyncs of shard logs and replicas parked on the kernel (Linux AIO) instead of blocking the broker's thread: those taken while at least four of its logs were busy, or every committer's with --parked-fsync."))
 	must(err)
+	quicSent, err := m.Int64ObservableCounter("felix.quic.packets.sent", metric.WithUnit("{packet}"),
+		metric.WithDescription("QUIC packets the broker sent, by type of connection: client (accepted from clients) or peer (to and from other brokers); quic-go's own count, ended connections included."))
+	must(err)
+	quicLost, err := m.Int64ObservableCounter("felix.quic.packets.lost", metric.WithUnit("{packet}"),
+		metric.WithDescription("QUIC packets the broker sent that quic-go declared lost (never acknowledged in time) and sent again, by type of connection. On loopback or a LAN this is seldom the network: a receiver (a client, or a peer broker) that fell 256 packets behind reading its connection drops what comes next."))
+	must(err)
 	if len(errs) > 0 {
 		return nil, errs[0]
 	}
@@ -206,10 +212,18 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 		t.codes[i] = addOpt(attribute.String("code", transport.ErrorCode(i).String()))
 	}
 
+	quicKinds := [connKinds]metric.ObserveOption{
+		kindClient: metric.WithAttributeSet(attribute.NewSet(attribute.String("type", "client"))),
+		kindPeer:   metric.WithAttributeSet(attribute.NewSet(attribute.String("type", "peer"))),
+	}
 	t.reg, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		for src, at := range []metric.MeasurementOption{t.fromClient, t.fromPeer} {
 			o.ObserveInt64(recordsIn, t.in.records[src].Load(), at)
 			o.ObserveInt64(bytesIn, t.in.bytes[src].Load(), at)
+		}
+		for kind, q := range b.quic.totals() {
+			o.ObserveInt64(quicSent, int64(q.sent), quicKinds[kind])
+			o.ObserveInt64(quicLost, int64(q.lost), quicKinds[kind])
 		}
 		t.peers.Range(func(_, v any) bool {
 			po := v.(*peerMetricOpts)
@@ -255,7 +269,7 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 			o.ObserveInt64(raftSilences, int64(b.raft.silences.Load()))
 		}
 		return nil
-	}, recordsIn, bytesIn, forwards, shardsOwned, epoch, lag, shardBytes, shardNext, shardRecords, shardOmitted, raftGroups, raftSilences, parkedSyncs)
+	}, recordsIn, bytesIn, forwards, shardsOwned, epoch, lag, shardBytes, shardNext, shardRecords, shardOmitted, raftGroups, raftSilences, parkedSyncs, quicSent, quicLost)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,70 @@
+package broker
+
+import (
+	"context"
+	"sync"
+
+	"github.com/quic-go/quic-go"
+)
+
+// connKind is what a QUIC connection of the broker carries.
+type connKind int
+
+const (
+	kindClient connKind = iota // a client's, accepted
+	kindPeer                   // another broker's: accepted, or dialed by the peer pool
+	connKinds
+)
+
+// quicTotals is what connections of one kind sent, and how much of it
+// quic-go declared lost (never acknowledged in time, sent again).
+type quicTotals struct{ sent, lost uint64 }
+
+func (t *quicTotals) add(st quic.ConnectionStats) {
+	t.sent += st.PacketsSent
+	t.lost += st.PacketsLost
+}
+
+// quicAccount sums quic-go's accounting of the broker's connections by
+// kind, for felix_quic_packets_{sent,lost}_total: the live connections
+// are read when the metrics are collected, and a connection that ends
+// leaves its last counts in ended, so the sums never go back.
+//
+// Lost packets on loopback or a LAN mean a receiver that stopped reading
+// for a while (quic-go drops what arrives for a connection 256 packets
+// behind): a client, or a peer broker, too busy to keep up.
+type quicAccount struct {
+	mu    sync.Mutex
+	live  map[*quic.Conn]connKind
+	ended [connKinds]quicTotals
+}
+
+// watch counts conn as kind from now until it ends. The hook that moves
+// its counts to ended runs on a goroutine of context.AfterFunc's once
+// the connection's context is done, and returns at once.
+func (a *quicAccount) watch(conn *quic.Conn, kind connKind) {
+	a.mu.Lock()
+	if a.live == nil {
+		a.live = map[*quic.Conn]connKind{}
+	}
+	a.live[conn] = kind
+	a.mu.Unlock()
+	context.AfterFunc(conn.Context(), func() {
+		st := conn.ConnectionStats()
+		a.mu.Lock()
+		delete(a.live, conn)
+		a.ended[kind].add(st)
+		a.mu.Unlock()
+	})
+}
+
+// totals returns the sums by kind, ended and live connections together.
+func (a *quicAccount) totals() [connKinds]quicTotals {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := a.ended
+	for conn, kind := range a.live {
+		out[kind].add(conn.ConnectionStats())
+	}
+	return out
+}
