@@ -455,6 +455,10 @@ func TestCommands(t *testing.T) {
 			if _, ok := row["quic_streams"]; !ok {
 				t.Errorf("row %v has no quic_streams", row)
 			}
+			if sent, lost := row["quic_packets_sent_per_second"].(float64), row["quic_packets_lost_per_second"].(float64); sent < 0 || lost < 0 ||
+				row["node"] == owner && sent <= 0 {
+				t.Errorf("row %v: QUIC packets sent %v/s, lost %v/s (the owner answered 50 publishes)", row, sent, lost)
+			}
 			if row["node"] == owner && (row["shards_owned"].(float64) != 1 || row["streams"].(float64) < 1) {
 				t.Errorf("owner row %v", row)
 			}
@@ -462,7 +466,7 @@ func TestCommands(t *testing.T) {
 		// Piped (not a terminal): several tables, and no clear-screen
 		// escapes between them.
 		r = felixctl(t, env, "cluster", "stats", "--count", "2", "--interval", "200ms")
-		if r.code != 0 || !strings.Contains(r.stdout, "FSYNC p50") || !strings.Contains(r.stdout, owner) ||
+		if r.code != 0 || !strings.Contains(r.stdout, "FSYNC p50") || !strings.Contains(r.stdout, "QUIC LOST/s") || !strings.Contains(r.stdout, owner) ||
 			strings.Count(r.stdout, "felix cluster: epoch") != 2 || strings.Contains(r.stdout, "\x1b") {
 			t.Errorf("%+v", r)
 		}

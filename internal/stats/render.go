@@ -16,20 +16,20 @@ import (
 // WriteTable writes rows as an aligned table, one broker per line.
 func WriteTable(w io.Writer, rows []Row) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "NODE\tSTATE\tEPOCH\tSTREAMS\tSHARDS\tCONNS\tIN/s\tOUT/s\tFWD/s\tERR/s\tPUB p50\tPUB p99\tFSYNC p50\tREC/FSYNC\tMAX LAG\t")
+	fmt.Fprintln(tw, "NODE\tSTATE\tEPOCH\tSTREAMS\tSHARDS\tCONNS\tIN/s\tOUT/s\tFWD/s\tERR/s\tPUB p50\tPUB p99\tFSYNC p50\tREC/FSYNC\tMAX LAG\tQUIC LOST/s\t")
 	for _, r := range rows {
 		state := "live"
 		if !r.Live {
 			state = "down"
 		}
 		if r.Error != "" {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", r.Node, state)
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", r.Node, state)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f\t%s\t\n",
 			r.Node, state, r.Epoch, r.Streams, r.ShardsOwned, r.Connections,
 			num(r.InPerSec), num(r.OutPerSec), num(r.FwdPerSec), num(r.ErrPerSec),
-			dur(r.PublishP50), dur(r.PublishP99), dur(r.FsyncP50), num(r.PerFsync), r.MaxLag)
+			dur(r.PublishP50), dur(r.PublishP99), dur(r.FsyncP50), num(r.PerFsync), r.MaxLag, num(r.QUICLostPerSec))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -40,6 +40,8 @@ const (
 	MetricConnections     = "felix_connections"
 	MetricQUICStreams     = "felix_quic_streams" // open QUIC streams, by type
 	MetricQUICStreamsOld  = "felix_streams"      // its name before it was renamed
+	MetricQUICSent        = "felix_quic_packets_sent_total"
+	MetricQUICLost        = "felix_quic_packets_lost_total"
 	MetricShardsOwned     = "felix_shards_owned"
 	MetricMapEpoch        = "felix_map_epoch"
 	MetricSubscriberLag   = "felix_subscriber_lag_records"
@@ -278,6 +280,11 @@ type Row struct {
 	FsyncP50      float64 `json:"fsync_p50_seconds"`
 	PerFsync      float64 `json:"records_per_fsync"`
 	MaxLag        float64 `json:"subscriber_lag_max_records"`
+	// QUIC packets the broker sent per second, and those quic-go declared
+	// lost: on loopback or a LAN, receivers (clients, peers) that stopped
+	// reading for a while. Zero from a broker too old to count them.
+	QUICSentPerSec float64 `json:"quic_packets_sent_per_second"`
+	QUICLostPerSec float64 `json:"quic_packets_lost_per_second"`
 }
 
 // Summarize turns scrapes into rows. prev, if not nil, is an earlier
@@ -335,6 +342,8 @@ func Summarize(prev, cur []Scrape) []Row {
 		r.OutPerSec = rate(MetricRecordsOut)
 		r.FwdPerSec = rate(MetricForwards)
 		r.ErrPerSec = rate(MetricErrors)
+		r.QUICSentPerSec = rate(MetricQUICSent)
+		r.QUICLostPerSec = rate(MetricQUICLost)
 		pub := hist(MetricPublishDuration)
 		r.PublishP50, r.PublishP99 = pub.Quantile(0.5), pub.Quantile(0.99)
 		r.FsyncP50 = hist(MetricFsyncDuration).Quantile(0.5)

@@ -1,9 +1,11 @@
 package stats
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 const sample = `# TYPE felix_publish_duration_seconds histogram
@@ -38,5 +40,39 @@ func TestParseSumQuantile(t *testing.T) {
 	}
 	if d := h.Sub(h); d.Count != 0 || !math.IsNaN(d.Quantile(0.5)) {
 		t.Errorf("h - h = %+v", d)
+	}
+}
+
+// TestSummarizeQUICRates: the QUIC packet counters become per-second
+// rates over the interval between two scrapes, summed over both types of
+// connection.
+func TestSummarizeQUICRates(t *testing.T) {
+	scrape := func(at time.Time, sent, lost int) Scrape {
+		f, err := Parse(strings.NewReader(fmt.Sprintf(`# TYPE felix_quic_packets_sent_total counter
+felix_quic_packets_sent_total{type="client"} %d
+felix_quic_packets_sent_total{type="peer"} 100
+# TYPE felix_quic_packets_lost_total counter
+felix_quic_packets_lost_total{type="client"} %d
+felix_quic_packets_lost_total{type="peer"} 1
+`, sent, lost)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return Scrape{Node: "broker-0", Live: true, At: at, Fams: f}
+	}
+	t0 := time.Now()
+	rows := Summarize([]Scrape{scrape(t0, 1000, 10)}, []Scrape{scrape(t0.Add(2*time.Second), 3000, 50)})
+	if len(rows) != 1 {
+		t.Fatalf("rows %+v", rows)
+	}
+	if r := rows[0]; r.QUICSentPerSec != 1000 || r.QUICLostPerSec != 20 {
+		t.Fatalf("QUIC sent %v/s lost %v/s over 2 s, want 1000 and 20", r.QUICSentPerSec, r.QUICLostPerSec)
+	}
+	var b strings.Builder
+	if err := WriteTable(&b, rows); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "QUIC LOST/s") {
+		t.Fatalf("table without the QUIC LOST/s column:\n%s", b.String())
 	}
 }
