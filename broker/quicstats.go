@@ -30,6 +30,11 @@ func (t *quicTotals) add(st quic.ConnectionStats) {
 // are read when the metrics are collected, and a connection that ends
 // leaves its last counts in ended, so the sums never go back.
 //
+// What it holds is one entry per live connection, which the broker's
+// connection limits bound (an accepted connection is watched only once
+// admitted and tracked), and one AfterFunc registration each, released
+// when the connection ends; nothing per record or per stream.
+//
 // Lost packets on loopback or a LAN mean a receiver that stopped reading
 // for a while (quic-go drops what arrives for a connection 256 packets
 // behind): a client, or a peer broker, too busy to keep up.
