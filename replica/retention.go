@@ -18,8 +18,9 @@ import (
 // and Redpanda do: whole segments are dropped from the front, never the
 // segment being written, and never an entry that is not applied here.
 // A segment goes once the log without it still holds at least
-// Config.RetentionBytes (segment files counted, as package wal counts
-// them; Kafka's rule), or once its newest record is older than
+// Config.RetentionBytes (segment files counted without the zeros
+// preallocated after the tail's entries, as package wal counts them;
+// Kafka's rule), or once its newest record is older than
 // Config.RetentionAge (by the timestamp the proposer gave its entry, the
 // one every replica stores). So a log holds at least RetentionBytes once
 // it has grown that far, and less than RetentionBytes plus its oldest
@@ -85,7 +86,7 @@ func (g *Group) EnforceRetention(ctx context.Context, now time.Time) (dropped ui
 // retain runs one retention pass on the run goroutine. An error of the
 // storage fails the group (returned as fatal); others only the pass.
 func (g *Group) retain(l *loop, now time.Time) (dropped uint64, err, fatal error) {
-	segs, _, err := tidseg.List(g.st.dir)
+	segs, _, err := g.st.dataSegments()
 	if err != nil || len(segs) < 2 {
 		return 0, err, nil
 	}

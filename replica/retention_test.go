@@ -100,8 +100,11 @@ func TestRetentionBySizeDropsWholeSegments(t *testing.T) {
 		if dropped == 0 || dropped != f {
 			t.Fatalf("replica %d: retention dropped %d records, first offset %d", g.ID(), dropped, f)
 		}
-		if size := logBytes(t, c.dirs[g.ID()]); size > limit+segment || size != g.Size() {
-			t.Fatalf("replica %d: log of %d bytes after retention (Size says %d), limit %d + one %d-byte segment", g.ID(), size, g.Size(), limit, segment)
+		// At least the limit is kept, counting entries, not the zeros
+		// preallocated after the tail's (they once made a pass drop a
+		// segment too many), and less than the limit and one segment.
+		if size := logBytes(t, c.dirs[g.ID()]); size < limit || size > limit+segment || size != g.Size() {
+			t.Fatalf("replica %d: log of %d bytes after retention (Size says %d), want at least the limit %d and less than one more %d-byte segment", g.ID(), size, g.Size(), limit, segment)
 		}
 		if i == 0 {
 			first = f

@@ -144,6 +144,17 @@ func (s *storage) findTail() error {
 	return nil
 }
 
+// dataSegments lists the log's segment files, the tail's size without
+// the zeros preallocated after its entries (what retention counts), and
+// whether a truncation of tidwall's is pending.
+func (s *storage) dataSegments() ([]tidseg.Segment, bool, error) {
+	segs, pending, err := tidseg.List(s.dir)
+	if n := len(segs); err == nil && n > 0 && segs[n-1].Index == s.tail.index {
+		segs[n-1].Size -= s.tail.pad.Extra(s.tail.size)
+	}
+	return segs, pending, err
+}
+
 func (s *storage) noteTerm(index, term uint64) {
 	if n := len(s.terms); n == 0 || s.terms[n-1].term != term {
 		s.terms = append(s.terms, termRun{index, term})
