@@ -39,6 +39,10 @@ type Broker struct {
 	tel     *telemetry
 	subs    subRegistry
 	limits  *limits // client resource limits (limits.go)
+	// disk is the data directory's free space (diskspace.go); diskErr
+	// remembers that reading it failed, to log that once.
+	disk    diskSpace
+	diskErr logonce.Set
 
 	// joined is the control plane membership once Start has it; ready is
 	// set once the first map is applied (its logs open) and cleared by
@@ -75,6 +79,7 @@ func New(cfg Config) (*Broker, error) {
 		return nil, err
 	}
 	b := &Broker{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID)}
+	b.disk.free.Store(-1)
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.peers = newPeerPool(cfg.PeerTLS, cfg.Transport, b.log, &b.quic)
 	b.mu.conns = map[*quic.Conn]struct{}{}
@@ -129,11 +134,13 @@ func (b *Broker) Start(ctx context.Context) error {
 		ln.Close()
 		return err
 	}
+	b.checkDisk() // before the first publish
 	b.ready.Store(true)
 	b.log.Info("broker serving", "addr", advertise, "epoch", member.Map().Epoch)
-	b.wg.Add(2)
+	b.wg.Add(3)
 	go b.acceptLoop()
 	go b.mapLoop()
+	go b.watchDisk()
 	return nil
 }
 

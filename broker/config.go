@@ -127,6 +127,13 @@ type Config struct {
 	// are open at once (never fewer than 16), within MaxOpenShards. With
 	// the defaults that is 3.25 MiB a log and 315 logs. Default 1 GiB.
 	LogMemory int64
+	// MinFreeBytes is the free space the filesystem of DataDir must keep:
+	// below it the broker refuses new records to the shards it writes
+	// (limit_exceeded) until space is freed, so that no log meets a full
+	// disk (see diskspace.go). It must cover what the broker writes in a
+	// quarter of a second, between two checks. Default 256 MiB; -1 turns
+	// the check off.
+	MinFreeBytes int64
 	// MaxShards bounds the shards this broker holds: streams are admitted
 	// whole (all the shards of the stream the map assigns here) while the
 	// total stays within it, in the order they appear (streams with data
@@ -359,6 +366,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.LogMemory <= 0 {
 		c.LogMemory = DefaultLogMemory
 	}
+	if c.MinFreeBytes == 0 {
+		c.MinFreeBytes = DefaultMinFreeBytes
+	}
 	c.MaxOpenShards = min(c.MaxOpenShards, openByMemory(c.LogMemory, c.SegmentSize, c.TailBytes))
 	if c.MaxShards <= 0 {
 		c.MaxShards = DefaultMaxShards
@@ -407,6 +417,9 @@ type Knobs struct {
 	// replica's appended entries (replica.Knobs.BeforeSync); an error
 	// fails the fdatasync, and the group. Default nil.
 	ReplicaBeforeSync func(id shardmap.ShardID, last uint64) error
+	// FreeBytes, if set, replaces the statfs of the data directory that
+	// the free-space check reads (diskspace.go). Default nil.
+	FreeBytes func(dir string) (int64, error)
 	// RaftSimplex makes this broker's raft streams one-way, as an earlier
 	// version's were: its streams do not say Duplex and it reads nothing
 	// back on them, and it adopts no peer's stream. For a test of a

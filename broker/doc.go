@@ -235,6 +235,12 @@
 // back; each hit is counted in felix_limit_hits_total{limit} and logged
 // once per principal and limit. Peers count against none of them.
 //
+// The disk is bounded too: while the data directory's filesystem has less
+// than Config.MinFreeBytes free, the shards this broker writes refuse new
+// records with limit_exceeded, forwarded ones included (diskspace.go). One
+// goroutine, watchDisk, reads the free space every 250 ms, until Close;
+// the publish path reads one atomic.
+//
 // # Telemetry
 //
 // With Config.MeterProvider set, a broker records (Prometheus names, as

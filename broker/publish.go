@@ -423,6 +423,10 @@ func (p *pubSession) appendLocal(in inbound, m *shardmap.Map, shard int) {
 	if !p.onRoute(&in, id, nil, 0, false) {
 		return // waits behind the shard's earlier records (order.go)
 	}
+	if werr := p.diskFull(); werr != nil {
+		p.fail(in, werr)
+		return
+	}
 	e, err := b.shards.acquire(m, id)
 	if err != nil {
 		p.fail(in, &transport.Error{Code: transport.CodeUnavailable,

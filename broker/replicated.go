@@ -511,6 +511,10 @@ func (p *pubSession) appendReplicated(in inbound, e *shardEntry, id shardmap.Sha
 	if !p.onRoute(&in, id, nil, attempt, true) {
 		return // waits behind the shard's earlier records (order.go)
 	}
+	if werr := p.diskFull(); werr != nil {
+		p.fail(in, werr)
+		return
+	}
 	b, pub := p.b, in.pub
 	via := pub.Via
 	if via == "" {

@@ -193,6 +193,9 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 	quicLost, err := m.Int64ObservableCounter("felix.quic.packets.lost", metric.WithUnit("{packet}"),
 		metric.WithDescription("QUIC packets the broker sent that quic-go declared lost (never acknowledged in time) and sent again, by type of connection. On loopback or a LAN this is seldom the network: a receiver (a client, or a peer broker) that fell 256 packets behind reading its connection drops what comes next."))
 	must(err)
+	diskFree, err := m.Int64ObservableGauge("felix.disk.free", metric.WithUnit("By"),
+		metric.WithDescription("Bytes free on the filesystem of the broker's data directory, as its last check read them; below --min-free-bytes the shards it writes refuse new records."))
+	must(err)
 	if len(errs) > 0 {
 		return nil, errs[0]
 	}
@@ -230,6 +233,9 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 			o.ObserveInt64(forwards, po.forwards.Load(), po.at)
 			return true
 		})
+		if free := b.disk.free.Load(); free >= 0 {
+			o.ObserveInt64(diskFree, free)
+		}
 		mp := b.currentMap()
 		if mp == nil {
 			return nil
@@ -269,7 +275,7 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 			o.ObserveInt64(raftSilences, int64(b.raft.silences.Load()))
 		}
 		return nil
-	}, recordsIn, bytesIn, forwards, shardsOwned, epoch, lag, shardBytes, shardNext, shardRecords, shardOmitted, raftGroups, raftSilences, parkedSyncs, quicSent, quicLost)
+	}, recordsIn, bytesIn, forwards, shardsOwned, epoch, lag, shardBytes, shardNext, shardRecords, shardOmitted, raftGroups, raftSilences, parkedSyncs, quicSent, quicLost, diskFree)
 	if err != nil {
 		return nil, err
 	}

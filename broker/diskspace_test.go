@@ -1,0 +1,100 @@
+package broker
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// fakeDisks is the free space each broker's data directory reports
+// (Knobs.FreeBytes), plenty unless set.
+type fakeDisks struct {
+	mu   sync.Mutex
+	free map[string]int64 // by data directory
+}
+
+func (d *fakeDisks) read(dir string) (int64, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if f, ok := d.free[dir]; ok {
+		return f, nil
+	}
+	return 1 << 40, nil
+}
+
+// set sets b's free space and has b read it at once (as its next check
+// would, within diskCheckEvery).
+func (d *fakeDisks) set(b *Broker, free int64) {
+	d.mu.Lock()
+	d.free[b.cfg.DataDir] = free
+	d.mu.Unlock()
+	b.checkDisk()
+}
+
+// TestDiskNearlyFullRefuses: a broker whose data directory has less than
+// MinFreeBytes free refuses the records of the shards it writes with
+// limit_exceeded, directly and through a forwarder, for replication
+// factor 1 (owner) and 3 (leader); a follower's disk does not stop its
+// leader; once space is back the shard takes records again at the offset
+// after the last acked one (nothing refused was written).
+func TestDiskNearlyFullRefuses(t *testing.T) {
+	disks := &fakeDisks{free: map[string]int64{}}
+	ip := startInprocWith(t, func(c *Config) {
+		fastRaft(c)
+		c.MinFreeBytes = 64 << 20
+		c.Knobs.FreeBytes = disks.read
+	}, 3, shardmap.StreamConfig{Name: "one", Shards: 1}, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	r3 := shardmap.ShardID{Stream: "r3", Shard: 0}
+	seq := uint64(0)
+	publish := func(b *Broker, stream string) transport.Frame {
+		t.Helper()
+		seq++
+		return publishVia(t, ip, b, stream, 0, seq, "v")
+	}
+	wantAck := func(f transport.Frame, offset uint64) {
+		t.Helper()
+		if a, ok := f.(*transport.Ack); !ok || a.Offset != offset {
+			t.Fatalf("answer %T %+v, want an ack at offset %d", f, f, offset)
+		}
+	}
+	wantRefused := func(f transport.Frame) {
+		t.Helper()
+		if e, ok := f.(*transport.Error); !ok || e.Code != transport.CodeLimitExceeded {
+			t.Fatalf("answer %T %+v, want limit_exceeded", f, f)
+		}
+	}
+
+	owner, other := ip.owner("one", 0), ip.nonOwner("one", 0)
+	wantAck(publish(owner, "one"), 0)
+	leader := leaderOf(t, ip.brokers, r3)
+	wantAck(publish(leader, "r3"), 0)
+
+	// Followers' disks nearly full: the leader's commits go on.
+	for _, b := range ip.brokers {
+		if b != leader {
+			disks.set(b, 1<<20)
+		}
+	}
+	wantAck(publish(leader, "r3"), 1)
+	for _, b := range ip.brokers {
+		disks.set(b, 1<<40)
+	}
+
+	disks.set(owner, 1<<20)
+	disks.set(leader, 1<<20)
+	wantRefused(publish(owner, "one"))
+	wantRefused(publish(other, "one")) // forwarded: the owner refuses, the forwarder relays
+	wantRefused(publish(leader, "r3"))
+	for _, b := range ip.brokers {
+		if b != leader {
+			wantRefused(publish(b, "r3")) // forwarded to the leader
+		}
+	}
+
+	disks.set(owner, 1<<40)
+	disks.set(leader, 1<<40)
+	wantAck(publish(other, "one"), 1)
+	wantAck(publish(leader, "r3"), 2)
+}
