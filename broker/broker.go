@@ -95,6 +95,7 @@ func New(cfg Config) (*Broker, error) {
 	}
 	b.raft = newRaftNet(cfg.NodeID, cfg.RaftTick, cfg.RaftElectionTicks, entryBytes(cfg), cfg.Knobs.RaftSimplex, b.peers, b.currentMap, b.log)
 	b.shards.raft = b.raft
+	b.raft.diskFull = &b.disk.low
 	b.raft.startRetention(cfg.RetentionCheck, b.shards.replaceFailed)
 	return b, nil
 }

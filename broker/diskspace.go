@@ -25,8 +25,12 @@ package broker
 // atomic. So the margin must cover what the broker can write between two
 // checks, plus what is already queued: at 500 MB/s, 125 MB in 250 ms.
 // Records already taken in when the disk crosses the line are still
-// committed. Replicas of shards other brokers lead keep appending what
-// their leader sends: the leader's own disk is the one its check watches.
+// committed. A follower replica does not write what its leader sends
+// while the line is crossed: raftNet.deliver drops those messages as if
+// they were lost, the group commits with its other replicas, and the
+// leader's heartbeats find this one behind and catch it up once the disk
+// has room (an append that met ENOSPC would fail the replica instead,
+// and on a full disk its replacement too).
 
 import (
 	"fmt"

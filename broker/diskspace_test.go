@@ -3,6 +3,7 @@ package broker
 import (
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
@@ -36,8 +37,9 @@ func (d *fakeDisks) set(b *Broker, free int64) {
 // TestDiskNearlyFullRefuses: a broker whose data directory has less than
 // MinFreeBytes free refuses the records of the shards it writes with
 // limit_exceeded, directly and through a forwarder, for replication
-// factor 1 (owner) and 3 (leader); a follower's disk does not stop its
-// leader; once space is back the shard takes records again at the offset
+// factor 1 (owner) and 3 (leader); a follower whose disk is nearly full
+// leaves its leader's entries unwritten, the group commits without it,
+// and it catches up once its disk has room; once space is back the shard takes records again at the offset
 // after the last acked one (nothing refused was written).
 func TestDiskNearlyFullRefuses(t *testing.T) {
 	disks := &fakeDisks{free: map[string]int64{}}
@@ -71,15 +73,32 @@ func TestDiskNearlyFullRefuses(t *testing.T) {
 	leader := leaderOf(t, ip.brokers, r3)
 	wantAck(publish(leader, "r3"), 0)
 
-	// Followers' disks nearly full: the leader's commits go on.
+	// A follower's disk nearly full: it leaves the leader's entries
+	// unwritten, the group commits with the other follower, and once
+	// the disk has room the follower catches up.
+	var follower *Broker
 	for _, b := range ip.brokers {
 		if b != leader {
-			disks.set(b, 1<<20)
+			follower = b
+			break
 		}
 	}
+	disks.set(follower, 1<<20)
 	wantAck(publish(leader, "r3"), 1)
-	for _, b := range ip.brokers {
-		disks.set(b, 1<<40)
+	wantAck(publish(follower, "r3"), 2) // forwarded to the leader
+	if got := groupOf(follower, r3).sl.NextOffset(); got > 1 {
+		t.Fatalf("the nearly full follower holds offsets up to %d, want at most 1", got)
+	}
+	if follower.raft.diskRefusals.Load() == 0 {
+		t.Fatal("the nearly full follower left no entry unwritten")
+	}
+	disks.set(follower, 1<<40)
+	deadline := time.Now().Add(waitFor)
+	for groupOf(follower, r3).sl.NextOffset() < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the follower holds offsets up to %d %v after its disk had room again, want 3", groupOf(follower, r3).sl.NextOffset(), waitFor)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 
 	disks.set(owner, 1<<20)
@@ -96,5 +115,5 @@ func TestDiskNearlyFullRefuses(t *testing.T) {
 	disks.set(owner, 1<<40)
 	disks.set(leader, 1<<40)
 	wantAck(publish(other, "one"), 1)
-	wantAck(publish(leader, "r3"), 2)
+	wantAck(publish(leader, "r3"), 3)
 }

@@ -237,9 +237,10 @@
 //
 // The disk is bounded too: while the data directory's filesystem has less
 // than Config.MinFreeBytes free, the shards this broker writes refuse new
-// records with limit_exceeded, forwarded ones included (diskspace.go). One
-// goroutine, watchDisk, reads the free space every 250 ms, until Close;
-// the publish path reads one atomic.
+// records with limit_exceeded, forwarded ones included, and its follower
+// replicas leave their leaders' entries unwritten until it has room again
+// (diskspace.go). One goroutine, watchDisk, reads the free space every
+// 250 ms, until Close; the publish path reads one atomic.
 //
 // # Telemetry
 //

@@ -85,6 +85,10 @@ type raftNet struct {
 	// failed (replica.ErrFailed), replaces it (shardSet.replaceFailed).
 	// Set once before the first pass runs.
 	failed func(id shardmap.ShardID, g *replica.Group)
+	// diskFull is the broker's free-space state (diskspace.go): while it
+	// is set, entries peers send are not written (deliver). Set once by
+	// New, before any message arrives.
+	diskFull *atomic.Bool
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -104,6 +108,9 @@ type raftNet struct {
 	// be heard from first. silences counts the peers found silent.
 	since    map[string]int64
 	silences atomic.Uint64
+	// diskRefusals counts the messages deliver left unwritten while the
+	// disk was nearly full.
+	diskRefusals atomic.Uint64
 
 	mu struct {
 		sync.RWMutex
@@ -488,9 +495,31 @@ func (n *raftNet) deliver(peer string, rm *transport.RaftMsg) {
 		// sender's configuration still holds: nobody is there to get it.
 		return
 	}
+	if n.diskFull != nil && n.diskFull.Load() && writesLog(m) {
+		// This broker's disk is nearly full: leave the entries unwritten,
+		// as if the message were lost (raft allows any message to be).
+		// The group commits with its other replicas; the leader sends
+		// them again (its heartbeats find this replica behind) once the
+		// disk has room, and this replica catches up. Writing them would
+		// fail the replica on a full disk, and its replacement with it.
+		n.diskRefusals.Add(1)
+		return
+	}
 	if err := gm.g.Step(m); err != nil {
 		n.refuse(peer, "raft message refused by its group", id, err)
 	}
+}
+
+// writesLog reports whether m, stepped into a follower, makes it write to
+// its log: entries to append, or a snapshot to install.
+func writesLog(m *pb.Message) bool {
+	switch m.GetType() {
+	case pb.MsgApp:
+		return len(m.GetEntries()) > 0
+	case pb.MsgSnap:
+		return true
+	}
+	return false
 }
 
 func (n *raftNet) refuse(peer, what string, id shardmap.ShardID, err error) {
