@@ -33,11 +33,8 @@ package broker
 // and on a full disk its replacement too).
 
 import (
-	"fmt"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/felix-broker/felix/transport"
 )
@@ -56,17 +53,6 @@ const limitMinFree = "min_free_bytes"
 type diskSpace struct {
 	free atomic.Int64 // bytes free to this process (statfs f_bavail), -1 before the first read
 	low  atomic.Bool  // free < Config.MinFreeBytes: refuse new records
-}
-
-// freeBytes returns the bytes of dir's filesystem free to an unprivileged
-// writer (what a non-root broker may still write; root may write some
-// reserved blocks beyond it, which this leaves for the system).
-func freeBytes(dir string) (int64, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return 0, fmt.Errorf("statfs %s: %w", dir, err)
-	}
-	return int64(st.Bavail) * int64(st.Bsize), nil
 }
 
 // checkDisk reads the free space once, sets b.disk and logs a crossing of
