@@ -454,7 +454,8 @@ func (b *Broker) Close() error {
 	select {
 	case <-drained:
 	case <-time.After(b.cfg.ForwardTimeout):
-		b.log.Warn("shutdown: gave up waiting for in-flight publishes", "sessions", len(pubs))
+		b.log.Warn("shutdown: gave up waiting for in-flight publishes; records a raft group has not committed fail with an unknown outcome", "sessions", len(pubs))
+		b.shards.stopGroups() // so that no session waits on a group that cannot commit
 	}
 
 	b.ready.Store(false)

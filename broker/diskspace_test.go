@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -39,7 +40,8 @@ func (d *fakeDisks) set(b *Broker, free int64) {
 // limit_exceeded, directly and through a forwarder, for replication
 // factor 1 (owner) and 3 (leader); a follower whose disk is nearly full
 // leaves its leader's entries unwritten, the group commits without it,
-// and it catches up once its disk has room; once space is back the shard takes records again at the offset
+// and it catches up once its disk has room; with both followers nearly
+// full a record waits until one has room; once space is back the shard takes records again at the offset
 // after the last acked one (nothing refused was written).
 func TestDiskNearlyFullRefuses(t *testing.T) {
 	disks := &fakeDisks{free: map[string]int64{}}
@@ -70,7 +72,9 @@ func TestDiskNearlyFullRefuses(t *testing.T) {
 
 	owner, other := ip.owner("one", 0), ip.nonOwner("one", 0)
 	wantAck(publish(owner, "one"), 0)
-	leader := leaderOf(t, ip.brokers, r3)
+	// The shard's preferred leader (its owner) leads, so that no
+	// hand-back of the leadership moves it during the test.
+	leader := waitOwnerLeads(t, ip, ip.brokers, r3)
 	wantAck(publish(leader, "r3"), 0)
 
 	// A follower's disk nearly full: it leaves the leader's entries
@@ -101,6 +105,46 @@ func TestDiskNearlyFullRefuses(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 
+	// Both followers nearly full: the group commits nothing, and a record
+	// the leader took waits, unanswered, until one has room again.
+	for _, b := range ip.brokers {
+		if b != leader {
+			disks.set(b, 1<<20)
+		}
+	}
+	seq++
+	ws := openStream(t, ip.dial(leader))
+	ws.send(&transport.Publish{Seq: seq, Stream: "r3", Value: []byte("waits")})
+	answered := make(chan transport.Frame, 1)
+	go func() {
+		f, err := ws.r.Read()
+		if err != nil {
+			f = &transport.Error{Code: transport.CodeInternal, Message: err.Error()}
+		}
+		answered <- f
+	}()
+	select {
+	case f := <-answered:
+		t.Fatalf("answered %T %+v while no follower could write it", f, f)
+	case <-time.After(500 * time.Millisecond):
+	}
+	disks.set(follower, 1<<40)
+	select {
+	case f := <-answered:
+		wantAck(f, 3)
+	case <-time.After(waitFor):
+		var st []string
+		for _, b := range ip.brokers {
+			g := groupOf(b, r3).group
+			st = append(st, fmt.Sprintf("%s: quiet %v next %d low %v refusals %d", b.NodeID(), g.Quiesced(), g.NextOffset(), b.disk.low.Load(), b.raft.diskRefusals.Load()))
+		}
+		t.Fatalf("no answer %v after a follower had room again: %v", waitFor, st)
+	}
+	ws.s.Close()
+	for _, b := range ip.brokers {
+		disks.set(b, 1<<40)
+	}
+
 	disks.set(owner, 1<<20)
 	disks.set(leader, 1<<20)
 	wantRefused(publish(owner, "one"))
@@ -115,5 +159,53 @@ func TestDiskNearlyFullRefuses(t *testing.T) {
 	disks.set(owner, 1<<40)
 	disks.set(leader, 1<<40)
 	wantAck(publish(other, "one"), 1)
-	wantAck(publish(leader, "r3"), 3)
+	wantAck(publish(leader, "r3"), 4)
+}
+
+// TestCloseFailsRecordsAGroupCannotCommit: a leader whose followers both
+// leave its entries unwritten (their disks nearly full) holds a record
+// it took in; closing the broker still returns, within ForwardTimeout and
+// a little, and the record's publisher is told, never acked.
+func TestCloseFailsRecordsAGroupCannotCommit(t *testing.T) {
+	disks := &fakeDisks{free: map[string]int64{}}
+	ip := startInprocWith(t, func(c *Config) {
+		fastRaft(c)
+		c.ForwardTimeout = 300 * time.Millisecond
+		c.MinFreeBytes = 64 << 20
+		c.Knobs.FreeBytes = disks.read
+	}, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	id := shardmap.ShardID{Stream: "r3", Shard: 0}
+	leader := waitOwnerLeads(t, ip, ip.brokers, id)
+	for _, b := range ip.brokers {
+		if b != leader {
+			disks.set(b, 1<<20)
+		}
+	}
+	ws := openStream(t, ip.dial(leader))
+	ws.send(&transport.Publish{Seq: 1, Stream: "r3", Value: []byte("stuck")})
+	answered := make(chan transport.Frame, 1)
+	go func() {
+		f, err := ws.r.Read()
+		if err != nil {
+			f = nil // the connection closed first: the publisher sees that
+		}
+		answered <- f
+	}()
+	select {
+	case f := <-answered:
+		t.Fatalf("answered %T %+v while no follower could write it", f, f)
+	case <-time.After(300 * time.Millisecond):
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- leader.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(waitFor):
+		t.Fatalf("Close has not returned %v after it began, with a record its group cannot commit", waitFor)
+	}
+	if f := <-answered; f != nil {
+		if _, acked := f.(*transport.Ack); acked {
+			t.Fatalf("acked %+v though no follower wrote it", f)
+		}
+	}
 }

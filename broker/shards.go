@@ -664,6 +664,33 @@ func (s *shardSet) openLogs() int {
 }
 
 // close closes every log and the root.
+// stopGroups closes every open replica group now; its records still
+// waiting for a commit fail with replica.ErrUnknownOutcome. Close calls
+// it when the sessions did not drain in time: a group that cannot commit
+// (two of its three replicas' disks below the free-space line, say)
+// would hold their records, and the sessions with them, forever. The
+// entries stay, for close.
+func (s *shardSet) stopGroups() {
+	s.mu.RLock()
+	var groups []*shardEntry
+	for _, e := range s.mu.entries {
+		select {
+		case <-e.ready:
+			if e.group != nil {
+				groups = append(groups, e)
+			}
+		default: // still opening: close finishes it
+		}
+	}
+	s.mu.RUnlock()
+	for _, e := range groups {
+		s.raft.unregister(e.id, e.group)
+		if err := e.group.Close(); err != nil { // close's Close of it is a no-op
+			s.logger.Error("closing a replica at shutdown", "shard", e.id.String(), "err", err)
+		}
+	}
+}
+
 func (s *shardSet) close() error {
 	s.mu.Lock()
 	s.mu.closed = true
