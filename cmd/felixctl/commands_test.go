@@ -459,6 +459,9 @@ func TestCommands(t *testing.T) {
 				row["node"] == owner && sent <= 0 {
 				t.Errorf("row %v: QUIC packets sent %v/s, lost %v/s (the owner answered 50 publishes)", row, sent, lost)
 			}
+			if free, _ := row["disk_free_bytes"].(float64); free <= 0 {
+				t.Errorf("row %v: disk_free_bytes %v, want the broker's free space", row, row["disk_free_bytes"])
+			}
 			if row["node"] == owner && (row["shards_owned"].(float64) != 1 || row["streams"].(float64) < 1) {
 				t.Errorf("owner row %v", row)
 			}
@@ -466,7 +469,7 @@ func TestCommands(t *testing.T) {
 		// Piped (not a terminal): several tables, and no clear-screen
 		// escapes between them.
 		r = felixctl(t, env, "cluster", "stats", "--count", "2", "--interval", "200ms")
-		if r.code != 0 || !strings.Contains(r.stdout, "FSYNC p50") || !strings.Contains(r.stdout, "QUIC LOST/s") || !strings.Contains(r.stdout, owner) ||
+		if r.code != 0 || !strings.Contains(r.stdout, "FSYNC p50") || !strings.Contains(r.stdout, "QUIC LOST/s") || !strings.Contains(r.stdout, "DISK FREE") || !strings.Contains(r.stdout, owner) ||
 			strings.Count(r.stdout, "felix cluster: epoch") != 2 || strings.Contains(r.stdout, "\x1b") {
 			t.Errorf("%+v", r)
 		}

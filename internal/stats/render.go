@@ -16,20 +16,20 @@ import (
 // WriteTable writes rows as an aligned table, one broker per line.
 func WriteTable(w io.Writer, rows []Row) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "NODE\tSTATE\tEPOCH\tSTREAMS\tSHARDS\tCONNS\tIN/s\tOUT/s\tFWD/s\tERR/s\tPUB p50\tPUB p99\tFSYNC p50\tREC/FSYNC\tMAX LAG\tQUIC LOST/s\t")
+	fmt.Fprintln(tw, "NODE\tSTATE\tEPOCH\tSTREAMS\tSHARDS\tCONNS\tIN/s\tOUT/s\tFWD/s\tERR/s\tPUB p50\tPUB p99\tFSYNC p50\tREC/FSYNC\tMAX LAG\tQUIC LOST/s\tDISK FREE\t")
 	for _, r := range rows {
 		state := "live"
 		if !r.Live {
 			state = "down"
 		}
 		if r.Error != "" {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", r.Node, state)
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", r.Node, state)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f\t%s\t%s\t\n",
 			r.Node, state, r.Epoch, r.Streams, r.ShardsOwned, r.Connections,
 			num(r.InPerSec), num(r.OutPerSec), num(r.FwdPerSec), num(r.ErrPerSec),
-			dur(r.PublishP50), dur(r.PublishP99), dur(r.FsyncP50), num(r.PerFsync), r.MaxLag, num(r.QUICLostPerSec))
+			dur(r.PublishP50), dur(r.PublishP99), dur(r.FsyncP50), num(r.PerFsync), r.MaxLag, num(r.QUICLostPerSec), bytesOf(r.DiskFree))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -43,7 +43,7 @@ func WriteTable(w io.Writer, rows []Row) error {
 }
 
 // WriteJSON writes rows as JSON, one object per line (NDJSON); unknown
-// quantiles are null.
+// quantiles and free space are null.
 func WriteJSON(w io.Writer, rows []Row) error {
 	type jrow struct {
 		Row
@@ -51,6 +51,7 @@ func WriteJSON(w io.Writer, rows []Row) error {
 		PublishP99 *float64 `json:"publish_p99_seconds"`
 		FsyncP50   *float64 `json:"fsync_p50_seconds"`
 		PerFsync   *float64 `json:"records_per_fsync"`
+		DiskFree   *float64 `json:"disk_free_bytes"`
 	}
 	opt := func(v float64) *float64 {
 		if math.IsNaN(v) {
@@ -61,7 +62,7 @@ func WriteJSON(w io.Writer, rows []Row) error {
 	enc := json.NewEncoder(w)
 	for _, r := range rows {
 		if err := enc.Encode(jrow{Row: r, PublishP50: opt(r.PublishP50), PublishP99: opt(r.PublishP99),
-			FsyncP50: opt(r.FsyncP50), PerFsync: opt(r.PerFsync)}); err != nil {
+			FsyncP50: opt(r.FsyncP50), PerFsync: opt(r.PerFsync), DiskFree: opt(r.DiskFree)}); err != nil {
 			return err
 		}
 	}
@@ -80,6 +81,21 @@ func num(v float64) string {
 		return fmt.Sprintf("%.0f", v)
 	}
 	return fmt.Sprintf("%.1f", v)
+}
+
+// bytesOf renders a byte count in binary units ("-" for NaN).
+func bytesOf(n float64) string {
+	switch {
+	case math.IsNaN(n):
+		return "-"
+	case n >= 1<<40:
+		return fmt.Sprintf("%.1fTiB", n/(1<<40))
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1fGiB", n/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.0fMiB", n/(1<<20))
+	}
+	return fmt.Sprintf("%.0fKiB", n/(1<<10))
 }
 
 func dur(secs float64) string {

@@ -42,6 +42,7 @@ const (
 	MetricQUICStreamsOld  = "felix_streams"      // its name before it was renamed
 	MetricQUICSent        = "felix_quic_packets_sent_total"
 	MetricQUICLost        = "felix_quic_packets_lost_total"
+	MetricDiskFree        = "felix_disk_free_bytes" // the data directory's filesystem, at the broker's last check
 	MetricShardsOwned     = "felix_shards_owned"
 	MetricMapEpoch        = "felix_map_epoch"
 	MetricSubscriberLag   = "felix_subscriber_lag_records"
@@ -285,6 +286,10 @@ type Row struct {
 	// reading for a while. Zero from a broker too old to count them.
 	QUICSentPerSec float64 `json:"quic_packets_sent_per_second"`
 	QUICLostPerSec float64 `json:"quic_packets_lost_per_second"`
+	// DiskFree is the free space of the broker's data directory's
+	// filesystem (under its --min-free-bytes it refuses new records); NaN
+	// (null in JSON) from a broker too old to report it.
+	DiskFree float64 `json:"disk_free_bytes"`
 }
 
 // Summarize turns scrapes into rows. prev, if not nil, is an earlier
@@ -300,7 +305,7 @@ func Summarize(prev, cur []Scrape) []Row {
 		r := Row{Node: s.Node, Admin: s.Admin, Live: s.Live}
 		if s.Err != nil {
 			r.Error = s.Err.Error()
-			r.PublishP50, r.PublishP99, r.FsyncP50, r.PerFsync = math.NaN(), math.NaN(), math.NaN(), math.NaN()
+			r.PublishP50, r.PublishP99, r.FsyncP50, r.PerFsync, r.DiskFree = math.NaN(), math.NaN(), math.NaN(), math.NaN(), math.NaN()
 			rows = append(rows, r)
 			continue
 		}
@@ -314,6 +319,10 @@ func Summarize(prev, cur []Scrape) []Row {
 		}
 		r.Epoch, r.ShardsOwned, r.Connections, r.QUICStreams = uint64(epoch), int(owned), int(conns), int(quic)
 		r.MaxLag = f.Max(MetricSubscriberLag)
+		r.DiskFree = math.NaN()
+		if free, ok := f.Sum(MetricDiskFree); ok {
+			r.DiskFree = free
+		}
 
 		p, havePrev := before[s.Node]
 		havePrev = havePrev && p.Err == nil && p.At.Before(s.At)

@@ -76,3 +76,33 @@ felix_quic_packets_lost_total{type="peer"} 1
 		t.Fatalf("table without the QUIC LOST/s column:\n%s", b.String())
 	}
 }
+
+// TestDiskFree: the free space a broker reports is in the row, the table
+// (DISK FREE, binary units) and the JSON; a broker that does not report it
+// shows "-" and null.
+func TestDiskFree(t *testing.T) {
+	withFree, err := Parse(strings.NewReader("# TYPE felix_disk_free_bytes gauge\nfelix_disk_free_bytes 3221225472\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := Summarize(nil, []Scrape{
+		{Node: "broker-0", Live: true, At: time.Now(), Fams: withFree},
+		{Node: "broker-1", Live: true, At: time.Now(), Fams: Families{}},
+	})
+	if rows[0].DiskFree != 3<<30 || !math.IsNaN(rows[1].DiskFree) {
+		t.Fatalf("disk free %v and %v, want 3 GiB and NaN", rows[0].DiskFree, rows[1].DiskFree)
+	}
+	var table, js strings.Builder
+	if err := WriteTable(&table, rows); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "DISK FREE") || !strings.Contains(table.String(), "3.0GiB") {
+		t.Fatalf("table:\n%s", table.String())
+	}
+	if err := WriteJSON(&js, rows); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(js.String(), `"disk_free_bytes":3221225472`) || !strings.Contains(js.String(), `"disk_free_bytes":null`) {
+		t.Fatalf("JSON:\n%s", js.String())
+	}
+}
