@@ -6,10 +6,10 @@ package broker
 // directory has less than Config.MinFreeBytes free: a publish to a shard
 // this broker writes (it owns the shard, or leads its raft group) is
 // answered limit_exceeded (limit "min_free_bytes", counted in
-// felix_limit_hits_total), with nothing written; subscribers, the shards
-// other brokers write, and this broker's replicas of them go on as before.
-// Once retention or an operator frees space, the next check takes
-// publishes again; nothing restarts.
+// felix_limit_hits_total), with nothing written; subscribers and the
+// shards other brokers write go on (this broker's replicas of those fall
+// behind, below). Once retention or an operator frees space, the next
+// check takes publishes again; nothing restarts.
 //
 // Why refuse before the disk is full: a shard log whose commit meets
 // ENOSPC fails and refuses every append until the broker restarts (package
