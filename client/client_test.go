@@ -31,6 +31,19 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
+// withStream connects to the one broker of a new fake cluster (with
+// opts) and creates the stream "s" of one shard there.
+func withStream(t *testing.T, opts ...Opt) (*fakeCluster, *Client, context.Context) {
+	t.Helper()
+	fc := newFakeCluster(t, 1)
+	c := connect(t, fc, 0, opts...)
+	ctx := testCtx(t)
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	return fc, c, ctx
+}
+
 func connect(t *testing.T, fc *fakeCluster, broker int, opts ...Opt) *Client {
 	t.Helper()
 	c, err := Connect(testCtx(t), fc.brokers[broker].addr, fc.clientOpts(append([]Opt{WithLogger(quiet)}, opts...)...)...)
@@ -238,12 +251,7 @@ func TestPublishRoundTrip(t *testing.T) {
 }
 
 func TestPublishPipelinedInOrder(t *testing.T) {
-	fc := newFakeCluster(t, 1)
-	c := connect(t, fc, 0)
-	ctx := testCtx(t)
-	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
-		t.Fatal(err)
-	}
+	_, c, ctx := withStream(t)
 	p, err := c.Publisher(ctx, "s")
 	if err != nil {
 		t.Fatal(err)
@@ -276,12 +284,7 @@ func TestPublishPipelinedInOrder(t *testing.T) {
 }
 
 func TestWindowFullAgainstBroker(t *testing.T) {
-	fc := newFakeCluster(t, 1)
-	c := connect(t, fc, 0, WithMaxInFlight(4), WithBlockOnFull(false))
-	ctx := testCtx(t)
-	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
-		t.Fatal(err)
-	}
+	fc, c, ctx := withStream(t, WithMaxInFlight(4), WithBlockOnFull(false))
 	fc.brokers[0].holdAcks.Store(true)
 	for i := range 4 {
 		if _, err := c.PublishAsync(ctx, "s", nil, []byte("x")); err != nil {
@@ -294,13 +297,8 @@ func TestWindowFullAgainstBroker(t *testing.T) {
 }
 
 func TestConnectionLostFailsInFlight(t *testing.T) {
-	fc := newFakeCluster(t, 1)
+	fc, c, ctx := withStream(t)
 	b := fc.brokers[0]
-	c := connect(t, fc, 0)
-	ctx := testCtx(t)
-	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := c.Publish(ctx, "s", nil, []byte("before")); err != nil {
 		t.Fatal(err)
 	}
@@ -412,13 +410,8 @@ func contains(s, sub string) bool { return strings.Contains(s, sub) }
 // is read (no hand-off); with the error when the connection is lost; and
 // not at all when the publish call itself fails.
 func TestOnResolved(t *testing.T) {
-	fc := newFakeCluster(t, 1)
+	fc, c, ctx := withStream(t, WithMaxInFlight(4), WithBlockOnFull(false))
 	b := fc.brokers[0]
-	c := connect(t, fc, 0, WithMaxInFlight(4), WithBlockOnFull(false))
-	ctx := testCtx(t)
-	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
-		t.Fatal(err)
-	}
 	var mu sync.Mutex
 	var offsets []uint64
 	var errs []error
@@ -550,12 +543,7 @@ func TestReplicaStatusFreshMap(t *testing.T) {
 // their acks are only buffered by the sender; the stream's flusher
 // goroutine must write them, without any ack to prompt it.
 func TestBufferedRecordsWritten(t *testing.T) {
-	fc := newFakeCluster(t, 1)
-	c := connect(t, fc, 0)
-	ctx := testCtx(t)
-	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
-		t.Fatal(err)
-	}
+	fc, c, ctx := withStream(t)
 	b := fc.brokers[0]
 	b.holdAcks.Store(true)
 	const n = 50

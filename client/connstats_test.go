@@ -2,21 +2,14 @@ package client
 
 import (
 	"testing"
-
-	"github.com/felix-broker/felix/shardmap"
 )
 
 // TestConnStatsAcrossRedial checks that ConnStats names the broker, counts
 // what the connection carried, and keeps counting across a redial: the
 // counters never go back, Dials says how many connections there were.
 func TestConnStatsAcrossRedial(t *testing.T) {
-	fc := newFakeCluster(t, 1)
+	fc, c, ctx := withStream(t)
 	b := fc.brokers[0]
-	c := connect(t, fc, 0)
-	ctx := testCtx(t)
-	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
-		t.Fatal(err)
-	}
 	for range 20 {
 		if _, err := c.Publish(ctx, "s", nil, []byte("x")); err != nil {
 			t.Fatal(err)

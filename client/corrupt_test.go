@@ -103,12 +103,7 @@ func TestSubscribeCorrupt(t *testing.T) {
 // TestSubscribeSkipCorrupt: with SkipCorrupt the subscription goes on past
 // the damaged range by itself and delivers every other record in order.
 func TestSubscribeSkipCorrupt(t *testing.T) {
-	fc := newFakeCluster(t, 1)
-	c := connect(t, fc, 0)
-	ctx := testCtx(t)
-	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
-		t.Fatal(err)
-	}
+	fc, c, ctx := withStream(t)
 	publishN(t, c, "s", 0, 0, 40)
 	fc.damage(shardmap.ShardID{Stream: "s", Shard: 0}, 5, 9)
 	sub, err := c.Subscribe(ctx, "s", Earliest(), SkipCorrupt(), Credit(4))

@@ -54,13 +54,8 @@ func publishN(t *testing.T, c *Client, stream string, shard, from, n int) {
 }
 
 func TestSubscribeResumesAfterBrokerRestart(t *testing.T) {
-	fc := newFakeCluster(t, 1)
+	fc, c, ctx := withStream(t)
 	b := fc.brokers[0]
-	c := connect(t, fc, 0)
-	ctx := testCtx(t)
-	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
-		t.Fatal(err)
-	}
 	publishN(t, c, "s", 0, 0, 50)
 	// A small credit makes the broker wait for grants, so records are
 	// buffered on both sides when the broker dies.
@@ -244,12 +239,7 @@ func TestSubscribeResumeWithAtOffsets(t *testing.T) {
 }
 
 func TestSubscribeStopInsideLoop(t *testing.T) {
-	fc := newFakeCluster(t, 1)
-	c := connect(t, fc, 0)
-	ctx := testCtx(t)
-	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
-		t.Fatal(err)
-	}
+	_, c, ctx := withStream(t)
 	publishN(t, c, "s", 0, 0, 20)
 	sub, err := c.Subscribe(ctx, "s", Earliest())
 	if err != nil {
@@ -279,12 +269,7 @@ func TestSubscribeStopInsideLoop(t *testing.T) {
 }
 
 func TestSubscribeTerminalError(t *testing.T) {
-	fc := newFakeCluster(t, 1)
-	c := connect(t, fc, 0)
-	ctx := testCtx(t)
-	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
-		t.Fatal(err)
-	}
+	fc, c, ctx := withStream(t)
 	publishN(t, c, "s", 0, 0, 3)
 	// Offset 1000 is past the log; the fake answers nothing for it, so use
 	// a shard the broker does not have to get a terminal error instead:

@@ -149,10 +149,7 @@ func (s *storage) findTail() error {
 // whether a truncation of tidwall's is pending.
 func (s *storage) dataSegments() ([]tidseg.Segment, bool, error) {
 	segs, pending, err := tidseg.List(s.dir)
-	if n := len(segs); err == nil && n > 0 && segs[n-1].Index == s.tail.index {
-		segs[n-1].Size -= s.tail.pad.Extra(s.tail.size)
-	}
-	return segs, pending, err
+	return s.tail.pad.Unpad(segs, s.tail.index, s.tail.size), pending, err
 }
 
 func (s *storage) noteTerm(index, term uint64) {

@@ -252,10 +252,7 @@ func (l *Log) dataSegments() ([]segmentFile, error) {
 	if err != nil {
 		return nil, err
 	}
-	if n := len(segs); n > 0 && segs[n-1].Index == l.tail.index {
-		segs[n-1].Size -= l.tail.pad.Extra(l.tail.size)
-	}
-	return segs, nil
+	return l.tail.pad.Unpad(segs, l.tail.index, l.tail.size), nil
 }
 
 // syncDir fsyncs the log's directory through l.fs.

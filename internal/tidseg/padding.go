@@ -80,6 +80,17 @@ func (p *Padding) Size(size int64) int64 { return max(size, p.end) }
 // Extra returns how many zeros follow size bytes of entries.
 func (p *Padding) Extra(size int64) int64 { return max(0, p.end-size) }
 
+// Unpad returns segs with the size of the tail segment (the last one,
+// when it starts at index tail) less the zeros p wrote after its size
+// bytes of entries: what the segments hold in entries, as retention counts
+// them.
+func (p *Padding) Unpad(segs []Segment, tail uint64, size int64) []Segment {
+	if n := len(segs); n > 0 && segs[n-1].Index == tail {
+		segs[n-1].Size -= p.Extra(size)
+	}
+	return segs
+}
+
 // ErrNotZeros: Cut found bytes other than zeros where the zeros should be
 // (the owner's count of its entries' bytes is wrong), and cut nothing.
 var ErrNotZeros = errors.New("tidseg: not zeros after the entries")
