@@ -70,16 +70,16 @@ func (b *Broker) checkDisk() {
 		return
 	}
 	b.disk.free.Store(free)
-	min := b.cfg.MinFreeBytes
-	low := min > 0 && free < min
+	line := b.cfg.MinFreeBytes
+	low := line > 0 && free < line
 	if b.disk.low.Swap(low) == low {
 		return
 	}
 	if low {
 		b.log.Warn("data directory's filesystem nearly full: refusing new records (limit_exceeded) until space is freed",
-			"free_bytes", free, "min_free_bytes", min, "dir", b.cfg.DataDir)
+			"free_bytes", free, "min_free_bytes", line, "dir", b.cfg.DataDir)
 	} else {
-		b.log.Info("data directory's filesystem has room again: taking new records", "free_bytes", free, "min_free_bytes", min)
+		b.log.Info("data directory's filesystem has room again: taking new records", "free_bytes", free, "min_free_bytes", line)
 	}
 }
 
