@@ -24,9 +24,13 @@ import (
 // time: a lane (one owner, one QUIC stream, first in first out) or this
 // broker's own replica. A record whose shard has unanswered records on
 // another route, or records waiting to be routed again, waits behind
-// them, in the order received; the retrier routes the waiting records of
-// a shard, oldest first, once nothing of the shard is unanswered
-// elsewhere. A waiting record whose successor was acknowledged meanwhile
+// them, in the order received. The retrier routes the waiting records of
+// a shard oldest first, one after the other without waiting for their
+// answers while each takes the route of the shard's unanswered records
+// (so a backlog that built up during a leader change leaves pipelined,
+// and the shard is back on the fast path once it is gone); a record that
+// would take another route waits until nothing of the shard is unanswered
+// (blocked). A waiting record whose successor was acknowledged meanwhile
 // (an owner that refused one record and then took the next) can no
 // longer be committed in order: it fails, and nothing of it was written.
 //
@@ -47,8 +51,9 @@ type routeOrder struct {
 // shardRoute is where a session's unanswered records of one shard went,
 // and what waits behind them.
 type shardRoute struct {
-	lane *lane // the route of the unanswered records; nil: this broker's replica
-	n    int   // records counted on it, not yet answered or handed back
+	lane *lane  // the route of the unanswered records; nil: this broker's replica
+	n    int    // records counted on it, not yet answered or handed back
+	last uint64 // the highest receipt number counted on it
 
 	// waiting are the records to route again and those that came after
 	// them, by receipt (inbound.n).
@@ -56,6 +61,10 @@ type shardRoute struct {
 	// resuming: the retrier took the first waiting record and has not
 	// routed it yet; the others keep waiting.
 	resuming bool
+	// blocked: a waiting record may not follow the unanswered records
+	// (its route is another one, or it was received before one of them),
+	// so none is routed again until n is 0.
+	blocked bool
 	// acked is the highest receipt number of the shard acknowledged since
 	// the shard last had nothing unanswered: a waiting record below it
 	// fails.
@@ -74,9 +83,12 @@ type refused struct {
 	attempt int
 	epoch   uint64 // the refusing owner's map epoch; 0: no map to wait for
 	by      string // the refusing owner's id
-	// delay is how long to wait before routing it again: a replicated
-	// shard's record waiting for a leader to be elected.
-	delay time.Duration
+	// delay is how long after queued to wait before routing it again: a
+	// replicated shard's record waiting for a leader to be elected. It
+	// counts from the requeue, not from when the retrier gets to it, so
+	// that records handed back together wait once, not one after another.
+	delay  time.Duration
+	queued time.Time
 }
 
 // onRoute reports whether in, a record of shard id on its attempt-th
@@ -92,7 +104,10 @@ func (p *pubSession) onRoute(in *inbound, id shardmap.ShardID, l *lane, attempt 
 	o.Lock()
 	defer o.Unlock()
 	r := o.shards[id]
-	if r != nil && (r.n > 0 && r.lane != l || (len(r.waiting) > 0 || r.resuming) && !in.resumed) {
+	if r != nil && (!r.follows(in, l) || (len(r.waiting) > 0 || r.resuming) && !in.resumed) {
+		if !r.follows(in, l) {
+			r.blocked = true
+		}
 		r.wait(refused{in: in.rerouted(), attempt: attempt})
 		p.startRetrier()
 		return false
@@ -105,9 +120,18 @@ func (p *pubSession) onRoute(in *inbound, id shardmap.ShardID, l *lane, attempt 
 		}
 		r.lane = l
 		r.n++
+		r.last = max(r.last, in.n)
 		in.route = r
 	}
 	return true
+}
+
+// follows reports whether in may go on route l behind the shard's
+// unanswered records: they are on l, and were all received before it
+// (a route is first in first out, so it keeps their order), or there are
+// none. Called with the lock held.
+func (r *shardRoute) follows(in *inbound, l *lane) bool {
+	return r.n == 0 || r.lane == l && in.n > r.last
 }
 
 // wait queues w by receipt. Called with the lock held.
@@ -139,6 +163,9 @@ func (p *pubSession) resolved(in *inbound, acked bool) {
 	if acked && in.n > r.acked {
 		r.acked = in.n
 	}
+	if r.n == 0 {
+		r.blocked = false
+	}
 	ready := r.n == 0 && len(r.waiting) > 0
 	if r.n == 0 && len(r.waiting) == 0 && !r.resuming {
 		p.forget(r, in.pub.Stream, in.ev.shard)
@@ -169,6 +196,9 @@ func (p *pubSession) forget(r *shardRoute, stream string, shard int) {
 func (p *pubSession) requeue(r refused, id shardmap.ShardID) {
 	p.resolved(&r.in, false)
 	r.attempt++
+	if r.delay > 0 {
+		r.queued = time.Now()
+	}
 	o := &p.order
 	o.Lock()
 	sr := o.shards[id]
@@ -198,8 +228,9 @@ func (p *pubSession) startRetrier() {
 }
 
 // next takes the first waiting record of a shard that is ready (nothing
-// of it unanswered, nothing else being resumed), or of any shard once
-// the session has ended. It reports done when nothing waits: the retrier
+// else of it being resumed, and nothing of it unanswered unless on the
+// route the record may take too: not blocked), or of any shard once the
+// session has ended. It reports done when nothing waits: the retrier
 // then ends.
 func (p *pubSession) next() (w refused, r *shardRoute, ok, done bool) {
 	o := &p.order
@@ -215,7 +246,7 @@ func (p *pubSession) next() (w refused, r *shardRoute, ok, done bool) {
 			continue
 		}
 		waits = true
-		if ending || sr.n == 0 && !sr.resuming {
+		if ending || !sr.resuming && (sr.n == 0 || !sr.blocked && sr.waiting[0].in.n > sr.last) {
 			w = sr.waiting[0]
 			sr.waiting = slices.Delete(sr.waiting, 0, 1)
 			sr.resuming = true
@@ -272,8 +303,8 @@ func (p *pubSession) resume(w refused, r *shardRoute) {
 			Message: fmt.Sprintf("%s took a later record of this stream's shard after refusing this one, which can no longer be committed in order; nothing was written", w.by)})
 		return
 	}
-	if w.delay > 0 {
-		t := time.NewTimer(w.delay)
+	if d := time.Until(w.queued.Add(w.delay)); w.delay > 0 && d > 0 {
+		t := time.NewTimer(d)
 		select {
 		case <-t.C:
 		case <-p.ctx.Done():

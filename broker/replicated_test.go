@@ -795,6 +795,119 @@ func TestReplicatedOrderAcrossLeaderChanges(t *testing.T) {
 	t.Logf("%d acked, %d errors", len(acked), errs)
 }
 
+// TestBacklogAfterLeaderChangeLeavesPipelined: a publisher on a shard's
+// leader keeps sending while the leadership moves away. The records the
+// old leader had taken in are handed back and routed again, and the ones
+// that come after them wait behind them to keep their order; that
+// backlog must then go to the new leader pipelined, on one lane, and not
+// one record per round trip (a publisher faster than a round trip per
+// record never got back to the fast path that way: at 2,000 records/s
+// its latency climbed to its window's worth, near a second).
+func TestBacklogAfterLeaderChangeLeavesPipelined(t *testing.T) {
+	ip := startInprocWith(t, fastRaft, 3, shardmap.StreamConfig{Name: "orders", Shards: 1, Replicas: 3})
+	id := shardmap.ShardID{Stream: "orders", Shard: 0}
+	leader := waitOwnerLeads(t, ip, ip.brokers, id)
+	var other *Broker
+	for _, b := range ip.brokers {
+		if b != leader {
+			other = b
+			break
+		}
+	}
+	ws := openStream(t, ip.dial(leader))
+	const n = 1500
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		for i := uint64(1); i <= n; i++ {
+			ws.send(&transport.Publish{Seq: i, Stream: "orders", Shard: 0, Value: []byte(fmt.Sprint(i))})
+			if i >= 100 && i%20 == 0 && !groupOf(other, id).group.IsLeader() {
+				// Asked again until it happens: a replica is handed the
+				// leadership only once it has every committed entry.
+				groupOf(leader, id).group.TransferLeadership(groupOf(other, id).group.ID())
+			}
+			if i%20 == 0 { // about 10,000/s: records in flight when the leadership moves
+				time.Sleep(2 * time.Millisecond)
+			}
+		}
+	}()
+	// The most records the old leader's sessions had on one lane at once.
+	stop, sampled := make(chan struct{}), make(chan int)
+	go func() {
+		most := 0
+		for {
+			select {
+			case <-stop:
+				sampled <- most
+				return
+			case <-time.After(100 * time.Microsecond):
+			}
+			most = max(most, mostOnALane(leader))
+		}
+	}()
+	acked := map[uint64]uint64{} // seq -> offset
+	errs, elsewhere := 0, 0
+	for range n {
+		switch f := ws.recv().(type) {
+		case *transport.Ack:
+			acked[f.Seq] = f.Offset
+			if f.Owner != leader.NodeID() {
+				elsewhere++
+			}
+		case *transport.Error:
+			errs++
+		}
+	}
+	<-sent
+	close(stop)
+	most := <-sampled
+	var last, lastOff uint64
+	for seq := uint64(1); seq <= n; seq++ {
+		if off, ok := acked[seq]; ok {
+			if last != 0 && off <= lastOff {
+				t.Errorf("seq %d acked at offset %d, after seq %d at offset %d: out of the order sent", seq, off, last, lastOff)
+			}
+			last, lastOff = seq, off
+		}
+	}
+	if len(acked) < n*9/10 {
+		t.Fatalf("only %d of %d records acked (%d errors)", len(acked), n, errs)
+	}
+	if elsewhere == 0 {
+		t.Fatal("every record was committed by the first leader: the leadership did not move, and the test tested nothing")
+	}
+	t.Logf("%d acked (%d committed by another leader), %d errors; at most %d records on one lane to the new leader at once", len(acked), elsewhere, errs, most)
+	if most < 16 {
+		t.Fatalf("at most %d records were on the old leader's lane to the new one at once: the backlog went one record per round trip", most)
+	}
+}
+
+// mostOnALane returns the most records any of b's publisher sessions has
+// on one lane, awaiting the owner's answer.
+func mostOnALane(b *Broker) int {
+	b.mu.Lock()
+	pubs := make([]*pubSession, 0, len(b.mu.pubs))
+	for p := range b.mu.pubs {
+		pubs = append(pubs, p)
+	}
+	b.mu.Unlock()
+	most := 0
+	for _, p := range pubs {
+		p.lanes.Lock()
+		lanes := make([]*lane, 0, len(p.lanes.m))
+		for _, l := range p.lanes.m {
+			lanes = append(lanes, l)
+		}
+		p.lanes.Unlock()
+		for _, l := range lanes {
+			l.mu.Lock()
+			most = max(most, len(l.mu.pending))
+			l.mu.Unlock()
+		}
+	}
+	return most
+}
+
 // TestReplicasOpenPastTheBudget: a replica opens when a map assigns it,
 // whatever MaxOpenShards (a follower must take its leader's entries, and a
 // group with too few replicas open has no quorum), as the package says.
