@@ -378,7 +378,7 @@ func (p *pubSession) answer(fw forwarded, e *transport.Error) {
 			p.b.tel.rerouted(&fw.in.ev, e)
 			r := refused{in: fw.in, attempt: fw.attempt, epoch: e.Epoch, by: e.Owner}
 			if e.Owner == "" {
-				r.delay = p.b.cfg.RaftTick
+				r.delay = p.b.cfg.leaderWait(fw.attempt)
 			}
 			p.requeue(r, id)
 			return
@@ -415,7 +415,7 @@ func (l *lane) kill(cause error) {
 			// of them may lead by now.
 			id := shardmap.ShardID{Stream: fw.in.pub.Stream, Shard: fw.in.ev.shard}
 			l.p.b.forgetLeader(id, l.owner)
-			l.p.requeue(refused{in: fw.in.rerouted(), attempt: fw.attempt, delay: l.p.b.cfg.RaftTick, by: l.owner}, id)
+			l.p.requeue(refused{in: fw.in.rerouted(), attempt: fw.attempt, delay: l.p.b.cfg.leaderWait(fw.attempt), by: l.owner}, id)
 			continue
 		}
 		e := &transport.Error{Code: transport.CodeUnavailable, Owner: l.owner,

@@ -16,9 +16,11 @@ package broker
 // broker outside the replica set, or a replica whose group knows no
 // leader, forwards to the leader it last heard of (a NotOwner's Owner,
 // kept in Broker.leaders) or else to the first live replica, owner first. While no leader is known the record waits in the
-// session's retrier and is routed again every RaftTick, up to
-// ForwardTimeout after it first needed a leader; then it fails
-// unavailable. A record the group drops or a new leader's entries replace
+// session's retrier and is routed again after a sixteenth of a RaftTick,
+// then after twice as long each time, up to a RaftTick (leaderWait: a
+// leadership handed over takes milliseconds, an election after a loss an
+// election timeout), until ForwardTimeout after it first needed a
+// leader; then it fails unavailable. A record the group drops or a new leader's entries replace
 // (never committed) is routed again the same way.
 //
 // Subscribers read committed records only (Group.Read), from whichever
@@ -499,7 +501,17 @@ func (p *pubSession) awaitLeader(in inbound, attempt int, id shardmap.ShardID, f
 			Message: fmt.Sprintf(format+" after %v (ForwardTimeout); nothing was written", id, p.b.cfg.ForwardTimeout)})
 		return
 	}
-	p.requeue(refused{in: in.rerouted(), attempt: attempt, delay: p.b.cfg.RaftTick, by: p.b.cfg.NodeID}, id)
+	p.requeue(refused{in: in.rerouted(), attempt: attempt, delay: p.b.cfg.leaderWait(attempt), by: p.b.cfg.NodeID}, id)
+}
+
+// leaderWait is how long a record of a replicated shard waits for a leader
+// before it is routed again, on its attempt-th routing: a sixteenth of a
+// raft tick at first, twice as long each time, at most a tick. The
+// leadership handed over to a shard's preferred leader moves within
+// milliseconds, while an election after a leader is lost takes an
+// election timeout (10 ticks or more): the short waits come first.
+func (c Config) leaderWait(attempt int) time.Duration {
+	return min(c.RaftTick, c.RaftTick/16<<min(attempt, 4))
 }
 
 // appendReplicated proposes in's record to e's group, whose leader this
