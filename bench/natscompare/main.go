@@ -1,7 +1,8 @@
 // Command natscompare measures Felix and NATS JetStream side by side at
 // light load, the way issue 13 compared them: one open-loop generator that
 // only sleeps publishes at a fixed rate through the shard's owner (Felix)
-// or the stream's leader (NATS), and every latency is measured alike.
+// or the stream's leader (NATS), or with -through other through another
+// broker or server, which forwards, and every latency is measured alike.
 //
 // It is a module of its own so that Felix's module does not depend on the
 // NATS client. It starts each system itself, one at a time, and alternates
@@ -55,6 +56,7 @@ var (
 	size     = flag.Int("size", 128, "payload bytes")
 	replicas = flag.Int("replicas", 1, "replication factor of the stream: 1 or 3")
 	pairs    = flag.Int("pairs", 3, "trials of each system, alternated")
+	through  = flag.String("through", "leader", "publish through the shard's leader (leader), or through another broker or server (other), which forwards")
 	dir      = flag.String("dir", "", "working directory (default: a temporary one)")
 )
 
@@ -98,8 +100,8 @@ func main() {
 			if err != nil {
 				log.Fatalf("natscompare: %s, trial %d: %v", sys, i+1, err)
 			}
-			fmt.Printf("%-5s rate=%d/s R=%d  p50 %5d  p90 %5d  p99 %6d  p99.9 %6d µs  gen-lag p50 %d p99 %d µs  (%d measured, %d failed)\n",
-				r.system, *rate, *replicas, r.p50, r.p90, r.p99, r.p999, r.lagP50, r.lagP99, r.measured, r.failed)
+			fmt.Printf("%-5s rate=%d/s R=%d via %s  p50 %5d  p90 %5d  p99 %6d  p99.9 %6d µs  gen-lag p50 %d p99 %d µs  (%d measured, %d failed)\n",
+				r.system, *rate, *replicas, *through, r.p50, r.p90, r.p99, r.p999, r.lagP50, r.lagP99, r.measured, r.failed)
 			if sys == "felix" {
 				felixRes = append(felixRes, r)
 			} else {
@@ -122,7 +124,8 @@ func main() {
 }
 
 // runFelix starts `felix dev` in d, publishes to the leader of shard 0 of
-// a one-shard stream, and stops the cluster.
+// a one-shard stream (or through another broker, which forwards, with
+// -through other), and stops the cluster.
 func runFelix(d string) (result, error) {
 	ctx := context.Background()
 	connFile := filepath.Join(d, "felix-cluster.json")
@@ -172,6 +175,14 @@ func runFelix(d string) (result, error) {
 	if !ok {
 		return result{}, fmt.Errorf("the probe's ack names %q, not in %s", ack.Owner, connFile)
 	}
+	if *through == "other" {
+		for _, o := range cf.Brokers {
+			if o.ID != ack.Owner {
+				b = o
+				break
+			}
+		}
+	}
 	if c, err = client.Connect(ctx, b.Addr, opts...); err != nil {
 		return result{}, err
 	}
@@ -193,7 +204,8 @@ func runFelix(d string) (result, error) {
 }
 
 // runNATS starts three nats-server processes in d, publishes to the
-// leader of a one-subject stream, and stops them.
+// leader of a one-subject stream (or through another server, with
+// -through other), and stops them.
 func runNATS(d string) (result, error) {
 	ctx := context.Background()
 	const n = 3
@@ -246,7 +258,16 @@ func runNATS(d string) (result, error) {
 		}
 	}
 	nc.Close()
-	if nc, err = nats.Connect(urls[leader]); err != nil {
+	url := urls[leader]
+	if *through == "other" {
+		for name, u := range urls {
+			if name != leader {
+				url = u
+				break
+			}
+		}
+	}
+	if nc, err = nats.Connect(url); err != nil {
 		return result{}, err
 	}
 	defer nc.Close()
