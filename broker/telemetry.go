@@ -80,6 +80,11 @@ type telemetry struct {
 
 	peers  sync.Map   // peer id → *peerMetricOpts, made once per peer
 	events eventQueue // answered records' events, for the next batch (events.go)
+	// spanAttrs is where endServer and endClient gather a span's
+	// attributes. Only build and buildHop call them, and only from later,
+	// which runs its functions one at a time; the SDK's SetAttributes
+	// copies what it is given (the broker's tracer is always the SDK's).
+	spanAttrs []attribute.KeyValue
 }
 
 func recordOpt(kv ...attribute.KeyValue) []metric.RecordOption {
