@@ -56,6 +56,12 @@ type Config struct {
 	// ForwardTimeout bounds how long a forwarded publish may wait for the
 	// owner, including re-routing after a map change; default 10s.
 	ForwardTimeout time.Duration
+	// CommitTimeout bounds how long a record of a replicated shard waits
+	// for its raft group to commit it once proposed (no majority can
+	// write it, or its leader lost its quorum): then its publisher is
+	// answered timeout, the outcome unknown, and the entry keeps its
+	// chance to be committed. Default 10s.
+	CommitTimeout time.Duration
 	// LeaseTTL is the control plane lease; default 3s.
 	LeaseTTL time.Duration
 	// SegmentSize is the shard logs' segment size; default the wal default.
@@ -346,6 +352,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.ForwardTimeout == 0 {
 		c.ForwardTimeout = 10 * time.Second
+	}
+	if c.CommitTimeout <= 0 {
+		c.CommitTimeout = 10 * time.Second
 	}
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = 3 * time.Second

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -207,5 +208,55 @@ func TestCloseFailsRecordsAGroupCannotCommit(t *testing.T) {
 		if _, acked := f.(*transport.Ack); acked {
 			t.Fatalf("acked %+v though no follower wrote it", f)
 		}
+	}
+}
+
+// TestCommitTimeoutAnswersThenCommits: a record its group cannot commit
+// (both followers below the disk line) is answered timeout after
+// CommitTimeout, not left waiting; its entry keeps its chance, and once
+// a follower has room it is committed once. An idempotent record's retry
+// meanwhile shares its fate: acked at the same offset, written once.
+func TestCommitTimeoutAnswersThenCommits(t *testing.T) {
+	disks := &fakeDisks{free: map[string]int64{}}
+	ip := startInprocWith(t, func(c *Config) {
+		fastRaft(c)
+		c.CommitTimeout = 400 * time.Millisecond
+		c.MinFreeBytes = 64 << 20
+		c.Knobs.FreeBytes = disks.read
+	}, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	id := shardmap.ShardID{Stream: "r3", Shard: 0}
+	leader := waitOwnerLeads(t, ip, ip.brokers, id)
+	var followers []*Broker
+	for _, b := range ip.brokers {
+		if b != leader {
+			followers = append(followers, b)
+			disks.set(b, 1<<20)
+		}
+	}
+	ws := openStream(t, ip.dial(leader))
+	ws.send(&transport.Publish{Seq: 1, Stream: "r3", Value: []byte("plain")})
+	ws.send(&transport.Publish{Seq: 2, Stream: "r3", Value: []byte("idem"), ProducerID: "p1", ProducerSeq: 1})
+	for range 2 {
+		f := ws.recv()
+		if e, ok := f.(*transport.Error); !ok || e.Code != transport.CodeTimeout {
+			t.Fatalf("a record no majority can write: %T %+v, want a timeout error", f, f)
+		}
+	}
+	// The publisher retries the idempotent one: it is still in flight.
+	ws.send(&transport.Publish{Seq: 3, Stream: "r3", Value: []byte("idem"), ProducerID: "p1", ProducerSeq: 1})
+	disks.set(followers[0], 1<<40)
+	ack, ok := ws.recv().(*transport.Ack)
+	if !ok || ack.Seq != 3 {
+		t.Fatalf("the idempotent retry once a follower has room: %T %+v, want its ack", ack, ack)
+	}
+	var got []string
+	for _, r := range readReplica(t, groupOf(leader, id)) {
+		got = append(got, string(r.Value))
+	}
+	if !slices.Equal(got, []string{"plain", "idem"}) {
+		t.Fatalf("the shard holds %q, want [plain idem]: each record once, in the order sent", got)
+	}
+	if ack.Offset != 1 {
+		t.Fatalf("the retry was acked at offset %d, want 1, where its first send was written", ack.Offset)
 	}
 }

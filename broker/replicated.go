@@ -308,6 +308,7 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 		// wait for them (a leader sends each new commit index at once).
 		HeartbeatTicks: max(1, s.electionTicks/3),
 		MaxEntryBytes:  s.entryBytes,
+		CommitTimeout:  s.commitTimeout,
 		// Idle groups go quiet; raftNet watches their members' liveness
 		// per pair of brokers and wakes them (raft.go).
 		Quiesce:     !s.noQuiesce,
@@ -549,9 +550,22 @@ func (p *pubSession) appendReplicated(in inbound, e *shardEntry, id shardmap.Sha
 	b.tel.stampRouted(&in.ev)
 	seq, stream, shard := pub.Seq, pub.Stream, id.Shard
 	r := &wal.Record{ProducerID: pub.ProducerID, ProducerSeq: pseq, Headers: pub.Headers, Key: pub.Key, Value: pub.Value}
+	timedOut := false // the publisher was answered timeout; only the group's goroutine reads or sets it
 	done := func(offset uint64, ts int64, err error) {
+		if errors.Is(err, replica.ErrCommitTimeout) {
+			// Answered now; the entry's fate comes in a second call,
+			// for the producer table only: an idempotent retry of the
+			// record shares it meanwhile (it is still in flight).
+			timedOut = true
+			p.reply(&in, &transport.Error{Seq: seq, Code: transport.CodeTimeout,
+				Message: fmt.Sprintf("%s proposed the record to %s, and its group did not commit it within %v (CommitTimeout): fewer than a majority of the replicas have written it so far; it may still be committed", b.cfg.NodeID, id, b.cfg.CommitTimeout)})
+			return
+		}
 		if prod != nil {
 			e.producers.committed(prod, pseq, offset, ts, err)
+		}
+		if timedOut {
+			return
 		}
 		if err != nil {
 			p.replicatedFailed(in, e, id, attempt, err)

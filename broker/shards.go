@@ -112,9 +112,11 @@ type shardSet struct {
 	root        *os.Root // <DataDir>/streams
 	node        string
 	segmentSize int
-	parkedSync  bool           // wal.Options.ParkedSync
-	syncGroup   *wal.SyncGroup // every log's wal.Options.SyncGroup
-	tailBytes   int
+	// commitTimeout is Config.CommitTimeout, given to the replicas.
+	commitTimeout time.Duration
+	parkedSync    bool           // wal.Options.ParkedSync
+	syncGroup     *wal.SyncGroup // every log's wal.Options.SyncGroup
+	tailBytes     int
 	// retentionCheck is Config.RetentionCheck, for the logs' own passes.
 	retentionCheck time.Duration
 	maxOpen        int
@@ -245,7 +247,7 @@ func newShardSet(cfg Config, log *slog.Logger, tel *telemetry) (*shardSet, error
 		return nil, fmt.Errorf("open shard data dir: %w", err)
 	}
 	s := &shardSet{
-		root: root, node: cfg.NodeID, segmentSize: cfg.SegmentSize, parkedSync: cfg.ParkedSync, syncGroup: wal.NewSyncGroup(parkAtBusyLogs), tailBytes: cfg.TailBytes, retentionCheck: cfg.RetentionCheck,
+		root: root, node: cfg.NodeID, segmentSize: cfg.SegmentSize, commitTimeout: cfg.CommitTimeout, parkedSync: cfg.ParkedSync, syncGroup: wal.NewSyncGroup(parkAtBusyLogs), tailBytes: cfg.TailBytes, retentionCheck: cfg.RetentionCheck,
 		maxOpen: cfg.MaxOpenShards, maxShards: cfg.MaxShards,
 		logger: log, tel: tel,
 		walFS: cfg.Knobs.WALFS, noQuiesce: cfg.Knobs.NoQuiesce, beforeSync: cfg.Knobs.ReplicaBeforeSync, acceptLoss: map[string]bool{},

@@ -82,7 +82,10 @@
 // refused, gets a *NotLeaderError naming the leader it knows; records whose
 // fate a closing replica cannot learn get ErrUnknownOutcome. Never a false
 // ack: a replica cut off from the majority keeps its proposals pending,
-// and drops them when a new leader's entries replace them.
+// and drops them when a new leader's entries replace them. With
+// Config.CommitTimeout, the records of an entry still pending that long
+// after its proposal are told ErrCommitTimeout first, and their fate
+// later.
 //
 // # Producer sequences
 //

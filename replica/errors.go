@@ -25,6 +25,11 @@ var (
 	// fate this node cannot learn any more (it closed or failed first): they
 	// may or may not be committed. Retrying is safe with idempotent publish.
 	ErrUnknownOutcome = errors.New("replica: outcome unknown")
+	// ErrCommitTimeout is told to the records of an entry not committed
+	// within Config.CommitTimeout of its proposal: it may still be
+	// committed, or be replaced; the records are told their fate again
+	// once it is known.
+	ErrCommitTimeout = errors.New("replica: not committed in time")
 	// ErrCorrupt marks stored data that fails its checksum or format.
 	ErrCorrupt = errors.New("replica: corrupt")
 	// ErrBadMessage is returned by Step for a message a peer must not send.

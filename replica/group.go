@@ -45,6 +45,13 @@ type Config struct {
 	// MaxUncommittedBytes bounds the leader's entries not yet committed;
 	// proposals over it are refused. Default 64 MiB.
 	MaxUncommittedBytes uint64
+	// CommitTimeout, when positive, bounds how long an append's caller
+	// waits to hear of its record: a record whose entry is not committed
+	// that long after it was proposed (no majority can write it, or the
+	// leader lost its quorum) is told ErrCommitTimeout, checked once a
+	// tick, and later told its fate once more. 0: no bound, and each
+	// record is told once.
+	CommitTimeout time.Duration
 	// SegmentSize is the size at which the log starts a new segment file;
 	// default 1 MiB, as package wal's and for the same reason: tidwall
 	// keeps the tail segment in a byte slice that grows by reallocation
@@ -311,6 +318,8 @@ func (g *Group) IsLeader() bool { return g.leader.Load() == g.cfg.ID }
 // once a majority of replicas has fsynced it and it is committed, or with
 // an error: a *NotLeaderError (never committed), ErrUnknownOutcome (the
 // group closed or failed first), ErrClosed, ErrFailed or ErrTooLarge.
+// With Config.CommitTimeout, done may be called twice: first with
+// ErrCommitTimeout, then with the record's fate.
 // Records waiting while the group's goroutine handles a Ready go into one
 // entry, proposed in the term they were handed over in or not at all (a
 // *NotLeaderError). Key, Value, ProducerID and Headers are copied.

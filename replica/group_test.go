@@ -8,6 +8,8 @@ import (
 	"time"
 
 	pb "go.etcd.io/raft/v3/raftpb"
+
+	"github.com/felix-broker/felix/wal"
 )
 
 func TestElectAndCommit(t *testing.T) {
@@ -248,5 +250,58 @@ func TestEntriesSplitAtMaxEntryBytes(t *testing.T) {
 		if n := lead.offs.bases[k] - lead.offs.bases[k-1]; n > 3 {
 			t.Fatalf("entry %d holds %d records of 300 bytes, over MaxEntryBytes 1024", lead.offs.firstIndex+uint64(k-1), n)
 		}
+	}
+}
+
+// TestCommitTimeoutThenFate: with Config.CommitTimeout, a record whose
+// entry cannot be committed (its leader is cut off from the others) is
+// told ErrCommitTimeout, and told its fate once more when the leader
+// rejoins; a record committed in time is told once.
+func TestCommitTimeoutThenFate(t *testing.T) {
+	c := newCluster(t, 3, 9, func(cfg *Config) { cfg.CommitTimeout = 200 * time.Millisecond })
+	old := c.waitLeader()
+	told := func(g *Group, value string) <-chan result {
+		ch := make(chan result, 2) // a second call must never block the group
+		g.AppendAsync(&wal.Record{Value: []byte(value)}, func(o uint64, ts int64, err error) { ch <- result{o, ts, err} })
+		return ch
+	}
+	inTime := told(old, "in time")
+	select {
+	case r := <-inTime:
+		if r.err != nil {
+			t.Fatalf("a record appended to a healthy group: %v", r.err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a record appended to a healthy group: no answer within 20s")
+	}
+
+	c.net.Isolate(old.ID(), c.ids...)
+	stuck := told(old, "stuck")
+	select {
+	case r := <-stuck:
+		if !errors.Is(r.err, ErrCommitTimeout) {
+			t.Fatalf("first answer for a record its cut-off leader cannot commit: offset %d err %v, want ErrCommitTimeout", r.offset, r.err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no answer 20s after appending a record its cut-off leader cannot commit (CommitTimeout 200ms)")
+	}
+	c.waitLeader(old.ID())
+	c.net.Heal()
+	select {
+	case r := <-stuck:
+		var nle *NotLeaderError
+		if r.err != nil && !errors.As(r.err, &nle) {
+			t.Fatalf("second answer: offset %d err %v, want its fate (an offset, or replaced: a *NotLeaderError)", r.offset, r.err)
+		}
+		t.Logf("the stuck record's fate: offset %d err %v", r.offset, r.err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the stuck record's fate was not told within 20s of its leader rejoining")
+	}
+	select {
+	case r := <-inTime:
+		t.Fatalf("a record committed in time was told twice: again offset %d err %v", r.offset, r.err)
+	case r := <-stuck:
+		t.Fatalf("the stuck record was told a third time: offset %d err %v", r.offset, r.err)
+	case <-time.After(300 * time.Millisecond):
 	}
 }

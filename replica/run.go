@@ -18,6 +18,8 @@ type waiter struct {
 	seq         uint64
 	index, term uint64 // where the entry is in the log, once a Ready has shown it
 	dones       []func(offset uint64, ts int64, err error)
+	proposed    time.Time // for Config.CommitTimeout
+	timedOut    bool      // told ErrCommitTimeout; told its fate again later
 }
 
 // loop is the run goroutine's own state.
@@ -137,6 +139,9 @@ func (g *Group) run() {
 		if err := g.handleReadies(l); err != nil {
 			g.fail(err)
 			return
+		}
+		if ticks > 0 {
+			g.expire(l)
 		}
 		for _, req := range retains {
 			dropped, err, fatal := g.retain(l, req.now)
@@ -281,7 +286,7 @@ func (g *Group) propose(l *loop, term uint64, buf []byte, ends []int, dones []fu
 			continue // the next record fits too
 		}
 		l.seq++
-		w := &waiter{seq: l.seq, dones: dones[first : i+1]}
+		w := &waiter{seq: l.seq, dones: dones[first : i+1], proposed: time.Unix(0, ts)}
 		if dropped != nil {
 			w.fail(dropped)
 			start, first = ends[i], i+1
@@ -530,6 +535,24 @@ func (g *Group) applyConfChange(e *pb.Entry) error {
 	g.conf.Store(cs)
 	g.confs = append(g.confs, confAt{e.GetIndex(), cs})
 	return nil
+}
+
+// expire tells the records of every entry proposed more than
+// Config.CommitTimeout ago and not committed yet ErrCommitTimeout, once
+// each; their fate is told again when it is known.
+func (g *Group) expire(l *loop) {
+	if g.cfg.CommitTimeout <= 0 || len(l.byIndex)+len(l.unindexed) == 0 {
+		return
+	}
+	cutoff := time.Now().Add(-g.cfg.CommitTimeout)
+	for _, ws := range []map[uint64]*waiter{l.unindexed, l.byIndex} {
+		for _, w := range ws {
+			if !w.timedOut && w.proposed.Before(cutoff) {
+				w.timedOut = true
+				w.fail(fmt.Errorf("replica: group %q: %w: not committed within %v of its proposal", g.cfg.Name, ErrCommitTimeout, g.cfg.CommitTimeout))
+			}
+		}
+	}
 }
 
 func (w *waiter) fail(err error) {
