@@ -163,25 +163,35 @@ func TestDiskNearlyFullRefuses(t *testing.T) {
 	wantAck(publish(leader, "r3"), 4)
 }
 
+// fullFollowers starts three brokers (fastRaft, then tweak) with the
+// one-shard stream r3 of replication factor 3, waits for its owner to
+// lead it, and puts both followers' disks below the line, so that the
+// group can commit nothing. roomFor(i) gives the i-th follower room again.
+func fullFollowers(t *testing.T, tweak func(*Config)) (ip *inproc, leader *Broker, roomFor func(i int)) {
+	disks := &fakeDisks{free: map[string]int64{}}
+	ip = startInprocWith(t, func(c *Config) {
+		fastRaft(c)
+		c.MinFreeBytes = 64 << 20
+		c.Knobs.FreeBytes = disks.read
+		tweak(c)
+	}, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	leader = waitOwnerLeads(t, ip, ip.brokers, shardmap.ShardID{Stream: "r3", Shard: 0})
+	var followers []*Broker
+	for _, b := range ip.brokers {
+		if b != leader {
+			followers = append(followers, b)
+			disks.set(b, 1<<20)
+		}
+	}
+	return ip, leader, func(i int) { disks.set(followers[i], 1<<40) }
+}
+
 // TestCloseFailsRecordsAGroupCannotCommit: a leader whose followers both
 // leave its entries unwritten (their disks nearly full) holds a record
 // it took in; closing the broker still returns, within ForwardTimeout and
 // a little, and the record's publisher is told, never acked.
 func TestCloseFailsRecordsAGroupCannotCommit(t *testing.T) {
-	disks := &fakeDisks{free: map[string]int64{}}
-	ip := startInprocWith(t, func(c *Config) {
-		fastRaft(c)
-		c.ForwardTimeout = 300 * time.Millisecond
-		c.MinFreeBytes = 64 << 20
-		c.Knobs.FreeBytes = disks.read
-	}, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
-	id := shardmap.ShardID{Stream: "r3", Shard: 0}
-	leader := waitOwnerLeads(t, ip, ip.brokers, id)
-	for _, b := range ip.brokers {
-		if b != leader {
-			disks.set(b, 1<<20)
-		}
-	}
+	ip, leader, _ := fullFollowers(t, func(c *Config) { c.ForwardTimeout = 300 * time.Millisecond })
 	ws := openStream(t, ip.dial(leader))
 	ws.send(&transport.Publish{Seq: 1, Stream: "r3", Value: []byte("stuck")})
 	answered := make(chan transport.Frame, 1)
@@ -217,22 +227,8 @@ func TestCloseFailsRecordsAGroupCannotCommit(t *testing.T) {
 // a follower has room it is committed once. An idempotent record's retry
 // meanwhile shares its fate: acked at the same offset, written once.
 func TestCommitTimeoutAnswersThenCommits(t *testing.T) {
-	disks := &fakeDisks{free: map[string]int64{}}
-	ip := startInprocWith(t, func(c *Config) {
-		fastRaft(c)
-		c.CommitTimeout = 400 * time.Millisecond
-		c.MinFreeBytes = 64 << 20
-		c.Knobs.FreeBytes = disks.read
-	}, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	ip, leader, roomFor := fullFollowers(t, func(c *Config) { c.CommitTimeout = 400 * time.Millisecond })
 	id := shardmap.ShardID{Stream: "r3", Shard: 0}
-	leader := waitOwnerLeads(t, ip, ip.brokers, id)
-	var followers []*Broker
-	for _, b := range ip.brokers {
-		if b != leader {
-			followers = append(followers, b)
-			disks.set(b, 1<<20)
-		}
-	}
 	ws := openStream(t, ip.dial(leader))
 	ws.send(&transport.Publish{Seq: 1, Stream: "r3", Value: []byte("plain")})
 	ws.send(&transport.Publish{Seq: 2, Stream: "r3", Value: []byte("idem"), ProducerID: "p1", ProducerSeq: 1})
@@ -244,7 +240,7 @@ func TestCommitTimeoutAnswersThenCommits(t *testing.T) {
 	}
 	// The publisher retries the idempotent one: it is still in flight.
 	ws.send(&transport.Publish{Seq: 3, Stream: "r3", Value: []byte("idem"), ProducerID: "p1", ProducerSeq: 1})
-	disks.set(followers[0], 1<<40)
+	roomFor(0)
 	ack, ok := ws.recv().(*transport.Ack)
 	if !ok || ack.Seq != 3 {
 		t.Fatalf("the idempotent retry once a follower has room: %T %+v, want its ack", ack, ack)
