@@ -15,13 +15,18 @@ package broker
 // group knows, and answers a peer's forward with NotOwner naming it; a
 // broker outside the replica set, or a replica whose group knows no
 // leader, forwards to the leader it last heard of (a NotOwner's Owner,
-// kept in Broker.leaders) or else to the first live replica, owner first. While no leader is known the record waits in the
-// session's retrier and is routed again after a sixteenth of a RaftTick,
-// then after twice as long each time, up to a RaftTick (leaderWait: a
-// leadership handed over takes milliseconds, an election after a loss an
-// election timeout), until ForwardTimeout after it first needed a
-// leader; then it fails unavailable. A record the group drops or a new leader's entries replace
-// (never committed) is routed again the same way.
+// kept in Broker.leaders) or else to the first live replica, owner
+// first. While no leader is known the record waits in the session's
+// retrier and is routed again after a sixteenth of a RaftTick, then after
+// twice as long each time, up to a RaftTick (leaderWait: a leadership
+// handed over takes milliseconds, an election after a loss an election
+// timeout), until ForwardTimeout after it first needed a leader; then it
+// fails unavailable. A record the group drops or a new leader's entries
+// replace (never committed) is routed again the same way. A record
+// proposed but not committed within CommitTimeout (no majority can write
+// it) is answered timeout, its outcome unknown; the producer table waits
+// for the entry's fate, which replica.Config.CommitTimeout has the group
+// tell in a second call.
 //
 // Subscribers read committed records only (Group.Read), from whichever
 // replica they subscribe at.
