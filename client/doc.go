@@ -60,7 +60,11 @@
 // with [OnResolved] it also calls a function with the record's outcome on
 // the goroutine that reads the acks, with no hand-off in between.
 // A [Publisher] is one ordered stream: its records are committed in the
-// order sent (within each shard).
+// order sent (within each shard). On a replicated stream, a record the
+// shard's raft group cannot commit (no majority of its replicas can write
+// it) is answered with a timeout error after the broker's commit timeout
+// (10 s by default): its outcome is unknown, as the entry may still be
+// committed later.
 // A record with few others in flight on its stream is written at once,
 // on the caller's goroutine; records published while many are in flight
 // are buffered and written together by the stream's flusher goroutine,
@@ -73,7 +77,7 @@
 // owner (on a replicated stream, its raft leader) writes each (producer
 // id, sequence) once, across a change of leader too. A record whose outcome
 // becomes unknown (lost connection, unavailable owner, broker shutting
-// down) is not failed: the Publisher sends it again on a new stream,
+// down, a replicated shard's commit timeout) is not failed: the Publisher sends it again on a new stream,
 // before any later record, and a copy the owner had already committed is
 // answered with its original ack (Ack.Duplicate). Its Future resolves
 // with that ack. Only when a record has stayed unresolved for
