@@ -768,17 +768,7 @@ func TestReplicatedOrderAcrossLeaderChanges(t *testing.T) {
 		}
 	}
 	<-sent
-	var last, lastOff uint64
-	for seq := uint64(1); seq <= n; seq++ {
-		off, ok := acked[seq]
-		if !ok {
-			continue
-		}
-		if last != 0 && off <= lastOff {
-			t.Errorf("seq %d acked at offset %d, after seq %d at offset %d: out of the order sent", seq, off, last, lastOff)
-		}
-		last, lastOff = seq, off
-	}
+	checkAckOrder(t, acked, n)
 	l := leaderOf(t, ip.brokers, id)
 	prev := uint64(0)
 	for _, r := range readReplica(t, groupOf(l, id)) {
@@ -861,15 +851,7 @@ func TestBacklogAfterLeaderChangeLeavesPipelined(t *testing.T) {
 	<-sent
 	close(stop)
 	most := <-sampled
-	var last, lastOff uint64
-	for seq := uint64(1); seq <= n; seq++ {
-		if off, ok := acked[seq]; ok {
-			if last != 0 && off <= lastOff {
-				t.Errorf("seq %d acked at offset %d, after seq %d at offset %d: out of the order sent", seq, off, last, lastOff)
-			}
-			last, lastOff = seq, off
-		}
-	}
+	checkAckOrder(t, acked, n)
 	if len(acked) < n*9/10 {
 		t.Fatalf("only %d of %d records acked (%d errors)", len(acked), n, errs)
 	}
@@ -879,6 +861,21 @@ func TestBacklogAfterLeaderChangeLeavesPipelined(t *testing.T) {
 	t.Logf("%d acked (%d committed by another leader), %d errors; at most %d records on one lane to the new leader at once", len(acked), elsewhere, errs, most)
 	if most < 16 {
 		t.Fatalf("at most %d records were on the old leader's lane to the new one at once: the backlog went one record per round trip", most)
+	}
+}
+
+// checkAckOrder checks that the acked records among sequences 1..n
+// (acked: seq -> offset) got offsets in the order they were sent.
+func checkAckOrder(t *testing.T, acked map[uint64]uint64, n uint64) {
+	t.Helper()
+	var last, lastOff uint64
+	for seq := uint64(1); seq <= n; seq++ {
+		if off, ok := acked[seq]; ok {
+			if last != 0 && off <= lastOff {
+				t.Errorf("seq %d acked at offset %d, after seq %d at offset %d: out of the order sent", seq, off, last, lastOff)
+			}
+			last, lastOff = seq, off
+		}
 	}
 }
 
