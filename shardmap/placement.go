@@ -42,6 +42,9 @@ type Placement struct {
 	// it has none); sets is nil when every replica set is its owner
 	// alone.
 	sets [][]string
+	// moved holds the raft slots of the shards a move changed (moves.go):
+	// nil when none did, else moved[s] is zero for a shard never moved.
+	moved []slotMap
 }
 
 // NewPlacement returns the placement that gives shard s to owners[s] ("" for
@@ -143,9 +146,11 @@ func (p Placement) OwnedBy(node string) []int {
 	return out
 }
 
-// Equal reports whether p and q place every shard on the same nodes.
+// Equal reports whether p and q place every shard on the same nodes, in
+// the same raft slots.
 func (p Placement) Equal(q Placement) bool {
-	return slices.Equal(p.owners, q.owners) && slices.EqualFunc(p.sets, q.sets, slices.Equal)
+	return slices.Equal(p.owners, q.owners) && slices.EqualFunc(p.sets, q.sets, slices.Equal) &&
+		slices.EqualFunc(p.moved, q.moved, slotMap.equal)
 }
 
 // IsZero reports whether p places no shard (for the omitzero JSON option).
@@ -268,12 +273,22 @@ func PlaceReplicas(stream string, shards, r int, nodeIDs []string, prev Placemen
 	if sets == nil {
 		return prev
 	}
-	return NewReplicatedPlacement(sets...)
+	q := NewReplicatedPlacement(sets...)
+	if prev.moved != nil {
+		q.moved = prev.moved[:min(shards, prev.Len())]
+		q.moved = append(slices.Clone(q.moved), make([]slotMap, shards-len(q.moved))...)
+	}
+	return q
 }
 
 // EncodeMsgpack writes p as the array of its shards' owners, or of their
-// replica sets when one has more than one node.
+// replica sets when one has more than one node, or, once a move changed a
+// shard's raft slots, as a map of the replica sets and the slots
+// (encodeMoved).
 func (p Placement) EncodeMsgpack(enc *msgpack.Encoder) error {
+	if p.moved != nil {
+		return enc.Encode(p.movedWire())
+	}
 	if p.sets != nil {
 		return enc.Encode(p.sets)
 	}
@@ -284,6 +299,13 @@ func (p Placement) EncodeMsgpack(enc *msgpack.Encoder) error {
 // owner of a shard (a string), or its replica set (an array of strings).
 // A replica set with an empty or repeated node is refused.
 func (p *Placement) DecodeMsgpack(dec *msgpack.Decoder) error {
+	if c, err := dec.PeekCode(); err == nil && (msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32) {
+		var w movedPlacement
+		if err := dec.Decode(&w); err != nil {
+			return fmt.Errorf("shardmap: decode placement: %w", err)
+		}
+		return p.setMoved(w)
+	}
 	n, err := dec.DecodeArrayLen()
 	if err != nil {
 		return fmt.Errorf("shardmap: decode placement: %w", err)
@@ -346,6 +368,9 @@ func (p *Placement) setFrom(sets [][]string, multi bool) error {
 // MarshalJSON writes p as the JSON array of its shards' owners, or of
 // their replica sets when one has more than one node.
 func (p Placement) MarshalJSON() ([]byte, error) {
+	if p.moved != nil {
+		return json.Marshal(p.movedWire())
+	}
 	if p.sets != nil {
 		return json.Marshal(p.sets)
 	}
@@ -355,6 +380,13 @@ func (p Placement) MarshalJSON() ([]byte, error) {
 // UnmarshalJSON reads the array MarshalJSON writes (null is the zero
 // Placement).
 func (p *Placement) UnmarshalJSON(b []byte) error {
+	if t := bytes.TrimSpace(b); len(t) > 0 && t[0] == '{' {
+		var w movedPlacement
+		if err := json.Unmarshal(t, &w); err != nil {
+			return fmt.Errorf("shardmap: decode placement: %w", err)
+		}
+		return p.setMoved(w)
+	}
 	var elems []json.RawMessage
 	if err := json.Unmarshal(b, &elems); err != nil {
 		return fmt.Errorf("shardmap: decode placement: %w", err)

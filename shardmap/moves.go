@@ -1,0 +1,168 @@
+package shardmap
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// # Moving a replica
+//
+// A replicated shard's raft group names its members by slot: the broker
+// package gives each replica a raft id that encodes a slot, and maps a
+// slot to its node through the placement. At creation the slots are the
+// replica set sorted by node id. A move ([Placement.Move]) gives one slot
+// to another node: the node moved to takes the place of the node moved
+// from, in the replica set (its order of preference included) and in the
+// slot, and the slot is marked joined, which tells the node moved to that
+// its replica is new and must be admitted into the group (a learner caught
+// up from the leader, then a voter in the slot's place) rather than start
+// as one of the voters the group was created with. The other slots keep
+// their nodes, so the other replicas keep their raft ids.
+//
+// A placement no move changed is encoded as before moves existed; one that
+// a move changed is encoded as a map (movedPlacement), which versions
+// without moves refuse to decode rather than misread.
+
+// ErrBadMove is matched by the errors of [Placement.Move].
+var ErrBadMove = errors.New("shardmap: invalid replica move")
+
+// slotMap is the raft slots of one shard a move changed: nodes[i] is the
+// node in slot i; bit i of joined says that node joined by a move. The
+// zero slotMap is a shard no move changed.
+type slotMap struct {
+	nodes  []string
+	joined uint8
+}
+
+func (a slotMap) equal(b slotMap) bool {
+	return a.joined == b.joined && slices.Equal(a.nodes, b.nodes)
+}
+
+// maxSlots is the most replicas a shard can have for joined to mark them.
+const maxSlots = 8
+
+// HasMoves reports whether a move changed any shard's slots in p.
+func (p Placement) HasMoves() bool { return p.moved != nil }
+
+// Slots returns the node in each raft slot of shard: its replica set
+// sorted by node id unless a move changed it. It returns a new slice
+// (empty for an unplaced or unknown shard).
+func (p Placement) Slots(shard int) []string {
+	set := p.Replicas(shard)
+	if len(set) == 0 {
+		return nil
+	}
+	if shard < len(p.moved) && p.moved[shard].nodes != nil {
+		return slices.Clone(p.moved[shard].nodes)
+	}
+	nodes := slices.Clone(set)
+	slices.Sort(nodes)
+	return nodes
+}
+
+// Joined reports whether node holds its replica of shard by a move: its
+// replica started empty and joined a running group, rather than being one
+// of the replicas the group was created with.
+func (p Placement) Joined(shard int, node string) bool {
+	if shard < 0 || shard >= len(p.moved) || node == "" {
+		return false
+	}
+	i := slices.Index(p.moved[shard].nodes, node)
+	return i >= 0 && p.moved[shard].joined&(1<<i) != 0
+}
+
+// Move returns p with from's replica of shard given to to: to takes from's
+// place in the replica set and in its raft slot, which is marked joined.
+// It refuses (ErrBadMove) a shard that is not replicated (a log of
+// replication factor 1 would have to be copied), a from that holds no
+// replica of it, and a to that already holds one. p is not modified.
+func (p Placement) Move(shard int, from, to string) (Placement, error) {
+	set := p.Replicas(shard)
+	switch {
+	case len(set) < 2:
+		return p, fmt.Errorf("%w: shard %d has %d replica(s); only a replicated shard's replicas move", ErrBadMove, shard, len(set))
+	case to == "" || from == to:
+		return p, fmt.Errorf("%w: move shard %d from %q to %q: name another node to move to", ErrBadMove, shard, from, to)
+	case !slices.Contains(set, from):
+		return p, fmt.Errorf("%w: %s holds no replica of shard %d (replicas %v)", ErrBadMove, from, shard, set)
+	case slices.Contains(set, to):
+		return p, fmt.Errorf("%w: %s already holds a replica of shard %d (replicas %v)", ErrBadMove, to, shard, set)
+	}
+	slots := p.Slots(shard)
+	var joined uint8
+	if shard < len(p.moved) {
+		joined = p.moved[shard].joined
+	}
+	i := slices.Index(slots, from)
+	slots[i] = to
+	joined |= 1 << i
+
+	q := Placement{owners: slices.Clone(p.owners), sets: make([][]string, len(p.sets))}
+	for s, set := range p.sets {
+		q.sets[s] = slices.Clone(set)
+	}
+	q.sets[shard][slices.Index(set, from)] = to
+	q.owners[shard] = q.sets[shard][0]
+	q.moved = slices.Clone(p.moved)
+	if q.moved == nil {
+		q.moved = make([]slotMap, len(p.owners))
+	}
+	q.moved[shard] = slotMap{nodes: slots, joined: joined}
+	return q, nil
+}
+
+// movedPlacement is a Placement a move changed, as encoded: the replica
+// sets, and for each shard its slots and joined bits (empty and 0 for a
+// shard no move changed).
+type movedPlacement struct {
+	Sets   [][]string `msgpack:"sets" json:"sets"`
+	Slots  [][]string `msgpack:"slots" json:"slots"`
+	Joined []int      `msgpack:"joined" json:"joined"`
+}
+
+func (p Placement) movedWire() movedPlacement {
+	w := movedPlacement{Sets: p.sets, Slots: make([][]string, len(p.moved)), Joined: make([]int, len(p.moved))}
+	if w.Sets == nil {
+		w.Sets = make([][]string, len(p.owners))
+		for s := range w.Sets {
+			w.Sets[s] = p.Replicas(s)
+		}
+	}
+	for s, m := range p.moved {
+		w.Slots[s], w.Joined[s] = m.nodes, int(m.joined)
+	}
+	return w
+}
+
+// setMoved makes p the placement w encodes, after checking that each
+// shard's slots, where given, hold its replica set's nodes.
+func (p *Placement) setMoved(w movedPlacement) error {
+	if len(w.Slots) != len(w.Sets) || len(w.Joined) != len(w.Sets) {
+		return fmt.Errorf("shardmap: decode placement: %d replica sets, %d slot lists, %d joined", len(w.Sets), len(w.Slots), len(w.Joined))
+	}
+	if err := p.setFrom(w.Sets, true); err != nil {
+		return err
+	}
+	moved := make([]slotMap, len(w.Sets))
+	for s, slots := range w.Slots {
+		if len(slots) == 0 {
+			if w.Joined[s] != 0 {
+				return fmt.Errorf("shardmap: decode placement: shard %d: joined slots but no slots", s)
+			}
+			continue
+		}
+		set := p.Replicas(s)
+		if len(slots) != len(set) || len(slots) > maxSlots || w.Joined[s] < 0 || w.Joined[s]>>len(slots) != 0 {
+			return fmt.Errorf("shardmap: decode placement: shard %d: slots %q (joined %#x) do not fit replica set %q", s, slots, w.Joined[s], set)
+		}
+		for i, n := range slots {
+			if !slices.Contains(set, n) || slices.Contains(slots[:i], n) {
+				return fmt.Errorf("shardmap: decode placement: shard %d: slot node %q is not in replica set %q or is repeated", s, n, set)
+			}
+		}
+		moved[s] = slotMap{nodes: slices.Clone(slots), joined: uint8(w.Joined[s])}
+	}
+	p.moved = moved
+	return nil
+}

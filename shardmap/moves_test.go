@@ -1,0 +1,120 @@
+package shardmap
+
+import (
+	"encoding/json"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+func TestMoveKeepsOtherSlots(t *testing.T) {
+	p := NewReplicatedPlacement([]string{"c", "a", "b"}, []string{"b", "d", "c"})
+	if got := p.Slots(0); !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Fatalf("slots before any move %v, want the set sorted", got)
+	}
+	q, err := p.Move(0, "c", "e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := q.Replicas(0); !slices.Equal(got, []string{"e", "a", "b"}) {
+		t.Errorf("replicas after move %v, want e in c's place", got)
+	}
+	if q.Owner(0) != "e" {
+		t.Errorf("owner %q, want the node moved to (it took the owner's place)", q.Owner(0))
+	}
+	if got := q.Slots(0); !slices.Equal(got, []string{"a", "b", "e"}) {
+		t.Errorf("slots after move %v, want e in c's slot, a and b kept", got)
+	}
+	if !q.Joined(0, "e") || q.Joined(0, "a") || q.Joined(0, "c") || q.Joined(1, "b") {
+		t.Errorf("joined: e %v a %v c %v; shard 1 b %v", q.Joined(0, "e"), q.Joined(0, "a"), q.Joined(0, "c"), q.Joined(1, "b"))
+	}
+	if !slices.Equal(q.Replicas(1), p.Replicas(1)) || !slices.Equal(q.Slots(1), p.Slots(1)) {
+		t.Errorf("shard 1 changed: %v %v", q.Replicas(1), q.Slots(1))
+	}
+	if !slices.Equal(p.Replicas(0), []string{"c", "a", "b"}) || p.Joined(0, "e") {
+		t.Errorf("Move modified its receiver: %v", p)
+	}
+	// A second move keeps the first one's slot and mark.
+	r, err := q.Move(0, "a", "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Slots(0); !slices.Equal(got, []string{"f", "b", "e"}) || !r.Joined(0, "e") || !r.Joined(0, "f") || r.Joined(0, "b") {
+		t.Errorf("after two moves: slots %v, joined e %v f %v b %v", got, r.Joined(0, "e"), r.Joined(0, "f"), r.Joined(0, "b"))
+	}
+	// PlaceReplicas keeps moved slots (replica sets are never changed there).
+	if got := PlaceReplicas("s", 2, 3, []string{"a", "b", "c", "d", "e", "f"}, r); !got.Equal(r) {
+		t.Errorf("PlaceReplicas changed a moved placement: %v -> %v", r, got)
+	}
+	if got := PlaceReplicas("s", 3, 3, []string{"a", "b", "c", "d", "e", "f"}, r); !slices.Equal(got.Slots(0), r.Slots(0)) || !got.Joined(0, "f") || len(got.Replicas(2)) != 3 {
+		t.Errorf("PlaceReplicas with a new shard lost the moved slots: %v", got.movedWire())
+	}
+}
+
+func TestMoveRefused(t *testing.T) {
+	p := NewReplicatedPlacement([]string{"a", "b", "c"})
+	one := NewPlacement("a", "b")
+	for name, try := range map[string]func() error{
+		"factor 1":       func() error { _, err := one.Move(0, "a", "b"); return err },
+		"no such shard":  func() error { _, err := p.Move(3, "a", "d"); return err },
+		"from not there": func() error { _, err := p.Move(0, "d", "e"); return err },
+		"to there":       func() error { _, err := p.Move(0, "a", "b"); return err },
+		"to empty":       func() error { _, err := p.Move(0, "a", ""); return err },
+		"to self":        func() error { _, err := p.Move(0, "a", "a"); return err },
+	} {
+		if err := try(); !errors.Is(err, ErrBadMove) {
+			t.Errorf("%s: err %v, want ErrBadMove", name, err)
+		}
+	}
+}
+
+func TestMovedPlacementEncoding(t *testing.T) {
+	p, err := NewReplicatedPlacement([]string{"c", "a", "b"}, nil, []string{"b", "d", "c"}).Move(2, "d", "e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := msgpack.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var q Placement
+	if err := msgpack.Unmarshal(b, &q); err != nil || !q.Equal(p) || !q.Joined(2, "e") {
+		t.Fatalf("msgpack round trip: %v, %v; want %v", q.movedWire(), err, p.movedWire())
+	}
+	j, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"sets":[["c","a","b"],null,["b","e","c"]],"slots":[null,null,["b","c","e"]],"joined":[0,0,4]}`; string(j) != want {
+		t.Fatalf("JSON %s, want %s", j, want)
+	}
+	var r Placement
+	if err := json.Unmarshal(j, &r); err != nil || !r.Equal(p) {
+		t.Fatalf("JSON round trip: %v, %v", r, err)
+	}
+	// The unmoved placement still differs from the moved one.
+	if r.Equal(NewReplicatedPlacement(p.Replicas(0), nil, p.Replicas(2))) {
+		t.Error("a moved placement equals one with the same sets and no move")
+	}
+	for _, bad := range []string{
+		`{"sets":[["a","b","c"]],"slots":[["a","b","d"]],"joined":[1]}`, // a slot node outside the set
+		`{"sets":[["a","b","c"]],"slots":[["a","a","b"]],"joined":[1]}`, // repeated
+		`{"sets":[["a","b","c"]],"slots":[["a","b"]],"joined":[1]}`,     // too few
+		`{"sets":[["a","b","c"]],"slots":[["a","b","c"]],"joined":[8]}`, // joined beyond the slots
+		`{"sets":[["a","b","c"]],"slots":[null],"joined":[1]}`,          // joined without slots
+		`{"sets":[["a","b","c"]],"slots":[],"joined":[]}`,               // lengths differ
+	} {
+		var x Placement
+		if err := json.Unmarshal([]byte(bad), &x); err == nil {
+			t.Errorf("decoded %s as %v, want an error", bad, x.movedWire())
+		}
+		var w movedPlacement
+		_ = json.Unmarshal([]byte(bad), &w)
+		mb, _ := msgpack.Marshal(w)
+		if err := msgpack.Unmarshal(mb, &x); err == nil {
+			t.Errorf("msgpack decoded %s, want an error", bad)
+		}
+	}
+}
