@@ -163,7 +163,9 @@
 // record and is otherwise unchanged. Where a record goes, and what happens
 // while no leader is known, is in replicated.go; how raft messages travel
 // (one stream per pair of brokers, written by the groups themselves, the
-// sender checked against its certificate) in raft.go.
+// sender checked against its certificate) in raft.go; a lost replica
+// rejoining in rejoin.go, and a replica moved to another broker in
+// moves.go.
 //
 // Goroutines added: per broker, raftNet's ticker (ticks every hosted group
 // each Config.RaftTick, has each peer's stream carry a keep-alive frame when
@@ -185,7 +187,8 @@
 // connections instead of 10.6); per hosted group, the
 // group's own goroutine (package replica), which owns the RawNode and
 // the log, and calls each record's completion, which writes the ack; per
-// replica that replaces a lost one, until it is a voter, its join
+// replica that replaces a lost one or was moved here, until it is a
+// voter, its join
 // goroutine (rejoin.go: asks the leader to admit it). All are stopped by
 // Close: the peers' goroutines, ticker, retention pass and joins by
 // raftNet.close (a join also when its group is unregistered), the readers

@@ -13,10 +13,11 @@ package broker
 // (raftPeer). Thousands of shards mean thousands of groups, but one stream
 // and one goroutine (which opens the stream) per peer.
 //
-// A group's raft ids name their node by their slot, the node's index in
-// the replica set sorted by node id (rejoin.go), which never changes (see
-// shardmap.PlaceReplicas). So every broker, and the same broker across
-// restarts, maps ids to nodes alike with nothing stored.
+// A group's raft ids name their node by their slot: the node's index in
+// the replica set sorted by node id (rejoin.go), until a move gives a
+// slot to another node (moves.go), which the map says
+// (shardmap.Placement.Slots). So every broker, and the same broker across
+// restarts, maps ids to nodes alike with nothing stored but the map.
 //
 // The receiver checks that a frame's From is the node id of the peer's
 // certificate, and that each message's raft From is that node's id in the
@@ -120,14 +121,12 @@ type raftNet struct {
 	}
 }
 
-// raftMember is a hosted group and its replica set, sorted: slot i is
-// nodes[i]; owner is its preferred leader. stop is closed when it is
-// unregistered (it ends a join).
+// raftMember is a hosted group and its raft slots and preferred leader
+// (moves.go). stop is closed when it is unregistered (it ends a join).
 type raftMember struct {
 	id    shardmap.ShardID
 	g     *replica.Group
-	nodes []string
-	owner string
+	slots *raftSlots
 	stop  chan struct{}
 }
 
@@ -143,17 +142,18 @@ func newRaftNet(node string, tick time.Duration, electionTicks, entryBytes int, 
 	return n
 }
 
-// transport returns the replica.Transport of the group of shard id, whose
-// sorted replica set is nodes.
-func (n *raftNet) transport(id shardmap.ShardID, nodes []string) replica.Transport {
-	return &groupTransport{n: n, stream: id.Stream, shard: int32(id.Shard), nodes: nodes}
+// transport returns the replica.Transport of the group of shard id,
+// whose raft slots are slots.
+func (n *raftNet) transport(id shardmap.ShardID, slots *raftSlots) replica.Transport {
+	return &groupTransport{n: n, stream: id.Stream, shard: int32(id.Shard), slots: slots}
 }
 
 // register makes incoming messages for shard id reach g, and has the
-// ticker hand g's leadership back to owner when it can. A replica that
-// replaces a lost one (join) gets a goroutine that asks to be admitted.
-func (n *raftNet) register(id shardmap.ShardID, g *replica.Group, nodes []string, owner string, join bool) {
-	gm := &raftMember{id: id, g: g, nodes: nodes, owner: owner, stop: make(chan struct{})}
+// ticker hand g's leadership back to the slots' owner when it can. A
+// replica that replaces a lost one, or a moved one (join), gets a
+// goroutine that asks to be admitted.
+func (n *raftNet) register(id shardmap.ShardID, g *replica.Group, slots *raftSlots, join bool) {
+	gm := &raftMember{id: id, g: g, slots: slots, stop: make(chan struct{})}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if old := n.mu.groups[id]; old != nil {
@@ -285,7 +285,7 @@ func (n *raftNet) watchPeers(gs []*raftMember) {
 	now := n.now()
 	changed := map[string]bool{}
 	for _, m := range gs {
-		for _, node := range m.nodes {
+		for _, node := range m.slots.nodes() {
 			if node == n.node {
 				continue
 			}
@@ -311,12 +311,12 @@ func (n *raftNet) watchPeers(gs []*raftMember) {
 	}
 	woken := 0
 	for _, m := range gs {
-		for _, node := range m.nodes {
+		for _, node := range m.slots.nodes() {
 			if !changed[node] {
 				continue
 			}
 			if n.silent[node] {
-				m.g.WakeSilent(memberAt(m.g, slotOf(raftID(m.nodes, node))))
+				m.g.WakeSilent(memberAt(m.g, slotOf(m.slots.idOf(node))))
 			} else {
 				m.g.Wake()
 			}
@@ -382,13 +382,15 @@ func (n *raftNet) preferOwners() {
 	var moves []*raftMember
 	n.mu.RLock()
 	for _, gm := range n.mu.groups {
-		if gm.owner != n.node && gm.g.IsLeader() && live(m, gm.owner) {
+		if owner := gm.slots.owner(); owner != n.node && gm.g.IsLeader() && live(m, owner) {
 			moves = append(moves, gm)
 		}
 	}
 	n.mu.RUnlock()
 	for _, gm := range moves {
-		if to := memberAt(gm.g, slotOf(raftID(gm.nodes, gm.owner))); to != 0 {
+		// The voter in the owner's slot: a transfer to one that does not
+		// answer or lags (a moved replica not yet replaced) does nothing.
+		if to := memberAt(gm.g, slotOf(gm.slots.idOf(gm.slots.owner()))); to != 0 {
 			gm.g.TransferLeadership(to)
 		}
 	}
@@ -400,7 +402,7 @@ type groupTransport struct {
 	n      *raftNet
 	stream string
 	shard  int32
-	nodes  []string
+	slots  *raftSlots
 }
 
 func (t *groupTransport) Send(msgs []*pb.Message) {
@@ -411,7 +413,7 @@ func (t *groupTransport) Send(msgs []*pb.Message) {
 		msgs []transport.RaftMsg
 	}
 	for _, m := range msgs {
-		node := nodeOf(t.nodes, m.GetTo())
+		node := t.slots.nodeOf(m.GetTo())
 		if node == "" || node == t.n.node {
 			continue
 		}
@@ -486,7 +488,7 @@ func (n *raftNet) deliver(peer string, rm *transport.RaftMsg) {
 		n.refuse(peer, "undecodable raft message", id, err)
 		return
 	}
-	if nodeOf(gm.nodes, m.GetFrom()) != peer {
+	if gm.slots.nodeOf(m.GetFrom()) != peer {
 		n.refuse(peer, "raft message in another node's name", id, nil)
 		return
 	}

@@ -20,11 +20,12 @@ package broker
 // the other replicas (replicaDown), as a lost replica's were.
 //
 // Raft ids: a replica's id is slot+1+idSlots×k, where slot is its broker's
-// index in the shard's replica set sorted by node id (the set never
-// changes: shardmap.PlaceReplicas) and k is 0 for the replicas made when
-// the stream was created, random for one that replaced a lost replica. So
-// every broker maps any id to its node with nothing stored (nodeOf), and a
-// receiver can check that a peer speaks for its own replicas only.
+// index in the shard's replica set sorted by node id (or the slot a move
+// gave it: shardmap.Placement.Slots, moves.go) and k is 0 for the
+// replicas made when the stream was created, random for one that replaced
+// a lost replica or was moved in. So every broker maps any id to its node
+// from the map alone (raftSlots.nodeOf), and a receiver can check that a
+// peer speaks for its own replicas only.
 
 import (
 	"context"
@@ -61,17 +62,11 @@ const raftIDFile = "raftid"
 // replica.
 const joinEvery = 5
 
-// raftNodes returns the replica set sorted: slot i is nodes[i].
-func raftNodes(set []string) []string {
-	nodes := slices.Clone(set)
-	slices.Sort(nodes)
-	return nodes
-}
-
-// raftID returns the id node's replica had when the group was created, 0
-// if node is not in nodes.
+// raftID returns the first raft id of node's slot among nodes (the
+// node of each slot): the id its replica had if it was among those the
+// group was created with; 0 if node has no slot.
 func raftID(nodes []string, node string) uint64 {
-	if i, ok := slices.BinarySearch(nodes, node); ok {
+	if i := slices.Index(nodes, node); i >= 0 {
 		return uint64(i) + 1
 	}
 	return 0
@@ -188,10 +183,10 @@ func (n *raftNet) join(id shardmap.ShardID, gm *raftMember) {
 		}
 		to := hint
 		if lead, _ := gm.g.Leader(); lead != 0 {
-			to = nodeOf(gm.nodes, lead)
+			to = gm.slots.nodeOf(lead)
 		}
 		if to == "" || to == n.node {
-			others := slices.DeleteFunc(slices.Clone(gm.nodes), func(s string) bool { return s == n.node })
+			others := slices.DeleteFunc(slices.Clone(gm.slots.nodes()), func(s string) bool { return s == n.node })
 			to = others[turn%len(others)]
 		}
 		hint = ""
@@ -275,7 +270,9 @@ func (b *Broker) serveAdmit(w *transport.Writer, req *transport.Request, from ca
 		return
 	}
 	raftID := req.Admit.ID
-	if nodeOf(gm.nodes, raftID) != from.peerID {
+	// Only the node the map puts in the slot (a move's target, or the
+	// slot's node replacing its lost replica) is admitted into it.
+	if gm.slots.nodeOf(raftID) != from.peerID {
 		w.Write(transport.Errorf(transport.CodeUnauthorized, "peer %q asked to admit raft id %d of %s, which is not its own: a broker speaks for its own replicas only", from.peerID, raftID, id))
 		return
 	}
@@ -286,7 +283,7 @@ func (b *Broker) serveAdmit(w *transport.Writer, req *transport.Request, from ca
 	var nl *replica.NotLeaderError
 	switch {
 	case errors.As(err, &nl):
-		w.Write(&transport.Error{Code: transport.CodeNotOwner, Owner: nodeOf(gm.nodes, nl.Leader),
+		w.Write(&transport.Error{Code: transport.CodeNotOwner, Owner: gm.slots.nodeOf(nl.Leader),
 			Message: fmt.Sprintf("%s does not lead %s", b.cfg.NodeID, id)})
 		return
 	case err != nil:

@@ -177,3 +177,16 @@ func (m *replicaMarks) close() {
 	defer m.mu.Unlock()
 	m.closeAppendLocked()
 }
+
+// remove forgets the mark of id: the replica moved to another broker and
+// its data here is removed (moves.go).
+func (m *replicaMarks) remove(id shardmap.ShardID) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	key := id.String()
+	if !m.ids[key] {
+		return nil
+	}
+	delete(m.ids, key)
+	return m.writeLocked()
+}

@@ -254,8 +254,8 @@ func (s *shardSet) replaceFailed(id shardmap.ShardID, g *replica.Group) {
 // openReplica opens this broker's replica of e's shard in dir: under its
 // raft id, or, if it was lost, as a new replica that joins (rejoin.go).
 func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) error {
-	set := st.Placement.Replicas(e.id.Shard)
-	nodes := raftNodes(set)
+	slots := e.slots
+	nodes := slots.nodes()
 	id := raftID(nodes, s.node)
 	if id == 0 {
 		return fmt.Errorf("%w: %s is not among the replicas %v of %s", errShardGone, s.node, nodes, e.id)
@@ -263,6 +263,22 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 	has, err := replica.HasState(dir)
 	if err != nil {
 		return err
+	}
+	moved := st.Placement.Joined(e.id.Shard, s.node)
+	if has && moved {
+		// Data of an earlier stay in another slot (moved away and back
+		// while this broker was down): never reopened under its old id.
+		if stored, ok, err := readRaftID(dir); err != nil || !ok || slotOf(stored) != slotOf(id) {
+			if err := s.removeShardDir(e.id, st.Created); err != nil {
+				return err
+			}
+			s.logger.Warn("replica moved back here while this broker held the data of an earlier stay: that data is removed, and a new replica joins",
+				"shard", e.id.String())
+			if dir, err = s.shardDir(e.id); err != nil {
+				return err
+			}
+			has = false
+		}
 	}
 	s.mu.Lock()
 	lost := s.mu.lost[e.id]
@@ -278,9 +294,10 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 		if ok {
 			id = stored
 		}
-	case lost || s.marks.has(e.id):
+	case lost || moved || s.marks.has(e.id):
 		// Created here before (or the whole data directory is new): the
-		// replica was lost, and joins again under a new id (rejoin.go).
+		// replica was lost, and joins again under a new id (rejoin.go);
+		// or it was moved here, and joins (moves.go).
 		id, join = newRaftID(slotOf(id)), true
 		if err := writeRaftID(dir, id); err != nil {
 			return err
@@ -303,7 +320,7 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 	}
 	g, err := replica.Open(replica.Config{
 		ID: id, Peers: peers, Join: join, Dir: dir, Name: e.id.String(),
-		Transport:     s.raft.transport(e.id, nodes),
+		Transport:     s.raft.transport(e.id, slots),
 		Logger:        s.logger,
 		ElectionTicks: s.electionTicks,
 		// A leader's heartbeats are one message per group per follower:
@@ -340,9 +357,9 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 	if err != nil {
 		return err
 	}
-	e.group, e.nodes, e.sl = g, nodes, g
+	e.group, e.sl = g, g
 	// A replica that was joining when the broker stopped asks again.
-	s.raft.register(e.id, g, nodes, set[0], join || membership(g) != replica.Voter)
+	s.raft.register(e.id, g, slots, join || membership(g) != replica.Voter)
 	return nil
 }
 
@@ -385,7 +402,7 @@ func (b *Broker) replicaStates(stream string) []transport.ReplicaState {
 // leaderNode returns the node of the leader e's group knows, "" if none.
 func (e *shardEntry) leaderNode() string {
 	id, _ := e.group.Leader()
-	return nodeOf(e.nodes, id)
+	return e.slots.nodeOf(id)
 }
 
 // noteLeader remembers that node leads shard id, as a replica said.
@@ -601,7 +618,7 @@ func (p *pubSession) replicatedFailed(in inbound, e *shardEntry, id shardmap.Sha
 		// Never committed, and never will be: route it again.
 		var leader string
 		if nl != nil {
-			leader = nodeOf(e.nodes, nl.Leader)
+			leader = e.slots.nodeOf(nl.Leader)
 		}
 		if p.peerID != "" && leader != "" && leader != b.cfg.NodeID {
 			p.reply(&in, &transport.Error{Seq: seq, Code: transport.CodeNotOwner, Owner: leader,

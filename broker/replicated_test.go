@@ -408,7 +408,7 @@ func TestEmptiedReplicaDirRejoins(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if e := groupOf(b, keptID); e.group.ID() != raftID(e.nodes, b.NodeID()) {
+	if e := groupOf(b, keptID); e.group.ID() != e.slots.idOf(b.NodeID()) {
 		t.Fatalf("%s's intact replica of %s has raft id %d, want its first", b.NodeID(), keptID, e.group.ID())
 	}
 }

@@ -204,7 +204,7 @@ type shardEntry struct {
 	sl    shardLog
 	log   *wal.Log
 	group *replica.Group
-	nodes []string // group's replica set, sorted (raft id i+1 is nodes[i])
+	slots *raftSlots // group's raft slots (moves.go); nil for a log
 	err   error
 	// pinned: the shard is replicated; its group stays open while this
 	// broker holds a replica (a follower must keep taking the leader's
@@ -471,6 +471,11 @@ func (s *shardSet) acquireSlow(m *shardmap.Map, id shardmap.ShardID) (*shardEntr
 			continue
 		}
 		e := &shardEntry{id: id, ready: make(chan struct{}), pinned: pinned}
+		if pinned {
+			// Created under s.mu with the newest map: every later map's
+			// slots reach it (updateSlotsLocked).
+			e.slots = newRaftSlots(s.mu.latest.Epoch, st.Placement.Slots(id.Shard), st.Placement.Owner(id.Shard))
+		}
 		e.refs.Store(1)
 		s.mu.entries[id] = e
 		s.mu.Unlock()

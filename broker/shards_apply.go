@@ -3,9 +3,11 @@ package broker
 // # Applying a map
 //
 // Every map the control plane pushes goes through shardSet.apply: retain
-// closes the logs of shards the map no longer gives this broker and finds
+// closes the logs of shards the map no longer gives this broker, finds
 // streams deleted or created again (a new incarnation) while the broker
-// ran; sweepDeleted removes the data of streams deleted while it was down;
+// ran, and gives open replicas their raft slots; sweepDeleted removes the
+// data of streams deleted while it was down; sweepMoved removes replicas
+// moved to other brokers (moves.go);
 // removeStream moves a deleted stream's directory to the trash and
 // removes it; admit decides, whole streams at a time, which new streams
 // fit under Config.MaxShards; then apply opens the owned shards while the
@@ -80,6 +82,7 @@ func (s *shardSet) apply(m *shardmap.Map) (*shardmap.Map, applyResult) {
 	if !s.swept.Swap(true) {
 		s.sweepDeleted(m, &r)
 	}
+	s.sweepMoved(m, &r)
 	toOpen := s.admit(m, &r)
 	for _, id := range toOpen {
 		s.mu.RLock()
@@ -173,6 +176,7 @@ func (s *shardSet) retain(m *shardmap.Map, r *applyResult) *shardmap.Map {
 		}
 	}
 	clear(s.mu.failed) // every map retries what failed
+	s.updateSlotsLocked(m)
 	s.mu.Unlock()
 
 	for _, e := range retired {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
 
@@ -20,6 +21,7 @@ const (
 	opStreamDelete  = "stream.delete"
 	opStreamList    = "stream.list"
 	opStreamInfo    = "stream.info"
+	opStreamMove    = "stream.move"
 	opMapGet        = "map.get"
 	opClusterStatus = "cluster.status"
 	opACLGrant      = "acl.grant"
@@ -94,6 +96,71 @@ func (c *Client) StreamInfo(ctx context.Context, name string) (StreamConfig, err
 		return StreamConfig{}, fmt.Errorf("client: stream info %q: %w", name, &transport.Error{Code: transport.CodeUnknownStream, Message: "empty answer"})
 	}
 	return resp.Streams[0], nil
+}
+
+// MovedReplica is what [Client.MoveReplica] did: the replica of shard
+// Shard of Stream that broker From held is broker To's in the shard map
+// of epoch Epoch, where the shard's replica set is Replicas (the owner,
+// the preferred leader, first).
+type MovedReplica struct {
+	Stream   string
+	Shard    int
+	From, To string
+	Epoch    uint64
+	Replicas []string
+}
+
+// MoveReplica moves the replica of shard of a replicated stream
+// (replication factor 3) that the broker from holds to the broker to, or,
+// with to "", to the live broker without a replica of the shard that the
+// control plane chooses (the one rendezvous hashing ranks highest for the
+// shard, as it places shards). It needs cluster.admin.
+//
+// It is for a broker lost for good: from must be down (its lease with
+// the control plane lapsed). The control plane refuses, with an error
+// matching [ErrInvalid] that says why, a from that is live (stop it
+// first: its replica would leave the shard's group at once, and moving a
+// live replica without lowering the shard's redundancy meanwhile is not
+// supported yet), a from that holds no replica of the shard, a to that is
+// down, not a member or already holds one, a shard the stream does not
+// have and a stream of replication factor 1; a stream that does not
+// exist fails with [ErrUnknownStream].
+//
+// The move is made when MoveReplica returns: the map of the returned
+// epoch names to in from's place. To's replica starts empty, joins the
+// shard's raft group and catches up from the group's leader: a learner
+// until it has, then a voter in from's place. Follow its progress with
+// [Client.ReplicaStatus], where to's [ReplicaState].Member goes
+// "joining", "learner", "voter" (`felixctl stream info` shows it, and
+// `felixctl stream move` waits for it). Should from come back, it removes
+// its replica.
+func (c *Client) MoveReplica(ctx context.Context, stream string, shard int, from, to string) (MovedReplica, error) {
+	fail := func(err error) (MovedReplica, error) {
+		return MovedReplica{}, fmt.Errorf("client: move %s's replica of %s/%d: %w", from, stream, shard, err)
+	}
+	if err := shardmap.ValidateStreamName(stream); err != nil {
+		return fail(err)
+	}
+	switch {
+	case shard < 0:
+		return fail(fmt.Errorf("%w: shards are numbered from 0", ErrNoShard))
+	case from == "":
+		return fail(&transport.Error{Code: transport.CodeInvalid, Message: "name the broker whose replica moves"})
+	}
+	req := &transport.Request{Op: opStreamMove, Stream: StreamConfig{Name: stream}, Move: &transport.ReplicaMove{Shard: shard, From: from, To: to}}
+	resp, err := c.request(ctx, c.home, req)
+	if err != nil {
+		return fail(err)
+	}
+	if resp.Moved == nil || resp.Map == nil {
+		return fail(&transport.Error{Code: transport.CodeInternal, Message: "the answer does not say where the replica moved (a control plane of an earlier version?)"})
+	}
+	c.storeMap(resp.Map)
+	mv := MovedReplica{Stream: stream, Shard: resp.Moved.Shard, From: resp.Moved.From, To: resp.Moved.To, Epoch: resp.Map.Epoch}
+	if st, ok := resp.Map.Stream(stream); ok {
+		mv.Replicas = slices.Clone(st.Placement.Replicas(mv.Shard))
+	}
+	return mv, nil
 }
 
 // Map returns the shard map of the broker the client is connected to

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"slices"
 	"strings"
@@ -536,6 +537,61 @@ func TestReplicaStatusFreshMap(t *testing.T) {
 	}
 	if voters != 2 {
 		t.Fatalf("%d replicas of %s reported, want 2: %+v", voters, down, sts)
+	}
+}
+
+// TestMoveReplica: MoveReplica sends the move and returns where the
+// replica went, with the map that made it; a refusal is a BrokerError
+// that says why; arguments that cannot be right are refused unsent.
+func TestMoveReplica(t *testing.T) {
+	fc := newFakeCluster(t, 4)
+	c := connect(t, fc, 0)
+	ctx := testCtx(t)
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "r", Shards: 2, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	// The fake places r/1 on broker-1, broker-2, broker-3.
+	_, err := c.MoveReplica(ctx, "r", 1, "broker-2", "")
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "client: move broker-2's replica of r/1: ") || !strings.Contains(err.Error(), "stop it first") {
+		t.Fatalf("move of a live broker's replica: %v", err)
+	}
+	fc.setLive("broker-2", false)
+	mv, err := c.MoveReplica(ctx, "r", 1, "broker-2", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := fc.currentMap()
+	want := MovedReplica{Stream: "r", Shard: 1, From: "broker-2", To: "broker-0", Epoch: m.Epoch, Replicas: []string{"broker-1", "broker-0", "broker-3"}}
+	if !reflect.DeepEqual(mv, want) {
+		t.Fatalf("moved %+v, want %+v", mv, want)
+	}
+	if got, err := c.Map(ctx); err != nil || got.Epoch < mv.Epoch {
+		t.Fatalf("map after the move: epoch %d, %v", got.Epoch, err)
+	}
+	if _, err := c.MoveReplica(ctx, "r", 1, "broker-2", "broker-3"); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("the same move again: %v, want ErrInvalid", err)
+	}
+	if _, err := c.MoveReplica(ctx, "nope", 0, "broker-2", ""); !errors.Is(err, ErrUnknownStream) {
+		t.Fatalf("move in a stream that does not exist: %v", err)
+	}
+
+	epoch := fc.currentMap().Epoch
+	for _, tc := range []struct {
+		stream string
+		shard  int
+		from   string
+		want   error
+	}{
+		{"bad name", 0, "broker-2", ErrInvalidStreamName},
+		{"r", -1, "broker-2", ErrNoShard},
+		{"r", 0, "", ErrInvalid},
+	} {
+		if _, err := c.MoveReplica(ctx, tc.stream, tc.shard, tc.from, ""); !errors.Is(err, tc.want) {
+			t.Errorf("MoveReplica(%q, %d, %q): %v, want %v", tc.stream, tc.shard, tc.from, err, tc.want)
+		}
+	}
+	if fc.currentMap().Epoch != epoch {
+		t.Fatal("a move refused by the client reached the cluster")
 	}
 }
 

@@ -128,6 +128,40 @@ func (fc *fakeCluster) createStream(cfg shardmap.StreamConfig) error {
 	return nil
 }
 
+// moveReplica moves a replica as the control plane does
+// (shardmap.Placement.Move, under a new epoch), refusing a live source
+// and, with no target named, taking the first live broker without a
+// replica of the shard (in id order, where ctl ranks by rendezvous).
+func (fc *fakeCluster) moveReplica(stream string, mv transport.ReplicaMove) (transport.ReplicaMove, error) {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	old := fc.mu.m
+	st, ok := old.Stream(stream)
+	if !ok {
+		return mv, &transport.Error{Code: transport.CodeUnknownStream, Message: stream}
+	}
+	if n, _ := old.Node(mv.From); n.Live {
+		return mv, &transport.Error{Code: transport.CodeInvalid, Message: mv.From + " is live: stop it first"}
+	}
+	for _, n := range old.Nodes {
+		if mv.To == "" && n.Live && !st.Placement.IsReplica(mv.Shard, n.ID) {
+			mv.To = n.ID
+		}
+	}
+	p, err := st.Placement.Move(mv.Shard, mv.From, mv.To)
+	if err != nil {
+		return mv, &transport.Error{Code: transport.CodeInvalid, Message: err.Error()}
+	}
+	m := &shardmap.Map{Epoch: old.Epoch + 1, Nodes: old.Nodes, Streams: slices.Clone(old.Streams)}
+	for i := range m.Streams {
+		if m.Streams[i].Name == stream {
+			m.Streams[i].Placement = p
+		}
+	}
+	fc.mu.m = m
+	return mv, nil
+}
+
 // setLive marks broker id live or down in the map, under a new epoch.
 func (fc *fakeCluster) setLive(id string, live bool) {
 	fc.mu.Lock()
@@ -360,6 +394,16 @@ func (b *fakeBroker) serveRequest(req *transport.Request, w *transport.Writer) {
 			}
 		}
 		resp = &transport.Response{Replicas: out}
+	case opStreamMove:
+		if req.Move == nil {
+			resp = &transport.Error{Code: transport.CodeInvalid, Message: "no move"}
+			break
+		}
+		if mv, err := b.fc.moveReplica(req.Stream.Name, *req.Move); err != nil {
+			resp = transport.ErrorFrom(err)
+		} else {
+			resp = &transport.Response{Map: b.fc.currentMap(), Moved: &mv}
+		}
 	case opStreamList:
 		var out []shardmap.StreamConfig
 		for _, s := range b.fc.currentMap().Streams {

@@ -1,6 +1,7 @@
 package ctl
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/quic-go/quic-go"
@@ -16,12 +17,15 @@ import (
 // principal.
 const ctlPrincipal = "\x00ctl"
 
-// Admin operations, the values of transport.Request.Op.
+// Admin operations, the values of transport.Request.Op. OpStreamMove
+// moves a replica of a replicated shard from a broker that is down to
+// another (transport.Request.Move, see moves.go); it needs cluster.admin.
 const (
 	OpStreamCreate  = "stream.create"
 	OpStreamDelete  = "stream.delete"
 	OpStreamList    = "stream.list"
 	OpStreamInfo    = "stream.info"
+	OpStreamMove    = "stream.move"
 	OpMapGet        = "map.get"
 	OpClusterStatus = "cluster.status"
 	OpACLGrant      = "acl.grant"
@@ -113,6 +117,21 @@ func (s *Server) handle(principal string, req *transport.Request) (*transport.Re
 			return nil, err
 		}
 		return &transport.Response{Map: s.Map().VisibleTo(principal)}, nil
+	case OpStreamMove:
+		// Cluster-wide: it decides which brokers hold a stream's data.
+		if err := need(auth.ClusterAdmin, ""); err != nil {
+			return nil, err
+		}
+		if req.Move == nil {
+			return nil, wireError(fmt.Errorf("%w: %s of stream %q names no shard or broker to move from (the request carries no move)", ErrInvalid, req.Op, req.Stream.Name))
+		}
+		mv, err := s.moveReplica(principal, req.Stream.Name, req.Move.Shard, req.Move.From, req.Move.To)
+		if err != nil {
+			return nil, err
+		}
+		m = s.Map()
+		st, _ := m.Stream(req.Stream.Name)
+		return &transport.Response{Streams: streamConfigs(st), Map: m.VisibleTo(principal), Moved: &mv}, nil
 	case OpStreamList:
 		var out []shardmap.StreamConfig
 		for _, st := range m.VisibleTo(principal).Streams {
@@ -159,7 +178,7 @@ func (s *Server) handle(principal string, req *transport.Request) (*transport.Re
 		return &transport.Response{Grants: m.ACL.Grants, Map: m.VisibleTo(principal)}, nil
 	}
 	return nil, transport.Errorf(transport.CodeInvalid, "unknown admin op %q (want one of %s)", req.Op,
-		strings.Join([]string{OpStreamCreate, OpStreamDelete, OpStreamList, OpStreamInfo, OpMapGet, OpClusterStatus, OpACLGrant, OpACLRevoke, OpACLList}, ", "))
+		strings.Join([]string{OpStreamCreate, OpStreamDelete, OpStreamList, OpStreamInfo, OpStreamMove, OpMapGet, OpClusterStatus, OpACLGrant, OpACLRevoke, OpACLList}, ", "))
 }
 
 func streamConfigs(st *shardmap.Stream) []shardmap.StreamConfig {

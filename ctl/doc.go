@@ -50,8 +50,11 @@
 // stream and kept in every map. A shard of a replicated stream (Replicas
 // 3) is placed on the top three members by rendezvous hashing
 // ([shardmap.PlaceReplicas]), and its replica set (the raft group's
-// voters) never changes; creating one while the cluster has fewer members
-// than replicas is refused with [ErrTooFewMembers]. A broker added to a running cluster
+// voters) changes only when an operator moves the replica of a broker
+// that is down, lost for good, to another ([Server.MoveReplica],
+// stream.move; a live broker's replica is not moved); creating one while
+// the cluster has fewer members than replicas is refused with
+// [ErrTooFewMembers]. A broker added to a running cluster
 // therefore owns shards of streams created after it joined, and none of
 // the older ones until a planned handoff moves them. A second
 // registration of the same node id replaces the first (whose stream ctl
@@ -130,8 +133,11 @@
 // Any other stream on a ctl connection carries one admin
 // [transport.Request] and gets one [transport.Response] or
 // [transport.Error]: stream.create, stream.delete, stream.list,
-// stream.info, map.get and cluster.status (which also lists the ctl
-// members, their roles and etcd health, in [transport.Response].Ctl).
+// stream.info, stream.move (a replica of a replicated shard, from a
+// broker that is down to another: see moves.go and
+// [Server.MoveReplica]), map.get and cluster.status (which also lists
+// the ctl members, their roles and etcd health, in
+// [transport.Response].Ctl), and the acl requests.
 // Node and client certificates may both make them (brokers proxy their
 // clients' admin requests), and so may another ctl forwarding a change.
 //

@@ -29,7 +29,7 @@ const shortTTL = 300 * time.Millisecond
 // waitFor bounds every wait in network tests.
 const waitFor = 10 * time.Second
 
-// testPKI is a dev PKI with a ctl node, brokers b0..b2 and a client.
+// testPKI is a dev PKI with a ctl node, brokers b0..b3 and a client.
 type testPKI struct {
 	dir string
 	ca  *x509.CertPool
@@ -38,7 +38,7 @@ type testPKI struct {
 func newPKI(t *testing.T) *testPKI {
 	t.Helper()
 	dir := t.TempDir()
-	if err := transport.GenerateDevCerts(dir, "ctl", "b0", "b1", "b2"); err != nil {
+	if err := transport.GenerateDevCerts(dir, "ctl", "b0", "b1", "b2", "b3"); err != nil {
 		t.Fatal(err)
 	}
 	ca, err := transport.LoadCA(filepath.Join(dir, "ca.crt"))

@@ -466,34 +466,41 @@ func (s *Server) revoke(principal string, g auth.Grant) error {
 // it, is forwarded to the leader, and change returns once this ctl holds
 // the map the leader answered with.
 func (s *Server) change(reason string, fwd *transport.Request, change func(*state) error) error {
+	_, err := s.changeOrForward(reason, fwd, change)
+	return err
+}
+
+// changeOrForward is change, and returns the leader's answer when the
+// change was forwarded to it (nil when it was made here): for what only
+// the leader knows, such as the broker it chose for a replica move.
+func (s *Server) changeOrForward(reason string, fwd *transport.Request, change func(*state) error) (*transport.Response, error) {
 	s.mu.Lock()
 	if !s.mu.leader && !s.mu.closed {
 		s.mu.Unlock()
-		_, err := s.forward(fwd)
-		return err
+		return s.forward(fwd)
 	}
 	defer s.mu.Unlock()
 	if s.mu.closed {
-		return transport.Errorf(transport.CodeShuttingDown, "ctl is closed")
+		return nil, transport.Errorf(transport.CodeShuttingDown, "ctl is closed")
 	}
 	cp := s.mu.st.checkpoint()
 	if err := change(s.mu.st); err != nil {
-		return wireError(err)
+		return nil, wireError(err)
 	}
 	if s.mu.st.epoch == cp.epoch {
-		return nil
+		return nil, nil
 	}
 	if err := s.store.save(s.ctx, s.mu.st.snapshot()); err != nil {
 		s.mu.st.rollback(cp)
 		if errors.Is(err, ErrConflict) {
 			s.lostLeadershipLocked()
-			return transport.Errorf(transport.CodeUnavailable, "%s: this ctl lost its leadership; retry: %w", reason, err)
+			return nil, transport.Errorf(transport.CodeUnavailable, "%s: this ctl lost its leadership; retry: %w", reason, err)
 		}
 		s.log.Error("stream change refused: state not persisted", "err", err)
-		return transport.Errorf(transport.CodeInternal, "%s: %w", reason, err)
+		return nil, transport.Errorf(transport.CodeInternal, "%s: %w", reason, err)
 	}
 	s.publishLocked(reason)
-	return nil
+	return nil, nil
 }
 
 // commitLocked persists and pushes a liveness change already made to the

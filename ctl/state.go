@@ -64,8 +64,9 @@ type state struct {
 	maxShardsTotal int
 }
 
-// member is one registered node. Membership is permanent: a member that
-// goes down keeps its place (and its shards) and is only marked not Live.
+// member is one registered node. A member that goes down keeps its place
+// (and its shards) and is only marked not Live; it leaves only when an
+// operator removes it, down and holding nothing (removeMember).
 type member struct {
 	node    shardmap.Node // Live: its lease is current
 	session uint64        // current registration; 0 when none
@@ -319,24 +320,27 @@ func (s *state) stream(name string) (shardmap.StreamConfig, error) {
 }
 
 // checkpoint is the part of the state an admin change alters: what
-// rollback puts back when the change could not be persisted.
+// rollback puts back when the change could not be persisted. members is
+// the set of members, not their liveness: an admin change removes a
+// member (removeMember) but never changes one.
 type checkpoint struct {
 	epoch   uint64
+	members map[string]*member
 	streams map[string]shardmap.Stream
 	policy  *auth.Policy
 	cur     *shardmap.Map
 }
 
 func (s *state) checkpoint() checkpoint {
-	return checkpoint{epoch: s.epoch, streams: maps.Clone(s.streams), policy: s.policy, cur: s.cur}
+	return checkpoint{epoch: s.epoch, members: maps.Clone(s.members), streams: maps.Clone(s.streams), policy: s.policy, cur: s.cur}
 }
 
-// rollback undoes the stream registry changes made since cp, epoch
-// included, as if they never happened. Only valid if nothing else changed
-// in between (the server holds its lock across change, persist and
-// rollback).
+// rollback undoes the admin changes made since cp (streams, grants, a
+// member removed), epoch included, as if they never happened. Only valid
+// if nothing else changed in between (the server holds its lock across
+// change, persist and rollback).
 func (s *state) rollback(cp checkpoint) {
-	s.epoch, s.streams, s.policy, s.cur = cp.epoch, cp.streams, cp.policy, cp.cur
+	s.epoch, s.members, s.streams, s.policy, s.cur = cp.epoch, cp.members, cp.streams, cp.policy, cp.cur
 }
 
 // liveIDs returns the ids of the Live members, sorted; for logs.

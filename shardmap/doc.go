@@ -15,8 +15,9 @@
 // an index into a slice.
 //
 // The control plane assigns owners with [Assign] (or [Place], which keeps
-// the owners already placed; [PlaceReplicas] for replica sets, which are
-// never changed once placed) when a shard is first placed, keeps them in
+// the owners already placed; [PlaceReplicas] for replica sets, which it
+// never changes once placed: only an operator's move does, one replica at
+// a time, [Placement.Move]) when a shard is first placed, keeps them in
 // the maps it builds with [Assemble], and pushes the maps; brokers and
 // clients obey the pushed map and never recompute their own. [Build] is
 // the placement and Assemble over every stream at once.

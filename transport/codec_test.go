@@ -13,6 +13,8 @@ import (
 	"testing/iotest"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/felix-broker/felix/shardmap"
 )
 
 func TestAppendDecodeRoundTrip(t *testing.T) {
@@ -499,6 +501,129 @@ func TestVersionTolerance(t *testing.T) {
 	}
 	if r := gotR.(*Records); len(r.Records) != 1 || r.Records[0].Offset != 1 {
 		t.Fatalf("got %#v", r)
+	}
+}
+
+// TestRequestMoveFields: a Request's Admit and Move are trailing fields,
+// sent only when set. A request with neither has the four fields of
+// earlier versions; one with Move but no Admit sends Admit as nil to keep
+// Move's position; a sender of five fields (no Move) decodes with Move
+// nil, and a Response with Moved is read by an earlier peer as one
+// without.
+func TestRequestMoveFields(t *testing.T) {
+	if b := body(&Request{Op: "stream.info"}); b[0] != 0x94 {
+		t.Fatalf("a Request without Admit or Move starts 0x%02x, want 0x94 (4 elements)", b[0])
+	}
+	if b := body(&Request{Op: "replica.admit", Admit: &ReplicaAdmit{Shard: 1}}); b[0] != 0x95 {
+		t.Fatalf("a Request with Admit starts 0x%02x, want 0x95 (5 elements)", b[0])
+	}
+	move := &Request{Op: "stream.move", Stream: shardmap.StreamConfig{Name: "orders"}, Move: &ReplicaMove{Shard: 2, From: "n1", To: "n3"}}
+	var generic []any
+	if err := msgpack.Unmarshal(body(move), &generic); err != nil {
+		t.Fatal(err)
+	}
+	if len(generic) != 6 || generic[4] != nil {
+		t.Fatalf("a Request with Move but no Admit: %d elements %v; want 6, Admit nil", len(generic), generic)
+	}
+	elems := rawElems(t, body(move))
+	var mv ReplicaMove
+	if err := msgpack.Unmarshal(elems[5], &mv); err != nil || mv != *move.Move {
+		t.Fatalf("Move encoded as %+v (%v), want %+v", mv, err, *move.Move)
+	}
+
+	// An earlier sender's five fields (Admit, no Move).
+	five := append([]byte{0x95}, bytes.Join(append(elems[:4:4], []byte{0xc0}), nil)...)
+	got, err := DecodeFrame(FrameRequest, five)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := got.(*Request); r.Move != nil || r.Admit != nil || r.Op != "stream.move" || r.Stream.Name != "orders" {
+		t.Fatalf("five fields decoded as %#v", r)
+	}
+	// A newer sender's eighth field is skipped (the seventh, NodeID,
+	// empty here).
+	eight := append(append([]byte{0x98}, body(move)[1:]...), 0xa0, 0xa3, 'n', 'e', 'w')
+	if got, err := DecodeFrame(FrameRequest, eight); err != nil || !reflect.DeepEqual(got, move) {
+		t.Fatalf("eight fields: %#v, %v; want %#v", got, err, move)
+	}
+
+	// A Response with Moved has six fields, Ctl and Replicas nil; without
+	// the sixth it is the Response it was.
+	resp := &Response{Streams: []shardmap.StreamConfig{{Name: "orders", Shards: 1}}, Moved: &ReplicaMove{From: "n1", To: "n2"}}
+	rb := body(resp)
+	if rb[0] != 0x96 {
+		t.Fatalf("a Response with Moved starts 0x%02x, want 0x96 (6 elements)", rb[0])
+	}
+	old := append([]byte{0x95}, bytes.Join(rawElems(t, rb)[:5], nil)...)
+	got, err = DecodeFrame(FrameResponse, old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := got.(*Response); r.Moved != nil || len(r.Streams) != 1 || r.Ctl != nil || r.Replicas != nil {
+		t.Fatalf("five fields of a Response decoded as %#v", r)
+	}
+}
+
+// rawElems splits the msgpack array b into its encoded elements.
+func rawElems(t *testing.T, b []byte) [][]byte {
+	t.Helper()
+	var raw []msgpack.RawMessage
+	if err := msgpack.Unmarshal(b, &raw); err != nil {
+		t.Fatal(err)
+	}
+	out := make([][]byte, len(raw))
+	for i, r := range raw {
+		out[i] = r
+		if len(r) == 0 {
+			out[i] = []byte{0xc0} // RawMessage holds nil as nothing
+		}
+	}
+	return out
+}
+
+// TestRequestNodeIDField: a Request's NodeID (cluster.remove) is its
+// seventh field, sent only when set, with Admit and Move as nil before
+// it; a sender of six fields decodes with NodeID "", and a newer sender's
+// eighth field is skipped.
+func TestRequestNodeIDField(t *testing.T) {
+	if b := body(&Request{Op: "stream.move", Move: &ReplicaMove{From: "n1"}}); b[0] != 0x96 {
+		t.Fatalf("a Request with Move but no NodeID starts 0x%02x, want 0x96 (6 elements)", b[0])
+	}
+	remove := &Request{Op: "cluster.remove", Principal: "alice", NodeID: "n2"}
+	b := body(remove)
+	if b[0] != 0x97 {
+		t.Fatalf("a Request with NodeID starts 0x%02x, want 0x97 (7 elements)", b[0])
+	}
+	var generic []any
+	if err := msgpack.Unmarshal(b, &generic); err != nil {
+		t.Fatal(err)
+	}
+	if generic[4] != nil || generic[5] != nil || generic[6] != "n2" {
+		t.Fatalf("a Request with NodeID only: %v; want Admit and Move nil, then the node id", generic)
+	}
+	if got, err := DecodeFrame(FrameRequest, b); err != nil || !reflect.DeepEqual(got, remove) {
+		t.Fatalf("round trip: %#v, %v; want %#v", got, err, remove)
+	}
+
+	// An earlier sender's six fields (no NodeID).
+	elems := rawElems(t, b)
+	six := append([]byte{0x96}, bytes.Join(elems[:6], nil)...)
+	got, err := DecodeFrame(FrameRequest, six)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := got.(*Request); r.NodeID != "" || r.Move != nil || r.Op != "cluster.remove" || r.Principal != "alice" {
+		t.Fatalf("six fields decoded as %#v", r)
+	}
+	// A newer sender's eighth field is skipped.
+	eight := append(append([]byte{0x98}, b[1:]...), 0x81, 0xa1, 'k', 0x01)
+	if got, err := DecodeFrame(FrameRequest, eight); err != nil || !reflect.DeepEqual(got, remove) {
+		t.Fatalf("eight fields: %#v, %v; want %#v", got, err, remove)
+	}
+	// A node id that is not a string is malformed.
+	bad := append(append([]byte{0x97}, bytes.Join(elems[:6], nil)...), 0x07)
+	if _, err := DecodeFrame(FrameRequest, bad); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("a node id of 7: %v, want malformed", err)
 	}
 }
 

@@ -12,12 +12,13 @@ import (
 // [*Error].
 type Request struct {
 	// Op is one of "stream.create", "stream.delete", "stream.list",
-	// "stream.info", "map.get", "cluster.status", "acl.grant",
-	// "acl.revoke", "acl.list", "replica.status" (answered by the broker
-	// itself, as map.get).
+	// "stream.info", "stream.move", "map.get", "cluster.status",
+	// "cluster.remove", "acl.grant", "acl.revoke", "acl.list",
+	// "replica.status" (answered by the broker itself, as map.get),
+	// "replica.admit" (a broker to another).
 	Op string
 	// Stream is the stream to create (stream.create), or names the stream
-	// (Stream.Name) for stream.delete and stream.info.
+	// (Stream.Name) for stream.delete, stream.info and stream.move.
 	Stream shardmap.StreamConfig
 	// Grant is the permission to add (acl.grant) or remove (acl.revoke).
 	Grant auth.Grant
@@ -28,8 +29,17 @@ type Request struct {
 	Principal string
 	// Admit, with Op "replica.admit" (a broker to the leader of a
 	// replicated shard), asks that the sender's new replica join the
-	// shard's group in place of the one it lost. Sent only when set.
+	// shard's group in place of the one it lost. Sent only when set (or
+	// as nil when a later field is).
 	Admit *ReplicaAdmit
+	// Move, with Op "stream.move" (a client to the control plane), asks
+	// that a replica of a shard of Request.Stream move to another
+	// broker. Sent only when set (or as nil when NodeID is).
+	Move *ReplicaMove
+	// NodeID, with Op "cluster.remove" (a client to the control plane),
+	// is the broker to remove from the cluster's members. Sent only when
+	// set.
+	NodeID string
 }
 
 // ReplicaAdmit names a shard of Request.Stream and the raft id of the
@@ -39,9 +49,20 @@ type ReplicaAdmit struct {
 	ID    uint64 `msgpack:"id"`
 }
 
-// requestFields is the number of fields this version decodes; Admit is
-// sent only when set, so other requests encode as before.
-const requestFields = 5
+// ReplicaMove names a shard of Request.Stream, the broker whose replica
+// of it moves (From) and the broker it moves to (To; "" asks the control
+// plane to choose one). In a [Response] to stream.move, To is the broker
+// the replica moved to.
+type ReplicaMove struct {
+	Shard int    `msgpack:"shard"`
+	From  string `msgpack:"from"`
+	To    string `msgpack:"to"`
+}
+
+// requestFields is the number of fields this version decodes; Admit,
+// Move and NodeID are sent only when set (each earlier one as nil when a
+// later one is), so other requests encode as before.
+const requestFields = 7
 
 // Type implements [Frame].
 func (*Request) Type() FrameType { return FrameRequest }
@@ -51,8 +72,14 @@ func (r *Request) appendBody(b []byte) ([]byte, error) {
 		return b, errNilFrame(FrameRequest)
 	}
 	fields := requestFields
-	if r.Admit == nil {
+	if r.NodeID == "" {
 		fields--
+		if r.Move == nil {
+			fields--
+			if r.Admit == nil {
+				fields--
+			}
+		}
 	}
 	b = appendArrayHeader(b, fields)
 	b = appendStr(b, r.Op)
@@ -64,10 +91,18 @@ func (r *Request) appendBody(b []byte) ([]byte, error) {
 		return b, err
 	}
 	b = appendStr(b, r.Principal)
-	if r.Admit == nil {
+	if fields < 5 {
 		return b, nil
 	}
-	return appendMsgpack(b, FrameRequest, r.Admit)
+	// A nil Admit or Move encodes as msgpack nil, holding the position
+	// of the fields after it.
+	if b, err = appendMsgpack(b, FrameRequest, r.Admit); err != nil || fields < 6 {
+		return b, err
+	}
+	if b, err = appendMsgpack(b, FrameRequest, r.Move); err != nil || fields < 7 {
+		return b, err
+	}
+	return appendStr(b, r.NodeID), nil
 }
 
 func (r *Request) decode(d *decoder) {
@@ -84,6 +119,14 @@ func (r *Request) decode(d *decoder) {
 		d.msgpack(&r.Admit)
 		read = 5
 	}
+	if n >= 6 {
+		d.msgpack(&r.Move)
+		read = 6
+	}
+	if n >= 7 {
+		r.NodeID = d.str()
+		read = 7
+	}
 	d.skipN(n - read)
 }
 
@@ -96,6 +139,10 @@ type Response struct {
 	// Replicas is what a broker says of its replicas of a replicated
 	// stream's shards (replica.status, answered by the broker itself).
 	Replicas []ReplicaState
+	// Moved, in the answer to stream.move, is the move made: To is the
+	// broker the replica moved to, the one the control plane chose when
+	// the request named none.
+	Moved *ReplicaMove
 }
 
 // ReplicaState is one broker's replica of one shard of a replicated stream,
@@ -136,10 +183,10 @@ type CtlMember struct {
 	EtcdError   string `msgpack:"etcd_error,omitempty"`
 }
 
-// responseFields is the number of fields this version decodes; the Ctl
-// and Replicas fields are sent only when set (Ctl, empty, when Replicas
-// is), so responses without them encode as before.
-const responseFields = 5
+// responseFields is the number of fields this version decodes; the Ctl,
+// Replicas and Moved fields are sent only when set (each, empty, when a
+// later one is), so responses without them encode as before.
+const responseFields = 6
 
 // Type implements [Frame].
 func (*Response) Type() FrameType { return FrameResponse }
@@ -149,10 +196,13 @@ func (r *Response) appendBody(b []byte) ([]byte, error) {
 		return b, errNilFrame(FrameResponse)
 	}
 	fields := responseFields
-	if len(r.Replicas) == 0 {
+	if r.Moved == nil {
 		fields--
-		if len(r.Ctl) == 0 {
+		if len(r.Replicas) == 0 {
 			fields--
+			if len(r.Ctl) == 0 {
+				fields--
+			}
 		}
 	}
 	b = appendArrayHeader(b, fields)
@@ -169,7 +219,10 @@ func (r *Response) appendBody(b []byte) ([]byte, error) {
 	if b, err = appendMsgpack(b, FrameResponse, r.Ctl); err != nil || fields < 5 {
 		return b, err
 	}
-	return appendMsgpack(b, FrameResponse, r.Replicas)
+	if b, err = appendMsgpack(b, FrameResponse, r.Replicas); err != nil || fields < 6 {
+		return b, err
+	}
+	return appendMsgpack(b, FrameResponse, r.Moved)
 }
 
 func (r *Response) decode(d *decoder) {
@@ -188,6 +241,10 @@ func (r *Response) decode(d *decoder) {
 	if n >= 5 {
 		d.msgpack(&r.Replicas)
 		read = 5
+	}
+	if n >= 6 {
+		d.msgpack(&r.Moved)
+		read = 6
 	}
 	d.skipN(n - read)
 	// appendBody leaves out empty trailing fields, which then decode as

@@ -200,7 +200,7 @@ func explain(err error) (string, int) {
 	case errors.Is(err, context.Canceled):
 		return "interrupted", exitFailure
 	case errors.As(err, &wire):
-		msg := wire.Message
+		msg := internalPrefix.ReplaceAllString(wire.Message, "")
 		if msg == "" {
 			msg = wire.Code.String()
 		}

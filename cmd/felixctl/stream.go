@@ -18,6 +18,7 @@ type streamCmd struct {
 	Ls     streamLsCmd     `cmd:"" aliases:"list" help:"List the streams."`
 	Info   streamInfoCmd   `cmd:"" help:"Show a stream's configuration and the owner of each shard."`
 	Rm     streamRmCmd     `cmd:"" aliases:"delete" help:"Delete a stream and its records."`
+	Move   streamMoveCmd   `cmd:"" help:"Move a replicated shard's replica off a broker that is down (lost for good) to another, and follow it until it is a voter."`
 }
 
 type streamCreateCmd struct {
@@ -226,19 +227,7 @@ func writeReplicaStatus(w io.Writer, stream string, states []client.ReplicaState
 	if len(states) == 0 {
 		return
 	}
-	// The leader's committed offsets, by shard, or else the most any
-	// replica of the shard has.
-	head, led := map[int]uint64{}, map[int]bool{}
-	for _, st := range states {
-		if st.Err == "" && st.Leader == st.Node {
-			head[st.Shard], led[st.Shard] = st.Next, true
-		}
-	}
-	for _, st := range states {
-		if st.Err == "" && !led[st.Shard] {
-			head[st.Shard] = max(head[st.Shard], st.Next)
-		}
-	}
+	head := shardHeads(states)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SHARD\tREPLICA\tMEMBER\tLEADER\tTERM\tFIRST\tCOMMITTED\tBEHIND")
 	for _, st := range states {
@@ -258,6 +247,24 @@ func writeReplicaStatus(w io.Writer, stream string, states []client.ReplicaState
 		fmt.Fprintf(tw, "%s/%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n", stream, st.Shard, st.Node, member, leader, st.Term, st.First, st.Next, behind)
 	}
 	tw.Flush()
+}
+
+// shardHeads returns, by shard, the offsets the leader has committed
+// (the offset of its next record), or, where no replica reports itself
+// the leader, the most any replica of the shard has.
+func shardHeads(states []client.ReplicaState) map[int]uint64 {
+	head, led := map[int]uint64{}, map[int]bool{}
+	for _, st := range states {
+		if st.Err == "" && st.Leader == st.Node {
+			head[st.Shard], led[st.Shard] = st.Next, true
+		}
+	}
+	for _, st := range states {
+		if st.Err == "" && !led[st.Shard] {
+			head[st.Shard] = max(head[st.Shard], st.Next)
+		}
+	}
+	return head
 }
 
 func liveness(m *shardmap.Map, node string) string {

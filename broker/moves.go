@@ -1,0 +1,209 @@
+package broker
+
+// # A replica moved to another broker
+//
+// The control plane moves a replica of a replicated shard from a broker
+// that is down (lost for good, or being retired) to another
+// (shardmap.Placement.Move): the broker moved to takes the raft slot of
+// the broker moved from, and the slot is marked joined. What each broker
+// does with the map that says so:
+//
+//   - Every broker hosting a replica of the shard maps the slot to its new
+//     node (raftSlots.update): raft messages in the slot's name are taken
+//     from, and sent to, the new node only, so the old replica, should it
+//     still run, is cut off from the group.
+//   - The broker moved to opens an empty replica under a new raft id in
+//     the slot and joins, as a replica that lost its log does (rejoin.go):
+//     the leader admits it as a learner, sends it the log (or a snapshot),
+//     and once it holds every committed entry makes it a voter in place of
+//     the slot's old member by one joint configuration change. The leader
+//     admits only the node the map puts in the slot (serveAdmit).
+//   - The broker moved from, when it runs again, closes its replica and
+//     removes its directory and its mark (sweepMoved): its log is no
+//     longer counted by the group, and it must never come back under its
+//     old raft id.
+//
+// The replica moved from drops out of the group as soon as the map
+// changes, before the new one has caught up, so the group counts on its
+// two other replicas meanwhile. That is why the control plane moves a
+// replica only from a broker that is down: the group already counts on
+// the other two. Moving the replica of a live broker without first
+// lowering redundancy (learner first, source removed last) is not done
+// yet.
+//
+// A broker that was down while its replica was moved away and then moved
+// back (two moves) opens a joining replica only if its old directory is
+// gone; a directory whose raft id is not in the slot the map now gives it
+// is set aside and a new replica joins (openReplica).
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/felix-broker/felix/shardmap"
+)
+
+// raftSlots is a hosted group's raft slots and preferred leader, as the
+// newest map applied gives them: slot i holds nodes[i], whose replicas
+// have raft ids slot+1+idSlots×k. The group's transport, its entry in
+// raftNet and its shard entry share one, updated when a move changes the
+// slots.
+type raftSlots struct {
+	p atomic.Pointer[slotsAt]
+}
+
+// slotsAt is the slots as of the map of epoch.
+type slotsAt struct {
+	epoch uint64
+	nodes []string
+	owner string
+}
+
+func newRaftSlots(epoch uint64, nodes []string, owner string) *raftSlots {
+	s := &raftSlots{}
+	s.p.Store(&slotsAt{epoch: epoch, nodes: nodes, owner: owner})
+	return s
+}
+
+// update makes the slots those of the map of epoch, unless they are of a
+// newer map already. It reports whether they changed.
+func (s *raftSlots) update(epoch uint64, nodes []string, owner string) bool {
+	for {
+		cur := s.p.Load()
+		if cur.epoch >= epoch {
+			return false
+		}
+		next := &slotsAt{epoch: epoch, nodes: nodes, owner: owner}
+		if slices.Equal(cur.nodes, nodes) && cur.owner == owner {
+			next.nodes = cur.nodes
+		}
+		if s.p.CompareAndSwap(cur, next) {
+			return !slices.Equal(cur.nodes, nodes) || cur.owner != owner
+		}
+	}
+}
+
+// nodes returns the node of each slot. The slice is shared: read only.
+func (s *raftSlots) nodes() []string { return s.p.Load().nodes }
+
+// owner returns the shard's preferred leader.
+func (s *raftSlots) owner() string { return s.p.Load().owner }
+
+// nodeOf returns the node of raft id, "" for none.
+func (s *raftSlots) nodeOf(id uint64) string { return nodeOf(s.nodes(), id) }
+
+// idOf returns the first raft id of node's slot, 0 if it has none.
+func (s *raftSlots) idOf(node string) uint64 { return raftID(s.nodes(), node) }
+
+// updateSlots gives the open replicas of m's replicated streams the raft
+// slots and owner m gives their shards. The caller holds s.mu.
+func (s *shardSet) updateSlotsLocked(m *shardmap.Map) {
+	for id, e := range s.mu.entries {
+		if e.slots == nil || e.gone != nil {
+			continue
+		}
+		st, ok := m.Stream(id.Stream)
+		if !ok || !st.Placement.IsReplica(id.Shard, s.node) {
+			continue
+		}
+		if e.slots.update(m.Epoch, st.Placement.Slots(id.Shard), st.Placement.Owner(id.Shard)) {
+			s.logger.Info("replica set of a shard changed: a replica moved", "shard", id.String(),
+				"replicas", st.Placement.Replicas(id.Shard), "epoch", m.Epoch)
+		}
+	}
+}
+
+// sweepMoved removes the directories of this broker's replicas that m
+// moved to other brokers (see the top of this file): shards of m's
+// replicated streams with a move, of which this broker holds no replica
+// in m and no open entry, but a directory. Each stream's removals happen
+// under its gate (shardSet.mu.removing), re-checked against the newest
+// map, so that no open of the shard (moved back meanwhile) races them.
+func (s *shardSet) sweepMoved(m *shardmap.Map, r *applyResult) {
+	for i := range m.Streams {
+		st := &m.Streams[i]
+		if !st.Placement.HasMoves() || shardmap.ValidateStreamName(st.Name) != nil {
+			continue
+		}
+		var gone []int
+		for shard := range st.Placement.Len() {
+			if st.Placement.IsReplica(shard, s.node) {
+				continue
+			}
+			if _, err := s.root.Lstat(filepath.Join(st.Name, strconv.Itoa(shard))); err == nil {
+				gone = append(gone, shard)
+			}
+		}
+		if len(gone) > 0 {
+			s.removeMoved(st.Name, gone, r)
+		}
+	}
+}
+
+// removeMoved removes the directories of stream's shards gone, moved
+// away, under the stream's gate.
+func (s *shardSet) removeMoved(stream string, gone []int, r *applyResult) {
+	s.mu.Lock()
+	if s.mu.removing[stream] != nil {
+		s.mu.Unlock()
+		return // a removal or a claim under way: the next map looks again
+	}
+	ch := make(chan struct{})
+	s.mu.removing[stream] = ch
+	latest := s.mu.latest
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.mu.removing, stream)
+		s.mu.Unlock()
+		close(ch)
+	}()
+	st, ok := latest.Stream(stream)
+	if !ok {
+		return // deleted meanwhile: retain removes it whole
+	}
+	for _, shard := range gone {
+		id := shardmap.ShardID{Stream: stream, Shard: shard}
+		s.mu.RLock()
+		open := s.mu.entries[id] != nil
+		s.mu.RUnlock()
+		if open || st.Placement.IsReplica(shard, s.node) {
+			continue // moved back, or not yet closed
+		}
+		if err := s.removeShardDir(id, latest.Epoch); err != nil {
+			r.deleteErr = append(r.deleteErr, err)
+			continue
+		}
+		s.logger.Info("removed this broker's replica of a shard: it was moved to another broker",
+			"shard", id.String(), "replicas", st.Placement.Replicas(shard), "epoch", latest.Epoch)
+	}
+}
+
+// removeShardDir removes the directory of shard id (renamed into the
+// trash first, so that a crash leaves no half-removed replica that could
+// be opened), then forgets its replica mark.
+func (s *shardSet) removeShardDir(id shardmap.ShardID, epoch uint64) error {
+	rel := filepath.Join(id.Stream, strconv.Itoa(id.Shard))
+	// '+' is in no stream name: no stream's trash has this name.
+	trash := trashPrefix + id.Stream + "+" + strconv.Itoa(id.Shard) + "-" + strconv.FormatUint(epoch, 10)
+	switch err := s.root.Rename(rel, trash); {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		if err := s.root.RemoveAll(rel); err != nil {
+			return fmt.Errorf("remove moved replica %s: %w", id, err)
+		}
+	default:
+		if err := s.root.RemoveAll(trash); err != nil {
+			return fmt.Errorf("remove moved replica %s (renamed %s): %w", id, trash, err)
+		}
+	}
+	if err := s.marks.remove(id); err != nil {
+		return fmt.Errorf("forget the mark of moved replica %s: %w", id, err)
+	}
+	return nil
+}

@@ -1,0 +1,171 @@
+package ctl
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// # Moving a replica
+//
+// A replicated shard's replica set is fixed when the shard is placed. A
+// move (stream.move) gives one broker's replica of one shard to another
+// broker, for a broker lost for good: the map that makes it names the
+// target in the source's place and raft slot ([shardmap.Placement.Move]),
+// the target opens an empty replica and joins the shard's group (a
+// learner caught up from the leader, then a voter in the source's slot),
+// and the source, should it ever come back, removes its replica (package
+// broker does both).
+//
+// The source's replica leaves the group as soon as the map changes, so a
+// move of a live broker's replica would lower the shard's redundancy
+// while the target catches up (and, with another replica down, stop its
+// writes): a move is refused unless the source's lease has lapsed. The
+// target must be a live member that holds no replica of the shard.
+
+// moveReplica gives from's replica of shard of the stream named name to
+// to, and returns to: when to is "", the live member without a replica of
+// the shard that rendezvous hashing ranks highest for it
+// ([shardmap.Top]). It refuses (ErrInvalid) a shard the stream does not
+// have, a stream of replication factor 1, a from that holds no replica of
+// the shard or is live, and a to that holds one, is not a member or is
+// not live; the refusals of the placement itself also match
+// shardmap.ErrBadMove.
+func (s *state) moveReplica(name string, shard int, from, to string) (string, error) {
+	st, ok := s.streams[name]
+	if !ok {
+		return "", fmt.Errorf("move a replica of stream %q: %w", name, ErrUnknownStream)
+	}
+	id := shardmap.ShardID{Stream: name, Shard: shard}
+	set := st.Placement.Replicas(shard)
+	switch {
+	case shard < 0 || shard >= st.Shards:
+		return "", fmt.Errorf("%w: %w: stream %q has %s, numbered from 0; there is no shard %d",
+			ErrInvalid, shardmap.ErrBadMove, name, shardCount(st.Shards), shard)
+	case st.Factor() == 1:
+		return "", fmt.Errorf("%w: %w: stream %q has replication factor 1: a shard's only replica cannot move (its log would have to be copied); only the replicas of a stream of replication factor 3 move",
+			ErrInvalid, shardmap.ErrBadMove, name)
+	case from == "":
+		return "", fmt.Errorf("%w: move a replica of %s: name the broker whose replica moves (its replicas are %s)", ErrInvalid, id, orNone(set))
+	case !slices.Contains(set, from):
+		return "", fmt.Errorf("%w: %w: %s holds no replica of %s (its replicas are %s)", ErrInvalid, shardmap.ErrBadMove, from, id, orNone(set))
+	case s.live(from):
+		return "", fmt.Errorf("%w: move %s's replica of %s: %s is live: stop it first (its replica leaves the shard's group as soon as the move is made; "+
+			"moving a live broker's replica without lowering the shard's redundancy meanwhile is not supported yet)", ErrInvalid, from, id, from)
+	}
+	candidates := s.moveTargets(id, set)
+	if to == "" {
+		if len(candidates) == 0 {
+			return "", fmt.Errorf("%w: move %s's replica of %s: no live broker without a replica of %s to move it to (live brokers: %s); start one, then move again",
+				ErrInvalid, from, id, id, orNone(s.liveIDList()))
+		}
+		to = candidates[0]
+	}
+	p, err := st.Placement.Move(shard, from, to)
+	if err != nil {
+		return "", fmt.Errorf("%w: move a replica of %s: %w", ErrInvalid, id, err)
+	}
+	if _, member := s.members[to]; !member || !s.live(to) {
+		what := "is down"
+		if !member {
+			what = "is not a member of the cluster"
+		}
+		return "", fmt.Errorf("%w: move %s's replica of %s to %s: %s %s; move it to a live broker without a replica of it (%s)",
+			ErrInvalid, from, id, to, to, what, orNone(candidates))
+	}
+	st.Placement = p
+	s.streams[name] = st
+	s.bump()
+	return to, nil
+}
+
+// live reports whether id is a member whose lease is current.
+func (s *state) live(id string) bool {
+	m, ok := s.members[id]
+	return ok && m.node.Live
+}
+
+// liveIDList returns the ids of the live members, sorted.
+func (s *state) liveIDList() []string {
+	var ids []string
+	for _, id := range slices.Sorted(maps.Keys(s.members)) {
+		if s.members[id].node.Live {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// moveTargets returns the live members that hold no replica of id (its
+// replica set is set), the one rendezvous hashing ranks highest for the
+// shard first.
+func (s *state) moveTargets(id shardmap.ShardID, set []string) []string {
+	live := s.liveIDList()
+	var out []string
+	for _, n := range shardmap.Top(id.Stream, id.Shard, len(live), live) {
+		if !slices.Contains(set, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// orNone joins ids with ", ", or says "none".
+func orNone(ids []string) string {
+	if len(ids) == 0 {
+		return "none"
+	}
+	return strings.Join(ids, ", ")
+}
+
+// shardCount says "1 shard" or "n shards".
+func shardCount(n int) string {
+	if n == 1 {
+		return "1 shard"
+	}
+	return fmt.Sprintf("%d shards", n)
+}
+
+// MoveReplica gives from's replica of shard of stream to the broker to
+// ("" lets the control plane choose: the live broker without a replica of
+// the shard that rendezvous hashing ranks highest for it), persists the
+// change and pushes the new map, in which to holds the replica in from's
+// place: to opens an empty replica and joins the shard's raft group,
+// caught up from its leader. From must not be live (a broker down, or
+// lost for good): a live one is refused, to be stopped first. Errors are
+// *transport.Error values (CodeUnknownStream, CodeInvalid, CodeInternal)
+// that also match ErrUnknownStream and ErrInvalid, and, for a move the
+// placement refuses, shardmap.ErrBadMove. On a follower the change is
+// made by the leader.
+func (s *Server) MoveReplica(stream string, shard int, from, to string) error {
+	_, err := s.moveReplica(ctlPrincipal, stream, shard, from, to)
+	return err
+}
+
+// moveReplica is MoveReplica for principal, and returns the move made,
+// with the broker the replica moved to.
+func (s *Server) moveReplica(principal, stream string, shard int, from, to string) (transport.ReplicaMove, error) {
+	mv := transport.ReplicaMove{Shard: shard, From: from, To: to}
+	req := &transport.Request{Op: OpStreamMove, Stream: shardmap.StreamConfig{Name: stream}, Move: &mv, Principal: principal}
+	moved := to
+	resp, err := s.changeOrForward("replica moved", req, func(st *state) (err error) {
+		moved, err = st.moveReplica(stream, shard, from, to)
+		return err
+	})
+	if err != nil {
+		return transport.ReplicaMove{}, err
+	}
+	if resp != nil { // the leader made it, and says where to
+		if resp.Moved == nil {
+			return transport.ReplicaMove{}, transport.Errorf(transport.CodeInternal, "replica moved: the ctl leader's answer does not say where to (is it of an earlier version?)")
+		}
+		moved = resp.Moved.To
+	}
+	mv.To = moved
+	s.log.Info("replica moved", "stream", stream, "shard", shard, "from", from, "to", moved, "epoch", s.Map().Epoch)
+	return mv, nil
+}
