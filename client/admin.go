@@ -24,6 +24,7 @@ const (
 	opStreamMove    = "stream.move"
 	opMapGet        = "map.get"
 	opClusterStatus = "cluster.status"
+	opClusterRemove = "cluster.remove"
 	opACLGrant      = "acl.grant"
 	opACLRevoke     = "acl.revoke"
 	opACLList       = "acl.list"
@@ -161,6 +162,34 @@ func (c *Client) MoveReplica(ctx context.Context, stream string, shard int, from
 		mv.Replicas = slices.Clone(st.Placement.Replicas(mv.Shard))
 	}
 	return mv, nil
+}
+
+// RemoveBroker removes the broker id from the cluster's members: the shard
+// map no longer lists it, and `felixctl cluster status` no longer counts
+// it down. It needs cluster.admin.
+//
+// It is for a broker lost for good, after its replicas have moved to
+// other brokers ([Client.MoveReplica] for each, or `felixctl cluster
+// drain`): the control plane refuses, with an error matching
+// [ErrInvalid] that says why, a broker that is not a member, one that is
+// live (stop it first: a live broker registers again at once), one that
+// owns a shard of a stream of replication factor 1 (its shards would be
+// placed anew on other brokers with empty logs) and one that still holds
+// a replica of a replicated stream's shard. Removing a broker changes no
+// shard's placement. Should it start again, it joins as a new member,
+// holding nothing.
+func (c *Client) RemoveBroker(ctx context.Context, id string) error {
+	if id == "" {
+		return fmt.Errorf("client: remove broker: %w", &transport.Error{Code: transport.CodeInvalid, Message: "name the broker to remove"})
+	}
+	resp, err := c.request(ctx, c.home, &transport.Request{Op: opClusterRemove, NodeID: id})
+	if err != nil {
+		return fmt.Errorf("client: remove broker %s: %w", id, err)
+	}
+	if resp.Map != nil {
+		c.storeMap(resp.Map)
+	}
+	return nil
 }
 
 // Map returns the shard map of the broker the client is connected to

@@ -595,6 +595,52 @@ func TestMoveReplica(t *testing.T) {
 	}
 }
 
+// TestRemoveBroker: RemoveBroker sends the broker to remove and keeps the
+// map the answer carries; a refusal is an error that says why; a request
+// naming no broker is refused unsent.
+func TestRemoveBroker(t *testing.T) {
+	fc := newFakeCluster(t, 4)
+	c := connect(t, fc, 0)
+	ctx := testCtx(t)
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "r", Shards: 2, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	// The fake places r/0 on broker-0, broker-1, broker-2 and r/1 on
+	// broker-1, broker-2, broker-3.
+	err := c.RemoveBroker(ctx, "broker-3")
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "client: remove broker broker-3: ") || !strings.Contains(err.Error(), "stop it first") {
+		t.Fatalf("removing a live broker: %v", err)
+	}
+	fc.setLive("broker-3", false)
+	if err := c.RemoveBroker(ctx, "broker-3"); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "move them first") {
+		t.Fatalf("removing a broker holding a replica: %v", err)
+	}
+	if _, err := c.MoveReplica(ctx, "r", 1, "broker-3", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RemoveBroker(ctx, "broker-3"); err != nil {
+		t.Fatal(err)
+	}
+	m, err := c.Map(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := m.Node("broker-3"); ok || len(m.Nodes) != 3 || m.Epoch != fc.currentMap().Epoch {
+		t.Fatalf("map after the removal: epoch %d (cluster's %d), nodes %+v", m.Epoch, fc.currentMap().Epoch, m.Nodes)
+	}
+	if err := c.RemoveBroker(ctx, "broker-3"); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "not a member") {
+		t.Fatalf("removing it again: %v", err)
+	}
+
+	epoch := fc.currentMap().Epoch
+	if err := c.RemoveBroker(ctx, ""); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "name the broker to remove") {
+		t.Fatalf("RemoveBroker(\"\"): %v, want ErrInvalid", err)
+	}
+	if fc.currentMap().Epoch != epoch {
+		t.Fatal("a removal refused by the client reached the cluster")
+	}
+}
+
 // TestBufferedRecordsWritten: records published while others wait for
 // their acks are only buffered by the sender; the stream's flusher
 // goroutine must write them, without any ack to prompt it.

@@ -162,6 +162,34 @@ func (fc *fakeCluster) moveReplica(stream string, mv transport.ReplicaMove) (tra
 	return mv, nil
 }
 
+// removeBroker removes broker id from the map's nodes, under a new
+// epoch, as the control plane does: refusing one that is not a node, is
+// live, or holds a shard or replica.
+func (fc *fakeCluster) removeBroker(id string) error {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	old := fc.mu.m
+	n, ok := old.Node(id)
+	switch {
+	case id == "":
+		return &transport.Error{Code: transport.CodeInvalid, Message: "name the broker to remove"}
+	case !ok:
+		return &transport.Error{Code: transport.CodeInvalid, Message: id + " is not a member of the cluster"}
+	case n.Live:
+		return &transport.Error{Code: transport.CodeInvalid, Message: id + " is live: stop it first"}
+	case len(old.ReplicatedBy(id)) > 0:
+		return &transport.Error{Code: transport.CodeInvalid, Message: id + " holds replicas: move them first"}
+	}
+	m := &shardmap.Map{Epoch: old.Epoch + 1, Streams: old.Streams}
+	for _, n := range old.Nodes {
+		if n.ID != id {
+			m.Nodes = append(m.Nodes, n)
+		}
+	}
+	fc.mu.m = m
+	return nil
+}
+
 // setLive marks broker id live or down in the map, under a new epoch.
 func (fc *fakeCluster) setLive(id string, live bool) {
 	fc.mu.Lock()
@@ -403,6 +431,12 @@ func (b *fakeBroker) serveRequest(req *transport.Request, w *transport.Writer) {
 			resp = transport.ErrorFrom(err)
 		} else {
 			resp = &transport.Response{Map: b.fc.currentMap(), Moved: &mv}
+		}
+	case opClusterRemove:
+		if err := b.fc.removeBroker(req.NodeID); err != nil {
+			resp = transport.ErrorFrom(err)
+		} else {
+			resp = &transport.Response{Map: b.fc.currentMap()}
 		}
 	case opStreamList:
 		var out []shardmap.StreamConfig

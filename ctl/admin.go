@@ -19,7 +19,9 @@ const ctlPrincipal = "\x00ctl"
 
 // Admin operations, the values of transport.Request.Op. OpStreamMove
 // moves a replica of a replicated shard from a broker that is down to
-// another (transport.Request.Move, see moves.go); it needs cluster.admin.
+// another (transport.Request.Move, see moves.go); OpClusterRemove
+// removes a broker that is down and holds nothing from the members
+// (transport.Request.NodeID, see remove.go). Both need cluster.admin.
 const (
 	OpStreamCreate  = "stream.create"
 	OpStreamDelete  = "stream.delete"
@@ -28,6 +30,7 @@ const (
 	OpStreamMove    = "stream.move"
 	OpMapGet        = "map.get"
 	OpClusterStatus = "cluster.status"
+	OpClusterRemove = "cluster.remove"
 	OpACLGrant      = "acl.grant"
 	OpACLRevoke     = "acl.revoke"
 	OpACLList       = "acl.list"
@@ -132,6 +135,16 @@ func (s *Server) handle(principal string, req *transport.Request) (*transport.Re
 		m = s.Map()
 		st, _ := m.Stream(req.Stream.Name)
 		return &transport.Response{Streams: streamConfigs(st), Map: m.VisibleTo(principal), Moved: &mv}, nil
+	case OpClusterRemove:
+		if err := need(auth.ClusterAdmin, ""); err != nil {
+			return nil, err
+		}
+		if err := s.removeBroker(principal, req.NodeID); err != nil {
+			return nil, err
+		}
+		// The map tells a follower that forwarded the request which epoch
+		// to wait for before it answers (forward).
+		return &transport.Response{Map: s.Map().VisibleTo(principal)}, nil
 	case OpStreamList:
 		var out []shardmap.StreamConfig
 		for _, st := range m.VisibleTo(principal).Streams {
@@ -178,7 +191,7 @@ func (s *Server) handle(principal string, req *transport.Request) (*transport.Re
 		return &transport.Response{Grants: m.ACL.Grants, Map: m.VisibleTo(principal)}, nil
 	}
 	return nil, transport.Errorf(transport.CodeInvalid, "unknown admin op %q (want one of %s)", req.Op,
-		strings.Join([]string{OpStreamCreate, OpStreamDelete, OpStreamList, OpStreamInfo, OpStreamMove, OpMapGet, OpClusterStatus, OpACLGrant, OpACLRevoke, OpACLList}, ", "))
+		strings.Join([]string{OpStreamCreate, OpStreamDelete, OpStreamList, OpStreamInfo, OpStreamMove, OpMapGet, OpClusterStatus, OpClusterRemove, OpACLGrant, OpACLRevoke, OpACLList}, ", "))
 }
 
 func streamConfigs(st *shardmap.Stream) []shardmap.StreamConfig {

@@ -32,8 +32,10 @@
 // a word within half a lease (its QUIC link to ctl has that idle
 // timeout), in time to do so.
 //
-// A node that registers becomes a member for good: membership is persisted
-// and, in this version, permanent. A member whose lease runs out (no
+// A node that registers becomes a member: membership is persisted, and
+// ends only when an operator removes a member lost for good, once it is
+// down and holds no shard or replica ([Server.RemoveBroker],
+// cluster.remove; see remove.go). A member whose lease runs out (no
 // heartbeat for LeaseTTL, rounded up to whole seconds, and to at least
 // 1.5 election timeouts of etcd) or whose registration stream ends is
 // marked not Live, but it KEEPS its shards: nothing is reassigned, and
@@ -92,7 +94,8 @@
 // # Epochs, changes and leadership
 //
 // Every change to the map (a member joins, goes down or comes back, moves
-// address; a stream is created or deleted; a grant) bumps the epoch,
+// address, is removed; a stream is created or deleted, a replica moved; a
+// grant) bumps the epoch,
 // which only grows. The change is computed by the deterministic core
 // (state.go) and committed as one etcd transaction that puts the epoch key
 // and the keys that changed, guarded by the mod revision of the epoch key
@@ -135,9 +138,11 @@
 // [transport.Error]: stream.create, stream.delete, stream.list,
 // stream.info, stream.move (a replica of a replicated shard, from a
 // broker that is down to another: see moves.go and
-// [Server.MoveReplica]), map.get and cluster.status (which also lists
+// [Server.MoveReplica]), map.get, cluster.status (which also lists
 // the ctl members, their roles and etcd health, in
-// [transport.Response].Ctl), and the acl requests.
+// [transport.Response].Ctl), cluster.remove (a broker that is down and
+// holds nothing, named by [transport.Request].NodeID: see remove.go and
+// [Server.RemoveBroker]), and the acl requests.
 // Node and client certificates may both make them (brokers proxy their
 // clients' admin requests), and so may another ctl forwarding a change.
 //

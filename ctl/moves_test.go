@@ -396,7 +396,7 @@ func TestMoveReplicaServer(t *testing.T) {
 
 // TestMoveReplicaThroughFollower: a move asked of a follower is made by
 // the leader, which chooses the target; the follower answers with it,
-// holding the new map.
+// holding the new map. So is the removal of the broker moved from.
 func TestMoveReplicaThroughFollower(t *testing.T) {
 	p := newPKI(t)
 	srvs := startHA(t, p, 3)
@@ -443,5 +443,24 @@ func TestMoveReplicaThroughFollower(t *testing.T) {
 	}
 	if st, _ := follower.Map().Stream("orders"); !st.Placement.Joined(0, out) || st.Placement.IsReplica(0, from) {
 		t.Fatalf("the follower's map (epoch %d) lacks the move right after it answered: %v", follower.Map().Epoch, st.Placement)
+	}
+
+	// Its other replicas moved too, the broker is removed through the
+	// follower, which answers holding the map without it.
+	for _, shard := range st.Placement.ReplicatedBy(from) {
+		if shard != 0 {
+			if err := follower.MoveReplica("orders", shard, from, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := admin.Request(ctx, &transport.Request{Op: OpClusterRemove, NodeID: from}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := follower.Map().Node(from); ok {
+		t.Fatalf("the follower's map (epoch %d) still lists %s right after it answered the removal", follower.Map().Epoch, from)
+	}
+	if _, ok := leader.Map().Node(from); ok {
+		t.Fatalf("the leader's map (epoch %d) still lists %s", leader.Map().Epoch, from)
 	}
 }

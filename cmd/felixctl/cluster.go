@@ -10,6 +10,8 @@ import (
 type clusterCmd struct {
 	Status clusterStatusCmd `cmd:"" help:"Show the brokers, their liveness, the map epoch, the owner of every shard and the control plane's members (leader, etcd health); exit 3 if a broker is down."`
 	Stats  clusterStatsCmd  `cmd:"" help:"A top-like view of every broker's metrics: rates, publish and fsync latency, records per fsync, subscriber lag."`
+	Drain  clusterDrainCmd  `cmd:"" help:"Move every replica a broker lost for good (down) holds to other brokers, following each until it is a voter, a few at a time; exit 1 if any is left, or the broker owns shards of replication factor 1."`
+	Remove clusterRemoveCmd `cmd:"" help:"Remove a broker lost for good from the cluster: it must be down and hold no replica (drain it first)."`
 }
 
 type clusterStatusCmd struct {

@@ -147,9 +147,10 @@ func explain(err error) (string, int) {
 		return usage.msg + " (see `felixctl --help`)", exitUsage
 	case errors.As(err, &unhealthy):
 		if len(unhealthy.down) == 1 {
-			return unhealthy.Error() + ": restart it", exitUnhealthy
+			id := unhealthy.down[0]
+			return unhealthy.Error() + fmt.Sprintf(": restart it (or, if it is lost for good, move its replicas with `felixctl cluster drain %s` and then `felixctl cluster remove %s`)", id, id), exitUnhealthy
 		}
-		return unhealthy.Error() + ": restart them", exitUnhealthy
+		return unhealthy.Error() + ": restart them (or, for one lost for good, `felixctl cluster drain ID` and then `felixctl cluster remove ID`)", exitUnhealthy
 	case errors.As(err, &noFile):
 		what := "there is no " + client.DefaultClusterFile + " in this directory"
 		if noFile.source != "" {

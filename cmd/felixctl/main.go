@@ -2,7 +2,8 @@
 // subscribe (`pub`, `sub`), manage streams (`stream create|ls|info|rm`,
 // and `stream move` of a replica off a broker lost for good),
 // permissions (`acl`) and saved clusters (`context`), check the cluster
-// (`cluster status|stats`), run a local one (`dev`, `dev restart ID`),
+// (`cluster status|stats`), retire a broker lost for good (`cluster
+// drain|remove`), run a local one (`dev`, `dev restart ID`),
 // measure it (`bench`), and watch the seed's story on a cluster it starts
 // itself (`demo`, `demo --tmux`).
 //
@@ -50,7 +51,7 @@ type cli struct {
 	Pub     pubCmd     `cmd:"" help:"Publish records and print the path each took."`
 	Sub     subCmd     `cmd:"" help:"Subscribe to a stream and print its records."`
 	Stream  streamCmd  `cmd:"" help:"Create, list, describe and delete streams; move a replica off a broker lost for good."`
-	Cluster clusterCmd `cmd:"" help:"Inspect the cluster."`
+	Cluster clusterCmd `cmd:"" help:"Inspect the cluster; drain and remove a broker lost for good."`
 	ACL     aclCmd     `cmd:"" name:"acl" help:"Grant, revoke and list permissions."`
 	Context contextCmd `cmd:"" help:"Save, select and list named clusters (contexts), like nats context."`
 	Demo    demoCmd    `cmd:"" help:"Watch the cross-broker publishing story on a cluster started (and stopped) for it."`

@@ -75,14 +75,27 @@ func (s *streamMoveCmd) Run(a *app) error {
 	if s.Wait == 0 {
 		return nil
 	}
-	return s.follow(a, c, mv)
+	err = followReplica(a.ctx, c, a.flags.Timeout, s.Wait, mv, func(p replicaProgress) error {
+		if g.JSON {
+			return printJSON(a.stdout, map[string]any{"progress": p})
+		}
+		_, err := fmt.Fprintln(a.stdout, p)
+		return err
+	})
+	if err != nil && a.ctx.Err() != nil {
+		return nil // interrupted: the move is made, only the following stops
+	}
+	return err
 }
 
-// follow polls the replicas of mv's shard until mv.To reports itself a
-// voter, printing each change of its state (targetProgress, newsSince),
-// for up to --wait.
-func (s *streamMoveCmd) follow(a *app, c *conn, mv client.MovedReplica) error {
-	ctx, cancel := context.WithTimeout(a.ctx, s.Wait)
+// followReplica polls the replicas of mv's shard until mv.To reports
+// itself a voter, for up to wait, each poll within timeout (--timeout),
+// and calls report, if not nil, with each change of its state worth a
+// line (targetProgress, newsSince). It returns nil once mv.To is a voter,
+// ctx's error if ctx ends first, and an error that says where the
+// replica is if wait runs out.
+func followReplica(ctx context.Context, c *conn, timeout, wait time.Duration, mv client.MovedReplica, report func(replicaProgress) error) error {
+	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	tick := time.NewTicker(movePoll)
 	defer tick.Stop()
@@ -94,7 +107,7 @@ func (s *streamMoveCmd) follow(a *app, c *conn, mv client.MovedReplica) error {
 	for {
 		// Each poll within --timeout too: a broker that stopped answering
 		// must not hold up the next.
-		pctx, pcancel := context.WithTimeout(ctx, a.flags.Timeout)
+		pctx, pcancel := context.WithTimeout(wctx, timeout)
 		states, err := c.ReplicaStatus(pctx, mv.Stream)
 		pcancel()
 		switch {
@@ -102,23 +115,25 @@ func (s *streamMoveCmd) follow(a *app, c *conn, mv client.MovedReplica) error {
 			lastErr = nil
 			p := targetProgress(states, mv.Shard, mv.To)
 			if now := time.Now(); p.newsSince(last, printed, now) {
-				if err := s.print(a, p); err != nil {
-					return err
+				if report != nil {
+					if err := report(p); err != nil {
+						return err
+					}
 				}
 				last, printed = p, now
 			}
 			if p.done() {
 				return nil
 			}
-		case ctx.Err() == nil:
+		case wctx.Err() == nil:
 			lastErr = err // asked again at the next tick
 		}
 		select {
-		case <-ctx.Done():
-			if a.ctx.Err() != nil {
-				return nil // interrupted: the move is made, only the following stops
+		case <-wctx.Done():
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
-			msg := fmt.Sprintf("%s did not become a voter of %s/%d within %s (--wait): %s", mv.To, mv.Stream, mv.Shard, s.Wait, last.status())
+			msg := fmt.Sprintf("%s did not become a voter of %s/%d within %s (--wait): %s", mv.To, mv.Stream, mv.Shard, wait, last.status())
 			if lastErr != nil {
 				msg += fmt.Sprintf("; the last replica status failed: %s", plainError(lastErr))
 			}
@@ -126,14 +141,6 @@ func (s *streamMoveCmd) follow(a *app, c *conn, mv client.MovedReplica) error {
 		case <-tick.C:
 		}
 	}
-}
-
-func (s *streamMoveCmd) print(a *app, p replicaProgress) error {
-	if a.flags.JSON {
-		return printJSON(a.stdout, map[string]any{"progress": p})
-	}
-	_, err := fmt.Fprintln(a.stdout, p)
-	return err
 }
 
 // replicaProgress is what a moved replica reports, as stream move prints

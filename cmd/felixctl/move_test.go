@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"regexp"
 	"slices"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/felix-broker/felix/client"
+	"github.com/felix-broker/felix/internal/cluster"
 	"github.com/felix-broker/felix/internal/clustertest"
 	"github.com/felix-broker/felix/shardmap"
 )
@@ -46,6 +48,46 @@ func TestStreamMoveUsage(t *testing.T) {
 	r = felixctl(t, nil, "stream", "move", "--help")
 	if r.code != 0 || !strings.Contains(r.stdout, "--from=BROKER-ID") || !strings.Contains(r.stdout, "stop it first") || !strings.Contains(r.stdout, `--wait=60s`) {
 		t.Errorf("stream move --help: %+v", r)
+	}
+}
+
+// TestClusterDrainRemoveUsage: cluster drain's and cluster remove's
+// arguments are checked before any cluster is looked for, with a
+// sentence and exit 2.
+func TestClusterDrainRemoveUsage(t *testing.T) {
+	t.Chdir(t.TempDir()) // no felix-cluster.json: nothing to connect to
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"cluster", "drain"}, `expected "<broker>"`},
+		{[]string{"cluster", "drain", ""}, "name the broker to drain"},
+		{[]string{"cluster", "drain", "broker-1", "--parallel", "0"}, "--parallel must be 1 or more, got 0"},
+		{[]string{"cluster", "drain", "broker-1", "--parallel=-1"}, "--parallel must be 1 or more, got -1"},
+		{[]string{"cluster", "drain", "broker-1", "--wait", "0"}, "--wait must be positive, got 0s"},
+		{[]string{"cluster", "drain", "broker-1", "--wait=-1s"}, "--wait must be positive, got -1s"},
+		{[]string{"cluster", "remove"}, `expected "<broker>"`},
+		{[]string{"cluster", "remove", ""}, "name the broker to remove"},
+		{[]string{"cluster", "remove", "broker-1", "broker-2"}, "unexpected argument broker-2"},
+	} {
+		r := felixctl(t, nil, tc.args...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, tc.says) || r.stdout != "" {
+			t.Errorf("%v: %+v, want exit 2 saying %q", tc.args, r, tc.says)
+		}
+	}
+	// Good arguments get as far as looking for the cluster.
+	for _, args := range [][]string{{"cluster", "drain", "broker-1", "--parallel", "4", "--wait", "1m"}, {"cluster", "remove", "broker-1"}} {
+		if r := felixctl(t, nil, args...); r.code != exitFailure || !strings.Contains(r.stderr, "no cluster to talk to") {
+			t.Errorf("%v, no cluster: %+v", args, r)
+		}
+	}
+	r := felixctl(t, nil, "cluster", "drain", "--help")
+	if r.code != 0 || !strings.Contains(r.stdout, "--parallel=N") || !strings.Contains(r.stdout, "stop it first") || !strings.Contains(r.stdout, "--wait=5m") {
+		t.Errorf("cluster drain --help: %+v", r)
+	}
+	r = felixctl(t, nil, "cluster", "remove", "--help")
+	if r.code != 0 || !strings.Contains(r.stdout, "drain") {
+		t.Errorf("cluster remove --help: %+v", r)
 	}
 }
 
@@ -116,15 +158,24 @@ func TestMoveProgress(t *testing.T) {
 }
 
 // TestStreamMove moves a replica off a killed broker of a real cluster of
-// four, and follows the new replica until it is a voter.
+// four, and follows the new replica until it is a voter; then drains the
+// broker of its other replicas and removes it from the cluster, which
+// is refused while it owns a shard of replication factor 1.
 func TestStreamMove(t *testing.T) {
 	c := clustertest.Start(t, 4)
 	dir := t.TempDir()
 	env := map[string]string{"FELIX_CLUSTER": writeClusterFile(t, c, dir)}
-	if r := felixctl(t, env, "stream", "create", "r3", "--shards", "2", "--replicas", "3"); r.code != 0 {
+	if r := felixctl(t, env, "stream", "create", "r3", "--shards", "3", "--replicas", "3"); r.code != 0 {
 		t.Fatalf("%+v", r)
 	}
-	m, err := c.WaitMap(context.Background(), func(m *shardmap.Map) bool { _, ok := m.Stream("r3"); return ok })
+	if r := felixctl(t, env, "stream", "create", "one", "--shards", "8"); r.code != 0 {
+		t.Fatalf("%+v", r)
+	}
+	m, err := c.WaitMap(context.Background(), func(m *shardmap.Map) bool {
+		_, r3 := m.Stream("r3")
+		_, one := m.Stream("one")
+		return r3 && one
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,5 +212,121 @@ func TestStreamMove(t *testing.T) {
 	r = felixctl(t, env, "stream", "info", "r3")
 	if r.code != 0 || !regexp.MustCompile(`(?m)^r3/1 +`+to+` +voter `).MatchString(r.stdout) || regexp.MustCompile(`(?m)^r3/1 +`+from+` `).MatchString(r.stdout) {
 		t.Errorf("stream info after the move: %+v", r)
+	}
+
+	drainAndRemove(t, c, env, from)
+}
+
+// drainAndRemove drains the down broker from of a cluster holding the
+// streams r3 (replication factor 3) and one (factor 1, a shard of which
+// from owns), removes it once one is deleted, and checks that cluster
+// status no longer lists it.
+func drainAndRemove(t *testing.T, c *cluster.Cluster, env map[string]string, from string) {
+	m, err := c.WaitMap(context.Background(), func(*shardmap.Map) bool { return true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	r3, _ := m.Stream("r3")
+	one, _ := m.Stream("one")
+	moves, owned := r3.Placement.ReplicatedBy(from), one.Placement.OwnedBy(from)
+	if len(owned) == 0 {
+		t.Fatalf("%s owns no shard of one (%v): the test needs one it does", from, one.Placement)
+	}
+	r := felixctl(t, env, "cluster", "remove", from)
+	if r.code != 1 || !strings.Contains(r.stderr, "of streams of replication factor 1 (one/") || !strings.Contains(r.stderr, "forking their offsets") {
+		t.Fatalf("removing %s while it owns shards of one: %+v", from, r)
+	}
+
+	r = felixctl(t, env, "cluster", "drain", from, "--parallel", "2", "--wait", "60s")
+	movedLine := regexp.MustCompile(`(?m)^moved r3/\d: ` + from + ` → broker-\d \(map epoch \d+\); catching up$`)
+	voterLine := regexp.MustCompile(`(?m)^r3/\d: broker-\d is a voter$`)
+	if r.code != 1 || len(movedLine.FindAllString(r.stdout, -1)) != len(moves) || len(voterLine.FindAllString(r.stdout, -1)) != len(moves) ||
+		!strings.Contains(r.stdout, fmt.Sprintf("replication factor 1 cannot move (their logs stay on %s): one/", from)) ||
+		!strings.Contains(r.stderr, fmt.Sprintf("%d shard%s of replication factor 1 stay on %s: their logs cannot move", len(owned), plural(len(owned)), from)) {
+		t.Fatalf("cluster drain %s (%d replicas to move): %+v", from, len(moves), r)
+	}
+	if len(moves) > 0 && !strings.Contains(r.stdout, fmt.Sprintf("moved %s's %s, every new one a voter; its %s of replication factor 1 stay on it", from, replicaCount(len(moves)), shardsCount(len(owned)))) {
+		t.Errorf("no summary line: %+v", r)
+	}
+	r = felixctl(t, env, "cluster", "drain", from, "--json")
+	if r.code != 1 || !strings.Contains(r.stdout, `{"drain":{"broker":"`+from+`","replicas":0,"parallel":2,"unmovable":["one/`) || !strings.Contains(r.stdout, `{"summary":{"broker":"`+from+`","replicas":0,"moved":0,"voters":0,`) {
+		t.Fatalf("cluster drain %s again: %+v", from, r)
+	}
+
+	if r := felixctl(t, env, "stream", "rm", "one"); r.code != 0 {
+		t.Fatalf("%+v", r)
+	}
+	r = felixctl(t, env, "cluster", "remove", from)
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "removed broker "+from+" from the cluster") {
+		t.Fatalf("cluster remove %s: %+v", from, r)
+	}
+	r = felixctl(t, env, "cluster", "status", "--json")
+	if r.code != 0 || strings.Contains(r.stdout, `"id":"`+from+`"`) || !strings.Contains(r.stdout, `"healthy":true`) {
+		t.Fatalf("cluster status after removing %s: %+v", from, r)
+	}
+	r = felixctl(t, env, "cluster", "drain", from)
+	if r.code != 1 || !strings.Contains(r.stderr, from+" is not a member of the cluster") {
+		t.Fatalf("draining a removed broker: %+v", r)
+	}
+}
+
+// TestDrainSummary: what cluster drain says at the end, and the error
+// (exit 1) it returns when anything is left to do.
+func TestDrainSummary(t *testing.T) {
+	ids := func(names ...string) []shardmap.ShardID {
+		var out []shardmap.ShardID
+		for _, n := range names {
+			stream, shard, _ := strings.Cut(n, "/")
+			out = append(out, shardmap.ShardID{Stream: stream, Shard: int(shard[0] - '0')})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name              string
+		moves, unmovable  []shardmap.ShardID
+		moved, voters     int
+		notMoved, notVote []string
+		interrupted       bool
+		out               string
+		err               []string // "" for none
+	}{
+		{name: "nothing to do", out: "b1 holds no replica of a replicated stream: nothing to move\nremove it from the cluster with `felixctl cluster remove b1`\n"},
+		{name: "drained", moves: ids("r/0", "r/2"), moved: 2, voters: 2,
+			out: "drained b1: 2 replicas moved, every new one a voter\nremove it from the cluster with `felixctl cluster remove b1`\n"},
+		{name: "unmovable", moves: ids("r/0"), unmovable: ids("a/1", "a/3", "b/0"), moved: 1, voters: 1,
+			out: "moved b1's 1 replica, every new one a voter; its 3 shards of replication factor 1 stay on it\n",
+			err: []string{"3 shards of replication factor 1 stay on b1: their logs cannot move; bring b1 back to serve them, or, to remove it (`felixctl cluster remove b1`), delete their streams (a, b) first"}},
+		{name: "not a voter in time", moves: ids("r/0", "r/1", "r/2"), moved: 3, voters: 2, notVote: []string{"r/1"},
+			out: "drain of b1: 3 of 3 replicas moved, 2 of them voters\n",
+			err: []string{"1 new replica did not become a voter within --wait 5m0s (r/1); it goes on joining: follow it with `felixctl stream info STREAM`"}},
+		{name: "stopped", moves: ids("r/0", "r/1", "r/2"), moved: 1, voters: 1, notMoved: []string{"r/1: the broker refused the request: no live broker"},
+			out: "drain of b1: 1 of 3 replicas moved, 1 of them voters\n",
+			err: []string{"the drain stopped with 2 of 3 replicas not moved (r/1: the broker refused the request: no live broker): run `felixctl cluster drain b1` again once that is fixed"}},
+		{name: "interrupted", moves: ids("r/0", "r/1"), moved: 1, interrupted: true,
+			out: "drain of b1: 1 of 2 replicas moved, 0 of them voters\n",
+			err: []string{"interrupted with 1 of 2 replicas not moved yet: run `felixctl cluster drain b1` again to move the rest"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if tc.interrupted {
+				cancel()
+			}
+			var out strings.Builder
+			d := &drain{a: &app{stdout: &out, flags: &clientFlags{}, ctx: ctx}, cmd: &clusterDrainCmd{Broker: "b1", Parallel: 2, Wait: 5 * time.Minute},
+				moves: tc.moves, unmovable: tc.unmovable, moved: tc.moved, voters: tc.voters, notMoved: tc.notMoved, notVoter: tc.notVote}
+			err := d.finish()
+			if out.String() != tc.out {
+				t.Errorf("printed %q, want %q", out.String(), tc.out)
+			}
+			if (err == nil) != (len(tc.err) == 0) {
+				t.Fatalf("error %v, want one saying %q", err, tc.err)
+			}
+			for _, w := range tc.err {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
 	}
 }

@@ -1,0 +1,125 @@
+package ctl
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// # Removing a member
+//
+// A member stays one when it goes down, with its shards, for it may come
+// back. One lost for good is removed by an operator (cluster.remove),
+// once it is down and holds nothing: its replicas of replicated shards
+// moved to other brokers first (stream.move, which `felixctl cluster
+// drain` makes for each of them). A member that still owns a shard of a
+// stream of replication factor 1 cannot be removed: placement would give
+// the shard to another member with an empty log (shardmap.Place places a
+// shard whose owner is not a member anew), forking its offsets. So with
+// every refusal passed no placed shard names the member, and removing it
+// changes no placement: the map of the next epoch differs from the last
+// only in its node list (removeMember checks this too, and refuses rather
+// than re-place a shard).
+//
+// A removed member's liveness leaves nothing behind that could bring it
+// back: it is removed only while down, so it has no live/ key and no
+// registration the leader counts (the end of one it had is ignored, as
+// the end of any registration that is not current). Should the broker
+// start again, it registers as any new broker does: a new member, holding
+// no shard until streams are created or replicas moved to it.
+
+// removeMember removes member id from the cluster. It refuses
+// (ErrInvalid) an id that is not a member, a member that is live (held
+// live after a takeover included), one that owns a shard of a stream of
+// replication factor 1, and one that holds a replica of a shard of a
+// replicated stream. Removing it changes no stream's placement.
+func (s *state) removeMember(id string) error {
+	if id == "" {
+		return fmt.Errorf("%w: remove a broker: name the broker to remove", ErrInvalid)
+	}
+	m, ok := s.members[id]
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: remove %s: %s is not a member of the cluster (members: %s)",
+			ErrInvalid, id, id, orNone(slices.Sorted(maps.Keys(s.members))))
+	case m.node.Live && m.session == 0:
+		return fmt.Errorf("%w: remove %s: %s is live: the ctl leader that took over holds it live until it registers again or the takeover's registration grace ends; "+
+			"if it is stopped, remove it once the grace is over and it is down", ErrInvalid, id, id)
+	case m.node.Live:
+		return fmt.Errorf("%w: remove %s: %s is live: stop it first (a live broker registers again at once)", ErrInvalid, id, id)
+	}
+	var owned, held []shardmap.ShardID
+	for _, name := range slices.Sorted(maps.Keys(s.streams)) {
+		st := s.streams[name]
+		for shard := range st.Placement.Len() {
+			switch {
+			case !st.Placement.IsReplica(shard, id):
+			case st.Factor() == 1:
+				owned = append(owned, shardmap.ShardID{Stream: name, Shard: shard})
+			default:
+				held = append(held, shardmap.ShardID{Stream: name, Shard: shard})
+			}
+		}
+	}
+	if len(owned) > 0 {
+		return fmt.Errorf("%w: remove %s: it owns %s of streams of replication factor 1 (%s): "+
+			"its shards would be placed anew on other brokers with empty logs, forking their offsets; bring %s back to serve them, or delete those streams first",
+			ErrInvalid, id, shardCount(len(owned)), firstShards(owned), id)
+	}
+	if len(held) > 0 {
+		return fmt.Errorf("%w: remove %s: it holds replicas of %s of replicated streams (%s): move them first: felixctl cluster drain %s",
+			ErrInvalid, id, shardCount(len(held)), firstShards(held), id)
+	}
+	// With the refusals above no placed shard names id; make sure
+	// nothing would be placed anew all the same.
+	ids := slices.DeleteFunc(slices.Sorted(maps.Keys(s.members)), func(m string) bool { return m == id })
+	for _, name := range slices.Sorted(maps.Keys(s.streams)) {
+		st := s.streams[name]
+		if p := s.place(st, ids).Placement; !p.Equal(st.Placement) {
+			return fmt.Errorf("ctl: remove %s: refused: it would change the placement of stream %q from %v to %v", id, name, st.Placement, p)
+		}
+	}
+	delete(s.members, id)
+	s.bump()
+	return nil
+}
+
+// firstShards lists the first few of ids, and how many more there are.
+func firstShards(ids []shardmap.ShardID) string {
+	const few = 5
+	var names []string
+	for _, id := range ids[:min(len(ids), few)] {
+		names = append(names, id.String())
+	}
+	out := strings.Join(names, ", ")
+	if len(ids) > few {
+		out += fmt.Sprintf(" and %d more", len(ids)-few)
+	}
+	return out
+}
+
+// RemoveBroker removes the broker id from the cluster's members, persists
+// that and pushes the new map, which no longer lists it. It is for a
+// broker lost for good, once its replicas have moved to other brokers
+// ([Server.MoveReplica]): it must be down and hold nothing, or it is
+// refused with an error that says why. Removing it changes no shard's
+// placement. Should the broker come back, it registers as a new member.
+// Errors are *transport.Error values (CodeInvalid, CodeInternal) that
+// also match ErrInvalid. On a follower the change is made by the leader.
+func (s *Server) RemoveBroker(id string) error {
+	return s.removeBroker(ctlPrincipal, id)
+}
+
+func (s *Server) removeBroker(principal, id string) error {
+	req := &transport.Request{Op: OpClusterRemove, NodeID: id, Principal: principal}
+	err := s.change("broker removed", req, func(st *state) error { return st.removeMember(id) })
+	if err != nil {
+		return err
+	}
+	s.log.Info("broker removed", "node", id, "epoch", s.Map().Epoch)
+	return nil
+}
