@@ -31,10 +31,16 @@ package broker
 // lowering redundancy (learner first, source removed last) is not done
 // yet.
 //
-// A broker that was down while its replica was moved away and then moved
-// back (two moves) opens a joining replica only if its old directory is
-// gone; a directory whose raft id is not in the slot the map now gives it
-// is set aside and a new replica joins (openReplica).
+// A replica moved in keeps the move's id (shardmap.Placement.MoveID) in
+// its directory (moveid), beside its raft id: a broker that finds, for a
+// shard moved to it, a directory of another move (its replica moved away
+// and back while it could not remove it) removes it and joins anew
+// (openReplica), since the group replaced that replica's raft id.
+//
+// Removal happens when the map that moves a replica away is applied
+// (retain closes the replica, then removeMoved), and, for a broker that
+// was down then, in a sweep of the streams with moves on the first map
+// applied after it starts (sweepMoved).
 
 import (
 	"errors"
@@ -100,6 +106,14 @@ func (s *raftSlots) nodeOf(id uint64) string { return nodeOf(s.nodes(), id) }
 // idOf returns the first raft id of node's slot, 0 if it has none.
 func (s *raftSlots) idOf(node string) uint64 { return raftID(s.nodes(), node) }
 
+// moveIDFile holds, in the directory of a replica moved to this broker,
+// the id of the move (shardmap.Placement.MoveID).
+const moveIDFile = "moveid"
+
+func readMoveID(dir string) (uint64, bool, error) { return readIDFile(dir, moveIDFile, "move id") }
+
+func writeMoveID(dir string, id uint64) error { return writeIDFile(dir, moveIDFile, "move id", id) }
+
 // updateSlots gives the open replicas of m's replicated streams the raft
 // slots and owner m gives their shards. The caller holds s.mu.
 func (s *shardSet) updateSlotsLocked(m *shardmap.Map) {
@@ -118,10 +132,11 @@ func (s *shardSet) updateSlotsLocked(m *shardmap.Map) {
 	}
 }
 
-// sweepMoved removes the directories of this broker's replicas that m
-// moved to other brokers (see the top of this file): shards of m's
-// replicated streams with a move, of which this broker holds no replica
-// in m and no open entry, but a directory. Each stream's removals happen
+// sweepMoved removes, once per run (on the first map applied), the
+// directories of this broker's replicas that m moved to other brokers
+// while it was down (see the top of this file): shards of m's replicated
+// streams with a move, of which this broker holds no replica in m and no
+// open entry, but a directory. Each stream's removals happen
 // under its gate (shardSet.mu.removing), re-checked against the newest
 // map, so that no open of the shard (moved back meanwhile) races them.
 func (s *shardSet) sweepMoved(m *shardmap.Map, r *applyResult) {

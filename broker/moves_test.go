@@ -158,3 +158,104 @@ func TestMoveReplica(t *testing.T) {
 		}
 	}
 }
+
+// TestMoveBackOverStaleData: a broker whose replica was moved away, and
+// that still holds that replica's directory when the replica is moved
+// back to it (a removal that failed, or a broker that missed the maps
+// between), must not reopen the old replica: the group replaced its raft
+// id. It removes the old data and joins under a new id, and the shard
+// then commits with it.
+func TestMoveBackOverStaleData(t *testing.T) {
+	ip := startInprocWith(t, fastRaft, 4, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	id := shardmap.ShardID{Stream: "r3", Shard: 0}
+	st, _ := ip.ctl.Map().Stream("r3")
+	set := st.Placement.Replicas(0)
+	var spare string
+	for _, b := range ip.brokers {
+		if !slices.Contains(set, b.NodeID()) {
+			spare = b.NodeID()
+		}
+	}
+	leader := leaderOf(t, ip.brokers, id)
+	var src *Broker
+	for _, b := range ip.brokers {
+		if b != leader && slices.Contains(set, b.NodeID()) {
+			src = b
+		}
+	}
+	seq := uint64(0)
+	publish := func(what string) {
+		t.Helper()
+		seq++
+		via := leaderOf(t, ip.brokers, id)
+		if f := publishVia(t, ip, via, "r3", 0, seq, fmt.Sprint(what, seq)); f.Type() != transport.FrameAck {
+			t.Fatalf("publish %s: %T %+v", what, f, f)
+		}
+	}
+	for range 3 {
+		publish("before")
+	}
+	oldID := groupOf(src, id).group.ID()
+	srcIdx := ip.brokerIndex(src.NodeID())
+	srcDir := filepath.Join(ip.dir, src.NodeID(), "streams", "r3", "0")
+	ip.closeBroker(t, src)
+	stale := filepath.Join(t.TempDir(), "stale")
+	if err := os.CopyFS(stale, os.DirFS(srcDir)); err != nil {
+		t.Fatal(err)
+	}
+	ip.waitDown(src.NodeID())
+	if err := ip.ctl.MoveReplica("r3", 0, src.NodeID(), spare); err != nil {
+		t.Fatal(err)
+	}
+	sp := ip.brokers[ip.brokerIndex(spare)]
+	waitVoter(t, sp, id, 3)
+	publish("after the first move")
+
+	// The source runs again (it removes its replica), then its old
+	// directory is put back, as if that removal had failed.
+	back := ip.startBroker(srcIdx)
+	ip.brokers = append(ip.brokers, back)
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(srcDir); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s kept %s", back.NodeID(), srcDir)
+		}
+	}
+	if err := os.CopyFS(srcDir, os.DirFS(stale)); err != nil {
+		t.Fatal(err)
+	}
+	// The replica moves back: from the spare, now down, to the source.
+	ip.closeBroker(t, sp)
+	ip.waitDown(spare)
+	if err := ip.ctl.MoveReplica("r3", 0, spare, back.NodeID()); err != nil {
+		t.Fatal(err)
+	}
+	waitVoter(t, back, id, 4)
+	newID := groupOf(back, id).group.ID()
+	if newID == oldID {
+		t.Fatalf("%s reopened its old replica of %s under raft id %d, which the group had replaced", back.NodeID(), id, oldID)
+	}
+	l := leaderOf(t, ip.brokers, id)
+	if voters, _ := groupOf(l, id).group.Members(); !slices.Contains(voters, newID) || len(voters) != 3 {
+		t.Fatalf("leader %s's voters %v, want three with %d", l.NodeID(), voters, newID)
+	}
+	if got, want := readShard(t, groupOf(back, id)), readShard(t, groupOf(l, id)); !slices.Equal(got, want) {
+		t.Fatalf("%s holds %q, the leader %q", back.NodeID(), got, want)
+	}
+}
+
+// waitVoter waits until b's replica of id is a voter holding at least n
+// records.
+func waitVoter(t *testing.T, b *Broker, id shardmap.ShardID, n uint64) {
+	t.Helper()
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(10 * time.Millisecond) {
+		if e := groupOf(b, id); e != nil && membership(e.group) == replica.Voter && e.sl.NextOffset() >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's replica of %s is not a voter with %d records within %v", b.NodeID(), id, n, waitFor)
+		}
+	}
+}

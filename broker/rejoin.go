@@ -92,7 +92,19 @@ func newRaftID(slot int) uint64 {
 // readRaftID returns the id in dir's raftid file, ok false if there is
 // none.
 func readRaftID(dir string) (id uint64, ok bool, err error) {
-	b, err := os.ReadFile(filepath.Join(dir, raftIDFile))
+	return readIDFile(dir, raftIDFile, "replica id")
+}
+
+// writeRaftID stores id in dir's raftid file, durably, before the replica
+// is created there.
+func writeRaftID(dir string, id uint64) error {
+	return writeIDFile(dir, raftIDFile, "replica id", id)
+}
+
+// readIDFile returns the number in dir's file name, ok false if there is
+// none; what names the number in errors.
+func readIDFile(dir, name, what string) (id uint64, ok bool, err error) {
+	b, err := os.ReadFile(filepath.Join(dir, name))
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, false, nil
 	}
@@ -100,20 +112,19 @@ func readRaftID(dir string) (id uint64, ok bool, err error) {
 		id, err = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 	}
 	if err != nil || id == 0 {
-		return 0, false, fmt.Errorf("broker: replica id in %s: %q: %v", dir, b, err)
+		return 0, false, fmt.Errorf("broker: %s in %s: %q: %v", what, dir, b, err)
 	}
 	return id, true, nil
 }
 
-// writeRaftID stores id in dir's raftid file, durably, before the replica
-// is created there.
-func writeRaftID(dir string, id uint64) error {
+// writeIDFile stores id in dir's file name, durably.
+func writeIDFile(dir, name, what string, id uint64) error {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return err
 	}
-	err := atomicfile.WriteFile(filepath.Join(dir, raftIDFile), []byte(strconv.FormatUint(id, 10)+"\n"), 0o640)
+	err := atomicfile.WriteFile(filepath.Join(dir, name), []byte(strconv.FormatUint(id, 10)+"\n"), 0o640)
 	if err != nil {
-		return fmt.Errorf("broker: store the replica id in %s: %w", dir, err)
+		return fmt.Errorf("broker: store the %s in %s: %w", what, dir, err)
 	}
 	return nil
 }

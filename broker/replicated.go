@@ -264,16 +264,18 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 	if err != nil {
 		return err
 	}
-	moved := st.Placement.Joined(e.id.Shard, s.node)
+	moveID := st.Placement.MoveID(e.id.Shard, s.node)
+	moved := moveID != 0
 	if has && moved {
-		// Data of an earlier stay in another slot (moved away and back
-		// while this broker was down): never reopened under its old id.
-		if stored, ok, err := readRaftID(dir); err != nil || !ok || slotOf(stored) != slotOf(id) {
-			if err := s.removeShardDir(e.id, st.Created); err != nil {
+		// Data of an earlier stay (moved away and back while this broker
+		// did not remove it) is never reopened: the group replaced its
+		// raft id. Only the replica of this move is.
+		if stored, ok, err := readMoveID(dir); err != nil || !ok || stored != moveID {
+			if err := s.removeShardDir(e.id, moveID); err != nil {
 				return err
 			}
-			s.logger.Warn("replica moved back here while this broker held the data of an earlier stay: that data is removed, and a new replica joins",
-				"shard", e.id.String())
+			s.logger.Warn("replica moved here again while this broker held the data of an earlier stay: that data is removed, and a new replica joins",
+				"shard", e.id.String(), "move", moveID, "data_of_move", stored)
 			if dir, err = s.shardDir(e.id); err != nil {
 				return err
 			}
@@ -299,6 +301,11 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 		// replica was lost, and joins again under a new id (rejoin.go);
 		// or it was moved here, and joins (moves.go).
 		id, join = newRaftID(slotOf(id)), true
+		if moved {
+			if err := writeMoveID(dir, moveID); err != nil {
+				return err
+			}
+		}
 		if err := writeRaftID(dir, id); err != nil {
 			return err
 		}

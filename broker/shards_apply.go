@@ -6,8 +6,8 @@ package broker
 // closes the logs of shards the map no longer gives this broker, finds
 // streams deleted or created again (a new incarnation) while the broker
 // ran, and gives open replicas their raft slots; sweepDeleted removes the
-// data of streams deleted while it was down; sweepMoved removes replicas
-// moved to other brokers (moves.go);
+// data of streams deleted while it was down, and sweepMoved the replicas
+// moved to other brokers meanwhile (moves.go);
 // removeStream moves a deleted stream's directory to the trash and
 // removes it; admit decides, whole streams at a time, which new streams
 // fit under Config.MaxShards; then apply opens the owned shards while the
@@ -81,8 +81,8 @@ func (s *shardSet) apply(m *shardmap.Map) (*shardmap.Map, applyResult) {
 	m = s.retain(m, &r)
 	if !s.swept.Swap(true) {
 		s.sweepDeleted(m, &r)
+		s.sweepMoved(m, &r)
 	}
-	s.sweepMoved(m, &r)
 	toOpen := s.admit(m, &r)
 	for _, id := range toOpen {
 		s.mu.RLock()
@@ -160,6 +160,7 @@ func (s *shardSet) retain(m *shardmap.Map, r *applyResult) *shardmap.Map {
 		delete(s.mu.incarnation, name) // the next use claims the directory again
 	}
 	var retired []*shardEntry
+	movedAway := map[string][]int{} // replicas moved to other brokers, by stream
 	for id, e := range s.mu.entries {
 		st, ok := m.Stream(id.Stream)
 		if ok && !replaced[id.Stream] && st.Placement.IsReplica(id.Shard, s.node) {
@@ -168,6 +169,9 @@ func (s *shardSet) retain(m *shardmap.Map, r *applyResult) *shardmap.Map {
 		if e.gone == nil {
 			e.gone = make(chan struct{})
 			retired = append(retired, e)
+			if ok && !replaced[id.Stream] && e.pinned {
+				movedAway[id.Stream] = append(movedAway[id.Stream], id.Shard)
+			}
 		}
 	}
 	for id := range s.mu.closedStats {
@@ -184,6 +188,9 @@ func (s *shardSet) retain(m *shardmap.Map, r *applyResult) *shardmap.Map {
 			r.deleteErr = append(r.deleteErr, fmt.Errorf("close %s: %w", e.id, err))
 		}
 		r.closed++
+	}
+	for name, shards := range movedAway {
+		s.removeMoved(name, shards, r)
 	}
 	for _, name := range deleted {
 		ch := done[name]

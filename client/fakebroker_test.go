@@ -148,7 +148,7 @@ func (fc *fakeCluster) moveReplica(stream string, mv transport.ReplicaMove) (tra
 			mv.To = n.ID
 		}
 	}
-	p, err := st.Placement.Move(mv.Shard, mv.From, mv.To)
+	p, err := st.Placement.Move(mv.Shard, mv.From, mv.To, old.Epoch+1)
 	if err != nil {
 		return mv, &transport.Error{Code: transport.CodeInvalid, Message: err.Error()}
 	}

@@ -65,7 +65,7 @@ func (s *state) moveReplica(name string, shard int, from, to string) (string, er
 		}
 		to = candidates[0]
 	}
-	p, err := st.Placement.Move(shard, from, to)
+	p, err := st.Placement.Move(shard, from, to, s.epoch+1) // the epoch of the map bump makes
 	if err != nil {
 		return "", fmt.Errorf("%w: move a replica of %s: %w", ErrInvalid, id, err)
 	}

@@ -250,7 +250,7 @@ func TestMovedPlacementPersists(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Contains(b, []byte(`"joined"`)) {
+	if !bytes.Contains(b, []byte(`"moves"`)) {
 		t.Errorf("moved stream stored as %s, without its slots", b)
 	}
 	var fs fileStream

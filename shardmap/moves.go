@@ -14,11 +14,14 @@ import (
 // replica set sorted by node id. A move ([Placement.Move]) gives one slot
 // to another node: the node moved to takes the place of the node moved
 // from, in the replica set (its order of preference included) and in the
-// slot, and the slot is marked joined, which tells the node moved to that
-// its replica is new and must be admitted into the group (a learner caught
-// up from the leader, then a voter in the slot's place) rather than start
-// as one of the voters the group was created with. The other slots keep
-// their nodes, so the other replicas keep their raft ids.
+// slot, and the slot is marked with the move's id (the control plane
+// uses the epoch of the map that makes the move). The mark tells the node
+// moved to that its replica is new and must be admitted into the group (a
+// learner caught up from the leader, then a voter in the slot's place)
+// rather than start as one of the voters the group was created with; and
+// the id tells a replica of this move from data an earlier stay in the
+// same slot left behind. The other slots keep their nodes, so the other
+// replicas keep their raft ids.
 //
 // A placement no move changed is encoded as before moves existed; one that
 // a move changed is encoded as a map (movedPlacement), which versions
@@ -28,18 +31,19 @@ import (
 var ErrBadMove = errors.New("shardmap: invalid replica move")
 
 // slotMap is the raft slots of one shard a move changed: nodes[i] is the
-// node in slot i; bit i of joined says that node joined by a move. The
-// zero slotMap is a shard no move changed.
+// node in slot i; moves[i] is the id of the move that put it there, 0 for
+// a node the group was created with. The zero slotMap is a shard no move
+// changed.
 type slotMap struct {
-	nodes  []string
-	joined uint8
+	nodes []string
+	moves []uint64
 }
 
 func (a slotMap) equal(b slotMap) bool {
-	return a.joined == b.joined && slices.Equal(a.nodes, b.nodes)
+	return slices.Equal(a.nodes, b.nodes) && slices.Equal(a.moves, b.moves)
 }
 
-// maxSlots is the most replicas a shard can have for joined to mark them.
+// maxSlots is the most replicas a moved shard may have.
 const maxSlots = 8
 
 // HasMoves reports whether a move changed any shard's slots in p.
@@ -64,22 +68,32 @@ func (p Placement) Slots(shard int) []string {
 // Joined reports whether node holds its replica of shard by a move: its
 // replica started empty and joined a running group, rather than being one
 // of the replicas the group was created with.
-func (p Placement) Joined(shard int, node string) bool {
+func (p Placement) Joined(shard int, node string) bool { return p.MoveID(shard, node) != 0 }
+
+// MoveID returns the id of the move that gave node its replica of shard,
+// 0 if none did.
+func (p Placement) MoveID(shard int, node string) uint64 {
 	if shard < 0 || shard >= len(p.moved) || node == "" {
-		return false
+		return 0
 	}
-	i := slices.Index(p.moved[shard].nodes, node)
-	return i >= 0 && p.moved[shard].joined&(1<<i) != 0
+	if i := slices.Index(p.moved[shard].nodes, node); i >= 0 {
+		return p.moved[shard].moves[i]
+	}
+	return 0
 }
 
 // Move returns p with from's replica of shard given to to: to takes from's
-// place in the replica set and in its raft slot, which is marked joined.
+// place in the replica set and in its raft slot, which is marked with id
+// (not 0; unique among the moves of the shard: the control plane gives
+// the epoch of the map that makes the move).
 // It refuses (ErrBadMove) a shard that is not replicated (a log of
 // replication factor 1 would have to be copied), a from that holds no
 // replica of it, and a to that already holds one. p is not modified.
-func (p Placement) Move(shard int, from, to string) (Placement, error) {
+func (p Placement) Move(shard int, from, to string, id uint64) (Placement, error) {
 	set := p.Replicas(shard)
 	switch {
+	case id == 0:
+		return p, fmt.Errorf("%w: move shard %d: move id 0", ErrBadMove, shard)
 	case len(set) < 2:
 		return p, fmt.Errorf("%w: shard %d has %d replica(s); only a replicated shard's replicas move", ErrBadMove, shard, len(set))
 	case to == "" || from == to:
@@ -90,13 +104,12 @@ func (p Placement) Move(shard int, from, to string) (Placement, error) {
 		return p, fmt.Errorf("%w: %s already holds a replica of shard %d (replicas %v)", ErrBadMove, to, shard, set)
 	}
 	slots := p.Slots(shard)
-	var joined uint8
-	if shard < len(p.moved) {
-		joined = p.moved[shard].joined
+	moves := make([]uint64, len(slots))
+	if shard < len(p.moved) && p.moved[shard].moves != nil {
+		copy(moves, p.moved[shard].moves)
 	}
 	i := slices.Index(slots, from)
-	slots[i] = to
-	joined |= 1 << i
+	slots[i], moves[i] = to, id
 
 	q := Placement{owners: slices.Clone(p.owners), sets: make([][]string, len(p.sets))}
 	for s, set := range p.sets {
@@ -108,21 +121,21 @@ func (p Placement) Move(shard int, from, to string) (Placement, error) {
 	if q.moved == nil {
 		q.moved = make([]slotMap, len(p.owners))
 	}
-	q.moved[shard] = slotMap{nodes: slots, joined: joined}
+	q.moved[shard] = slotMap{nodes: slots, moves: moves}
 	return q, nil
 }
 
 // movedPlacement is a Placement a move changed, as encoded: the replica
-// sets, and for each shard its slots and joined bits (empty and 0 for a
+// sets, and for each shard its slots and their move ids (both empty for a
 // shard no move changed).
 type movedPlacement struct {
-	Sets   [][]string `msgpack:"sets" json:"sets"`
-	Slots  [][]string `msgpack:"slots" json:"slots"`
-	Joined []int      `msgpack:"joined" json:"joined"`
+	Sets  [][]string `msgpack:"sets" json:"sets"`
+	Slots [][]string `msgpack:"slots" json:"slots"`
+	Moves [][]uint64 `msgpack:"moves" json:"moves"`
 }
 
 func (p Placement) movedWire() movedPlacement {
-	w := movedPlacement{Sets: p.sets, Slots: make([][]string, len(p.moved)), Joined: make([]int, len(p.moved))}
+	w := movedPlacement{Sets: p.sets, Slots: make([][]string, len(p.moved)), Moves: make([][]uint64, len(p.moved))}
 	if w.Sets == nil {
 		w.Sets = make([][]string, len(p.owners))
 		for s := range w.Sets {
@@ -130,7 +143,7 @@ func (p Placement) movedWire() movedPlacement {
 		}
 	}
 	for s, m := range p.moved {
-		w.Slots[s], w.Joined[s] = m.nodes, int(m.joined)
+		w.Slots[s], w.Moves[s] = m.nodes, m.moves
 	}
 	return w
 }
@@ -138,8 +151,8 @@ func (p Placement) movedWire() movedPlacement {
 // setMoved makes p the placement w encodes, after checking that each
 // shard's slots, where given, hold its replica set's nodes.
 func (p *Placement) setMoved(w movedPlacement) error {
-	if len(w.Slots) != len(w.Sets) || len(w.Joined) != len(w.Sets) {
-		return fmt.Errorf("shardmap: decode placement: %d replica sets, %d slot lists, %d joined", len(w.Sets), len(w.Slots), len(w.Joined))
+	if len(w.Slots) != len(w.Sets) || len(w.Moves) != len(w.Sets) {
+		return fmt.Errorf("shardmap: decode placement: %d replica sets, %d slot lists, %d move lists", len(w.Sets), len(w.Slots), len(w.Moves))
 	}
 	if err := p.setFrom(w.Sets, true); err != nil {
 		return err
@@ -147,21 +160,21 @@ func (p *Placement) setMoved(w movedPlacement) error {
 	moved := make([]slotMap, len(w.Sets))
 	for s, slots := range w.Slots {
 		if len(slots) == 0 {
-			if w.Joined[s] != 0 {
-				return fmt.Errorf("shardmap: decode placement: shard %d: joined slots but no slots", s)
+			if len(w.Moves[s]) != 0 {
+				return fmt.Errorf("shardmap: decode placement: shard %d: move ids but no slots", s)
 			}
 			continue
 		}
 		set := p.Replicas(s)
-		if len(slots) != len(set) || len(slots) > maxSlots || w.Joined[s] < 0 || w.Joined[s]>>len(slots) != 0 {
-			return fmt.Errorf("shardmap: decode placement: shard %d: slots %q (joined %#x) do not fit replica set %q", s, slots, w.Joined[s], set)
+		if len(slots) != len(set) || len(slots) > maxSlots || len(w.Moves[s]) != len(slots) {
+			return fmt.Errorf("shardmap: decode placement: shard %d: slots %q (move ids %v) do not fit replica set %q", s, slots, w.Moves[s], set)
 		}
 		for i, n := range slots {
 			if !slices.Contains(set, n) || slices.Contains(slots[:i], n) {
 				return fmt.Errorf("shardmap: decode placement: shard %d: slot node %q is not in replica set %q or is repeated", s, n, set)
 			}
 		}
-		moved[s] = slotMap{nodes: slices.Clone(slots), joined: uint8(w.Joined[s])}
+		moved[s] = slotMap{nodes: slices.Clone(slots), moves: slices.Clone(w.Moves[s])}
 	}
 	p.moved = moved
 	return nil

@@ -14,7 +14,7 @@ func TestMoveKeepsOtherSlots(t *testing.T) {
 	if got := p.Slots(0); !slices.Equal(got, []string{"a", "b", "c"}) {
 		t.Fatalf("slots before any move %v, want the set sorted", got)
 	}
-	q, err := p.Move(0, "c", "e")
+	q, err := p.Move(0, "c", "e", 7)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +27,7 @@ func TestMoveKeepsOtherSlots(t *testing.T) {
 	if got := q.Slots(0); !slices.Equal(got, []string{"a", "b", "e"}) {
 		t.Errorf("slots after move %v, want e in c's slot, a and b kept", got)
 	}
-	if !q.Joined(0, "e") || q.Joined(0, "a") || q.Joined(0, "c") || q.Joined(1, "b") {
+	if q.MoveID(0, "e") != 7 || q.Joined(0, "a") || q.Joined(0, "c") || q.Joined(1, "b") {
 		t.Errorf("joined: e %v a %v c %v; shard 1 b %v", q.Joined(0, "e"), q.Joined(0, "a"), q.Joined(0, "c"), q.Joined(1, "b"))
 	}
 	if !slices.Equal(q.Replicas(1), p.Replicas(1)) || !slices.Equal(q.Slots(1), p.Slots(1)) {
@@ -37,11 +37,11 @@ func TestMoveKeepsOtherSlots(t *testing.T) {
 		t.Errorf("Move modified its receiver: %v", p)
 	}
 	// A second move keeps the first one's slot and mark.
-	r, err := q.Move(0, "a", "f")
+	r, err := q.Move(0, "a", "f", 9)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := r.Slots(0); !slices.Equal(got, []string{"f", "b", "e"}) || !r.Joined(0, "e") || !r.Joined(0, "f") || r.Joined(0, "b") {
+	if got := r.Slots(0); !slices.Equal(got, []string{"f", "b", "e"}) || r.MoveID(0, "e") != 7 || r.MoveID(0, "f") != 9 || r.Joined(0, "b") {
 		t.Errorf("after two moves: slots %v, joined e %v f %v b %v", got, r.Joined(0, "e"), r.Joined(0, "f"), r.Joined(0, "b"))
 	}
 	// PlaceReplicas keeps moved slots (replica sets are never changed there).
@@ -57,12 +57,13 @@ func TestMoveRefused(t *testing.T) {
 	p := NewReplicatedPlacement([]string{"a", "b", "c"})
 	one := NewPlacement("a", "b")
 	for name, try := range map[string]func() error{
-		"factor 1":       func() error { _, err := one.Move(0, "a", "b"); return err },
-		"no such shard":  func() error { _, err := p.Move(3, "a", "d"); return err },
-		"from not there": func() error { _, err := p.Move(0, "d", "e"); return err },
-		"to there":       func() error { _, err := p.Move(0, "a", "b"); return err },
-		"to empty":       func() error { _, err := p.Move(0, "a", ""); return err },
-		"to self":        func() error { _, err := p.Move(0, "a", "a"); return err },
+		"factor 1":       func() error { _, err := one.Move(0, "a", "b", 5); return err },
+		"no such shard":  func() error { _, err := p.Move(3, "a", "d", 5); return err },
+		"from not there": func() error { _, err := p.Move(0, "d", "e", 5); return err },
+		"to there":       func() error { _, err := p.Move(0, "a", "b", 5); return err },
+		"to empty":       func() error { _, err := p.Move(0, "a", "", 5); return err },
+		"to self":        func() error { _, err := p.Move(0, "a", "a", 5); return err },
+		"id 0":           func() error { _, err := p.Move(0, "a", "d", 0); return err },
 	} {
 		if err := try(); !errors.Is(err, ErrBadMove) {
 			t.Errorf("%s: err %v, want ErrBadMove", name, err)
@@ -71,7 +72,7 @@ func TestMoveRefused(t *testing.T) {
 }
 
 func TestMovedPlacementEncoding(t *testing.T) {
-	p, err := NewReplicatedPlacement([]string{"c", "a", "b"}, nil, []string{"b", "d", "c"}).Move(2, "d", "e")
+	p, err := NewReplicatedPlacement([]string{"c", "a", "b"}, nil, []string{"b", "d", "c"}).Move(2, "d", "e", 12)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +88,7 @@ func TestMovedPlacementEncoding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := `{"sets":[["c","a","b"],null,["b","e","c"]],"slots":[null,null,["b","c","e"]],"joined":[0,0,4]}`; string(j) != want {
+	if want := `{"sets":[["c","a","b"],null,["b","e","c"]],"slots":[null,null,["b","c","e"]],"moves":[null,null,[0,0,12]]}`; string(j) != want {
 		t.Fatalf("JSON %s, want %s", j, want)
 	}
 	var r Placement
@@ -99,12 +100,12 @@ func TestMovedPlacementEncoding(t *testing.T) {
 		t.Error("a moved placement equals one with the same sets and no move")
 	}
 	for _, bad := range []string{
-		`{"sets":[["a","b","c"]],"slots":[["a","b","d"]],"joined":[1]}`, // a slot node outside the set
-		`{"sets":[["a","b","c"]],"slots":[["a","a","b"]],"joined":[1]}`, // repeated
-		`{"sets":[["a","b","c"]],"slots":[["a","b"]],"joined":[1]}`,     // too few
-		`{"sets":[["a","b","c"]],"slots":[["a","b","c"]],"joined":[8]}`, // joined beyond the slots
-		`{"sets":[["a","b","c"]],"slots":[null],"joined":[1]}`,          // joined without slots
-		`{"sets":[["a","b","c"]],"slots":[],"joined":[]}`,               // lengths differ
+		`{"sets":[["a","b","c"]],"slots":[["a","b","d"]],"moves":[[1,0,0]]}`, // a slot node outside the set
+		`{"sets":[["a","b","c"]],"slots":[["a","a","b"]],"moves":[[1,0,0]]}`, // repeated
+		`{"sets":[["a","b","c"]],"slots":[["a","b"]],"moves":[[1,0]]}`,       // too few
+		`{"sets":[["a","b","c"]],"slots":[["a","b","c"]],"moves":[[1,0]]}`,   // move ids do not fit the slots
+		`{"sets":[["a","b","c"]],"slots":[null],"moves":[[1]]}`,              // move ids without slots
+		`{"sets":[["a","b","c"]],"slots":[],"moves":[]}`,                     // lengths differ
 	} {
 		var x Placement
 		if err := json.Unmarshal([]byte(bad), &x); err == nil {
