@@ -96,6 +96,13 @@ func New(cfg Config) (*Broker, error) {
 	b.raft = newRaftNet(cfg.NodeID, cfg.RaftTick, cfg.RaftElectionTicks, entryBytes(cfg), cfg.Knobs.RaftSimplex, b.peers, b.currentMap, b.log)
 	b.shards.raft = b.raft
 	b.raft.diskFull = &b.disk.low
+	b.raft.toCtl = func(ctx context.Context, req *transport.Request) (*transport.Response, error) {
+		m := b.joined.Load()
+		if m == nil {
+			return nil, errNoMap
+		}
+		return m.Request(ctx, req)
+	}
 	b.raft.startRetention(cfg.RetentionCheck, b.shards.replaceFailed)
 	return b, nil
 }

@@ -18,18 +18,23 @@ package broker
 //     and once it holds every committed entry makes it a voter in place of
 //     the slot's old member by one joint configuration change. The leader
 //     admits only the node the map puts in the slot (serveAdmit).
+//   - The broker moved to, once its replica is a voter in the slot's
+//     place, tells the control plane (opReplicaSettled) until the map
+//     shows the move settled: only then may another replica of the shard
+//     move (see package ctl).
 //   - The broker moved from, when it runs again, closes its replica and
-//     removes its directory and its mark (sweepMoved): its log is no
+//     removes its directory and its mark (removeMoved): its log is no
 //     longer counted by the group, and it must never come back under its
 //     old raft id.
 //
 // The replica moved from drops out of the group as soon as the map
 // changes, before the new one has caught up, so the group counts on its
 // two other replicas meanwhile. That is why the control plane moves a
-// replica only from a broker that is down: the group already counts on
-// the other two. Moving the replica of a live broker without first
-// lowering redundancy (learner first, source removed last) is not done
-// yet.
+// replica only from a broker that is down, and only while the shard's
+// other replicas are live and no other move of the shard is pending: the
+// group already counts on the other two. Moving the replica of a live
+// broker without first lowering redundancy (learner first, source
+// removed last) is not done yet.
 //
 // A replica moved in keeps the move's id (shardmap.Placement.MoveID) in
 // its directory (moveid), beside its raft id: a broker that finds, for a
@@ -43,6 +48,7 @@ package broker
 // applied after it starts (sweepMoved).
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -50,8 +56,10 @@ import (
 	"slices"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
 )
 
 // raftSlots is a hosted group's raft slots and preferred leader, as the
@@ -105,6 +113,10 @@ func (s *raftSlots) nodeOf(id uint64) string { return nodeOf(s.nodes(), id) }
 
 // idOf returns the first raft id of node's slot, 0 if it has none.
 func (s *raftSlots) idOf(node string) uint64 { return raftID(s.nodes(), node) }
+
+// opReplicaSettled tells the control plane that a replica moved here is
+// a voter (ctl.OpReplicaSettled, which only the broker moved to may send).
+const opReplicaSettled = "replica.settled"
 
 // moveIDFile holds, in the directory of a replica moved to this broker,
 // the id of the move (shardmap.Placement.MoveID).
@@ -161,12 +173,15 @@ func (s *shardSet) sweepMoved(m *shardmap.Map, r *applyResult) {
 }
 
 // removeMoved removes the directories of stream's shards gone, moved
-// away, under the stream's gate.
+// away, under the stream's gate, waiting for it if another holds it.
 func (s *shardSet) removeMoved(stream string, gone []int, r *applyResult) {
 	s.mu.Lock()
-	if s.mu.removing[stream] != nil {
+	for held := s.mu.removing[stream]; held != nil; held = s.mu.removing[stream] {
+		// A claim, a set-aside or a removal under way: none of them
+		// waits for an apply, so wait for it.
 		s.mu.Unlock()
-		return // a removal or a claim under way: the next map looks again
+		<-held
+		s.mu.Lock()
 	}
 	ch := make(chan struct{})
 	s.mu.removing[stream] = ch
@@ -221,4 +236,40 @@ func (s *shardSet) removeShardDir(id shardmap.ShardID, epoch uint64) error {
 		return fmt.Errorf("forget the mark of moved replica %s: %w", id, err)
 	}
 	return nil
+}
+
+// pendingMove returns the id of the move that brought this broker's
+// replica of shard id, if the newest map shows it pending (not yet
+// settled), else 0.
+func (n *raftNet) pendingMove(id shardmap.ShardID) uint64 {
+	m := n.mapOf()
+	if m == nil {
+		return 0
+	}
+	st, ok := m.Stream(id.Stream)
+	if !ok {
+		return 0
+	}
+	if node, move := st.Placement.Pending(id.Shard); node == n.node {
+		return move
+	}
+	return 0
+}
+
+// settle tells the control plane that this broker's replica of shard id,
+// moved here by the move the map shows pending, is a voter in its slot's
+// place (ctl replica.settled). A failure is logged once per shard: the
+// join goroutine says it again until the map shows the move settled.
+func (n *raftNet) settle(id shardmap.ShardID) {
+	move := n.pendingMove(id)
+	if move == 0 || n.toCtl == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, joinEvery*n.tick+time.Second)
+	defer cancel()
+	_, err := n.toCtl(ctx, &transport.Request{Op: opReplicaSettled, Stream: shardmap.StreamConfig{Name: id.Stream},
+		Move: &transport.ReplicaMove{Shard: id.Shard, To: n.node, ID: move}})
+	if err != nil && n.bad.First("settle\x00"+id.String()) {
+		n.log.Warn("telling the control plane that a moved replica is a voter failed; telling it again", "shard", id.String(), "move", move, "err", err)
+	}
 }

@@ -96,6 +96,16 @@ func TestMoveReplica(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	// The target tells the control plane it is a voter: the move settles.
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(10 * time.Millisecond) {
+		st, _ := ip.ctl.Map().Stream("r3")
+		if n, _ := st.Placement.Pending(0); n == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the move of %s to %s is still pending %v after the target became a voter", moved, target, waitFor)
+		}
+	}
 	newID := groupOf(tb, moved).group.ID()
 	if slotOf(newID) != slotOf(oldID) || newID == oldID {
 		t.Fatalf("moved replica has raft id %d (slot %d); the one moved from had %d (slot %d)", newID, slotOf(newID), oldID, slotOf(oldID))

@@ -86,6 +86,9 @@ type raftNet struct {
 	// failed (replica.ErrFailed), replaces it (shardSet.replaceFailed).
 	// Set once before the first pass runs.
 	failed func(id shardmap.ShardID, g *replica.Group)
+	// toCtl sends a request to the control plane (settle, moves.go); set
+	// once by New.
+	toCtl func(context.Context, *transport.Request) (*transport.Response, error)
 	// diskFull is the broker's free-space state (diskspace.go): while it
 	// is set, entries peers send are not written (deliver). Set once by
 	// New, before any message arrives.

@@ -173,13 +173,21 @@ func memberAt(g *replica.Group, slot int) uint64 {
 func (n *raftNet) join(id shardmap.ShardID, gm *raftMember) {
 	defer n.wg.Done()
 	self := gm.g.ID()
-	n.log.Warn("replica lost with its data: joining its group again under a new raft id", "shard", id.String(), "raft_id", self)
+	if n.pendingMove(id) == 0 {
+		n.log.Warn("replica lost with its data: joining its group again under a new raft id", "shard", id.String(), "raft_id", self)
+	} else {
+		n.log.Info("replica moved here: joining its group under a new raft id", "shard", id.String(), "raft_id", self)
+	}
 	t := time.NewTicker(joinEvery * n.tick)
 	defer t.Stop()
 	var hint string // the leader a refusal named
+	voter := false
 	for turn := 0; ; turn++ {
-		if membership(gm.g) == replica.Voter {
-			n.log.Info("replica rejoined its group as a voter", "shard", id.String(), "raft_id", self, "next_offset", gm.g.NextOffset())
+		if !voter && membership(gm.g) == replica.Voter {
+			voter = true
+			n.log.Info("replica joined its group as a voter", "shard", id.String(), "raft_id", self, "next_offset", gm.g.NextOffset())
+		}
+		if voter && n.pendingMove(id) == 0 {
 			return
 		}
 		if gm.g.Err() != nil {
@@ -191,6 +199,12 @@ func (n *raftNet) join(id shardmap.ShardID, gm *raftMember) {
 		case <-gm.stop:
 			return
 		case <-t.C:
+		}
+		if voter {
+			// Moved here and a voter: the control plane lets another
+			// replica of the shard move once it hears so (moves.go).
+			n.settle(id)
+			continue
 		}
 		to := hint
 		if lead, _ := gm.g.Leader(); lead != 0 {

@@ -366,7 +366,10 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 	}
 	e.group, e.sl = g, g
 	// A replica that was joining when the broker stopped asks again.
-	s.raft.register(e.id, g, slots, join || membership(g) != replica.Voter)
+	// So does a replica moved here whose move the control plane has not
+	// yet heard is done (moves.go).
+	pending, _ := st.Placement.Pending(e.id.Shard)
+	s.raft.register(e.id, g, slots, join || membership(g) != replica.Voter || pending == s.node)
 	return nil
 }
 

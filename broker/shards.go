@@ -205,7 +205,10 @@ type shardEntry struct {
 	log   *wal.Log
 	group *replica.Group
 	slots *raftSlots // group's raft slots (moves.go); nil for a log
-	err   error
+	// move is the id of the move that brought the replica here (0 for
+	// one the group was created with), as of the map it opened by.
+	move uint64
+	err  error
 	// pinned: the shard is replicated; its group stays open while this
 	// broker holds a replica (a follower must keep taking the leader's
 	// entries), so it is never closed for the open-log budget.
@@ -475,6 +478,7 @@ func (s *shardSet) acquireSlow(m *shardmap.Map, id shardmap.ShardID) (*shardEntr
 			// Created under s.mu with the newest map: every later map's
 			// slots reach it (updateSlotsLocked).
 			e.slots = newRaftSlots(s.mu.latest.Epoch, st.Placement.Slots(id.Shard), st.Placement.Owner(id.Shard))
+			e.move = st.Placement.MoveID(id.Shard, s.node)
 		}
 		e.refs.Store(1)
 		s.mu.entries[id] = e

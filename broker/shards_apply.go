@@ -163,7 +163,9 @@ func (s *shardSet) retain(m *shardmap.Map, r *applyResult) *shardmap.Map {
 	movedAway := map[string][]int{} // replicas moved to other brokers, by stream
 	for id, e := range s.mu.entries {
 		st, ok := m.Stream(id.Stream)
-		if ok && !replaced[id.Stream] && st.Placement.IsReplica(id.Shard, s.node) {
+		// A replica moved away and back in maps this broker skipped is
+		// another replica now (moves.go): the old one goes.
+		if ok && !replaced[id.Stream] && st.Placement.IsReplica(id.Shard, s.node) && st.Placement.MoveID(id.Shard, s.node) == e.move {
 			continue
 		}
 		if e.gone == nil {

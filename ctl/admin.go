@@ -34,6 +34,10 @@ const (
 	OpACLGrant      = "acl.grant"
 	OpACLRevoke     = "acl.revoke"
 	OpACLList       = "acl.list"
+	// OpReplicaSettled is a broker saying that its replica moved in by a
+	// move (transport.Request.Move: To the broker, ID the move) is a
+	// voter in its slot's place; only that broker may say so.
+	OpReplicaSettled = "replica.settled"
 )
 
 // serveAdmin answers one admin request with a Response or an Error and
@@ -44,6 +48,10 @@ const (
 func (s *Server) serveAdmin(conn *quic.Conn, str *quic.Stream, w *transport.Writer, req *transport.Request) {
 	defer str.Close()
 	defer str.CancelRead(streamCodeDone)
+	if req.Op == OpReplicaSettled {
+		s.serveSettled(conn, w, req)
+		return
+	}
 	var resp *transport.Response
 	principal, err := requestPrincipal(conn, req)
 	if err == nil {

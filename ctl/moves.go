@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/quic-go/quic-go"
+
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -21,11 +23,23 @@ import (
 // and the source, should it ever come back, removes its replica (package
 // broker does both).
 //
-// The source's replica leaves the group as soon as the map changes, so a
-// move of a live broker's replica would lower the shard's redundancy
-// while the target catches up (and, with another replica down, stop its
-// writes): a move is refused unless the source's lease has lapsed. The
-// target must be a live member that holds no replica of the shard.
+// The source's replica leaves the group as soon as the map changes, while
+// the group's configuration still counts it until the target replaces it,
+// and the source's broker removes its copy when it comes back. So a move
+// is made only when the group can do without the source's copy:
+//   - the source is down (its lease lapsed): a live one is refused, as
+//     moving it would lower the shard's redundancy while the target
+//     catches up;
+//   - the shard's other replicas are live: they are the quorum that
+//     admits the target, and between them they hold every committed
+//     record (each is on a majority of the three);
+//   - no other replica of the shard is being moved: a move is pending
+//     until its target, a voter, says so (replica.settled, which only the
+//     target may send); until then only the pending slot itself moves
+//     again, should its target be lost too. Two slots whose old members
+//     the group still counts while their brokers dropped out would leave
+//     one replica to hold the shard.
+// The target must be a live member that holds no replica of the shard.
 
 // moveReplica gives from's replica of shard of the stream named name to
 // to, and returns to: when to is "", the live member without a replica of
@@ -57,6 +71,13 @@ func (s *state) moveReplica(name string, shard int, from, to string) (string, er
 		return "", fmt.Errorf("%w: move %s's replica of %s: %s is live: stop it first (its replica leaves the shard's group as soon as the move is made; "+
 			"moving a live broker's replica without lowering the shard's redundancy meanwhile is not supported yet)", ErrInvalid, from, id, from)
 	}
+	for _, n := range set {
+		if n != from && !s.live(n) {
+			return "", fmt.Errorf("%w: move %s's replica of %s: %s, another of its replicas, is down: a move needs the shard's other replicas live "+
+				"(the replica moved leaves the group at once, and the new one is admitted only by a quorum of the others: with one of them down, the moved replica's copy may be one the shard needs); bring %s back first",
+				ErrInvalid, from, id, n, n)
+		}
+	}
 	candidates := s.moveTargets(id, set)
 	if to == "" {
 		if len(candidates) == 0 {
@@ -81,6 +102,25 @@ func (s *state) moveReplica(name string, shard int, from, to string) (string, er
 	s.streams[name] = st
 	s.bump()
 	return to, nil
+}
+
+// settleMove records that node, the target of shard's pending move id of
+// the stream named name, is a voter in its slot's place, so that another
+// replica of the shard may move. A report of a move that is not the
+// pending one (settled already, or replaced by a later move) changes
+// nothing.
+func (s *state) settleMove(name string, shard int, node string, id uint64) error {
+	st, ok := s.streams[name]
+	if !ok {
+		return fmt.Errorf("settle a move of stream %q: %w", name, ErrUnknownStream)
+	}
+	if n, pending := st.Placement.Pending(shard); pending == 0 || pending != id || n != node {
+		return nil
+	}
+	st.Placement = st.Placement.Settle(shard, id)
+	s.streams[name] = st
+	s.bump()
+	return nil
 }
 
 // live reports whether id is a member whose lease is current.
@@ -168,4 +208,42 @@ func (s *Server) moveReplica(principal, stream string, shard int, from, to strin
 	mv.To = moved
 	s.log.Info("replica moved", "stream", stream, "shard", shard, "from", from, "to", moved, "epoch", s.Map().Epoch)
 	return mv, nil
+}
+
+// serveSettled answers a broker's replica.settled: the sender's node
+// certificate must name the move's target (a ctl forwarding it for a
+// broker it checked is trusted).
+func (s *Server) serveSettled(conn *quic.Conn, w *transport.Writer, req *transport.Request) {
+	id, err := transport.PeerIdentity(conn)
+	switch {
+	case err != nil:
+		err = transport.Errorf(transport.CodeUnauthorized, "%s needs a node certificate: %v", OpReplicaSettled, err)
+	case req.Move == nil || req.Move.ID == 0:
+		err = transport.Errorf(transport.CodeInvalid, "%s names no move", OpReplicaSettled)
+	case id.Role == transport.RoleCtl:
+	case id.Role != transport.RoleNode || id.Name != req.Move.To:
+		err = transport.Errorf(transport.CodeUnauthorized, "%s %q cannot settle a move to %q: only the broker moved to can", id.Role, id.Name, req.Move.To)
+	}
+	if err == nil {
+		err = s.settleMove(req.Stream.Name, req.Move.Shard, req.Move.To, req.Move.ID)
+	}
+	if err != nil {
+		_ = w.Write(wireError(err))
+		return
+	}
+	_ = w.Write(&transport.Response{Map: s.Map()})
+}
+
+// settleMove records that node, the target of move id of shard of
+// stream, is a voter (see state.settleMove), persists it and pushes the
+// map.
+func (s *Server) settleMove(stream string, shard int, node string, id uint64) error {
+	req := &transport.Request{Op: OpReplicaSettled, Stream: shardmap.StreamConfig{Name: stream},
+		Move: &transport.ReplicaMove{Shard: shard, To: node, ID: id}}
+	before := s.Map().Epoch
+	err := s.change("replica move settled", req, func(st *state) error { return st.settleMove(stream, shard, node, id) })
+	if err == nil && s.Map().Epoch != before {
+		s.log.Info("replica move settled: the replica moved is a voter", "stream", stream, "shard", shard, "node", node, "move", id, "epoch", s.Map().Epoch)
+	}
+	return err
 }

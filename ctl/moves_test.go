@@ -98,6 +98,8 @@ func TestMoveReplicaRefused(t *testing.T) {
 			want: []error{ErrInvalid}, says: "9 is not a member of the cluster", alsoSay: "live broker without a replica of it ({out})"},
 		{name: "target down", down: []string{"owner", "out"}, stream: "orders", from: "owner", to: "out",
 			want: []error{ErrInvalid}, says: "{out} is down", alsoSay: "(none)"},
+		{name: "another replica down", down: []string{"owner", "r2"}, stream: "orders", from: "owner", to: "out",
+			want: []error{ErrInvalid}, says: "{r2}, another of its replicas, is down", alsoSay: "bring {r2} back first"},
 		{name: "no target to pick", down: []string{"owner", "out"}, stream: "orders", from: "owner",
 			want: []error{ErrInvalid}, says: "no live broker without a replica of orders/0", alsoSay: "live brokers: {r1}, {r2}"},
 	} {
@@ -385,6 +387,31 @@ func TestMoveReplicaServer(t *testing.T) {
 		t.Fatalf("the same move again: %v", err)
 	}
 
+	// The move is pending until its target says it is a voter; only the
+	// target may say so.
+	st, _ = srv.Map().Stream("orders")
+	pendingNode, move := st.Placement.Pending(1)
+	if pendingNode != out || move == 0 {
+		t.Fatalf("pending move of orders/1: %q %d, want %s's", pendingNode, move, out)
+	}
+	settled := &transport.Request{Op: OpReplicaSettled, Stream: shardmap.StreamConfig{Name: "orders"}, Move: &transport.ReplicaMove{Shard: 1, To: out, ID: move}}
+	other := set[2]
+	if _, err := members[other].Request(ctx, settled); !errors.Is(err, transport.ErrUnauthorized) {
+		t.Fatalf("%s settled %s's move: %v, want unauthorized", other, out, err)
+	}
+	if _, err := admin.Request(ctx, settled); !errors.Is(err, transport.ErrUnauthorized) {
+		t.Fatalf("a client settled %s's move: %v, want unauthorized", out, err)
+	}
+	if n, _ := srvPlacement(srv).Pending(1); n != out {
+		t.Fatalf("a refused settle changed the pending move to %q", n)
+	}
+	if _, err := members[out].Request(ctx, settled); err != nil {
+		t.Fatal(err)
+	}
+	if n, id := srvPlacement(srv).Pending(1); n != "" || id != 0 {
+		t.Fatalf("after %s settled its move: pending %q %d", out, n, id)
+	}
+
 	before, _ := srv.Map().Stream("orders")
 	srv.Close()
 	srv2 := startCtl(t, p, dataDir, addr)
@@ -462,5 +489,82 @@ func TestMoveReplicaThroughFollower(t *testing.T) {
 	}
 	if _, ok := leader.Map().Node(from); ok {
 		t.Fatalf("the leader's map (epoch %d) still lists %s", leader.Map().Epoch, from)
+	}
+}
+
+func srvPlacement(srv *Server) shardmap.Placement {
+	st, _ := srv.Map().Stream("orders")
+	return st.Placement
+}
+
+func pendingNode(s *state) string {
+	n, _ := placementOf(s, "orders").Pending(0)
+	return n
+}
+
+// TestMoveOneAtATime: while a shard's move is pending (its target not yet
+// a voter), no other replica of the shard moves, but the pending one may
+// move again (its target lost too); the target's report settles it, and
+// only a report of the pending move by its target does.
+func TestMoveOneAtATime(t *testing.T) {
+	s := moveFixture(t, 5, 2)
+	set := placementOf(s, "orders").Replicas(0)
+	var outs []string
+	for _, n := range s.Map().Nodes {
+		if !slices.Contains(set, n.ID) {
+			outs = append(outs, n.ID)
+		}
+	}
+	down(t, s, set[0])
+	to, err := s.moveReplica("orders", 0, set[0], outs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	pn, move := placementOf(s, "orders").Pending(0)
+	if pn != to || move != s.Map().Epoch {
+		t.Fatalf("pending %q %d, want %s at the move's map epoch %d", pn, move, to, s.Map().Epoch)
+	}
+	down(t, s, set[1])
+	if _, err := s.moveReplica("orders", 0, set[1], outs[1]); !errors.Is(err, ErrInvalid) || !errors.Is(err, shardmap.ErrBadMove) ||
+		!strings.Contains(err.Error(), "one move at a time") {
+		t.Fatalf("a second replica of orders/0 moved while the first move was pending: %v", err)
+	}
+	register := func(id string) {
+		t.Helper()
+		if _, _, err := s.register(node(id), 100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	register(set[1])
+	epoch := s.Map().Epoch
+	for _, bad := range []struct {
+		node string
+		id   uint64
+	}{{outs[1], move}, {to, move + 1}, {to, 0}} {
+		if err := s.settleMove("orders", 0, bad.node, bad.id); err != nil || s.Map().Epoch != epoch {
+			t.Fatalf("settle by %s of move %d: %v, epoch %d -> %d; want nothing changed", bad.node, bad.id, err, epoch, s.Map().Epoch)
+		}
+	}
+	if err := s.settleMove("nope", 0, to, move); !errors.Is(err, ErrUnknownStream) {
+		t.Fatalf("settle of an unknown stream: %v", err)
+	}
+	// The pending target lost too: its slot moves again.
+	down(t, s, to)
+	again, err := s.moveReplica("orders", 0, to, outs[1])
+	if err != nil {
+		t.Fatalf("moving the pending target's replica again: %v", err)
+	}
+	if n, id := placementOf(s, "orders").Pending(0); n != again || id != s.Map().Epoch {
+		t.Fatalf("pending after moving again: %q %d", n, id)
+	}
+	if err := s.settleMove("orders", 0, to, move); err != nil || pendingNode(s) == "" {
+		t.Fatalf("the first target's late report settled the second move (%v)", err)
+	}
+	_, second := placementOf(s, "orders").Pending(0)
+	if err := s.settleMove("orders", 0, again, second); err != nil {
+		t.Fatal(err)
+	}
+	if n, id := placementOf(s, "orders").Pending(0); n != "" || id != 0 || s.Map().Epoch != epoch+3 {
+		t.Fatalf("after the report: pending %q %d at epoch %d", n, id, s.Map().Epoch)
 	}
 }

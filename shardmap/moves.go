@@ -23,6 +23,13 @@ import (
 // same slot left behind. The other slots keep their nodes, so the other
 // replicas keep their raft ids.
 //
+// A move is pending until the node moved to has joined the group as a
+// voter in the slot's place ([Placement.Settle], when it says so): while
+// one is, no other slot of the shard moves (only the pending slot itself,
+// to another node, should the node moved to be lost too), so that the
+// group never has two slots whose old members it still counts while
+// their brokers have dropped out of it.
+//
 // A placement no move changed is encoded as before moves existed; one that
 // a move changed is encoded as a map (movedPlacement), which versions
 // without moves refuse to decode rather than misread.
@@ -35,12 +42,13 @@ var ErrBadMove = errors.New("shardmap: invalid replica move")
 // a node the group was created with. The zero slotMap is a shard no move
 // changed.
 type slotMap struct {
-	nodes []string
-	moves []uint64
+	nodes   []string
+	moves   []uint64
+	pending uint64 // the id of the move not yet settled, 0 for none
 }
 
 func (a slotMap) equal(b slotMap) bool {
-	return slices.Equal(a.nodes, b.nodes) && slices.Equal(a.moves, b.moves)
+	return slices.Equal(a.nodes, b.nodes) && slices.Equal(a.moves, b.moves) && a.pending == b.pending
 }
 
 // maxSlots is the most replicas a moved shard may have.
@@ -82,16 +90,43 @@ func (p Placement) MoveID(shard int, node string) uint64 {
 	return 0
 }
 
+// Pending returns the node and id of shard's move not yet settled, "" and
+// 0 if none.
+func (p Placement) Pending(shard int) (node string, id uint64) {
+	if shard < 0 || shard >= len(p.moved) || p.moved[shard].pending == 0 {
+		return "", 0
+	}
+	m := p.moved[shard]
+	return m.nodes[slices.Index(m.moves, m.pending)], m.pending
+}
+
+// Settle returns p with shard's pending move id settled: its node is a
+// voter in its slot's place. It returns p itself, unchanged, when id is
+// not the pending move (settled already, or replaced by a later move).
+func (p Placement) Settle(shard int, id uint64) Placement {
+	if _, pending := p.Pending(shard); id == 0 || pending != id {
+		return p
+	}
+	q := p
+	q.moved = slices.Clone(p.moved)
+	q.moved[shard].pending = 0
+	return q
+}
+
 // Move returns p with from's replica of shard given to to: to takes from's
 // place in the replica set and in its raft slot, which is marked with id
 // (not 0; unique among the moves of the shard: the control plane gives
-// the epoch of the map that makes the move).
+// the epoch of the map that makes the move), pending until settled.
 // It refuses (ErrBadMove) a shard that is not replicated (a log of
 // replication factor 1 would have to be copied), a from that holds no
-// replica of it, and a to that already holds one. p is not modified.
+// replica of it, a to that already holds one, and a move while another
+// slot's is pending. p is not modified.
 func (p Placement) Move(shard int, from, to string, id uint64) (Placement, error) {
 	set := p.Replicas(shard)
+	pendingNode, _ := p.Pending(shard)
 	switch {
+	case pendingNode != "" && pendingNode != from:
+		return p, fmt.Errorf("%w: shard %d: the move of a replica to %s is under way (not yet a voter): one move at a time per shard", ErrBadMove, shard, pendingNode)
 	case id == 0:
 		return p, fmt.Errorf("%w: move shard %d: move id 0", ErrBadMove, shard)
 	case len(set) < 2:
@@ -121,7 +156,7 @@ func (p Placement) Move(shard int, from, to string, id uint64) (Placement, error
 	if q.moved == nil {
 		q.moved = make([]slotMap, len(p.owners))
 	}
-	q.moved[shard] = slotMap{nodes: slots, moves: moves}
+	q.moved[shard] = slotMap{nodes: slots, moves: moves, pending: id}
 	return q, nil
 }
 
@@ -129,13 +164,14 @@ func (p Placement) Move(shard int, from, to string, id uint64) (Placement, error
 // sets, and for each shard its slots and their move ids (both empty for a
 // shard no move changed).
 type movedPlacement struct {
-	Sets  [][]string `msgpack:"sets" json:"sets"`
-	Slots [][]string `msgpack:"slots" json:"slots"`
-	Moves [][]uint64 `msgpack:"moves" json:"moves"`
+	Sets    [][]string `msgpack:"sets" json:"sets"`
+	Slots   [][]string `msgpack:"slots" json:"slots"`
+	Moves   [][]uint64 `msgpack:"moves" json:"moves"`
+	Pending []uint64   `msgpack:"pending" json:"pending"`
 }
 
 func (p Placement) movedWire() movedPlacement {
-	w := movedPlacement{Sets: p.sets, Slots: make([][]string, len(p.moved)), Moves: make([][]uint64, len(p.moved))}
+	w := movedPlacement{Sets: p.sets, Slots: make([][]string, len(p.moved)), Moves: make([][]uint64, len(p.moved)), Pending: make([]uint64, len(p.moved))}
 	if w.Sets == nil {
 		w.Sets = make([][]string, len(p.owners))
 		for s := range w.Sets {
@@ -143,7 +179,7 @@ func (p Placement) movedWire() movedPlacement {
 		}
 	}
 	for s, m := range p.moved {
-		w.Slots[s], w.Moves[s] = m.nodes, m.moves
+		w.Slots[s], w.Moves[s], w.Pending[s] = m.nodes, m.moves, m.pending
 	}
 	return w
 }
@@ -151,8 +187,8 @@ func (p Placement) movedWire() movedPlacement {
 // setMoved makes p the placement w encodes, after checking that each
 // shard's slots, where given, hold its replica set's nodes.
 func (p *Placement) setMoved(w movedPlacement) error {
-	if len(w.Slots) != len(w.Sets) || len(w.Moves) != len(w.Sets) {
-		return fmt.Errorf("shardmap: decode placement: %d replica sets, %d slot lists, %d move lists", len(w.Sets), len(w.Slots), len(w.Moves))
+	if len(w.Slots) != len(w.Sets) || len(w.Moves) != len(w.Sets) || len(w.Pending) != len(w.Sets) {
+		return fmt.Errorf("shardmap: decode placement: %d replica sets, %d slot lists, %d move lists, %d pending", len(w.Sets), len(w.Slots), len(w.Moves), len(w.Pending))
 	}
 	if err := p.setFrom(w.Sets, true); err != nil {
 		return err
@@ -160,7 +196,7 @@ func (p *Placement) setMoved(w movedPlacement) error {
 	moved := make([]slotMap, len(w.Sets))
 	for s, slots := range w.Slots {
 		if len(slots) == 0 {
-			if len(w.Moves[s]) != 0 {
+			if len(w.Moves[s]) != 0 || w.Pending[s] != 0 {
 				return fmt.Errorf("shardmap: decode placement: shard %d: move ids but no slots", s)
 			}
 			continue
@@ -174,7 +210,10 @@ func (p *Placement) setMoved(w movedPlacement) error {
 				return fmt.Errorf("shardmap: decode placement: shard %d: slot node %q is not in replica set %q or is repeated", s, n, set)
 			}
 		}
-		moved[s] = slotMap{nodes: slices.Clone(slots), moves: slices.Clone(w.Moves[s])}
+		if w.Pending[s] != 0 && !slices.Contains(w.Moves[s], w.Pending[s]) {
+			return fmt.Errorf("shardmap: decode placement: shard %d: pending move %d is none of its slots' (%v)", s, w.Pending[s], w.Moves[s])
+		}
+		moved[s] = slotMap{nodes: slices.Clone(slots), moves: slices.Clone(w.Moves[s]), pending: w.Pending[s]}
 	}
 	p.moved = moved
 	return nil

@@ -36,8 +36,31 @@ func TestMoveKeepsOtherSlots(t *testing.T) {
 	if !slices.Equal(p.Replicas(0), []string{"c", "a", "b"}) || p.Joined(0, "e") {
 		t.Errorf("Move modified its receiver: %v", p)
 	}
-	// A second move keeps the first one's slot and mark.
-	r, err := q.Move(0, "a", "f", 9)
+	// While the first is pending, another slot of the shard does not
+	// move; the pending slot itself may move again (its node lost too).
+	if n, id := q.Pending(0); n != "e" || id != 7 {
+		t.Errorf("pending %q %d, want e 7", n, id)
+	}
+	if _, err := q.Move(0, "a", "f", 9); !errors.Is(err, ErrBadMove) {
+		t.Errorf("a second slot moved while a move was pending: %v", err)
+	}
+	if again, err := q.Move(0, "e", "g", 8); err != nil || again.MoveID(0, "g") != 8 || again.Joined(0, "e") {
+		t.Errorf("the pending slot moved again: %v, %v", err, again.movedWire())
+	} else if n, id := again.Pending(0); n != "g" || id != 8 {
+		t.Errorf("pending after the pending slot moved again: %q %d, want g 8", n, id)
+	}
+	if q.Settle(0, 6).Equal(q) != true || q.Settle(1, 7).Equal(q) != true {
+		t.Error("settling another move id or shard changed the placement")
+	}
+	settled := q.Settle(0, 7)
+	if n, id := settled.Pending(0); n != "" || id != 0 || settled.MoveID(0, "e") != 7 {
+		t.Errorf("after Settle: pending %q %d, move id of e %d", n, id, settled.MoveID(0, "e"))
+	}
+	if n, _ := q.Pending(0); n != "e" {
+		t.Error("Settle modified its receiver")
+	}
+	// A second move, once the first settled, keeps its slot and mark.
+	r, err := settled.Move(0, "a", "f", 9)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +111,7 @@ func TestMovedPlacementEncoding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := `{"sets":[["c","a","b"],null,["b","e","c"]],"slots":[null,null,["b","c","e"]],"moves":[null,null,[0,0,12]]}`; string(j) != want {
+	if want := `{"sets":[["c","a","b"],null,["b","e","c"]],"slots":[null,null,["b","c","e"]],"moves":[null,null,[0,0,12]],"pending":[0,0,12]}`; string(j) != want {
 		t.Fatalf("JSON %s, want %s", j, want)
 	}
 	var r Placement
@@ -100,12 +123,14 @@ func TestMovedPlacementEncoding(t *testing.T) {
 		t.Error("a moved placement equals one with the same sets and no move")
 	}
 	for _, bad := range []string{
-		`{"sets":[["a","b","c"]],"slots":[["a","b","d"]],"moves":[[1,0,0]]}`, // a slot node outside the set
-		`{"sets":[["a","b","c"]],"slots":[["a","a","b"]],"moves":[[1,0,0]]}`, // repeated
-		`{"sets":[["a","b","c"]],"slots":[["a","b"]],"moves":[[1,0]]}`,       // too few
-		`{"sets":[["a","b","c"]],"slots":[["a","b","c"]],"moves":[[1,0]]}`,   // move ids do not fit the slots
-		`{"sets":[["a","b","c"]],"slots":[null],"moves":[[1]]}`,              // move ids without slots
-		`{"sets":[["a","b","c"]],"slots":[],"moves":[]}`,                     // lengths differ
+		`{"sets":[["a","b","c"]],"slots":[["a","b","d"]],"moves":[[1,0,0]],"pending":[0]}`, // a slot node outside the set
+		`{"sets":[["a","b","c"]],"slots":[["a","a","b"]],"moves":[[1,0,0]],"pending":[0]}`, // repeated
+		`{"sets":[["a","b","c"]],"slots":[["a","b"]],"moves":[[1,0]],"pending":[0]}`,       // too few
+		`{"sets":[["a","b","c"]],"slots":[["a","b","c"]],"moves":[[1,0]],"pending":[0]}`,   // move ids do not fit the slots
+		`{"sets":[["a","b","c"]],"slots":[null],"moves":[[1]],"pending":[0]}`,              // move ids without slots
+		`{"sets":[["a","b","c"]],"slots":[],"moves":[],"pending":[]}`,                      // lengths differ
+		`{"sets":[["a","b","c"]],"slots":[["a","b","c"]],"moves":[[1,0,0]],"pending":[2]}`, // pending none of the moves
+		`{"sets":[["a","b","c"]],"slots":[["a","b","c"]],"moves":[[1,0,0]]}`,               // no pending list
 	} {
 		var x Placement
 		if err := json.Unmarshal([]byte(bad), &x); err == nil {

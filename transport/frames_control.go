@@ -15,7 +15,8 @@ type Request struct {
 	// "stream.info", "stream.move", "map.get", "cluster.status",
 	// "cluster.remove", "acl.grant", "acl.revoke", "acl.list",
 	// "replica.status" (answered by the broker itself, as map.get),
-	// "replica.admit" (a broker to another).
+	// "replica.admit" (a broker to another), "replica.settled" (a broker
+	// to the control plane).
 	Op string
 	// Stream is the stream to create (stream.create), or names the stream
 	// (Stream.Name) for stream.delete, stream.info and stream.move.
@@ -57,6 +58,9 @@ type ReplicaMove struct {
 	Shard int    `msgpack:"shard"`
 	From  string `msgpack:"from"`
 	To    string `msgpack:"to"`
+	// ID, with Op "replica.settled" (a broker to the control plane), is
+	// the id of the move whose target (To, the sender) is now a voter.
+	ID uint64 `msgpack:"id,omitempty"`
 }
 
 // requestFields is the number of fields this version decodes; Admit,

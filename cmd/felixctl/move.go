@@ -122,7 +122,7 @@ func followReplica(ctx context.Context, c *conn, timeout, wait time.Duration, mv
 				}
 				last, printed = p, now
 			}
-			if p.done() {
+			if p.done() && settled(wctx, c, timeout, mv) {
 				return nil
 			}
 		case wctx.Err() == nil:
@@ -141,6 +141,24 @@ func followReplica(ctx context.Context, c *conn, timeout, wait time.Duration, mv
 		case <-tick.C:
 		}
 	}
+}
+
+// settled reports whether the map no longer shows mv pending: its target
+// told the control plane it is a voter, and another replica of the shard
+// may move (a voter reports it within a few raft ticks).
+func settled(ctx context.Context, c *conn, timeout time.Duration, mv client.MovedReplica) bool {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	m, err := c.Map(ctx)
+	if err != nil {
+		return false
+	}
+	st, ok := m.Stream(mv.Stream)
+	if !ok {
+		return true // deleted meanwhile: nothing is pending
+	}
+	node, _ := st.Placement.Pending(mv.Shard)
+	return node != mv.To
 }
 
 // replicaProgress is what a moved replica reports, as stream move prints
