@@ -62,6 +62,17 @@
 // registration of the same node id replaces the first (whose stream ctl
 // closes); one with a new address updates the member's address.
 //
+// A broker registers with the features of its build
+// ([transport.Register].Features, [transport.Features]; ctlclient sends
+// them), which the member keeps in the map ([shardmap.Node].Features),
+// in etcd while it is down, and replaces when it registers again; a ctl
+// advertises its own in its ctl/ entry. A change that a process of an
+// earlier version could not take waits until every live broker and
+// running ctl advertises the feature: a replica move
+// ([transport.FeatureReplicaMoves], see moves.go) is refused until then,
+// naming them, so that a cluster upgraded one process at a time keeps
+// the ones not yet upgraded in it.
+//
 // # State in etcd
 //
 // The state lives in etcd ([EtcdConfig]): by default a single-member etcd
@@ -80,11 +91,11 @@
 //
 //	epoch                          the map epoch, decimal
 //	writer                         who committed it: {"name","id","election"} JSON, put in the same transaction
-//	members/<node>                 {"id","addr","admin","live"} JSON
+//	members/<node>                 {"id","addr","admin","live","features"} JSON
 //	streams/<stream>               {"name","shards","retention_bytes","retention_age_ns","owners"} JSON
 //	grants/<principal>/<action>/<pattern>  {"principal","action","pattern"} (path-escaped)
 //	live/<node>                    a broker's liveness, with its lease
-//	ctl/<name>                     a ctl member {"name","id","addr","etcd"}, with its session lease
+//	ctl/<name>                     a ctl member {"name","id","addr","etcd","features"}, with its session lease
 //	election/<lease>               the leader election (concurrency.Election)
 //
 // The map is a function of epoch, members, streams and grants (plus the

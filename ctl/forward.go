@@ -169,7 +169,7 @@ func (s *Server) awaitEpoch(ctx context.Context, epoch uint64) {
 func (s *Server) ctlMembers() []transport.CtlMember {
 	ctx, cancel := context.WithTimeout(s.ctx, s.store.timeout)
 	defer cancel()
-	resp, err := s.store.cli.Get(ctx, s.store.prefix+"ctl/", clientv3.WithPrefix())
+	resp, err := s.store.cli.Get(ctx, s.store.ctlPrefix(), clientv3.WithPrefix())
 	if err != nil {
 		return []transport.CtlMember{{Name: s.name(), Addr: s.advertise(), Role: s.role(), EtcdError: err.Error()}}
 	}

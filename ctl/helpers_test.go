@@ -100,12 +100,19 @@ func startCtl(t *testing.T, p *testPKI, dataDir, addr string) *Server {
 
 func join(t *testing.T, p *testPKI, addr, id string) *ctlclient.Member {
 	t.Helper()
+	return joinWith(t, p, addr, id, nil)
+}
+
+// joinWith is join registering with features (nil: this build's, as a
+// broker does; empty: none, as a broker of an earlier version).
+func joinWith(t *testing.T, p *testPKI, addr, id string, features []string) *ctlclient.Member {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
 	m, err := ctlclient.Join(ctx, ctlclient.MemberConfig{
 		CtlAddr:    addr,
 		TLS:        p.clientTLS(t, id),
-		Node:       transport.Register{NodeID: id, Addr: "127.0.0.1:74" + id[1:], Admin: "127.0.0.1:94" + id[1:]},
+		Node:       transport.Register{NodeID: id, Addr: "127.0.0.1:74" + id[1:], Admin: "127.0.0.1:94" + id[1:], Features: features},
 		LeaseTTL:   shortTTL,
 		MaxBackoff: 100 * time.Millisecond,
 		Logger:     testLogger(t),

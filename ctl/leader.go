@@ -4,13 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/felix-broker/felix/ctl/ctlclient"
+	"github.com/felix-broker/felix/transport"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -35,10 +38,16 @@ type ctlInfo struct {
 	ID   string `json:"id"`
 	Addr string `json:"addr"` // QUIC address other ctls and tools reach it at
 	Etcd string `json:"etcd,omitempty"`
+	// Features are what the ctl's build supports (transport.Features),
+	// absent from the entry of a ctl of an earlier version: a change
+	// that such a ctl could not take is refused while one runs (see
+	// Server.ctlsWithout).
+	Features []string `json:"features,omitempty"`
 }
 
 func (st *store) electionPrefix() string    { return st.prefix + "election" }
-func (st *store) ctlKey(name string) string { return st.prefix + "ctl/" + name }
+func (st *store) ctlPrefix() string         { return st.prefix + "ctl/" }
+func (st *store) ctlKey(name string) string { return st.ctlPrefix() + name }
 
 // electLoop campaigns until Close: a session, a campaign, leadership
 // until the session ends; then again with a new session.
@@ -188,7 +197,7 @@ type election struct {
 
 // info is this ctl's ctl/ entry and election value.
 func (s *Server) info() string {
-	b, _ := json.Marshal(ctlInfo{Name: s.name(), ID: s.regToken, Addr: s.advertise(), Etcd: s.etcd.clientURL})
+	b, _ := json.Marshal(ctlInfo{Name: s.name(), ID: s.regToken, Addr: s.advertise(), Etcd: s.etcd.clientURL, Features: transport.Features()})
 	return string(b)
 }
 
@@ -522,6 +531,28 @@ func restoreState(snap snapshot, superusers []string, maxShards int) *state {
 	}
 	st.rebuild()
 	return st
+}
+
+// ctlsWithout returns the names of the running ctls (those with an entry
+// under ctl/, which lives as long as the ctl's election session) whose
+// entry does not advertise feature, sorted: ctls of an earlier version.
+// An entry that does not parse counts as one of them.
+func (s *Server) ctlsWithout(feature string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(s.ctx, s.store.timeout)
+	defer cancel()
+	resp, err := s.store.cli.Get(ctx, s.store.ctlPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("read the control plane's members (%s): %w", s.store.ctlPrefix(), err)
+	}
+	var out []string
+	for _, kv := range resp.Kvs {
+		var info ctlInfo
+		if json.Unmarshal(kv.Value, &info) != nil || !slices.Contains(info.Features, feature) {
+			out = append(out, strings.TrimPrefix(string(kv.Key), s.store.ctlPrefix()))
+		}
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // leaderInfo returns the elected leader's entry, if there is one.

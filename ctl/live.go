@@ -30,7 +30,10 @@ type liveValue struct {
 	ID    string `json:"id"`
 	Addr  string `json:"addr"`
 	Admin string `json:"admin,omitempty"`
-	Lease int64  `json:"lease"`
+	// Features are the node's, as it registered (shardmap.Node.Features);
+	// absent when a ctl of an earlier version holds the registration.
+	Features []string `json:"features,omitempty"`
+	Lease    int64    `json:"lease"`
 	// By is the ctl holding the registration, and Reg a token of that
 	// registration: only its own registration may delete the key.
 	By  string `json:"by"`
@@ -80,7 +83,7 @@ func (s *Server) acquireLive(ctx context.Context, n shardmap.Node, reg string) (
 			}
 			lease = g.ID
 		}
-		b, _ := json.Marshal(liveValue{ID: n.ID, Addr: n.Addr, Admin: n.Admin, Lease: int64(lease), By: s.name(), Reg: reg})
+		b, _ := json.Marshal(liveValue{ID: n.ID, Addr: n.Addr, Admin: n.Admin, Features: n.Features, Lease: int64(lease), By: s.name(), Reg: reg})
 		resp, err := st.cli.Put(ctx, key, string(b), clientv3.WithLease(lease), clientv3.WithPrevKV())
 		if err == nil {
 			session := uint64(resp.Header.Revision)
@@ -210,5 +213,5 @@ func parseLive(st *store, key, value []byte, createRev int64) (liveEntry, bool) 
 	if err := json.Unmarshal(value, &v); err != nil || v.ID != id {
 		return liveEntry{}, false
 	}
-	return liveEntry{node: shardmap.Node{ID: v.ID, Addr: v.Addr, Admin: v.Admin}, session: uint64(createRev), lease: v.Lease}, true
+	return liveEntry{node: shardmap.Node{ID: v.ID, Addr: v.Addr, Admin: v.Admin, Features: featureSet(v.Features)}, session: uint64(createRev), lease: v.Lease}, true
 }

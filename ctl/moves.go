@@ -40,6 +40,18 @@ import (
 //     the group still counts while their brokers dropped out would leave
 //     one replica to hold the shard.
 // The target must be a live member that holds no replica of the shard.
+//
+// A moved placement is encoded in a shape that versions before moves
+// cannot decode: a broker of such a version fails to decode every map
+// from the first that holds one, so its registration fails over and over,
+// its lease lapses, and all its shards (replicated or not) go
+// unavailable; a ctl of such a version can no longer load the state from
+// etcd, nor lead. So during a rolling upgrade, a move is refused until
+// every live broker has registered with transport.FeatureReplicaMoves
+// (shardmap.Node.Features) and every running ctl advertises it in its
+// ctl/ entry (ctlInfo.Features). A member that is down is not checked (the
+// broker moved from is, typically): one of an earlier version that comes
+// back after a move cannot read the map until it is upgraded.
 
 // moveReplica gives from's replica of shard of the stream named name to
 // to, and returns to: when to is "", the live member without a replica of
@@ -48,7 +60,12 @@ import (
 // have, a stream of replication factor 1, a from that holds no replica of
 // the shard or is live, and a to that holds one, is not a member or is
 // not live; the refusals of the placement itself also match
-// shardmap.ErrBadMove.
+// shardmap.ErrBadMove. It refuses (ErrInvalid) any move while a live
+// member has not registered with transport.FeatureReplicaMoves, naming
+// them: a broker of an earlier version cannot read the map the move
+// makes (see "Moving a replica" above). Down members are not checked: one
+// of an earlier version that comes back cannot read the map until it is
+// upgraded.
 func (s *state) moveReplica(name string, shard int, from, to string) (string, error) {
 	st, ok := s.streams[name]
 	if !ok {
@@ -70,6 +87,10 @@ func (s *state) moveReplica(name string, shard int, from, to string) (string, er
 	case s.live(from):
 		return "", fmt.Errorf("%w: move %s's replica of %s: %s is live: stop it first (its replica leaves the shard's group as soon as the move is made; "+
 			"moving a live broker's replica without lowering the shard's redundancy meanwhile is not supported yet)", ErrInvalid, from, id, from)
+	}
+	if old := s.liveWithout(transport.FeatureReplicaMoves); len(old) > 0 {
+		return "", fmt.Errorf("%w: move %s's replica of %s: %s: upgrade %s first (%s would drop out of the cluster, with all %s shards)",
+			ErrInvalid, from, id, earlierVersion(old), plural(old, "it", "them"), plural(old, "it", "they"), plural(old, "its", "their"))
 	}
 	for _, n := range set {
 		if n != from && !s.live(n) {
@@ -140,6 +161,32 @@ func (s *state) liveIDList() []string {
 	return ids
 }
 
+// liveWithout returns the ids of the live members that did not register
+// with feature, sorted.
+func (s *state) liveWithout(feature string) []string {
+	var ids []string
+	for _, id := range s.liveIDList() {
+		if !s.members[id].node.Supports(feature) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// earlierVersion says that the members named run a version that cannot
+// read a moved placement.
+func earlierVersion(names []string) string {
+	return fmt.Sprintf("%s %s a version that cannot read a moved placement", strings.Join(names, ", "), plural(names, "runs", "run"))
+}
+
+// plural returns one for a single name, many for several.
+func plural(names []string, one, many string) string {
+	if len(names) == 1 {
+		return one
+	}
+	return many
+}
+
 // moveTargets returns the live members that hold no replica of id (its
 // replica set is set), the one rendezvous hashing ranks highest for the
 // shard first.
@@ -176,11 +223,14 @@ func shardCount(n int) string {
 // change and pushes the new map, in which to holds the replica in from's
 // place: to opens an empty replica and joins the shard's raft group,
 // caught up from its leader. From must not be live (a broker down, or
-// lost for good): a live one is refused, to be stopped first. Errors are
-// *transport.Error values (CodeUnknownStream, CodeInvalid, CodeInternal)
-// that also match ErrUnknownStream and ErrInvalid, and, for a move the
-// placement refuses, shardmap.ErrBadMove. On a follower the change is
-// made by the leader.
+// lost for good): a live one is refused, to be stopped first, and so is
+// any move while a live broker or a running ctl is of a version that
+// cannot read the map the move makes (see "Moving a replica" in
+// moves.go). Errors are *transport.Error values (CodeUnknownStream,
+// CodeInvalid, CodeUnavailable, CodeInternal) that also match
+// ErrUnknownStream and ErrInvalid, and, for a move the placement
+// refuses, shardmap.ErrBadMove. On a follower the change is made by the
+// leader.
 func (s *Server) MoveReplica(stream string, shard int, from, to string) error {
 	_, err := s.moveReplica(ctlPrincipal, stream, shard, from, to)
 	return err
@@ -190,6 +240,18 @@ func (s *Server) MoveReplica(stream string, shard int, from, to string) error {
 // with the broker the replica moved to.
 func (s *Server) moveReplica(principal, stream string, shard int, from, to string) (transport.ReplicaMove, error) {
 	mv := transport.ReplicaMove{Shard: shard, From: from, To: to}
+	// The ctl making the change checks its peers (a follower too, before
+	// it forwards: the leader checks again). Read before the lock is
+	// taken; a ctl of an earlier version that starts after the read is
+	// no different from one that starts after the move.
+	old, err := s.ctlsWithout(transport.FeatureReplicaMoves)
+	if err != nil {
+		return transport.ReplicaMove{}, transport.Errorf(transport.CodeUnavailable, "replica move: cannot check the versions of the control plane's members: %v", err)
+	}
+	if len(old) > 0 {
+		return transport.ReplicaMove{}, wireError(fmt.Errorf("%w: move %s's replica of %s/%d: control plane member %s: upgrade %s first (%s could no longer load the cluster's state from etcd, nor lead)",
+			ErrInvalid, from, stream, shard, earlierVersion(old), plural(old, "it", "them"), plural(old, "it", "they")))
+	}
 	req := &transport.Request{Op: OpStreamMove, Stream: shardmap.StreamConfig{Name: stream}, Move: &mv, Principal: principal}
 	moved := to
 	resp, err := s.changeOrForward("replica moved", req, func(st *state) (err error) {

@@ -360,6 +360,40 @@ func TestMoveReplicaServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer admin.Close()
+
+	// A ctl of an earlier version running (its ctl/ entry advertises no
+	// features): the move is refused, naming it, until it is gone.
+	oldCtl := srv.store.ctlKey("ctl-old")
+	if _, err := srv.store.cli.Put(ctx, oldCtl, `{"name":"ctl-old","id":"1","addr":"127.0.0.1:1"}`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Request(ctx, req); !errors.Is(err, transport.ErrInvalid) ||
+		!strings.Contains(err.Error(), "control plane member ctl-old runs a version that cannot read a moved placement: upgrade it first") {
+		t.Fatalf("move while a ctl of an earlier version runs: %v, want invalid naming ctl-old", err)
+	}
+	if _, err := srv.store.cli.Delete(ctx, oldCtl); err != nil {
+		t.Fatal(err)
+	}
+	// A broker of an earlier version live (registered without features):
+	// refused, naming it, until it registers again with the feature.
+	other := set[2]
+	rejoin := func(features []string, what string, ok func(shardmap.Node) bool) {
+		t.Helper()
+		members[other].Close()
+		waitMap(t, members[out], other+" down", func(mp *shardmap.Map) bool { n, _ := mp.Node(other); return !n.Live })
+		members[other] = joinWith(t, p, addr, other, features)
+		waitMap(t, members[out], other+" "+what, func(mp *shardmap.Map) bool { n, _ := mp.Node(other); return n.Live && ok(n) })
+	}
+	rejoin([]string{}, "live without features", func(n shardmap.Node) bool { return n.Features == nil })
+	if _, err := admin.Request(ctx, req); !errors.Is(err, transport.ErrInvalid) ||
+		!strings.Contains(err.Error(), other+" runs a version that cannot read a moved placement: upgrade it first (it would drop out of the cluster") {
+		t.Fatalf("move while %s is of an earlier version: %v, want invalid naming it", other, err)
+	}
+	if st, _ := srv.Map().Stream("orders"); !st.Placement.IsReplica(1, from) {
+		t.Fatalf("a refused move changed the placement: %v", st.Placement)
+	}
+	rejoin(nil, "live with "+transport.FeatureReplicaMoves, func(n shardmap.Node) bool { return n.Supports(transport.FeatureReplicaMoves) })
+
 	resp, err := admin.Request(ctx, req)
 	if err != nil {
 		t.Fatal(err)
@@ -395,7 +429,6 @@ func TestMoveReplicaServer(t *testing.T) {
 		t.Fatalf("pending move of orders/1: %q %d, want %s's", pendingNode, move, out)
 	}
 	settled := &transport.Request{Op: OpReplicaSettled, Stream: shardmap.StreamConfig{Name: "orders"}, Move: &transport.ReplicaMove{Shard: 1, To: out, ID: move}}
-	other := set[2]
 	if _, err := members[other].Request(ctx, settled); !errors.Is(err, transport.ErrUnauthorized) {
 		t.Fatalf("%s settled %s's move: %v, want unauthorized", other, out, err)
 	}
@@ -566,5 +599,68 @@ func TestMoveOneAtATime(t *testing.T) {
 	}
 	if n, id := placementOf(s, "orders").Pending(0); n != "" || id != 0 || s.Map().Epoch != epoch+3 {
 		t.Fatalf("after the report: pending %q %d at epoch %d", n, id, s.Map().Epoch)
+	}
+}
+
+// TestMoveRefusedWhileEarlierVersionLive: while a live member has not
+// registered with FeatureReplicaMoves (a broker of an earlier version,
+// which cannot read the map a move makes), every move is refused, naming
+// the members, and nothing changes; once they register again with the
+// feature, the move is made. A down member's features are not checked.
+func TestMoveRefusedWhileEarlierVersionLive(t *testing.T) {
+	s := moveFixture(t, 4, 4)
+	set := placementOf(s, "orders").Replicas(0)
+	out := ""
+	for _, n := range s.Map().Nodes {
+		if !slices.Contains(set, n.ID) {
+			out = n.ID
+		}
+	}
+	earlier := func(id string) shardmap.Node {
+		n := node(id)
+		n.Features = nil
+		return n
+	}
+	register := func(n shardmap.Node, session uint64) {
+		t.Helper()
+		if changed, _, err := s.register(n, session); err != nil || !changed {
+			t.Fatalf("register %s with features %q: changed %v, %v; want the map changed", n.ID, n.Features, changed, err)
+		}
+	}
+	// The source registers again as of an earlier version, then goes
+	// down: it is not checked.
+	from := set[0]
+	register(earlier(from), 50)
+	if !s.end(from, 50) {
+		t.Fatal("ending the source's registration changed nothing")
+	}
+	// Two live members of an earlier version: a replica of the shard and
+	// the one a move would pick.
+	register(earlier(set[2]), 51)
+	register(earlier(out), 52)
+	before := s.Map()
+	olds := slices.Sorted(slices.Values([]string{set[2], out}))
+	_, err := s.moveReplica("orders", 0, from, "")
+	if want := strings.Join(olds, ", ") + " run a version that cannot read a moved placement: upgrade them first (they would drop out of the cluster"; !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("move while %v are of an earlier version: %v, want invalid saying %q", olds, err, want)
+	}
+	if s.Map() != before {
+		t.Fatalf("a refused move changed the map (epoch %d to %d)", before.Epoch, s.Map().Epoch)
+	}
+	register(node(out), 53)
+	_, err = s.moveReplica("orders", 0, from, "")
+	if want := set[2] + " runs a version that cannot read a moved placement: upgrade it first (it would drop out of the cluster, with all its shards)"; !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("move while %s is of an earlier version: %v, want invalid saying %q", set[2], err, want)
+	}
+	if we := wireError(err); we.Code != transport.CodeInvalid {
+		t.Fatalf("on the wire: %v", we)
+	}
+	register(node(set[2]), 54)
+	to, err := s.moveReplica("orders", 0, from, "")
+	if err != nil {
+		t.Fatalf("move once every live member has the feature (the source, down, has not): %v", err)
+	}
+	if to != out || !placementOf(s, "orders").Joined(0, out) {
+		t.Fatalf("moved to %s: %v", to, placementOf(s, "orders"))
 	}
 }

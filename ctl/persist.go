@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/felix-broker/felix/auth"
@@ -63,6 +64,21 @@ type fileMember struct {
 	// Live is the member's liveness in the map of the stored epoch; the
 	// state file of earlier versions does not hold it.
 	Live bool `json:"live,omitempty"`
+	// Features are the member's as it last registered
+	// (shardmap.Node.Features), kept while it is down so that a restarted
+	// ctl knows them; absent for a member of an earlier version, and in
+	// values a ctl of an earlier version wrote.
+	Features []string `json:"features,omitempty"`
+}
+
+// equal reports whether m and o are the same value.
+func (m fileMember) equal(o fileMember) bool {
+	return m.ID == o.ID && m.Addr == o.Addr && m.Admin == o.Admin && m.Live == o.Live && slices.Equal(m.Features, o.Features)
+}
+
+// node returns m as a member of the map.
+func (m fileMember) node() shardmap.Node {
+	return shardmap.Node{ID: m.ID, Addr: m.Addr, Admin: m.Admin, Live: m.Live, Features: featureSet(m.Features)}
 }
 
 type fileStream struct {
@@ -107,7 +123,8 @@ func loadState(dir string) (snapshot, error) {
 			return snapshot{}, fmt.Errorf("ctl: load state %s: corrupt: empty or duplicate member id %q", path, m.ID)
 		}
 		seen[m.ID] = true
-		snap.Members = append(snap.Members, shardmap.Node{ID: m.ID, Addr: m.Addr, Admin: m.Admin})
+		m.Live = false // the state file holds no liveness
+		snap.Members = append(snap.Members, m.node())
 	}
 	clear(seen)
 	for _, s := range f.Streams {

@@ -78,7 +78,7 @@ func (s *Server) serveRegistration(conn *quic.Conn, str *quic.Stream, r *transpo
 		s.refuse(str, w, transport.Errorf(transport.CodeUnauthorized, "registration as node %q with the certificate of node %q", reg.NodeID, certID))
 		return
 	}
-	node := shardmap.Node{ID: reg.NodeID, Addr: reg.Addr, Admin: reg.Admin}
+	node := shardmap.Node{ID: reg.NodeID, Addr: reg.Addr, Admin: reg.Admin, Features: featureSet(reg.Features)}
 	if node.ID == "" || node.Addr == "" {
 		s.refuse(str, w, transport.Errorf(transport.CodeInvalid, "registration needs a node id and an address (got id %q, addr %q)", node.ID, node.Addr))
 		return

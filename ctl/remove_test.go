@@ -3,6 +3,7 @@ package ctl
 import (
 	"context"
 	"errors"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -131,7 +132,7 @@ func TestRemoveMember(t *testing.T) {
 		t.Fatalf("nodes after removing %s: %+v", id, after.Nodes)
 	}
 	for _, n := range before.Nodes {
-		if got, ok := after.Node(n.ID); n.ID != id && (!ok || got != n) {
+		if got, ok := after.Node(n.ID); n.ID != id && (!ok || !reflect.DeepEqual(got, n)) {
 			t.Errorf("node %s: %+v after the removal, was %+v", n.ID, got, n)
 		}
 	}

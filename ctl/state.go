@@ -146,10 +146,12 @@ func (s *state) place(st shardmap.Stream, ids []string) shardmap.Stream {
 }
 
 // register records a registration of node under session: a new member
-// joins, a known one comes back Live, possibly at a new address. A
-// registration that changes neither liveness nor address (the same one
-// seen again, or one replacing it) only makes session current. It
-// reports whether the map changed and whether the node is a new member.
+// joins, a known one comes back Live, possibly at a new address, with
+// the features it registers with in place of those it had (n.Features,
+// as featureSet leaves them). A registration that changes neither
+// liveness, address nor features (the same one seen again, or one
+// replacing it) only makes session current. It reports whether the map
+// changed and whether the node is a new member.
 func (s *state) register(n shardmap.Node, session uint64) (changed, joined bool, err error) {
 	if n.ID == "" || n.Addr == "" {
 		return false, false, fmt.Errorf("%w: registration needs a node id and an address (got id %q, addr %q)", ErrInvalid, n.ID, n.Addr)
@@ -163,13 +165,29 @@ func (s *state) register(n shardmap.Node, session uint64) (changed, joined bool,
 		s.members[n.ID] = m
 		joined = true
 	}
-	changed = joined || !m.node.Live || m.node.Addr != n.Addr || m.node.Admin != n.Admin
-	m.node.Addr, m.node.Admin, m.node.Live = n.Addr, n.Admin, true
+	features := featureSet(n.Features)
+	changed = joined || !m.node.Live || m.node.Addr != n.Addr || m.node.Admin != n.Admin || !slices.Equal(m.node.Features, features)
+	m.node.Addr, m.node.Admin, m.node.Live, m.node.Features = n.Addr, n.Admin, true, features
 	m.session = session
 	if changed {
 		s.bump()
 	}
 	return changed, joined, nil
+}
+
+// featureSet returns the features fs names, sorted, each once, in a new
+// slice (nil for none), as a member's are kept: so that the same features
+// registered in another order change nothing.
+func featureSet(fs []string) []string {
+	if len(fs) == 0 {
+		return nil
+	}
+	out := make([]string, len(fs))
+	for i, f := range fs {
+		out[i] = strings.Clone(f) // not the registration frame's bytes
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // end records that node id's registration session ended (its stream

@@ -9,10 +9,13 @@ import (
 	"time"
 
 	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
 )
 
+// node returns member id as a broker of this build registers it, with
+// this build's features.
 func node(id string) shardmap.Node {
-	return shardmap.Node{ID: id, Addr: "127.0.0.1:" + id, Admin: "127.0.0.1:9" + id}
+	return shardmap.Node{ID: id, Addr: "127.0.0.1:" + id, Admin: "127.0.0.1:9" + id, Features: transport.Features()}
 }
 
 // threeNodes returns a fresh state with nodes 3, 1, 2 registered under
@@ -227,7 +230,9 @@ func TestPersistRoundTripAndRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range snap.Members {
-		snap.Members[i].Live = false // the state file of earlier versions holds no liveness
+		// The state file of earlier versions holds no liveness, nor
+		// features.
+		snap.Members[i].Live, snap.Members[i].Features = false, nil
 	}
 	if !reflect.DeepEqual(loaded, snap) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", loaded, snap)

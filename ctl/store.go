@@ -136,7 +136,7 @@ func (st *store) read(ctx context.Context) (snap snapshot, rev int64, err error)
 			if err := json.Unmarshal(kv.Value, &m); err != nil {
 				return snapshot{}, 0, bad(err)
 			}
-			snap.Members = append(snap.Members, shardmap.Node{ID: m.ID, Addr: m.Addr, Admin: m.Admin, Live: m.Live})
+			snap.Members = append(snap.Members, m.node())
 		case strings.HasPrefix(rest, "streams/"):
 			var s fileStream
 			if err := json.Unmarshal(kv.Value, &s); err != nil {
@@ -230,7 +230,7 @@ func (st *store) diff(old, next snapshot) []clientv3.Op {
 	}
 	for _, n := range next.Members {
 		fm := toFileMember(n)
-		if o, ok := oldM[n.ID]; !ok || o != fm {
+		if o, ok := oldM[n.ID]; !ok || !o.equal(fm) {
 			put(st.memberKey(n.ID), fm)
 		}
 		delete(oldM, n.ID)
@@ -270,7 +270,7 @@ func (st *store) diff(old, next snapshot) []clientv3.Op {
 }
 
 func toFileMember(n shardmap.Node) fileMember {
-	return fileMember{ID: n.ID, Addr: n.Addr, Admin: n.Admin, Live: n.Live}
+	return fileMember{ID: n.ID, Addr: n.Addr, Admin: n.Admin, Live: n.Live, Features: n.Features}
 }
 
 func toFileStream(c shardmap.Stream) fileStream {

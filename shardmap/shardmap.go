@@ -28,7 +28,16 @@ type Node struct {
 	// Live reports whether the node's lease with the control plane is
 	// current. It decides availability, never ownership.
 	Live bool `msgpack:"live"`
+	// Features are what the node's build supports, as it advertised them
+	// when it last registered (transport.Features), sorted; none for a
+	// node of an earlier version. The control plane keeps them while
+	// the node is down, and a registration replaces them. A decoder of
+	// an earlier version skips the field.
+	Features []string `msgpack:"features,omitempty"`
 }
+
+// Supports reports whether n advertised feature.
+func (n Node) Supports(feature string) bool { return slices.Contains(n.Features, feature) }
 
 // StreamConfig is what a stream is created with.
 type StreamConfig struct {

@@ -210,6 +210,72 @@ func TestMsgpackRoundTrip(t *testing.T) {
 	}
 }
 
+// TestNodeFeaturesReadByEarlierVersions: a node's features ride in the
+// map as a key earlier versions do not know, which msgpack skips when it
+// decodes into their Node (unknown keys of a struct are ignored); a node
+// without features encodes as earlier versions encoded it.
+func TestNodeFeaturesReadByEarlierVersions(t *testing.T) {
+	// Node as versions before features had it.
+	type earlierNode struct {
+		ID    string `msgpack:"id"`
+		Addr  string `msgpack:"addr"`
+		Admin string `msgpack:"admin,omitempty"`
+		Live  bool   `msgpack:"live"`
+	}
+	type earlierMap struct {
+		Epoch   uint64        `msgpack:"epoch"`
+		Nodes   []earlierNode `msgpack:"nodes"`
+		Streams []Stream      `msgpack:"streams"`
+	}
+	ns := nodes(3)
+	ns[0].Features = []string{"replica-moves", "some-later-feature"}
+	ns[1].Features = []string{"replica-moves"}
+	m := Build(9, ns, []StreamConfig{{Name: "orders", Shards: 4, Replicas: 3}})
+	b, err := msgpack.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var old earlierMap
+	if err := msgpack.Unmarshal(b, &old); err != nil {
+		t.Fatalf("an earlier version decoding a map with node features: %v", err)
+	}
+	if old.Epoch != 9 || len(old.Nodes) != 3 || len(old.Streams) != 1 {
+		t.Fatalf("an earlier version decoded %+v", old)
+	}
+	for i, n := range old.Nodes {
+		if want := (earlierNode{ID: ns[i].ID, Addr: ns[i].Addr, Admin: ns[i].Admin, Live: ns[i].Live}); n != want {
+			t.Errorf("node %d decoded by an earlier version as %+v, want %+v", i, n, want)
+		}
+	}
+
+	var got Map
+	if err := msgpack.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range got.Nodes {
+		if !slices.Equal(n.Features, ns[i].Features) {
+			t.Errorf("node %s: features %q after a round trip, want %q", n.ID, n.Features, ns[i].Features)
+		}
+	}
+	if !got.Nodes[0].Supports("replica-moves") || got.Nodes[2].Supports("replica-moves") {
+		t.Errorf("Supports: %+v", got.Nodes)
+	}
+
+	// Without features, the bytes of earlier versions.
+	plain, err := msgpack.Marshal(Node{ID: "n1", Addr: "a:1", Live: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	earlier, err := msgpack.Marshal(earlierNode{ID: "n1", Addr: "a:1", Live: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(plain, earlier) {
+		t.Errorf("a node without features encodes as % x, earlier versions as % x", plain, earlier)
+	}
+}
+
 func BenchmarkRoute(b *testing.B) {
 	m := Build(1, nodes(5), []StreamConfig{{Name: "orders", Shards: 64}})
 	key := []byte("customer-42")

@@ -627,6 +627,85 @@ func TestRequestNodeIDField(t *testing.T) {
 	}
 }
 
+// TestRegisterFeaturesField: a Register's Features is its fourth field,
+// sent only when not empty, so a Register without it is the three fields
+// of earlier versions; the decoder of an earlier ctl (three fields
+// required, the rest skipped) reads one with Features, and this decoder
+// reads an earlier broker's three fields with Features nil and skips a
+// newer sender's fifth.
+func TestRegisterFeaturesField(t *testing.T) {
+	if b := body(&Register{NodeID: "n1", Addr: "a:1"}); b[0] != 0x93 {
+		t.Fatalf("a Register without Features starts 0x%02x, want 0x93 (3 elements)", b[0])
+	}
+	if b := body(&Register{NodeID: "n1", Addr: "a:1", Features: []string{}}); b[0] != 0x93 {
+		t.Fatalf("a Register with empty Features starts 0x%02x, want 0x93 (3 elements)", b[0])
+	}
+	reg := &Register{NodeID: "n1", Addr: "10.0.0.1:7400", Admin: "10.0.0.1:8400", Features: Features()}
+	b := body(reg)
+	if b[0] != 0x94 {
+		t.Fatalf("a Register with Features starts 0x%02x, want 0x94 (4 elements)", b[0])
+	}
+	var generic []any
+	if err := msgpack.Unmarshal(b, &generic); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := generic[3].([]any); !ok || len(got) != 1 || got[0] != FeatureReplicaMoves {
+		t.Fatalf("Features encoded as %#v, want [%q]", generic[3], FeatureReplicaMoves)
+	}
+	if got, err := DecodeFrame(FrameRegister, b); err != nil || !reflect.DeepEqual(got, reg) {
+		t.Fatalf("round trip: %#v, %v; want %#v", got, err, reg)
+	}
+
+	// The decoder of an earlier version, as it was.
+	decodeEarlier := func(b []byte) (*Register, error) {
+		d := &decoder{b: b}
+		r := new(Register)
+		n := d.arrayHeader(3)
+		r.NodeID = d.str()
+		r.Addr = d.str()
+		r.Admin = d.str()
+		d.skipN(n - 3)
+		if d.err == nil && d.off != len(d.b) {
+			d.fail("%d bytes after the body", len(d.b)-d.off)
+		}
+		if d.err != nil {
+			return nil, d.err
+		}
+		return r, nil
+	}
+	if got, err := decodeEarlier(b); err != nil || !reflect.DeepEqual(got, &Register{NodeID: reg.NodeID, Addr: reg.Addr, Admin: reg.Admin}) {
+		t.Fatalf("an earlier ctl decodes a Register with Features as %#v, %v", got, err)
+	}
+
+	// An earlier broker's three fields.
+	elems := rawElems(t, b)
+	three := append([]byte{0x93}, bytes.Join(elems[:3], nil)...)
+	got, err := DecodeFrame(FrameRegister, three)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := got.(*Register); r.Features != nil || r.NodeID != "n1" || r.Admin != reg.Admin {
+		t.Fatalf("three fields decoded as %#v", r)
+	}
+	// A newer sender's fifth field is skipped.
+	five := append(append([]byte{0x95}, b[1:]...), 0x81, 0xa1, 'k', 0x01)
+	if got, err := DecodeFrame(FrameRegister, five); err != nil || !reflect.DeepEqual(got, reg) {
+		t.Fatalf("five fields: %#v, %v; want %#v", got, err, reg)
+	}
+	// Features sent as nil, or empty, read as none.
+	for _, last := range []byte{0xc0, 0x90} {
+		nilFeatures := append(append([]byte{0x94}, bytes.Join(elems[:3], nil)...), last)
+		if got, err := DecodeFrame(FrameRegister, nilFeatures); err != nil || got.(*Register).Features != nil {
+			t.Fatalf("Features 0x%02x: %#v, %v; want nil", last, got, err)
+		}
+	}
+	// Features that are not strings are malformed.
+	bad := append(append([]byte{0x94}, bytes.Join(elems[:3], nil)...), 0x91, 0x07)
+	if _, err := DecodeFrame(FrameRegister, bad); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("features [7]: %v, want malformed", err)
+	}
+}
+
 func TestErrors(t *testing.T) {
 	err := error(&Error{Seq: 1, Code: CodeNotOwner, Message: "shard x/1 is owned by n2", Epoch: 4, Owner: "n2"})
 	if got, want := err.Error(), "felix: not_owner: shard x/1 is owned by n2"; got != want {

@@ -292,9 +292,18 @@ type Register struct {
 	NodeID string
 	Addr   string // advertised QUIC address, host:port
 	Admin  string // HTTP admin address, if any
+	// Features are what the broker's build supports (the Feature
+	// constants, see [Features]): the control plane makes a change that
+	// brokers of an earlier version could not take only once every live
+	// broker advertises it. Sent only when not empty: a broker of an
+	// earlier version sends none, and an earlier ctl skips the field.
+	Features []string
 }
 
-const registerFields = 3
+// registerFields is the number of fields this version decodes; Features
+// is sent only when not empty, so a Register without it encodes as the
+// three fields of earlier versions, which every decoder requires.
+const registerFields = 4
 
 // Type implements [Frame].
 func (*Register) Type() FrameType { return FrameRegister }
@@ -303,19 +312,36 @@ func (r *Register) appendBody(b []byte) ([]byte, error) {
 	if r == nil {
 		return b, errNilFrame(FrameRegister)
 	}
-	b = appendArrayHeader(b, registerFields)
+	fields := registerFields
+	if len(r.Features) == 0 {
+		fields--
+	}
+	b = appendArrayHeader(b, fields)
 	b = appendStr(b, r.NodeID)
 	b = appendStr(b, r.Addr)
 	b = appendStr(b, r.Admin)
-	return b, nil
+	if fields < 4 {
+		return b, nil
+	}
+	return appendStrs(b, r.Features), nil
 }
 
 func (r *Register) decode(d *decoder) {
-	n := d.arrayHeader(registerFields)
+	n := d.arrayHeader(3) // an earlier peer sends no Features
 	r.NodeID = d.str()
 	r.Addr = d.str()
 	r.Admin = d.str()
-	d.skipN(n - registerFields)
+	read := 3
+	if n >= 4 {
+		r.Features = d.strs()
+		read = 4
+	}
+	d.skipN(n - read)
+	// appendBody leaves out an empty Features, which then decodes as nil:
+	// so does an empty one that was sent.
+	if len(r.Features) == 0 {
+		r.Features = nil
+	}
 }
 
 // Heartbeat renews a broker's lease on the registration stream.

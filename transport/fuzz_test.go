@@ -24,6 +24,10 @@ func FuzzDecodeFrame(f *testing.F) {
 	f.Add(byte(FramePublish), []byte{0x9a, 0x01, 0xdb, 0xff, 0xff, 0xff, 0xff})
 	f.Add(byte(FrameMap), []byte{0x91, 0x81, 0xa5, 'n', 'o', 'd', 'e', 's', 0xdd, 0xff, 0xff, 0xff, 0xff})
 	f.Add(byte(99), []byte{0x90})
+	// A Register whose Features is nil, and one whose features are not
+	// strings.
+	f.Add(byte(FrameRegister), []byte{0x94, 0xa1, 'n', 0xa1, 'a', 0xa0, 0xc0})
+	f.Add(byte(FrameRegister), []byte{0x94, 0xa1, 'n', 0xa1, 'a', 0xa0, 0x92, 0x01, 0xc0})
 
 	f.Fuzz(func(t *testing.T, typ byte, body []byte) {
 		got, err := DecodeFrame(FrameType(typ), body)

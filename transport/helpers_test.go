@@ -33,7 +33,7 @@ func sampleFrames() []namedFrame {
 		records[i] = Record{Offset: uint64(i), Timestamp: int64(i) * 1e9, Value: []byte{byte(i)}}
 	}
 	m := shardmap.Build(7,
-		[]shardmap.Node{{ID: "n1", Addr: "127.0.0.1:7401", Live: true}, {ID: "n2", Addr: "127.0.0.1:7402", Admin: "127.0.0.1:8402"}},
+		[]shardmap.Node{{ID: "n1", Addr: "127.0.0.1:7401", Live: true, Features: Features()}, {ID: "n2", Addr: "127.0.0.1:7402", Admin: "127.0.0.1:8402"}},
 		[]shardmap.StreamConfig{{Name: "orders", Shards: 4, RetentionBytes: 1 << 30, RetentionAge: time.Hour}, {Name: "logs", Shards: 1}})
 	return []namedFrame{
 		{"publish/zero", &Publish{}},
@@ -81,6 +81,8 @@ func sampleFrames() []namedFrame {
 		{"map/empty", &MapUpdate{Map: &shardmap.Map{Epoch: 1}}},
 		{"register/zero", &Register{}},
 		{"register/full", &Register{NodeID: "n1", Addr: "10.0.0.1:7400", Admin: "10.0.0.1:8400"}},
+		{"register/features", &Register{NodeID: "n1", Addr: "10.0.0.1:7400", Features: Features()}},
+		{"register/features-extremes", &Register{NodeID: "n1", Addr: "a", Features: []string{FeatureReplicaMoves, "", long}}},
 		{"heartbeat/full", &Heartbeat{NodeID: "n1", Epoch: 1<<64 - 1}},
 		{"raft/zero", &Raft{}},
 		{"raft/duplex", &Raft{From: "n1", Duplex: true}},

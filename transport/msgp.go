@@ -111,6 +111,15 @@ func appendBin(b []byte, v []byte) []byte {
 	return append(b, v...)
 }
 
+// appendStrs appends v as a msgpack array of strings.
+func appendStrs(b []byte, v []string) []byte {
+	b = appendArrayHeader(b, len(v))
+	for _, s := range v {
+		b = appendStr(b, s)
+	}
+	return b
+}
+
 // appendHeaders appends m as a msgpack map of strings, or nil for a nil m.
 // Map order is random, so equal maps may encode differently.
 func appendHeaders(b []byte, m map[string]string) []byte {
@@ -441,6 +450,26 @@ func (d *decoder) headers() map[string]string {
 		m[k] = v
 	}
 	return m
+}
+
+// strs reads an array of strings; msgpack nil reads as a nil slice.
+func (d *decoder) strs() []string {
+	if d.err == nil && d.off < len(d.b) && d.b[d.off] == 0xc0 {
+		d.off++
+		return nil
+	}
+	n := d.arrayHeader(0)
+	if d.err != nil {
+		return nil
+	}
+	out := make([]string, n)
+	for i := range out {
+		out[i] = d.str()
+	}
+	if d.err != nil {
+		return nil
+	}
+	return out
 }
 
 // skipN skips n values: the trailing fields a newer peer added.

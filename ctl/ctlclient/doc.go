@@ -7,7 +7,9 @@
 // package ctl: dialing a ctl (moving to the next of CtlAddrs when one
 // fails), the long-lived registration stream, heartbeats every LeaseTTL/3,
 // reconnecting with capped jittered backoff, and adopting each map whose
-// epoch is above the one held. It never imports the control plane server:
+// epoch is above the one held. A member registers with the features of
+// this build ([transport.Features]) unless MemberConfig.Node names
+// others, so the control plane knows what each broker can take. It never imports the control plane server:
 // a broker, a data-plane process, links only this client.
 //
 // # Usage

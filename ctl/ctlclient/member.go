@@ -36,7 +36,11 @@ type MemberConfig struct {
 	// Transport tunes QUIC; zero means transport's defaults.
 	Transport transport.Config
 	// Node is what the broker registers as. NodeID must be the node id of
-	// the TLS certificate; Addr is required.
+	// the TLS certificate; Addr is required. Node.Features nil means the
+	// features of this build (transport.Features), which the control
+	// plane needs to see before it makes a change that a broker of an
+	// earlier version could not take (such as a replica move); a non-nil
+	// empty list advertises none, as a broker of an earlier version.
 	Node transport.Register
 	// LeaseTTL must match the control plane's; heartbeats are sent every
 	// LeaseTTL/3. Default 3s.
@@ -72,6 +76,9 @@ const streamCodeDone quic.StreamErrorCode = 0
 func (c MemberConfig) withDefaults() MemberConfig {
 	if c.CtlAddr != "" && !slices.Contains(c.CtlAddrs, c.CtlAddr) {
 		c.CtlAddrs = append(slices.Clone(c.CtlAddrs), c.CtlAddr)
+	}
+	if c.Node.Features == nil {
+		c.Node.Features = transport.Features()
 	}
 	if c.LeaseTTL <= 0 {
 		c.LeaseTTL = DefaultLeaseTTL

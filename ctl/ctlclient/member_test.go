@@ -3,6 +3,7 @@ package ctlclient
 import (
 	"context"
 	"crypto/tls"
+	"slices"
 	"strings"
 	"testing"
 
@@ -34,5 +35,19 @@ func TestJoinNeedsConfig(t *testing.T) {
 			}
 			t.Errorf("Join(%+v) = %v, want an error saying %q", tc.cfg, err, tc.want)
 		}
+	}
+}
+
+// TestMemberFeatures: a member registers with the features of this build
+// unless its config names others; an empty list names none.
+func TestMemberFeatures(t *testing.T) {
+	node := transport.Register{NodeID: "b0", Addr: "127.0.0.1:7400"}
+	if got := (MemberConfig{Node: node}).withDefaults().Node.Features; !slices.Equal(got, transport.Features()) ||
+		!slices.Contains(got, transport.FeatureReplicaMoves) {
+		t.Errorf("features registered by default: %q, want this build's %q", got, transport.Features())
+	}
+	node.Features = []string{}
+	if got := (MemberConfig{Node: node}).withDefaults().Node.Features; got == nil || len(got) != 0 {
+		t.Errorf("features registered when the config names none: %q, want none", got)
 	}
 }
