@@ -22,10 +22,11 @@ package broker
 //     place, tells the control plane (opReplicaSettled) until the map
 //     shows the move settled: only then may another replica of the shard
 //     move (see package ctl).
-//   - The broker moved from, when it runs again, closes its replica and
-//     removes its directory and its mark (removeMoved): its log is no
-//     longer counted by the group, and it must never come back under its
-//     old raft id.
+//   - The broker moved from, when it runs again, closes its replica and,
+//     once the map shows the move settled (the group no longer counts its
+//     copy), removes its directory and its mark (removeMoved, then
+//     removeKeptMoved for a copy kept while the move was pending): it
+//     must never come back under its old raft id.
 //
 // The replica moved from drops out of the group as soon as the map
 // changes, before the new one has caught up, so the group counts on its
@@ -205,12 +206,54 @@ func (s *shardSet) removeMoved(stream string, gone []int, r *applyResult) {
 		if open || st.Placement.IsReplica(shard, s.node) {
 			continue // moved back, or not yet closed
 		}
+		if n, _ := st.Placement.Pending(shard); n != "" {
+			// Until the move settles (its target a voter in the slot's
+			// place) the group may still count this copy: keep it,
+			// closed, and remove it on a map that shows it settled.
+			s.mu.Lock()
+			s.mu.keptMoved[id] = struct{}{}
+			s.mu.Unlock()
+			continue
+		}
+		if dir := filepath.Join(s.root.Name(), stream, strconv.Itoa(shard)); movedInAfter(dir, latest.Epoch) {
+			continue // moved here by a map newer than this one: not this map's to judge
+		}
+		s.mu.Lock()
+		delete(s.mu.keptMoved, id)
+		s.mu.Unlock()
 		if err := s.removeShardDir(id, latest.Epoch); err != nil {
 			r.deleteErr = append(r.deleteErr, err)
 			continue
 		}
 		s.logger.Info("removed this broker's replica of a shard: it was moved to another broker",
 			"shard", id.String(), "replicas", st.Placement.Replicas(shard), "epoch", latest.Epoch)
+	}
+}
+
+// movedInAfter reports whether the replica in dir was moved here by a
+// move newer than the map of epoch (its move id is that of the map that
+// made it): a broker that registered with a control plane holding an
+// older map must not remove it on that map's word.
+func movedInAfter(dir string, epoch uint64) bool {
+	id, ok, err := readMoveID(dir)
+	return err != nil || ok && id > epoch
+}
+
+// removeKeptMoved removes the copies of moved-away replicas kept while
+// their move was pending (removeMoved), once m shows it settled.
+func (s *shardSet) removeKeptMoved(m *shardmap.Map, r *applyResult) {
+	s.mu.Lock()
+	byStream := map[string][]int{}
+	for id := range s.mu.keptMoved {
+		if st, ok := m.Stream(id.Stream); !ok || st.Placement.IsReplica(id.Shard, s.node) {
+			delete(s.mu.keptMoved, id) // deleted (retain removes it) or moved back (opened anew)
+		} else if n, _ := st.Placement.Pending(id.Shard); n == "" {
+			byStream[id.Stream] = append(byStream[id.Stream], id.Shard)
+		}
+	}
+	s.mu.Unlock()
+	for name, shards := range byStream {
+		s.removeMoved(name, shards, r)
 	}
 }
 
@@ -257,12 +300,12 @@ func (n *raftNet) pendingMove(id shardmap.ShardID) uint64 {
 }
 
 // settle tells the control plane that this broker's replica of shard id,
-// moved here by the move the map shows pending, is a voter in its slot's
-// place (ctl replica.settled). A failure is logged once per shard: the
-// join goroutine says it again until the map shows the move settled.
-func (n *raftNet) settle(id shardmap.ShardID) {
-	move := n.pendingMove(id)
-	if move == 0 || n.toCtl == nil {
+// moved here by move, is a voter in its slot's place (ctl
+// replica.settled), if the map shows that move pending. A failure is
+// logged once per shard: the join goroutine says it again until the map
+// shows the move settled.
+func (n *raftNet) settle(id shardmap.ShardID, move uint64) {
+	if move == 0 || n.pendingMove(id) != move || n.toCtl == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(n.ctx, joinEvery*n.tick+time.Second)

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -266,6 +267,83 @@ func waitVoter(t *testing.T, b *Broker, id shardmap.ShardID, n uint64) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s's replica of %s is not a voter with %d records within %v", b.NodeID(), id, n, waitFor)
+		}
+	}
+}
+
+// TestMovedAwayCopyKeptUntilSettled: the broker moved from keeps its copy
+// (closed, serving nothing) while the move is pending, since the group may
+// still count it until the target replaces it; once the target is a voter
+// and the move settles, the copy goes. The target's disk refuses its
+// writes at first (a fault at the fdatasync seam), so that the move stays
+// pending for as long as the test needs.
+func TestMovedAwayCopyKeptUntilSettled(t *testing.T) {
+	ip := startInprocWith(t, fastRaft, 4, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	id := shardmap.ShardID{Stream: "r3", Shard: 0}
+	st, _ := ip.ctl.Map().Stream("r3")
+	set := st.Placement.Replicas(0)
+	var spare string
+	for _, b := range ip.brokers {
+		if !slices.Contains(set, b.NodeID()) {
+			spare = b.NodeID()
+		}
+	}
+	leader := leaderOf(t, ip.brokers, id)
+	if f := publishVia(t, ip, leader, "r3", 0, 1, "v"); f.Type() != transport.FrameAck {
+		t.Fatalf("publish: %T %+v", f, f)
+	}
+	var src *Broker
+	for _, b := range ip.brokers {
+		if b != leader && slices.Contains(set, b.NodeID()) {
+			src = b
+		}
+	}
+	srcIdx, spareIdx := ip.brokerIndex(src.NodeID()), ip.brokerIndex(spare)
+	srcDir := filepath.Join(ip.dir, src.NodeID(), "streams", "r3", "0")
+
+	// The spare's replicas cannot write until it restarts.
+	ip.closeBroker(t, ip.brokers[spareIdx])
+	ip.tweak = func(c *Config) {
+		fastRaft(c)
+		c.Knobs.ReplicaBeforeSync = func(shardmap.ShardID, uint64) error { return errors.New("injected: the disk refuses writes") }
+	}
+	ip.brokers = append(ip.brokers, ip.startBroker(spareIdx))
+	ip.tweak = fastRaft
+
+	ip.closeBroker(t, src)
+	ip.waitDown(src.NodeID())
+	if err := ip.ctl.MoveReplica("r3", 0, src.NodeID(), spare); err != nil {
+		t.Fatal(err)
+	}
+	back := ip.startBroker(srcIdx)
+	ip.brokers = append(ip.brokers, back)
+	ip.waitEpoch(ip.ctl.Map().Epoch)
+	time.Sleep(500 * time.Millisecond) // applies, raft ticks, admission rounds
+	if n, _ := func() (string, uint64) { st, _ := ip.ctl.Map().Stream("r3"); return st.Placement.Pending(0) }(); n != spare {
+		t.Fatalf("the move is not pending (pending %q): the test did not hold it", n)
+	}
+	if _, err := os.Stat(srcDir); err != nil {
+		t.Fatalf("%s removed its copy of %s while the move to %s was pending: %v", back.NodeID(), id, spare, err)
+	}
+	if groupOf(back, id) != nil {
+		t.Fatalf("%s hosts a replica of %s, moved away", back.NodeID(), id)
+	}
+
+	// The target restarts with a disk that writes: it joins, the move
+	// settles, and the copy goes.
+	ip.closeBroker(t, ip.brokers[ip.brokerIndex(spare)])
+	sp := ip.startBroker(spareIdx)
+	ip.brokers = append(ip.brokers, sp)
+	waitVoter(t, sp, id, 1)
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(10 * time.Millisecond) {
+		_, err := os.Stat(srcDir)
+		if os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			st, _ := ip.ctl.Map().Stream("r3")
+			n, move := st.Placement.Pending(0)
+			t.Fatalf("%s kept its copy of %s after the move settled (pending %q %d): %v", back.NodeID(), id, n, move, err)
 		}
 	}
 }

@@ -130,6 +130,7 @@ type raftMember struct {
 	id    shardmap.ShardID
 	g     *replica.Group
 	slots *raftSlots
+	move  uint64 // the move that brought the replica here, 0 if none (moves.go)
 	stop  chan struct{}
 }
 
@@ -155,8 +156,8 @@ func (n *raftNet) transport(id shardmap.ShardID, slots *raftSlots) replica.Trans
 // ticker hand g's leadership back to the slots' owner when it can. A
 // replica that replaces a lost one, or a moved one (join), gets a
 // goroutine that asks to be admitted.
-func (n *raftNet) register(id shardmap.ShardID, g *replica.Group, slots *raftSlots, join bool) {
-	gm := &raftMember{id: id, g: g, slots: slots, stop: make(chan struct{})}
+func (n *raftNet) register(id shardmap.ShardID, g *replica.Group, slots *raftSlots, move uint64, join bool) {
+	gm := &raftMember{id: id, g: g, slots: slots, move: move, stop: make(chan struct{})}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if old := n.mu.groups[id]; old != nil {

@@ -187,8 +187,8 @@ func (n *raftNet) join(id shardmap.ShardID, gm *raftMember) {
 			voter = true
 			n.log.Info("replica joined its group as a voter", "shard", id.String(), "raft_id", self, "next_offset", gm.g.NextOffset())
 		}
-		if voter && n.pendingMove(id) == 0 {
-			return
+		if voter && (gm.move == 0 || n.pendingMove(id) != gm.move) {
+			return // nothing of this replica's to settle
 		}
 		if gm.g.Err() != nil {
 			return // closed or failed: whoever reopens it joins again
@@ -203,7 +203,7 @@ func (n *raftNet) join(id shardmap.ShardID, gm *raftMember) {
 		if voter {
 			// Moved here and a voter: the control plane lets another
 			// replica of the shard move once it hears so (moves.go).
-			n.settle(id)
+			n.settle(id, gm.move)
 			continue
 		}
 		to := hint

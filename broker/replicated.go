@@ -368,8 +368,8 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 	// A replica that was joining when the broker stopped asks again.
 	// So does a replica moved here whose move the control plane has not
 	// yet heard is done (moves.go).
-	pending, _ := st.Placement.Pending(e.id.Shard)
-	s.raft.register(e.id, g, slots, join || membership(g) != replica.Voter || pending == s.node)
+	_, pending := st.Placement.Pending(e.id.Shard)
+	s.raft.register(e.id, g, slots, e.move, join || membership(g) != replica.Voter || pending != 0 && pending == e.move)
 	return nil
 }
 

@@ -176,6 +176,9 @@ type shardSet struct {
 		// showed, for the per-shard gauges (see shards_metrics.go), while
 		// their shards are this broker's.
 		closedStats map[shardmap.ShardID]shardStats
+		// keptMoved are the replicas moved away whose directories are
+		// kept until their move settles (moves.go).
+		keptMoved map[shardmap.ShardID]struct{}
 		// lost holds the replicas of replicated shards this broker held
 		// before its data directory was lost, until each opens (and
 		// rejoins its group under a new raft id: rejoin.go).
@@ -273,6 +276,7 @@ func newShardSet(cfg Config, log *slog.Logger, tel *telemetry) (*shardSet, error
 	s.mu.admitted = map[string]int{}
 	s.mu.failed = map[shardmap.ShardID]failure{}
 	s.mu.closedStats = map[shardmap.ShardID]shardStats{}
+	s.mu.keptMoved = map[shardmap.ShardID]struct{}{}
 	s.emptyTrash()
 	return s, nil
 }

@@ -83,6 +83,7 @@ func (s *shardSet) apply(m *shardmap.Map) (*shardmap.Map, applyResult) {
 		s.sweepDeleted(m, &r)
 		s.sweepMoved(m, &r)
 	}
+	s.removeKeptMoved(m, &r)
 	toOpen := s.admit(m, &r)
 	for _, id := range toOpen {
 		s.mu.RLock()

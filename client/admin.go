@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -148,6 +149,9 @@ func (c *Client) MoveReplica(ctx context.Context, stream string, shard int, from
 	case from == "":
 		return fail(&transport.Error{Code: transport.CodeInvalid, Message: "name the broker whose replica moves"})
 	}
+	if err := c.checkMovable(ctx, stream, shard, from); err != nil {
+		return fail(err)
+	}
 	req := &transport.Request{Op: opStreamMove, Stream: StreamConfig{Name: stream}, Move: &transport.ReplicaMove{Shard: shard, From: from, To: to}}
 	resp, err := c.request(ctx, c.home, req)
 	if err != nil {
@@ -162,6 +166,55 @@ func (c *Client) MoveReplica(ctx context.Context, stream string, shard int, from
 		mv.Replicas = slices.Clone(st.Placement.Replicas(mv.Shard))
 	}
 	return mv, nil
+}
+
+// checkMovable asks the shard's other replicas where they stand in its
+// raft group before from's replica moves: each must answer, as a voter,
+// and all must follow one leader among them. The control plane checks
+// only leases, and a live broker may hold a replica that is not (yet) a
+// voter, a lost one rejoining, say: moving from's replica then would
+// leave the group without the quorum that admits the new one, and
+// from's broker, when it comes back, without its copy. A stream, shard
+// or source the map does not know is left to the control plane to
+// refuse.
+func (c *Client) checkMovable(ctx context.Context, stream string, shard int, from string) error {
+	states, err := c.ReplicaStatus(ctx, stream)
+	if err != nil {
+		if errors.Is(err, ErrUnknownStream) {
+			return nil
+		}
+		return err
+	}
+	m := c.cachedMap()
+	st, ok := m.Stream(stream)
+	if !ok || !st.Placement.IsReplica(shard, from) || st.Factor() == 1 {
+		return nil
+	}
+	leader := ""
+	for _, n := range st.Placement.Replicas(shard) {
+		if n == from {
+			continue
+		}
+		i := slices.IndexFunc(states, func(s ReplicaState) bool { return s.Shard == shard && s.Node == n })
+		var why string
+		switch {
+		case i < 0:
+			why = "did not say where its replica stands"
+		case states[i].Err != "":
+			why = "answered with an error: " + states[i].Err
+		case states[i].Member != "voter":
+			why = fmt.Sprintf("holds a replica that is not a voter of the group (%s)", cmp.Or(states[i].Member, "unknown"))
+		case states[i].Leader == "" || states[i].Leader == from || (leader != "" && states[i].Leader != leader):
+			why = fmt.Sprintf("follows no leader among the shard's other replicas (it knows %q)", states[i].Leader)
+		default:
+			leader = states[i].Leader
+			continue
+		}
+		return &transport.Error{Code: transport.CodeInvalid, Message: fmt.Sprintf(
+			"%s, another replica of %s/%d, %s: the move would leave the group without the quorum that admits the new replica, and %s's copy may be one the shard needs; "+
+				"wait until the shard's other replicas are voters under one leader (felixctl stream info %s)", n, stream, shard, why, from, stream)}
+	}
+	return nil
 }
 
 // RemoveBroker removes the broker id from the cluster's members: the shard

@@ -556,6 +556,18 @@ func TestMoveReplica(t *testing.T) {
 		t.Fatalf("move of a live broker's replica: %v", err)
 	}
 	fc.setLive("broker-2", false)
+	// Another replica that is not a voter (a lost one rejoining, say):
+	// the move is refused before the control plane is asked.
+	joining := "broker-3"
+	fc.joining.Store(&joining)
+	epoch0 := fc.currentMap().Epoch
+	if _, err := c.MoveReplica(ctx, "r", 1, "broker-2", ""); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "broker-3, another replica of r/1, holds a replica that is not a voter of the group (joining)") {
+		t.Fatalf("move while another replica is joining: %v", err)
+	}
+	if fc.currentMap().Epoch != epoch0 {
+		t.Fatal("a move refused by the client's check reached the control plane")
+	}
+	fc.joining.Store(nil)
 	mv, err := c.MoveReplica(ctx, "r", 1, "broker-2", "")
 	if err != nil {
 		t.Fatal(err)

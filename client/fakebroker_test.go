@@ -35,6 +35,9 @@ type fakeCluster struct {
 		changed chan struct{}                  // closed and replaced on every append
 		damaged map[shardmap.ShardID][2]uint64 // offsets served as corrupt (see damage)
 	}
+	// joining, when set, is a broker whose replicas report themselves
+	// joining rather than voters (replica.status).
+	joining atomic.Pointer[string]
 	// staleGets makes this many map.get answers carry stale instead.
 	staleGets atomic.Int32
 	stale     atomic.Pointer[shardmap.Map]
@@ -417,7 +420,12 @@ func (b *fakeBroker) serveRequest(req *transport.Request, w *transport.Writer) {
 		if st, ok := b.fc.currentMap().Stream(req.Stream.Name); ok {
 			for shard := range st.Shards {
 				if slices.Contains(st.Placement.Replicas(shard), b.id) {
-					out = append(out, transport.ReplicaState{Shard: shard, Node: b.id, Member: "voter"})
+					// The first replica leads (the fake has no elections).
+					rs := transport.ReplicaState{Shard: shard, Node: b.id, Member: "voter", Leader: st.Placement.Replicas(shard)[0]}
+					if j := b.fc.joining.Load(); j != nil && *j == b.id {
+						rs.Member, rs.Leader = "joining", ""
+					}
+					out = append(out, rs)
 				}
 			}
 		}

@@ -153,6 +153,20 @@ func (s *Server) handle(principal string, req *transport.Request) (*transport.Re
 		// The map tells a follower that forwarded the request which epoch
 		// to wait for before it answers (forward).
 		return &transport.Response{Map: s.Map().VisibleTo(principal)}, nil
+	case OpReplicaSettled:
+		// Reaches handle only from a ctl that forwarded a broker's report
+		// and became the leader meanwhile (serveSettled checked the
+		// broker); never for a client.
+		if principal != ctlPrincipal {
+			return nil, transport.Errorf(transport.CodeUnauthorized, "%s is sent by brokers only", req.Op)
+		}
+		if req.Move == nil || req.Move.ID == 0 {
+			return nil, transport.Errorf(transport.CodeInvalid, "%s names no move", req.Op)
+		}
+		if err := s.settleMove(req.Stream.Name, req.Move.Shard, req.Move.To, req.Move.ID); err != nil {
+			return nil, err
+		}
+		return &transport.Response{Map: s.Map()}, nil
 	case OpStreamList:
 		var out []shardmap.StreamConfig
 		for _, st := range m.VisibleTo(principal).Streams {

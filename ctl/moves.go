@@ -93,7 +93,9 @@ func (s *state) moveReplica(name string, shard int, from, to string) (string, er
 			ErrInvalid, from, id, earlierVersion(old), plural(old, "it", "them"), plural(old, "it", "they"), plural(old, "its", "their"))
 	}
 	for _, n := range set {
-		if n != from && !s.live(n) {
+		// Registered now, not held live after a takeover: a member held
+		// live may be a process that died with the old leader.
+		if n != from && !s.registered(n) {
 			return "", fmt.Errorf("%w: move %s's replica of %s: %s, another of its replicas, is down: a move needs the shard's other replicas live "+
 				"(the replica moved leaves the group at once, and the new one is admitted only by a quorum of the others: with one of them down, the moved replica's copy may be one the shard needs); bring %s back first",
 				ErrInvalid, from, id, n, n)
@@ -142,6 +144,14 @@ func (s *state) settleMove(name string, shard int, node string, id uint64) error
 	s.streams[name] = st
 	s.bump()
 	return nil
+}
+
+// registered reports whether id is a live member with a registration
+// this leader counts (not one held live after a takeover until it
+// registers again).
+func (s *state) registered(id string) bool {
+	m, ok := s.members[id]
+	return ok && m.node.Live && m.session != 0
 }
 
 // live reports whether id is a member whose lease is current.
