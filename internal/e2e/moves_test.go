@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -132,7 +133,16 @@ func TestReplicaMovedAfterMachineLoss(t *testing.T) {
 	// Its replica moves to the only broker without one.
 	ops := clustertest.Connect(t, c, target, client.WithReconnect(20*time.Millisecond, 500*time.Millisecond))
 	moved := time.Now()
-	mv, err := ops.MoveReplica(ctx, stream, 0, lost, "")
+	// The SDK first asks the other replicas: until they have elected a
+	// leader among them (an election timeout after the kill) it says to
+	// wait, as it would to an operator.
+	var mv client.MovedReplica
+	for deadline := time.Now().Add(failoverBound); ; time.Sleep(200 * time.Millisecond) {
+		mv, err = ops.MoveReplica(ctx, stream, 0, lost, "")
+		if err == nil || !strings.Contains(err.Error(), "wait until the shard's other replicas are voters") || time.Now().After(deadline) {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatalf("moving %s's replica of %s/0: %v", lost, stream, err)
 	}
