@@ -170,7 +170,7 @@ func (c *Client) MoveReplica(ctx context.Context, stream string, shard int, from
 
 // checkMovable asks the shard's other replicas where they stand in its
 // raft group before from's replica moves: each must answer, as a voter,
-// and all must follow one leader among them. The control plane checks
+// and all must follow one leader among them (else ErrReplicasNotReady). The control plane checks
 // only leases, and a live broker may hold a replica that is not (yet) a
 // voter, a lost one rejoining, say: moving from's replica then would
 // leave the group without the quorum that admits the new one, and
@@ -210,9 +210,8 @@ func (c *Client) checkMovable(ctx context.Context, stream string, shard int, fro
 			leader = states[i].Leader
 			continue
 		}
-		return &transport.Error{Code: transport.CodeInvalid, Message: fmt.Sprintf(
-			"%s, another replica of %s/%d, %s: the move would leave the group without the quorum that admits the new replica, and %s's copy may be one the shard needs; "+
-				"wait until the shard's other replicas are voters under one leader (felixctl stream info %s)", n, stream, shard, why, from, stream)}
+		return fmt.Errorf("%w: %s, another replica of %s/%d, %s: the move would leave the group without the quorum that admits the new replica, and %s's copy may be one the shard needs; "+
+			"wait until the shard's other replicas are voters under one leader (felixctl stream info %s)", ErrReplicasNotReady, n, stream, shard, why, from, stream)
 	}
 	return nil
 }

@@ -561,7 +561,7 @@ func TestMoveReplica(t *testing.T) {
 	joining := "broker-3"
 	fc.joining.Store(&joining)
 	epoch0 := fc.currentMap().Epoch
-	if _, err := c.MoveReplica(ctx, "r", 1, "broker-2", ""); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "broker-3, another replica of r/1, holds a replica that is not a voter of the group (joining)") {
+	if _, err := c.MoveReplica(ctx, "r", 1, "broker-2", ""); !errors.Is(err, ErrReplicasNotReady) || !strings.Contains(err.Error(), "broker-3, another replica of r/1, holds a replica that is not a voter of the group (joining)") {
 		t.Fatalf("move while another replica is joining: %v", err)
 	}
 	if fc.currentMap().Epoch != epoch0 {

@@ -28,6 +28,13 @@ var (
 	// ErrCorrupt matches every [*CorruptError]: a subscription reached
 	// records that are damaged in the owner's log.
 	ErrCorrupt = errors.New("client: corrupt records")
+
+	// ErrReplicasNotReady is returned by [Client.MoveReplica] when the
+	// shard's other replicas are not all voters following one leader
+	// among them (an election after the source went down, or a replica
+	// rejoining): moving now could leave the group without a quorum. It
+	// passes: ask again a little later.
+	ErrReplicasNotReady = errors.New("client: the shard's other replicas are not voters under one leader yet")
 )
 
 // CorruptError ends a subscription that reached records damaged in the

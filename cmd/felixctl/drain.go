@@ -182,9 +182,7 @@ func (d *drain) work() {
 		if !ok {
 			return
 		}
-		mctx, cancel := context.WithTimeout(a.ctx, a.flags.Timeout)
-		mv, err := d.c.MoveReplica(mctx, id.Stream, id.Shard, b, "")
-		cancel()
+		mv, err := moveWhenReady(a.ctx, d.c, a.flags.Timeout, d.cmd.Wait, id.Stream, id.Shard, b, "", nil)
 		if err != nil {
 			if a.ctx.Err() != nil {
 				d.stop()

@@ -57,7 +57,11 @@ func (s *streamMoveCmd) Run(a *app) error {
 		return err
 	}
 	defer c.Close()
-	mv, err := c.MoveReplica(cctx, s.Name, s.Shard, s.From, s.To)
+	mv, err := moveWhenReady(a.ctx, c, g.Timeout, max(s.Wait, g.Timeout), s.Name, s.Shard, s.From, s.To, func() {
+		if !g.JSON {
+			fmt.Fprintf(a.stdout, "waiting for the other replicas of %s/%d to be voters under one leader (an election after %s went down, or a replica rejoining)\n", s.Name, s.Shard, s.From)
+		}
+	})
 	if err != nil {
 		return &brokerError{ID: c.id, Addr: c.addr, Err: &streamError{Stream: s.Name, Err: err}}
 	}
@@ -139,6 +143,35 @@ func followReplica(ctx context.Context, c *conn, timeout, wait time.Duration, mv
 			}
 			return errors.New(msg + fmt.Sprintf(". The move is made and the replica goes on joining: follow it with `felixctl stream info %s`", mv.Stream))
 		case <-tick.C:
+		}
+	}
+}
+
+// moveReadyPoll is how often a move the SDK found the shard not ready
+// for is asked again.
+const moveReadyPoll = 500 * time.Millisecond
+
+// moveWhenReady makes the move, asking again while the SDK says the
+// shard's other replicas are not yet voters under one leader (they elect
+// one within an election timeout of the source going down), for up to
+// wait; each attempt within timeout. waiting runs once, at the first such
+// answer.
+func moveWhenReady(ctx context.Context, c *conn, timeout, wait time.Duration, stream string, shard int, from, to string, waiting func()) (client.MovedReplica, error) {
+	deadline := time.Now().Add(wait)
+	for first := true; ; first = false {
+		mctx, cancel := context.WithTimeout(ctx, timeout)
+		mv, err := c.MoveReplica(mctx, stream, shard, from, to)
+		cancel()
+		if !errors.Is(err, client.ErrReplicasNotReady) || time.Now().Add(moveReadyPoll).After(deadline) {
+			return mv, err
+		}
+		if first && waiting != nil {
+			waiting()
+		}
+		select {
+		case <-ctx.Done():
+			return mv, err
+		case <-time.After(moveReadyPoll):
 		}
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -139,7 +138,7 @@ func TestReplicaMovedAfterMachineLoss(t *testing.T) {
 	var mv client.MovedReplica
 	for deadline := time.Now().Add(failoverBound); ; time.Sleep(200 * time.Millisecond) {
 		mv, err = ops.MoveReplica(ctx, stream, 0, lost, "")
-		if err == nil || !strings.Contains(err.Error(), "wait until the shard's other replicas are voters") || time.Now().After(deadline) {
+		if !errors.Is(err, client.ErrReplicasNotReady) || time.Now().After(deadline) {
 			break
 		}
 	}
