@@ -190,6 +190,9 @@ func (c *Client) checkMovable(ctx context.Context, stream string, shard int, fro
 	if !ok || !st.Placement.IsReplica(shard, from) || st.Factor() == 1 {
 		return nil
 	}
+	if n, ok := m.Node(from); ok && n.Live {
+		return nil // the control plane refuses it: stop it first
+	}
 	leader := ""
 	for _, n := range st.Placement.Replicas(shard) {
 		if n == from {
