@@ -215,16 +215,26 @@ func (s *shardSet) removeMoved(stream string, gone []int, r *applyResult) {
 			s.mu.Unlock()
 			continue
 		}
-		if dir := filepath.Join(s.root.Name(), stream, strconv.Itoa(shard)); movedInAfter(dir, latest.Epoch) {
-			continue // moved here by a map newer than this one: not this map's to judge
+		forget := func() {
+			s.mu.Lock()
+			delete(s.mu.keptMoved, id)
+			s.mu.Unlock()
 		}
-		s.mu.Lock()
-		delete(s.mu.keptMoved, id)
-		s.mu.Unlock()
-		if err := s.removeShardDir(id, latest.Epoch); err != nil {
-			r.deleteErr = append(r.deleteErr, err)
+		if dir := filepath.Join(s.root.Name(), stream, strconv.Itoa(shard)); movedInAfter(dir, latest.Epoch) {
+			// Moved here by a map newer than this one (or its move id is
+			// unreadable): not this map's to judge; the next start's sweep
+			// looks again.
+			forget()
 			continue
 		}
+		if err := s.removeShardDir(id, latest.Epoch); err != nil {
+			r.deleteErr = append(r.deleteErr, err)
+			s.mu.Lock()
+			s.mu.keptMoved[id] = struct{}{} // the next map tries again
+			s.mu.Unlock()
+			continue
+		}
+		forget()
 		s.logger.Info("removed this broker's replica of a shard: it was moved to another broker",
 			"shard", id.String(), "replicas", st.Placement.Replicas(shard), "epoch", latest.Epoch)
 	}

@@ -191,7 +191,10 @@ func (c *Client) checkMovable(ctx context.Context, stream string, shard int, fro
 		return nil
 	}
 	if n, ok := m.Node(from); ok && n.Live {
-		return nil // the control plane refuses it: stop it first
+		// Never sent unchecked: the control plane may already see it down
+		// while this map, a lease behind, does not.
+		return &transport.Error{Code: transport.CodeInvalid, Message: fmt.Sprintf(
+			"%s is live: stop it first (the map of epoch %d shows it live; a broker that stopped stays live until its lease runs out, a few seconds: ask again then)", from, m.Epoch)}
 	}
 	leader := ""
 	for _, n := range st.Placement.Replicas(shard) {

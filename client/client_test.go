@@ -555,7 +555,19 @@ func TestMoveReplica(t *testing.T) {
 	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "client: move broker-2's replica of r/1: ") || !strings.Contains(err.Error(), "stop it first") {
 		t.Fatalf("move of a live broker's replica: %v", err)
 	}
+	// A map a lease behind (broker-2 live in it) while the control plane
+	// sees broker-2 down: the move is not sent unchecked.
+	fc.stale.Store(fc.currentMap())
 	fc.setLive("broker-2", false)
+	fc.staleGets.Store(1)
+	staleEpoch := fc.currentMap().Epoch
+	if _, err := c.MoveReplica(ctx, "r", 1, "broker-2", ""); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "broker-2 is live: stop it first") {
+		t.Fatalf("move checked against a stale map: %v", err)
+	}
+	if fc.currentMap().Epoch != staleEpoch {
+		t.Fatal("a move checked against a stale map that shows its source live reached the control plane")
+	}
+	fc.staleGets.Store(0)
 	// Another replica that is not a voter (a lost one rejoining, say):
 	// the move is refused before the control plane is asked.
 	joining := "broker-3"
