@@ -45,10 +45,14 @@ type slotMap struct {
 	nodes   []string
 	moves   []uint64
 	pending uint64 // the id of the move not yet settled, 0 for none
+	// pendingFrom is the node the pending move moved from: the group may
+	// still count its copy, so the slot never moves back to it before the
+	// move settles (its broker would remove that copy to join anew).
+	pendingFrom string
 }
 
 func (a slotMap) equal(b slotMap) bool {
-	return slices.Equal(a.nodes, b.nodes) && slices.Equal(a.moves, b.moves) && a.pending == b.pending
+	return slices.Equal(a.nodes, b.nodes) && slices.Equal(a.moves, b.moves) && a.pending == b.pending && a.pendingFrom == b.pendingFrom
 }
 
 // maxSlots is the most replicas a moved shard may have.
@@ -109,7 +113,7 @@ func (p Placement) Settle(shard int, id uint64) Placement {
 	}
 	q := p
 	q.moved = slices.Clone(p.moved)
-	q.moved[shard].pending = 0
+	q.moved[shard].pending, q.moved[shard].pendingFrom = 0, ""
 	return q
 }
 
@@ -127,6 +131,8 @@ func (p Placement) Move(shard int, from, to string, id uint64) (Placement, error
 	switch {
 	case pendingNode != "" && pendingNode != from:
 		return p, fmt.Errorf("%w: shard %d: the move of a replica to %s is under way (not yet a voter): one move at a time per shard", ErrBadMove, shard, pendingNode)
+	case pendingNode != "" && to == p.moved[shard].pendingFrom:
+		return p, fmt.Errorf("%w: shard %d: %s is where the move under way came from, and the group may still count its copy, which a move back would replace: move the replica elsewhere, or wait until the move settles", ErrBadMove, shard, to)
 	case id == 0:
 		return p, fmt.Errorf("%w: move shard %d: move id 0", ErrBadMove, shard)
 	case len(set) < 2:
@@ -156,7 +162,11 @@ func (p Placement) Move(shard int, from, to string, id uint64) (Placement, error
 	if q.moved == nil {
 		q.moved = make([]slotMap, len(p.owners))
 	}
-	q.moved[shard] = slotMap{nodes: slots, moves: moves, pending: id}
+	source := from
+	if pendingNode != "" {
+		source = p.moved[shard].pendingFrom // a pending move's target lost too: its source may still count
+	}
+	q.moved[shard] = slotMap{nodes: slots, moves: moves, pending: id, pendingFrom: source}
 	return q, nil
 }
 
@@ -168,10 +178,12 @@ type movedPlacement struct {
 	Slots   [][]string `msgpack:"slots" json:"slots"`
 	Moves   [][]uint64 `msgpack:"moves" json:"moves"`
 	Pending []uint64   `msgpack:"pending" json:"pending"`
+	// PendingFrom is each pending move's source ("" for none).
+	PendingFrom []string `msgpack:"pending_from" json:"pending_from"`
 }
 
 func (p Placement) movedWire() movedPlacement {
-	w := movedPlacement{Sets: p.sets, Slots: make([][]string, len(p.moved)), Moves: make([][]uint64, len(p.moved)), Pending: make([]uint64, len(p.moved))}
+	w := movedPlacement{Sets: p.sets, Slots: make([][]string, len(p.moved)), Moves: make([][]uint64, len(p.moved)), Pending: make([]uint64, len(p.moved)), PendingFrom: make([]string, len(p.moved))}
 	if w.Sets == nil {
 		w.Sets = make([][]string, len(p.owners))
 		for s := range w.Sets {
@@ -179,7 +191,7 @@ func (p Placement) movedWire() movedPlacement {
 		}
 	}
 	for s, m := range p.moved {
-		w.Slots[s], w.Moves[s], w.Pending[s] = m.nodes, m.moves, m.pending
+		w.Slots[s], w.Moves[s], w.Pending[s], w.PendingFrom[s] = m.nodes, m.moves, m.pending, m.pendingFrom
 	}
 	return w
 }
@@ -187,8 +199,9 @@ func (p Placement) movedWire() movedPlacement {
 // setMoved makes p the placement w encodes, after checking that each
 // shard's slots, where given, hold its replica set's nodes.
 func (p *Placement) setMoved(w movedPlacement) error {
-	if len(w.Slots) != len(w.Sets) || len(w.Moves) != len(w.Sets) || len(w.Pending) != len(w.Sets) {
-		return fmt.Errorf("shardmap: decode placement: %d replica sets, %d slot lists, %d move lists, %d pending", len(w.Sets), len(w.Slots), len(w.Moves), len(w.Pending))
+	if len(w.Slots) != len(w.Sets) || len(w.Moves) != len(w.Sets) || len(w.Pending) != len(w.Sets) || len(w.PendingFrom) != len(w.Sets) {
+		return fmt.Errorf("shardmap: decode placement: %d replica sets, %d slot lists, %d move lists, %d pending, %d pending sources",
+			len(w.Sets), len(w.Slots), len(w.Moves), len(w.Pending), len(w.PendingFrom))
 	}
 	if err := p.setFrom(w.Sets, true); err != nil {
 		return err
@@ -196,7 +209,7 @@ func (p *Placement) setMoved(w movedPlacement) error {
 	moved := make([]slotMap, len(w.Sets))
 	for s, slots := range w.Slots {
 		if len(slots) == 0 {
-			if len(w.Moves[s]) != 0 || w.Pending[s] != 0 {
+			if len(w.Moves[s]) != 0 || w.Pending[s] != 0 || w.PendingFrom[s] != "" {
 				return fmt.Errorf("shardmap: decode placement: shard %d: move ids but no slots", s)
 			}
 			continue
@@ -213,7 +226,10 @@ func (p *Placement) setMoved(w movedPlacement) error {
 		if w.Pending[s] != 0 && !slices.Contains(w.Moves[s], w.Pending[s]) {
 			return fmt.Errorf("shardmap: decode placement: shard %d: pending move %d is none of its slots' (%v)", s, w.Pending[s], w.Moves[s])
 		}
-		moved[s] = slotMap{nodes: slices.Clone(slots), moves: slices.Clone(w.Moves[s]), pending: w.Pending[s]}
+		if (w.Pending[s] == 0) != (w.PendingFrom[s] == "") {
+			return fmt.Errorf("shardmap: decode placement: shard %d: pending move %d from %q", s, w.Pending[s], w.PendingFrom[s])
+		}
+		moved[s] = slotMap{nodes: slices.Clone(slots), moves: slices.Clone(w.Moves[s]), pending: w.Pending[s], pendingFrom: w.PendingFrom[s]}
 	}
 	p.moved = moved
 	return nil

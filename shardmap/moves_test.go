@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -44,10 +45,15 @@ func TestMoveKeepsOtherSlots(t *testing.T) {
 	if _, err := q.Move(0, "a", "f", 9); !errors.Is(err, ErrBadMove) {
 		t.Errorf("a second slot moved while a move was pending: %v", err)
 	}
+	if _, err := q.Move(0, "e", "c", 8); !errors.Is(err, ErrBadMove) || !strings.Contains(err.Error(), "where the move under way came from") {
+		t.Errorf("the pending slot moved back to its source before the move settled: %v", err)
+	}
 	if again, err := q.Move(0, "e", "g", 8); err != nil || again.MoveID(0, "g") != 8 || again.Joined(0, "e") {
 		t.Errorf("the pending slot moved again: %v, %v", err, again.movedWire())
 	} else if n, id := again.Pending(0); n != "g" || id != 8 {
 		t.Errorf("pending after the pending slot moved again: %q %d, want g 8", n, id)
+	} else if _, err := again.Move(0, "g", "c", 10); !errors.Is(err, ErrBadMove) {
+		t.Errorf("after a retarget, the slot moved back to the first move's source before it settled: %v", err)
 	}
 	if q.Settle(0, 6).Equal(q) != true || q.Settle(1, 7).Equal(q) != true {
 		t.Error("settling another move id or shard changed the placement")
@@ -111,7 +117,7 @@ func TestMovedPlacementEncoding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := `{"sets":[["c","a","b"],null,["b","e","c"]],"slots":[null,null,["b","c","e"]],"moves":[null,null,[0,0,12]],"pending":[0,0,12]}`; string(j) != want {
+	if want := `{"sets":[["c","a","b"],null,["b","e","c"]],"slots":[null,null,["b","c","e"]],"moves":[null,null,[0,0,12]],"pending":[0,0,12],"pending_from":["","","d"]}`; string(j) != want {
 		t.Fatalf("JSON %s, want %s", j, want)
 	}
 	var r Placement
@@ -123,14 +129,16 @@ func TestMovedPlacementEncoding(t *testing.T) {
 		t.Error("a moved placement equals one with the same sets and no move")
 	}
 	for _, bad := range []string{
-		`{"sets":[["a","b","c"]],"slots":[["a","b","d"]],"moves":[[1,0,0]],"pending":[0]}`, // a slot node outside the set
-		`{"sets":[["a","b","c"]],"slots":[["a","a","b"]],"moves":[[1,0,0]],"pending":[0]}`, // repeated
-		`{"sets":[["a","b","c"]],"slots":[["a","b"]],"moves":[[1,0]],"pending":[0]}`,       // too few
-		`{"sets":[["a","b","c"]],"slots":[["a","b","c"]],"moves":[[1,0]],"pending":[0]}`,   // move ids do not fit the slots
-		`{"sets":[["a","b","c"]],"slots":[null],"moves":[[1]],"pending":[0]}`,              // move ids without slots
-		`{"sets":[["a","b","c"]],"slots":[],"moves":[],"pending":[]}`,                      // lengths differ
-		`{"sets":[["a","b","c"]],"slots":[["a","b","c"]],"moves":[[1,0,0]],"pending":[2]}`, // pending none of the moves
-		`{"sets":[["a","b","c"]],"slots":[["a","b","c"]],"moves":[[1,0,0]]}`,               // no pending list
+		`{"sets":[["a","b","c"]],"slots":[["a","b","d"]],"moves":[[1,0,0]],"pending":[0],"pending_from":[""]}`,  // a slot node outside the set
+		`{"sets":[["a","b","c"]],"slots":[["a","a","b"]],"moves":[[1,0,0]],"pending":[0],"pending_from":[""]}`,  // repeated
+		`{"sets":[["a","b","c"]],"slots":[["a","b"]],"moves":[[1,0]],"pending":[0],"pending_from":[""]}`,        // too few
+		`{"sets":[["a","b","c"]],"slots":[["a","b","c"]],"moves":[[1,0]],"pending":[0],"pending_from":[""]}`,    // move ids do not fit the slots
+		`{"sets":[["a","b","c"]],"slots":[null],"moves":[[1]],"pending":[0],"pending_from":[""]}`,               // move ids without slots
+		`{"sets":[["a","b","c"]],"slots":[],"moves":[],"pending":[],"pending_from":[]}`,                         // lengths differ
+		`{"sets":[["a","b","c"]],"slots":[["a","b","c"]],"moves":[[1,0,0]],"pending":[2],"pending_from":["d"]}`, // pending none of the moves
+		`{"sets":[["a","b","c"]],"slots":[["a","b","c"]],"moves":[[1,0,0]],"pending":[1],"pending_from":[""]}`,  // pending with no source
+		`{"sets":[["a","b","c"]],"slots":[["a","b","c"]],"moves":[[1,0,0]],"pending":[0],"pending_from":["d"]}`, // a source with no pending move
+		`{"sets":[["a","b","c"]],"slots":[["a","b","c"]],"moves":[[1,0,0]]}`,                                    // no pending list
 	} {
 		var x Placement
 		if err := json.Unmarshal([]byte(bad), &x); err == nil {
