@@ -210,8 +210,9 @@ func TestStreamMove(t *testing.T) {
 		t.Fatalf("stream move: %+v", r)
 	}
 	r = felixctl(t, env, "stream", "info", "r3")
-	if r.code != 0 || !regexp.MustCompile(`(?m)^r3/1 +`+to+` +voter `).MatchString(r.stdout) || regexp.MustCompile(`(?m)^r3/1 +`+from+` `).MatchString(r.stdout) {
-		t.Errorf("stream info after the move: %+v", r)
+	if r.code != 0 || !regexp.MustCompile(`(?m)^r3/1 +`+to+` +voter `).MatchString(r.stdout) || regexp.MustCompile(`(?m)^r3/1 +`+from+` `).MatchString(r.stdout) ||
+		strings.Contains(r.stdout, "[moving in]") {
+		t.Errorf("stream info after the move (settled: no replica moving in): %+v", r)
 	}
 
 	drainAndRemove(t, c, env, from)
@@ -328,5 +329,24 @@ func TestDrainSummary(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestOwnersMarkMoveUnderWay: the replica table marks the target of a
+// move not yet settled, and nothing once it is.
+func TestOwnersMarkMoveUnderWay(t *testing.T) {
+	p, err := shardmap.NewReplicatedPlacement([]string{"a", "b", "c"}, []string{"b", "c", "d"}).Move(0, "a", "e", 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	writeOwners(&b, "s", p, nil)
+	if !regexp.MustCompile(`(?m)^s/0 +e +e \[moving in\], b, c$`).MatchString(b.String()) || strings.Count(b.String(), "[moving in]") != 1 {
+		t.Fatalf("owners with a move under way:\n%s", b.String())
+	}
+	b.Reset()
+	writeOwners(&b, "s", p.Settle(0, 7), nil)
+	if strings.Contains(b.String(), "[moving in]") {
+		t.Fatalf("owners once the move settled:\n%s", b.String())
 	}
 }

@@ -181,7 +181,8 @@ func owners(ctx context.Context, c *conn, stream string) shardmap.Placement {
 // writeOwners prints the shard → owner table, with each owner's liveness
 // when m is given; for a replicated stream, also each shard's other
 // replicas (the owner is the preferred leader: the leader of the moment
-// is the raft group's, not in the map).
+// is the raft group's, not in the map), the target of a move under way
+// marked.
 func writeOwners(w io.Writer, stream string, owners shardmap.Placement, m *shardmap.Map) {
 	if owners.IsZero() {
 		return
@@ -206,11 +207,16 @@ func writeOwners(w io.Writer, stream string, owners shardmap.Placement, m *shard
 		}
 		if replicated {
 			var set []string
+			moving, _ := owners.Pending(shard)
 			for _, r := range owners.Replicas(shard) {
+				name := r
 				if m != nil {
-					r += " (" + liveness(m, r) + ")"
+					name += " (" + liveness(m, r) + ")"
 				}
-				set = append(set, r)
+				if r == moving {
+					name += " [moving in]" // a move's target, not yet a voter the control plane heard of
+				}
+				set = append(set, name)
 			}
 			line += "\t" + strings.Join(set, ", ")
 		}
