@@ -170,13 +170,11 @@ func TestMoveReplica(t *testing.T) {
 	}
 }
 
-// TestMoveBackOverStaleData: a broker whose replica was moved away, and
-// that still holds that replica's directory when the replica is moved
-// back to it (a removal that failed, or a broker that missed the maps
-// between), must not reopen the old replica: the group replaced its raft
-// id. It removes the old data and joins under a new id, and the shard
-// then commits with it.
-func TestMoveBackOverStaleData(t *testing.T) {
+// moveFixture starts four brokers with the stream r3 of one shard of
+// replication factor 3 and returns the shard, the broker without a
+// replica of it (spare), its leader, and a follower (src).
+func moveFixture(t *testing.T) (*inproc, shardmap.ShardID, string, *Broker, *Broker) {
+	t.Helper()
 	ip := startInprocWith(t, fastRaft, 4, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
 	id := shardmap.ShardID{Stream: "r3", Shard: 0}
 	st, _ := ip.ctl.Map().Stream("r3")
@@ -194,6 +192,17 @@ func TestMoveBackOverStaleData(t *testing.T) {
 			src = b
 		}
 	}
+	return ip, id, spare, leader, src
+}
+
+// TestMoveBackOverStaleData: a broker whose replica was moved away, and
+// that still holds that replica's directory when the replica is moved
+// back to it (a removal that failed, or a broker that missed the maps
+// between), must not reopen the old replica: the group replaced its raft
+// id. It removes the old data and joins under a new id, and the shard
+// then commits with it.
+func TestMoveBackOverStaleData(t *testing.T) {
+	ip, id, spare, _, src := moveFixture(t)
 	seq := uint64(0)
 	publish := func(what string) {
 		t.Helper()
@@ -278,25 +287,9 @@ func waitVoter(t *testing.T, b *Broker, id shardmap.ShardID, n uint64) {
 // writes at first (a fault at the fdatasync seam), so that the move stays
 // pending for as long as the test needs.
 func TestMovedAwayCopyKeptUntilSettled(t *testing.T) {
-	ip := startInprocWith(t, fastRaft, 4, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
-	id := shardmap.ShardID{Stream: "r3", Shard: 0}
-	st, _ := ip.ctl.Map().Stream("r3")
-	set := st.Placement.Replicas(0)
-	var spare string
-	for _, b := range ip.brokers {
-		if !slices.Contains(set, b.NodeID()) {
-			spare = b.NodeID()
-		}
-	}
-	leader := leaderOf(t, ip.brokers, id)
+	ip, id, spare, leader, src := moveFixture(t)
 	if f := publishVia(t, ip, leader, "r3", 0, 1, "v"); f.Type() != transport.FrameAck {
 		t.Fatalf("publish: %T %+v", f, f)
-	}
-	var src *Broker
-	for _, b := range ip.brokers {
-		if b != leader && slices.Contains(set, b.NodeID()) {
-			src = b
-		}
 	}
 	srcIdx, spareIdx := ip.brokerIndex(src.NodeID()), ip.brokerIndex(spare)
 	srcDir := filepath.Join(ip.dir, src.NodeID(), "streams", "r3", "0")
