@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"log/slog"
+	"sync"
 	"sync/atomic"
 
 	"go.etcd.io/etcd/server/v3/embed"
@@ -16,6 +17,7 @@ import (
 type EtcdMember struct {
 	e     *embed.Etcd
 	quiet *atomic.Bool
+	once  sync.Once
 }
 
 // StartEtcdMember starts an etcd member with its data in dir/etcd (its
@@ -48,8 +50,11 @@ func (m *EtcdMember) ClientURL() string { return m.e.Config().AdvertiseClientUrl
 func (m *EtcdMember) Err() <-chan error { return m.e.Err() }
 
 // Close stops the member, quietly (etcd's shutdown is loud about the
-// listeners it closes on purpose).
+// listeners it closes on purpose), after handing its leadership to
+// another member if it leads (stopEmbedded). It may be called again.
 func (m *EtcdMember) Close() {
-	m.quiet.Store(true)
-	m.e.Close()
+	m.once.Do(func() {
+		m.quiet.Store(true)
+		stopEmbedded(m.e)
+	})
 }

@@ -65,7 +65,8 @@ func (c *Cluster) RestartControlPlane(ctx context.Context) error {
 			return err
 		}
 		if code != "0" {
-			return fmt.Errorf("%s exited with code %s on docker stop (137: killed after docker's grace, its shutdown hung)", n.Name, code)
+			return fmt.Errorf("%s exited with code %s on docker stop (137: killed after docker's grace, its shutdown hung); where it hung:\n%s",
+				n.Name, code, hungAt(c.Logs(n, 20000)))
 		}
 	}
 	if err := c.StartAgain(ctx, c.Etcds...); err != nil {
@@ -127,4 +128,33 @@ func (c *Cluster) Broker(name string) *Node {
 		}
 	}
 	return nil
+}
+
+// hungAt condenses the goroutine stacks a server writes when its shutdown
+// is slow (servercmd.closeWatched) to the goroutines in Felix's code, one
+// line per call: the dump itself runs to thousands of lines, most of them
+// etcd's and quic-go's idle loops, and a test log cut short would lose the
+// lines that matter.
+func hungAt(logs string) string {
+	_, dump, ok := strings.Cut(logs, "shutdown is slow")
+	if ok {
+		_, dump, ok = strings.Cut(dump, "\ngoroutine ")
+		dump = "goroutine " + dump
+	}
+	if !ok {
+		return "(no goroutine stacks in its log: it hung before its shutdown began, or wrote them nowhere)"
+	}
+	var out strings.Builder
+	for g := range strings.SplitSeq(dump, "\n\n") {
+		if !strings.Contains(g, "felix-broker/felix/") {
+			continue
+		}
+		for line := range strings.SplitSeq(g, "\n") {
+			if line != "" && !strings.HasPrefix(line, "\t") {
+				out.WriteString(line + "\n")
+			}
+		}
+		out.WriteString("\n")
+	}
+	return out.String()
 }

@@ -138,6 +138,7 @@ func (c *Ctl) Run(log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	<-ctx.Done()
+	log.Info("shutting down")
 	return closeWatched(log, "ctl", s.Close)
 }
 

@@ -54,7 +54,8 @@ func (c *Etcd) Run(log *slog.Logger) error {
 	defer stop()
 	select {
 	case <-ctx.Done():
-		return nil
+		log.Info("shutting down")
+		return closeWatched(log, "etcd", func() error { m.Close(); return nil })
 	case err := <-m.Err():
 		return fmt.Errorf("etcd member %s: %w", c.Name, err)
 	}
