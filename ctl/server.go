@@ -491,11 +491,13 @@ func (s *Server) changeOrForward(reason string, fwd *transport.Request, change f
 		return nil, nil
 	}
 	if err := s.store.save(s.ctx, s.mu.st.snapshot()); err != nil {
+		epoch := s.mu.st.epoch
 		s.mu.st.rollback(cp)
 		if errors.Is(err, ErrConflict) {
 			s.lostLeadershipLocked()
 			return nil, transport.Errorf(transport.CodeUnavailable, "%s: this ctl lost its leadership; retry: %w", reason, err)
 		}
+		s.store.giveUp(epoch)
 		s.log.Error("stream change refused: state not persisted", "err", err)
 		return nil, transport.Errorf(transport.CodeInternal, "%s: %w", reason, err)
 	}

@@ -39,6 +39,9 @@ type store struct {
 	// saveFault, a testing knob, fails save with its error before any
 	// request, as a write that timed out would.
 	saveFault atomic.Pointer[error]
+	// lostFault, a testing knob, fails save with its error after its
+	// write committed, as one whose answer was lost would.
+	lostFault atomic.Pointer[error]
 	// rtt, when set, observes the duration of every etcd round trip.
 	rtt func(op string, d time.Duration)
 
@@ -49,6 +52,12 @@ type store struct {
 	rev  int64
 	// pending are writes whose outcome is unknown, by epoch.
 	pending map[uint64]snapshot
+	// doubt is set when the caller gave up a write of unknown outcome
+	// (giveUp): its change is no longer in the caller's state, so if it
+	// landed after all, the state misses it and no later save may build
+	// on it. Cleared by a save that finds etcd where this store left it
+	// (the write never landed and no longer can), and by load.
+	doubt bool
 	// fence are extra conditions every save must meet: the leader's
 	// election key still being its own (see leader.go).
 	fence []clientv3.Cmp
@@ -106,7 +115,7 @@ func (st *store) load(ctx context.Context) (snapshot, error) {
 	if err != nil {
 		return snapshot{}, err
 	}
-	st.snap, st.rev, st.pending = snap, rev, nil
+	st.snap, st.rev, st.pending, st.doubt = snap, rev, nil, false
 	return snap, nil
 }
 
@@ -186,6 +195,9 @@ func (st *store) save(ctx context.Context, next snapshot) error {
 			Commit()
 		cancel()
 		st.observe("commit", start)
+		if f := st.lostFault.Load(); f != nil && err == nil {
+			err = *f
+		}
 		if err != nil {
 			if st.pending == nil {
 				st.pending = map[uint64]snapshot{}
@@ -194,13 +206,17 @@ func (st *store) save(ctx context.Context, next snapshot) error {
 			return fmt.Errorf("ctl: commit epoch %d to etcd: %w", next.Epoch, err)
 		}
 		if resp.Succeeded {
-			st.snap, st.rev, st.pending = next, resp.Header.Revision, nil
+			st.snap, st.rev, st.pending, st.doubt = next, resp.Header.Revision, nil, false
 			return nil
 		}
 		have, haveRev := uint64(0), int64(0)
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 			have, _ = strconv.ParseUint(string(kvs[0].Value), 10, 64)
 			haveRev = kvs[0].ModRevision
+		}
+		if st.doubt {
+			return fmt.Errorf("commit epoch %d computed at revision %d: etcd holds epoch %d at revision %d, possibly from a write given up on: %w",
+				next.Epoch, st.rev, have, haveRev, ErrConflict)
 		}
 		if p, ok := st.pending[have]; ok && haveRev > st.rev {
 			st.snap, st.rev = p, haveRev // our earlier write landed after all
@@ -210,6 +226,18 @@ func (st *store) save(ctx context.Context, next snapshot) error {
 		return fmt.Errorf("commit epoch %d computed at revision %d: etcd holds epoch %d at revision %d: %w", next.Epoch, st.rev, have, haveRev, ErrConflict)
 	}
 	return fmt.Errorf("commit epoch %d: %w", next.Epoch, ErrConflict)
+}
+
+// giveUp records that the caller undid the change of its last save,
+// which failed with its outcome unknown: its write of that epoch may
+// still have landed, and then etcd holds a change the caller's state does
+// not. A later save that finds etcd moved on fails with ErrConflict (the
+// caller must reload) rather than build on it: building on it would
+// commit a second, different map at that epoch, or undo the change
+// without anyone asking.
+func (st *store) giveUp(epoch uint64) {
+	delete(st.pending, epoch)
+	st.doubt = true
 }
 
 // diff returns the etcd operations turning old into next: the epoch, and

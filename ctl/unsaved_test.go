@@ -2,8 +2,12 @@ package ctl
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/felix-broker/felix/ctl/ctlclient"
 	"github.com/felix-broker/felix/shardmap"
@@ -68,5 +72,85 @@ func TestUncommittedMapNotPushed(t *testing.T) {
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
+	}
+}
+
+// TestGivenUpWriteThatLanded: a stream change whose etcd write committed
+// but whose answer was lost is refused and undone in the leader's state,
+// yet etcd (and every follower) holds it. The next change must not be
+// built on the leader's state as if it had not happened: that committed a
+// second, different map at the same epoch, which dropped the stream the
+// followers already served. Instead the leader reloads (it steps down and
+// a leader takes over from etcd), so the change that landed stays, and
+// every epoch etcd ever held has one content.
+func TestGivenUpWriteThatLanded(t *testing.T) {
+	p := newPKI(t)
+	srvs := startHA(t, p, 3)
+	leader := waitLeader(t, srvs, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	if err := leader.CreateStream(shardmap.StreamConfig{Name: "a", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	lost := error(context.DeadlineExceeded)
+	leader.store.lostFault.Store(&lost)
+	if err := leader.CreateStream(shardmap.StreamConfig{Name: "x", Shards: 1}); err == nil {
+		t.Fatal("stream x created while its write's answer was lost")
+	}
+	leader.store.lostFault.Store(nil)
+
+	// However the next change is answered, once a leader serves it
+	// again it is made on top of x.
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(20 * time.Millisecond) {
+		err := waitLeader(t, srvs, nil).CreateStream(shardmap.StreamConfig{Name: "y", Shards: 1})
+		if err == nil || errors.Is(err, ErrStreamExists) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stream y: %v", err)
+		}
+	}
+	for _, s := range srvs {
+		for deadline := time.Now().Add(waitFor); ; time.Sleep(20 * time.Millisecond) {
+			_, hasX := s.Map().Stream("x")
+			_, hasY := s.Map().Stream("y")
+			if hasX && hasY {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s's map (epoch %d) has x %v, y %v: want both", s.name(), s.Map().Epoch, hasX, hasY)
+			}
+		}
+	}
+
+	// etcd's history: each revision that put the epoch key, and the
+	// streams stored at it.
+	st := leader.store
+	now, err := st.cli.Get(ctx, st.epochKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]string{} // epoch -> streams
+	for rev := int64(1); rev <= now.Header.Revision; rev++ {
+		e, err := st.cli.Get(ctx, st.epochKey(), clientv3.WithRev(rev))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(e.Kvs) == 0 || e.Kvs[0].ModRevision != rev {
+			continue
+		}
+		ss, err := st.cli.Get(ctx, st.streamKey(""), clientv3.WithPrefix(), clientv3.WithRev(rev), clientv3.WithKeysOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, kv := range ss.Kvs {
+			names = append(names, strings.TrimPrefix(string(kv.Key), st.streamKey("")))
+		}
+		epoch, streams := string(e.Kvs[0].Value), strings.Join(names, ",")
+		if before, ok := seen[epoch]; ok && before != streams {
+			t.Errorf("etcd held epoch %s twice with different streams: [%s], then [%s] at revision %d", epoch, before, streams, rev)
+		}
+		seen[epoch] = streams
 	}
 }
