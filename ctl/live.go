@@ -125,10 +125,12 @@ func (s *Server) renewLive(ctx context.Context, n shardmap.Node, reg string, l *
 // reports whether it did. The
 // lease is left to run out (it holds nothing else), so that the leader
 // can tell an ended registration (lease alive, key gone) from an expired
-// one.
+// one. Close cuts it short, as if the registration had ended with the
+// ctl: without an etcd quorum the write would hold Close for its whole
+// timeout.
 func (s *Server) releaseLive(l *liveLease) bool {
 	st := s.store
-	ctx, cancel := context.WithTimeout(context.Background(), st.timeout)
+	ctx, cancel := context.WithTimeout(s.ctx, st.timeout)
 	defer cancel()
 	resp, err := st.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.Value(l.key), "=", l.value)).
