@@ -131,7 +131,7 @@ func (c *Cluster) Broker(name string) *Node {
 }
 
 // hungAt condenses the goroutine stacks a server writes when its shutdown
-// is slow (servercmd.closeWatched) to the goroutines in Felix's code, one
+// is slow (servercmd.shutdownWatch) to the goroutines in Felix's code, one
 // line per call: the dump itself runs to thousands of lines, most of them
 // etcd's and quic-go's idle loops, and a test log cut short would lose the
 // lines that matter.

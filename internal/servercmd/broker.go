@@ -47,6 +47,8 @@ func (c *Broker) Run(log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	sw := watchShutdown(log, "broker")
+	defer sw.end()
 	var started atomic.Pointer[broker.Broker]
 	obs, err := startObservability("felix-broker", c.ID, c.Admin, c.Pprof, func() error {
 		if b := started.Load(); b != nil {
@@ -97,6 +99,6 @@ func (c *Broker) Run(log *slog.Logger) error {
 		return fmt.Errorf("starting %s: %w", c.ID, err)
 	}
 	<-ctx.Done()
-	log.Info("shutting down")
-	return closeWatched(log, "broker", b.Close)
+	sw.begin()
+	return b.Close()
 }

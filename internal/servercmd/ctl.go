@@ -94,6 +94,8 @@ func (c *Ctl) Run(log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	sw := watchShutdown(log, "ctl")
+	defer sw.end()
 	var started atomic.Pointer[ctl.Server]
 	obs, err := startObservability("felix-ctl", "ctl", c.Admin, c.Pprof, func() error {
 		if started.Load() == nil {
@@ -138,8 +140,8 @@ func (c *Ctl) Run(log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	<-ctx.Done()
-	log.Info("shutting down")
-	return closeWatched(log, "ctl", s.Close)
+	sw.begin()
+	return s.Close()
 }
 
 // etcdRoundTrips returns the hook recording felix_ctl_etcd_duration_seconds

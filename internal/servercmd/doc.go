@@ -5,7 +5,7 @@
 // executable, with nothing else installed.
 //
 // Each command is a kong command struct whose Run takes the process's
-// *slog.Logger. A broker or ctl that takes longer than 6 s to shut down
+// *slog.Logger. A broker, ctl or etcd member that takes longer than 6 s to shut down
 // after SIGTERM writes every goroutine's stack to stderr (shutdown.go),
 // so that a shutdown an orchestrator kills says where it hung.
 package servercmd

@@ -45,6 +45,8 @@ func (c *Etcd) Run(log *slog.Logger) error {
 	if err := os.MkdirAll(c.Data, 0o700); err != nil {
 		return fmt.Errorf("etcd: create data dir: %w", err)
 	}
+	sw := watchShutdown(log, "etcd")
+	defer sw.end()
 	m, err := ctl.StartEtcdMember(c.Data, ec, log)
 	if err != nil {
 		return err
@@ -54,8 +56,8 @@ func (c *Etcd) Run(log *slog.Logger) error {
 	defer stop()
 	select {
 	case <-ctx.Done():
-		log.Info("shutting down")
-		return closeWatched(log, "etcd", func() error { m.Close(); return nil })
+		sw.begin()
+		return nil // m.Close, deferred
 	case err := <-m.Err():
 		return fmt.Errorf("etcd member %s: %w", c.Name, err)
 	}

@@ -8,28 +8,44 @@ import (
 	"time"
 )
 
-// slowShutdown is how long a server's shutdown may take before
-// closeWatched writes every goroutine's stack: docker stop kills after
-// 10 s, and a shutdown killed that way says nothing of where it hung.
+// slowShutdown is how long a server's shutdown may take before its watch
+// writes every goroutine's stack: docker stop kills after 10 s, and a
+// shutdown killed that way says nothing of where it hung.
 const slowShutdown = 6 * time.Second
 
-// closeWatched runs shut, a server's shutdown after SIGTERM, and writes
-// every goroutine's stack to stderr, once, if it has not returned after
-// slowShutdown.
-func closeWatched(log *slog.Logger, what string, shut func() error) error {
-	return closeWatchedTo(log, os.Stderr, slowShutdown, what, shut)
+// shutdownWatch writes every goroutine's stack to stderr, once, if a
+// server has not finished shutting down slowShutdown after it began. A
+// Run makes it first (watchShutdown) and defers end, so that the watch
+// covers everything up to the return, the closes deferred after it
+// (observability, the admin listener) included; begin starts it when the
+// signal to stop arrives. Both are called from Run's goroutine.
+type shutdownWatch struct {
+	log   *slog.Logger
+	w     io.Writer
+	after time.Duration
+	what  string
+	t     *time.Timer
+	done  chan struct{} // closed once the stacks are written
 }
 
-func closeWatchedTo(log *slog.Logger, w io.Writer, after time.Duration, what string, shut func() error) error {
-	done := make(chan struct{})
-	t := time.AfterFunc(after, func() {
-		log.Warn(what+": shutdown is slow; every goroutine's stack follows on stderr", "after", after)
-		_ = pprof.Lookup("goroutine").WriteTo(w, 2)
-		close(done)
+func watchShutdown(log *slog.Logger, what string) *shutdownWatch {
+	return &shutdownWatch{log: log, w: os.Stderr, after: slowShutdown, what: what, done: make(chan struct{})}
+}
+
+// begin logs that the shutdown begins and starts the watch.
+func (sw *shutdownWatch) begin() {
+	sw.log.Info("shutting down")
+	sw.t = time.AfterFunc(sw.after, func() {
+		sw.log.Warn(sw.what+": shutdown is slow; every goroutine's stack follows on stderr", "after", sw.after)
+		_ = pprof.Lookup("goroutine").WriteTo(sw.w, 2)
+		close(sw.done)
 	})
-	err := shut()
-	if !t.Stop() {
-		<-done // the stacks are written before the process goes on to exit
+}
+
+// end stops the watch; if it fired, it waits for the stacks to be
+// written before the process goes on to exit. A no-op before begin.
+func (sw *shutdownWatch) end() {
+	if sw.t != nil && !sw.t.Stop() {
+		<-sw.done
 	}
-	return err
 }

@@ -2,7 +2,6 @@ package servercmd
 
 import (
 	"bytes"
-	"errors"
 	"io"
 	"log/slog"
 	"strings"
@@ -10,35 +9,38 @@ import (
 	"time"
 )
 
-func TestCloseWatchedWritesStacksOfASlowShutdown(t *testing.T) {
-	var stacks bytes.Buffer
-	var logged bytes.Buffer
-	log := slog.New(slog.NewTextHandler(&logged, nil))
-	errShut := errors.New("shut")
-	release := make(chan struct{})
-	go func() { time.Sleep(200 * time.Millisecond); close(release) }()
-	err := closeWatchedTo(log, &stacks, 10*time.Millisecond, "ctl", func() error {
-		<-release // a shutdown stuck here until released
-		return errShut
-	})
-	if !errors.Is(err, errShut) {
-		t.Fatalf("closeWatchedTo returned %v, want the shutdown's error", err)
-	}
-	if !strings.Contains(stacks.String(), "TestCloseWatchedWritesStacksOfASlowShutdown") {
+// TestShutdownWatchWritesStacksOfASlowShutdown: what runs after begin,
+// until end, is watched: a shutdown stuck there past the watch's time
+// gets its stacks written and a warning logged, before end returns.
+func TestShutdownWatchWritesStacksOfASlowShutdown(t *testing.T) {
+	var stacks, logged bytes.Buffer
+	sw := &shutdownWatch{log: slog.New(slog.NewTextHandler(&logged, nil)), w: &stacks, after: 10 * time.Millisecond,
+		what: "ctl", done: make(chan struct{})}
+	func() {
+		defer sw.end() // as a Run defers it, before its other closes
+		sw.begin()
+		time.Sleep(200 * time.Millisecond) // a deferred close stuck here
+	}()
+	if !strings.Contains(stacks.String(), "TestShutdownWatchWritesStacksOfASlowShutdown") {
 		t.Errorf("the stacks written do not show the stuck shutdown:\n%s", stacks.String())
 	}
-	if !strings.Contains(logged.String(), "ctl: shutdown is slow") {
-		t.Errorf("no warning logged: %q", logged.String())
+	if !strings.Contains(logged.String(), "ctl: shutdown is slow") || !strings.Contains(logged.String(), "shutting down") {
+		t.Errorf("want the shutdown and the warning logged: %q", logged.String())
 	}
 }
 
-func TestCloseWatchedQuietForAPromptShutdown(t *testing.T) {
-	var stacks bytes.Buffer
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if err := closeWatchedTo(log, &stacks, time.Minute, "broker", func() error { return nil }); err != nil {
-		t.Fatal(err)
-	}
-	if stacks.Len() != 0 {
-		t.Errorf("stacks written for a prompt shutdown: %d bytes", stacks.Len())
+func TestShutdownWatchQuiet(t *testing.T) {
+	for _, begun := range []bool{false, true} {
+		var stacks bytes.Buffer
+		sw := &shutdownWatch{log: slog.New(slog.NewTextHandler(io.Discard, nil)), w: &stacks, after: 50 * time.Millisecond,
+			what: "broker", done: make(chan struct{})}
+		if begun {
+			sw.begin()
+		}
+		sw.end()
+		time.Sleep(100 * time.Millisecond)
+		if stacks.Len() != 0 {
+			t.Errorf("begun %v: stacks written for a prompt shutdown: %d bytes", begun, stacks.Len())
+		}
 	}
 }
