@@ -177,9 +177,15 @@ func (s *Server) endGrace() {
 // at once instead of when this one's session lease runs out. It waits no
 // longer than that lease would take anyway (CtlTTL): without a quorum of
 // etcd the write cannot succeed, and the lease ends the leadership all
-// the same.
+// the same. While the ctl closes it waits a second at most: a whole
+// control plane stopped at once has no quorum left, and the wait would
+// only hold up the exit.
 func (s *Server) resign(el *concurrency.Election) {
-	ctx, cancel := context.WithTimeout(context.Background(), min(s.cfg.CtlTTL, s.store.timeout))
+	wait := min(s.cfg.CtlTTL, s.store.timeout)
+	if s.ctx.Err() != nil {
+		wait = min(wait, time.Second)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	if err := el.Resign(ctx); err != nil {
 		s.log.Debug("ctl resign failed; the election key goes with the session lease", "err", err)
@@ -296,6 +302,11 @@ func (s *Server) stepDown(why string) {
 	case <-s.lost:
 	default:
 	}
+	if was && s.ctx.Err() == nil {
+		// The state may hold a change never committed: read etcd's,
+		// rather than wait for the next leader's next change.
+		s.followState(0)
+	}
 	if was {
 		s.stats.leaderChanges.Add(1)
 		level := slog.LevelWarn
@@ -371,13 +382,13 @@ func (s *Server) watchLoop(rev int64) {
 
 // applyEvents handles one batch of watch events.
 func (s *Server) applyEvents(evs []*clientv3.Event) {
-	epochChanged := false
+	epochRev := int64(0) // the last write of the epoch key in evs
 	var lives []*clientv3.Event
 	for _, ev := range evs {
 		key := string(ev.Kv.Key)
 		switch {
 		case key == s.store.epochKey():
-			epochChanged = true
+			epochRev = ev.Kv.ModRevision
 		case strings.HasPrefix(key, s.store.livePrefix()):
 			lives = append(lives, ev)
 		}
@@ -385,8 +396,8 @@ func (s *Server) applyEvents(evs []*clientv3.Event) {
 	if len(lives) > 0 {
 		s.applyLive(lives)
 	}
-	if epochChanged {
-		s.followState()
+	if epochRev != 0 {
+		s.followState(epochRev)
 	}
 }
 
@@ -453,11 +464,25 @@ func (s *Server) leaseGone(id int64) bool {
 	return err == nil && resp.TTL == -1 // etcd answers -1 for a lease it does not have; a live one under a second has 0
 }
 
-// followState makes a follower adopt the state the leader committed.
-func (s *Server) followState() {
+// followState makes a follower adopt the state the leader committed,
+// told that the epoch key was written at revision rev.
+//
+// On the leader, a write of it that this ctl's store did not make or
+// adopt is one it gave up on (store.giveUp) that landed after all: the
+// leader's state misses that change, and its brokers' map with it, until
+// the next save fails on it. It steps down at once instead; the next
+// leader reads the state from etcd.
+func (s *Server) followState(rev int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.mu.leader || s.mu.closed {
+	if s.mu.closed {
+		return
+	}
+	if s.mu.leader {
+		if s.store.doubt && rev > s.store.rev {
+			s.log.Warn("a change given up on was committed after all; stepping down to read the state again", "revision", rev)
+			s.lostLeadershipLocked()
+		}
 		return
 	}
 	snap, err := s.store.load(s.ctx)
@@ -469,13 +494,19 @@ func (s *Server) followState() {
 }
 
 // adoptLocked makes snap, as committed by the leader, this follower's
-// state and map. s.mu is held.
+// state, and its map current if it is newer than the map pushed last. The
+// state is compared with that map, not with itself: a ctl that led may
+// hold a change it never committed, at the epoch the next leader commits
+// another. s.mu is held.
 func (s *Server) adoptLocked(snap snapshot) {
-	if snap.Epoch <= s.mu.st.epoch && s.mu.st.epoch != 0 {
+	cur := s.Map().Epoch
+	if snap.Epoch < cur || snap.Epoch == cur && cur != 0 && s.mu.st.epoch == cur {
 		return
 	}
 	s.mu.st = restoreState(snap, s.cfg.Superusers, s.cfg.MaxShardsTotal)
-	s.publishLocked("map from the leader")
+	if snap.Epoch > cur || cur == 0 {
+		s.publishLocked("map from the leader")
+	}
 }
 
 // resync re-reads the whole state after a broken watch and returns the

@@ -112,8 +112,12 @@ func (s *Server) serveRegistration(conn *quic.Conn, str *quic.Stream, r *transpo
 	old := s.mu.sessions[node.ID]
 	s.mu.sessions[node.ID] = ss
 	joined := s.applyRegisterLocked(node, lease.session)
-	ss.push(s.mu.st.Map()) // the current map first: on the leader, with the node live
-	epoch := s.mu.st.Map().Epoch
+	// The current map first: the last one committed and pushed (on the
+	// leader, with the node live once that is committed; publishLocked
+	// pushed it to ss already). Never the state's own map, which holds
+	// a change etcd may not have committed.
+	ss.push(s.Map())
+	epoch := s.Map().Epoch
 	s.mu.Unlock()
 
 	if old != nil {

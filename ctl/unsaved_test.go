@@ -57,9 +57,19 @@ func TestUncommittedMapNotPushed(t *testing.T) {
 		}
 	}
 
+	// A broker registering meanwhile is sent the map last committed,
+	// not the leader's state with the changes not committed.
+	b2 := join("b2")
+	if m := b2.Map(); m.Epoch != epoch {
+		t.Fatalf("b2 registered and was sent the map of epoch %d (live %d); the last committed is %d", m.Epoch, liveCount(m), epoch)
+	}
+
 	// etcd answers again: the change is committed, then pushed.
 	leader.store.saveFault.Store(nil)
-	m := waitMap(t, b0, "b1 down", func(mp *shardmap.Map) bool { return liveCount(mp) == 1 })
+	m := waitMap(t, b0, "b1 down, b2 live", func(mp *shardmap.Map) bool {
+		b1, _ := mp.Node("b1")
+		return liveCount(mp) == 2 && !b1.Live
+	})
 	if m.Epoch <= epoch {
 		t.Errorf("b1 down at epoch %d, not after %d", m.Epoch, epoch)
 	}
@@ -99,6 +109,10 @@ func TestGivenUpWriteThatLanded(t *testing.T) {
 	}
 	leader.store.lostFault.Store(nil)
 
+	// Every ctl serves x, the leader too, with no other change to make
+	// it reload.
+	waitStreams(t, srvs, "x")
+
 	// However the next change is answered, once a leader serves it
 	// again it is made on top of x.
 	for deadline := time.Now().Add(waitFor); ; time.Sleep(20 * time.Millisecond) {
@@ -110,18 +124,7 @@ func TestGivenUpWriteThatLanded(t *testing.T) {
 			t.Fatalf("stream y: %v", err)
 		}
 	}
-	for _, s := range srvs {
-		for deadline := time.Now().Add(waitFor); ; time.Sleep(20 * time.Millisecond) {
-			_, hasX := s.Map().Stream("x")
-			_, hasY := s.Map().Stream("y")
-			if hasX && hasY {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s's map (epoch %d) has x %v, y %v: want both", s.name(), s.Map().Epoch, hasX, hasY)
-			}
-		}
-	}
+	waitStreams(t, srvs, "x", "y")
 
 	// etcd's history: each revision that put the epoch key, and the
 	// streams stored at it.
@@ -152,5 +155,65 @@ func TestGivenUpWriteThatLanded(t *testing.T) {
 			t.Errorf("etcd held epoch %s twice with different streams: [%s], then [%s] at revision %d", epoch, before, streams, rev)
 		}
 		seen[epoch] = streams
+	}
+}
+
+// waitStreams waits until every one of srvs serves a map with streams.
+func waitStreams(t *testing.T, srvs []*Server, streams ...string) {
+	t.Helper()
+	for _, s := range srvs {
+		for deadline := time.Now().Add(waitFor); ; time.Sleep(20 * time.Millisecond) {
+			var missing []string
+			for _, name := range streams {
+				if _, ok := s.Map().Stream(name); !ok {
+					missing = append(missing, name)
+				}
+			}
+			if len(missing) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s's map (epoch %d) lacks %v", s.name(), s.Map().Epoch, missing)
+			}
+		}
+	}
+}
+
+// TestFollowOverUncommittedState: a ctl that led may hold changes it
+// never committed, its state epochs ahead of the map it pushed last,
+// while the next leader commits other changes at those epochs. It
+// adopts them: it compares what it reads with the map it pushed, not with
+// its own state. Before, it ignored every map up to its state's epoch and
+// kept serving the last one it committed. (It also reads etcd's state as
+// soon as it steps down.)
+func TestFollowOverUncommittedState(t *testing.T) {
+	p := newPKI(t)
+	srvs := startHA(t, p, 3)
+	leader := waitLeader(t, srvs, nil)
+	if err := leader.CreateStream(shardmap.StreamConfig{Name: "a", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	waitStreams(t, srvs, "a")
+	f := srvs[0]
+	if f == leader {
+		f = srvs[1]
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	committed := f.mu.st.snapshot()
+	for _, name := range []string{"u", "v"} { // as if f had led and could not commit them
+		if err := f.mu.st.createStream(shardmap.StreamConfig{Name: name, Shards: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := committed // the next leader's commit at the epoch after
+	next.Epoch++
+	f.adoptLocked(next)
+	m := f.Map()
+	if _, ok := m.Stream("u"); m.Epoch != next.Epoch || ok {
+		t.Errorf("after the leader's epoch %d: f serves epoch %d (stream u: %v), want the leader's map", next.Epoch, m.Epoch, ok)
+	}
+	if f.mu.st.epoch != next.Epoch {
+		t.Errorf("f's state at epoch %d, want the leader's %d", f.mu.st.epoch, next.Epoch)
 	}
 }
