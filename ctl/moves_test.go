@@ -301,21 +301,8 @@ func TestMovedPlacementPersists(t *testing.T) {
 // once it is down, to the live broker without a replica, in the map
 // pushed to every broker; kept across a restart of ctl.
 func TestMoveReplicaServer(t *testing.T) {
-	p := newPKI(t)
-	dataDir := t.TempDir()
-	srv := startCtl(t, p, dataDir, "127.0.0.1:0")
+	p, dataDir, srv, ids, members := ctlWithFour(t)
 	addr := srv.Addr()
-	ids := []string{"b0", "b1", "b2", "b3"}
-	members := map[string]*ctlclient.Member{}
-	for _, id := range ids {
-		members[id] = join(t, p, addr, id)
-	}
-	for _, m := range members {
-		waitMap(t, m, "4 live", func(mp *shardmap.Map) bool { return liveCount(mp) == 4 })
-	}
-	if err := srv.CreateStream(shardmap.StreamConfig{Name: "orders", Shards: 4, Replicas: 3}); err != nil {
-		t.Fatal(err)
-	}
 	st, _ := srv.Map().Stream("orders")
 	set := st.Placement.Replicas(1)
 	from, out := set[1], ""
@@ -663,4 +650,26 @@ func TestMoveRefusedWhileEarlierVersionLive(t *testing.T) {
 	if to != out || !placementOf(s, "orders").Joined(0, out) {
 		t.Fatalf("moved to %s: %v", to, placementOf(s, "orders"))
 	}
+}
+
+// ctlWithFour starts a ctl with four brokers, b0 to b3, registered and
+// live, and creates on it the stream orders: 4 shards, replication
+// factor 3.
+func ctlWithFour(t *testing.T) (p *testPKI, dataDir string, srv *Server, ids []string, members map[string]*ctlclient.Member) {
+	t.Helper()
+	p = newPKI(t)
+	dataDir = t.TempDir()
+	srv = startCtl(t, p, dataDir, "127.0.0.1:0")
+	ids = []string{"b0", "b1", "b2", "b3"}
+	members = map[string]*ctlclient.Member{}
+	for _, id := range ids {
+		members[id] = join(t, p, srv.Addr(), id)
+	}
+	for _, m := range members {
+		waitMap(t, m, "4 live", func(mp *shardmap.Map) bool { return liveCount(mp) == 4 })
+	}
+	if err := srv.CreateStream(shardmap.StreamConfig{Name: "orders", Shards: 4, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	return p, dataDir, srv, ids, members
 }

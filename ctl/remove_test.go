@@ -226,21 +226,8 @@ func samePlacements(t *testing.T, what string, got, want *shardmap.Map) {
 // every broker, and kept across a restart of ctl. The broker then starts
 // again and joins as a new member holding nothing.
 func TestRemoveBrokerServer(t *testing.T) {
-	p := newPKI(t)
-	dataDir := t.TempDir()
-	srv := startCtl(t, p, dataDir, "127.0.0.1:0")
+	p, dataDir, srv, ids, members := ctlWithFour(t)
 	addr := srv.Addr()
-	ids := []string{"b0", "b1", "b2", "b3"}
-	members := map[string]*ctlclient.Member{}
-	for _, id := range ids {
-		members[id] = join(t, p, addr, id)
-	}
-	for _, m := range members {
-		waitMap(t, m, "4 live", func(mp *shardmap.Map) bool { return liveCount(mp) == 4 })
-	}
-	if err := srv.CreateStream(shardmap.StreamConfig{Name: "orders", Shards: 4, Replicas: 3}); err != nil {
-		t.Fatal(err)
-	}
 	st, _ := srv.Map().Stream("orders")
 	from := st.Placement.Replicas(0)[1]
 

@@ -54,17 +54,7 @@ func TestReplicaMovedAfterMachineLoss(t *testing.T) {
 	admin := clustertest.Connect(t, c, "broker-0")
 	// The stream is created once all four are members: each shard is
 	// placed on three of them.
-	createStream(t, ctx, admin, shardmap.StreamConfig{Name: stream, Shards: shards, Replicas: 3})
-	m, err := c.WaitMap(ctx, func(m *shardmap.Map) bool { _, ok := m.Stream(stream); return ok })
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, _ := m.Stream(stream)
-	for s := range shards {
-		if set := st.Placement.Replicas(s); len(set) != 3 {
-			t.Fatalf("%s/%d placed on %v, want 3 replicas", stream, s, set)
-		}
-	}
+	m, st := createReplicated(t, ctx, c, admin, stream, shards)
 	original, set1 := slices.Clone(st.Placement.Replicas(0)), slices.Clone(st.Placement.Replicas(1))
 	var target string
 	for _, b := range c.Brokers() {
@@ -136,6 +126,7 @@ func TestReplicaMovedAfterMachineLoss(t *testing.T) {
 	// leader among them (an election timeout after the kill) it says to
 	// wait, as it would to an operator.
 	var mv client.MovedReplica
+	var err error
 	for deadline := time.Now().Add(failoverBound); ; time.Sleep(200 * time.Millisecond) {
 		mv, err = ops.MoveReplica(ctx, stream, 0, lost, "")
 		if !errors.Is(err, client.ErrReplicasNotReady) || time.Now().After(deadline) {

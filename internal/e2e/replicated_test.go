@@ -56,17 +56,7 @@ func TestReplicatedFailover(t *testing.T) {
 	defer cancel()
 	c := clustertest.Start(t, 3)
 	admin := clustertest.Connect(t, c, "broker-0")
-	createStream(t, ctx, admin, shardmap.StreamConfig{Name: stream, Shards: shards, Replicas: 3})
-	m, err := c.WaitMap(ctx, func(m *shardmap.Map) bool { _, ok := m.Stream(stream); return ok })
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, _ := m.Stream(stream)
-	for s := range shards {
-		if set := st.Placement.Replicas(s); len(set) != 3 {
-			t.Fatalf("%s/%d placed on %v, want 3 replicas", stream, s, set)
-		}
-	}
+	createReplicated(t, ctx, c, admin, stream, shards)
 
 	var rec history.Recorder
 	stop := make(chan struct{})
@@ -273,4 +263,23 @@ func readReplicaAt(t *testing.T, ctx context.Context, c *cluster.Cluster, b *clu
 		t.Fatalf("reading %s's replica: %v", b.ID, err)
 	}
 	return out
+}
+
+// createReplicated creates stream, of shards shards and replication
+// factor 3, through admin, and returns the cluster's first map that has
+// it, and the stream, once each shard is placed on three brokers.
+func createReplicated(t *testing.T, ctx context.Context, c *cluster.Cluster, admin *client.Client, stream string, shards int) (*shardmap.Map, *shardmap.Stream) {
+	t.Helper()
+	createStream(t, ctx, admin, shardmap.StreamConfig{Name: stream, Shards: shards, Replicas: 3})
+	m, err := c.WaitMap(ctx, func(m *shardmap.Map) bool { _, ok := m.Stream(stream); return ok })
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := m.Stream(stream)
+	for s := range shards {
+		if set := st.Placement.Replicas(s); len(set) != 3 {
+			t.Fatalf("%s/%d placed on %v, want 3 replicas", stream, s, set)
+		}
+	}
+	return m, st
 }
