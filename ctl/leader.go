@@ -552,8 +552,15 @@ func (s *Server) resync() (int64, liveKeys, error) {
 }
 
 // restoreState is a follower's core: the state as the leader committed
-// it, members Live as stored, epoch as stored.
+// it, members Live as stored, epoch as stored, and the leader's
+// superusers; superusers, this ctl's own, only where the state records
+// none. So every ctl pushes the same map at an epoch, even while their
+// configurations differ (a rolling change of --superuser): the leader's
+// configuration is the cluster's.
 func restoreState(snap snapshot, superusers []string, maxShards int) *state {
+	if snap.Superusers != nil {
+		superusers = snap.Superusers
+	}
 	st := newState(snap, superusers)
 	st.epoch = snap.Epoch
 	st.maxShardsTotal = maxShards

@@ -38,7 +38,12 @@ type snapshot struct {
 	Epoch   uint64
 	Members []shardmap.Node
 	Streams []shardmap.Stream // with their owners
-	Grants  []auth.Grant      // the policy's grants (superusers are configuration)
+	Grants  []auth.Grant      // the policy's grants
+	// Superusers are the superusers of the leader that committed the
+	// state, from its configuration (sorted; empty for none). Nil when
+	// none are recorded, as in a state written before they were: each
+	// ctl then uses its own.
+	Superusers []string
 }
 
 // The on-disk form has its own types with explicit JSON names so that

@@ -46,7 +46,9 @@ type Config struct {
 	LeaseTTL time.Duration
 	// Superusers are the client principals (certificate common names)
 	// authorized for everything, as Kafka's super.users: the operators who
-	// grant everyone else their permissions. Default none.
+	// grant everyone else their permissions. Default none. The leader's
+	// are the cluster's: it records them with the state, and followers
+	// push its list, not their own.
 	Superusers []string
 	// Name is this ctl's name among the control plane's members. Default
 	// the embedded etcd member's name, else the host name.

@@ -98,7 +98,7 @@ func newState(snap snapshot, superusers []string) *state {
 // of, so that every ctl builds the same map from it (members with their
 // liveness, which the leader derives from the broker leases).
 func (s *state) snapshot() snapshot {
-	snap := snapshot{Epoch: s.epoch, Grants: s.policy.Grants}
+	snap := snapshot{Epoch: s.epoch, Grants: s.policy.Grants, Superusers: append([]string{}, s.policy.Superusers...)}
 	for _, id := range slices.Sorted(maps.Keys(s.members)) {
 		snap.Members = append(snap.Members, s.members[id].node)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -98,6 +99,7 @@ func (st *store) epochKey() string           { return st.prefix + "epoch" }
 func (st *store) writerKey() string          { return st.prefix + "writer" }
 func (st *store) memberKey(id string) string { return st.prefix + "members/" + id }
 func (st *store) streamKey(n string) string  { return st.prefix + "streams/" + n }
+func (st *store) superusersKey() string      { return st.prefix + "superusers" }
 func (st *store) grantKey(g auth.Grant) string {
 	return st.prefix + "grants/" + url.PathEscape(g.Principal) + "/" + string(g.Action) + "/" + url.PathEscape(g.Pattern)
 }
@@ -166,6 +168,11 @@ func (st *store) read(ctx context.Context) (snap snapshot, rev int64, err error)
 				return snapshot{}, 0, bad(err)
 			}
 			snap.Grants = append(snap.Grants, ag)
+		case rest == "superusers":
+			snap.Superusers = []string{}
+			if err := json.Unmarshal(kv.Value, &snap.Superusers); err != nil {
+				return snapshot{}, 0, bad(err)
+			}
 		}
 	}
 	return snap, rev, nil
@@ -293,6 +300,9 @@ func (st *store) diff(old, next snapshot) []clientv3.Op {
 	}
 	for g := range oldG {
 		ops = append(ops, clientv3.OpDelete(st.grantKey(g)))
+	}
+	if next.Superusers != nil && (old.Superusers == nil || !slices.Equal(old.Superusers, next.Superusers)) {
+		put(st.superusersKey(), next.Superusers)
 	}
 	return ops
 }
