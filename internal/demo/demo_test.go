@@ -149,8 +149,9 @@ func TestRunCancelled(t *testing.T) {
 		_, err := demo.Run(ctx, w, demo.Options{Binary: clustertest.Binary(t), Dir: t.TempDir(), Pause: time.Minute})
 		done <- err
 	}()
+	var err error
 	select {
-	case err := <-done:
+	case err = <-done:
 		if err == nil {
 			t.Fatalf("demo finished despite cancellation:\n%s", out.String())
 		}
@@ -158,7 +159,7 @@ func TestRunCancelled(t *testing.T) {
 		t.Fatal("demo did not return after its context was cancelled")
 	}
 	if !strings.Contains(out.String(), "cluster stopped.") {
-		t.Errorf("no teardown in the output:\n%s", out.String())
+		t.Errorf("no teardown in the output (the demo returned %v):\n%s", err, out.String())
 	}
 }
 
