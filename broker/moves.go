@@ -198,6 +198,12 @@ func (s *shardSet) removeMoved(stream string, gone []int, r *applyResult) {
 	if !ok {
 		return // deleted meanwhile: retain removes it whole
 	}
+	if have, marked, err := s.createdMark(stream); err != nil || marked && st.Created != 0 && have != st.Created {
+		// Data of another stream of the name than this map's (a later
+		// one the map does not know yet, or an earlier one claimDir and
+		// retain remove whole): not this map's moves to apply to it.
+		return
+	}
 	for _, shard := range gone {
 		id := shardmap.ShardID{Stream: stream, Shard: shard}
 		s.mu.RLock()

@@ -270,7 +270,11 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 		// Data of an earlier stay (moved away and back while this broker
 		// did not remove it) is never reopened: the group replaced its
 		// raft id. Only the replica of this move is.
-		if stored, ok, err := readMoveID(dir); err != nil || !ok || stored != moveID {
+		stored, ok, err := readMoveID(dir)
+		if err != nil {
+			return fmt.Errorf("shard %s: %w (its data is kept, not removed on a guess)", e.id, err)
+		}
+		if !ok || stored != moveID {
 			if err := s.removeShardDir(e.id, moveID); err != nil {
 				return err
 			}

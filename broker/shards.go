@@ -310,7 +310,11 @@ const createdFile = ".created"
 // a deletion would have removed it; then the directory is created if
 // need be and marked with st's Created epoch, durably, before any shard
 // of st writes there. A directory without a mark holds data written
-// before marks existed, or none: it is st's. epoch names the trash.
+// before marks existed, or none: it is st's. A mark newer than st's
+// Created is data of a later stream than the map knows (a restarted
+// broker's first map, from a control plane behind the one that created
+// it): it is neither removed nor opened, and a newer map claims it.
+// epoch names the trash.
 func (s *shardSet) claimDir(st *shardmap.Stream, epoch uint64) error {
 	if st.Created == 0 {
 		return nil // created by a control plane that does not tell incarnations apart
@@ -321,6 +325,9 @@ func (s *shardSet) claimDir(st *shardmap.Stream, epoch uint64) error {
 		return err
 	case marked && have == st.Created:
 		return nil
+	case marked && have > st.Created:
+		return fmt.Errorf("%w: this broker holds the data of stream %q created at map epoch %d, after the stream of this map (epoch %d) created at %d: kept until a newer map",
+			errShardGone, st.Name, have, epoch, st.Created)
 	case marked:
 		s.logger.Warn("removing the data of an earlier stream of the same name: it was deleted and created again while this broker did not see it",
 			"stream", st.Name, "data_of_stream_created_at_epoch", have, "stream_created_at_epoch", st.Created)

@@ -576,6 +576,24 @@ func TestStreamCreatedAgainIsNew(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A restart whose first map is older than the data (from a control
+	// plane behind the one that created the stream again): the data is
+	// neither removed nor served, and the current map finds all of it.
+	s = testShardSet(t, dataDir, nil)
+	m = createdMap(7, 3)
+	if _, r := s.apply(m); len(r.deleted) > 0 || len(r.deleteErr) > 0 {
+		t.Fatalf("apply of a map older than the data: deleted %q, errors %v", r.deleted, r.deleteErr)
+	}
+	if _, err := s.acquire(m, id); !errors.Is(err, errShardGone) {
+		t.Fatalf("orders/0 under a map older than its data: %v, want errShardGone", err)
+	}
+	m = createdMap(10, 8)
+	s.apply(m)
+	wantNext(s, m, 4, "the current map after an older one")
+	if err := s.close(); err != nil {
+		t.Fatal(err)
+	}
+
 	// The same stream after a restart, and from an older control plane.
 	for _, created := range []uint64{8, 0} {
 		s = testShardSet(t, dataDir, nil)
