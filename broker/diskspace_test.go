@@ -175,7 +175,16 @@ func fullFollowers(t *testing.T, tweak func(*Config)) (ip *inproc, leader *Broke
 		c.Knobs.FreeBytes = disks.read
 		tweak(c)
 	}, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
-	leader = waitOwnerLeads(t, ip, ip.brokers, shardmap.ShardID{Stream: "r3", Shard: 0})
+	id := shardmap.ShardID{Stream: "r3", Shard: 0}
+	leader = waitOwnerLeads(t, ip, ip.brokers, id)
+	// The followers' disks fill once the leader serves: once they have
+	// written the entry that begins its term. Filled before, they never
+	// write it, and every publish waits for it instead of for its own.
+	for deadline := time.Now().Add(waitFor); groupOf(leader, id).group.LeaderTerm() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s leads %s but has not applied an entry of its term", leader.NodeID(), id)
+		}
+	}
 	var followers []*Broker
 	for _, b := range ip.brokers {
 		if b != leader {
