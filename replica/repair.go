@@ -20,8 +20,13 @@ import (
 // leader's own progress) only after its fdatasync. So the last segment is
 // cut at the first entry that is incomplete or fails its checksum. Earlier
 // segments were fsynced before the next one was created and are never cut.
-// Open then checks that the log still reaches the committed index.
-func repairTail(dir, name string, segSize int, logger *slog.Logger) error {
+//
+// A cut that would reach below commit, the replica's committed index, is
+// not a torn tail but damage to entries raft counted as durable here: the
+// segment is left as it is and the error is ErrCorrupt, so that the
+// directory set aside for inspection (broker's openGroup) still holds
+// every byte of it.
+func repairTail(dir, name string, segSize int, commit uint64, logger *slog.Logger) error {
 	segs, err := tidseg.Settle(dir, tidseg.Options(segSize))
 	if err != nil {
 		return fmt.Errorf("replica: group %q: %w", name, err)
@@ -42,6 +47,10 @@ func repairTail(dir, name string, segSize int, logger *slog.Logger) error {
 	})
 	if keep == len(data) {
 		return nil
+	}
+	if kept := last.Index + uint64(entries); kept <= commit {
+		return fmt.Errorf("replica: group %q: %w: segment %q holds entries up to %d intact (%s after), below the committed index %d",
+			name, ErrCorrupt, filepath.Base(last.Path), kept-1, reason, commit)
 	}
 	f, err := os.OpenFile(last.Path, os.O_WRONLY, 0)
 	if err != nil {

@@ -93,7 +93,7 @@ func openStorage(dir, name string, voters []uint64, segSize int, logger *slog.Lo
 }
 
 func (s *storage) open() error {
-	if err := repairTail(s.dir, s.name, s.segSize, s.logger); err != nil {
+	if err := repairTail(s.dir, s.name, s.segSize, s.p.commit, s.logger); err != nil {
 		return err
 	}
 	tw, err := tidwall.Open(s.dir, tidseg.Options(s.segSize))

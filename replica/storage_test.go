@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -84,19 +85,26 @@ func TestStorageRepairsTornTail(t *testing.T) {
 		{"last entry cut short", func(d []byte, at int) []byte { return d[:len(d)-5] }, 29, 29, nil},
 		{"bit flipped in the last entry", func(d []byte, at int) []byte { d[len(d)-3] ^= 0x10; return d }, 29, 29, nil},
 		{"torn entry below the committed index", func(d []byte, at int) []byte { return d[:len(d)-5] }, 30, 0, ErrCorrupt},
+		{"bit flipped in a committed entry before others", func(d []byte, at int) []byte { d[at-3] ^= 0x10; return d }, 30, 0, ErrCorrupt},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			writeEntries(t, dir, 30, tc.commit)
 			path, data, at := lastSegment(t, dir)
-			if err := os.WriteFile(path, tc.damage(data, at), 0o640); err != nil {
+			damaged := tc.damage(data, at)
+			if err := os.WriteFile(path, damaged, 0o640); err != nil {
 				t.Fatal(err)
 			}
 			s, err := openTestStorage(t, dir)
 			if tc.wantErr != nil {
 				if !errors.Is(err, tc.wantErr) {
 					t.Fatalf("open: %v, want %v", err, tc.wantErr)
+				}
+				// Damage below the committed index is not cut: the
+				// directory set aside for inspection keeps every byte.
+				if after, err := os.ReadFile(path); err != nil || !bytes.Equal(after, damaged) {
+					t.Fatalf("the damaged segment was changed by the failed open (%d bytes, want %d; %v)", len(after), len(damaged), err)
 				}
 				return
 			}
