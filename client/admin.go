@@ -3,6 +3,7 @@ package client
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -47,7 +48,7 @@ func (c *Client) CreateStream(ctx context.Context, cfg StreamConfig) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("client: create stream %q: %w", cfg.Name, err)
 	}
-	if _, err := c.request(ctx, c.home, &transport.Request{Op: opStreamCreate, Stream: cfg}); err != nil {
+	if _, err := c.change(ctx, &transport.Request{Op: opStreamCreate, Stream: cfg}); err != nil {
 		return fmt.Errorf("client: create stream %q: %w", cfg.Name, err)
 	}
 	// Wait for the new stream to reach this broker's map. Not finding it is
@@ -71,7 +72,7 @@ func (c *Client) CreateStream(ctx context.Context, cfg StreamConfig) error {
 // DeleteStream deletes the stream named name and its records.
 func (c *Client) DeleteStream(ctx context.Context, name string) error {
 	req := &transport.Request{Op: opStreamDelete, Stream: StreamConfig{Name: name}}
-	if _, err := c.request(ctx, c.home, req); err != nil {
+	if _, err := c.change(ctx, req); err != nil {
 		return fmt.Errorf("client: delete stream %q: %w", name, err)
 	}
 	return nil
@@ -153,7 +154,7 @@ func (c *Client) MoveReplica(ctx context.Context, stream string, shard int, from
 		return fail(err)
 	}
 	req := &transport.Request{Op: opStreamMove, Stream: StreamConfig{Name: stream}, Move: &transport.ReplicaMove{Shard: shard, From: from, To: to}}
-	resp, err := c.request(ctx, c.home, req)
+	resp, err := c.change(ctx, req)
 	if err != nil {
 		return fail(err)
 	}
@@ -240,7 +241,7 @@ func (c *Client) RemoveBroker(ctx context.Context, id string) error {
 	if id == "" {
 		return fmt.Errorf("client: remove broker: %w", &transport.Error{Code: transport.CodeInvalid, Message: "name the broker to remove"})
 	}
-	resp, err := c.request(ctx, c.home, &transport.Request{Op: opClusterRemove, NodeID: id})
+	resp, err := c.change(ctx, &transport.Request{Op: opClusterRemove, NodeID: id})
 	if err != nil {
 		return fmt.Errorf("client: remove broker %s: %w", id, err)
 	}
@@ -350,7 +351,7 @@ func (c *Client) Grant(ctx context.Context, g Grant) error {
 	if err := g.Validate(); err != nil {
 		return fmt.Errorf("client: grant: %w", err)
 	}
-	if _, err := c.request(ctx, c.home, &transport.Request{Op: opACLGrant, Grant: g}); err != nil {
+	if _, err := c.change(ctx, &transport.Request{Op: opACLGrant, Grant: g}); err != nil {
 		return fmt.Errorf("client: grant %s: %w", g, err)
 	}
 	return nil
@@ -359,7 +360,7 @@ func (c *Client) Grant(ctx context.Context, g Grant) error {
 // Revoke takes a permission back; it needs cluster.admin and fails with an
 // error matching [ErrInvalid] when the grant does not exist.
 func (c *Client) Revoke(ctx context.Context, g Grant) error {
-	if _, err := c.request(ctx, c.home, &transport.Request{Op: opACLRevoke, Grant: g}); err != nil {
+	if _, err := c.change(ctx, &transport.Request{Op: opACLRevoke, Grant: g}); err != nil {
 		return fmt.Errorf("client: revoke %s: %w", g, err)
 	}
 	return nil
@@ -373,6 +374,47 @@ func (c *Client) Grants(ctx context.Context) ([]Grant, error) {
 		return nil, fmt.Errorf("client: list grants: %w", err)
 	}
 	return resp.Grants, nil
+}
+
+// changeRetryFor bounds how long an admin change is sent again while its
+// answers leave its outcome unknown.
+const changeRetryFor = 15 * time.Second
+
+// change makes an admin change through the broker the client is connected
+// to. The request gets a random ID, and while an answer leaves the
+// outcome unknown (the connection lost, the control plane between leaders
+// or failing to commit: changeRetriable) it is sent again with the same
+// ID, for up to changeRetryFor within ctx, backing off from 50 ms to 1 s.
+// The control plane answers a change it made already as it did the first
+// time, so a retry is never made twice, nor refused as done already (a
+// stream that "exists"). A control plane of an earlier version ignores the
+// ID: a retry of a change it made is refused as before.
+func (c *Client) change(ctx context.Context, req *transport.Request) (*transport.Response, error) {
+	req.ID = rand.Text()
+	deadline := time.Now().Add(changeRetryFor)
+	for delay := 50 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		resp, err := c.request(ctx, c.home, req)
+		if err == nil || !changeRetriable(err) || time.Now().Add(delay).After(deadline) || !sleep(ctx, delay) {
+			return resp, err
+		}
+	}
+}
+
+// changeRetriable reports whether an admin change that failed with err is
+// sent again: its outcome is unknown, or it was not made and may be on a
+// retry.
+func changeRetriable(err error) bool {
+	if errors.Is(err, ErrClosed) {
+		return false
+	}
+	var werr *transport.Error
+	if errors.As(err, &werr) {
+		switch werr.Code {
+		case transport.CodeUnavailable, transport.CodeShuttingDown, transport.CodeInternal:
+			return true
+		}
+	}
+	return errors.Is(err, ErrConnectionLost)
 }
 
 // request runs one request stream on the broker b: one Request out, one

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"path/filepath"
 	"reflect"
@@ -189,6 +190,35 @@ func TestFutureWaitContext(t *testing.T) {
 	f.resolve(Ack{}, errTest)
 	if _, err := f.Wait(ctx); !errors.Is(err, errTest) { // resolved wins over a done ctx
 		t.Fatalf("want the outcome, got %v", err)
+	}
+}
+
+// TestChangeSentAgain: an admin change whose answer is lost (the
+// broker's stream reset after the change was made) is sent again with the
+// same request ID, and the control plane's answer to that, done, is the
+// caller's: not "stream exists".
+func TestChangeSentAgain(t *testing.T) {
+	fc := newFakeCluster(t, 1)
+	c := connect(t, fc, 0)
+	ctx := testCtx(t)
+	fc.brokers[0].loseAnswers.Store(2)
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "orders", Shards: 2}); err != nil {
+		t.Fatalf("create with its first two answers lost: %v", err)
+	}
+	fc.requests.Lock()
+	seen := maps.Clone(fc.requests.seen)
+	fc.requests.Unlock()
+	if len(seen) != 1 {
+		t.Fatalf("request IDs seen: %v; want one, sent three times", seen)
+	}
+	for id, n := range seen {
+		if n != 3 || !transport.ValidRequestID(id) {
+			t.Fatalf("request ID %q sent %d times; want a valid ID, three times", id, n)
+		}
+	}
+	// A change refused is not sent again.
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "orders", Shards: 2}); !errors.Is(err, transport.ErrStreamExists) {
+		t.Fatalf("want ErrStreamExists, got %v", err)
 	}
 }
 

@@ -41,6 +41,28 @@ type fakeCluster struct {
 	// staleGets makes this many map.get answers carry stale instead.
 	staleGets atomic.Int32
 	stale     atomic.Pointer[shardmap.Map]
+	// requests counts the admin change requests received with each
+	// request ID; a change whose ID was seen is answered as done, as the
+	// control plane answers one sent again.
+	requests struct {
+		sync.Mutex
+		seen map[string]int
+	}
+}
+
+// sawRequest counts a change request with ID id and reports whether one
+// came before it ("" is never seen).
+func (fc *fakeCluster) sawRequest(id string) bool {
+	if id == "" {
+		return false
+	}
+	fc.requests.Lock()
+	defer fc.requests.Unlock()
+	if fc.requests.seen == nil {
+		fc.requests.seen = map[string]int{}
+	}
+	fc.requests.seen[id]++
+	return fc.requests.seen[id] > 1
 }
 
 func newFakeCluster(t testing.TB, n int) *fakeCluster {
@@ -247,6 +269,9 @@ type fakeBroker struct {
 	addr string
 
 	holdAcks atomic.Bool // drop publishes without answering
+	// loseAnswers is how many answers to admin changes to lose: the
+	// change is made, then the request's stream is reset unanswered.
+	loseAnswers atomic.Int32
 	// stallSubs makes subscriptions send the whole log whatever the
 	// credit and never read their stream again (a broker that does not
 	// read: the client's credit writes block once the window is full).
@@ -350,7 +375,13 @@ func (b *fakeBroker) serveStream(conn *quic.Conn, str *quic.Stream) {
 	case *transport.Subscribe:
 		b.serveSubscribe(conn, f, r, w)
 	case *transport.Request:
-		b.serveRequest(f, w)
+		resp := b.serveRequest(f)
+		if f.ID != "" && b.loseAnswers.Add(-1) >= 0 {
+			str.CancelWrite(0)
+			str.CancelRead(0)
+			return
+		}
+		_ = w.Write(resp)
 	}
 	_ = str.Close()
 }
@@ -399,7 +430,10 @@ func (b *fakeBroker) publish(p *transport.Publish) transport.Frame {
 		Owner: owner, Via: b.id, Forwarded: owner != b.id}
 }
 
-func (b *fakeBroker) serveRequest(req *transport.Request, w *transport.Writer) {
+func (b *fakeBroker) serveRequest(req *transport.Request) transport.Frame {
+	if b.fc.sawRequest(req.ID) {
+		return &transport.Response{Map: b.fc.currentMap()}
+	}
 	var resp transport.Frame
 	switch req.Op {
 	case opMapGet, opClusterStatus:
@@ -462,7 +496,7 @@ func (b *fakeBroker) serveRequest(req *transport.Request, w *transport.Writer) {
 	default:
 		resp = &transport.Error{Code: transport.CodeInvalid, Message: "op " + req.Op}
 	}
-	_ = w.Write(resp)
+	return resp
 }
 
 func (b *fakeBroker) serveSubscribe(conn *quic.Conn, sub *transport.Subscribe, r *transport.Reader, w *transport.Writer) {

@@ -99,6 +99,10 @@ func requestPrincipal(conn *quic.Conn, req *transport.Request) (string, error) {
 
 // handle executes an admin request for principal.
 func (s *Server) handle(principal string, req *transport.Request) (*transport.Response, error) {
+	if !transport.ValidRequestID(req.ID) {
+		return nil, transport.Errorf(transport.CodeInvalid, "%s: request id %.80q: want up to %d letters, digits, '-' and '_'", req.Op, req.ID, transport.MaxRequestID)
+	}
+	o := origin{principal: principal, id: req.ID}
 	m := s.Map()
 	need := func(a auth.Action, stream string) error {
 		if principal == ctlPrincipal {
@@ -114,7 +118,7 @@ func (s *Server) handle(principal string, req *transport.Request) (*transport.Re
 		if err := need(auth.StreamAdmin, req.Stream.Name); err != nil {
 			return nil, err
 		}
-		if err := s.createStream(principal, req.Stream); err != nil {
+		if err := s.createStream(o, req.Stream); err != nil {
 			return nil, err
 		}
 		m = s.Map()
@@ -124,7 +128,7 @@ func (s *Server) handle(principal string, req *transport.Request) (*transport.Re
 		if err := need(auth.StreamAdmin, req.Stream.Name); err != nil {
 			return nil, err
 		}
-		if err := s.deleteStream(principal, req.Stream.Name); err != nil {
+		if err := s.deleteStream(o, req.Stream.Name); err != nil {
 			return nil, err
 		}
 		return &transport.Response{Map: s.Map().VisibleTo(principal)}, nil
@@ -136,7 +140,7 @@ func (s *Server) handle(principal string, req *transport.Request) (*transport.Re
 		if req.Move == nil {
 			return nil, wireError(fmt.Errorf("%w: %s of stream %q names no shard or broker to move from (the request carries no move)", ErrInvalid, req.Op, req.Stream.Name))
 		}
-		mv, err := s.moveReplica(principal, req.Stream.Name, req.Move.Shard, req.Move.From, req.Move.To)
+		mv, err := s.moveReplica(o, req.Stream.Name, req.Move.Shard, req.Move.From, req.Move.To)
 		if err != nil {
 			return nil, err
 		}
@@ -147,7 +151,7 @@ func (s *Server) handle(principal string, req *transport.Request) (*transport.Re
 		if err := need(auth.ClusterAdmin, ""); err != nil {
 			return nil, err
 		}
-		if err := s.removeBroker(principal, req.NodeID); err != nil {
+		if err := s.removeBroker(o, req.NodeID); err != nil {
 			return nil, err
 		}
 		// The map tells a follower that forwarded the request which epoch
@@ -200,9 +204,9 @@ func (s *Server) handle(principal string, req *transport.Request) (*transport.Re
 		}
 		var err error
 		if req.Op == OpACLGrant {
-			err = s.grant(principal, req.Grant)
+			err = s.grant(o, req.Grant)
 		} else {
-			err = s.revoke(principal, req.Grant)
+			err = s.revoke(o, req.Grant)
 		}
 		if err != nil {
 			return nil, err

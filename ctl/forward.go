@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
@@ -42,10 +43,20 @@ func (s *Server) forward(req *transport.Request) (*transport.Response, error) {
 	if fwd.Principal == ctlPrincipal {
 		fwd.Principal = ""
 	}
+	if fwd.ID == "" {
+		// Every attempt below sends the same ID: a leader that made the
+		// change and stopped before it answered, or whose answer the
+		// connection lost, leaves it recorded for the next one, which
+		// answers the retry as done instead of making it twice or
+		// refusing it (a stream that "exists").
+		fwd.ID = newRequestID()
+	}
 	var last error
 	for {
 		if s.IsLeader() {
-			return s.handle(req.Principal, req)
+			own := *req
+			own.ID = fwd.ID
+			return s.handle(own.Principal, &own)
 		}
 		info, ok := s.leaderInfo(ctx)
 		if ok && info.ID != s.regToken {
@@ -68,6 +79,11 @@ func (s *Server) forward(req *transport.Request) (*transport.Response, error) {
 			return nil, transport.Errorf(transport.CodeUnavailable, "%s: the control plane has no reachable leader (is a majority of its etcd members up?): %v", req.Op, last)
 		}
 	}
+}
+
+// newRequestID returns a random request ID (transport.Request.ID).
+func newRequestID() string {
+	return rand.Text()
 }
 
 // forwardTo makes one request to the ctl at addr.

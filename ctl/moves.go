@@ -242,13 +242,13 @@ func shardCount(n int) string {
 // refuses, shardmap.ErrBadMove. On a follower the change is made by the
 // leader.
 func (s *Server) MoveReplica(stream string, shard int, from, to string) error {
-	_, err := s.moveReplica(ctlPrincipal, stream, shard, from, to)
+	_, err := s.moveReplica(origin{principal: ctlPrincipal}, stream, shard, from, to)
 	return err
 }
 
 // moveReplica is MoveReplica for principal, and returns the move made,
 // with the broker the replica moved to.
-func (s *Server) moveReplica(principal, stream string, shard int, from, to string) (transport.ReplicaMove, error) {
+func (s *Server) moveReplica(o origin, stream string, shard int, from, to string) (transport.ReplicaMove, error) {
 	mv := transport.ReplicaMove{Shard: shard, From: from, To: to}
 	// The ctl making the change checks its peers (a follower too, before
 	// it forwards: the leader checks again). Read before the lock is
@@ -262,10 +262,11 @@ func (s *Server) moveReplica(principal, stream string, shard int, from, to strin
 		return transport.ReplicaMove{}, wireError(fmt.Errorf("%w: move %s's replica of %s/%d: control plane member %s: upgrade %s first (%s could no longer load the cluster's state from etcd, nor lead)",
 			ErrInvalid, from, stream, shard, earlierVersion(old), plural(old, "it", "them"), plural(old, "it", "they")))
 	}
-	req := &transport.Request{Op: OpStreamMove, Stream: shardmap.StreamConfig{Name: stream}, Move: &mv, Principal: principal}
+	req := &transport.Request{Op: OpStreamMove, Stream: shardmap.StreamConfig{Name: stream}, Move: &mv, Principal: o.principal, ID: o.id}
 	moved := to
 	resp, err := s.changeOrForward("replica moved", req, func(st *state) (err error) {
 		moved, err = st.moveReplica(stream, shard, from, to)
+		req.Move.To = moved // what the request's ID remembers
 		return err
 	})
 	if err != nil {

@@ -44,6 +44,9 @@ type snapshot struct {
 	// none are recorded, as in a state written before they were: each
 	// ctl then uses its own.
 	Superusers []string
+	// Requests are the admin changes made for requests with an ID,
+	// oldest first (see state.requests).
+	Requests []appliedRequest
 }
 
 // The on-disk form has its own types with explicit JSON names so that
@@ -54,6 +57,14 @@ type fileState struct {
 	Members []fileMember `json:"members"`
 	Streams []fileStream `json:"streams"`
 	Grants  []fileGrant  `json:"grants,omitempty"`
+}
+
+// fileRequest is the value of a requests/<id> key: an admin change made
+// for the request with that ID (appliedRequest).
+type fileRequest struct {
+	What   string `json:"what"`
+	Result string `json:"result,omitempty"`
+	Epoch  uint64 `json:"epoch"`
 }
 
 type fileGrant struct {

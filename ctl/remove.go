@@ -111,11 +111,11 @@ func firstShards(ids []shardmap.ShardID) string {
 // Errors are *transport.Error values (CodeInvalid, CodeInternal) that
 // also match ErrInvalid. On a follower the change is made by the leader.
 func (s *Server) RemoveBroker(id string) error {
-	return s.removeBroker(ctlPrincipal, id)
+	return s.removeBroker(origin{principal: ctlPrincipal}, id)
 }
 
-func (s *Server) removeBroker(principal, id string) error {
-	req := &transport.Request{Op: OpClusterRemove, NodeID: id, Principal: principal}
+func (s *Server) removeBroker(o origin, id string) error {
+	req := &transport.Request{Op: OpClusterRemove, NodeID: id, Principal: o.principal, ID: o.id}
 	err := s.change("broker removed", req, func(st *state) error { return st.removeMember(id) })
 	if err != nil {
 		return err

@@ -400,11 +400,11 @@ func (s *Server) Streams() []shardmap.StreamConfig {
 // ErrInvalid, ErrStreamExists, ErrLimitExceeded. On a follower the
 // change is made by the leader.
 func (s *Server) CreateStream(c shardmap.StreamConfig) error {
-	return s.createStream(ctlPrincipal, c)
+	return s.createStream(origin{principal: ctlPrincipal}, c)
 }
 
-func (s *Server) createStream(principal string, c shardmap.StreamConfig) error {
-	req := &transport.Request{Op: OpStreamCreate, Stream: c, Principal: principal}
+func (s *Server) createStream(o origin, c shardmap.StreamConfig) error {
+	req := &transport.Request{Op: OpStreamCreate, Stream: c, Principal: o.principal, ID: o.id}
 	err := s.change("stream created", req, func(st *state) error { return st.createStream(c) })
 	if err != nil {
 		return err
@@ -417,11 +417,11 @@ func (s *Server) createStream(principal string, c shardmap.StreamConfig) error {
 // the new map. Errors are *transport.Error values (CodeUnknownStream,
 // CodeInternal) that also match ErrUnknownStream.
 func (s *Server) DeleteStream(name string) error {
-	return s.deleteStream(ctlPrincipal, name)
+	return s.deleteStream(origin{principal: ctlPrincipal}, name)
 }
 
-func (s *Server) deleteStream(principal, name string) error {
-	req := &transport.Request{Op: OpStreamDelete, Stream: shardmap.StreamConfig{Name: name}, Principal: principal}
+func (s *Server) deleteStream(o origin, name string) error {
+	req := &transport.Request{Op: OpStreamDelete, Stream: shardmap.StreamConfig{Name: name}, Principal: o.principal, ID: o.id}
 	err := s.change("stream deleted", req, func(st *state) error { return st.deleteStream(name) })
 	if err != nil {
 		return err
@@ -432,11 +432,11 @@ func (s *Server) deleteStream(principal, name string) error {
 
 // Grant adds g to the policy, persists it and pushes the new map. Granting
 // what is already granted succeeds and changes nothing.
-func (s *Server) Grant(g auth.Grant) error { return s.grant(ctlPrincipal, g) }
+func (s *Server) Grant(g auth.Grant) error { return s.grant(origin{principal: ctlPrincipal}, g) }
 
-func (s *Server) grant(principal string, g auth.Grant) error {
+func (s *Server) grant(o origin, g auth.Grant) error {
 	changed := false
-	req := &transport.Request{Op: OpACLGrant, Grant: g, Principal: principal}
+	req := &transport.Request{Op: OpACLGrant, Grant: g, Principal: o.principal, ID: o.id}
 	err := s.change("permission granted", req, func(st *state) (err error) {
 		changed, err = st.grant(g)
 		return err
@@ -449,15 +449,53 @@ func (s *Server) grant(principal string, g auth.Grant) error {
 
 // Revoke removes g from the policy, persists it and pushes the new map.
 // Errors match ErrUnknownGrant when the policy does not hold g.
-func (s *Server) Revoke(g auth.Grant) error { return s.revoke(ctlPrincipal, g) }
+func (s *Server) Revoke(g auth.Grant) error { return s.revoke(origin{principal: ctlPrincipal}, g) }
 
-func (s *Server) revoke(principal string, g auth.Grant) error {
-	req := &transport.Request{Op: OpACLRevoke, Grant: g, Principal: principal}
+func (s *Server) revoke(o origin, g auth.Grant) error {
+	req := &transport.Request{Op: OpACLRevoke, Grant: g, Principal: o.principal, ID: o.id}
 	err := s.change("permission revoked", req, func(st *state) error { return st.revoke(g) })
 	if err == nil {
 		s.log.Info("permission revoked", "principal", g.Principal, "action", g.Action, "pattern", g.Pattern, "epoch", s.Map().Epoch)
 	}
 	return err
+}
+
+// origin is who asks for an admin change: the principal it is authorized
+// as, and the ID of its request (transport.Request.ID; "" for none).
+type origin struct{ principal, id string }
+
+// requestWhat describes the change fwd asks for, as an appliedRequest
+// records it: a request sent again must describe the same change.
+func requestWhat(fwd *transport.Request) string {
+	what := fmt.Sprintf("%s principal=%q stream=%+v", fwd.Op, fwd.Principal, fwd.Stream)
+	switch {
+	case fwd.Op == OpACLGrant || fwd.Op == OpACLRevoke:
+		what += " grant=" + fwd.Grant.String()
+	case fwd.NodeID != "":
+		what += fmt.Sprintf(" node=%q", fwd.NodeID)
+	case fwd.Move != nil:
+		what += fmt.Sprintf(" move=%+v", *fwd.Move)
+	}
+	return what
+}
+
+// answerAgain answers fwd, a request whose change r was made already (its
+// first answer lost, or not waited for): as the first answer did, with
+// the broker a replica moved to, and without changing anything. The same
+// ID with another request is refused. s.mu is held.
+func (s *Server) answerAgain(reason string, fwd *transport.Request, what string, r appliedRequest) (*transport.Response, error) {
+	if r.What != what {
+		return nil, transport.Errorf(transport.CodeInvalid, "%s: request id %q names another change, made at epoch %d (%s)", reason, fwd.ID, r.Epoch, r.What)
+	}
+	s.log.Info("admin request sent again: answered as the first time, its change was made at epoch "+strconv.FormatUint(r.Epoch, 10),
+		"op", fwd.Op, "id", fwd.ID, "principal", fwd.Principal)
+	resp := &transport.Response{}
+	if fwd.Move != nil {
+		mv := *fwd.Move
+		mv.To = r.Result
+		resp.Moved = &mv
+	}
+	return resp, nil
 }
 
 // change applies an admin change (streams or policy), persists it, and
@@ -485,12 +523,25 @@ func (s *Server) changeOrForward(reason string, fwd *transport.Request, change f
 	if s.mu.closed {
 		return nil, transport.Errorf(transport.CodeShuttingDown, "ctl is closed")
 	}
+	what := requestWhat(fwd)
+	if fwd.ID != "" {
+		if r, ok := s.mu.st.answered(fwd.ID); ok {
+			return s.answerAgain(reason, fwd, what, r)
+		}
+	}
 	cp := s.mu.st.checkpoint()
 	if err := change(s.mu.st); err != nil {
 		return nil, wireError(err)
 	}
 	if s.mu.st.epoch == cp.epoch {
 		return nil, nil
+	}
+	if fwd.ID != "" {
+		r := appliedRequest{ID: fwd.ID, What: what}
+		if fwd.Move != nil {
+			r.Result = fwd.Move.To // the change closure's choice
+		}
+		s.mu.st.remember(r)
 	}
 	if err := s.store.save(s.ctx, s.mu.st.snapshot()); err != nil {
 		epoch := s.mu.st.epoch

@@ -62,7 +62,32 @@ type state struct {
 	// maxShardsTotal bounds the shards of all streams together (see
 	// Config.MaxShardsTotal); 0 means DefaultMaxShardsTotal.
 	maxShardsTotal int
+	// requests are the admin changes made for requests with an ID, oldest
+	// first, at most maxRequests: committed with the state, so that a
+	// request sent again after its answer was lost is answered, by this
+	// leader or the next, as the first one was (see answered). Never
+	// changed in place (remember copies), so a checkpoint may share it.
+	requests []appliedRequest
 }
+
+// appliedRequest is an admin change made for a request with an ID
+// (transport.Request.ID).
+type appliedRequest struct {
+	ID string
+	// What is the request it was made for (requestWhat): the same ID
+	// with another request is refused, not taken for a retry.
+	What string
+	// Result is what the change decided that the request did not say:
+	// the broker a replica moved to ("" for other changes).
+	Result string
+	// Epoch is the epoch the change made.
+	Epoch uint64
+}
+
+// maxRequests bounds the requests the state remembers; the oldest are
+// forgotten first. Admin changes come at human rates: a thousand covers
+// far more than the minutes in which a request is sent again.
+const maxRequests = 1024
 
 // member is one registered node. A member that goes down keeps its place
 // (and its shards) and is only marked not Live; it leaves only when an
@@ -82,6 +107,8 @@ func newState(snap snapshot, superusers []string) *state {
 		members: make(map[string]*member, len(snap.Members)),
 		streams: make(map[string]shardmap.Stream, len(snap.Streams)),
 		policy:  auth.NewPolicy(superusers, snap.Grants),
+		// The snapshot's slice is shared: remember never changes it in place.
+		requests: snap.Requests,
 	}
 	for _, n := range snap.Members {
 		n.Live = false
@@ -98,7 +125,7 @@ func newState(snap snapshot, superusers []string) *state {
 // of, so that every ctl builds the same map from it (members with their
 // liveness, which the leader derives from the broker leases).
 func (s *state) snapshot() snapshot {
-	snap := snapshot{Epoch: s.epoch, Grants: s.policy.Grants, Superusers: append([]string{}, s.policy.Superusers...)}
+	snap := snapshot{Epoch: s.epoch, Grants: s.policy.Grants, Superusers: append([]string{}, s.policy.Superusers...), Requests: s.requests}
 	for _, id := range slices.Sorted(maps.Keys(s.members)) {
 		snap.Members = append(snap.Members, s.members[id].node)
 	}
@@ -342,15 +369,16 @@ func (s *state) stream(name string) (shardmap.StreamConfig, error) {
 // the set of members, not their liveness: an admin change removes a
 // member (removeMember) but never changes one.
 type checkpoint struct {
-	epoch   uint64
-	members map[string]*member
-	streams map[string]shardmap.Stream
-	policy  *auth.Policy
-	cur     *shardmap.Map
+	epoch    uint64
+	members  map[string]*member
+	streams  map[string]shardmap.Stream
+	policy   *auth.Policy
+	cur      *shardmap.Map
+	requests []appliedRequest
 }
 
 func (s *state) checkpoint() checkpoint {
-	return checkpoint{epoch: s.epoch, members: maps.Clone(s.members), streams: maps.Clone(s.streams), policy: s.policy, cur: s.cur}
+	return checkpoint{epoch: s.epoch, members: maps.Clone(s.members), streams: maps.Clone(s.streams), policy: s.policy, cur: s.cur, requests: s.requests}
 }
 
 // rollback undoes the admin changes made since cp (streams, grants, a
@@ -358,7 +386,26 @@ func (s *state) checkpoint() checkpoint {
 // if nothing else changed in between (the server holds its lock across
 // change, persist and rollback).
 func (s *state) rollback(cp checkpoint) {
-	s.epoch, s.members, s.streams, s.policy, s.cur = cp.epoch, cp.members, cp.streams, cp.policy, cp.cur
+	s.epoch, s.members, s.streams, s.policy, s.cur, s.requests = cp.epoch, cp.members, cp.streams, cp.policy, cp.cur, cp.requests
+}
+
+// answered returns the change made for the request with ID id, if the
+// state remembers one.
+func (s *state) answered(id string) (appliedRequest, bool) {
+	for i := len(s.requests) - 1; i >= 0; i-- {
+		if s.requests[i].ID == id {
+			return s.requests[i], true
+		}
+	}
+	return appliedRequest{}, false
+}
+
+// remember records r, made at the current epoch, forgetting the oldest
+// beyond maxRequests. It copies: a checkpoint's slice stays as it was.
+func (s *state) remember(r appliedRequest) {
+	r.Epoch = s.epoch
+	keep := s.requests[max(0, len(s.requests)-(maxRequests-1)):]
+	s.requests = append(slices.Clip(keep), r)
 }
 
 // liveIDs returns the ids of the Live members, sorted; for logs.

@@ -1,6 +1,7 @@
 package ctl
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -95,11 +96,12 @@ func newStore(cli *clientv3.Client, cluster string) *store {
 	return &store{cli: cli, prefix: "/felix/" + cluster + "/", timeout: etcdOpTimeout}
 }
 
-func (st *store) epochKey() string           { return st.prefix + "epoch" }
-func (st *store) writerKey() string          { return st.prefix + "writer" }
-func (st *store) memberKey(id string) string { return st.prefix + "members/" + id }
-func (st *store) streamKey(n string) string  { return st.prefix + "streams/" + n }
-func (st *store) superusersKey() string      { return st.prefix + "superusers" }
+func (st *store) epochKey() string            { return st.prefix + "epoch" }
+func (st *store) writerKey() string           { return st.prefix + "writer" }
+func (st *store) memberKey(id string) string  { return st.prefix + "members/" + id }
+func (st *store) streamKey(n string) string   { return st.prefix + "streams/" + n }
+func (st *store) superusersKey() string       { return st.prefix + "superusers" }
+func (st *store) requestKey(id string) string { return st.prefix + "requests/" + id }
 func (st *store) grantKey(g auth.Grant) string {
 	return st.prefix + "grants/" + url.PathEscape(g.Principal) + "/" + string(g.Action) + "/" + url.PathEscape(g.Pattern)
 }
@@ -173,8 +175,15 @@ func (st *store) read(ctx context.Context) (snap snapshot, rev int64, err error)
 			if err := json.Unmarshal(kv.Value, &snap.Superusers); err != nil {
 				return snapshot{}, 0, bad(err)
 			}
+		case strings.HasPrefix(rest, "requests/"):
+			var r fileRequest
+			if err := json.Unmarshal(kv.Value, &r); err != nil {
+				return snapshot{}, 0, bad(err)
+			}
+			snap.Requests = append(snap.Requests, appliedRequest{ID: strings.TrimPrefix(rest, "requests/"), What: r.What, Result: r.Result, Epoch: r.Epoch})
 		}
 	}
+	slices.SortStableFunc(snap.Requests, func(a, b appliedRequest) int { return cmp.Compare(a.Epoch, b.Epoch) })
 	return snap, rev, nil
 }
 
@@ -303,6 +312,21 @@ func (st *store) diff(old, next snapshot) []clientv3.Op {
 	}
 	if next.Superusers != nil && (old.Superusers == nil || !slices.Equal(old.Superusers, next.Superusers)) {
 		put(st.superusersKey(), next.Superusers)
+	}
+
+	// A request's record never changes: only which are kept does.
+	oldR := map[string]bool{}
+	for _, r := range old.Requests {
+		oldR[r.ID] = true
+	}
+	for _, r := range next.Requests {
+		if !oldR[r.ID] {
+			put(st.requestKey(r.ID), fileRequest{What: r.What, Result: r.Result, Epoch: r.Epoch})
+		}
+		delete(oldR, r.ID)
+	}
+	for id := range oldR {
+		ops = append(ops, clientv3.OpDelete(st.requestKey(id)))
 	}
 	return ops
 }

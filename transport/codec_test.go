@@ -540,11 +540,11 @@ func TestRequestMoveFields(t *testing.T) {
 	if r := got.(*Request); r.Move != nil || r.Admit != nil || r.Op != "stream.move" || r.Stream.Name != "orders" {
 		t.Fatalf("five fields decoded as %#v", r)
 	}
-	// A newer sender's eighth field is skipped (the seventh, NodeID,
-	// empty here).
-	eight := append(append([]byte{0x98}, body(move)[1:]...), 0xa0, 0xa3, 'n', 'e', 'w')
-	if got, err := DecodeFrame(FrameRequest, eight); err != nil || !reflect.DeepEqual(got, move) {
-		t.Fatalf("eight fields: %#v, %v; want %#v", got, err, move)
+	// A newer sender's ninth field is skipped (the seventh, NodeID, and
+	// the eighth, ID, empty here).
+	nine := append(append([]byte{0x99}, body(move)[1:]...), 0xa0, 0xa0, 0xa3, 'n', 'e', 'w')
+	if got, err := DecodeFrame(FrameRequest, nine); err != nil || !reflect.DeepEqual(got, move) {
+		t.Fatalf("nine fields: %#v, %v; want %#v", got, err, move)
 	}
 
 	// A Response with Moved has six fields, Ctl and Replicas nil; without
@@ -615,15 +615,54 @@ func TestRequestNodeIDField(t *testing.T) {
 	if r := got.(*Request); r.NodeID != "" || r.Move != nil || r.Op != "cluster.remove" || r.Principal != "alice" {
 		t.Fatalf("six fields decoded as %#v", r)
 	}
-	// A newer sender's eighth field is skipped.
-	eight := append(append([]byte{0x98}, b[1:]...), 0x81, 0xa1, 'k', 0x01)
-	if got, err := DecodeFrame(FrameRequest, eight); err != nil || !reflect.DeepEqual(got, remove) {
-		t.Fatalf("eight fields: %#v, %v; want %#v", got, err, remove)
+	// A newer sender's ninth field is skipped.
+	nine := append(append([]byte{0x99}, b[1:]...), 0xa0, 0x81, 0xa1, 'k', 0x01)
+	if got, err := DecodeFrame(FrameRequest, nine); err != nil || !reflect.DeepEqual(got, remove) {
+		t.Fatalf("nine fields: %#v, %v; want %#v", got, err, remove)
 	}
 	// A node id that is not a string is malformed.
 	bad := append(append([]byte{0x97}, bytes.Join(elems[:6], nil)...), 0x07)
 	if _, err := DecodeFrame(FrameRequest, bad); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("a node id of 7: %v, want malformed", err)
+	}
+}
+
+// TestRequestIDField: a Request's ID is its eighth field, sent only when
+// set, with Admit and Move nil and NodeID "" before it; a decoder of seven
+// fields (an earlier ctl) skips it, and a sender of seven decodes with ID "".
+func TestRequestIDField(t *testing.T) {
+	create := &Request{Op: "stream.create", Stream: shardmap.StreamConfig{Name: "orders", Shards: 2}, ID: "4f1c-9a"}
+	b := body(create)
+	if b[0] != 0x98 {
+		t.Fatalf("a Request with an ID starts 0x%02x, want 0x98 (8 elements)", b[0])
+	}
+	var generic []any
+	if err := msgpack.Unmarshal(b, &generic); err != nil {
+		t.Fatal(err)
+	}
+	if generic[4] != nil || generic[5] != nil || generic[6] != "" || generic[7] != "4f1c-9a" {
+		t.Fatalf("a Request with an ID only: %v; want Admit and Move nil, NodeID empty, then the id", generic)
+	}
+	if got, err := DecodeFrame(FrameRequest, b); err != nil || !reflect.DeepEqual(got, create) {
+		t.Fatalf("round trip: %#v, %v; want %#v", got, err, create)
+	}
+	if b := body(&Request{Op: "stream.create"}); b[0] != 0x94 {
+		t.Fatalf("a Request without an ID starts 0x%02x, want 0x94 as before", b[0])
+	}
+	elems := rawElems(t, b)
+	seven := append([]byte{0x97}, bytes.Join(elems[:7], nil)...)
+	got, err := DecodeFrame(FrameRequest, seven)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := got.(*Request); r.ID != "" || r.Op != "stream.create" || r.Stream.Name != "orders" {
+		t.Fatalf("seven fields decoded as %#v", r)
+	}
+	for id, ok := range map[string]bool{"": true, "a-Z_09": true, strings.Repeat("x", MaxRequestID): true,
+		strings.Repeat("x", MaxRequestID+1): false, "a b": false, "a/b": false, "é": false} {
+		if ValidRequestID(id) != ok {
+			t.Errorf("ValidRequestID(%q) = %v, want %v", id, !ok, ok)
+		}
 	}
 }
 

@@ -41,6 +41,31 @@ type Request struct {
 	// is the broker to remove from the cluster's members. Sent only when
 	// set.
 	NodeID string
+	// ID names one admin change (stream.create, stream.delete,
+	// stream.move, cluster.remove, acl.grant, acl.revoke) for as long as
+	// the control plane remembers it: a request sent again with the same
+	// ID after its answer was lost (a connection that died, a ctl leader
+	// that stopped) is answered as the first one was, never applied
+	// twice nor refused as already done. Up to MaxRequestID bytes of
+	// letters, digits, '-' and '_'; "" for none. Sent only when set.
+	ID string
+}
+
+// MaxRequestID bounds the length of [Request.ID].
+const MaxRequestID = 64
+
+// ValidRequestID reports whether id may name a request: "" (none), or up
+// to MaxRequestID letters, digits, '-' and '_'.
+func ValidRequestID(id string) bool {
+	if len(id) > MaxRequestID {
+		return false
+	}
+	for _, c := range []byte(id) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // ReplicaAdmit names a shard of Request.Stream and the raft id of the
@@ -64,9 +89,9 @@ type ReplicaMove struct {
 }
 
 // requestFields is the number of fields this version decodes; Admit,
-// Move and NodeID are sent only when set (each earlier one as nil when a
-// later one is), so other requests encode as before.
-const requestFields = 7
+// Move, NodeID and ID are sent only when set (each earlier one as nil or
+// "" when a later one is), so other requests encode as before.
+const requestFields = 8
 
 // Type implements [Frame].
 func (*Request) Type() FrameType { return FrameRequest }
@@ -76,12 +101,15 @@ func (r *Request) appendBody(b []byte) ([]byte, error) {
 		return b, errNilFrame(FrameRequest)
 	}
 	fields := requestFields
-	if r.NodeID == "" {
+	if r.ID == "" {
 		fields--
-		if r.Move == nil {
+		if r.NodeID == "" {
 			fields--
-			if r.Admit == nil {
+			if r.Move == nil {
 				fields--
+				if r.Admit == nil {
+					fields--
+				}
 			}
 		}
 	}
@@ -106,7 +134,10 @@ func (r *Request) appendBody(b []byte) ([]byte, error) {
 	if b, err = appendMsgpack(b, FrameRequest, r.Move); err != nil || fields < 7 {
 		return b, err
 	}
-	return appendStr(b, r.NodeID), nil
+	if b = appendStr(b, r.NodeID); fields < 8 {
+		return b, nil
+	}
+	return appendStr(b, r.ID), nil
 }
 
 func (r *Request) decode(d *decoder) {
@@ -130,6 +161,10 @@ func (r *Request) decode(d *decoder) {
 	if n >= 7 {
 		r.NodeID = d.str()
 		read = 7
+	}
+	if n >= 8 {
+		r.ID = d.str()
+		read = 8
 	}
 	d.skipN(n - read)
 }
