@@ -123,6 +123,11 @@ func (b *Broker) Start(ctx context.Context) error {
 	if advertise == "" {
 		advertise = ln.Addr().String()
 	}
+	clusterID, err := readClusterID(b.cfg.DataDir)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("broker %s: %w", b.cfg.NodeID, err)
+	}
 	member, err := ctlclient.Join(ctx, ctlclient.MemberConfig{
 		CtlAddrs:  strings.Split(b.cfg.CtlAddr, ","), // any ctl member will do
 		TLS:       b.cfg.CtlTLS,
@@ -130,6 +135,8 @@ func (b *Broker) Start(ctx context.Context) error {
 		Node:      transport.Register{NodeID: b.cfg.NodeID, Addr: advertise, Admin: b.cfg.Admin},
 		LeaseTTL:  b.cfg.LeaseTTL,
 		Logger:    b.cfg.Logger, // the member names the node itself
+		Cluster:   clusterID,
+		OnCluster: func(id string) error { return writeClusterID(b.cfg.DataDir, id) },
 	})
 	if err != nil {
 		ln.Close()

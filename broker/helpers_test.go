@@ -87,6 +87,20 @@ func startInprocWith(t testing.TB, tweak func(*Config), n int, streams ...shardm
 func (ip *inproc) startBroker(i int) *Broker {
 	t := ip.t
 	t.Helper()
+	b := ip.newBroker(i)
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// newBroker returns broker i of ip, not started, with its data directory
+// and the control plane's address.
+func (ip *inproc) newBroker(i int) *Broker {
+	t := ip.t
+	t.Helper()
 	id := cluster.BrokerID(i)
 	nt, err := cluster.LoadNodeTLS(filepath.Join(ip.dir, "certs"), id)
 	if err != nil {
@@ -102,11 +116,6 @@ func (ip *inproc) startBroker(i int) *Broker {
 	}
 	b, err := New(cfg)
 	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
-	defer cancel()
-	if err := b.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	return b

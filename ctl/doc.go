@@ -95,6 +95,7 @@
 //	streams/<stream>               {"name","shards","retention_bytes","retention_age_ns","owners"} JSON
 //	grants/<principal>/<action>/<pattern>  {"principal","action","pattern"} (path-escaped)
 //	superusers                     the committing leader's --superuser list, JSON
+//	cluster-id                     the cluster's ID (every map's Cluster), made by the first leader, never changed
 //	requests/<id>                  an admin change made for a request with that ID: {"what","result","epoch"}, the last 1024
 //	live/<node>                    a broker's liveness, with its lease
 //	ctl/<name>                     a ctl member {"name","id","addr","etcd","features"}, with its session lease

@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"context"
+	crand "crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -263,6 +264,13 @@ func (s *Server) takeOver(el *concurrency.Election) (held []string, err error) {
 	if err != nil {
 		s.store.unfence()
 		return nil, err
+	}
+	if snap.ClusterID == "" {
+		// A new cluster, or one stored by a version without IDs: its ID
+		// is made here, once, and committed with the save below (a
+		// leader that loses the race to commit loses its ID with it).
+		snap.ClusterID = newClusterID()
+		s.log.Info("the cluster has no ID yet: made one", "cluster_id", snap.ClusterID)
 	}
 	st := newState(snap, s.cfg.Superusers)
 	st.maxShardsTotal = s.cfg.MaxShardsTotal
@@ -607,3 +615,6 @@ func (s *Server) leaderInfo(ctx context.Context) (ctlInfo, bool) {
 	}
 	return info, true
 }
+
+// newClusterID returns a new cluster ID: 128 random bits in base32.
+func newClusterID() string { return crand.Text() }

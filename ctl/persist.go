@@ -44,6 +44,9 @@ type snapshot struct {
 	// none are recorded, as in a state written before they were: each
 	// ctl then uses its own.
 	Superusers []string
+	// ClusterID is the cluster's ID (shardmap.Map.Cluster), made by the
+	// first leader that found none; "" until then.
+	ClusterID string
 	// Requests are the admin changes made for requests with an ID,
 	// oldest first (see state.requests).
 	Requests []appliedRequest

@@ -68,6 +68,8 @@ type state struct {
 	// leader or the next, as the first one was (see answered). Never
 	// changed in place (remember copies), so a checkpoint may share it.
 	requests []appliedRequest
+	// clusterID is the cluster's ID, in every map (shardmap.Map.Cluster).
+	clusterID string
 }
 
 // appliedRequest is an admin change made for a request with an ID
@@ -108,7 +110,8 @@ func newState(snap snapshot, superusers []string) *state {
 		streams: make(map[string]shardmap.Stream, len(snap.Streams)),
 		policy:  auth.NewPolicy(superusers, snap.Grants),
 		// The snapshot's slice is shared: remember never changes it in place.
-		requests: snap.Requests,
+		requests:  snap.Requests,
+		clusterID: snap.ClusterID,
 	}
 	for _, n := range snap.Members {
 		n.Live = false
@@ -125,7 +128,7 @@ func newState(snap snapshot, superusers []string) *state {
 // of, so that every ctl builds the same map from it (members with their
 // liveness, which the leader derives from the broker leases).
 func (s *state) snapshot() snapshot {
-	snap := snapshot{Epoch: s.epoch, Grants: s.policy.Grants, Superusers: append([]string{}, s.policy.Superusers...), Requests: s.requests}
+	snap := snapshot{Epoch: s.epoch, Grants: s.policy.Grants, Superusers: append([]string{}, s.policy.Superusers...), Requests: s.requests, ClusterID: s.clusterID}
 	for _, id := range slices.Sorted(maps.Keys(s.members)) {
 		snap.Members = append(snap.Members, s.members[id].node)
 	}
@@ -159,6 +162,7 @@ func (s *state) rebuild() {
 	}
 	s.cur = shardmap.Assemble(s.epoch, nodes, streams)
 	s.cur.ACL = s.policy
+	s.cur.Cluster = s.clusterID
 }
 
 // place returns st with an owner for every shard that has none (or whose

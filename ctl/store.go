@@ -102,6 +102,7 @@ func (st *store) memberKey(id string) string  { return st.prefix + "members/" + 
 func (st *store) streamKey(n string) string   { return st.prefix + "streams/" + n }
 func (st *store) superusersKey() string       { return st.prefix + "superusers" }
 func (st *store) requestKey(id string) string { return st.prefix + "requests/" + id }
+func (st *store) clusterIDKey() string        { return st.prefix + "cluster-id" }
 func (st *store) grantKey(g auth.Grant) string {
 	return st.prefix + "grants/" + url.PathEscape(g.Principal) + "/" + string(g.Action) + "/" + url.PathEscape(g.Pattern)
 }
@@ -175,6 +176,8 @@ func (st *store) read(ctx context.Context) (snap snapshot, rev int64, err error)
 			if err := json.Unmarshal(kv.Value, &snap.Superusers); err != nil {
 				return snapshot{}, 0, bad(err)
 			}
+		case rest == "cluster-id":
+			snap.ClusterID = string(kv.Value)
 		case strings.HasPrefix(rest, "requests/"):
 			var r fileRequest
 			if err := json.Unmarshal(kv.Value, &r); err != nil {
@@ -312,6 +315,10 @@ func (st *store) diff(old, next snapshot) []clientv3.Op {
 	}
 	if next.Superusers != nil && (old.Superusers == nil || !slices.Equal(old.Superusers, next.Superusers)) {
 		put(st.superusersKey(), next.Superusers)
+	}
+
+	if next.ClusterID != old.ClusterID {
+		ops = append(ops, clientv3.OpPut(st.clusterIDKey(), next.ClusterID))
 	}
 
 	// A request's record never changes: only which are kept does.

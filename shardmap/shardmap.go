@@ -145,6 +145,13 @@ type Map struct {
 	// ACL is the authorization policy in force at this epoch; nil in a
 	// map shown to a client (see [Map.VisibleTo]).
 	ACL *auth.Policy `msgpack:"acl,omitempty"`
+	// Cluster is the cluster's ID, made once when its control plane
+	// first stored its state, as Kafka's cluster.id: a broker keeps the
+	// ID of the maps it took with its data and refuses a map of another
+	// cluster (a control plane that lost its state, or another one)
+	// rather than apply it to data it never described. "" from a control
+	// plane older than the field.
+	Cluster string `msgpack:"cluster,omitempty"`
 }
 
 // VisibleTo returns the map as principal may see it: without the policy,

@@ -50,7 +50,27 @@ type MemberConfig struct {
 	MaxBackoff time.Duration
 	// Logger receives one line per meaningful event. Default slog.Default().
 	Logger *slog.Logger
+	// Cluster is the ID of the cluster the member belongs to
+	// (shardmap.Map.Cluster), as it kept it from the maps it took before;
+	// "" if it took none that named one. A map of another cluster is
+	// refused: Join fails, and a running member stays with the map it
+	// holds while it tries again (see ErrOtherCluster).
+	Cluster string
+	// OnCluster, when set, is called with the cluster ID of the first map
+	// that names one while the member knows none, before that map is
+	// taken: the broker keeps it with its data. An error refuses the map
+	// (and fails Join).
+	OnCluster func(id string) error
 }
+
+// ErrOtherCluster is matched by the error refusing a map of another
+// cluster than the member's: a control plane that lost its state and made
+// a new cluster, or the control plane of another cluster. Applying it
+// would treat the member's data as the new cluster's (removing what that
+// cluster does not hold), so the member never takes it; the operator
+// points the member at its own control plane, or, to make it a member of
+// the new cluster with no data, empties its data directory.
+var ErrOtherCluster = errors.New("ctl: the control plane serves another cluster")
 
 // DefaultMaxBackoff is the default cap on reconnect delays.
 const DefaultMaxBackoff = 2 * time.Second
@@ -125,6 +145,7 @@ type Member struct {
 		changed   chan struct{} // closed when cur moves forward, then replaced
 		conn      *quic.Conn    // nil while reconnecting
 		connected chan struct{} // closed when conn becomes non-nil
+		cluster   string        // the cluster the member's maps name, once known
 	}
 
 	// next is the index in CtlAddrs of the ctl to dial next; it moves on
@@ -168,6 +189,7 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	m := &Member{cfg: cfg, log: cfg.Logger.With("component", "ctl-member", "node", cfg.Node.NodeID)}
 	m.mu.changed = make(chan struct{})
 	m.mu.connected = make(chan struct{})
+	m.mu.cluster = cfg.Cluster
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	link, err := m.connect(ctx, true)
 	if err != nil {
@@ -212,7 +234,9 @@ func (m *Member) Refresh(ctx context.Context, minEpoch uint64) (*shardmap.Map, e
 		}
 		resp, err := m.Request(ctx, &transport.Request{Op: opMapGet})
 		if err == nil && resp.Map != nil {
-			m.adopt(resp.Map)
+			if _, err := m.adopt(resp.Map); err != nil {
+				return nil, err
+			}
 			continue
 		}
 		select {
@@ -256,21 +280,48 @@ func (m *Member) Close() error {
 	return nil
 }
 
-// adopt makes mp the current map if it is newer, and reports whether it was.
-func (m *Member) adopt(mp *shardmap.Map) bool {
+// adopt makes mp the current map if it is newer, and reports whether it
+// was. A map of another cluster is refused with an error matching
+// ErrOtherCluster and transport.ErrInvalid.
+func (m *Member) adopt(mp *shardmap.Map) (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if err := m.checkClusterLocked(mp); err != nil {
+		return false, err
+	}
 	cur := m.cur.Load()
 	if !mp.NewerThan(cur) {
 		if mp.Epoch < cur.Epoch {
 			m.log.Warn("ctl sent an older map than the one held; ignored (was ctl's state lost?)", "epoch", mp.Epoch, "held", cur.Epoch)
 		}
-		return false
+		return false, nil
 	}
 	m.cur.Store(mp)
 	close(m.mu.changed)
 	m.mu.changed = make(chan struct{})
-	return true
+	return true, nil
+}
+
+// checkClusterLocked refuses mp if it names another cluster than the
+// member's, and makes the cluster of the first map that names one the
+// member's, handing it to MemberConfig.OnCluster first. A map naming none
+// (a control plane older than cluster IDs) passes. m.mu is held.
+func (m *Member) checkClusterLocked(mp *shardmap.Map) error {
+	switch {
+	case mp.Cluster == "" || mp.Cluster == m.mu.cluster:
+		return nil
+	case m.mu.cluster != "":
+		return transport.Errorf(transport.CodeInvalid, "%w: its map (epoch %d) is of cluster %s, and %s belongs to cluster %s with its data: point it at its own control plane, or empty its data directory to make it a new member of this cluster",
+			ErrOtherCluster, mp.Epoch, mp.Cluster, m.cfg.Node.NodeID, m.mu.cluster)
+	}
+	if f := m.cfg.OnCluster; f != nil {
+		if err := f(mp.Cluster); err != nil {
+			return fmt.Errorf("keep the ID of cluster %s: %w", mp.Cluster, err)
+		}
+	}
+	m.mu.cluster = mp.Cluster
+	m.log.Info("member of cluster "+mp.Cluster, "epoch", mp.Epoch)
+	return nil
 }
 
 func (m *Member) setConn(conn *quic.Conn) {
@@ -379,7 +430,9 @@ func (m *Member) register(ctx context.Context) (link *ctlLink, err error) {
 		if f.Map == nil {
 			return nil, transport.Errorf(transport.CodeMalformed, "map update without a map")
 		}
-		m.adopt(f.Map)
+		if _, err := m.adopt(f.Map); err != nil {
+			return nil, err
+		}
 	case *transport.Error:
 		return nil, f
 	default:
@@ -431,7 +484,11 @@ func (m *Member) serve(link *ctlLink) error {
 			if f.Map == nil {
 				return transport.Errorf(transport.CodeMalformed, "map update without a map")
 			}
-			if m.adopt(f.Map) {
+			adopted, err := m.adopt(f.Map)
+			if err != nil {
+				return err
+			}
+			if adopted {
 				m.log.Debug("map received", "epoch", f.Map.Epoch)
 			}
 		case *transport.Error:
