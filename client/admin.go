@@ -382,39 +382,71 @@ const changeRetryFor = 15 * time.Second
 
 // change makes an admin change through the broker the client is connected
 // to. The request gets a random ID, and while an answer leaves the
-// outcome unknown (the connection lost, the control plane between leaders
-// or failing to commit: changeRetriable) it is sent again with the same
-// ID, for up to changeRetryFor within ctx, backing off from 50 ms to 1 s.
-// The control plane answers a change it made already as it did the first
-// time, so a retry is never made twice, nor refused as done already (a
-// stream that "exists"). A control plane of an earlier version ignores the
-// ID: a retry of a change it made is refused as before.
+// outcome unknown or says to retry (changeRetriable) it is sent again
+// with the same ID, for up to changeRetryFor within ctx, backing off from
+// 50 ms to 1 s. The control plane answers a change it made already as it
+// did the first time, so a retry is never made twice, nor refused as done
+// already (a stream that "exists"). It retries only while the cluster
+// passes IDs on (retryChanges); otherwise it sends the change once, as
+// before. When it stops with an error after an attempt whose outcome was
+// unknown, the error also matches ErrConnectionLost.
 func (c *Client) change(ctx context.Context, req *transport.Request) (*transport.Response, error) {
 	req.ID = rand.Text()
+	retry := c.retryChanges()
 	deadline := time.Now().Add(changeRetryFor)
-	for delay := 50 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+	var unknown error // the first answer that left the outcome unknown
+	for attempt, delay := 1, 50*time.Millisecond; ; attempt, delay = attempt+1, min(2*delay, time.Second) {
 		resp, err := c.request(ctx, c.home, req)
-		if err == nil || !changeRetriable(err) || time.Now().Add(delay).After(deadline) || !sleep(ctx, delay) {
-			return resp, err
+		if err == nil {
+			return resp, nil
+		}
+		if unknown == nil && errors.Is(err, ErrConnectionLost) {
+			unknown = err
+		}
+		if !retry || !changeRetriable(err) || time.Now().Add(delay).After(deadline) || !sleep(ctx, delay) {
+			if unknown != nil && !errors.Is(err, ErrConnectionLost) {
+				return nil, fmt.Errorf("%w: sent %d times with one request ID, and the connection of an attempt was lost after sending it (%v); the last answer: %w", ErrConnectionLost, attempt, unknown, err)
+			}
+			return nil, err
 		}
 	}
 }
 
+// retryChanges reports whether an admin change is sent again with its
+// ID: only while the client's map names the cluster (a control plane
+// that answers a change sent again as done) and every broker in it
+// advertises transport.FeatureRequestIDs (none drops the ID when it
+// relays the request). Otherwise a retry of a change that was made would
+// be refused as done already (or, a delete, made again after another
+// client created the stream anew).
+func (c *Client) retryChanges() bool {
+	m := c.cachedMap()
+	if m == nil || m.Cluster == "" {
+		return false
+	}
+	for _, n := range m.Nodes {
+		if !n.Supports(transport.FeatureRequestIDs) {
+			return false
+		}
+	}
+	return true
+}
+
 // changeRetriable reports whether an admin change that failed with err is
-// sent again: its outcome is unknown, or it was not made and may be on a
-// retry.
+// sent again: its outcome is unknown (the connection lost, or a control
+// plane that could not commit it answered unavailable), or it was not
+// made and may be on a retry (the broker restarting, the control plane
+// between leaders).
 func changeRetriable(err error) bool {
 	if errors.Is(err, ErrClosed) {
 		return false
 	}
 	var werr *transport.Error
 	if errors.As(err, &werr) {
-		switch werr.Code {
-		case transport.CodeUnavailable, transport.CodeShuttingDown, transport.CodeInternal:
-			return true
-		}
+		return werr.Code == transport.CodeUnavailable || werr.Code == transport.CodeShuttingDown
 	}
-	return errors.Is(err, ErrConnectionLost)
+	var derr *DialError
+	return errors.As(err, &derr) || errors.Is(err, ErrConnectionLost)
 }
 
 // request runs one request stream on the broker b: one Request out, one

@@ -220,6 +220,28 @@ func TestChangeSentAgain(t *testing.T) {
 	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "orders", Shards: 2}); !errors.Is(err, transport.ErrStreamExists) {
 		t.Fatalf("want ErrStreamExists, got %v", err)
 	}
+
+	// A broker that does not pass request IDs on (an earlier version) in
+	// the map: the change is sent once, and its lost answer is the
+	// caller's, outcome unknown.
+	fc.mu.Lock()
+	old := fc.mu.m
+	nodes := slices.Clone(old.Nodes)
+	nodes[0].Features = nil
+	fc.mu.m = &shardmap.Map{Cluster: old.Cluster, Epoch: old.Epoch + 1, Nodes: nodes, Streams: old.Streams}
+	fc.mu.Unlock()
+	if _, err := c.Map(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fc.brokers[0].loseAnswers.Store(1)
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "once", Shards: 1}); !errors.Is(err, ErrConnectionLost) {
+		t.Fatalf("create through a broker without request IDs, its answer lost: %v, want ErrConnectionLost", err)
+	}
+	fc.requests.Lock()
+	defer fc.requests.Unlock()
+	if len(fc.requests.seen) != 3 {
+		t.Fatalf("request IDs seen: %v; want the create of once sent once, with its own", fc.requests.seen)
+	}
 }
 
 func TestPublishRoundTrip(t *testing.T) {

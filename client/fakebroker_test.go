@@ -98,14 +98,17 @@ func newFakeClusterWith(t testing.TB, n int, cfg transport.Config) *fakeCluster 
 		b := &fakeBroker{fc: fc, id: id, cert: cert}
 		b.start(t, "127.0.0.1:0")
 		fc.brokers = append(fc.brokers, b)
-		nodes = append(nodes, shardmap.Node{ID: id, Addr: b.addr, Live: true})
+		nodes = append(nodes, shardmap.Node{ID: id, Addr: b.addr, Live: true, Features: transport.Features()})
 	}
 	fc.mu.Lock()
-	fc.mu.m = &shardmap.Map{Epoch: 1, Nodes: nodes}
+	fc.mu.m = &shardmap.Map{Epoch: 1, Nodes: nodes, Cluster: fakeClusterID}
 	fc.mu.Unlock()
 	t.Cleanup(fc.close)
 	return fc
 }
+
+// fakeClusterID is the fake cluster's ID, in its every map.
+const fakeClusterID = "FAKECLUSTER"
 
 func (fc *fakeCluster) close() {
 	for _, b := range fc.brokers {
@@ -131,7 +134,7 @@ func (fc *fakeCluster) createStream(cfg shardmap.StreamConfig) error {
 	if _, ok := old.Stream(cfg.Name); ok {
 		return &transport.Error{Code: transport.CodeStreamExists, Message: cfg.Name}
 	}
-	m := &shardmap.Map{Epoch: old.Epoch + 1, Nodes: old.Nodes, Streams: append([]shardmap.Stream(nil), old.Streams...)}
+	m := &shardmap.Map{Cluster: old.Cluster, Epoch: old.Epoch + 1, Nodes: old.Nodes, Streams: append([]shardmap.Stream(nil), old.Streams...)}
 	owners := make([]string, cfg.Shards)
 	sets := make([][]string, cfg.Shards)
 	for s := range cfg.Shards {
@@ -177,7 +180,7 @@ func (fc *fakeCluster) moveReplica(stream string, mv transport.ReplicaMove) (tra
 	if err != nil {
 		return mv, &transport.Error{Code: transport.CodeInvalid, Message: err.Error()}
 	}
-	m := &shardmap.Map{Epoch: old.Epoch + 1, Nodes: old.Nodes, Streams: slices.Clone(old.Streams)}
+	m := &shardmap.Map{Cluster: old.Cluster, Epoch: old.Epoch + 1, Nodes: old.Nodes, Streams: slices.Clone(old.Streams)}
 	for i := range m.Streams {
 		if m.Streams[i].Name == stream {
 			m.Streams[i].Placement = p
@@ -205,7 +208,7 @@ func (fc *fakeCluster) removeBroker(id string) error {
 	case len(old.ReplicatedBy(id)) > 0:
 		return &transport.Error{Code: transport.CodeInvalid, Message: id + " holds replicas: move them first"}
 	}
-	m := &shardmap.Map{Epoch: old.Epoch + 1, Streams: old.Streams}
+	m := &shardmap.Map{Cluster: old.Cluster, Epoch: old.Epoch + 1, Streams: old.Streams}
 	for _, n := range old.Nodes {
 		if n.ID != id {
 			m.Nodes = append(m.Nodes, n)
@@ -220,7 +223,7 @@ func (fc *fakeCluster) setLive(id string, live bool) {
 	fc.mu.Lock()
 	defer fc.mu.Unlock()
 	old := fc.mu.m
-	m := &shardmap.Map{Epoch: old.Epoch + 1, Nodes: slices.Clone(old.Nodes), Streams: old.Streams}
+	m := &shardmap.Map{Cluster: old.Cluster, Epoch: old.Epoch + 1, Nodes: slices.Clone(old.Nodes), Streams: old.Streams}
 	for i := range m.Nodes {
 		if m.Nodes[i].ID == id {
 			m.Nodes[i].Live = live

@@ -401,11 +401,11 @@ func TestStreamChangeNotPersistedIsRefused(t *testing.T) {
 	// etcd is gone: the state can no longer be written.
 	srv.store.timeout = 300 * time.Millisecond
 	srv.etcd.embedded.Server.HardStop()
-	if err := srv.CreateStream(shardmap.StreamConfig{Name: "b", Shards: 1}); !errors.Is(err, transport.ErrInternal) {
-		t.Fatalf("create with an unwritable state: err=%v, want ErrInternal", err)
+	if err := srv.CreateStream(shardmap.StreamConfig{Name: "b", Shards: 1}); !errors.Is(err, transport.ErrUnavailable) {
+		t.Fatalf("create with an unwritable state: err=%v, want ErrUnavailable", err)
 	}
-	if err := srv.DeleteStream("a"); !errors.Is(err, transport.ErrInternal) {
-		t.Fatalf("delete with an unwritable state: err=%v, want ErrInternal", err)
+	if err := srv.DeleteStream("a"); !errors.Is(err, transport.ErrUnavailable) {
+		t.Fatalf("delete with an unwritable state: err=%v, want ErrUnavailable", err)
 	}
 	if srv.Map() != before || len(srv.Streams()) != 1 {
 		t.Errorf("refused changes altered the map: epoch %d, streams %+v", srv.Map().Epoch, srv.Streams())

@@ -465,16 +465,25 @@ func (s *Server) revoke(o origin, g auth.Grant) error {
 type origin struct{ principal, id string }
 
 // requestWhat describes the change fwd asks for, as an appliedRequest
-// records it: a request sent again must describe the same change.
+// records it: a request sent again must describe the same change. Every
+// field is named here, never formatted from a struct, so that a version
+// that adds a field still describes a recorded request as the one before
+// it did.
 func requestWhat(fwd *transport.Request) string {
-	what := fmt.Sprintf("%s principal=%q stream=%+v", fwd.Op, fwd.Principal, fwd.Stream)
-	switch {
-	case fwd.Op == OpACLGrant || fwd.Op == OpACLRevoke:
-		what += " grant=" + fwd.Grant.String()
-	case fwd.NodeID != "":
+	what := fmt.Sprintf("%s principal=%q", fwd.Op, fwd.Principal)
+	switch fwd.Op {
+	case OpStreamCreate:
+		c := fwd.Stream
+		what += fmt.Sprintf(" stream=%q shards=%d replicas=%d retention_bytes=%d retention_age=%d", c.Name, c.Shards, c.Replicas, c.RetentionBytes, c.RetentionAge)
+	case OpACLGrant, OpACLRevoke:
+		what += fmt.Sprintf(" principal=%q action=%q pattern=%q", fwd.Grant.Principal, fwd.Grant.Action, fwd.Grant.Pattern)
+	case OpClusterRemove:
 		what += fmt.Sprintf(" node=%q", fwd.NodeID)
-	case fwd.Move != nil:
-		what += fmt.Sprintf(" move=%+v", *fwd.Move)
+	default:
+		what += fmt.Sprintf(" stream=%q", fwd.Stream.Name)
+	}
+	if mv := fwd.Move; mv != nil {
+		what += fmt.Sprintf(" shard=%d from=%q to=%q id=%d", mv.Shard, mv.From, mv.To, mv.ID)
 	}
 	return what
 }
@@ -551,8 +560,8 @@ func (s *Server) changeOrForward(reason string, fwd *transport.Request, change f
 			return nil, transport.Errorf(transport.CodeUnavailable, "%s: this ctl lost its leadership; retry: %w", reason, err)
 		}
 		s.store.giveUp(epoch)
-		s.log.Error("stream change refused: state not persisted", "err", err)
-		return nil, transport.Errorf(transport.CodeInternal, "%s: %w", reason, err)
+		s.log.Error("admin change not committed: etcd did not answer, and it may have made it", "reason", reason, "err", err)
+		return nil, transport.Errorf(transport.CodeUnavailable, "%s: not committed to etcd, and it may have been made (send it again with its request ID to learn which): %w", reason, err)
 	}
 	s.publishLocked(reason)
 	return nil, nil

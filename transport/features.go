@@ -11,7 +11,15 @@ const (
 	// moved placement (see shardmap.Placement.Move), which versions
 	// before replica moves fail to decode.
 	FeatureReplicaMoves = "replica-moves"
+	// FeatureRequestIDs: the process passes on an admin request's ID
+	// ([Request].ID), and a control plane of it answers a change sent
+	// again with its ID as done. A client sends a change again only
+	// while every broker of the map advertises it (and the map names its
+	// cluster, which control planes of it do): an earlier broker or ctl
+	// would drop the ID, and the retry of a change made would be refused
+	// as done already, or made twice.
+	FeatureRequestIDs = "request-ids"
 )
 
 // Features returns the features of this build, a new slice each call.
-func Features() []string { return []string{FeatureReplicaMoves} }
+func Features() []string { return []string{FeatureReplicaMoves, FeatureRequestIDs} }
