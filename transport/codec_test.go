@@ -688,8 +688,8 @@ func TestRegisterFeaturesField(t *testing.T) {
 	if err := msgpack.Unmarshal(b, &generic); err != nil {
 		t.Fatal(err)
 	}
-	if got, ok := generic[3].([]any); !ok || len(got) != 1 || got[0] != FeatureReplicaMoves {
-		t.Fatalf("Features encoded as %#v, want [%q]", generic[3], FeatureReplicaMoves)
+	if got, ok := generic[3].([]any); !ok || len(got) != 2 || got[0] != FeatureReplicaMoves || got[1] != FeatureRequestIDs {
+		t.Fatalf("Features encoded as %#v, want [%q %q]", generic[3], FeatureReplicaMoves, FeatureRequestIDs)
 	}
 	if got, err := DecodeFrame(FrameRegister, b); err != nil || !reflect.DeepEqual(got, reg) {
 		t.Fatalf("round trip: %#v, %v; want %#v", got, err, reg)
