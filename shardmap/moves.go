@@ -28,7 +28,11 @@ import (
 // one is, no other slot of the shard moves (only the pending slot itself,
 // to another node, should the node moved to be lost too), so that the
 // group never has two slots whose old members it still counts while
-// their brokers have dropped out of it.
+// their brokers have dropped out of it. Nor does the pending slot move
+// back to the move's source or to an earlier target of it (one replaced
+// while pending, which may have become a voter before it was lost): the
+// group may still count their copies, which their brokers would drop to
+// join anew.
 //
 // A placement no move changed is encoded as before moves existed; one that
 // a move changed is encoded as a map (movedPlacement), which versions
@@ -49,11 +53,22 @@ type slotMap struct {
 	// still count its copy, so the slot never moves back to it before the
 	// move settles (its broker would remove that copy to join anew).
 	pendingFrom string
+	// pendingAlso are the earlier targets of the pending move, each
+	// replaced while its move was pending (its node lost too): each may
+	// have become a voter in the slot's place, and the group may count
+	// its copy as well, so the slot never moves back to one of them
+	// either before the move settles.
+	pendingAlso []string
 }
 
 func (a slotMap) equal(b slotMap) bool {
-	return slices.Equal(a.nodes, b.nodes) && slices.Equal(a.moves, b.moves) && a.pending == b.pending && a.pendingFrom == b.pendingFrom
+	return slices.Equal(a.nodes, b.nodes) && slices.Equal(a.moves, b.moves) && a.pending == b.pending && a.pendingFrom == b.pendingFrom &&
+		slices.Equal(a.pendingAlso, b.pendingAlso)
 }
+
+// maxPendingAlso bounds the earlier targets of one pending move, as
+// decoded.
+const maxPendingAlso = 64
 
 // maxSlots is the most replicas a moved shard may have.
 const maxSlots = 8
@@ -113,7 +128,7 @@ func (p Placement) Settle(shard int, id uint64) Placement {
 	}
 	q := p
 	q.moved = slices.Clone(p.moved)
-	q.moved[shard].pending, q.moved[shard].pendingFrom = 0, ""
+	q.moved[shard].pending, q.moved[shard].pendingFrom, q.moved[shard].pendingAlso = 0, "", nil
 	return q
 }
 
@@ -133,6 +148,10 @@ func (p Placement) Move(shard int, from, to string, id uint64) (Placement, error
 		return p, fmt.Errorf("%w: shard %d: the move of a replica to %s is under way (not yet a voter): one move at a time per shard", ErrBadMove, shard, pendingNode)
 	case pendingNode != "" && to == p.moved[shard].pendingFrom:
 		return p, fmt.Errorf("%w: shard %d: %s is where the move under way came from, and the group may still count its copy, which a move back would replace: move the replica elsewhere, or wait until the move settles", ErrBadMove, shard, to)
+	case pendingNode != "" && slices.Contains(p.moved[shard].pendingAlso, to):
+		return p, fmt.Errorf("%w: shard %d: %s was an earlier target of the move under way, and the group may still count its copy, which a move back would replace: move the replica elsewhere, or wait until the move settles", ErrBadMove, shard, to)
+	case pendingNode != "" && len(p.moved[shard].pendingAlso) >= maxPendingAlso:
+		return p, fmt.Errorf("%w: shard %d: the move under way was retargeted %d times: wait until it settles", ErrBadMove, shard, maxPendingAlso)
 	case id == 0:
 		return p, fmt.Errorf("%w: move shard %d: move id 0", ErrBadMove, shard)
 	case len(set) < 2:
@@ -162,11 +181,13 @@ func (p Placement) Move(shard int, from, to string, id uint64) (Placement, error
 	if q.moved == nil {
 		q.moved = make([]slotMap, len(p.owners))
 	}
-	source := from
+	source, also := from, []string(nil)
 	if pendingNode != "" {
-		source = p.moved[shard].pendingFrom // a pending move's target lost too: its source may still count
+		// A pending move's target lost too: its source may still count,
+		// and so may the target it replaces.
+		source, also = p.moved[shard].pendingFrom, append(slices.Clone(p.moved[shard].pendingAlso), from)
 	}
-	q.moved[shard] = slotMap{nodes: slots, moves: moves, pending: id, pendingFrom: source}
+	q.moved[shard] = slotMap{nodes: slots, moves: moves, pending: id, pendingFrom: source, pendingAlso: also}
 	return q, nil
 }
 
@@ -180,6 +201,10 @@ type movedPlacement struct {
 	Pending []uint64   `msgpack:"pending" json:"pending"`
 	// PendingFrom is each pending move's source ("" for none).
 	PendingFrom []string `msgpack:"pending_from" json:"pending_from"`
+	// PendingAlso is each pending move's earlier targets (see
+	// slotMap.pendingAlso); omitted when no shard has any, and skipped
+	// by a decoder of an earlier version.
+	PendingAlso [][]string `msgpack:"pending_also,omitempty" json:"pending_also,omitempty"`
 }
 
 func (p Placement) movedWire() movedPlacement {
@@ -192,6 +217,12 @@ func (p Placement) movedWire() movedPlacement {
 	}
 	for s, m := range p.moved {
 		w.Slots[s], w.Moves[s], w.Pending[s], w.PendingFrom[s] = m.nodes, m.moves, m.pending, m.pendingFrom
+		if len(m.pendingAlso) > 0 {
+			if w.PendingAlso == nil {
+				w.PendingAlso = make([][]string, len(p.moved))
+			}
+			w.PendingAlso[s] = m.pendingAlso
+		}
 	}
 	return w
 }
@@ -199,15 +230,23 @@ func (p Placement) movedWire() movedPlacement {
 // setMoved makes p the placement w encodes, after checking that each
 // shard's slots, where given, hold its replica set's nodes.
 func (p *Placement) setMoved(w movedPlacement) error {
-	if len(w.Slots) != len(w.Sets) || len(w.Moves) != len(w.Sets) || len(w.Pending) != len(w.Sets) || len(w.PendingFrom) != len(w.Sets) {
-		return fmt.Errorf("shardmap: decode placement: %d replica sets, %d slot lists, %d move lists, %d pending, %d pending sources",
-			len(w.Sets), len(w.Slots), len(w.Moves), len(w.Pending), len(w.PendingFrom))
+	if len(w.Slots) != len(w.Sets) || len(w.Moves) != len(w.Sets) || len(w.Pending) != len(w.Sets) || len(w.PendingFrom) != len(w.Sets) ||
+		w.PendingAlso != nil && len(w.PendingAlso) != len(w.Sets) {
+		return fmt.Errorf("shardmap: decode placement: %d replica sets, %d slot lists, %d move lists, %d pending, %d pending sources, %d lists of earlier targets",
+			len(w.Sets), len(w.Slots), len(w.Moves), len(w.Pending), len(w.PendingFrom), len(w.PendingAlso))
 	}
 	if err := p.setFrom(w.Sets, true); err != nil {
 		return err
 	}
 	moved := make([]slotMap, len(w.Sets))
 	for s, slots := range w.Slots {
+		var also []string
+		if w.PendingAlso != nil {
+			also = w.PendingAlso[s]
+		}
+		if len(also) > 0 && (w.Pending[s] == 0 || len(also) > maxPendingAlso || slices.Contains(also, "")) {
+			return fmt.Errorf("shardmap: decode placement: shard %d: earlier targets %q of pending move %d", s, also, w.Pending[s])
+		}
 		if len(slots) == 0 {
 			if len(w.Moves[s]) != 0 || w.Pending[s] != 0 || w.PendingFrom[s] != "" {
 				return fmt.Errorf("shardmap: decode placement: shard %d: move ids but no slots", s)
@@ -230,6 +269,9 @@ func (p *Placement) setMoved(w movedPlacement) error {
 			return fmt.Errorf("shardmap: decode placement: shard %d: pending move %d from %q", s, w.Pending[s], w.PendingFrom[s])
 		}
 		moved[s] = slotMap{nodes: slices.Clone(slots), moves: slices.Clone(w.Moves[s]), pending: w.Pending[s], pendingFrom: w.PendingFrom[s]}
+		if len(also) > 0 {
+			moved[s].pendingAlso = slices.Clone(also)
+		}
 	}
 	p.moved = moved
 	return nil

@@ -54,6 +54,36 @@ func TestMoveKeepsOtherSlots(t *testing.T) {
 		t.Errorf("pending after the pending slot moved again: %q %d, want g 8", n, id)
 	} else if _, err := again.Move(0, "g", "c", 10); !errors.Is(err, ErrBadMove) {
 		t.Errorf("after a retarget, the slot moved back to the first move's source before it settled: %v", err)
+	} else if _, err := again.Move(0, "g", "e", 10); !errors.Is(err, ErrBadMove) || !strings.Contains(err.Error(), "earlier target") {
+		// e may have become a voter before it was lost: the group may
+		// count its copy, which its broker would drop to join anew.
+		t.Errorf("after a retarget, the slot moved back to the earlier target before it settled: %v", err)
+	} else if third, err := again.Move(0, "g", "h", 10); err != nil {
+		t.Errorf("a second retarget to a new node: %v", err)
+	} else if w := third.movedWire(); !slices.Equal(w.PendingAlso[0], []string{"e", "g"}) || w.PendingFrom[0] != "c" {
+		t.Errorf("after two retargets: source %q, earlier targets %q; want c, [e g]", w.PendingFrom[0], w.PendingAlso[0])
+	} else if done := third.Settle(0, 10); done.movedWire().PendingAlso != nil {
+		t.Errorf("settled, earlier targets kept: %v", done.movedWire().PendingAlso)
+	} else if _, err := done.Move(0, "h", "e", 11); err != nil {
+		t.Errorf("settled, the slot may move to an earlier target: %v", err)
+	}
+	retargeted, err := q.Move(0, "e", "g", 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, codec := range []struct {
+		name      string
+		marshal   func(any) ([]byte, error)
+		unmarshal func([]byte, any) error
+	}{{"json", json.Marshal, json.Unmarshal}, {"msgpack", msgpack.Marshal, msgpack.Unmarshal}} {
+		b, err := codec.marshal(retargeted)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back Placement
+		if err := codec.unmarshal(b, &back); err != nil || !back.Equal(retargeted) {
+			t.Errorf("earlier targets through %s: %v, %v; want %v", codec.name, back.movedWire(), err, retargeted.movedWire())
+		}
 	}
 	if q.Settle(0, 6).Equal(q) != true || q.Settle(1, 7).Equal(q) != true {
 		t.Error("settling another move id or shard changed the placement")
