@@ -480,10 +480,16 @@ func (s *Server) leaseGone(id int64) bool {
 // leader's state misses that change, and its brokers' map with it, until
 // the next save fails on it. It steps down at once instead; the next
 // leader reads the state from etcd.
+//
+// A follower reads etcd without s.mu held (a read can take the store's
+// timeout while etcd is cut off, and registrations, heartbeats and admin
+// requests take s.mu), then adopts what it read unless this ctl became
+// the leader meanwhile (its takeover read its own) or adopted a newer
+// read.
 func (s *Server) followState(rev int64) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.mu.closed {
+		s.mu.Unlock()
 		return
 	}
 	if s.mu.leader {
@@ -491,13 +497,23 @@ func (s *Server) followState(rev int64) {
 			s.log.Warn("a change given up on was committed after all; stepping down to read the state again", "revision", rev)
 			s.lostLeadershipLocked()
 		}
+		s.mu.Unlock()
 		return
 	}
-	snap, err := s.store.load(s.ctx)
-	if err != nil {
+	s.mu.Unlock()
+	snap, srev, err := s.store.read(s.ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.mu.closed || s.mu.leader:
+		return
+	case err != nil:
 		s.log.Warn("could not read the new state from etcd; holding the last map", "err", err)
 		return
+	case srev < s.store.rev:
+		return // a newer read was adopted meanwhile
 	}
+	s.store.adopt(snap, srev)
 	s.adoptLocked(snap)
 }
 

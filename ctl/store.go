@@ -120,8 +120,14 @@ func (st *store) load(ctx context.Context) (snapshot, error) {
 	if err != nil {
 		return snapshot{}, err
 	}
-	st.snap, st.rev, st.pending, st.doubt = snap, rev, nil, false
+	st.adopt(snap, rev)
 	return snap, nil
+}
+
+// adopt makes snap, read at revision rev (read), the state the next save
+// diffs against and is guarded by.
+func (st *store) adopt(snap snapshot, rev int64) {
+	st.snap, st.rev, st.pending, st.doubt = snap, rev, nil, false
 }
 
 // read reads the whole state at one revision. rev is the mod revision of
