@@ -118,6 +118,9 @@ type Knobs struct {
 	// against the log (checkAgainstLog), so that a test can make raft
 	// panic and see the panic contained.
 	UncheckedStep bool
+	// Now, if set, is the proposer's clock for the timestamps of the
+	// batches it proposes (a leader whose clock is off); nil: time.Now.
+	Now func() time.Time
 }
 
 func (c Config) withDefaults() (Config, error) {

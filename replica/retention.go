@@ -3,6 +3,7 @@ package replica
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	"go.etcd.io/raft/v3"
@@ -21,8 +22,11 @@ import (
 // Config.RetentionBytes (segment files counted without the zeros
 // preallocated after the tail's entries, as package wal counts them;
 // Kafka's rule), or once its newest record is older than
-// Config.RetentionAge (by the timestamp the proposer gave its entry, the
-// one every replica stores). So a log holds at least RetentionBytes once
+// Config.RetentionAge by the timestamp the proposer gave its entry (the
+// one every replica stores) and by this replica's own clock: the segment
+// file was last written before then too. The proposer's stamp alone
+// would let a leader whose clock is behind have every replica drop
+// records as soon as they are written. So a log holds at least RetentionBytes once
 // it has grown that far, and less than RetentionBytes plus its oldest
 // segment (about Config.SegmentSize, more if one entry is larger); a
 // record lives at least RetentionAge, and until its segment is complete.
@@ -113,6 +117,13 @@ func (g *Group) retain(l *loop, now time.Time) (dropped uint64, err, fatal error
 				return 0, err, nil
 			}
 			drop = !ok || ts < minTS // a segment without records holds nothing to keep
+			if drop && ok {
+				fi, err := os.Stat(segs[i].Path)
+				if err != nil {
+					return 0, fmt.Errorf("replica: group %q: retention: %w", g.cfg.Name, err), nil
+				}
+				drop = fi.ModTime().UnixNano() < minTS // written here that long ago too
+			}
 		}
 		if !drop {
 			break

@@ -156,6 +156,31 @@ func TestRetentionByAge(t *testing.T) {
 	}
 }
 
+// TestRetentionByAgeLeaderClockBehind: a leader whose clock is two hours
+// behind stamps its batches in the past; with an hour's retention no
+// replica drops them until its own clock has seen them for an hour too.
+// By the stamps alone every replica dropped every complete segment at
+// once: acknowledged records gone as soon as they were written.
+func TestRetentionByAgeLeaderClockBehind(t *testing.T) {
+	behind := func() time.Time { return time.Now().Add(-2 * time.Hour) }
+	c := newCluster(t, 3, 43, func(cfg *Config) {
+		cfg.SegmentSize, cfg.RetentionAge = 4<<10, time.Hour
+		cfg.Knobs.Now = behind
+	})
+	c.waitLeader()
+	c.commitRange(0, 100)
+	next := c.waitConverged(100)
+	for _, g := range c.running() {
+		if dropped := retain(t, g, time.Now()); dropped != 0 {
+			t.Fatalf("replica %d: dropped %d records stamped by a leader two hours behind, written here just now", g.ID(), dropped)
+		}
+		checkFrom(t, g, 0, next)
+		if dropped := retain(t, g, time.Now().Add(2*time.Hour)); dropped == 0 {
+			t.Fatalf("replica %d: dropped nothing two hours on", g.ID())
+		}
+	}
+}
+
 // A follower that was down while the others dropped the entries it
 // lacks gets a snapshot: its log goes on after the leader's compaction
 // point, with the same records at the same offsets from there, and it

@@ -278,7 +278,11 @@ func (g *Group) propose(l *loop, term uint64, buf []byte, ends []int, dones []fu
 		}
 		return
 	}
-	ts := time.Now().UnixNano()
+	now := time.Now
+	if g.cfg.Knobs.Now != nil {
+		now = g.cfg.Knobs.Now
+	}
+	ts := now().UnixNano()
 	start, first := 0, 0
 	var dropped error
 	for i := range ends {
