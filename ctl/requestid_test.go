@@ -147,3 +147,27 @@ func TestRequestsRemembered(t *testing.T) {
 		t.Fatal("the rollback lost request 10")
 	}
 }
+
+// TestForwardedChangeAnswerLost: a follower forwarding a change sends
+// every attempt with one request ID, its own when the request has none.
+// The leader's etcd write commits and reports a timeout, so the leader
+// answers unavailable; the follower sends the change again, and the
+// answer is that it was made, not that the stream exists.
+func TestForwardedChangeAnswerLost(t *testing.T) {
+	p := newPKI(t)
+	srvs := startHA(t, p, 3)
+	leader := waitLeader(t, srvs, nil)
+	var follower *Server
+	for _, s := range srvs {
+		if s != leader {
+			follower = s
+			break
+		}
+	}
+	lost := error(context.DeadlineExceeded)
+	leader.store.lostNext.Store(&lost)
+	if err := follower.CreateStream(shardmap.StreamConfig{Name: "x", Shards: 1}); err != nil {
+		t.Fatalf("create through a follower, the leader's first answer lost: %v, want it made", err)
+	}
+	waitStreams(t, srvs, "x")
+}

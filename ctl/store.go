@@ -42,8 +42,9 @@ type store struct {
 	// request, as a write that timed out would.
 	saveFault atomic.Pointer[error]
 	// lostFault, a testing knob, fails save with its error after its
-	// write committed, as one whose answer was lost would.
-	lostFault atomic.Pointer[error]
+	// write committed, as one whose answer was lost would; lostNext does
+	// so for the next save only.
+	lostFault, lostNext atomic.Pointer[error]
 	// rtt, when set, observes the duration of every etcd round trip.
 	rtt func(op string, d time.Duration)
 
@@ -220,8 +221,12 @@ func (st *store) save(ctx context.Context, next snapshot) error {
 			Commit()
 		cancel()
 		st.observe("commit", start)
-		if f := st.lostFault.Load(); f != nil && err == nil {
-			err = *f
+		if err == nil {
+			if f := st.lostFault.Load(); f != nil {
+				err = *f
+			} else if f := st.lostNext.Swap(nil); f != nil {
+				err = *f
+			}
 		}
 		if err != nil {
 			if st.pending == nil {
