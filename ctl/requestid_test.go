@@ -20,16 +20,8 @@ import (
 // again through a follower. Without the IDs the retry is refused with
 // "stream exists", though the first one made it.
 func TestRequestSentAgain(t *testing.T) {
-	p := newPKI(t)
-	srvs := startHA(t, p, 3)
-	leader := waitLeader(t, srvs, nil)
-	var follower *Server
-	for _, s := range srvs {
-		if s != leader {
-			follower = s
-			break
-		}
-	}
+	srvs := startHA(t, newPKI(t), 3)
+	leader, follower := leaderAndFollower(t, srvs)
 	create := func(name, id string) *transport.Request {
 		return &transport.Request{Op: OpStreamCreate, Stream: shardmap.StreamConfig{Name: name, Shards: 2}, ID: id}
 	}
@@ -154,20 +146,26 @@ func TestRequestsRemembered(t *testing.T) {
 // answers unavailable; the follower sends the change again, and the
 // answer is that it was made, not that the stream exists.
 func TestForwardedChangeAnswerLost(t *testing.T) {
-	p := newPKI(t)
-	srvs := startHA(t, p, 3)
-	leader := waitLeader(t, srvs, nil)
-	var follower *Server
-	for _, s := range srvs {
-		if s != leader {
-			follower = s
-			break
-		}
-	}
+	srvs := startHA(t, newPKI(t), 3)
+	leader, follower := leaderAndFollower(t, srvs)
 	lost := error(context.DeadlineExceeded)
 	leader.store.lostNext.Store(&lost)
 	if err := follower.CreateStream(shardmap.StreamConfig{Name: "x", Shards: 1}); err != nil {
 		t.Fatalf("create through a follower, the leader's first answer lost: %v, want it made", err)
 	}
 	waitStreams(t, srvs, "x")
+}
+
+// leaderAndFollower waits for srvs' leader and returns it with one of
+// its followers.
+func leaderAndFollower(t *testing.T, srvs []*Server) (leader, follower *Server) {
+	t.Helper()
+	leader = waitLeader(t, srvs, nil)
+	for _, s := range srvs {
+		if s != leader {
+			return leader, s
+		}
+	}
+	t.Fatal("no follower")
+	return nil, nil
 }
