@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/felix-broker/felix/client"
 	"github.com/felix-broker/felix/ctl"
-	"github.com/felix-broker/felix/ctl/ctlclient"
 	"github.com/felix-broker/felix/internal/cluster"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
@@ -22,8 +22,10 @@ import (
 // again with its state lost) is refused, before any map of it is applied.
 // Applied, that map would have removed the broker's stream: the new
 // cluster does not hold it, and its epochs have passed the stream's
-// creation mark. Back with its own control plane, the broker serves the
-// stream where it left off.
+// creation mark. The other control plane refuses the registration before
+// it records the broker (a member of its own refuses the map too, should
+// a control plane not check: ctlclient TestMemberCluster). Back with its
+// own control plane, the broker serves the stream where it left off.
 func TestOtherClusterRefused(t *testing.T) {
 	ip := startInproc(t, 1, shardmap.StreamConfig{Name: "orders", Shards: 1})
 	caFile := filepath.Join(ip.dir, "certs", "ca.crt")
@@ -87,11 +89,17 @@ func TestOtherClusterRefused(t *testing.T) {
 	b := ip.newBroker(0)
 	err = b.Start(ctx)
 	b.Close()
-	if !errors.Is(err, ctlclient.ErrOtherCluster) || !errors.Is(err, transport.ErrInvalid) {
-		t.Fatalf("start against another cluster: %v, want ErrOtherCluster", err)
+	if !errors.Is(err, transport.ErrInvalid) || !strings.Contains(err.Error(), "belongs to another cluster") {
+		t.Fatalf("start against another cluster: %v, want its registration refused", err)
 	}
 	if _, err := os.Stat(filepath.Join(dataDir, "streams", "orders")); err != nil {
 		t.Fatalf("the stream's data after a start against another cluster: %v", err)
+	}
+	// Refused before it was recorded: the other cluster has no such member.
+	for _, n := range lost.Map().Nodes {
+		if n.ID == cluster.BrokerID(0) {
+			t.Fatalf("the other cluster's map lists %s (live %v) after refusing it", n.ID, n.Live)
+		}
 	}
 	lost.Close()
 

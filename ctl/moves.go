@@ -101,7 +101,7 @@ func (s *state) moveReplica(name string, shard int, from, to string) (string, er
 				ErrInvalid, from, id, n, n)
 		}
 	}
-	candidates := s.moveTargets(id, set)
+	candidates := s.moveTargets(id, st.Placement)
 	if to == "" {
 		if len(candidates) == 0 {
 			return "", fmt.Errorf("%w: move %s's replica of %s: no live broker without a replica of %s to move it to (live brokers: %s); start one, then move again",
@@ -197,14 +197,15 @@ func plural(names []string, one, many string) string {
 	return many
 }
 
-// moveTargets returns the live members that hold no replica of id (its
-// replica set is set), the one rendezvous hashing ranks highest for the
-// shard first.
-func (s *state) moveTargets(id shardmap.ShardID, set []string) []string {
-	live := s.liveIDList()
+// moveTargets returns the live members that hold no replica of id and
+// that its placement p lets the shard's move go to (not back where a
+// pending move came from: Placement.MayMoveTo), the one rendezvous
+// hashing ranks highest for the shard first.
+func (s *state) moveTargets(id shardmap.ShardID, p shardmap.Placement) []string {
+	live, set := s.liveIDList(), p.Replicas(id.Shard)
 	var out []string
 	for _, n := range shardmap.Top(id.Stream, id.Shard, len(live), live) {
-		if !slices.Contains(set, n) {
+		if !slices.Contains(set, n) && p.MayMoveTo(id.Shard, n) {
 			out = append(out, n)
 		}
 	}

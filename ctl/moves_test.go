@@ -673,3 +673,35 @@ func ctlWithFour(t *testing.T) (p *testPKI, dataDir string, srv *Server, ids []s
 	}
 	return p, dataDir, srv, ids, members
 }
+
+// TestMoveTargetNotAnEarlierOne: with no target named, the control plane
+// never picks a broker the pending move may not go to. A's replica moved
+// to D (ranked first), D was lost too and the move went on to E, D came
+// back and E was lost: D still ranks first, but the group may count its
+// copy from the first move, so the move goes to the next one.
+func TestMoveTargetNotAnEarlierOne(t *testing.T) {
+	s := moveFixture(t, 6, 1)
+	set := placementOf(s, "orders").Replicas(0)
+	a := set[0]
+	down(t, s, a)
+	d, err := s.moveReplica("orders", 0, a, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down(t, s, d)
+	e, err := s.moveReplica("orders", 0, d, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.register(node(d), 100); err != nil {
+		t.Fatal(err)
+	}
+	down(t, s, e)
+	f, err := s.moveReplica("orders", 0, e, "")
+	if err != nil {
+		t.Fatalf("the pending move of orders/0 retargeted with no target named, %s back and ranked first: %v", d, err)
+	}
+	if f == d || f == a {
+		t.Fatalf("the move went to %s; %s was its source and %s an earlier target", f, a, d)
+	}
+}

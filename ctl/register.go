@@ -83,6 +83,12 @@ func (s *Server) serveRegistration(conn *quic.Conn, str *quic.Stream, r *transpo
 		s.refuse(str, w, transport.Errorf(transport.CodeInvalid, "registration needs a node id and an address (got id %q, addr %q)", node.ID, node.Addr))
 		return
 	}
+	if c := s.Map().Cluster; reg.Cluster != "" && c != "" && reg.Cluster != c {
+		s.log.Warn("registration refused: the broker belongs to another cluster", "node", reg.NodeID, "its_cluster", reg.Cluster, "cluster", c)
+		s.refuse(str, w, transport.Errorf(transport.CodeInvalid, "%s belongs to another cluster, %s, with its data, and this control plane serves cluster %s: a broker never joins another cluster; point it at its own control plane, or empty its data directory to make it a new member of this cluster",
+			reg.NodeID, reg.Cluster, c))
+		return
+	}
 	ss := newSession(reg.NodeID, str)
 
 	s.mu.Lock()

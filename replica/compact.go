@@ -3,7 +3,10 @@ package replica
 import (
 	"encoding/binary"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
+	"time"
 
 	tidwall "github.com/tidwall/wal"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -95,8 +98,8 @@ func (s *storage) reconcile() error {
 		// A compaction (or install) whose state was written before the
 		// process stopped: drop what it dropped.
 		s.logger.Warn("replica: finishing a compaction interrupted by a stop", "group", s.name, "from", first, "to", want)
-		if err := s.tw.TruncateFront(want); err != nil {
-			return fmt.Errorf("replica: group %q: drop entries before %d: %w", s.name, want, err)
+		if err := s.truncateFront(want); err != nil {
+			return err
 		}
 		if err := tidseg.SyncDir(s.dir); err != nil {
 			return fmt.Errorf("replica: group %q: %w", s.name, err)
@@ -148,14 +151,45 @@ func (s *storage) compact(cut, next uint64, conf *pb.ConfState) error {
 	if err := s.unpad(s.tail.size); err != nil {
 		return err
 	}
-	if err := s.tw.TruncateFront(cut); err != nil {
-		return fmt.Errorf("replica: group %q: drop entries before %d: %w", s.name, cut, err)
+	if err := s.truncateFront(cut); err != nil {
+		return err
 	}
 	if err := tidseg.SyncDir(s.dir); err != nil {
 		return fmt.Errorf("replica: group %q: %w", s.name, err)
 	}
 	s.dropTermsBefore(cut)
 	return s.findTail() // tidwall rewrote the first segment it kept
+}
+
+// truncateFront drops the entries before cut (tidwall's TruncateFront),
+// keeping the last-write time of the segment that holds cut, which
+// tidwall rewrites into a new file: age retention reads that time as
+// when this replica wrote the segment's records (see retain), and a
+// rewrite stamped now would hold every segment behind it for another
+// full RetentionAge.
+func (s *storage) truncateFront(cut uint64) error {
+	var written time.Time
+	if segs, _, err := tidseg.List(s.dir); err == nil {
+		for _, seg := range segs {
+			if seg.Index > cut {
+				break
+			}
+			if fi, err := os.Stat(seg.Path); err == nil {
+				written = fi.ModTime()
+			}
+		}
+	}
+	if err := s.tw.TruncateFront(cut); err != nil {
+		return fmt.Errorf("replica: group %q: drop entries before %d: %w", s.name, cut, err)
+	}
+	if !written.IsZero() {
+		// Unchanged atime (the zero time); a failure only keeps the
+		// segment longer.
+		if err := os.Chtimes(filepath.Join(s.dir, tidseg.Name(cut)), time.Time{}, written); err != nil {
+			s.logger.Warn("replica: could not keep the last-write time of the segment truncation rewrote; age retention keeps it longer", "group", s.name, "err", err)
+		}
+	}
+	return nil
 }
 
 // installSnapshot replaces the log with snap's compaction point: every

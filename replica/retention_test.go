@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -178,6 +179,60 @@ func TestRetentionByAgeLeaderClockBehind(t *testing.T) {
 		if dropped := retain(t, g, time.Now().Add(2*time.Hour)); dropped == 0 {
 			t.Fatalf("replica %d: dropped nothing two hours on", g.ID())
 		}
+	}
+}
+
+// TestRetentionByAgeAfterADrop: a pass that drops segments rewrites the
+// first one it keeps (tidwall's TruncateFront), and that file keeps the
+// last-write time of the one it replaces: the next pass drops what has
+// expired behind it. With the rewrite's own time, age retention stopped
+// for a full RetentionAge after every drop.
+func TestRetentionByAgeAfterADrop(t *testing.T) {
+	start := time.Now()
+	var ago atomic.Int64 // how far behind now the leader stamps
+	ago.Store(int64(3 * time.Hour))
+	c := newCluster(t, 3, 44, func(cfg *Config) {
+		cfg.SegmentSize, cfg.RetentionAge = 4<<10, time.Hour
+		cfg.Knobs.Now = func() time.Time { return time.Now().Add(-time.Duration(ago.Load())) }
+	})
+	// age sets the last-write time of every segment file written since
+	// since to at. The kernel stamps files from a coarse clock, up to a
+	// tick behind time.Now: hence the margin.
+	age := func(since, at time.Time) {
+		t.Helper()
+		since = since.Add(-time.Second)
+		for _, dir := range c.dirs {
+			segs, _, err := tidseg.List(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, seg := range segs {
+				if fi, err := os.Stat(seg.Path); err == nil && !fi.ModTime().Before(since) {
+					if err := os.Chtimes(seg.Path, time.Time{}, at); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+		}
+	}
+	c.waitLeader()
+	c.commitRange(0, 100)
+	c.waitConverged(100)
+	age(start, start.Add(-3*time.Hour))
+	phase2 := time.Now()
+	ago.Store(int64(90 * time.Minute))
+	c.commitRange(100, 200)
+	next := c.waitConverged(200)
+	age(phase2, start.Add(-90*time.Minute))
+	for _, g := range c.running() {
+		first := retain(t, g, start.Add(-time.Hour)) // drops the records of three hours ago
+		if first == 0 || first >= 100 {
+			t.Fatalf("replica %d: the first pass dropped %d records, want some of the first 100", g.ID(), first)
+		}
+		if second := retain(t, g, start); second == 0 {
+			t.Fatalf("replica %d: the second pass dropped nothing, though records of 90 minutes ago are past the hour's limit", g.ID())
+		}
+		checkFrom(t, g, g.FirstOffset(), next)
 	}
 }
 

@@ -119,6 +119,18 @@ func (p Placement) Pending(shard int) (node string, id uint64) {
 	return m.nodes[slices.Index(m.moves, m.pending)], m.pending
 }
 
+// MayMoveTo reports whether a move of shard's pending slot (or, with no
+// move pending, of any slot) may go to node, as far as the pending move
+// is concerned: not back to its source nor to an earlier target of it
+// (see Move). It does not check node's other replicas.
+func (p Placement) MayMoveTo(shard int, node string) bool {
+	if shard < 0 || shard >= len(p.moved) || p.moved[shard].pending == 0 {
+		return true
+	}
+	m := p.moved[shard]
+	return node != m.pendingFrom && !slices.Contains(m.pendingAlso, node)
+}
+
 // Settle returns p with shard's pending move id settled: its node is a
 // voter in its slot's place. It returns p itself, unchanged, when id is
 // not the pending move (settled already, or replaced by a later move).

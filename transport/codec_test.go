@@ -726,10 +726,20 @@ func TestRegisterFeaturesField(t *testing.T) {
 	if r := got.(*Register); r.Features != nil || r.NodeID != "n1" || r.Admin != reg.Admin {
 		t.Fatalf("three fields decoded as %#v", r)
 	}
-	// A newer sender's fifth field is skipped.
-	five := append(append([]byte{0x95}, b[1:]...), 0x81, 0xa1, 'k', 0x01)
-	if got, err := DecodeFrame(FrameRegister, five); err != nil || !reflect.DeepEqual(got, reg) {
-		t.Fatalf("five fields: %#v, %v; want %#v", got, err, reg)
+	// A newer sender's sixth field is skipped (the fifth, Cluster, empty).
+	six := append(append([]byte{0x96}, b[1:]...), 0xa0, 0x81, 0xa1, 'k', 0x01)
+	if got, err := DecodeFrame(FrameRegister, six); err != nil || !reflect.DeepEqual(got, reg) {
+		t.Fatalf("six fields: %#v, %v; want %#v", got, err, reg)
+	}
+	// Cluster, the fifth field, sent only when set, with Features as an
+	// empty list before it when there are none.
+	withCluster := &Register{NodeID: "n1", Addr: "10.0.0.1:7400", Cluster: "C1"}
+	cb := body(withCluster)
+	if cb[0] != 0x95 {
+		t.Fatalf("a Register with a cluster starts 0x%02x, want 0x95 (5 elements)", cb[0])
+	}
+	if got, err := DecodeFrame(FrameRegister, cb); err != nil || !reflect.DeepEqual(got, withCluster) {
+		t.Fatalf("round trip with a cluster: %#v, %v; want %#v", got, err, withCluster)
 	}
 	// Features sent as nil, or empty, read as none.
 	for _, last := range []byte{0xc0, 0x90} {

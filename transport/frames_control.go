@@ -333,12 +333,18 @@ type Register struct {
 	// broker advertises it. Sent only when not empty: a broker of an
 	// earlier version sends none, and an earlier ctl skips the field.
 	Features []string
+	// Cluster is the ID of the cluster the broker's data belongs to
+	// (shardmap.Map.Cluster), "" if it knows none: a control plane of
+	// another cluster refuses the registration before it records the
+	// broker. Sent only when set (Features then as an empty list if it
+	// has none).
+	Cluster string
 }
 
 // registerFields is the number of fields this version decodes; Features
-// is sent only when not empty, so a Register without it encodes as the
-// three fields of earlier versions, which every decoder requires.
-const registerFields = 4
+// and Cluster are sent only when set, so a Register without them encodes
+// as the three fields of earlier versions, which every decoder requires.
+const registerFields = 5
 
 // Type implements [Frame].
 func (*Register) Type() FrameType { return FrameRegister }
@@ -348,8 +354,11 @@ func (r *Register) appendBody(b []byte) ([]byte, error) {
 		return b, errNilFrame(FrameRegister)
 	}
 	fields := registerFields
-	if len(r.Features) == 0 {
+	if r.Cluster == "" {
 		fields--
+		if len(r.Features) == 0 {
+			fields--
+		}
 	}
 	b = appendArrayHeader(b, fields)
 	b = appendStr(b, r.NodeID)
@@ -358,7 +367,10 @@ func (r *Register) appendBody(b []byte) ([]byte, error) {
 	if fields < 4 {
 		return b, nil
 	}
-	return appendStrs(b, r.Features), nil
+	if b = appendStrs(b, r.Features); fields < 5 {
+		return b, nil
+	}
+	return appendStr(b, r.Cluster), nil
 }
 
 func (r *Register) decode(d *decoder) {
@@ -370,6 +382,10 @@ func (r *Register) decode(d *decoder) {
 	if n >= 4 {
 		r.Features = d.strs()
 		read = 4
+	}
+	if n >= 5 {
+		r.Cluster = d.str()
+		read = 5
 	}
 	d.skipN(n - read)
 	// appendBody leaves out an empty Features, which then decodes as nil:

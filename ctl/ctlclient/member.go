@@ -418,6 +418,9 @@ func (m *Member) register(ctx context.Context) (link *ctlLink, err error) {
 	}
 	link = &ctlLink{conn: conn, str: str, r: transport.NewReader(str, MaxMapFrame), w: transport.NewWriter(str)}
 	reg := m.cfg.Node
+	m.mu.Lock()
+	reg.Cluster = m.mu.cluster // a control plane of another cluster refuses it
+	m.mu.Unlock()
 	if err := link.w.Write(&reg); err != nil {
 		return nil, fmt.Errorf("send register: %w", ctxErr(ctx, err))
 	}
