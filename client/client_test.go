@@ -212,7 +212,7 @@ func TestChangeSentAgain(t *testing.T) {
 		t.Fatalf("request IDs seen: %v; want one, sent three times", seen)
 	}
 	for id, n := range seen {
-		if n != 3 || !transport.ValidRequestID(id) {
+		if n != 3 || !transport.ValidID(id) {
 			t.Fatalf("request ID %q sent %d times; want a valid ID, three times", id, n)
 		}
 	}

@@ -99,8 +99,8 @@ func requestPrincipal(conn *quic.Conn, req *transport.Request) (string, error) {
 
 // handle executes an admin request for principal.
 func (s *Server) handle(principal string, req *transport.Request) (*transport.Response, error) {
-	if !transport.ValidRequestID(req.ID) {
-		return nil, transport.Errorf(transport.CodeInvalid, "%s: request id %.80q: want up to %d letters, digits, '-' and '_'", req.Op, req.ID, transport.MaxRequestID)
+	if !transport.ValidID(req.ID) {
+		return nil, transport.Errorf(transport.CodeInvalid, "%s: request id %.80q: want up to %d letters, digits, '-' and '_'", req.Op, req.ID, transport.MaxIDLen)
 	}
 	o := origin{principal: principal, id: req.ID}
 	m := s.Map()

@@ -501,20 +501,29 @@ func (s *Server) followState(rev int64) {
 		return
 	}
 	s.mu.Unlock()
+	if err := s.adoptCommitted(false); err != nil {
+		s.log.Warn("could not read the new state from etcd; holding the last map", "err", err)
+	}
+}
+
+// adoptCommitted makes a follower adopt the state etcd holds: read
+// without s.mu held, adopted unless this ctl became the leader meanwhile
+// (its takeover read its own) or, unless anyRev, adopted a newer read.
+// (A full re-read after a broken watch takes whatever etcd holds, at a
+// lower revision too: an etcd restored from a backup.)
+func (s *Server) adoptCommitted(anyRev bool) error {
 	snap, srev, err := s.store.read(s.ctx)
+	if err != nil {
+		return err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch {
-	case s.mu.closed || s.mu.leader:
-		return
-	case err != nil:
-		s.log.Warn("could not read the new state from etcd; holding the last map", "err", err)
-		return
-	case srev < s.store.rev:
-		return // a newer read was adopted meanwhile
+	if s.mu.closed || s.mu.leader || srev < s.store.rev && !anyRev {
+		return nil
 	}
 	s.store.adopt(snap, srev)
 	s.adoptLocked(snap)
+	return nil
 }
 
 // adoptLocked makes snap, as committed by the leader, this follower's
@@ -543,18 +552,18 @@ func (s *Server) resync() (int64, liveKeys, error) {
 	}
 	live := keys.entries(s.store)
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.mu.closed {
+		s.mu.Unlock()
 		return rev, keys, nil
 	}
 	if !s.mu.leader {
-		snap, err := s.store.load(s.ctx)
-		if err != nil {
+		s.mu.Unlock()
+		if err := s.adoptCommitted(true); err != nil {
 			return 0, nil, err
 		}
-		s.adoptLocked(snap)
 		return rev, keys, nil
 	}
+	defer s.mu.Unlock()
 	changed := false
 	for _, e := range live {
 		if c, _, err := s.mu.st.register(e.node, e.session); err == nil && c {

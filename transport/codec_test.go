@@ -658,10 +658,10 @@ func TestRequestIDField(t *testing.T) {
 	if r := got.(*Request); r.ID != "" || r.Op != "stream.create" || r.Stream.Name != "orders" {
 		t.Fatalf("seven fields decoded as %#v", r)
 	}
-	for id, ok := range map[string]bool{"": true, "a-Z_09": true, strings.Repeat("x", MaxRequestID): true,
-		strings.Repeat("x", MaxRequestID+1): false, "a b": false, "a/b": false, "é": false} {
-		if ValidRequestID(id) != ok {
-			t.Errorf("ValidRequestID(%q) = %v, want %v", id, !ok, ok)
+	for id, ok := range map[string]bool{"": true, "a-Z_09": true, strings.Repeat("x", MaxIDLen): true,
+		strings.Repeat("x", MaxIDLen+1): false, "a b": false, "a/b": false, "é": false} {
+		if ValidID(id) != ok {
+			t.Errorf("ValidID(%q) = %v, want %v", id, !ok, ok)
 		}
 	}
 }

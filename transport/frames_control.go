@@ -46,18 +46,19 @@ type Request struct {
 	// the control plane remembers it: a request sent again with the same
 	// ID after its answer was lost (a connection that died, a ctl leader
 	// that stopped) is answered as the first one was, never applied
-	// twice nor refused as already done. Up to MaxRequestID bytes of
+	// twice nor refused as already done. Up to MaxIDLen bytes of
 	// letters, digits, '-' and '_'; "" for none. Sent only when set.
 	ID string
 }
 
-// MaxRequestID bounds the length of [Request.ID].
-const MaxRequestID = 64
+// MaxIDLen bounds the length of an ID: [Request.ID], [Register.Cluster]
+// and a map's cluster (shardmap.Map.Cluster).
+const MaxIDLen = 64
 
-// ValidRequestID reports whether id may name a request: "" (none), or up
-// to MaxRequestID letters, digits, '-' and '_'.
-func ValidRequestID(id string) bool {
-	if len(id) > MaxRequestID {
+// ValidID reports whether id may be such an ID: "" (none), or up to
+// MaxIDLen letters, digits, '-' and '_'.
+func ValidID(id string) bool {
+	if len(id) > MaxIDLen {
 		return false
 	}
 	for _, c := range []byte(id) {

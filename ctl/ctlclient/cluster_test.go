@@ -42,6 +42,10 @@ func TestMemberCluster(t *testing.T) {
 		t.Fatalf("a map of its cluster: %v, kept %q, epoch %d", err, kept, m.Map().Epoch)
 	}
 
+	if err := adopt(5, "C1 x"); !errors.Is(err, transport.ErrMalformed) {
+		t.Fatalf("a map naming a cluster ID with a space: %v, want malformed", err)
+	}
+
 	// OnCluster failing refuses the map.
 	m2 := &Member{cfg: MemberConfig{OnCluster: func(string) error { return errors.New("disk full") }}, log: slog.New(slog.DiscardHandler)}
 	m2.mu.changed = make(chan struct{})

@@ -310,6 +310,11 @@ func (m *Member) checkClusterLocked(mp *shardmap.Map) error {
 	switch {
 	case mp.Cluster == "" || mp.Cluster == m.mu.cluster:
 		return nil
+	case !transport.ValidID(mp.Cluster):
+		// Kept with the data and compared on every start: never one that
+		// would not read back the same (control planes make 26 base32
+		// letters and digits).
+		return transport.Errorf(transport.CodeMalformed, "map of epoch %d names cluster %.80q: want up to %d letters, digits, '-' and '_'", mp.Epoch, mp.Cluster, transport.MaxIDLen)
 	case m.mu.cluster != "":
 		return transport.Errorf(transport.CodeInvalid, "%w: its map (epoch %d) is of cluster %s, and %s belongs to cluster %s with its data: point it at its own control plane, or empty its data directory to make it a new member of this cluster",
 			ErrOtherCluster, mp.Epoch, mp.Cluster, m.cfg.Node.NodeID, m.mu.cluster)
