@@ -114,6 +114,10 @@ func (s *storage) resetLog(index uint64) error {
 	if err := s.unpad(s.tail.size); err != nil {
 		return err
 	}
+	// Readers wait meanwhile (readMu): none reads a closed log, nor
+	// the files between.
+	s.readMu.Lock()
+	defer s.readMu.Unlock()
 	if err := s.tw.Close(); err != nil {
 		return fmt.Errorf("replica: group %q: close log: %w", s.name, err)
 	}

@@ -35,6 +35,11 @@ func (o *offsetIndex) reset(firstIndex, next uint64) {
 	defer o.mu.Unlock()
 	o.firstIndex, o.bases = firstIndex, nil
 	o.first, o.next, o.published = next, next, next
+	// Wake whoever waits on the offsets replaced (a snapshot installed):
+	// they read again and find where the log now starts.
+	if o.changed != nil {
+		close(o.changed)
+	}
 	o.changed = make(chan struct{})
 }
 
@@ -144,11 +149,14 @@ func (o *offsetIndex) read(st *storage, tail *entryTail, name string, from uint6
 			return out, fmt.Errorf("replica: group %q: %w: entry %d holds %d records from offset %d, not offset %d", name, ErrCorrupt, index, len(recs), base, from)
 		}
 		for _, r := range recs[from-base:] {
-			if len(out) >= max || (len(out) > 0 && bytes+len(r.Key)+len(r.Value) > maxBytes) {
+			// Headers and producer ids count too, as package wal counts
+			// them: a frame of records with large headers must fit.
+			size := wal.ReadSize(&r)
+			if len(out) >= max || (len(out) > 0 && bytes+size > maxBytes) {
 				return out, nil
 			}
 			out = append(out, r)
-			bytes += len(r.Key) + len(r.Value)
+			bytes += size
 			from++
 		}
 	}

@@ -365,11 +365,19 @@ func (g *Group) handleReady(l *loop) error {
 
 	// Committed entries this replica already holds on disk apply before
 	// this Ready's write, so their acks do not wait for another fdatasync.
-	// (Committed entries that are in this Ready's own Entries, if raft
-	// ever hands over such, apply after the write, as the contract says.)
+	// Not those at or past this Ready's first entry: the entries on disk
+	// there are an uncommitted suffix the write replaces (raft hands the
+	// committed ones from the new log in the same Ready), and a reader
+	// woken by their offsets would read the old ones from disk. They, and
+	// any committed entries in this Ready's own Entries, apply after the
+	// write, as the contract says.
 	committed := rd.CommittedEntries
+	onDisk := g.st.last
+	if len(rd.Entries) > 0 {
+		onDisk = min(onDisk, rd.Entries[0].GetIndex()-1)
+	}
 	stable := len(committed)
-	for stable > 0 && committed[stable-1].GetIndex() > g.st.last {
+	for stable > 0 && committed[stable-1].GetIndex() > onDisk {
 		stable--
 	}
 	if err := g.apply(l, committed[:stable]); err != nil {

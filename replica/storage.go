@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"sync"
 	"sync/atomic"
 
 	tidwall "github.com/tidwall/wal"
@@ -38,13 +39,18 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // storage is one replica's raft log and state on disk: it implements
 // raft.Storage for the group's RawNode. Its fields are owned by the group's
-// goroutine; only readEntry is called by readers too (tidwall locks).
+// goroutine; only readEntry is called by readers too, under readMu.
 type storage struct {
 	dir, name string
 	logger    *slog.Logger
 	segSize   int
 	tw        *tidwall.Log
-	tail      struct {
+	// readMu serializes reads of tw, and guards tw for the readers while
+	// the group's goroutine replaces or closes it: tidwall changes its
+	// segment cache under its read lock, so two concurrent Reads can
+	// panic (tidwall/wal#34; package wal serializes its reads alike).
+	readMu sync.Mutex
+	tail   struct {
 		f     *os.File // the last segment, opened to fdatasync it (and preallocate it)
 		index uint64   // its first index
 		size  int64
@@ -304,7 +310,13 @@ func decodeEntry(b []byte, index uint64) (typ pb.EntryType, term uint64, data []
 
 // readEntry reads entry index from disk. Safe for concurrent use.
 func (s *storage) readEntry(index uint64) (pb.EntryType, uint64, []byte, error) {
-	b, err := s.tw.Read(index)
+	s.readMu.Lock()
+	var b []byte
+	err := ErrClosed
+	if s.tw != nil {
+		b, err = s.tw.Read(index)
+	}
+	s.readMu.Unlock()
 	if errors.Is(err, tidwall.ErrCorrupt) { // a segment that does not parse
 		return 0, 0, nil, fmt.Errorf("replica: group %q: read entry %d: %w: %w", s.name, index, ErrCorrupt, err)
 	}
@@ -385,9 +397,12 @@ func (s *storage) FirstIndex() (uint64, error) { return s.p.snapIndex + 1, nil }
 func (s *storage) close() error {
 	var errs []error
 	errs = append(errs, s.unpad(s.tail.size))
+	s.readMu.Lock()
 	if s.tw != nil {
 		errs = append(errs, s.tw.Close())
+		s.tw = nil
 	}
+	s.readMu.Unlock()
 	if s.tail.f != nil {
 		errs = append(errs, s.tail.f.Close())
 	}

@@ -196,7 +196,7 @@ func (r *ring) read(from, limit uint64, maxRecords, maxBytes int) (out []Record,
 	bytes := 0
 	for off := from; off < from+n; off++ {
 		rec := r.at(off)
-		sz := readSize(rec)
+		sz := ReadSize(rec)
 		if len(out) > 0 && maxBytes > 0 && bytes+sz > maxBytes {
 			break
 		}
@@ -258,7 +258,7 @@ func (l *Log) readLog(from, next uint64, maxRecords, maxBytes int) ([]Record, er
 			}
 			return nil, err
 		}
-		sz := readSize(&rec)
+		sz := ReadSize(&rec)
 		if len(out) > 0 && maxBytes > 0 && bytes+sz > maxBytes {
 			break
 		}

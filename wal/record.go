@@ -248,8 +248,9 @@ func recordTimestamp(data []byte) (ts int64, ok bool) {
 	return int64(binary.LittleEndian.Uint64(data[timestampAt:])), true
 }
 
-// readSize is what a record counts against Read's maxBytes.
-func readSize(r *Record) int {
+// ReadSize is what a record counts against Read's maxBytes: its key,
+// value, producer id and headers (package replica counts alike).
+func ReadSize(r *Record) int {
 	n := len(r.Key) + len(r.Value) + len(r.ProducerID)
 	for k, v := range r.Headers {
 		n += len(k) + len(v)
