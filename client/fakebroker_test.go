@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -279,8 +280,11 @@ type fakeBroker struct {
 	// credit and never read their stream again (a broker that does not
 	// read: the client's credit writes block once the window is full).
 	stallSubs atomic.Bool
-	published atomic.Int64 // publish frames received
-	subs      atomic.Int64 // subscribe frames received
+	// firstOffset is where this broker's replicas start: a subscription
+	// below it is answered out of range.
+	firstOffset atomic.Uint64
+	published   atomic.Int64 // publish frames received
+	subs        atomic.Int64 // subscribe frames received
 
 	ln     *transport.Listener
 	ctx    context.Context
@@ -510,8 +514,12 @@ func (b *fakeBroker) serveSubscribe(conn *quic.Conn, sub *transport.Subscribe, r
 		_ = w.Write(&transport.Error{Code: transport.CodeUnknownStream, Message: sub.Stream})
 		return
 	}
-	if owner := st.Placement.Owner(int(sub.Shard)); owner != b.id {
+	if owner := st.Placement.Owner(int(sub.Shard)); owner != b.id && !st.Placement.IsReplica(int(sub.Shard), b.id) {
 		_ = w.Write(&transport.Error{Code: transport.CodeNotOwner, Owner: owner, Epoch: m.Epoch})
+		return
+	}
+	if first := b.firstOffset.Load(); sub.Start == transport.StartOffset && sub.Offset < first {
+		_ = w.Write(&transport.Error{Code: transport.CodeOutOfRange, Message: fmt.Sprintf("offset %d is below the first retained offset %d", sub.Offset, first)})
 		return
 	}
 	id := shardmap.ShardID{Stream: sub.Stream, Shard: int(sub.Shard)}

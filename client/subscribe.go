@@ -412,7 +412,7 @@ func (sh *shardSub) run() {
 	s, c := sh.s, sh.s.c
 	ctx := s.ctx
 	var redirect string
-	failures, redirects := 0, 0
+	failures, redirects, outOfRange := 0, 0, 0
 	for ctx.Err() == nil {
 		addr := redirect
 		redirect = ""
@@ -436,7 +436,7 @@ func (sh *shardSub) run() {
 			return
 		}
 		if progressed {
-			failures, redirects = 0, 0
+			failures, redirects, outOfRange = 0, 0, 0
 		}
 		var werr *transport.Error
 		isWire := !errors.Is(err, ErrConnectionLost) && errors.As(err, &werr)
@@ -454,6 +454,13 @@ func (sh *shardSub) run() {
 			}
 		case isWire && werr.Code == transport.CodeUnknownStream && !sh.received && failures < 5:
 			// A stream just created may not have reached that broker yet.
+		case isWire && werr.Code == transport.CodeOutOfRange && outOfRange+1 < sh.replicas():
+			// Replicas of one shard retain from different offsets (one
+			// that rejoined by a snapshot starts where the leader had
+			// compacted, retention passes run apart): another may still
+			// hold the offset. The next attempt goes to the next replica.
+			outOfRange++
+			c.cfg.logger.Info("client: subscription offset out of range on one replica; trying another", "shard", sh.String(), "broker", addr, "err", werr.Message)
 		case isWire && werr.Code == transport.CodeCorrupt:
 			cerr := &CorruptError{Stream: s.stream, Shard: sh.shard, From: werr.From, To: werr.To, Broker: addr, Err: werr}
 			if !s.skipCorrupt {
@@ -493,6 +500,17 @@ func retryable(code transport.ErrorCode) bool {
 		return true
 	}
 	return false
+}
+
+// replicas returns how many replicas the shard has in the client's map (1
+// for a shard of replication factor 1).
+func (sh *shardSub) replicas() int {
+	if m := sh.s.c.cachedMap(); m != nil {
+		if st, ok := m.Stream(sh.s.stream); ok {
+			return max(1, len(st.Placement.Replicas(sh.shard)))
+		}
+	}
+	return 1
 }
 
 // ownerAddr returns the address of the shard's owner in the client's map.

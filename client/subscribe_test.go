@@ -133,6 +133,55 @@ func TestSubscribeFollowsNotOwner(t *testing.T) {
 	}
 }
 
+// TestSubscribeOutOfRangeOnOneReplica: replicas of a shard retain from
+// different offsets; a subscription at an offset one replica no longer
+// holds goes on at another that does, and ends out of range only when no
+// replica holds it.
+func TestSubscribeOutOfRangeOnOneReplica(t *testing.T) {
+	fc := newFakeCluster(t, 3)
+	if err := fc.createStream(shardmap.StreamConfig{Name: "r", Shards: 1, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	c := connect(t, fc, 0)
+	ctx := testCtx(t)
+	publishN(t, c, "r", 0, 0, 5)
+	st, _ := fc.currentMap().Stream("r")
+	first := st.Placement.Replicas(0)[0]
+	for _, b := range fc.brokers {
+		if b.id == first {
+			b.firstOffset.Store(3) // it compacted further than the others
+		}
+	}
+	sub, err := c.Subscribe(ctx, "r", AtOffset(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := collect(t, sub, 4)
+	sub.Stop()
+	for i, r := range got {
+		if r.Offset != uint64(i+1) {
+			t.Fatalf("record %d at offset %d, want %d", i, r.Offset, i+1)
+		}
+	}
+
+	for _, b := range fc.brokers {
+		b.firstOffset.Store(3)
+	}
+	sub, err = c.Subscribe(ctx, "r", AtOffset(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Stop()
+	select {
+	case <-sub.Closed():
+	case <-ctx.Done():
+		t.Fatal("the subscription did not end though no replica holds offset 1")
+	}
+	if err := sub.Err(); !errors.Is(err, transport.ErrOutOfRange) {
+		t.Fatalf("no replica holds offset 1: %v, want out of range", err)
+	}
+}
+
 func TestSubscribeAllShardsMerged(t *testing.T) {
 	fc := newFakeCluster(t, 2)
 	c := connect(t, fc, 1)
