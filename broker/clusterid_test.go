@@ -8,10 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/felix-broker/felix/client"
-	"github.com/felix-broker/felix/ctl"
 	"github.com/felix-broker/felix/internal/cluster"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
@@ -60,24 +58,7 @@ func TestOtherClusterRefused(t *testing.T) {
 
 	// Its control plane again, with its state lost: a new cluster, whose
 	// epochs pass the stream's creation mark.
-	ctlTLS, err := cluster.CtlServerTLS(filepath.Join(ip.dir, "certs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	startCtl := func(dir string) *ctl.Server {
-		t.Helper()
-		c, err := ctl.New(ctl.Config{Addr: "127.0.0.1:0", DataDir: filepath.Join(ip.dir, dir), TLS: ctlTLS, LeaseTTL: time.Second,
-			Superusers: []string{transport.DevAdminName}, Logger: quiet()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		ip.ctl = c // closed by the cleanup
-		return c
-	}
-	lost := startCtl("ctl-lost")
+	lost := ip.startCtl("ctl-lost")
 	if lost.Map().Cluster == first || lost.Map().Cluster == "" {
 		t.Fatalf("a control plane with its state lost has cluster %q, the first was %q", lost.Map().Cluster, first)
 	}
@@ -87,7 +68,7 @@ func TestOtherClusterRefused(t *testing.T) {
 		}
 	}
 	b := ip.newBroker(0)
-	err = b.Start(ctx)
+	err := b.Start(ctx)
 	b.Close()
 	if !errors.Is(err, transport.ErrInvalid) || !strings.Contains(err.Error(), "belongs to another cluster") {
 		t.Fatalf("start against another cluster: %v, want its registration refused", err)
@@ -104,7 +85,7 @@ func TestOtherClusterRefused(t *testing.T) {
 	lost.Close()
 
 	// Its own control plane, state and all: the broker goes on.
-	startCtl("ctl")
+	ip.startCtl("ctl")
 	b = ip.startBroker(0)
 	ip.brokers = append(ip.brokers, b)
 	if ack := publish(b); ack.Offset != 1 {

@@ -56,19 +56,8 @@ func startInprocWith(t testing.TB, tweak func(*Config), n int, streams ...shardm
 	if err := transport.GenerateDevCerts(filepath.Join(dir, "certs"), ids...); err != nil {
 		t.Fatal(err)
 	}
-	ctlTLS, err := cluster.CtlServerTLS(filepath.Join(dir, "certs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := ctl.New(ctl.Config{Addr: "127.0.0.1:0", DataDir: filepath.Join(dir, "ctl"), TLS: ctlTLS, LeaseTTL: time.Second,
-		Superusers: []string{transport.DevAdminName}, Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Start(); err != nil {
-		t.Fatal(err)
-	}
-	ip := &inproc{t: t, dir: dir, ctl: c, tweak: tweak}
+	ip := &inproc{t: t, dir: dir, tweak: tweak}
+	c := ip.startCtl("ctl")
 	t.Cleanup(ip.close)
 	for i := range n {
 		ip.brokers = append(ip.brokers, ip.startBroker(i))
@@ -82,6 +71,27 @@ func startInprocWith(t testing.TB, tweak func(*Config), n int, streams ...shardm
 	}
 	ip.waitEpoch(c.Map().Epoch)
 	return ip
+}
+
+// startCtl starts a control plane whose data (its embedded etcd) is in
+// the directory sub of ip's and makes it ip's, which close closes.
+func (ip *inproc) startCtl(sub string) *ctl.Server {
+	t := ip.t
+	t.Helper()
+	ctlTLS, err := cluster.CtlServerTLS(filepath.Join(ip.dir, "certs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := ctl.New(ctl.Config{Addr: "127.0.0.1:0", DataDir: filepath.Join(ip.dir, sub), TLS: ctlTLS, LeaseTTL: time.Second,
+		Superusers: []string{transport.DevAdminName}, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ip.ctl = c
+	return c
 }
 
 func (ip *inproc) startBroker(i int) *Broker {
