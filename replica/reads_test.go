@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"errors"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -132,5 +133,30 @@ func TestReplacedSuffixNeverRead(t *testing.T) {
 		if n := stale.Load(); n > 0 {
 			t.Fatalf("seed %d: the rejoined leader served %d never-committed records at committed offsets", seed, n)
 		}
+	}
+}
+
+// TestReadRacingRetention: a reader that found an entry's place before a
+// retention pass dropped it gets ErrOutOfRange (the subscriber is behind
+// the log's start), not an internal error. The race is made here by
+// reading the entry after retention, at the place found before it.
+func TestReadRacingRetention(t *testing.T) {
+	c := newCluster(t, 1, 46, func(cfg *Config) {
+		cfg.SegmentSize, cfg.TailBytes, cfg.RetentionBytes = 4<<10, -1, 8<<10
+	})
+	c.waitLeader()
+	c.commitRange(0, 200)
+	c.waitConverged(200)
+	g := c.running()[0]
+	index, base, ok := g.offs.locate(0)
+	if !ok {
+		t.Fatal("offset 0 not published")
+	}
+	if retain(t, g, time.Now()) == 0 {
+		t.Fatal("retention dropped nothing")
+	}
+	_, err := readRecords(g.st, g.tail, g.cfg.Name, index, base, 0)
+	if !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("read of entry %d after retention dropped it: %v, want ErrOutOfRange", index, err)
 	}
 }

@@ -308,15 +308,25 @@ func decodeEntry(b []byte, index uint64) (typ pb.EntryType, term uint64, data []
 	return pb.EntryType(b[4]), binary.LittleEndian.Uint64(b[5:]), b[entryFixed:], true
 }
 
-// readEntry reads entry index from disk. Safe for concurrent use.
+// readEntry reads entry index from disk. Safe for concurrent use. An entry
+// the log no longer holds at its front (retention or a snapshot dropped it
+// after the caller found it) is ErrOutOfRange.
 func (s *storage) readEntry(index uint64) (pb.EntryType, uint64, []byte, error) {
 	s.readMu.Lock()
 	var b []byte
 	err := ErrClosed
+	dropped := false
 	if s.tw != nil {
 		b, err = s.tw.Read(index)
+		if errors.Is(err, tidwall.ErrNotFound) {
+			first, ferr := s.tw.FirstIndex()
+			dropped = ferr == nil && index < first
+		}
 	}
 	s.readMu.Unlock()
+	if dropped { // retention or a snapshot dropped it while a reader held its place
+		return 0, 0, nil, fmt.Errorf("replica: group %q: read entry %d: %w: the log now starts after it", s.name, index, ErrOutOfRange)
+	}
 	if errors.Is(err, tidwall.ErrCorrupt) { // a segment that does not parse
 		return 0, 0, nil, fmt.Errorf("replica: group %q: read entry %d: %w: %w", s.name, index, ErrCorrupt, err)
 	}
