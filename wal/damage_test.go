@@ -1,6 +1,8 @@
 package wal
 
 import (
+	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +12,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 )
 
 const damageRecords = 300
@@ -282,5 +285,101 @@ func TestDamageRandomBitFlips(t *testing.T) {
 		if err := l.Close(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestDamageInTailSegment: a flipped bit in an acknowledged record of the
+// last segment costs that record, as in an earlier segment; it once made
+// Open refuse the shard (the repair took it for a torn write below the
+// high-water mark), and AcceptLoss then cut the intact records after it.
+// Damage to the last acknowledged record cannot be told from a shifted
+// framing: Open refuses it, and AcceptLoss costs exactly that record.
+func TestDamageInTailSegment(t *testing.T) {
+	opts := Options{SegmentSize: 2048, Name: "orders/2"}
+	for _, what := range []string{"payload", "header"} {
+		t.Run(what, func(t *testing.T) {
+			dir, segs := damageDir(t)
+			tail := segs[len(segs)-1]
+			base := tail.Index - 1
+			editFile(t, tail.Path, func(data []byte) []byte {
+				pos, prefix, size := entryAt(t, data, 1)
+				if what == "payload" {
+					data[pos+size-1] ^= 0x40
+				} else {
+					data[pos+prefix+timestampAt+2] ^= 0x04
+				}
+				return data
+			})
+			l, _ := testLog(t, dir, opts)
+			if l.NextOffset() != damageRecords {
+				t.Fatalf("NextOffset %d after reopen, want %d", l.NextOffset(), damageRecords)
+			}
+			checkServed(t, l, [][2]uint64{{base + 1, base + 1}})
+		})
+	}
+	t.Run("last record", func(t *testing.T) {
+		dir, segs := damageDir(t)
+		editFile(t, segs[len(segs)-1].Path, func(data []byte) []byte {
+			ends := entryBounds(t, data)
+			data[ends[len(ends)-1]-1] ^= 0x40
+			return data
+		})
+		checkLost(t, dir, opts, damageRecords-1, damageRecords)
+		accept := opts
+		accept.AcceptLoss = true
+		l, sink := testLog(t, dir, accept)
+		sink.mu.Lock()
+		sink.counts = nil // the accepted loss is logged as an error
+		sink.mu.Unlock()
+		checkServed(t, l, [][2]uint64{{damageRecords - 1, damageRecords - 1}})
+	})
+}
+
+// TestCommitClockIgnoresADamagedTimestamp: the commit clock (timestamps
+// never go back) is seeded at Open from the last record that verifies.
+// Seeded from a damaged header's timestamp, far in the future, it once
+// stamped every later record with that time, and age retention then kept
+// them forever.
+func TestCommitClockIgnoresADamagedTimestamp(t *testing.T) {
+	opts := Options{SegmentSize: 512, Name: "clock/0"}
+	// A log whose last append rolled to a new segment: the tail is empty
+	// and the last record ends an earlier segment (repair leaves it).
+	var dir string
+	var segs []segmentFile
+	for n := 5; ; n++ {
+		if n == 200 {
+			t.Fatal("no log size leaves an empty tail segment")
+		}
+		dir = t.TempDir()
+		writeLog(t, dir, opts, n)
+		var err error
+		if segs, _, err = listSegments(dir); err != nil {
+			t.Fatal(err)
+		}
+		if len(segs) > 1 && segs[len(segs)-1].Size == 0 {
+			break
+		}
+	}
+	editFile(t, segs[len(segs)-2].Path, func(data []byte) []byte {
+		ends := entryBounds(t, data)
+		last := 0
+		if len(ends) > 1 {
+			last = ends[len(ends)-2]
+		}
+		_, prefix := uvarintPrefix(data[last:])
+		binary.LittleEndian.PutUint64(data[last+prefix+timestampAt:], uint64(time.Now().Add(100*24*time.Hour).UnixNano()))
+		return data
+	})
+	l, _ := testLog(t, dir, opts)
+	off, err := l.Append(context.Background(), rec(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := l.Read(off, 1, 0)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("Read(%d) = %d records, %v", off, len(recs), err)
+	}
+	if ts := time.Unix(0, recs[0].Timestamp); time.Until(ts) > time.Hour {
+		t.Fatalf("record appended now has timestamp %v, from the damaged record before it", ts)
 	}
 }

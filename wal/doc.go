@@ -58,8 +58,13 @@
 // segment roll and repair on Open cut them.
 //
 // On Open, the last segment is checked record by record and cut at the first
-// record that is incomplete or fails its checksum (a torn write), so a crash
-// never leaves garbage at the end of the log. Records in earlier segments
+// record past the high-water mark that is incomplete or fails its checksum
+// (a torn write), so a crash never leaves garbage at the end of the log, and
+// what it keeps past the mark is fdatasynced before it is served. Below the
+// mark a record that fails its checksum is damage, not a crash: it is kept
+// and reported as a *CorruptError when read, as long as a later record
+// verifies at its own offset (else the entries' framing itself is in doubt,
+// and Open refuses with a *LostRecordsError). Records in earlier segments
 // are never cut: a damaged one is reported as a *CorruptError when read.
 //
 // # Fault injection

@@ -180,6 +180,17 @@ func (l *Log) open(mark uint64, state hwmState) error {
 		l.logger.Error("wal: accepted the loss of acknowledged records; their offsets are marked lost and not reused",
 			"shard", l.name, "from", lost.From, "to", lost.To-1, "records", lost.To-lost.From, "dir", l.dir)
 	}
+	if l.next.Load() > floor {
+		// Records past the mark were never acknowledged and may be only
+		// in the page cache (a crash between a batch's write and its
+		// fdatasync): made durable before they are served or the mark
+		// covers them, or a power loss could take back what subscribers
+		// read and leave the segments ending below the mark. Segments
+		// before the tail were fsynced by tidwall when it rolled.
+		if err := l.tail.f.Sync(); err != nil {
+			return fail(fmt.Errorf("wal: shard %q: fdatasync %s: %w", l.name, segmentName(l.tail.index), err))
+		}
+	}
 	if err := l.measure(); err != nil {
 		return fail(err)
 	}
@@ -209,10 +220,17 @@ func (l *Log) load() error {
 	l.c.next = lastIndex
 	l.ring.reset(l.opts.TailRecords, int64(l.opts.TailBytes), lastIndex)
 	if lastIndex >= firstIndex {
-		// Seed the monotonic commit clock from the last record.
-		if data, err := l.twRead(lastIndex); err == nil {
-			if ts, ok := recordTimestamp(data); ok {
-				l.c.lastTS = ts
+		// Seed the monotonic commit clock from the last record that
+		// verifies: a damaged header's timestamp (one far in the future
+		// would stamp every later record with it) is not trusted.
+		for i := lastIndex; i >= firstIndex && i+64 > lastIndex; i-- {
+			data, err := l.twRead(i)
+			if err != nil {
+				break
+			}
+			if rec, err := decodeRecord(l.name, data, i-1); err == nil {
+				l.c.lastTS = rec.Timestamp
+				break
 			}
 		}
 	}

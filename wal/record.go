@@ -239,15 +239,6 @@ func (d *decoder) bytes() []byte {
 	return out
 }
 
-// recordTimestamp returns the timestamp of a stored record without
-// verifying it; ok is false if data is too short to hold one.
-func recordTimestamp(data []byte) (ts int64, ok bool) {
-	if len(data) < recordFixed {
-		return 0, false
-	}
-	return int64(binary.LittleEndian.Uint64(data[timestampAt:])), true
-}
-
 // ReadSize is what a record counts against Read's maxBytes: its key,
 // value, producer id and headers (package replica counts alike).
 func ReadSize(r *Record) int {

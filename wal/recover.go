@@ -20,8 +20,12 @@ import (
 // offset it must hold. Earlier segments were fsynced before the next one was
 // created and are never cut.
 //
-// A cut below floor, the committed high-water mark, would drop acknowledged
-// records: that is damage, not a crash. Then repairTail changes nothing and
+// Entries below floor, the committed high-water mark, were acknowledged,
+// so fsynced: a crash cannot tear them, and one that fails verification is
+// damage, kept and served as a *CorruptError as damage in an earlier
+// segment is (validTail). A cut below floor, where the entries' framing
+// breaks, would drop acknowledged records: that is damage too, not a
+// crash. Then repairTail changes nothing and
 // returns a *LostRecordsError, unless o.AcceptLoss (Open then fills the lost
 // offsets with markers).
 func repairTail(dir string, o *Options, floor uint64) error {
@@ -37,7 +41,7 @@ func repairTail(dir string, o *Options, floor uint64) error {
 	if err != nil {
 		return fmt.Errorf("wal: shard %q: read tail segment %q: %w", o.Name, last.Path, err)
 	}
-	keep, records, reason := tidseg.ValidPrefix(data, last.Index, func(entry []byte, index uint64) error {
+	keep, records, reason := validTail(data, last.Index, floor, func(entry []byte, index uint64) error {
 		// A lost-record marker (an accepted loss) is kept like a record.
 		if isLostMarker(entry, index-1) {
 			return nil
@@ -74,4 +78,41 @@ func repairTail(dir string, o *Options, floor uint64) error {
 		"next_offset", end,
 		"reason", reason)
 	return nil
+}
+
+// validTail returns how many leading bytes of the tail segment's data,
+// whose first entry has index first, to keep, how many entries that is,
+// and why it stops early (see tidseg.ValidPrefix). Past floor (offsets
+// floor and up: never acknowledged) it stops at the first entry that
+// check refuses, a torn write. Below floor it keeps a damaged entry (one
+// flipped bit must not cost the acked records after it) provided the
+// damage is anchored: a later entry verifies at its own offset. Otherwise
+// the framing itself is in doubt (a damaged length prefix shifts every
+// entry after it) and it stops at the first damaged entry; damage to the
+// last acknowledged records is then a loss for Open to refuse, or to mark
+// with Options.AcceptLoss, which costs only the damaged records.
+func validTail(data []byte, first, floor uint64, check func(entry []byte, index uint64) error) (keep, entries int, reason string) {
+	badKeep, badEntries, badReason := -1, 0, ""
+	for keep < len(data) {
+		entry, n, ok := tidseg.NextEntry(data[keep:])
+		if !ok {
+			reason = "incomplete entry"
+			break
+		}
+		index := first + uint64(entries)
+		if err := check(entry, index); err == nil {
+			badKeep = -1 // anchored
+		} else if index-1 >= floor {
+			reason = err.Error()
+			break
+		} else if badKeep < 0 {
+			badKeep, badEntries, badReason = keep, entries, err.Error()
+		}
+		keep += n
+		entries++
+	}
+	if badKeep >= 0 {
+		return badKeep, badEntries, badReason
+	}
+	return keep, entries, reason
 }

@@ -1,10 +1,13 @@
 package wal
 
 import (
+	"bufio"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"time"
 )
@@ -113,18 +116,22 @@ func (l *Log) sizeCut(segs []segmentFile, first, next uint64) (uint64, error) {
 	return min(cut, next), nil
 }
 
-// ageCut returns the first offset whose record's timestamp is at least
-// minTS. Commit timestamps never decrease with the offset, so segments are
-// ordered by their first record's timestamp.
+// ageCut returns the first offset to keep: the first record whose
+// timestamp is at least minTS, or a damaged record that cannot be dated.
+// Commit timestamps never decrease with the offset, so a record that
+// verifies dates every record before it (damaged ones included) as no
+// newer, and segments are ordered by their first verified record. A
+// damaged header's timestamp is never trusted: one zeroed once dated a
+// segment of fresh records as old, and they were dropped.
 func (l *Log) ageCut(segs []segmentFile, first, next uint64, minTS int64) (uint64, error) {
 	var ferr error
 	j := sort.Search(len(segs), func(i int) bool {
-		ts, ok, err := firstTimestamp(segs[i].Path)
+		ts, ok, err := l.firstTimestamp(segs[i])
 		if err != nil {
 			ferr = err
 			return true
 		}
-		return !ok || ts >= minTS // an empty segment holds nothing old
+		return !ok || ts >= minTS // a segment with no record that verifies holds nothing known to be old
 	})
 	if ferr != nil {
 		return first, fmt.Errorf("wal: shard %q: retention by age: %w", l.name, ferr)
@@ -132,49 +139,63 @@ func (l *Log) ageCut(segs []segmentFile, first, next uint64, minTS int64) (uint6
 	if j == 0 {
 		return first, nil
 	}
-	// Every segment before j-1 is older than minTS; find the cut in j-1.
+	// Every record before segment j-1's first verified one is older than
+	// minTS; find the cut in j-1.
 	s := segs[j-1]
 	data, err := os.ReadFile(s.Path)
 	if err != nil {
-		return s.Index - 1, fmt.Errorf("wal: shard %q: read segment %q: %w", l.name, s.Path, err)
+		return first, fmt.Errorf("wal: shard %q: read segment %q: %w", l.name, s.Path, err)
 	}
+	cut := s.Index - 1
 	off := s.Index - 1
 	for pos := 0; off < next; off++ {
 		entry, n, ok := nextEntry(data[pos:])
 		if !ok {
 			break
 		}
+		pos += n
 		rec, err := decodeRecord(l.name, entry, off)
 		if err != nil {
-			return max(off, first), err // never drop past a record we cannot date
+			continue // dated by the next record that verifies, if it is old
 		}
 		if rec.Timestamp >= minTS {
 			break
 		}
-		pos += n
+		cut = off + 1
 	}
-	return min(max(off, first), next), nil
+	return min(max(cut, first), next), nil
 }
 
-// firstTimestamp returns the (unverified) timestamp of the first record of
-// a segment file; ok is false if it holds no complete record header.
-func firstTimestamp(path string) (ts int64, ok bool, err error) {
-	f, err := os.Open(path)
+// firstTimestamp returns the timestamp of the first record of segment s
+// whose checksum verifies; ok is false if none does.
+func (l *Log) firstTimestamp(s segmentFile) (ts int64, ok bool, err error) {
+	f, err := os.Open(s.Path)
 	if err != nil {
 		return 0, false, err
 	}
 	defer f.Close()
-	var buf [recordFixed + 10]byte
-	n, err := f.ReadAt(buf[:], 0)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return 0, false, fmt.Errorf("read segment %q: %w", path, err)
+	r := bufio.NewReader(f)
+	var buf []byte
+	for off, left := s.Index-1, s.Size; ; off++ {
+		size, err := binary.ReadUvarint(r)
+		if size > uint64(left) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return 0, false, nil // the end, or a length no record has
+		}
+		if err != nil {
+			return 0, false, fmt.Errorf("read segment %q: %w", s.Path, err)
+		}
+		buf = slices.Grow(buf[:0], int(size))[:size]
+		if _, err := io.ReadFull(r, buf); err != nil {
+			if errors.Is(err, io.ErrUnexpectedEOF) {
+				return 0, false, nil
+			}
+			return 0, false, fmt.Errorf("read segment %q: %w", s.Path, err)
+		}
+		if rec, err := decodeRecord(l.name, buf, off); err == nil {
+			return rec.Timestamp, true, nil
+		}
+		left -= int64(size)
 	}
-	size, h := uvarintPrefix(buf[:n])
-	if h <= 0 || size < recordFixed || n-h < recordFixed {
-		return 0, false, nil
-	}
-	ts, ok = recordTimestamp(buf[h:n])
-	return ts, ok, nil
 }
 
 // truncateFront drops the records before offset cut.

@@ -3,6 +3,7 @@ package wal
 import (
 	"context"
 	"errors"
+	"os"
 	"testing"
 	"time"
 
@@ -178,5 +179,40 @@ func TestRetentionWhileAppending(t *testing.T) {
 	<-done
 	if l.FirstOffset() == 0 {
 		t.Fatal("retention never dropped anything")
+	}
+}
+
+// TestRetentionAgeNeverTrustsADamagedHeader: a segment whose first
+// record's header is damaged (its timestamp zeroed: 1970) is not dated by
+// it. Retention by age once took that segment for an old one and dropped
+// every segment before it, records seconds old; a record that verifies
+// later in the segment dates it.
+func TestRetentionAgeNeverTrustsADamagedHeader(t *testing.T) {
+	opts := Options{SegmentSize: 1024, Name: "age/0"}
+	dir := t.TempDir()
+	writeLog(t, dir, opts, 80)
+	segs, _, err := listSegments(dir)
+	if err != nil || len(segs) < 4 {
+		t.Fatalf("want >= 4 segments, have %d (%v)", len(segs), err)
+	}
+	mid := segs[len(segs)/2]
+	data, err := os.ReadFile(mid.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, h := uvarintPrefix(data)
+	clear(data[h+timestampAt : h+timestampAt+8])
+	if err := os.WriteFile(mid.Path, data, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	opts.RetentionAge, opts.RetentionCheck = time.Hour, time.Hour
+	l, _ := testLog(t, dir, opts)
+	if dropped, err := l.EnforceRetention(time.Now()); dropped != 0 || err != nil {
+		t.Fatalf("retention of records seconds old, one header damaged: dropped %d, %v; want none", dropped, err)
+	}
+	// Two hours on, every record is old, the damaged one too (the
+	// records after it date it): all go.
+	if dropped, err := l.EnforceRetention(time.Now().Add(2 * time.Hour)); err != nil || dropped != 80 {
+		t.Fatalf("retention two hours on: dropped %d, %v; want all 80", dropped, err)
 	}
 }
