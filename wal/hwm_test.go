@@ -40,6 +40,18 @@ func writeLog(t *testing.T, dir string, opts Options, n int) {
 	}
 }
 
+// acceptLoss opens dir with Options.AcceptLoss; the accepted loss is
+// logged as an error, which the test expects.
+func acceptLoss(t *testing.T, dir string, opts Options) *Log {
+	t.Helper()
+	opts.AcceptLoss = true
+	l, sink := testLog(t, dir, opts)
+	sink.mu.Lock()
+	sink.counts = nil
+	sink.mu.Unlock()
+	return l
+}
+
 func tailSegment(t *testing.T, dir string) segmentFile {
 	t.Helper()
 	segs, _, err := listSegments(dir)
@@ -158,12 +170,7 @@ func TestLostRecordsOtherDamage(t *testing.T) {
 			}
 			end := c.damage(t, tail, data, entryBounds(t, data))
 			checkLost(t, dir, opts, end, n)
-			accept := opts
-			accept.AcceptLoss = true
-			l, sink := testLog(t, dir, accept)
-			sink.mu.Lock()
-			sink.counts = nil // the accepted loss is logged as an error
-			sink.mu.Unlock()
+			l := acceptLoss(t, dir, opts)
 			if off, err := l.Append(context.Background(), rec(0)); err != nil || off != n {
 				t.Fatalf("Append after accepting the loss = %d, %v; want %d", off, err, n)
 			}
