@@ -438,9 +438,16 @@ type rebuildStats struct {
 	stop      string // why the scan stopped
 }
 
+// rebuildLog is what rebuild reads of a *wal.Log.
+type rebuildLog interface {
+	FirstOffset() uint64
+	NextOffset() uint64
+	Read(from uint64, maxRecords, maxBytes int) ([]wal.Record, error)
+}
+
 // rebuild fills the table, which must be empty and unused, from the end of
 // l (see "Rebuilt from the log" above).
-func (t *producerTable) rebuild(l *wal.Log) (rebuildStats, error) {
+func (t *producerTable) rebuild(l rebuildLog) (rebuildStats, error) {
 	type rec struct {
 		id  string // points into the log's memory until cloned
 		seq uint64
@@ -484,6 +491,12 @@ scan:
 			case errors.As(rerr, &cerr):
 				st.skipped++
 				off++
+				continue
+			case errors.Is(rerr, wal.ErrOutOfRange) && l.FirstOffset() > off:
+				// Retention dropped the chunk's start while it was read
+				// (the log's background pass): the rest is still there.
+				first = min(l.FirstOffset(), hi)
+				lo, off = max(lo, first), max(off, first)
 				continue
 			case rerr != nil:
 				err = fmt.Errorf("reading %s at offset %d: %w", t.shard, off, rerr)

@@ -15,6 +15,7 @@ import (
 	"github.com/felix-broker/felix/client"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
+	"github.com/felix-broker/felix/wal"
 )
 
 // idem builds an idempotent publish of value to shard 0 of stream.
@@ -342,4 +343,55 @@ func TestIdempotentPublisherExactlyOnce(t *testing.T) {
 		t.Fatalf("%d distinct records in the logs, want %d", len(seen), n)
 	}
 	t.Logf("%d records, %d connection drops, %d acked as duplicates of an earlier attempt", n, kills, dups)
+}
+
+// retainingLog is a log whose retention drops records up to cut just
+// before the first read that reaches below it, as a background pass can
+// while a rebuild reads.
+type retainingLog struct {
+	*wal.Log
+	t    *testing.T
+	cut  uint64
+	done bool
+}
+
+func (l *retainingLog) Read(from uint64, max, maxBytes int) ([]wal.Record, error) {
+	if !l.done && from < l.cut {
+		l.done = true
+		if _, err := l.EnforceRetention(time.Now()); err != nil || l.FirstOffset() <= from {
+			l.t.Fatalf("retention: %v, first offset %d", err, l.FirstOffset())
+		}
+	}
+	return l.Log.Read(from, max, maxBytes)
+}
+
+// TestProducerRebuildRacingRetention: a retention pass that drops the
+// start of the chunk the rebuild is reading does not end the rebuild: it
+// reads on from the log's new start. It once stopped with "read failed"
+// and learnt nothing of that chunk, so the retries of its producers, the
+// newest, were written again.
+func TestProducerRebuildRacingRetention(t *testing.T) {
+	l, err := wal.Open(t.TempDir(), wal.Options{Name: "s/0", SegmentSize: 4 << 10, RetentionBytes: 8 << 10, RetentionCheck: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	const n = 300
+	for i := range n {
+		r := &wal.Record{Value: make([]byte, 100), ProducerID: fmt.Sprintf("p%d", i%50), ProducerSeq: uint64(i/50 + 1)}
+		if _, err := l.Append(context.Background(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tab := newProducerTable("s/0", producerLimits{max: 100, expiry: time.Hour, window: 8, rebuildBytes: 1 << 30})
+	st, err := tab.rebuild(&retainingLog{Log: l, t: t, cut: 1})
+	if err != nil || l.FirstOffset() == 0 {
+		t.Fatalf("rebuild: %v (stopped: %s); first offset %d", err, st.stop, l.FirstOffset())
+	}
+	if tab.size() != 50 {
+		t.Fatalf("rebuild learnt %d producers, want 50 (stopped: %s)", tab.size(), st.stop)
+	}
+	if a := tab.admit("p49", 6); a.kind != admitDuplicate {
+		t.Fatalf("p49's last sequence after the rebuild: %v, want a duplicate", a.kind)
+	}
 }
