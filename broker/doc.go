@@ -49,7 +49,10 @@
 //     a commit's acks go to quic-go in one write per stream, not one per
 //     record, on the committer's goroutine still (no hand-off added).
 //   - A lane (forward.go, one per session and owner) has a connector
-//     goroutine that dials and opens the lane's stream while forwards
+//     goroutine that gets the peer's pooled connection (dialed, when
+//     there is none, by one goroutine of the pool per peer, which the
+//     pool's close cancels: no lane's end fails the others waiting for
+//     it) and opens the lane's stream while forwards
 //     routed meanwhile wait in its writer's backlog, in order; then it
 //     writes that backlog, starts the lane's reader, and ends. The reader
 //     owns the lane's read side: it relays each Ack to the publisher

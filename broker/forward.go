@@ -31,6 +31,12 @@ type peerPool struct {
 	log  *slog.Logger
 	acct *quicAccount // counts what the dialed connections send and lose
 
+	// ctx bounds the pool's dials: close cancels it. A dial is the
+	// pool's, not its first caller's: one lane's end must not fail the
+	// others that wait for the same connection.
+	ctx    context.Context
+	cancel context.CancelFunc
+
 	// mu guards conns; dialing happens outside it, one dial per peer at a
 	// time through the entry's ready channel.
 	mu struct {
@@ -49,6 +55,7 @@ type peerConn struct {
 
 func newPeerPool(tlsConf *tls.Config, cfg transport.Config, log *slog.Logger, acct *quicAccount) *peerPool {
 	p := &peerPool{tls: tlsConf, cfg: cfg, log: log, acct: acct}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.mu.conns = map[string]*peerConn{}
 	return p
 }
@@ -77,15 +84,8 @@ func (p *peerPool) conn(ctx context.Context, node shardmap.Node) (*quic.Conn, er
 		pc = &peerConn{addr: node.Addr, ready: make(chan struct{})}
 		p.mu.conns[node.ID] = pc
 		p.mu.Unlock()
-		dctx, cancel := context.WithTimeout(ctx, dialTimeout)
-		// Only node.ID's own node certificate will do: an address taken
-		// over by another node, or by a client, is refused.
-		pc.conn, pc.err = transport.Dial(dctx, node.Addr, transport.VerifyPeer(p.tls, transport.RoleNode, node.ID), p.cfg)
-		cancel()
-		if pc.err == nil {
-			p.acct.watch(pc.conn, kindPeer)
-		}
-		close(pc.ready)
+		// Ends within dialTimeout; close waits for ready.
+		go p.dial(pc, node)
 	} else {
 		p.mu.Unlock()
 	}
@@ -95,6 +95,19 @@ func (p *peerPool) conn(ctx context.Context, node shardmap.Node) (*quic.Conn, er
 		return nil, ctx.Err()
 	}
 	return pc.conn, pc.err
+}
+
+// dial connects pc to node and closes pc.ready.
+func (p *peerPool) dial(pc *peerConn, node shardmap.Node) {
+	defer close(pc.ready)
+	ctx, cancel := context.WithTimeout(p.ctx, dialTimeout)
+	defer cancel()
+	// Only node.ID's own node certificate will do: an address taken over
+	// by another node, or by a client, is refused.
+	pc.conn, pc.err = transport.Dial(ctx, node.Addr, transport.VerifyPeer(p.tls, transport.RoleNode, node.ID), p.cfg)
+	if pc.err == nil {
+		p.acct.watch(pc.conn, kindPeer)
+	}
 }
 
 // dropDown closes connections to peers the map says are down, so forwards
@@ -119,6 +132,7 @@ func (p *peerPool) dropDown(m *shardmap.Map) {
 }
 
 func (p *peerPool) close() {
+	p.cancel() // dials in flight end
 	p.mu.Lock()
 	p.mu.closed = true
 	conns := p.mu.conns

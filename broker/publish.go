@@ -579,8 +579,11 @@ func (p *pubSession) finish() {
 	}
 	p.cancel()
 	p.closeLanes()
+	// The last answers may still be corked by a commit, whose uncork may
+	// start a flusher (workers.Add): uncorked first, then every worker,
+	// then the stream closes, with no write of it left running.
+	p.acks.waitUncorked()
 	p.workers.Wait()
-	p.acks.waitUncorked() // the last answers may still be corked by a commit
 	p.s.Close()
 }
 
