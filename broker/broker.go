@@ -58,6 +58,8 @@ type Broker struct {
 
 	ln     *transport.Listener
 	member *ctlclient.Member
+	// missed is the last catch-up to a map epoch that failed (catchup.go).
+	missed catchUpMiss
 
 	// refusals and denials remember which certificate was refused on which
 	// protocol and which principal was denied what, so each is logged once.

@@ -40,8 +40,14 @@
 //     appends it to the local log (committing it inline with AppendNow
 //     when nothing more is buffered and the log is idle) or puts it on
 //     the lane to its owner. Only a peer stream's reader ever waits for a
-//     map (a forward carrying a newer epoch than this broker holds); that
-//     holds back that forwarding lane alone, and nothing else waits on it.
+//     map (a forward carrying a newer epoch than this broker holds), at
+//     most ForwardTimeout for an epoch the control plane cannot give, and
+//     the records needing it that follow within ForwardTimeout fail at
+//     once (catchup.go). The wait holds back that forwarding lane, and
+//     what the forwarder sends on it meanwhile counts against the flow
+//     window of the pair's one connection, which the pair's other lanes
+//     and raft share: a few lanes waiting at once can hold those back
+//     too, for as long.
 //   - A shard's committer (package wal) owns the log's write side; it
 //     calls each record's completion, which writes the answer. While it
 //     runs a commit's completions it corks each publisher stream it

@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"sync"
@@ -312,10 +311,7 @@ func (p *pubSession) resume(w refused, r *shardRoute) {
 		}
 	}
 	if w.epoch > 0 {
-		ctx, cancel := context.WithTimeout(p.ctx, p.b.cfg.ForwardTimeout)
-		_, err := p.b.member.Refresh(ctx, w.epoch)
-		cancel()
-		if err != nil {
+		if _, err := p.b.catchUp(p.ctx, w.epoch); err != nil {
 			p.fail(w.in, &transport.Error{Code: transport.CodeUnavailable,
 				Message: fmt.Sprintf("%s was refused by %s (not the owner at epoch %d) and could not get that map: %v", p.b.cfg.NodeID, w.by, w.epoch, err)})
 			return

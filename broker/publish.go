@@ -349,9 +349,7 @@ func (p *pubSession) dispatch(in inbound, attempt int) {
 	if pub.Epoch > m.Epoch && !p.servesIncarnation(m, pub) {
 		// The forwarder has seen a newer map than ours: catch up before
 		// judging ownership, so a moved shard is never written twice.
-		ctx, cancel := context.WithTimeout(p.ctx, b.cfg.ForwardTimeout)
-		nm, err := b.member.Refresh(ctx, pub.Epoch)
-		cancel()
+		nm, err := b.catchUp(p.ctx, pub.Epoch)
 		if err != nil {
 			p.fail(in, &transport.Error{Code: transport.CodeUnavailable,
 				Message: fmt.Sprintf("%s could not catch up to map epoch %d: %v", b.cfg.NodeID, pub.Epoch, err)})
