@@ -439,6 +439,10 @@ func (b *Broker) refuse(s *quic.Stream, err error) {
 // Close shuts the broker down gracefully: it stops accepting, stops reading
 // new publishes, commits and acknowledges what was already received, then
 // closes connections, leaves the control plane and closes every log.
+// closeLinger is how long Close lets the last answers of the publisher
+// streams it drained leave before it closes the connections.
+const closeLinger = 50 * time.Millisecond
+
 func (b *Broker) Close() error {
 	b.mu.Lock()
 	if b.mu.closing {
@@ -474,6 +478,14 @@ func (b *Broker) Close() error {
 		b.shards.stopGroups() // so that no session waits on a group that cannot commit
 	}
 
+	if len(pubs) > 0 {
+		// The last answers are in quic-go's send buffers; closing the
+		// connections at once discards what is not sent yet (a forwarder
+		// then answered "may or may not have been written" for a record
+		// committed and acked here). quic-go tells no one when a stream's
+		// data is sent, so the answers get closeLinger to leave.
+		time.Sleep(closeLinger)
+	}
 	b.ready.Store(false)
 	b.cancel()
 	b.mu.Lock()

@@ -170,7 +170,7 @@ type lane struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	dead atomic.Bool // set (under mu) once the lane is killed
+	dead atomic.Bool // set (under mu) once the lane takes no more forwards: killed or draining
 
 	// mu guards the stream once open and the forwards awaiting the
 	// owner's answer, by Seq. It is never held across a blocking call.
@@ -178,6 +178,8 @@ type lane struct {
 		sync.Mutex
 		s       *quic.Stream // nil while connecting: nothing has reached the owner
 		pending map[uint64]forwarded
+		killed  bool
+		drain   *time.Timer // bounds a drain (see drain); stopped by kill
 	}
 }
 
@@ -255,7 +257,7 @@ func (p *pubSession) laneTo(node shardmap.Node) *lane {
 		return l
 	}
 	l := &lane{p: p, owner: node.ID, addr: node.Addr}
-	l.w = newDetachedWriter(&p.workers, func(err error) { l.kill(fmt.Errorf("writing to %s: %w", node.ID, err)) })
+	l.w = newDetachedWriter(&p.workers, l.writeFailed)
 	l.ctx, l.cancel = context.WithCancel(p.ctx)
 	l.mu.pending = map[uint64]forwarded{}
 	p.lanes.m[node.ID] = l
@@ -406,15 +408,54 @@ func (p *pubSession) answer(fw forwarded, e *transport.Error) {
 	p.requeue(refused{in: fw.in, attempt: fw.attempt, epoch: e.Epoch, by: e.Owner}, id)
 }
 
+// writeFailed handles the failure of a write on the lane. An owner that
+// stopped reading because it is shutting down (a graceful Close: it
+// cancels the read side of its peer streams with shutting_down) still
+// commits and answers what it read, so the lane drains; any other failure
+// kills it.
+func (l *lane) writeFailed(err error) {
+	var se *quic.StreamError
+	if errors.As(err, &se) && se.Remote && se.ErrorCode == quic.StreamErrorCode(transport.CodeShuttingDown) {
+		l.drain(err)
+		return
+	}
+	l.kill(fmt.Errorf("writing to %s: %w", l.owner, err))
+}
+
+// drain makes the lane take no more forwards (the session opens another
+// lane for the next) while its reader goes on relaying the owner's
+// answers to what it read, until the owner ends the stream. What is still
+// unanswered then, or after ForwardTimeout, fails as unknown outcome
+// (kill). Killing the lane at once threw away the owner's acks of records
+// it committed during its shutdown, answering them "may or may not have
+// been written".
+func (l *lane) drain(cause error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.dead.Load() {
+		return
+	}
+	l.dead.Store(true)
+	l.p.workers.Add(1)
+	l.mu.drain = time.AfterFunc(l.p.b.cfg.ForwardTimeout, func() {
+		defer l.p.workers.Done()
+		l.kill(fmt.Errorf("%s stopped reading (%v) and did not answer the rest within ForwardTimeout", l.owner, cause))
+	})
+}
+
 // kill ends the lane and fails every forward still waiting on it: the owner
 // may or may not have written them, and the publisher must be told so.
 func (l *lane) kill(cause error) {
 	l.mu.Lock()
-	if l.dead.Load() {
+	if l.mu.killed {
 		l.mu.Unlock()
 		return
 	}
+	l.mu.killed = true
 	l.dead.Store(true)
+	if t := l.mu.drain; t != nil && t.Stop() {
+		l.p.workers.Done() // the drain's timer will not run
+	}
 	pending, s := l.mu.pending, l.mu.s
 	l.mu.pending = nil
 	l.mu.Unlock()

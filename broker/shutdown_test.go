@@ -4,7 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/quic-go/quic-go"
 
@@ -75,5 +79,100 @@ func TestGracefulShutdownAcksWhatItCommits(t *testing.T) {
 	again.send(publish(1, "orders", "after restart"))
 	if a := wantAck(t, again.recv(), 1); a.Offset != next {
 		t.Fatalf("offset after restart %d, want %d", a.Offset, next)
+	}
+}
+
+// TestGracefulOwnerShutdownAnswersForwards: an owner that shuts down
+// gracefully answers the forwards it read, and the forwarder relays those
+// answers: a record answered "may or may not have been written" is not
+// in the owner's log. The forwarder once killed the lane at the owner's
+// STOP_SENDING, throwing away the acks of thousands of records the owner
+// committed during its shutdown.
+func TestGracefulOwnerShutdownAnswersForwards(t *testing.T) {
+	ip := startInproc(t, 2, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	owner, via := ip.owner("orders", 0), ip.nonOwner("orders", 0)
+	oi := slices.Index(ip.brokers, owner)
+	ws := openStream(t, ip.dial(via))
+	stop := make(chan struct{})
+	sent := make(chan struct{})
+	var stopOnce sync.Once
+	stopWriter := func() {
+		stopOnce.Do(func() {
+			close(stop)
+			ws.s.CancelWrite(0) // a write blocked on flow control returns
+		})
+		<-sent
+	}
+	defer stopWriter()
+	go func() {
+		defer close(sent)
+		for i := uint64(1); ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			ws.w.Buffer(publish(i, "orders", fmt.Sprint(i)))
+			if i%16 == 0 && ws.w.Flush() != nil {
+				return
+			}
+		}
+	}()
+	unknown := map[string]bool{}
+	acked := 0
+	var closed chan error
+	var closeErr error
+	quiet := time.Time{} // once the owner has closed: read until a second passes without an answer
+	for {
+		if closed != nil && quiet.IsZero() && len(closed) > 0 {
+			closeErr = <-closed
+			stopWriter()
+			quiet = time.Now()
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		if !quiet.IsZero() {
+			deadline = time.Now().Add(time.Second)
+		}
+		ws.s.SetReadDeadline(deadline)
+		f, err := ws.r.Read()
+		if err != nil {
+			if !quiet.IsZero() {
+				break
+			}
+			t.Fatalf("publisher stream through %s: %v", via.NodeID(), err)
+		}
+		switch f := f.(type) {
+		case *transport.Ack:
+			acked++
+		case *transport.Error:
+			if strings.Contains(f.Message, "may or may not") {
+				if len(unknown) == 0 {
+					t.Log(f.Message)
+				}
+				unknown[fmt.Sprint(f.Seq)] = true
+			}
+		}
+		if acked == 2000 && closed == nil {
+			closed = make(chan error, 1)
+			go func() { closed <- owner.Close() }()
+		}
+	}
+	if closeErr != nil {
+		t.Fatal(closeErr)
+	}
+	ip.brokers[oi] = ip.startBroker(oi)
+	recs, err := ip.brokers[oi].shards.mustLog(t, "orders", 0).Read(0, 1<<30, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	written := 0
+	for _, r := range recs {
+		if unknown[string(r.Value)] {
+			written++
+		}
+	}
+	t.Logf("%d acked, %d answered unknown outcome, %d of those in the owner's log", acked, len(unknown), written)
+	if written > 0 {
+		t.Fatalf("%d records the owner committed during its graceful shutdown were answered \"may or may not have been written\"", written)
 	}
 }
