@@ -32,6 +32,8 @@ const (
 	limitPublishInFlight  = "publish_in_flight"
 	limitPublishBytes     = "publish_bytes_per_principal"
 	limitSubscriptionByte = "subscription_bytes_per_principal"
+	limitProducers        = "producers"
+	limitProducerID       = "producer_id_bytes"
 )
 
 // ackReserve is what each record a client publishes is charged beyond its

@@ -6,8 +6,9 @@ package broker
 // owner of its shard writes each (producer id, sequence) at most once, so a
 // producer may retry a record whose outcome it does not know (a lost
 // connection, an unavailable owner) without writing it twice. Sequences
-// are per producer and per shard, start anywhere (1 for a new producer)
-// and go up by one: a producer's records on one shard are committed in
+// are per producer and per shard, start at 1 and go up by one (Publish
+// carries ProducerID of at most transport.MaxProducerIDLen bytes): a
+// producer's records on one shard are committed in
 // sequence order. ProducerSeq 0 means "not idempotent": the producer id is
 // then metadata only, stored with the record as before.
 //
@@ -18,8 +19,13 @@ package broker
 // committed), and when it was last used. A publish of sequence s, where
 // committed <= accepted are the producer's:
 //
-//   - s == accepted+1, or the producer is unknown (new, expired or
-//     evicted): accepted and appended;
+//   - s == accepted+1, or s == 1 and the producer is unknown (new,
+//     expired or evicted): accepted and appended;
+//   - s > 1 and the producer is unknown: unknown_producer (as Kafka's
+//     UNKNOWN_PRODUCER_ID); nothing is written. It may be the retry of a
+//     record written before the producer was forgotten, or follow a first
+//     record that was refused: the client goes on under a new producer
+//     id, which is safe because nothing of this one after it was written;
 //   - committed < s <= accepted (in flight: queued, not yet committed):
 //     not appended again; it waits for the queued record and shares its
 //     outcome (the same ack, marked Duplicate, or the same error);
@@ -45,13 +51,17 @@ package broker
 // appended.
 //
 // The table is bounded: at most Config.MaxProducers producers per shard
-// (past it the least recently used is forgotten), and a producer unused
-// for Config.ProducerExpiry is forgotten on its next use or when room is
-// needed. A forgotten producer is a new one: its next sequence is accepted
-// whatever it is, so a retry that comes after its producer was forgotten
-// is written again. Memory: about 100 bytes per producer plus 16 bytes per
-// remembered ack, at most MaxProducers × (100 + 16 × ProducerWindow) per
-// open shard log (about 40 MiB with the defaults, if 10,000 producers each
+// (past it the least recently used one with nothing in flight is
+// forgotten; when every one has records in flight a new producer is
+// refused limit_exceeded), and a producer unused for
+// Config.ProducerExpiry is forgotten on its next use or when room is
+// needed. A forgotten producer's next record is refused unknown_producer
+// (above), so a retry that comes after its producer was forgotten is
+// never written again under it; the client's new producer id may write it
+// again, as Kafka's producer does after UNKNOWN_PRODUCER_ID. Memory: about
+// 100 bytes per producer plus its id (at most 128 bytes) and 16 bytes per
+// remembered ack, at most MaxProducers × (228 + 16 × ProducerWindow) per
+// open shard log (about 43 MiB with the defaults, if 10,000 producers each
 // published 256 records to the same shard within the expiry).
 //
 // # Rebuilt from the log
@@ -224,6 +234,8 @@ const (
 	admitDuplicate                   // committed: answer ack
 	admitTooOld                      // committed, ack forgotten: duplicate_sequence
 	admitOutOfOrder                  // a gap, or before what is known: out_of_order_sequence
+	admitUnknown                     // a sequence past 1 of a producer not known: unknown_producer
+	admitFull                        // a new producer, and every one known has records in flight: limit_exceeded
 )
 
 type admission struct {
@@ -253,7 +265,18 @@ func (t *producerTable) admit(id string, seq uint64) admission {
 		p = nil
 	}
 	if p == nil {
-		t.makeRoomLocked(now)
+		if seq > 1 {
+			// Not its first record: the producer was forgotten (expired,
+			// evicted, or beyond what a rebuild read), or its first was
+			// refused. What it sent before is unknown here, so this may
+			// be a retry of a record written: refused, never written,
+			// and the client starts a new producer (Kafka's
+			// UNKNOWN_PRODUCER_ID).
+			return admission{kind: admitUnknown}
+		}
+		if !t.makeRoomLocked(now) {
+			return admission{kind: admitFull}
+		}
 		p = &producer{id: strings.Clone(id), floor: seq - 1, committed: seq - 1, accepted: seq - 1}
 		t.mu.byID[p.id] = p
 		t.pushFrontLocked(p)
@@ -382,20 +405,32 @@ func (t *producerTable) forget() {
 // expired reports whether p has been unused for the expiry and has
 // nothing in flight.
 func (t *producerTable) expired(p *producer, now int64) bool {
-	return now-p.seen > int64(t.lim.expiry) && p.accepted == p.committed && !p.enqueuing && len(p.waiters) == 0
+	return now-p.seen > int64(t.lim.expiry) && idle(p)
 }
 
 // makeRoomLocked forgets expired producers from the least recently used
-// end, then the least recently used one if the table is still full.
-func (t *producerTable) makeRoomLocked(now int64) {
+// end, then, while the table is full, the least recently used one with
+// nothing in flight. It reports whether there is room. A producer with a
+// record in flight is never forgotten: its retry would be written again
+// (and any client could make that happen to others' producers by making
+// new ones).
+func (t *producerTable) makeRoomLocked(now int64) bool {
 	for last := t.mu.lru.prev; last != &t.mu.lru && t.expired(last, now); last = t.mu.lru.prev {
 		t.removeLocked(last)
 	}
-	for len(t.mu.byID) >= t.lim.max && t.mu.lru.prev != &t.mu.lru {
-		// Its records in flight still complete: they update the entry
-		// no longer in the table, and answer their waiters.
-		t.removeLocked(t.mu.lru.prev)
+	for p := t.mu.lru.prev; len(t.mu.byID) >= t.lim.max && p != &t.mu.lru; {
+		prev := p.prev
+		if idle(p) {
+			t.removeLocked(p)
+		}
+		p = prev
 	}
+	return len(t.mu.byID) < t.lim.max
+}
+
+// idle reports whether p has nothing in flight.
+func idle(p *producer) bool {
+	return p.accepted == p.committed && !p.enqueuing && len(p.waiters) == 0
 }
 
 func (t *producerTable) removeLocked(p *producer) {
@@ -619,6 +654,14 @@ func (p *pubSession) admitIdempotent(in inbound, e *shardEntry, shard int, via s
 					pub.ProducerID, pub.ProducerSeq, t.shard, a.floor+1)
 			}
 			p.fail(in, &transport.Error{Code: transport.CodeOutOfOrderSequence, Owner: b.cfg.NodeID, Message: msg})
+		case admitUnknown:
+			p.fail(in, &transport.Error{Code: transport.CodeUnknownProducer, Owner: b.cfg.NodeID,
+				Message: fmt.Sprintf("producer %q is not known on %s (forgotten, or its first record was refused) and sent sequence %d: a producer starts at 1; nothing was written",
+					pub.ProducerID, t.shard, pub.ProducerSeq)})
+		case admitFull:
+			msg := fmt.Sprintf("%s has %d idempotent producers, each with records in flight (MaxProducers): no room for producer %q; nothing was written", t.shard, t.lim.max, pub.ProducerID)
+			b.limits.hit(limitProducers, p.from.principal+p.peerID, msg)
+			p.fail(in, &transport.Error{Code: transport.CodeLimitExceeded, Owner: b.cfg.NodeID, Message: msg})
 		case admitWait:
 			w := func(ack seqAck, err error) {
 				switch {

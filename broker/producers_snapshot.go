@@ -58,7 +58,7 @@ func (t *producerTable) snapshotState(budget int) []byte {
 	for p := t.mu.lru.next; p != &t.mu.lru; p = p.next {
 		need := producerEntryMax + binary.MaxVarintLen64 + len(p.id) + min(p.n, 1)*producerAckMax // with its last ack
 		if need > left {
-			break
+			continue // a long id must not crowd out the producers after it
 		}
 		left -= need
 		carried = append(carried, p)

@@ -65,7 +65,8 @@ func TestProducerStateRoundTrip(t *testing.T) {
 	check("b", 5, admitDuplicate)
 	check("b", 4, admitOutOfOrder) // before anything known of b
 	check("c", 1, admitDuplicate)
-	check("stale", 2, admitAppend) // forgotten: a new producer
+	check("stale", 2, admitUnknown) // forgotten
+	check("stale", 1, admitAppend)  // a new producer
 }
 
 // The state fits its budget: the most recently used producers first,

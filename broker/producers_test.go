@@ -77,9 +77,15 @@ func TestIdempotentPublish(t *testing.T) {
 	if a := wantAck(t, ws.roundTrip(idem(22, "idem", "p1", 6, "six")), 22); a.Duplicate || a.Offset != offsets[4]+1 {
 		t.Fatalf("sequence 6: %+v", a)
 	}
-	// A producer first seen at sequence 100 knows nothing before it.
-	wantAck(t, ws.roundTrip(idem(23, "idem", "p2", 100, "p2")), 23)
-	wantCode(t, ws.roundTrip(idem(24, "idem", "p2", 99, "p2-old")), 24, transport.CodeOutOfOrderSequence)
+	// A producer not known, at a sequence past 1: it may be a retry of
+	// a record written before the producer was forgotten. Refused,
+	// unknown_producer; it starts at 1.
+	e = wantCode(t, ws.roundTrip(idem(23, "idem", "p2", 100, "p2-forgotten")), 23, transport.CodeUnknownProducer)
+	if !errors.Is(e, transport.ErrUnknownProducer) {
+		t.Fatalf("%v does not match ErrUnknownProducer", e)
+	}
+	wantAck(t, ws.roundTrip(idem(24, "idem", "p2", 1, "p2")), 24)
+	wantCode(t, ws.roundTrip(idem(27, "idem", "p2", 100, "p2-gap")), 27, transport.CodeOutOfOrderSequence)
 	// Sequence 0 is metadata only: written every time.
 	wantAck(t, ws.roundTrip(idem(25, "idem", "p1", 0, "zero")), 25)
 	wantAck(t, ws.roundTrip(idem(26, "idem", "p1", 0, "zero")), 26)
@@ -130,7 +136,7 @@ func TestIdempotentPublishAfterRestart(t *testing.T) {
 	var acks []*transport.Ack
 	for i := uint64(1); i <= 3; i++ {
 		acks = append(acks, wantAck(t, ws.roundTrip(idem(i, "rs", "pr", i, "r")), i))
-		wantAck(t, ws.roundTrip(idem(100+i, "rs", "other", 10+i, "o")), 100+i) // interleaved
+		wantAck(t, ws.roundTrip(idem(100+i, "rs", "other", i, "o")), 100+i) // interleaved
 	}
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
@@ -145,7 +151,7 @@ func TestIdempotentPublishAfterRestart(t *testing.T) {
 		}
 	}
 	wantCode(t, ws.roundTrip(idem(5, "rs", "pr", 5, "gap")), 5, transport.CodeOutOfOrderSequence)
-	wantAck(t, ws.roundTrip(idem(6, "rs", "other", 13, "o")), 6)
+	wantAck(t, ws.roundTrip(idem(6, "rs", "other", 3, "o")), 6) // a duplicate
 	if a := wantAck(t, ws.roundTrip(idem(7, "rs", "pr", 4, "r4")), 7); a.Duplicate || a.Offset != 6 {
 		t.Fatalf("sequence 4 after restart: %+v, want a new record at offset 6", a)
 	}
@@ -199,14 +205,50 @@ func TestProducerTableInFlight(t *testing.T) {
 	if d := tab.admit("p", 1); d.kind != admitDuplicate || d.ack.offset != 40 {
 		t.Fatalf("1: %+v", d)
 	}
-	// Bounded: a third producer evicts the least recently used.
-	tab.enqueued(tab.admit("q", 1).p)
-	tab.enqueued(tab.admit("r", 1).p)
-	if n := tab.size(); n != 2 {
-		t.Fatalf("%d producers, want 2", n)
+	// Bounded: a third producer evicts the least recently used one with
+	// nothing in flight (p); with every one in flight, no room is made.
+	q := tab.admit("q", 1)
+	tab.enqueued(q.p)
+	r = tab.admit("r", 1)
+	if r.kind != admitAppend || tab.size() != 2 {
+		t.Fatalf("a third producer: %v, %d producers; want admitAppend and 2", r.kind, tab.size())
 	}
-	if a := tab.admit("p", 9); a.kind != admitAppend {
-		t.Fatalf("an evicted producer is new: %v", a.kind)
+	tab.enqueued(r.p)
+	if a := tab.admit("s", 1); a.kind != admitFull {
+		t.Fatalf("a new producer while both known have records in flight: %v; want admitFull", a.kind)
+	}
+	tab.committed(q.p, 1, 42, 101, nil)
+	if a := tab.admit("s", 1); a.kind != admitAppend {
+		t.Fatalf("a new producer once q's record committed: %v; want admitAppend", a.kind)
+	}
+	if a := tab.admit("p", 3); a.kind != admitUnknown {
+		t.Fatalf("an evicted producer's next sequence: %v, want admitUnknown", a.kind)
+	}
+}
+
+// TestProducerInFlightNeverEvicted: a producer with a record in flight
+// stays known when new producers fill the table, so that its retry is
+// answered, not written again; a new producer with no room is refused.
+// Eviction once took the least recently used producer whatever it had in
+// flight, and any client could make others' retries duplicates by making
+// new producers.
+func TestProducerInFlightNeverEvicted(t *testing.T) {
+	tab := newProducerTable("s/0", producerLimits{max: 2, expiry: time.Hour, window: 8})
+	victim := tab.admit("victim", 1)
+	tab.enqueued(victim.p)
+	for i := range 3 {
+		a := tab.admit(fmt.Sprint("hostile-", i), 1)
+		if a.kind != admitAppend {
+			if i == 0 || a.kind != admitFull {
+				t.Fatalf("hostile producer %d: %v", i, a.kind)
+			}
+			continue
+		}
+		tab.enqueued(a.p)
+		tab.committed(a.p, 1, uint64(i), 1, nil)
+	}
+	if a := tab.admit("victim", 1); a.kind != admitWait {
+		t.Fatalf("the victim's retry of its record in flight: %v, want admitWait", a.kind)
 	}
 }
 
@@ -226,12 +268,12 @@ func TestProducerTableForget(t *testing.T) {
 	if n := tab.size(); n != 0 {
 		t.Fatalf("%d producers after forget", n)
 	}
-	if a := tab.admit("p", 8); a.kind != admitAppend {
-		t.Fatalf("8 after forget: %v, want admitAppend", a.kind)
+	if a := tab.admit("p", 8); a.kind != admitUnknown {
+		t.Fatalf("8 after forget: %v, want admitUnknown", a.kind)
 	}
 	tab.committed(inflight.p, 1, 31, time.Now().UnixNano(), nil) // completes on the forgotten entry
-	if a := tab.admit("q", 2); a.kind != admitAppend {
-		t.Fatalf("q's next after forget: %v, want admitAppend", a.kind)
+	if a := tab.admit("q", 2); a.kind != admitUnknown {
+		t.Fatalf("q's next after forget: %v, want admitUnknown", a.kind)
 	}
 }
 

@@ -295,6 +295,14 @@ func (p *pubSession) refuseSkipped(werr *transport.Error) bool {
 // headers'.
 func (p *pubSession) checkRecord(pub *transport.Publish, size, hlen int) *transport.Error {
 	cfg, who := &p.b.cfg, p.from.principal+p.peerID
+	if len(pub.ProducerID) > transport.MaxProducerIDLen {
+		// Each producer id is kept by the shard's producer table (up to
+		// MaxProducers of them, for ProducerExpiry): its length bounds
+		// what one client can make the table hold.
+		msg := fmt.Sprintf("producer id of %d bytes; the limit is %d", len(pub.ProducerID), transport.MaxProducerIDLen)
+		p.b.limits.hit(limitProducerID, who, msg)
+		return &transport.Error{Code: transport.CodeInvalid, Message: msg}
+	}
 	if len(pub.Headers) > cfg.MaxHeaders {
 		msg := fmt.Sprintf("record has %d headers; the broker's limit is %d (MaxHeaders)", len(pub.Headers), cfg.MaxHeaders)
 		p.b.limits.hit(limitHeaders, who, msg)

@@ -114,8 +114,9 @@ func TestReplicatedIdempotentPublish(t *testing.T) {
 	if a1.Duplicate || !a2.Duplicate || a1.Offset != a2.Offset || a1.Offset != offsets[4]+2 {
 		t.Fatalf("sequence 7 sent twice: %+v and %+v, want one ack at offset %d and the same marked duplicate", a1, a2, offsets[4]+2)
 	}
-	wantAck(t, viaF.roundTrip(idem(26, "r3", "p2", 100, "p2")), 26)
-	wantCode(t, viaF.roundTrip(idem(27, "r3", "p2", 99, "p2-old")), 27, transport.CodeOutOfOrderSequence)
+	wantCode(t, viaF.roundTrip(idem(30, "r3", "p2", 100, "p2-forgotten")), 30, transport.CodeUnknownProducer)
+	wantAck(t, viaF.roundTrip(idem(26, "r3", "p2", 1, "p2")), 26)
+	wantCode(t, viaF.roundTrip(idem(27, "r3", "p2", 100, "p2-gap")), 27, transport.CodeOutOfOrderSequence)
 	wantAck(t, viaL.roundTrip(idem(28, "r3", "p1", 0, "zero")), 28)
 	wantAck(t, viaL.roundTrip(idem(29, "r3", "p1", 0, "zero")), 29)
 
@@ -132,8 +133,8 @@ func TestReplicatedIdempotentPublish(t *testing.T) {
 		if s := committedSeq(b, id, "p1"); s != 7 {
 			t.Fatalf("%s's producer table has p1 at %d, want 7", b.NodeID(), s)
 		}
-		if s := committedSeq(b, id, "p2"); s != 100 {
-			t.Fatalf("%s's producer table has p2 at %d, want 100", b.NodeID(), s)
+		if s := committedSeq(b, id, "p2"); s != 1 {
+			t.Fatalf("%s's producer table has p2 at %d, want 1", b.NodeID(), s)
 		}
 	}
 }
@@ -195,7 +196,7 @@ func TestReplicatedIdempotentAfterRestart(t *testing.T) {
 	var acks []*transport.Ack
 	for i := uint64(1); i <= 3; i++ {
 		acks = append(acks, wantAck(t, ws.roundTrip(idem(i, "r3", "pr", i, "r")), i))
-		wantAck(t, ws.roundTrip(idem(100+i, "r3", "other", 10+i, "o")), 100+i) // interleaved
+		wantAck(t, ws.roundTrip(idem(100+i, "r3", "other", i, "o")), 100+i) // interleaved
 	}
 	waitReplicas(t, ip.brokers, id, 6)
 	ws.s.Close()
@@ -215,7 +216,7 @@ func TestReplicatedIdempotentAfterRestart(t *testing.T) {
 			t.Fatalf("retry of sequence %d after the restart: %+v, want the original ack at offset %d", s, a, acks[s-1].Offset)
 		}
 	}
-	if a := wantAck(t, ws.roundTrip(idem(20, "r3", "other", 14, "o")), 20); a.Duplicate || a.Offset != 6 {
+	if a := wantAck(t, ws.roundTrip(idem(20, "r3", "other", 4, "o")), 20); a.Duplicate || a.Offset != 6 {
 		t.Fatalf("next sequence after the restart: %+v, want offset 6", a)
 	}
 }

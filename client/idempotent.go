@@ -24,7 +24,12 @@ package client
 // written and fails; the records sent after it to the same shard would be
 // refused out of order, so they are sent again under a fresh producer id
 // of that shard, sequences from 1. (They cannot have been written under
-// the old id: the owner accepts sequence n+1 of an id only after n.)
+// the old id: the owner accepts sequence n+1 of an id only after n, and
+// sequence 1 only of an id it does not know.) A record the owner answers
+// unknown_producer (it forgot the id: expiry, eviction, a restart) was not
+// written, nor was anything after it under that id: it and they are sent
+// again under a fresh id. A record that did not encode (too large for a
+// frame) gives its sequence back.
 //
 // Retries are bounded: when a record has stayed unresolved for the retry
 // timeout (WithRetryTimeout), the publisher gives up on every unresolved
@@ -142,12 +147,48 @@ func (st *idemState) refused(frame *transport.Publish) {
 	if frame == nil || frame.ProducerSeq == 0 {
 		return
 	}
+	st.note(frame.Stream, frame.Shard, refusal{id: frame.ProducerID, seq: frame.ProducerSeq})
+}
+
+// note keeps r, the records after which are renumbered, if it is the
+// shard's first or lowest.
+func (st *idemState) note(stream string, shard int32, r refusal) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	k := shardKey{frame.Stream, frame.Shard}
-	if r, ok := st.mu.refused[k]; !ok || r.id != frame.ProducerID || frame.ProducerSeq < r.seq {
-		st.mu.refused[k] = refusal{id: frame.ProducerID, seq: frame.ProducerSeq}
+	k := shardKey{stream, shard}
+	if old, ok := st.mu.refused[k]; !ok || old.id != r.id || r.seq < old.seq {
+		st.mu.refused[k] = r
 	}
+}
+
+// forgotten notes that the owner does not know the producer id of the
+// record sent as frame (unknown_producer): neither it nor anything after
+// it under that id was written, and they are renumbered under a new id
+// when sent again.
+func (st *idemState) forgotten(frame *transport.Publish) {
+	if frame == nil || frame.ProducerSeq == 0 {
+		return
+	}
+	st.note(frame.Stream, frame.Shard, refusal{id: frame.ProducerID, seq: frame.ProducerSeq - 1})
+}
+
+// unsent handles a record that was not sent (it did not encode): its
+// sequence is given back if none was taken after it (the caller holds the
+// session's mu, under which sequences are taken), else it is skipped as
+// refused.
+func (st *idemState) unsent(frame *transport.Publish) {
+	if frame == nil || frame.ProducerSeq == 0 {
+		return
+	}
+	st.mu.Lock()
+	sh := st.mu.shards[shardKey{frame.Stream, frame.Shard}]
+	if sh != nil && sh.id == frame.ProducerID && sh.last == frame.ProducerSeq {
+		sh.last--
+		st.mu.Unlock()
+		return
+	}
+	st.mu.Unlock()
+	st.refused(frame)
 }
 
 // unresolve takes records whose outcome became unknown (cause) to send
@@ -346,7 +387,7 @@ func retriable(err error) bool {
 	}
 	switch werr.Code {
 	case transport.CodeUnavailable, transport.CodeShuttingDown, transport.CodeTimeout, transport.CodeInternal,
-		transport.CodeNotOwner, transport.CodeOutOfOrderSequence:
+		transport.CodeNotOwner, transport.CodeOutOfOrderSequence, transport.CodeUnknownProducer:
 		return true
 	}
 	return errors.Is(err, ErrConnectionLost) // a stream-level error ended the stream

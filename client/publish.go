@@ -279,7 +279,7 @@ func (s *pubSession) send(f *Future, p *transport.Publish) error {
 	if err := s.w.Buffer(p); err != nil {
 		// It did not encode (too large, say): nothing was sent.
 		if s.idem != nil {
-			s.idem.refused(p) // its sequence is skipped: renumber what follows
+			s.idem.unsent(p) // its sequence is taken back, or skipped
 		}
 		s.mu.Unlock()
 		f.resolve(Ack{}, s.publishErr(f, err))
@@ -446,6 +446,15 @@ func (s *pubSession) readLoop() {
 			}
 		case *transport.Error:
 			if s.idem != nil && f.Seq != 0 && f.Code != transport.CodeDuplicateSequence {
+				if f.Code == transport.CodeUnknownProducer {
+					// Not written, nor anything after it under its
+					// producer id: they are sent again under a new one.
+					s.mu.Lock()
+					if fut := s.mu.pending[f.Seq]; fut != nil {
+						s.idem.forgotten(fut.idem.frame)
+					}
+					s.mu.Unlock()
+				}
 				if retriable(f) {
 					// Send this one and every record after it again,
 					// in order, on a new stream.

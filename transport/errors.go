@@ -48,6 +48,12 @@ const (
 	// INVALID_REPLICATION_FACTOR); add brokers or create it with fewer
 	// replicas.
 	CodeReplicationFactor ErrorCode = 20
+	// CodeUnknownProducer: an idempotent publish sent a sequence past 1
+	// for a producer the shard does not know (it was forgotten: expired,
+	// evicted, or not found after a restart; or its first record was
+	// refused); nothing was written. Like Kafka's UNKNOWN_PRODUCER_ID: the
+	// client goes on under a new producer id, from sequence 1.
+	CodeUnknownProducer ErrorCode = 21
 )
 
 var codeNames = [...]string{
@@ -72,6 +78,7 @@ var codeNames = [...]string{
 	CodeDuplicateSequence:  "duplicate_sequence",
 	CodeCorrupt:            "corrupt",
 	CodeReplicationFactor:  "replication_factor",
+	CodeUnknownProducer:    "unknown_producer",
 }
 
 // String returns the snake-case name of c, such as "not_owner", or
@@ -107,6 +114,7 @@ var (
 	ErrDuplicateSequence  = &Error{Code: CodeDuplicateSequence}
 	ErrCorrupt            = &Error{Code: CodeCorrupt}
 	ErrReplicationFactor  = &Error{Code: CodeReplicationFactor}
+	ErrUnknownProducer    = &Error{Code: CodeUnknownProducer}
 )
 
 // Error is both a frame (sent either way on a stream) and the Go error type

@@ -11,7 +11,7 @@ type Publish struct {
 	Key         []byte
 	Value       []byte
 	Headers     map[string]string // W3C traceparent etc.
-	ProducerID  string
+	ProducerID  string            // an idempotent publisher's id on the shard: up to MaxProducerIDLen bytes
 	ProducerSeq uint64
 	Epoch       uint64 // set by a forwarding broker: the map epoch it routed by
 	Via         string // set by a forwarding broker: its node id
@@ -21,6 +21,10 @@ type Publish struct {
 	// shard on itself, need not wait for the newer map.
 	Created uint64
 }
+
+// MaxProducerIDLen bounds [Publish.ProducerID]: a broker refuses a longer
+// one as invalid (the SDK's are about 20 bytes).
+const MaxProducerIDLen = 128
 
 // publishFields is the fields a Publish is sent with; one without Created
 // (a client's, or from a peer of an earlier version) has publishFieldsMin.
