@@ -803,3 +803,33 @@ func TestErrors(t *testing.T) {
 		t.Error("Timeout() wrong")
 	}
 }
+
+// TestHeadersDecodeBounded: a header map declaring many entries that are
+// all one key is malformed, and no map is sized for the declared count.
+// It was accepted as one header in a map sized for 500,000 (about 40 MiB
+// per 1 MB record, kept by the shard's in-memory tail).
+func TestHeadersDecodeBounded(t *testing.T) {
+	pub := body(&Publish{Stream: "s", Value: []byte("v"), Headers: map[string]string{"": ""}})
+	one := []byte{0x81, 0xa0, 0xa0}
+	at := bytes.Index(pub, one)
+	if at < 0 {
+		t.Fatal("header map not found in the encoded publish")
+	}
+	const n = 100_000
+	dup := binary.BigEndian.AppendUint32([]byte{0xdf}, n)
+	dup = append(dup, bytes.Repeat([]byte{0xa0, 0xa0}, n)...)
+	b := append(append(bytes.Clone(pub[:at]), dup...), pub[at+len(one):]...)
+	var err error
+	allocated := testing.Benchmark(func(tb *testing.B) {
+		tb.ReportAllocs()
+		for range tb.N {
+			_, err = DecodeFrame(FramePublish, b)
+		}
+	}).AllocedBytesPerOp()
+	if !errors.Is(err, ErrMalformed) {
+		t.Fatalf("a header given %d times: %v, want malformed", n, err)
+	}
+	if allocated > 2*int64(len(b)) { // a copy of the body at most, not a map for every entry
+		t.Fatalf("decoding a %d-byte body allocated %d bytes", len(b), allocated)
+	}
+}

@@ -440,11 +440,19 @@ func (d *decoder) headers() map[string]string {
 	if n < 0 {
 		return nil
 	}
-	m := make(map[string]string, n)
+	// The map grows with its distinct keys, not with the count a frame
+	// declares: a header map declaring 500,000 copies of one key once
+	// sized a map for all of them, which the shard's tail then kept
+	// (tens of MiB per record). A key given twice is malformed.
+	m := make(map[string]string, min(n, 16))
 	for range n {
 		k := d.str()
 		v := d.str()
 		if d.err != nil {
+			return nil
+		}
+		if _, dup := m[k]; dup {
+			d.fail("header %q given twice", k)
 			return nil
 		}
 		m[k] = v
