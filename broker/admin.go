@@ -20,6 +20,9 @@ import (
 // requests; it asks only to admit its replica (opReplicaAdmit).
 func (b *Broker) serveRequest(s *quic.Stream, req *transport.Request, from caller) {
 	defer s.Close()
+	// One request per stream: what a client sends after it is never read,
+	// and must not sit in the connection's flow-control window.
+	defer s.CancelRead(0)
 	w := transport.NewWriter(s)
 	if req.Op == opReplicaAdmit {
 		b.serveAdmit(w, req, from)
@@ -27,6 +30,12 @@ func (b *Broker) serveRequest(s *quic.Stream, req *transport.Request, from calle
 	}
 	if from.principal == "" {
 		w.Write(b.authorize(b.member.Map(), from, auth.Action(req.Op), ""))
+		return
+	}
+	if req.Op == opReplicaSettled {
+		// A broker's own request to the control plane, never a client's
+		// to relay.
+		w.Write(&transport.Error{Code: transport.CodeUnauthorized, Message: fmt.Sprintf("%s is a broker's own request", req.Op)})
 		return
 	}
 	if req.Op == "map.get" {

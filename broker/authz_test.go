@@ -35,6 +35,13 @@ func TestAuthorization(t *testing.T) {
 	del := openStream(t, bob)
 	del.send(&transport.Request{Op: "stream.delete", Stream: shardmap.StreamConfig{Name: "orders"}})
 	wantError(t, del.recv(), transport.ErrUnauthorized)
+	// A broker's own request to the control plane is not relayed for a
+	// client: relayed, it settled a replica move and was answered with
+	// the whole map, ACL included.
+	settle := openStream(t, bob)
+	settle.send(&transport.Request{Op: opReplicaSettled, Stream: shardmap.StreamConfig{Name: "orders"},
+		Move: &transport.ReplicaMove{Shard: 0, To: other.NodeID(), ID: 1}})
+	wantError(t, settle.recv(), transport.ErrUnauthorized)
 	if next := ip.logOf(owner, "orders", 0).NextOffset(); next != 0 {
 		t.Fatalf("a denied publish was written: next offset %d", next)
 	}

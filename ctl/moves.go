@@ -292,6 +292,11 @@ func (s *Server) serveSettled(conn *quic.Conn, w *transport.Writer, req *transpo
 	switch {
 	case err != nil:
 		err = transport.Errorf(transport.CodeUnauthorized, "%s needs a node certificate: %v", OpReplicaSettled, err)
+	case req.Principal != "":
+		// Relayed by a broker for one of its clients: only a broker's own
+		// request may settle a move (a client relayed it and was answered
+		// with the whole map, ACL included).
+		err = transport.Errorf(transport.CodeUnauthorized, "%s is a broker's own request; %q may not make it", OpReplicaSettled, req.Principal)
 	case req.Move == nil || req.Move.ID == 0:
 		err = transport.Errorf(transport.CodeInvalid, "%s names no move", OpReplicaSettled)
 	case id.Role == transport.RoleCtl:

@@ -422,6 +422,14 @@ func TestMoveReplicaServer(t *testing.T) {
 	if _, err := admin.Request(ctx, settled); !errors.Is(err, transport.ErrUnauthorized) {
 		t.Fatalf("a client settled %s's move: %v, want unauthorized", out, err)
 	}
+	// Relayed by the target broker for a client (it carries the client's
+	// principal): refused too. It once settled the move, and answered
+	// with the whole map, ACL included.
+	relayed := *settled
+	relayed.Principal = "nobody"
+	if _, err := members[out].Request(ctx, &relayed); !errors.Is(err, transport.ErrUnauthorized) {
+		t.Fatalf("a client's settle relayed by %s: %v, want unauthorized", out, err)
+	}
 	if n, _ := srvPlacement(srv).Pending(1); n != out {
 		t.Fatalf("a refused settle changed the pending move to %q", n)
 	}
