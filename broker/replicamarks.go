@@ -86,24 +86,37 @@ func (m *replicaMarks) has(id shardmap.ShardID) bool {
 	return m.ids[id.String()]
 }
 
-// add marks id, durably, before its replica's state is first written.
-func (m *replicaMarks) add(id shardmap.ShardID) error {
+// add marks ids, durably (one write and one fdatasync), before their
+// replicas' state is first written.
+func (m *replicaMarks) add(ids ...shardmap.ShardID) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	key := id.String()
-	if m.ids[key] {
+	var keys []string
+	var lines strings.Builder
+	for _, id := range ids {
+		if key := id.String(); !m.ids[key] {
+			m.ids[key] = true
+			keys = append(keys, key)
+			lines.WriteString(key + "\n")
+		}
+	}
+	if len(keys) == 0 {
 		return nil
 	}
-	m.ids[key] = true
+	undo := func() {
+		for _, key := range keys {
+			delete(m.ids, key)
+		}
+	}
 	if m.rewrite {
 		if err := m.writeLocked(); err != nil {
-			delete(m.ids, key)
+			undo()
 			return err
 		}
 		return nil
 	}
-	if err := m.appendLocked(key); err != nil {
-		delete(m.ids, key)
+	if err := m.appendLocked(lines.String()); err != nil {
+		undo()
 		m.closeAppendLocked()
 		m.rewrite = true // whatever the failed append left is replaced
 		return err
@@ -111,8 +124,9 @@ func (m *replicaMarks) add(id shardmap.ShardID) error {
 	return nil
 }
 
-// appendLocked appends id's line to the file and fdatasyncs it.
-func (m *replicaMarks) appendLocked(id string) error {
+// appendLocked appends lines (each ended by a newline) to the file and
+// fdatasyncs it.
+func (m *replicaMarks) appendLocked(lines string) error {
 	if m.app == nil {
 		f, err := m.root.OpenFile(replicaMarksFile, os.O_WRONLY|os.O_APPEND, 0)
 		if err != nil {
@@ -120,7 +134,7 @@ func (m *replicaMarks) appendLocked(id string) error {
 		}
 		m.app = f
 	}
-	if _, err := m.app.WriteString(id + "\n"); err != nil {
+	if _, err := m.app.WriteString(lines); err != nil {
 		return fmt.Errorf("append to %s in %s: %w", replicaMarksFile, m.root.Name(), err)
 	}
 	if err := tidseg.Fdatasync(m.app); err != nil {

@@ -124,11 +124,19 @@ var (
 // a replica set is placed only over members, and a member's broker has
 // run with its data directory, so those replicas existed and are gone.
 // Each rejoins its group under a new raft id when it opens (rejoin.go).
+//
+// The lost replicas are marked (replicaMarks) before the fresh marker is
+// removed, so a broker that stops before it opened them all still treats
+// them as lost when it starts again: they were once opened empty under
+// their old raft ids, as voters that had forgotten their votes and log,
+// and could elect a replica lacking acked records.
 func (s *shardSet) noteLostLocked(m *shardmap.Map) {
 	var ids []string
+	var lost []shardmap.ShardID
 	for _, id := range m.ReplicatedBy(s.node) {
 		if st, ok := m.Stream(id.Stream); ok && st.Replicas > 1 {
 			s.mu.lost[id] = true
+			lost = append(lost, id)
 			if len(ids) < maxListed {
 				ids = append(ids, id.String())
 			}
@@ -138,7 +146,18 @@ func (s *shardSet) noteLostLocked(m *shardmap.Map) {
 		s.logger.Error("this broker started with no shard data, but the map names it a replica of replicated shards: those replicas were lost with the data directory; each joins its group again under a new raft id and is caught up by the others",
 			"replicas", len(s.mu.lost), "first", ids, "dir", s.root.Name())
 	}
+	if err := s.marks.add(lost...); err != nil {
+		s.logger.Error("could not mark the lost replicas; this broker starts as fresh again next time", "err", err)
+		return
+	}
+	if err := s.root.Remove(freshFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.logger.Warn("could not remove the fresh-start marker; this broker starts as fresh again next time", "err", err)
+	}
 }
+
+// freshFile, at the top of the shard data directory, says the broker
+// started with none and has not yet marked the replicas it lost with it.
+const freshFile = ".fresh"
 
 // entryBytes is the largest raft entry of a replicated shard: room for
 // one record of MaxPayload and its framing.

@@ -361,21 +361,7 @@ func TestEmptiedReplicaDirRejoins(t *testing.T) {
 	ip.brokers[i] = ip.startBroker(i)
 	b := ip.brokers[i]
 
-	deadline := time.Now().Add(waitFor)
-	for {
-		if e := groupOf(b, lostID); e != nil {
-			if e.group.ID() == oldID {
-				t.Fatalf("%s opened its emptied replica of %s under its old raft id %d", b.NodeID(), lostID, oldID)
-			}
-			if membership(e.group) == replica.Voter && e.sl.NextOffset() >= 4 {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s's new replica of %s did not become a caught-up voter within %v", b.NodeID(), lostID, waitFor)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitRejoined(t, b, lostID, oldID, 4)
 	newID := groupOf(b, lostID).group.ID()
 	if slotOf(newID) != slotOf(oldID) {
 		t.Fatalf("new raft id %d is in slot %d, the old one %d in %d", newID, slotOf(newID), oldID, slotOf(oldID))
@@ -401,7 +387,7 @@ func TestEmptiedReplicaDirRejoins(t *testing.T) {
 	}
 	ip.brokers[third] = ip.startBroker(third)
 
-	deadline = time.Now().Add(waitFor)
+	deadline := time.Now().Add(waitFor)
 	for e := groupOf(b, keptID); e == nil || e.sl.NextOffset() < 3; e = groupOf(b, keptID) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s's replica of %s did not open with its records", b.NodeID(), keptID)
@@ -936,3 +922,54 @@ func TestReplicasOpenPastTheBudget(t *testing.T) {
 }
 
 func isAck(f transport.Frame) bool { _, ok := f.(*transport.Ack); return ok }
+
+// TestWipedBrokerStoppedBeforeItsFirstMap: a broker whose data directory
+// was lost, and which stops before its first map (the control plane was
+// unreachable, a crash), still treats its replicas as lost when it starts
+// again: each joins under a new raft id. It once took the shard data
+// directory its first start created for its own, and opened the empty
+// replica under its old raft id, a voter that had forgotten its votes and
+// log, which could elect a replica lacking acked records.
+func TestWipedBrokerStoppedBeforeItsFirstMap(t *testing.T) {
+	ip := startInprocWith(t, fastRaft, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	id := shardmap.ShardID{Stream: "r3", Shard: 0}
+	leader := waitOwnerLeads(t, ip, ip.brokers, id)
+	if f := publishVia(t, ip, leader, "r3", 0, 1, "acked"); f.Type() != transport.FrameAck {
+		t.Fatalf("publish: %T %+v", f, f)
+	}
+	i := slices.IndexFunc(ip.brokers, func(b *Broker) bool { return b != leader })
+	victim := ip.brokers[i]
+	oldID := groupOf(victim, id).group.ID()
+	if err := victim.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(ip.dir, victim.NodeID())); err != nil {
+		t.Fatal(err)
+	}
+	if err := ip.newBroker(i).Close(); err != nil { // New makes the data directory; no map came
+		t.Fatal(err)
+	}
+	ip.brokers[i] = ip.startBroker(i)
+	waitRejoined(t, ip.brokers[i], id, oldID, 1)
+}
+
+// waitRejoined waits until b's replica of id, which was lost, is a voter
+// under a raft id other than oldID holding at least next records.
+func waitRejoined(t *testing.T, b *Broker, id shardmap.ShardID, oldID, next uint64) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		if e := groupOf(b, id); e != nil {
+			if e.group.ID() == oldID {
+				t.Fatalf("%s opened its lost replica of %s under its old raft id %d", b.NodeID(), id, oldID)
+			}
+			if membership(e.group) == replica.Voter && e.sl.NextOffset() >= next {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's new replica of %s did not become a caught-up voter within %v", b.NodeID(), id, waitFor)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -261,6 +261,18 @@ func newShardSet(cfg Config, log *slog.Logger, tel *telemetry) (*shardSet, error
 	for _, id := range cfg.AcceptLoss {
 		s.acceptLoss[id] = true
 	}
+	// Fresh until the first map's lost replicas are marked (noteLostLocked):
+	// a broker that stops before that must start fresh again, not open
+	// those replicas empty under their old raft ids.
+	if fresh {
+		err = atomicfile.WriteFileIn(root, freshFile, nil, 0o640)
+	} else if _, serr := root.Stat(freshFile); serr == nil {
+		fresh = true
+	}
+	if err != nil {
+		root.Close()
+		return nil, err
+	}
 	s.fresh = fresh
 	if s.marks, err = loadReplicaMarks(root); err != nil {
 		root.Close()
