@@ -134,3 +134,33 @@ func publishOnce(ctx context.Context, conn *quic.Conn) error {
 	}
 	return nil
 }
+
+// TestRevokeEndsSubscriptions: revoking a principal's subscribe
+// permission ends its live subscriptions with unauthorized, the idle one
+// (waiting for records) and the one waiting for credit alike; they once
+// went on receiving every record published after the revoke.
+func TestRevokeEndsSubscriptions(t *testing.T) {
+	ip := startLimited(t, 1, func(c *Config) {})
+	b := ip.brokers[0]
+	live := openStream(t, ip.dialAs(b, "mallory"))
+	live.send(&transport.Subscribe{Stream: "orders", Start: transport.StartEarliest, Credit: 100})
+	starved := openStream(t, ip.dialAs(b, "mallory"))
+	starved.send(&transport.Subscribe{Stream: "orders", Start: transport.StartEarliest, Credit: 1})
+	admin := openStream(t, ip.dial(b))
+	admin.send(publish(1, "orders", "before"))
+	wantAck(t, admin.recv(), 1)
+	for _, s := range []*wireStream{live, starved} {
+		if r, ok := s.recv().(*transport.Records); !ok || string(r.Records[0].Value) != "before" {
+			t.Fatalf("before the revoke: %+v", r)
+		}
+	}
+	if err := ip.ctl.Revoke(auth.Grant{Principal: "mallory", Action: auth.Subscribe, Pattern: "orders"}); err != nil {
+		t.Fatal(err)
+	}
+	ip.waitEpoch(ip.ctl.Map().Epoch)
+	admin.send(publish(2, "orders", "after the revoke"))
+	wantAck(t, admin.recv(), 2)
+	wantError(t, live.recv(), transport.ErrUnauthorized)
+	starved.send(&transport.Credit{Records: 10})
+	wantError(t, starved.recv(), transport.ErrUnauthorized)
+}

@@ -28,6 +28,7 @@ const maxRecordsPerFrame = 512
 // granting simply stops receiving and holds nothing of the broker's but
 // its position, so it never slows publishers or other subscribers.
 func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transport.Subscribe, from caller) {
+	mapChanged := b.member.Changed()
 	m := b.member.Map()
 	if err := b.authorize(m, from, auth.Subscribe, sub.Stream); err != nil {
 		b.refuse(s, err)
@@ -155,10 +156,28 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 	w := transport.NewWriter(s)
 	w.SetMaxFrame(max(b.cfg.Transport.MaxFrame, transport.DefaultMaxFrame))
 	out := &transport.Records{Stream: sub.Stream, Shard: sub.Shard}
+	// allowed checks the subscriber's permission again when the map has
+	// changed (a revoke ends its subscriptions, as in NATS and Kafka: it
+	// once ended only new ones), writing the refusal if it is gone.
+	authEpoch := m.Epoch
+	allowed := func() bool {
+		if b.member.Map().Epoch == authEpoch {
+			return true
+		}
+		mapChanged = b.member.Changed() // before the map it is for
+		m := b.member.Map()
+		if err := b.authorize(m, from, auth.Subscribe, sub.Stream); err != nil {
+			w.Write(err)
+			b.tel.countError(err.Code)
+			return false
+		}
+		authEpoch = m.Epoch
+		return true
+	}
 loop:
 	for {
 		n, ok := credit.take(maxRecordsPerFrame, b.ctx.Done())
-		if !ok {
+		if !ok || !allowed() {
 			break
 		}
 		if budget != nil && !budget.tryAcquire(hold) {
@@ -183,6 +202,14 @@ loop:
 				select {
 				case <-changed:
 					continue loop
+				case <-mapChanged:
+					if b.member.Map().Epoch == authEpoch {
+						mapChanged = b.member.Changed()
+						continue
+					}
+					if allowed() {
+						continue // still allowed: wait on
+					}
 				case <-groupCheck:
 					err := replicaDown(e.group)
 					if err == nil {
