@@ -386,6 +386,15 @@ func (b *Broker) serveStream(s *quic.Stream, from caller) {
 		defer from.use.streams.Add(-1) // admitted by serveConn
 	}
 	r := transport.NewReader(s, b.cfg.Transport.MaxFrame)
+	handedOff := false // a subscription's credit reader releases r (serveSubscribe)
+	if from.use != nil {
+		r.SetHolder(frameHolder{budget: from.use.use.publish, stop: b.ctx.Done(), done: s.Context().Done()})
+		defer func() {
+			if !handedOff {
+				r.Release()
+			}
+		}()
+	}
 	s.SetReadDeadline(time.Now().Add(b.cfg.FirstFrameTimeout))
 	f, err := r.Read()
 	s.SetReadDeadline(time.Time{})
@@ -407,6 +416,7 @@ func (b *Broker) serveStream(s *quic.Stream, from caller) {
 	case *transport.Subscribe:
 		b.tel.streams.Add(ctx, 1, b.tel.subStream...)
 		defer b.tel.streams.Add(ctx, -1, b.tel.subStream...)
+		handedOff = true
 		b.serveSubscribe(s, r, f, from)
 	case *transport.Request:
 		b.tel.streams.Add(ctx, 1, b.tel.reqStream...)

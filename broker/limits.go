@@ -65,6 +65,18 @@ type principalUse struct {
 	sub     *byteBudget // records read for subscribers and not yet written
 }
 
+// frameHolder charges what a client stream's Reader buffers for a large
+// frame (transport.Holder) to the principal's publish budget, waiting for
+// room as a publish does: a frame started and never finished, on every
+// stream a principal may open, once held a MiB each outside every budget.
+type frameHolder struct {
+	budget     *byteBudget
+	stop, done <-chan struct{}
+}
+
+func (h frameHolder) Hold(n int) bool { return h.budget.acquire(int64(n), h.stop, h.done) }
+func (h frameHolder) Free(n int)      { h.budget.release(int64(n)) }
+
 // connUse counts what one client connection holds.
 type connUse struct {
 	principal string

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -501,4 +502,55 @@ func TestSubscriptionSlotFreeWhenItEnds(t *testing.T) {
 		}
 		sub.recvEnd()
 	}
+}
+
+// TestHalfSentFramesHeldBack: frames a client starts and never finishes,
+// on every stream it may open, are charged to its publish budget as they
+// are buffered; past it the streams are not read (QUIC's flow control
+// holds the client back), so the broker holds the budget and the
+// connection's window, not a buffer of MaxFrame per stream. Each once held
+// a MiB outside every budget, with no time limit.
+func TestHalfSentFramesHeldBack(t *testing.T) {
+	ip := startLimited(t, 1, func(c *Config) { c.PublishBytesPerPrincipal = 1 }) // floored at a record's size
+	b := ip.brokers[0]
+	maxFrame := b.cfg.Transport.MaxFrame
+	conn := ip.dialAs(b, "mallory")
+	before := heapInUse()
+	const streams = 100
+	hdr := binary.BigEndian.AppendUint32(nil, uint32(maxFrame))
+	hdr = append(hdr, byte(transport.FramePublish))
+	junk := make([]byte, maxFrame-64) // never the last bytes
+	var wg sync.WaitGroup
+	for i := range streams {
+		ws := openStream(t, conn)
+		if i%2 == 0 {
+			ws.send(publish(1, "orders", "x"))
+		} else {
+			ws.send(&transport.Subscribe{Stream: "orders", Start: transport.StartLatest, Credit: 1})
+		}
+		wg.Go(func() {
+			ws.s.SetWriteDeadline(time.Now().Add(2 * time.Second)) // flow control stops it
+			ws.s.Write(hdr)
+			ws.s.Write(junk)
+		})
+	}
+	wg.Wait()
+	b.limits.mu.Lock()
+	u := b.limits.mu.principals["mallory"]
+	b.limits.mu.Unlock()
+	if got, most := u.publish.inUse(), int64(maxFrame)+int64(b.cfg.PublishBytesPerPrincipal); got > most {
+		t.Fatalf("mallory's half-sent frames hold %d bytes of its budget, more than one frame and the budget (%d)", got, most)
+	}
+	if held := int64(heapInUse()) - int64(before); held > 48<<20 {
+		t.Fatalf("%d half-sent frames of %d bytes: the broker's heap grew by %d MiB", streams, maxFrame, held>>20)
+	}
+	wellBehaved(t, ip, b)
+}
+
+// heapInUse returns the live heap after a collection.
+func heapInUse() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
 }

@@ -27,7 +27,16 @@ const maxRecordsPerFrame = 512
 // than the subscriber has granted credit for; a subscriber that stops
 // granting simply stops receiving and holds nothing of the broker's but
 // its position, so it never slows publishers or other subscribers.
+//
+// It releases r (Reader.Release): its credit reader, once started, reads r
+// until the stream ends, after serveSubscribe returns.
 func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transport.Subscribe, from caller) {
+	readerStarted := false
+	defer func() {
+		if !readerStarted {
+			r.Release()
+		}
+	}()
 	mapChanged := b.member.Changed()
 	m := b.member.Map()
 	if err := b.authorize(m, from, auth.Subscribe, sub.Stream); err != nil {
@@ -112,8 +121,10 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 
 	credit := newCredit(sub.Credit, uint64(b.cfg.MaxCredit))
 	b.wg.Add(1)
+	readerStarted = true
 	go func() {
 		defer b.wg.Done()
+		defer r.Release()
 		defer credit.stop()
 		for {
 			f, err := r.Read()

@@ -25,6 +25,51 @@ type Reader struct {
 	buf      []byte
 	start    int // first unconsumed byte in buf
 	end      int // end of valid data in buf
+
+	hold Holder // nil: the buffer's growth is not accounted
+	held int    // bytes taken from hold for the buffer
+}
+
+// A Holder accounts what Readers buffer for frames larger than they keep
+// between frames (a partial large frame held until its last byte comes):
+// a server gives the Readers of one client's streams the client's byte
+// budget, so that frames started and never finished cannot make it hold
+// more than that.
+type Holder interface {
+	// Hold takes n bytes before the Reader buffers them, waiting for
+	// them if need be; false fails the read with ErrNotHeld.
+	Hold(n int) bool
+	// Free gives back n bytes taken by Hold.
+	Free(n int)
+}
+
+// ErrNotHeld is the error a Reader returns when its Holder refused the
+// bytes of the frame it was reading.
+var ErrNotHeld = errors.New("transport: the frame's bytes could not be held")
+
+// SetHolder makes r take the bytes it buffers for a frame larger than
+// keepBufSize from h, from the next frame on; Release gives them back.
+func (r *Reader) SetHolder(h Holder) { r.hold = h }
+
+// Release gives back what r holds of its Holder and drops its buffer; r
+// must not be used after.
+func (r *Reader) Release() {
+	if r.hold != nil && r.held > 0 {
+		r.hold.Free(r.held)
+	}
+	r.held, r.buf, r.start, r.end = 0, nil, 0, 0
+}
+
+// shrink drops a buffer grown for a big frame once nothing is left in it,
+// giving back what it held.
+func (r *Reader) shrink() {
+	if r.start == r.end && len(r.buf) > keepBufSize {
+		r.buf, r.start, r.end = nil, 0, 0
+		if r.held > 0 {
+			r.hold.Free(r.held)
+			r.held = 0
+		}
+	}
 }
 
 // NewReader returns a Reader of frames from r that refuses frames whose
@@ -81,16 +126,16 @@ func (r *Reader) Read() (Frame, error) {
 	if err != nil {
 		return nil, err
 	}
-	return DecodeFrame(typ, body)
+	f, err := DecodeFrame(typ, body)
+	r.shrink() // the frame does not alias the buffer: what it held is free now
+	return f, err
 }
 
 // ReadRaw reads the next frame without decoding its body, for a caller
 // that relays frames. The body is valid until the next call on r. Errors
 // are those of [Reader.Read], less decoding ones.
 func (r *Reader) ReadRaw() (FrameType, []byte, error) {
-	if r.start == r.end && len(r.buf) > keepBufSize {
-		r.buf, r.start, r.end = nil, 0, 0 // grown for a big frame
-	}
+	r.shrink() // grown for a big frame
 	if err := r.fill(4); err != nil {
 		if err == io.EOF && r.end == r.start {
 			return 0, nil, io.EOF
@@ -103,6 +148,14 @@ func (r *Reader) ReadRaw() (FrameType, []byte, error) {
 	}
 	if n > r.maxFrame {
 		return 0, nil, r.oversized(n)
+	}
+	if more := 4 + n - keepBufSize - r.held; r.hold != nil && more > 0 {
+		// All at once: a Holder that grants a request when nothing else
+		// is held lets a frame larger than its bound through, alone.
+		if !r.hold.Hold(more) {
+			return 0, nil, fmt.Errorf("transport: reading a %d-byte frame: %w", n, ErrNotHeld)
+		}
+		r.held += more
 	}
 	if err := r.fill(4 + n); err != nil {
 		return 0, nil, r.readErr(fmt.Sprintf("%d-byte frame", n), err)
