@@ -273,6 +273,9 @@ type fakeBroker struct {
 	addr string
 
 	holdAcks atomic.Bool // drop publishes without answering
+	// refuseIdempotent answers every idempotent publish
+	// out_of_order_sequence, a gap no resend closes.
+	refuseIdempotent atomic.Bool
 	// loseAnswers is how many answers to admin changes to lose: the
 	// change is made, then the request's stream is reset unanswered.
 	loseAnswers atomic.Int32
@@ -419,6 +422,9 @@ func (b *fakeBroker) servePublish(p *transport.Publish, r *transport.Reader, w *
 }
 
 func (b *fakeBroker) publish(p *transport.Publish) transport.Frame {
+	if p.ProducerSeq > 0 && b.refuseIdempotent.Load() {
+		return &transport.Error{Seq: p.Seq, Code: transport.CodeOutOfOrderSequence, Message: "fake: a gap"}
+	}
 	m := b.fc.currentMap()
 	st, ok := m.Stream(p.Stream)
 	if !ok {

@@ -31,6 +31,10 @@ package client
 // again under a fresh id. A record that did not encode (too large for a
 // frame) gives its sequence back.
 //
+// A record refused out_of_order_sequence again and again, with no ack in
+// between (a gap that sending again does not close), is sent again after
+// waits that double from 10 ms up to a second.
+//
 // Retries are bounded: when a record has stayed unresolved for the retry
 // timeout (WithRetryTimeout), the publisher gives up on every unresolved
 // record — they fail with an error matching [ErrRetriesExhausted] and
@@ -46,6 +50,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/felix-broker/felix/transport"
@@ -87,6 +92,14 @@ type idemState struct {
 	p        *Publisher
 	base     string
 	retryFor time.Duration
+
+	// refusedAgain counts the resends in a row whose records came back
+	// out_of_order_sequence with no ack between them: a gap that sending
+	// the records again does not close (a sequence the owner knows
+	// nothing of), which the resender then waits longer and longer
+	// before sending again, instead of opening a stream after another
+	// until the retry timeout. An ack resets it.
+	refusedAgain atomic.Int32
 
 	mu struct {
 		sync.Mutex
@@ -196,6 +209,9 @@ func (st *idemState) unsent(frame *transport.Publish) {
 func (st *idemState) unresolve(pending map[uint64]*Future, cause error) {
 	if len(pending) == 0 {
 		return
+	}
+	if errors.Is(cause, transport.ErrOutOfOrderSequence) {
+		st.refusedAgain.Add(1)
 	}
 	now := time.Now()
 	st.mu.Lock()
@@ -324,6 +340,9 @@ func (p *Publisher) resendLoop() {
 		deadline, ok := st.deadline()
 		if !ok {
 			return
+		}
+		if n := st.refusedAgain.Load(); n > 1 {
+			sleep(p.c.ctx, min(time.Duration(10<<min(n-2, 7))*time.Millisecond, time.Second))
 		}
 		ctx, cancel := context.WithDeadline(p.c.ctx, deadline)
 		_, err := p.session(ctx)

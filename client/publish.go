@@ -439,6 +439,9 @@ func (s *pubSession) readLoop() {
 		}
 		switch f := f.(type) {
 		case *transport.Ack:
+			if s.idem != nil && s.idem.refusedAgain.Load() != 0 {
+				s.idem.refusedAgain.Store(0) // resending closed the gap
+			}
 			if fut := s.take(f.Seq); fut != nil {
 				fut.resolve(ackFrom(f), nil)
 				fut.notify()
