@@ -60,7 +60,11 @@
 //     pool's close cancels: no lane's end fails the others waiting for
 //     it) and opens the lane's stream while forwards
 //     routed meanwhile wait in its writer's backlog, in order; then it
-//     writes that backlog, starts the lane's reader, and ends. The reader
+//     writes that backlog, starts the lane's reader, and ends. An owner
+//     that stops reading as it shuts down makes the lane drain: it takes
+//     no more forwards, and its reader relays the owner's answers until
+//     the owner ends the stream (a timer, counted with the session's
+//     workers, ends the drain after ForwardTimeout). The reader
 //     owns the lane's read side: it relays each Ack to the publisher
 //     (corking the publisher's stream while more answers are buffered, so
 //     answers that arrived together go out in one write) and hands a
