@@ -1,6 +1,10 @@
 package broker
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/felix-broker/felix/transport"
+)
 
 // credit counts the records a subscriber has allowed the broker to send,
 // up to a bound (Config.MaxCredit).
@@ -16,6 +20,25 @@ type credit struct {
 	wake    chan struct{} // capacity 1: signalled when credit arrives
 	done    chan struct{} // closed when the subscriber's side ends
 	stopped bool
+	bad     *transport.Error // a frame the subscriber should not have sent ends it: the answer
+}
+
+// fail ends the subscription for a frame its subscriber should not have
+// sent; the writer answers with err (failure).
+func (c *credit) fail(err *transport.Error) {
+	c.mu.Lock()
+	if c.bad == nil {
+		c.bad = err
+	}
+	c.mu.Unlock()
+	c.stop()
+}
+
+// failure returns what fail was given, if it was called.
+func (c *credit) failure() *transport.Error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.bad
 }
 
 func newCredit(initial uint32, max uint64) *credit {

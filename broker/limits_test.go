@@ -179,6 +179,14 @@ func TestSubscriptionsAndCredit(t *testing.T) {
 	sub.send(&transport.Credit{Records: 41})
 	wantError(t, sub.recv(), transport.ErrLimitExceeded)
 	sub.recvEnd()
+	// A frame a subscription does not carry (here one a broker sends, of
+	// many small records: decoded, many times its size) is refused
+	// undecoded, and ends the subscription; it was decoded and ignored.
+	sub = openStream(t, conn)
+	sub.send(&transport.Subscribe{Stream: "orders", Start: transport.StartLatest, Credit: 10})
+	sub.send(&transport.Records{Stream: "orders", Records: make([]transport.Record, 10_000)})
+	wantError(t, sub.recv(), transport.ErrUnexpectedFrame)
+	sub.recvEnd()
 
 	// Subscriptions per connection.
 	var subs []*wireStream

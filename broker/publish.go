@@ -98,7 +98,7 @@ func (b *Broker) servePublish(s *quic.Stream, r *transport.Reader, first *transp
 
 	p.handle(first)
 	for {
-		f, err := p.r.Read()
+		f, err := p.r.ReadIf(transport.FramePublish)
 		if err != nil {
 			var werr *transport.Error
 			if errors.Is(err, transport.ErrSkipped) && errors.As(err, &werr) {
@@ -119,14 +119,7 @@ func (b *Broker) servePublish(s *quic.Stream, r *transport.Reader, first *transp
 			}
 			break
 		}
-		pub, ok := f.(*transport.Publish)
-		if !ok {
-			p.acks.send(&transport.Error{Code: transport.CodeUnexpectedFrame,
-				Message: fmt.Sprintf("a publisher stream carries publish frames, not %T", f)})
-			s.CancelRead(quic.StreamErrorCode(transport.CodeUnexpectedFrame))
-			break
-		}
-		if !p.handle(pub) {
+		if !p.handle(f.(*transport.Publish)) {
 			break
 		}
 	}

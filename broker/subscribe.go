@@ -127,11 +127,17 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 		defer r.Release()
 		defer credit.stop()
 		for {
-			f, err := r.Read()
+			// Credit frames only: another is not decoded, and ends the
+			// subscription.
+			f, err := r.ReadIf(transport.FrameCredit)
+			var werr *transport.Error
+			if errors.As(err, &werr) {
+				credit.fail(werr) // the writer answers it
+			}
 			if err != nil {
 				return
 			}
-			if c, ok := f.(*transport.Credit); ok && !credit.add(c.Records) {
+			if !credit.add(f.(*transport.Credit).Records) {
 				return // over MaxCredit: the writer answers it
 			}
 		}
@@ -270,6 +276,10 @@ loop:
 		w.Write(b.limits.exceeded(limitCredit, from.principal,
 			"subscription credit went over the broker's limit of %d records (MaxCredit); grant less", b.cfg.MaxCredit))
 		b.tel.countError(transport.CodeLimitExceeded)
+	}
+	if werr := credit.failure(); werr != nil {
+		w.Write(werr)
+		b.tel.countError(werr.Code)
 	}
 	s.CancelRead(0)
 	s.Close()

@@ -131,6 +131,24 @@ func (r *Reader) Read() (Frame, error) {
 	return f, err
 }
 
+// ReadIf is Read for a stream that carries frames of type want only: a
+// frame of another type is not decoded (a body of many small elements
+// decodes to many times its size) and is answered with a
+// [CodeUnexpectedFrame] error, a framing error as Read's are.
+func (r *Reader) ReadIf(want FrameType) (Frame, error) {
+	typ, body, err := r.ReadRaw()
+	if err != nil {
+		return nil, err
+	}
+	if typ != want {
+		r.shrink()
+		return nil, &Error{Code: CodeUnexpectedFrame, Message: fmt.Sprintf("a %s frame where %s frames go", typ, want)}
+	}
+	f, err := DecodeFrame(typ, body)
+	r.shrink()
+	return f, err
+}
+
 // ReadRaw reads the next frame without decoding its body, for a caller
 // that relays frames. The body is valid until the next call on r. Errors
 // are those of [Reader.Read], less decoding ones.

@@ -833,3 +833,33 @@ func TestHeadersDecodeBounded(t *testing.T) {
 		t.Fatalf("decoding a %d-byte body allocated %d bytes", len(b), allocated)
 	}
 }
+
+// TestReadIfDoesNotDecodeOthers: a frame of a type the stream does not
+// carry is refused unexpected_frame without being decoded: a Records
+// frame of many empty records decodes to many times its size.
+func TestReadIfDoesNotDecodeOthers(t *testing.T) {
+	recs := &Records{Stream: "s", Records: make([]Record, 20_000)}
+	raw, err := AppendFrame(nil, recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw = append(raw, frame(FrameCredit, body(&Credit{Records: 7}))...)
+	r := NewReader(bytes.NewReader(raw), 0)
+	var got error
+	allocated := testing.Benchmark(func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			r = NewReader(bytes.NewReader(raw), 0)
+			_, got = r.ReadIf(FrameCredit)
+		}
+	}).AllocedBytesPerOp()
+	if !errors.Is(got, ErrUnexpectedFrame) {
+		t.Fatalf("a Records frame read as Credit: %v, want unexpected_frame", got)
+	}
+	if allocated > 4*int64(len(raw)) { // the read buffer, not the decoded records
+		t.Fatalf("refusing a %d-byte frame allocated %d bytes", len(raw), allocated)
+	}
+	if f, err := r.ReadIf(FrameCredit); err != nil || f.(*Credit).Records != 7 {
+		t.Fatalf("the Credit frame after it: %v, %v", f, err)
+	}
+}
