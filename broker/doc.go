@@ -85,7 +85,10 @@
 // waiting for it) and its routes and waiting records (order.go); a lane's pending forwards; a
 // frameWriter's buffers (encoding and a non-blocking TryWriteAll; the
 // flusher writes with it released); the principal's byte budget; the
-// shard set's index (an RLock) and a shard's producer table. How to check
+// shard set's index (an RLock), a shard's producer table, and, only for a
+// forward carrying a newer epoch than this broker holds, the last missed
+// catch-up (catchup.go: read and written around the wait, never across
+// it). How to check
 // it: every blocking call on the path (member.Refresh, peerPool.conn,
 // OpenStreamSync, quic Stream.Write, wal's fsync) is made by a goroutine
 // that holds none of them (the reader, the connector, the retrier, a

@@ -220,10 +220,7 @@ loop:
 				case <-changed:
 					continue loop
 				case <-mapChanged:
-					if b.member.Map().Epoch == authEpoch {
-						mapChanged = b.member.Changed()
-						continue
-					}
+					mapChanged = b.member.Changed()
 					if allowed() {
 						continue // still allowed: wait on
 					}

@@ -132,14 +132,25 @@ func TestRetentionBySizeDropsWholeSegments(t *testing.T) {
 	c.waitConverged(next + 5)
 }
 
+// agedCluster starts three replicas of 4 KiB segments and an hour's
+// retention by age (the leader's clock now, if set), commits records 0 to
+// 99 and returns the cluster and its next offset.
+func agedCluster(t *testing.T, seed uint64, now func() time.Time) (*cluster, uint64) {
+	t.Helper()
+	c := newCluster(t, 3, seed, func(cfg *Config) {
+		cfg.SegmentSize, cfg.RetentionAge = 4<<10, time.Hour
+		cfg.Knobs.Now = now
+	})
+	c.waitLeader()
+	c.commitRange(0, 100)
+	return c, c.waitConverged(100)
+}
+
 // Retention by age drops a segment once its newest record is older than
 // the limit, by the timestamp every replica stores, and never the
 // segment being written.
 func TestRetentionByAge(t *testing.T) {
-	c := newCluster(t, 3, 42, func(cfg *Config) { cfg.SegmentSize, cfg.RetentionAge = 4<<10, time.Hour })
-	c.waitLeader()
-	c.commitRange(0, 100)
-	next := c.waitConverged(100)
+	c, next := agedCluster(t, 42, nil)
 	for _, g := range c.running() {
 		if dropped := retain(t, g, time.Now()); dropped != 0 {
 			t.Fatalf("replica %d: dropped %d records younger than the limit", g.ID(), dropped)
@@ -163,14 +174,7 @@ func TestRetentionByAge(t *testing.T) {
 // By the stamps alone every replica dropped every complete segment at
 // once: acknowledged records gone as soon as they were written.
 func TestRetentionByAgeLeaderClockBehind(t *testing.T) {
-	behind := func() time.Time { return time.Now().Add(-2 * time.Hour) }
-	c := newCluster(t, 3, 43, func(cfg *Config) {
-		cfg.SegmentSize, cfg.RetentionAge = 4<<10, time.Hour
-		cfg.Knobs.Now = behind
-	})
-	c.waitLeader()
-	c.commitRange(0, 100)
-	next := c.waitConverged(100)
+	c, next := agedCluster(t, 43, func() time.Time { return time.Now().Add(-2 * time.Hour) })
 	for _, g := range c.running() {
 		if dropped := retain(t, g, time.Now()); dropped != 0 {
 			t.Fatalf("replica %d: dropped %d records stamped by a leader two hours behind, written here just now", g.ID(), dropped)

@@ -126,8 +126,14 @@ func (r *Reader) Read() (Frame, error) {
 	if err != nil {
 		return nil, err
 	}
+	return r.decode(typ, body)
+}
+
+// decode decodes a frame ReadRaw returned, then gives back the buffer it
+// was read into if it was grown for it: the frame does not alias it.
+func (r *Reader) decode(typ FrameType, body []byte) (Frame, error) {
 	f, err := DecodeFrame(typ, body)
-	r.shrink() // the frame does not alias the buffer: what it held is free now
+	r.shrink()
 	return f, err
 }
 
@@ -144,9 +150,7 @@ func (r *Reader) ReadIf(want FrameType) (Frame, error) {
 		r.shrink()
 		return nil, &Error{Code: CodeUnexpectedFrame, Message: fmt.Sprintf("a %s frame where %s frames go", typ, want)}
 	}
-	f, err := DecodeFrame(typ, body)
-	r.shrink()
-	return f, err
+	return r.decode(typ, body)
 }
 
 // ReadRaw reads the next frame without decoding its body, for a caller

@@ -92,25 +92,20 @@ func repairTail(dir string, o *Options, floor uint64) error {
 // last acknowledged records is then a loss for Open to refuse, or to mark
 // with Options.AcceptLoss, which costs only the damaged records.
 func validTail(data []byte, first, floor uint64, check func(entry []byte, index uint64) error) (keep, entries int, reason string) {
-	badKeep, badEntries, badReason := -1, 0, ""
-	for keep < len(data) {
-		entry, n, ok := tidseg.NextEntry(data[keep:])
-		if !ok {
-			reason = "incomplete entry"
-			break
-		}
-		index := first + uint64(entries)
-		if err := check(entry, index); err == nil {
+	badKeep, badEntries, badReason, at := -1, 0, "", 0
+	keep, entries, reason = tidseg.ValidPrefix(data, first, func(entry []byte, index uint64) error {
+		pos := at
+		at += tidseg.EntrySize(len(entry))
+		switch err := check(entry, index); {
+		case err == nil:
 			badKeep = -1 // anchored
-		} else if index-1 >= floor {
-			reason = err.Error()
-			break
-		} else if badKeep < 0 {
-			badKeep, badEntries, badReason = keep, entries, err.Error()
+		case index-1 >= floor:
+			return err
+		case badKeep < 0:
+			badKeep, badEntries, badReason = pos, int(index-first), err.Error()
 		}
-		keep += n
-		entries++
-	}
+		return nil
+	})
 	if badKeep >= 0 {
 		return badKeep, badEntries, badReason
 	}
