@@ -49,6 +49,9 @@ type Broker struct {
 	// Close. Both are read by health checks from any goroutine.
 	joined atomic.Pointer[ctlclient.Member]
 	ready  atomic.Bool
+	// applied is the last map applyMap applied, whose replicas the
+	// replica report speaks of (replicaReport).
+	applied atomic.Pointer[shardmap.Map]
 
 	// ctx is cancelled when Close begins; every goroutine the broker starts
 	// watches it and is counted in wg.
@@ -139,6 +142,7 @@ func (b *Broker) Start(ctx context.Context) error {
 		Logger:    b.cfg.Logger, // the member names the node itself
 		Cluster:   clusterID,
 		OnCluster: func(id string) error { return writeClusterID(b.cfg.DataDir, id) },
+		Report:    b.replicaReport,
 	})
 	if err != nil {
 		ln.Close()
@@ -261,6 +265,10 @@ func (b *Broker) mapLoop() {
 // counts and the first few shards, never once per shard.
 func (b *Broker) applyMap(m *shardmap.Map) error {
 	m, r := b.shards.apply(m)
+	b.applied.Store(m)
+	if mb := b.joined.Load(); mb != nil {
+		mb.Report() // the replicas of m, opened
+	}
 	b.peers.dropDown(m)
 	if len(r.deleted) > 0 {
 		b.log.Info("streams deleted; their data removed", "epoch", m.Epoch, "streams", firstFew(r.deleted))

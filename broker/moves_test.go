@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -337,6 +338,71 @@ func TestMovedAwayCopyKeptUntilSettled(t *testing.T) {
 			st, _ := ip.ctl.Map().Stream("r3")
 			n, move := st.Placement.Pending(0)
 			t.Fatalf("%s kept its copy of %s after the move settled (pending %q %d): %v", back.NodeID(), id, n, move, err)
+		}
+	}
+}
+
+// TestMoveRefusedWhileAnotherRejoins: a replica's broker is down, and
+// another replica of the shard, lost with its broker's data directory,
+// is rejoining (it needs the down one back to be admitted). Moving the
+// down broker's replica then would leave the group with one working
+// voter for good, so the control plane refuses it, however the move is
+// asked for (here on the ctl itself, with no client check), once the
+// rejoining broker has reported; when the group is whole again, the
+// same move is made.
+func TestMoveRefusedWhileAnotherRejoins(t *testing.T) {
+	ip := startInprocWith(t, fastRaft, 4, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	id := shardmap.ShardID{Stream: "r3", Shard: 0}
+	st, _ := ip.ctl.Map().Stream("r3")
+	set := st.Placement.Replicas(0)
+	leader := waitOwnerLeads(t, ip, ip.brokers, id)
+	if f := publishVia(t, ip, leader, "r3", 0, 1, "acked"); f.Type() != transport.FrameAck {
+		t.Fatalf("publish: %T %+v", f, f)
+	}
+	from, wiped := ip.brokerIndex(set[0]), ip.brokerIndex(set[1])
+	target := ip.brokers[slices.IndexFunc(ip.brokers, func(b *Broker) bool { return !slices.Contains(set, b.NodeID()) })].NodeID()
+	oldID := groupOf(ip.brokers[wiped], id).group.ID()
+
+	if err := ip.brokers[from].Close(); err != nil {
+		t.Fatal(err)
+	}
+	ip.waitDown(set[0])
+	if err := ip.brokers[wiped].Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(ip.dir, set[1])); err != nil {
+		t.Fatal(err)
+	}
+	ip.brokers[wiped] = ip.startBroker(wiped)
+
+	// The wiped broker is live at once; its report that its replica is
+	// not a voter follows the map it applies.
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(20 * time.Millisecond) {
+		err := ip.ctl.MoveReplica("r3", 0, set[0], target)
+		if err == nil {
+			t.Fatalf("%s's replica moved while %s's was rejoining (a member %s)", set[0], set[1], membershipName(groupOf(ip.brokers[wiped], id).group))
+		}
+		if strings.Contains(err.Error(), set[1]+", another of its replicas, holds a replica that is not a voter") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("move still refused with %q after %v, want refused as %s's replica is not a voter", err, waitFor, set[1])
+		}
+	}
+
+	ip.brokers[from] = ip.startBroker(from)
+	waitRejoined(t, ip.brokers[wiped], id, oldID, 1)
+	if err := ip.brokers[from].Close(); err != nil {
+		t.Fatal(err)
+	}
+	ip.waitDown(set[0])
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(20 * time.Millisecond) {
+		err := ip.ctl.MoveReplica("r3", 0, set[0], target)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("move refused %v after the rejoined replica became a voter: %v", waitFor, err)
 		}
 	}
 }

@@ -187,6 +187,13 @@ func (n *raftNet) member(id shardmap.ShardID) *raftMember {
 	return n.mu.groups[id]
 }
 
+// voting reports whether this broker's replica of id is open, working,
+// and a voter of its group in its own slot.
+func (n *raftNet) voting(id shardmap.ShardID) bool {
+	gm := n.member(id)
+	return gm != nil && gm.g.Err() == nil && gm.g.Lost() == nil && membership(gm.g) == replica.Voter
+}
+
 // preferEvery is the ticks between two looks for hosted groups this
 // broker leads although their owner (the preferred leader) is live: 5 s
 // with the default tick.

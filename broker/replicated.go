@@ -396,6 +396,30 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 	return nil
 }
 
+// replicaReport says where this broker's replicas of the shards of the
+// last map it applied stand (transport.ReplicaReport), for the control
+// plane, which refuses to move another replica of a shard while this
+// one is not a voter of its group: the member sends it with every
+// heartbeat, and at once after each map applied.
+func (b *Broker) replicaReport() *transport.ReplicaReport {
+	m := b.applied.Load()
+	if m == nil {
+		return &transport.ReplicaReport{}
+	}
+	r := &transport.ReplicaReport{Applied: m.Epoch}
+	for _, id := range m.ReplicatedBy(b.cfg.NodeID) {
+		if !replicated(m, id) || b.raft.voting(id) {
+			continue
+		}
+		if len(r.Unready) == transport.MaxUnreadyReported {
+			r.More = true
+			break
+		}
+		r.Unready = append(r.Unready, id)
+	}
+	return r
+}
+
 // opReplicaStatus asks a broker about its replicas of a stream's shards.
 const opReplicaStatus = "replica.status"
 

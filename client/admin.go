@@ -171,11 +171,14 @@ func (c *Client) MoveReplica(ctx context.Context, stream string, shard int, from
 
 // checkMovable asks the shard's other replicas where they stand in its
 // raft group before from's replica moves: each must answer, as a voter,
-// and all must follow one leader among them (else ErrReplicasNotReady). The control plane checks
-// only leases, and a live broker may hold a replica that is not (yet) a
-// voter, a lost one rejoining, say: moving from's replica then would
-// leave the group without the quorum that admits the new one, and
-// from's broker, when it comes back, without its copy. A stream, shard
+// and all must follow one leader among them (else ErrReplicasNotReady).
+// A live broker may hold a replica that is not (yet) a voter, a lost one
+// rejoining, say: moving from's replica then would leave the group
+// without the quorum that admits the new one, and from's broker, when it
+// comes back, without its copy. The control plane refuses such a move
+// too, from the brokers' replica reports (as of their last heartbeat,
+// and only brokers that send them); this check adds the leader, and
+// says why in the SDK's own error. A stream, shard
 // or source the map does not know is left to the control plane to
 // refuse.
 func (c *Client) checkMovable(ctx context.Context, stream string, shard int, from string) error {

@@ -18,7 +18,11 @@
 // node id of the certificate; a client certificate cannot register
 // ([transport.CodeUnauthorized]). ctl answers with a [transport.MapUpdate]
 // holding the current map, then sends one whenever the map changes; the
-// broker sends a [transport.Heartbeat] every LeaseTTL/3.
+// broker sends a [transport.Heartbeat] every LeaseTTL/3, with a report of
+// which of its replicas are not working voters of their groups
+// ([transport.ReplicaReport], also sent at once after each map it
+// applies), which the ctl holding the registration keeps in the broker's
+// live/ key for the leader's move checks (moves.go).
 //
 // Liveness is an etcd lease held by the ctl the registration reaches (see
 // live.go): the key live/<node> is put with it, every heartbeat keeps it

@@ -275,7 +275,7 @@ func (s *Server) takeOver(el *concurrency.Election) (held []string, err error) {
 	st := newState(snap, s.cfg.Superusers)
 	st.maxShardsTotal = s.cfg.MaxShardsTotal
 	for _, e := range live {
-		if _, _, err := st.register(e.node, e.session); err != nil {
+		if _, err := st.registerLive(e); err != nil {
 			s.log.Warn("ignoring a malformed broker lease", "node", e.node.ID, "err", err)
 		}
 	}
@@ -426,7 +426,7 @@ func (s *Server) applyLive(evs []*clientv3.Event) {
 			if !ok {
 				continue
 			}
-			c, _, err := s.mu.st.register(e.node, e.session)
+			c, err := s.mu.st.registerLive(e)
 			if err == nil && c {
 				changed = true
 				reasons = append(reasons, "node live "+e.node.ID)
@@ -566,7 +566,7 @@ func (s *Server) resync() (int64, liveKeys, error) {
 	defer s.mu.Unlock()
 	changed := false
 	for _, e := range live {
-		if c, _, err := s.mu.st.register(e.node, e.session); err == nil && c {
+		if c, err := s.mu.st.registerLive(e); err == nil && c {
 			changed = true
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
 )
 
 // A broker's liveness is an etcd lease held by the ctl its registration
@@ -34,6 +35,11 @@ type liveValue struct {
 	// absent when a ctl of an earlier version holds the registration.
 	Features []string `json:"features,omitempty"`
 	Lease    int64    `json:"lease"`
+	// Replicas is the broker's last replica report
+	// (transport.Heartbeat.Replicas); absent before its first, and when
+	// the broker or the ctl holding its registration is of an earlier
+	// version.
+	Replicas *transport.ReplicaReport `json:"replicas,omitempty"`
 	// By is the ctl holding the registration, and Reg a token of that
 	// registration: only its own registration may delete the key.
 	By  string `json:"by"`
@@ -59,10 +65,11 @@ type liveLease struct {
 	session uint64
 }
 
-// acquireLive puts live/<n.ID> for a new registration: with the lease of
-// the key already there (left by a ctl that died or a registration this
-// one replaces) if it is still alive, else with a new lease.
-func (s *Server) acquireLive(ctx context.Context, n shardmap.Node, reg string) (*liveLease, error) {
+// acquireLive puts live/<n.ID> for a new registration (or one whose lease
+// ran out), with the replica report rep: with the lease of the key
+// already there (left by a ctl that died or a registration this one
+// replaces) if it is still alive, else with a new lease.
+func (s *Server) acquireLive(ctx context.Context, n shardmap.Node, reg string, rep *transport.ReplicaReport) (*liveLease, error) {
 	st := s.store
 	key := st.liveKey(n.ID)
 	ctx, cancel := context.WithTimeout(ctx, st.timeout)
@@ -83,14 +90,9 @@ func (s *Server) acquireLive(ctx context.Context, n shardmap.Node, reg string) (
 			}
 			lease = g.ID
 		}
-		b, _ := json.Marshal(liveValue{ID: n.ID, Addr: n.Addr, Admin: n.Admin, Features: n.Features, Lease: int64(lease), By: s.name(), Reg: reg})
-		resp, err := st.cli.Put(ctx, key, string(b), clientv3.WithLease(lease), clientv3.WithPrevKV())
+		l, err := s.putLive(ctx, n, reg, rep, lease)
 		if err == nil {
-			session := uint64(resp.Header.Revision)
-			if resp.PrevKv != nil {
-				session = uint64(resp.PrevKv.CreateRevision)
-			}
-			return &liveLease{key: key, value: string(b), lease: lease, session: session}, nil
+			return l, nil
 		}
 		if !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return nil, fmt.Errorf("put %s: %w", key, err)
@@ -100,10 +102,48 @@ func (s *Server) acquireLive(ctx context.Context, n shardmap.Node, reg string) (
 	return nil, fmt.Errorf("put %s: lease lost twice", key)
 }
 
+// putLive puts live/<n.ID> with lease and the replica report rep.
+func (s *Server) putLive(ctx context.Context, n shardmap.Node, reg string, rep *transport.ReplicaReport, lease clientv3.LeaseID) (*liveLease, error) {
+	key := s.store.liveKey(n.ID)
+	b, _ := json.Marshal(liveValue{ID: n.ID, Addr: n.Addr, Admin: n.Admin, Features: n.Features, Lease: int64(lease), Replicas: rep, By: s.name(), Reg: reg})
+	resp, err := s.store.cli.Put(ctx, key, string(b), clientv3.WithLease(lease), clientv3.WithPrevKV())
+	if err != nil {
+		return nil, err
+	}
+	session := uint64(resp.Header.Revision)
+	if resp.PrevKv != nil {
+		session = uint64(resp.PrevKv.CreateRevision)
+	}
+	return &liveLease{key: key, value: string(b), lease: lease, session: session}, nil
+}
+
+// reportLive puts the replica report rep in l's key, with its lease, for
+// the leader to see (state.notVoter), and returns the key's new hold. A
+// key no longer this registration's (a newer one took it over) is left
+// as it is.
+func (s *Server) reportLive(ctx context.Context, n shardmap.Node, reg string, rep *transport.ReplicaReport, l *liveLease) (*liveLease, error) {
+	st := s.store
+	ctx, cancel := context.WithTimeout(ctx, st.timeout)
+	defer cancel()
+	start := time.Now()
+	defer st.observe("live", start)
+	b, _ := json.Marshal(liveValue{ID: n.ID, Addr: n.Addr, Admin: n.Admin, Features: n.Features, Lease: int64(l.lease), Replicas: rep, By: s.name(), Reg: reg})
+	resp, err := st.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.Value(l.key), "=", l.value)).
+		Then(clientv3.OpPut(l.key, string(b), clientv3.WithLease(l.lease))).
+		Commit()
+	if err != nil || !resp.Succeeded {
+		return l, err
+	}
+	nl := *l
+	nl.value = string(b)
+	return &nl, nil
+}
+
 // renewLive keeps l's lease alive for a heartbeat. A lease that ran out
 // (the broker was silent too long, or etcd unreachable for as long) is
 // replaced: the key is put again, and the leader sees the node come back.
-func (s *Server) renewLive(ctx context.Context, n shardmap.Node, reg string, l *liveLease) (*liveLease, error) {
+func (s *Server) renewLive(ctx context.Context, n shardmap.Node, reg string, rep *transport.ReplicaReport, l *liveLease) (*liveLease, error) {
 	st := s.store
 	cctx, cancel := context.WithTimeout(ctx, st.timeout)
 	start := time.Now()
@@ -118,7 +158,7 @@ func (s *Server) renewLive(ctx context.Context, n shardmap.Node, reg string, l *
 	}
 	s.stats.leaseExpiries.Add(1)
 	s.log.Warn("broker lease had expired; renewed", "node", n.ID)
-	return s.acquireLive(ctx, n, reg)
+	return s.acquireLive(ctx, n, reg, rep)
 }
 
 // releaseLive deletes l's key if it is still this registration's, and
@@ -207,6 +247,7 @@ type liveEntry struct {
 	node    shardmap.Node
 	session uint64
 	lease   int64
+	report  *transport.ReplicaReport // nil: none yet, or none from this version
 }
 
 func parseLive(st *store, key, value []byte, createRev int64) (liveEntry, bool) {
@@ -215,5 +256,6 @@ func parseLive(st *store, key, value []byte, createRev int64) (liveEntry, bool) 
 	if err := json.Unmarshal(value, &v); err != nil || v.ID != id {
 		return liveEntry{}, false
 	}
-	return liveEntry{node: shardmap.Node{ID: v.ID, Addr: v.Addr, Admin: v.Admin, Features: featureSet(v.Features)}, session: uint64(createRev), lease: v.Lease}, true
+	return liveEntry{node: shardmap.Node{ID: v.ID, Addr: v.Addr, Admin: v.Admin, Features: featureSet(v.Features)}, session: uint64(createRev), lease: v.Lease,
+		report: v.Replicas}, true
 }

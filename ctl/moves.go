@@ -30,9 +30,15 @@ import (
 //   - the source is down (its lease lapsed): a live one is refused, as
 //     moving it would lower the shard's redundancy while the target
 //     catches up;
-//   - the shard's other replicas are live: they are the quorum that
-//     admits the target, and between them they hold every committed
-//     record (each is on a majority of the three);
+//   - the shard's other replicas are live, and voters of the group:
+//     they are the quorum that admits the target, and between them they
+//     hold every committed record (each is on a majority of the three).
+//     A lease says only that a broker runs; whether its replica votes
+//     (it may be rejoining, in place of one lost with its data) the
+//     broker says with its heartbeats (transport.ReplicaReport, kept in
+//     its live/ key), and a broker that advertises
+//     transport.FeatureReplicaReports and has not reported since it
+//     registered counts as not a voter (state.notVoter);
 //   - no other replica of the shard is being moved: a move is pending
 //     until its target, a voter, says so (replica.settled, which only the
 //     target may send); until then only the pending slot itself moves
@@ -93,12 +99,20 @@ func (s *state) moveReplica(name string, shard int, from, to string) (string, er
 			ErrInvalid, from, id, earlierVersion(old), plural(old, "it", "them"), plural(old, "it", "they"), plural(old, "its", "their"))
 	}
 	for _, n := range set {
+		if n == from {
+			continue
+		}
 		// Registered now, not held live after a takeover: a member held
 		// live may be a process that died with the old leader.
-		if n != from && !s.registered(n) {
+		if !s.registered(n) {
 			return "", fmt.Errorf("%w: move %s's replica of %s: %s, another of its replicas, is down: a move needs the shard's other replicas live "+
 				"(the replica moved leaves the group at once, and the new one is admitted only by a quorum of the others: with one of them down, the moved replica's copy may be one the shard needs); bring %s back first",
 				ErrInvalid, from, id, n, n)
+		}
+		if why := s.notVoter(n, id, st.Created); why != "" {
+			return "", fmt.Errorf("%w: move %s's replica of %s: %s, another of its replicas, %s: a move needs the shard's other replicas voters of its group "+
+				"(the new replica is admitted only by a quorum of the others, and the moved replica's copy may be one the shard needs); wait until they are (felixctl stream info %s)",
+				ErrInvalid, from, id, n, why, name)
 		}
 	}
 	candidates := s.moveTargets(id, st.Placement)
@@ -125,6 +139,30 @@ func (s *state) moveReplica(name string, shard int, from, to string) (string, er
 	s.streams[name] = st
 	s.bump()
 	return to, nil
+}
+
+// notVoter says why member n's replica of shard id (of a stream created
+// at epoch created) may not be a voter of its group, as n's replica
+// reports say (transport.ReplicaReport), "" if they say it is one. A
+// broker of an earlier version reports nothing and is not checked: the
+// client's check before it asks for a move is all there is then
+// (client.Client.MoveReplica).
+func (s *state) notVoter(n string, id shardmap.ShardID, created uint64) string {
+	m := s.members[n]
+	if m == nil || !slices.Contains(m.node.Features, transport.FeatureReplicaReports) {
+		return ""
+	}
+	switch r := m.report; {
+	case r == nil:
+		return "has not yet said where its replicas stand since it registered (its first report comes within a heartbeat; a control plane of an earlier version holding its registration drops them)"
+	case r.Applied < created:
+		return fmt.Sprintf("has not yet reported on the stream's replicas (its last report is of the map of epoch %d, the stream's first is %d)", r.Applied, created)
+	case slices.Contains(r.Unready, id):
+		return "holds a replica that is not a voter of the group: joining in place of one lost with its data, or failed"
+	case r.More:
+		return fmt.Sprintf("reports more than %d replicas that are not voters of their groups", transport.MaxUnreadyReported)
+	}
+	return ""
 }
 
 // settleMove records that node, the target of shard's pending move id of

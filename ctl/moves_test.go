@@ -17,7 +17,8 @@ import (
 
 // moveFixture returns a state with members "1".."n" live (member "k"
 // under session k), the stream orders of shards shards and 3 replicas,
-// and the stream one of 2 shards and 1 replica.
+// and the stream one of 2 shards and 1 replica; each member has reported
+// its replicas of the map that holds them, all voters.
 func moveFixture(t *testing.T, n, shards int) *state {
 	t.Helper()
 	s := newState(snapshot{}, nil)
@@ -31,6 +32,9 @@ func moveFixture(t *testing.T, n, shards int) *state {
 			t.Fatal(err)
 		}
 	}
+	for _, m := range s.members {
+		m.report = &transport.ReplicaReport{Applied: s.epoch}
+	}
 	return s
 }
 
@@ -41,6 +45,12 @@ func down(t *testing.T, s *state, id string) {
 	if !s.end(id, uint64(session)) {
 		t.Fatalf("ending %s's registration changed nothing", id)
 	}
+}
+
+// reported is a registration of n under session whose broker has
+// reported its replicas of s's map, all voters.
+func reported(s *state, n shardmap.Node, session uint64) liveEntry {
+	return liveEntry{node: n, session: session, report: &transport.ReplicaReport{Applied: s.epoch}}
 }
 
 func placementOf(s *state, stream string) shardmap.Placement {
@@ -76,6 +86,10 @@ func TestMoveReplicaRefused(t *testing.T) {
 		from, to      string // roles, or ids
 		want          []error
 		says, alsoSay string
+		// reports replaces the replica reports of roles; a nil one is
+		// none received, an Applied of 1 one older than the stream.
+		reports map[string]*transport.ReplicaReport
+		earlier []string // roles whose brokers report nothing (an earlier version)
 	}{
 		{name: "unknown stream", stream: "nope", from: "owner", want: []error{ErrUnknownStream}, says: `stream "nope"`},
 		{name: "shard past the last", down: []string{"owner"}, stream: "orders", shard: 4, from: "owner",
@@ -102,11 +116,34 @@ func TestMoveReplicaRefused(t *testing.T) {
 			want: []error{ErrInvalid}, says: "{r2}, another of its replicas, is down", alsoSay: "bring {r2} back first"},
 		{name: "no target to pick", down: []string{"owner", "out"}, stream: "orders", from: "owner",
 			want: []error{ErrInvalid}, says: "no live broker without a replica of orders/0", alsoSay: "live brokers: {r1}, {r2}"},
+		{name: "another replica not a voter", down: []string{"owner"}, stream: "orders", from: "owner", to: "out",
+			reports: map[string]*transport.ReplicaReport{"r2": {Applied: 99, Unready: []shardmap.ShardID{{Stream: "orders", Shard: 0}}}},
+			want:    []error{ErrInvalid}, says: "{r2}, another of its replicas, holds a replica that is not a voter", alsoSay: "felixctl stream info orders"},
+		{name: "another replica unreported", down: []string{"owner"}, stream: "orders", from: "owner", to: "out",
+			reports: map[string]*transport.ReplicaReport{"r1": nil},
+			want:    []error{ErrInvalid}, says: "{r1}, another of its replicas, has not yet said where its replicas stand"},
+		{name: "another replica's report before the stream", down: []string{"owner"}, stream: "orders", from: "owner", to: "out",
+			reports: map[string]*transport.ReplicaReport{"r1": {Applied: 1}},
+			want:    []error{ErrInvalid}, says: "{r1}, another of its replicas, has not yet reported on the stream's replicas"},
+		{name: "another replica's report truncated", down: []string{"owner"}, stream: "orders", from: "owner", to: "out",
+			reports: map[string]*transport.ReplicaReport{"r2": {Applied: 99, Unready: []shardmap.ShardID{{Stream: "orders", Shard: 3}}, More: true}},
+			want:    []error{ErrInvalid}, says: "{r2}, another of its replicas, reports more than"},
+		{name: "an earlier replica unchecked, another not a voter", down: []string{"owner"}, stream: "orders", from: "owner", to: "out",
+			earlier: []string{"r1"},
+			reports: map[string]*transport.ReplicaReport{"r1": nil, "r2": {Applied: 99, Unready: []shardmap.ShardID{{Stream: "orders", Shard: 0}}}},
+			want:    []error{ErrInvalid}, says: "{r2}, another of its replicas, holds a replica that is not a voter"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := moveFixture(t, 4, 4)
 			for _, r := range tc.down {
 				down(t, s, name(r))
+			}
+			for r, rep := range tc.reports {
+				s.members[name(r)].report = rep
+			}
+			for _, r := range tc.earlier {
+				m := s.members[name(r)]
+				m.node.Features = slices.DeleteFunc(slices.Clone(m.node.Features), func(f string) bool { return f == transport.FeatureReplicaReports })
 			}
 			before := s.Map()
 			to, err := s.moveReplica(tc.stream, tc.shard, name(tc.from), name(tc.to))
@@ -559,7 +596,7 @@ func TestMoveOneAtATime(t *testing.T) {
 	}
 	register := func(id string) {
 		t.Helper()
-		if _, _, err := s.register(node(id), 100); err != nil {
+		if _, err := s.registerLive(reported(s, node(id), 100)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -618,7 +655,7 @@ func TestMoveRefusedWhileEarlierVersionLive(t *testing.T) {
 	}
 	register := func(n shardmap.Node, session uint64) {
 		t.Helper()
-		if changed, _, err := s.register(n, session); err != nil || !changed {
+		if changed, err := s.registerLive(reported(s, n, session)); err != nil || !changed {
 			t.Fatalf("register %s with features %q: changed %v, %v; want the map changed", n.ID, n.Features, changed, err)
 		}
 	}

@@ -102,7 +102,7 @@ func (s *Server) serveRegistration(conn *quic.Conn, str *quic.Stream, r *transpo
 	s.mu.Unlock()
 
 	token := s.regToken + "-" + strconv.FormatUint(ss.id, 10)
-	lease, err := s.acquireLive(s.ctx, node, token)
+	lease, err := s.acquireLive(s.ctx, node, token, nil)
 	if err != nil {
 		s.log.Warn("registration refused: etcd unreachable", "node", node.ID, "err", err)
 		s.refuse(str, w, transport.Errorf(transport.CodeUnavailable, "ctl cannot record the registration of %s in etcd: %v", node.ID, err))
@@ -182,12 +182,15 @@ func (s *Server) applyRegisterLocked(n shardmap.Node, session uint64) (joined bo
 	return joined
 }
 
-// readHeartbeats renews the registration's lease on every heartbeat until
-// the stream fails or the broker sends something else, and returns why it
-// stopped. A returned *transport.Error is one to tell the broker. A lease
-// that cannot be renewed (etcd unreachable) is retried at the next
-// heartbeat: the broker is not told, it keeps its map and its data path.
+// readHeartbeats renews the registration's lease on every heartbeat, and
+// puts a replica report that changed in its live/ key, until the stream
+// fails or the broker sends something else, and returns why it stopped.
+// A returned *transport.Error is one to tell the broker. A lease that
+// cannot be renewed, or a report that cannot be put (etcd unreachable),
+// is retried at the next heartbeat: the broker is not told, it keeps its
+// map and its data path.
 func (s *Server) readHeartbeats(ss *session, node shardmap.Node, token string, lease **liveLease, r *transport.Reader) error {
+	var reported *transport.ReplicaReport // the report in the live/ key
 	for {
 		f, err := r.Read()
 		if err != nil {
@@ -203,14 +206,23 @@ func (s *Server) readHeartbeats(ss *session, node shardmap.Node, token string, l
 		if hb.NodeID != "" && hb.NodeID != ss.node {
 			return transport.Errorf(transport.CodeInvalid, "heartbeat for node %q on the registration of node %q", hb.NodeID, ss.node)
 		}
-		if s.currentSession(ss) {
-			l, err := s.renewLive(s.ctx, node, token, *lease)
-			if err != nil {
-				s.log.Warn("broker lease not renewed; retrying at the next heartbeat", "node", ss.node, "err", err)
-				continue
-			}
-			*lease = l
+		if !s.currentSession(ss) {
+			continue
 		}
+		l, err := s.renewLive(s.ctx, node, token, reported, *lease)
+		if err != nil {
+			s.log.Warn("broker lease not renewed; retrying at the next heartbeat", "node", ss.node, "err", err)
+			continue
+		}
+		*lease = l
+		if hb.Replicas == nil || hb.Replicas.Equal(reported) {
+			continue
+		}
+		if l, err = s.reportLive(s.ctx, node, token, hb.Replicas, l); err != nil {
+			s.log.Warn("broker's replica report not recorded; retrying at the next heartbeat", "node", ss.node, "err", err)
+			continue
+		}
+		*lease, reported = l, hb.Replicas
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/felix-broker/felix/auth"
 	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
 )
 
 // Errors of the deterministic core. The server turns them into wire error
@@ -97,6 +98,9 @@ const maxRequests = 1024
 type member struct {
 	node    shardmap.Node // Live: its lease is current
 	session uint64        // current registration; 0 when none
+	// report is the replica report of the current registration (its
+	// live/ key's), nil until the broker sends one; never persisted.
+	report *transport.ReplicaReport
 }
 
 // newState returns the core restored from snap: all members not Live until
@@ -199,11 +203,24 @@ func (s *state) register(n shardmap.Node, session uint64) (changed, joined bool,
 	features := featureSet(n.Features)
 	changed = joined || !m.node.Live || m.node.Addr != n.Addr || m.node.Admin != n.Admin || !slices.Equal(m.node.Features, features)
 	m.node.Addr, m.node.Admin, m.node.Live, m.node.Features = n.Addr, n.Admin, true, features
+	if m.session != session {
+		m.report = nil // the last registration's
+	}
 	m.session = session
 	if changed {
 		s.bump()
 	}
 	return changed, joined, nil
+}
+
+// registerLive records the registration a live/ key holds (register),
+// with the replica report it carries. It reports whether the map changed.
+func (s *state) registerLive(e liveEntry) (changed bool, err error) {
+	changed, _, err = s.register(e.node, e.session)
+	if err == nil {
+		s.members[e.node.ID].report = e.report
+	}
+	return changed, err
 }
 
 // featureSet returns the features fs names, sorted, each once, in a new

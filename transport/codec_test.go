@@ -688,8 +688,8 @@ func TestRegisterFeaturesField(t *testing.T) {
 	if err := msgpack.Unmarshal(b, &generic); err != nil {
 		t.Fatal(err)
 	}
-	if got, ok := generic[3].([]any); !ok || len(got) != 2 || got[0] != FeatureReplicaMoves || got[1] != FeatureRequestIDs {
-		t.Fatalf("Features encoded as %#v, want [%q %q]", generic[3], FeatureReplicaMoves, FeatureRequestIDs)
+	if got, ok := generic[3].([]any); !ok || fmt.Sprint(got) != fmt.Sprint(Features()) {
+		t.Fatalf("Features encoded as %#v, want %q", generic[3], Features())
 	}
 	if got, err := DecodeFrame(FrameRegister, b); err != nil || !reflect.DeepEqual(got, reg) {
 		t.Fatalf("round trip: %#v, %v; want %#v", got, err, reg)
@@ -861,5 +861,34 @@ func TestReadIfDoesNotDecodeOthers(t *testing.T) {
 	}
 	if f, err := r.ReadIf(FrameCredit); err != nil || f.(*Credit).Records != 7 {
 		t.Fatalf("the Credit frame after it: %v, %v", f, err)
+	}
+}
+
+// TestHeartbeatReplicasField: a Heartbeat's Replicas is its third field,
+// sent only when set, so one without it is the two fields of earlier
+// versions; the decoder of an earlier ctl (two fields required, the rest
+// skipped) reads one with it, and a report listing more than
+// MaxUnreadyReported replicas is malformed.
+func TestHeartbeatReplicasField(t *testing.T) {
+	if b := body(&Heartbeat{NodeID: "n1", Epoch: 4}); b[0] != 0x92 {
+		t.Fatalf("a Heartbeat without Replicas starts 0x%02x, want 0x92 (2 elements)", b[0])
+	}
+	hb := &Heartbeat{NodeID: "n1", Epoch: 4, Replicas: &ReplicaReport{Applied: 4, Unready: []shardmap.ShardID{{Stream: "s", Shard: 1}}}}
+	b := body(hb)
+	if b[0] != 0x93 {
+		t.Fatalf("a Heartbeat with Replicas starts 0x%02x, want 0x93 (3 elements)", b[0])
+	}
+	d := &decoder{b: b} // an earlier ctl's decoder, as it was
+	n := d.arrayHeader(2)
+	if id, epoch := d.str(), d.uint64(); id != "n1" || epoch != 4 {
+		t.Fatalf("an earlier decoder read %q, %d", id, epoch)
+	}
+	if d.skipN(n - 2); d.err != nil || d.off != len(b) {
+		t.Fatalf("an earlier decoder skipping Replicas: %v at %d of %d", d.err, d.off, len(b))
+	}
+
+	over := &Heartbeat{NodeID: "n1", Replicas: &ReplicaReport{Unready: make([]shardmap.ShardID, MaxUnreadyReported+1)}}
+	if _, err := DecodeFrame(FrameHeartbeat, body(over)); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("a report of %d unready replicas decoded: %v", MaxUnreadyReported+1, err)
 	}
 }

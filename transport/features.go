@@ -19,7 +19,15 @@ const (
 	// would drop the ID, and the retry of a change made would be refused
 	// as done already, or made twice.
 	FeatureRequestIDs = "request-ids"
+	// FeatureReplicaReports: the broker says with its heartbeats where
+	// its replicas stand ([Heartbeat].Replicas), and the control plane
+	// refuses to move another replica of a shard while one of such a
+	// broker is not a voter of the group (see package ctl). A broker
+	// without it reports nothing and is not checked.
+	FeatureReplicaReports = "replica-reports"
 )
 
 // Features returns the features of this build, a new slice each call.
-func Features() []string { return []string{FeatureReplicaMoves, FeatureRequestIDs} }
+func Features() []string {
+	return []string{FeatureReplicaMoves, FeatureRequestIDs, FeatureReplicaReports}
+}

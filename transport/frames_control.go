@@ -2,6 +2,7 @@ package transport
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/felix-broker/felix/auth"
 	"github.com/felix-broker/felix/shardmap"
@@ -400,9 +401,51 @@ func (r *Register) decode(d *decoder) {
 type Heartbeat struct {
 	NodeID string
 	Epoch  uint64 // the map epoch the broker holds
+	// Replicas is where the broker's replicas of replicated shards
+	// stand, which the control plane checks before it moves a replica
+	// (see package ctl); nil from a broker of an earlier version, which
+	// registers without FeatureReplicaReports, and sent only when set.
+	Replicas *ReplicaReport
 }
 
-const heartbeatFields = 2
+// heartbeatFields is the number of fields this version decodes; Replicas
+// is sent only when set, so a Heartbeat without it encodes as the two
+// fields of earlier versions, which every decoder requires.
+const heartbeatFields = 3
+
+// ReplicaReport is a broker's account of its replicas of replicated
+// shards, as of the last shard map it applied.
+type ReplicaReport struct {
+	// Applied is the epoch of the last map whose replicas the broker has
+	// opened since it started: those that open are then voters of their
+	// groups or listed in Unready.
+	Applied uint64 `msgpack:"applied" json:"applied"`
+	// Unready are shards of that map of which the broker holds a replica
+	// that is not a working voter of its group: one joining in place of
+	// a lost replica or moved in, one that failed or did not open. At
+	// most MaxUnreadyReported, in the map's order.
+	Unready []shardmap.ShardID `msgpack:"unready" json:"unready,omitempty"`
+	// More says the broker has more unready replicas than Unready lists.
+	More bool `msgpack:"more" json:"more,omitempty"`
+}
+
+// MaxUnreadyReported bounds ReplicaReport.Unready; a decoded report with
+// more is malformed.
+const MaxUnreadyReported = 256
+
+// Has reports whether r counts the replica of shard id as unready: it
+// lists it, or lists fewer than there are.
+func (r *ReplicaReport) Has(id shardmap.ShardID) bool {
+	return r.More || slices.Contains(r.Unready, id)
+}
+
+// Equal reports whether r and o say the same.
+func (r *ReplicaReport) Equal(o *ReplicaReport) bool {
+	if r == nil || o == nil {
+		return r == o
+	}
+	return r.Applied == o.Applied && r.More == o.More && slices.Equal(r.Unready, o.Unready)
+}
 
 // Type implements [Frame].
 func (*Heartbeat) Type() FrameType { return FrameHeartbeat }
@@ -411,17 +454,32 @@ func (h *Heartbeat) appendBody(b []byte) ([]byte, error) {
 	if h == nil {
 		return b, errNilFrame(FrameHeartbeat)
 	}
-	b = appendArrayHeader(b, heartbeatFields)
+	fields := heartbeatFields
+	if h.Replicas == nil {
+		fields--
+	}
+	b = appendArrayHeader(b, fields)
 	b = appendStr(b, h.NodeID)
 	b = appendUint(b, h.Epoch)
-	return b, nil
+	if h.Replicas == nil {
+		return b, nil
+	}
+	return appendMsgpack(b, FrameHeartbeat, h.Replicas)
 }
 
 func (h *Heartbeat) decode(d *decoder) {
-	n := d.arrayHeader(heartbeatFields)
+	n := d.arrayHeader(2) // an earlier broker sends no Replicas
 	h.NodeID = d.str()
 	h.Epoch = d.uint64()
-	d.skipN(n - heartbeatFields)
+	read := 2
+	if n >= 3 {
+		d.msgpack(&h.Replicas)
+		read = 3
+		if r := h.Replicas; r != nil && len(r.Unready) > MaxUnreadyReported {
+			d.fail("replica report lists %d unready replicas, more than %d", len(r.Unready), MaxUnreadyReported)
+		}
+	}
+	d.skipN(n - read)
 }
 
 // appendMsgpack appends v encoded by msgpack reflection (structs as maps

@@ -84,6 +84,9 @@ func sampleFrames() []namedFrame {
 		{"register/features", &Register{NodeID: "n1", Addr: "10.0.0.1:7400", Features: Features()}},
 		{"register/features-extremes", &Register{NodeID: "n1", Addr: "a", Features: []string{FeatureReplicaMoves, "", long}}},
 		{"heartbeat/full", &Heartbeat{NodeID: "n1", Epoch: 1<<64 - 1}},
+		{"heartbeat/report", &Heartbeat{NodeID: "n1", Epoch: 9, Replicas: &ReplicaReport{Applied: 9,
+			Unready: []shardmap.ShardID{{Stream: "orders", Shard: 0}, {Stream: "orders", Shard: 7}}, More: true}}},
+		{"heartbeat/report-empty", &Heartbeat{NodeID: "n1", Epoch: 9, Replicas: &ReplicaReport{}}},
 		{"raft/zero", &Raft{}},
 		{"raft/duplex", &Raft{From: "n1", Duplex: true}},
 		{"raft/full", &Raft{From: "n2", Msgs: []RaftMsg{

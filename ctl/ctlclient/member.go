@@ -61,6 +61,14 @@ type MemberConfig struct {
 	// taken: the broker keeps it with its data. An error refuses the map
 	// (and fails Join).
 	OnCluster func(id string) error
+	// Report, when set, says where the broker's replicas stand: every
+	// heartbeat carries what it returns (transport.Heartbeat.Replicas),
+	// and one is sent at once on each new registration and on
+	// [Member.Report] when it changed. The control plane checks it before
+	// it moves a replica. A member with Report and Node.Features nil
+	// advertises transport.FeatureReplicaReports; one without, nothing
+	// to report, does not.
+	Report func() *transport.ReplicaReport
 }
 
 // ErrOtherCluster is matched by the error refusing a map of another
@@ -99,6 +107,9 @@ func (c MemberConfig) withDefaults() MemberConfig {
 	}
 	if c.Node.Features == nil {
 		c.Node.Features = transport.Features()
+		if c.Report == nil {
+			c.Node.Features = slices.DeleteFunc(c.Node.Features, func(f string) bool { return f == transport.FeatureReplicaReports })
+		}
 	}
 	if c.LeaseTTL <= 0 {
 		c.LeaseTTL = DefaultLeaseTTL
@@ -153,6 +164,8 @@ type Member struct {
 	// it) touches it.
 	next atomic.Int64
 
+	report chan struct{} // capacity 1: a report to send now (Report)
+
 	ctx       context.Context // canceled by Close
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup // the run goroutine and its heartbeat goroutine
@@ -190,6 +203,7 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	m.mu.changed = make(chan struct{})
 	m.mu.connected = make(chan struct{})
 	m.mu.cluster = cfg.Cluster
+	m.report = make(chan struct{}, 1)
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	link, err := m.connect(ctx, true)
 	if err != nil {
@@ -507,23 +521,55 @@ func (m *Member) serve(link *ctlLink) error {
 	}
 }
 
-// heartbeat sends a Heartbeat every LeaseTTL/3 until stop closes. A failed
-// write ends the link's reads too.
+// heartbeat sends a Heartbeat every LeaseTTL/3 until stop closes, and,
+// with MemberConfig.Report, one at once and on Report when the report
+// changed. A failed write ends the link's reads too.
 func (m *Member) heartbeat(link *ctlLink, stop <-chan struct{}, done chan<- struct{}) {
 	defer m.wg.Done()
 	defer close(done)
 	t := time.NewTicker(m.cfg.LeaseTTL / 3)
 	defer t.Stop()
+	var sent *transport.ReplicaReport
+	send := func(always bool) bool {
+		hb := &transport.Heartbeat{NodeID: m.cfg.Node.NodeID, Epoch: m.Map().Epoch}
+		if m.cfg.Report != nil {
+			hb.Replicas = m.cfg.Report()
+		}
+		if !always && hb.Replicas.Equal(sent) {
+			return true
+		}
+		if err := link.w.Write(hb); err != nil {
+			link.str.CancelRead(streamCodeDone)
+			return false
+		}
+		sent = hb.Replicas
+		return true
+	}
+	if m.cfg.Report != nil && !send(true) {
+		return
+	}
 	for {
 		select {
 		case <-t.C:
-			hb := &transport.Heartbeat{NodeID: m.cfg.Node.NodeID, Epoch: m.Map().Epoch}
-			if err := link.w.Write(hb); err != nil {
-				link.str.CancelRead(streamCodeDone)
+			if !send(true) {
+				return
+			}
+		case <-m.report:
+			if !send(false) {
 				return
 			}
 		case <-stop:
 			return
 		}
+	}
+}
+
+// Report sends the broker's replica report (MemberConfig.Report) with a
+// heartbeat now, if it changed since the last one sent; a no-op without
+// MemberConfig.Report. It never blocks.
+func (m *Member) Report() {
+	select {
+	case m.report <- struct{}{}:
+	default:
 	}
 }

@@ -39,12 +39,18 @@ func TestJoinNeedsConfig(t *testing.T) {
 }
 
 // TestMemberFeatures: a member registers with the features of this build
-// unless its config names others; an empty list names none.
+// unless its config names others (replica reports only with a Report to
+// make them); an empty list names none.
 func TestMemberFeatures(t *testing.T) {
 	node := transport.Register{NodeID: "b0", Addr: "127.0.0.1:7400"}
-	if got := (MemberConfig{Node: node}).withDefaults().Node.Features; !slices.Equal(got, transport.Features()) ||
+	report := func() *transport.ReplicaReport { return &transport.ReplicaReport{} }
+	if got := (MemberConfig{Node: node, Report: report}).withDefaults().Node.Features; !slices.Equal(got, transport.Features()) ||
 		!slices.Contains(got, transport.FeatureReplicaMoves) {
 		t.Errorf("features registered by default: %q, want this build's %q", got, transport.Features())
+	}
+	if got := (MemberConfig{Node: node}).withDefaults().Node.Features; slices.Contains(got, transport.FeatureReplicaReports) ||
+		!slices.Contains(got, transport.FeatureReplicaMoves) {
+		t.Errorf("features registered by default without a Report: %q, want this build's but %q", got, transport.FeatureReplicaReports)
 	}
 	node.Features = []string{}
 	if got := (MemberConfig{Node: node}).withDefaults().Node.Features; got == nil || len(got) != 0 {
