@@ -180,7 +180,11 @@ func (p *pubCmd) Run(a *app) error {
 			value = fmt.Appendf(nil, "%s-%03d", base, i)
 		}
 		c := conns[i%len(conns)]
-		ack, err := c.Publish(ctx, p.Stream, key, value, opts...)
+		// --timeout bounds each publish, as it does each request of
+		// other commands, not the whole --count.
+		pctx, cancel := context.WithTimeout(a.ctx, g.Timeout)
+		ack, err := c.Publish(pctx, p.Stream, key, value, opts...)
+		cancel()
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil {

@@ -130,7 +130,7 @@ func (s *subCmd) Run(a *app) error {
 				}
 				return errors.New(msg)
 			case a.ctx.Err() != nil:
-				return nil // interrupted: the normal end of an open-ended subscription
+				return s.interrupted(n)
 			}
 			return &brokerError{ID: c.id, Addr: c.addr, Err: &streamError{Stream: s.Stream, Err: err}}
 		}
@@ -148,12 +148,22 @@ func (s *subCmd) Run(a *app) error {
 		}
 	}
 	if a.ctx.Err() != nil {
-		return nil
+		return s.interrupted(n)
 	}
 	if err := sub.Err(); err != nil {
 		return &brokerError{ID: c.id, Addr: c.addr, Err: &streamError{Stream: s.Stream, Err: err}}
 	}
 	return nil
+}
+
+// interrupted is how a subscription that received n records ends on
+// an interrupt (SIGINT, SIGTERM): the normal end of an open-ended one,
+// and a failure of one that asked for --count records and has fewer.
+func (s *subCmd) interrupted(n int) error {
+	if s.Count == 0 || n >= s.Count {
+		return nil
+	}
+	return fmt.Errorf("interrupted after %d of %d %s from %s", n, s.Count, records(s.Count), s.Stream)
 }
 
 func records(n int) string {
