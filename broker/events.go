@@ -323,12 +323,17 @@ func (t *telemetry) serverSpan(ev *pubEvents) trace.Span {
 	if ev.trace.spanID.IsValid() {
 		ctx = msgtrace.Reserve(ctx, ev.trace.spanID)
 	}
-	name := "publish " + ev.pub.Stream
-	if ev.peer != "" {
-		name = "forward " + ev.pub.Stream
-	}
-	_, ev.trace.span = t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(ev.received))
+	_, ev.trace.span = t.tracer.Start(ctx, spanOp(ev)+" "+ev.pub.Stream, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(ev.received))
 	return ev.trace.span
+}
+
+// spanOp is the operation ev's server span names: "publish", or
+// "forward" for a peer's record.
+func spanOp(ev *pubEvents) string {
+	if ev.peer != "" {
+		return "forward"
+	}
+	return "publish"
 }
 
 // endServer gives ev's server span (starting it if need be) its
@@ -363,6 +368,12 @@ func (t *telemetry) endServer(ev *pubEvents) {
 		}
 		sp.SetAttributes(attrs...)
 		t.spanAttrs = clearAttrs(attrs)
+		if ev.shard < 0 {
+			// Never routed: the stream name is the client's, of no
+			// stream perhaps (unknown_stream), and span names must be
+			// few; the attribute keeps it.
+			sp.SetName(spanOp(ev))
+		}
 	}
 	endSpan(sp, ev.err, trace.WithTimestamp(ev.answered))
 }

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/felix-broker/felix/internal/msgtrace"
+	"github.com/felix-broker/felix/shardmap"
 )
 
 // TestReroutedForwardSpans: a forward refused with NotOwner and routed
@@ -127,5 +128,40 @@ func waitAllAnswered(t *testing.T, brokers ...*Broker) {
 			}
 			time.Sleep(time.Millisecond)
 		}
+	}
+}
+
+// TestUnroutedSpansNamedByOperation: a record refused before it was
+// routed to a shard (a stream the map does not have) gives a server span
+// named by its operation alone, its stream name, the client's, kept in an
+// attribute: any client could otherwise make span names without end. A
+// routed record's span names its stream.
+func TestUnroutedSpansNamedByOperation(t *testing.T) {
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	defer tp.Shutdown(context.Background())
+	ip := startInprocWith(t, func(c *Config) { c.TracerProvider = tp }, 1, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	ws := openStream(t, ip.dial(ip.brokers[0]))
+	for i, stream := range []string{"orders", "nope-1", "nope-2"} {
+		p := publish(uint64(i+1), stream, "v")
+		p.Headers = msgtrace.WithRecordContext(trace.NewSpanContext(trace.SpanContextConfig{
+			TraceID: msgtrace.NewTraceID(), SpanID: msgtrace.NewSpanID(), TraceFlags: trace.FlagsSampled}), nil)
+		ws.send(p)
+		ws.recv()
+	}
+	names := map[string]int{}
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(5 * time.Millisecond) {
+		clear(names)
+		for _, s := range spans.GetSpans() {
+			if s.SpanKind == trace.SpanKindServer {
+				names[s.Name]++
+			}
+		}
+		if names["publish orders"]+names["publish"] == 3 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if names["publish orders"] != 1 || names["publish"] != 2 || len(names) != 2 {
+		t.Fatalf("server spans by name: %v; want publish orders once and publish twice", names)
 	}
 }

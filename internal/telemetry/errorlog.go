@@ -2,6 +2,8 @@ package telemetry
 
 import (
 	"log/slog"
+	"maps"
+	"regexp"
 	"sync"
 	"time"
 
@@ -22,24 +24,41 @@ func logOTelTo(log *slog.Logger) {
 }
 
 // errorLog is an otel.ErrorHandler writing to a slog.Logger. An exporter
-// whose collector is down fails on every export: the same error is logged
-// once per quiet period, with how many times it was repeated since.
+// whose collector is down fails on every export, and the span buffer
+// reports the spans it dropped meanwhile, counts that change each time:
+// each kind of error (its message with every number in it as one mark)
+// is logged once per quiet period, with how many times it was repeated
+// since.
 type errorLog struct {
 	log   *slog.Logger
 	quiet time.Duration
 
-	// mu guards the last error logged, for the repeat suppression;
+	// mu guards the kinds of error logged, for the repeat suppression;
 	// Handle is called from the exporters' goroutines.
 	mu struct {
 		sync.Mutex
-		last     string
-		at       time.Time
-		repeated int
+		seen map[string]*logged // by kind; at most maxKinds
 	}
 }
 
+// logged is when a kind of error was last logged, and how many times it
+// came since.
+type logged struct {
+	at       time.Time
+	repeated int
+}
+
+// maxKinds bounds the kinds of error an errorLog remembers.
+const maxKinds = 64
+
+// numbers finds the numbers in an error message, which differ between
+// errors of one kind (counts, ports, durations).
+var numbers = regexp.MustCompile(`[0-9]+`)
+
 func newErrorLog(log *slog.Logger, quiet time.Duration) *errorLog {
-	return &errorLog{log: log, quiet: quiet}
+	h := &errorLog{log: log, quiet: quiet}
+	h.mu.seen = map[string]*logged{}
+	return h
 }
 
 // Handle implements otel.ErrorHandler.
@@ -48,17 +67,26 @@ func (h *errorLog) Handle(err error) {
 		return
 	}
 	msg, now := err.Error(), time.Now()
+	kind := numbers.ReplaceAllLiteralString(msg, "#")
 	h.mu.Lock()
-	if msg == h.mu.last && now.Sub(h.mu.at) < h.quiet {
-		h.mu.repeated++
+	l := h.mu.seen[kind]
+	if l != nil && now.Sub(l.at) < h.quiet {
+		l.repeated++
 		h.mu.Unlock()
 		return
 	}
-	repeated := 0
-	if msg == h.mu.last {
-		repeated = h.mu.repeated
+	if l == nil {
+		if len(h.mu.seen) >= maxKinds {
+			maps.DeleteFunc(h.mu.seen, func(_ string, l *logged) bool { return now.Sub(l.at) >= h.quiet })
+		}
+		if len(h.mu.seen) >= maxKinds {
+			clear(h.mu.seen)
+		}
+		l = &logged{}
+		h.mu.seen[kind] = l
 	}
-	h.mu.last, h.mu.at, h.mu.repeated = msg, now, 0
+	repeated := l.repeated
+	l.at, l.repeated = now, 0
 	h.mu.Unlock()
 	if repeated > 0 {
 		h.log.Warn("telemetry: OpenTelemetry error (export or SDK)", "err", msg, "repeated", repeated)

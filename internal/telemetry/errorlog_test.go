@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -83,6 +84,31 @@ func TestErrorLogSuppressesRepeats(t *testing.T) {
 	h.Handle(errors.New("collector down"))
 	if got := buf.String(); strings.Count(got, "collector down") != 2 || !strings.Contains(got, "repeated=2") {
 		t.Errorf("logged:\n%s", got)
+	}
+}
+
+// TestErrorLogSuppressesInterleavedKinds: with the collector down, the
+// export error and the dropped-span count (a new number each time) come
+// by turns; each kind is still logged once per quiet period (both were
+// logged every time: two lines a second for as long as the collector was
+// down).
+func TestErrorLogSuppressesInterleavedKinds(t *testing.T) {
+	var buf syncBuffer
+	h := newErrorLog(slog.New(slog.NewTextHandler(&buf, nil)), time.Minute)
+	for i := range 100 {
+		h.Handle(errors.New(`telemetry: exporting spans: Post "http://127.0.0.1:4318/v1/traces": connection refused`))
+		h.Handle(fmt.Errorf("telemetry: span queue full (the exporter is slow or down): %d spans dropped (%d in all)", 10+i, 100*i))
+	}
+	if got := buf.String(); strings.Count(got, "\n") != 2 || !strings.Contains(got, "exporting spans") || !strings.Contains(got, "10 spans dropped (0 in all)") {
+		t.Errorf("logged:\n%s", got)
+	}
+	for i := range 2 * maxKinds { // kinds without end stay bounded
+		h.Handle(fmt.Errorf("kind %c%c", 'a'+i%26, 'a'+i/26))
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if n := len(h.mu.seen); n > maxKinds {
+		t.Errorf("%d kinds remembered, more than %d", n, maxKinds)
 	}
 }
 

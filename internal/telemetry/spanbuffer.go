@@ -1,7 +1,9 @@
 package telemetry
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -30,11 +32,15 @@ type SpanBuffer struct {
 	maxBatch int
 	maxQueue int
 
-	mu      sync.Mutex // guards spans
-	spans   []sdktrace.ReadOnlySpan
-	full    chan struct{} // capacity 1: MaxBatch spans are waiting
-	stop    chan struct{}
-	done    chan struct{}
+	mu    sync.Mutex // guards spans
+	spans []sdktrace.ReadOnlySpan
+	full  chan struct{} // capacity 1: MaxBatch spans are waiting
+	stop  chan struct{}
+	done  chan struct{}
+	// ctx is the periodic exports' (run's); cancel ends the one under
+	// way when Shutdown's context ends first.
+	ctx     context.Context
+	cancel  context.CancelFunc
 	once    sync.Once
 	dropped atomic.Uint64
 	onError func(error)
@@ -70,6 +76,7 @@ func NewSpanBuffer(exp sdktrace.SpanExporter, o SpanBufferOptions) *SpanBuffer {
 	}
 	b := &SpanBuffer{exp: exp, interval: o.Interval, maxBatch: o.MaxBatch, maxQueue: o.MaxQueue, onError: o.OnError,
 		full: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	b.ctx, b.cancel = context.WithCancel(context.Background())
 	go b.run()
 	return b
 }
@@ -113,7 +120,7 @@ func (b *SpanBuffer) run() {
 		case <-t.C:
 		case <-b.full:
 		}
-		if err := b.export(context.Background()); err != nil {
+		if err := b.export(b.ctx); err != nil {
 			b.onError(fmt.Errorf("telemetry: exporting spans: %w", err))
 		}
 		if d := b.dropped.Load(); d != b.reported {
@@ -123,7 +130,8 @@ func (b *SpanBuffer) run() {
 	}
 }
 
-// export sends everything buffered, MaxBatch spans at a time.
+// export sends everything buffered, MaxBatch spans at a time, until ctx
+// ends: the spans not sent then are dropped.
 func (b *SpanBuffer) export(ctx context.Context) error {
 	b.mu.Lock()
 	spans := b.spans
@@ -131,6 +139,10 @@ func (b *SpanBuffer) export(ctx context.Context) error {
 	b.mu.Unlock()
 	var firstErr error
 	for len(spans) > 0 {
+		if err := ctx.Err(); err != nil {
+			b.dropped.Add(uint64(len(spans)))
+			return cmp.Or(firstErr, err)
+		}
 		n := min(len(spans), b.maxBatch)
 		ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		if err := b.exp.ExportSpans(ectx, spans[:n]); err != nil && firstErr == nil {
@@ -146,15 +158,20 @@ func (b *SpanBuffer) export(ctx context.Context) error {
 func (b *SpanBuffer) ForceFlush(ctx context.Context) error { return b.export(ctx) }
 
 // Shutdown stops the export goroutine, exports what is left and shuts the
-// exporter down.
+// exporter down, within ctx: an export under way when ctx ends (a
+// collector that does not answer) is given up, and what is left dropped.
 func (b *SpanBuffer) Shutdown(ctx context.Context) error {
 	var err error
 	b.once.Do(func() {
 		close(b.stop)
-		<-b.done
-		if err = b.export(ctx); err == nil {
-			err = b.exp.Shutdown(ctx)
+		select {
+		case <-b.done:
+		case <-ctx.Done():
+			b.cancel()
+			<-b.done
 		}
+		b.cancel()
+		err = errors.Join(b.export(ctx), b.exp.Shutdown(ctx))
 	})
 	return err
 }

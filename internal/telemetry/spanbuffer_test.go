@@ -63,3 +63,38 @@ func TestSpanBufferBatchesAndFlushesOnShutdown(t *testing.T) {
 		t.Fatalf("exported %d, dropped %d of 400 (queue 250)", spans, buf.Dropped())
 	}
 }
+
+// stuckExporter is an exporter whose collector never answers: every
+// export waits for its context to end.
+type stuckExporter struct{ exporting chan struct{} }
+
+func (e *stuckExporter) ExportSpans(ctx context.Context, _ []sdktrace.ReadOnlySpan) error {
+	select {
+	case e.exporting <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+func (e *stuckExporter) Shutdown(context.Context) error { return nil }
+
+// TestSpanBufferShutdownWithinItsContext: Shutdown returns when its
+// context ends even while a periodic export waits on a collector that
+// does not answer (it waited for that export's own 10 s timeout, one per
+// batch queued, well past a process's stop timeout).
+func TestSpanBufferShutdownWithinItsContext(t *testing.T) {
+	exp := &stuckExporter{exporting: make(chan struct{}, 1)}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(NewSpanBuffer(exp, SpanBufferOptions{Interval: 5 * time.Millisecond, MaxBatch: 1})))
+	for range 3 {
+		_, s := tp.Tracer("t").Start(context.Background(), "s")
+		s.End()
+	}
+	<-exp.exporting
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := tp.Shutdown(ctx)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("Shutdown with a 100 ms context returned %v after %v", err, took)
+	}
+}
