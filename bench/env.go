@@ -312,6 +312,7 @@ func (e *env) close(ctx context.Context) error {
 }
 
 // sameClock reports whether the brokers' wall clock is this process's:
-// they are processes of this machine (a local cluster), so a time the
-// owner stamped on a record can be set against the bench's own.
-func (e *env) sameClock() bool { return e.watch != nil }
+// they are processes of this machine (a local cluster, the bench's own),
+// so a time the owner stamped on a record can be set against the bench's
+// own. (watch is set for any cluster: it holds the bench's own process.)
+func (e *env) sameClock() bool { return e.ownsData }

@@ -26,8 +26,9 @@ func (e *env) runLoad(ctx context.Context, ps *pubSet, maxRate, pct float64) (*R
 	sends := make([]sendFunc, len(ps.pubs))
 	for p, pub := range ps.pubs {
 		opt := client.WithShard(ps.shardOf(p))
-		sends[p] = func(ctx context.Context, then client.PublishOpt) (*client.Future, error) {
-			return pub.PublishAsync(ctx, nil, ps.value, opt, then)
+		sends[p] = func(ctx context.Context, then func(client.Ack, error)) error {
+			_, err := pub.PublishAsync(ctx, nil, ps.value, opt, client.OnResolved(then))
+			return err
 		}
 	}
 	var trials []trial

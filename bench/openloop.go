@@ -146,7 +146,7 @@ func (r *coRecorder) trial(acks *ackGroups, sameClock bool) trial {
 
 // sendFunc sends one record without waiting for its ack (PublishAsync),
 // with then to be called with its outcome (client.OnResolved).
-type sendFunc func(ctx context.Context, then client.PublishOpt) (*client.Future, error)
+type sendFunc func(ctx context.Context, then func(client.Ack, error)) error
 
 // openLoop sends warmup+n records at ratePerSec, record i through
 // sends[i mod len(sends)], and returns the measured ones (those after the
@@ -184,10 +184,15 @@ func openLoop(ctx context.Context, ratePerSec, warmup, n int, sends []sendFunc, 
 			break
 		}
 		col, measured := cols[i%len(cols)], i >= warmup
-		sent := time.Now()
+		// The record goes out when the send returns: a wait inside it
+		// (a full window, a blocked write) is the system's, the send
+		// wait. Its ack may come first; then it went out by the call.
+		calling := time.Now()
+		var sentAt atomic.Int64 // since calling; 0 until the send returns
 		outstanding.Add(1)
-		_, err = sends[i%len(sends)](ctx, client.OnResolved(func(ack client.Ack, err error) {
+		err = sends[i%len(sends)](ctx, func(ack client.Ack, err error) {
 			done := time.Now()
+			sent := calling.Add(time.Duration(sentAt.Load()))
 			defer func() {
 				outstanding.Add(-1)
 				settle()
@@ -200,7 +205,8 @@ func openLoop(ctx context.Context, ratePerSec, warmup, n int, sends []sendFunc, 
 				col.record(intended, charged, sent, done, ack)
 			}
 			prog.add(1)
-		}))
+		})
+		sentAt.Store(int64(max(time.Since(calling), 1)))
 		if err != nil {
 			outstanding.Add(-1) // not sent: no call will come
 			if ctx.Err() == nil {

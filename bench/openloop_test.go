@@ -1,8 +1,11 @@
 package bench
 
 import (
+	"context"
 	"testing"
 	"time"
+
+	"github.com/felix-broker/felix/client"
 )
 
 // TestCORecorderStall feeds the recorder a synthetic open-loop run: 2000
@@ -142,5 +145,35 @@ func TestSchedule(t *testing.T) {
 	}
 	if got := s.at(8).Sub(s.start); got != 2*time.Millisecond {
 		t.Errorf("at(8) = start + %v, want 2ms", got)
+	}
+}
+
+// TestOpenLoopSendWaitIncludesItsOwnBlock: a send that blocks inside the
+// call (a full window, a blocked write) has that block in its send wait,
+// charged, and not in its uncorrected latency, which runs from the
+// moment the record went out (the block was reported as uncorrected
+// latency, the send wait only catching later records' waits).
+func TestOpenLoopSendWaitIncludesItsOwnBlock(t *testing.T) {
+	const block = 20 * time.Millisecond
+	i := 0
+	send := func(_ context.Context, then func(client.Ack, error)) error {
+		if i == 3 {
+			time.Sleep(block)
+		}
+		i++
+		go then(client.Ack{Owner: "b", Stream: "s", Timestamp: time.Now()}, nil)
+		return nil
+	}
+	// 50/s: 20 ms apart, no other record due during the block.
+	rec, _, err := openLoop(t.Context(), 50, 1, 6, []sendFunc{send}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lat, wait, raw := percentilesOf(rec.lat), percentilesOf(rec.wait), percentilesOf(rec.raw)
+	if wait.Max < usOf(block)*0.9 || lat.Max < usOf(block)*0.9 {
+		t.Errorf("send wait max %v µs, latency max %v µs: the record's own %v block in its send is not in both", wait.Max, lat.Max, block)
+	}
+	if raw.Max > usOf(block)/2 {
+		t.Errorf("uncorrected latency max %v µs holds the %v its send blocked before the record went out", raw.Max, block)
 	}
 }

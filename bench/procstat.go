@@ -180,14 +180,20 @@ type cpuSample struct {
 	n           int
 }
 
-// readCPUs samples /proc/stat: busy is every state but idle and iowait.
+// readCPUs samples /proc/stat (parseCPUs).
 func readCPUs() (cpuSample, error) {
-	var s cpuSample
 	raw, err := os.ReadFile("/proc/stat")
 	if err != nil {
-		return s, fmt.Errorf("bench: read /proc/stat: %w", err)
+		return cpuSample{}, fmt.Errorf("bench: read /proc/stat: %w", err)
 	}
-	for line := range strings.Lines(string(raw)) {
+	return parseCPUs(string(raw))
+}
+
+// parseCPUs reads a sample from the text of /proc/stat: busy is every
+// state but idle, iowait and steal; total is every state.
+func parseCPUs(raw string) (cpuSample, error) {
+	var s cpuSample
+	for line := range strings.Lines(raw) {
 		f := strings.Fields(line)
 		switch {
 		case len(f) > 5 && f[0] == "cpu":
@@ -196,11 +202,15 @@ func readCPUs() (cpuSample, error) {
 				if err != nil {
 					return s, fmt.Errorf("bench: malformed /proc/stat: %q", strings.TrimSpace(line))
 				}
-				if i >= 7 { // guest and guest_nice are within user and nice
+				// user nice system idle iowait irq softirq steal guest
+				// guest_nice: guest and guest_nice are within user and
+				// nice; steal (a VM's CPU run by another) is time, not
+				// work of this machine's.
+				if i >= 8 {
 					break
 				}
 				s.total += n
-				if i != 3 && i != 4 { // idle, iowait
+				if i != 3 && i != 4 && i != 7 { // idle, iowait, steal
 					s.busy += n
 				}
 			}

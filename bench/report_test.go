@@ -2,6 +2,7 @@ package bench
 
 import (
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -268,5 +269,67 @@ func TestSysmonNote(t *testing.T) {
 	}
 	if n := sysmonNote("schedtrace=0"); !strings.Contains(n, "parks while they idle") {
 		t.Errorf("sysmonNote with schedtrace=0 = %q", n)
+	}
+}
+
+// TestParseCPUsCountsSteal: a VM's stolen time is in the total, not in
+// the busy time, and guest time, within user, is not counted twice (the
+// steal column was left out of the total, which overstated how busy the
+// CPUs were by the share stolen).
+func TestParseCPUsCountsSteal(t *testing.T) {
+	// user nice system idle iowait irq softirq steal guest guest_nice
+	s, err := parseCPUs("cpu  100 0 100 600 0 0 0 200 50 0\ncpu0 50 0 50 300 0 0 0 100 25 0\ncpu1 50 0 50 300 0 0 0 100 25 0\nintr 7\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.total != 1000 || s.busy != 200 || s.n != 2 {
+		t.Errorf("sample %+v, want total 1000, busy 200 over 2 CPUs", s)
+	}
+	if _, err := parseCPUs("intr 7\n"); err == nil {
+		t.Error("a /proc/stat without a cpu line parsed")
+	}
+}
+
+// TestNoBrokerFiguresWithoutBrokers: against a cluster that is not the
+// bench's, only the bench's process and the machine are watched; the
+// report then gives no broker CPU, RSS or CPU per record, and checks no
+// RSS target (it gave zeros, and the RSS target met at 0 MiB).
+func TestNoBrokerFiguresWithoutBrokers(t *testing.T) {
+	tr := trial{hist: newHist(), acks: newAckGroups(), count: 1000, elapsed: time.Second,
+		usage: []ProcUsage{{Name: selfName, CPUPct: 40, RSSMiB: 30}, {Name: machineName, CPUPct: 90}}}
+	record(tr.hist, time.Millisecond)
+	r := summarize(Throughput, ModePipelined, []trial{tr})
+	if r.BrokerCPUPct != nil || r.BrokerRSSMiB != nil || r.BrokerPeakRSSMiB != nil || r.BrokerCPUPerRecord != nil {
+		t.Errorf("broker figures with no broker watched: cpu %v rss %v peak %v per record %v", r.BrokerCPUPct, r.BrokerRSSMiB, r.BrokerPeakRSSMiB, r.BrokerCPUPerRecord)
+	}
+	rep := &Report{Scenarios: []*Result{r}}
+	rep.Floors.Fsync = Percentiles{Count: 1, P50: 1000, P99: 2000}
+	rep.checkTargets()
+	for _, tg := range rep.Targets {
+		if tg.Name == "broker RSS" {
+			t.Errorf("RSS target checked with no broker watched: %+v", tg)
+		}
+	}
+	if (&env{watch: &procWatch{names: []string{selfName}}}).sameClock() {
+		t.Error("a cluster that is not the bench's counts as on its clock")
+	}
+}
+
+// TestThroughputTargetPerShard: the throughput target asks each shard for
+// several records per fsync's time: six shards committing one record per
+// fsync each, their fsyncs overlapping, do not meet it (they met a bound
+// on their sum).
+func TestThroughputTargetPerShard(t *testing.T) {
+	for _, tc := range []struct {
+		perShard float64 // acked records/s per shard, fsync 1 ms
+		met      bool
+	}{{900, false}, {5100, true}} {
+		rep := &Report{Scenarios: []*Result{{Scenario: Throughput, Mode: ModePipelined, Shards: 6, Publishers: 64, ThroughputMsgsPerS: 6 * tc.perShard}}}
+		rep.Floors.Fsync = Percentiles{Count: 1, P50: 1000, P99: 2000}
+		rep.checkTargets()
+		i := slices.IndexFunc(rep.Targets, func(tg Target) bool { return tg.Name == "throughput" })
+		if i < 0 || rep.Targets[i].Met != tc.met {
+			t.Errorf("%v records/s per shard over 6, fsync 1 ms: targets %+v; want throughput met %v", tc.perShard, rep.Targets, tc.met)
+		}
 	}
 }

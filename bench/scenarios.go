@@ -154,8 +154,9 @@ func (e *env) runOpen(ctx context.Context, scenario string) (*Result, error) {
 	n := max(1, int(float64(e.cfg.rate)*e.cfg.openDuration.Seconds()))
 	warmup := max(1, e.cfg.rate/4) // a quarter of a second
 	shard := client.WithShard(0)
-	send := func(ctx context.Context, then client.PublishOpt) (*client.Future, error) {
-		return pub.PublishAsync(ctx, nil, value, shard, then)
+	send := func(ctx context.Context, then func(client.Ack, error)) error {
+		_, err := pub.PublishAsync(ctx, nil, value, shard, client.OnResolved(then))
+		return err
 	}
 
 	var trials []trial
