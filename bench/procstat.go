@@ -124,6 +124,7 @@ type procWatch struct {
 	names  []string
 	pids   []int
 	before []procSample
+	read   []bool    // before[i] was read
 	cpus   cpuSample // the machine's at begin
 }
 
@@ -134,8 +135,11 @@ func (w *procWatch) begin() {
 		return
 	}
 	w.before = make([]procSample, len(w.pids))
+	w.read = make([]bool, len(w.pids))
 	for i, pid := range w.pids {
-		w.before[i], _ = readProc(pid)
+		var err error
+		w.before[i], err = readProc(pid)
+		w.read[i] = err == nil
 	}
 	w.cpus, _ = readCPUs()
 }
@@ -153,8 +157,8 @@ func (w *procWatch) end(wallSeconds float64) []ProcUsage {
 	}
 	for i, pid := range w.pids {
 		after, err := readProc(pid)
-		if err != nil || wallSeconds <= 0 {
-			continue
+		if err != nil || !w.read[i] || wallSeconds <= 0 {
+			continue // not read at both ends: its lifetime is no interval
 		}
 		cpu := float64(after.cpuTicks-w.before[i].cpuTicks) / clockTicks
 		out = append(out, ProcUsage{

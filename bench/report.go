@@ -250,7 +250,7 @@ func summarize(scenario, mode string, trials []trial) *Result {
 			*r.QUICPacketsLost += t.quic.lost
 		}
 		if t.usage != nil {
-			sum, peak, rss := 0.0, 0.0, 0.0
+			sum, peak, rss, machine := 0.0, 0.0, 0.0, -1.0
 			for _, u := range t.usage {
 				switch u.Name {
 				case selfName:
@@ -258,6 +258,7 @@ func summarize(scenario, mode string, trials []trial) *Result {
 					continue
 				case machineName:
 					machineCPU = append(machineCPU, u.CPUPct)
+					machine = u.CPUPct
 					continue
 				}
 				sum += u.CPUPct
@@ -266,8 +267,8 @@ func summarize(scenario, mode string, trials []trial) *Result {
 			cpu = append(cpu, sum)
 			if tp > 0 {
 				cpuPerRec = append(cpuPerRec, perRecord(sum, tp))
-				if n := len(machineCPU); n > 0 {
-					machinePerRec = append(machinePerRec, perRecord(machineCPU[n-1], tp))
+				if machine >= 0 { // this trial's, never an earlier one's
+					machinePerRec = append(machinePerRec, perRecord(machine, tp))
 				}
 			}
 			r.BrokerRSSMiB, r.BrokerPeakRSSMiB = ptr(rss), ptr(peak)
