@@ -14,6 +14,7 @@ import (
 
 	"github.com/felix-broker/felix/internal/logonce"
 	"github.com/felix-broker/felix/internal/msgtrace"
+	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
 
@@ -34,6 +35,7 @@ const (
 	limitSubscriptionByte = "subscription_bytes_per_principal"
 	limitProducers        = "producers"
 	limitProducerID       = "producer_id_bytes"
+	limitSubscribedLogs   = "subscribed_logs_per_principal"
 )
 
 // ackReserve is what each record a client publishes is charged beyond its
@@ -63,6 +65,9 @@ type principalUse struct {
 	conns   int         // guarded by limits.mu
 	publish *byteBudget // record bytes in flight and answers not yet written
 	sub     *byteBudget // records read for subscribers and not yet written
+	// pins counts the principal's subscriptions by shard whose log
+	// they keep open (replication factor 1); guarded by limits.mu.
+	pins map[shardmap.ShardID]int
 }
 
 // frameHolder charges what a client stream's Reader buffers for a large
@@ -145,6 +150,38 @@ func (l *limits) releaseConn(c *connUse) {
 	l.mu.conns--
 	if c.use.conns--; c.use.conns == 0 {
 		delete(l.mu.principals, c.principal)
+	}
+}
+
+// pin counts a subscription of c's principal that keeps shard id's log
+// open, or refuses it: a principal's subscriptions keep at most share
+// logs open at once (half the broker's open-log budget). A subscription
+// pins its log for its whole life, idle or not, and logs pinned are never
+// closed for the budget: one principal subscribed to as many shards as
+// the budget holds made every other log's open fail unavailable. Each
+// pin is undone with unpin.
+func (l *limits) pin(c *connUse, id shardmap.ShardID, share int) *transport.Error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	u := c.use
+	if u.pins[id] == 0 && len(u.pins) >= share {
+		return l.exceeded(limitSubscribedLogs, c.principal,
+			"principal %q's subscriptions keep %d shard logs open on this broker, its limit (half of --max-open-shards, so that others' logs can open); end a subscription first",
+			c.principal, len(u.pins))
+	}
+	if u.pins == nil {
+		u.pins = map[shardmap.ShardID]int{}
+	}
+	u.pins[id]++
+	return nil
+}
+
+// unpin undoes a pin of id by c's principal.
+func (l *limits) unpin(c *connUse, id shardmap.ShardID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c.use.pins[id]--; c.use.pins[id] <= 0 {
+		delete(c.use.pins, id)
 	}
 }
 

@@ -595,6 +595,10 @@ func (s *shardSet) makeRoomLocked(pinned bool) (victims []*shardEntry, closing c
 	return idle, nil, nil
 }
 
+// principalShare is how many logs one principal's subscriptions may keep
+// open at once: half the open-log budget (limits.pin).
+func (s *shardSet) principalShare() int { return max(1, s.maxOpen/2) }
+
 // open opens e's log (or replica, for a replicated stream st) and makes e
 // ready.
 func (s *shardSet) open(e *shardEntry, st *shardmap.Stream) {

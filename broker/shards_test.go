@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quic-go/quic-go"
+
+	"github.com/felix-broker/felix/auth"
 	"github.com/felix-broker/felix/ctl"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
@@ -351,17 +354,22 @@ func TestOpenLogBudget(t *testing.T) {
 }
 
 // TestOpenLogBudgetInUse: logs pinned by subscriptions are never closed
-// for the budget; with all of it pinned a publish to another shard gets a
-// typed unavailable error naming the shard, and once a subscription ends
-// the publish succeeds.
+// for the budget; with all of it pinned (by two principals, each at its
+// share, half of it) a publish to another shard gets a typed unavailable
+// error naming the shard, and once a subscription ends the publish
+// succeeds.
 func TestOpenLogBudgetInUse(t *testing.T) {
 	const budget = 4
 	ip := startInprocWith(t, func(c *Config) { c.MaxOpenShards = budget }, 1, shardmap.StreamConfig{Name: "s", Shards: 8})
+	if err := ip.ctl.Grant(auth.Grant{Principal: "bob", Action: auth.Subscribe, Pattern: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	ip.waitEpoch(ip.ctl.Map().Epoch)
 	b := ip.brokers[0]
-	conn := ip.dial(b)
+	conns := []*quic.Conn{ip.dial(b), ip.dialAs(b, "bob")}
 	var subs []*wireStream
 	for shard := range budget {
-		sub := openStream(t, conn)
+		sub := openStream(t, conns[shard%2])
 		sub.send(&transport.Subscribe{Stream: "s", Shard: int32(shard), Start: transport.StartEarliest, Credit: 10})
 		subs = append(subs, sub)
 	}
@@ -403,6 +411,61 @@ func TestOpenLogBudgetInUse(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	wantAck(t, publishShard(ws, 3, "s", 6, "x"), 3)
+}
+
+// TestSubscribedLogsPerPrincipal: one principal's subscriptions keep at
+// most half the open-log budget open; past it a subscription to another
+// shard is refused limit_exceeded, while more subscriptions to a shard it
+// already keeps open, another principal's subscriptions and publishes
+// open theirs (one principal subscribed to every shard once left no log
+// for any other to open); a subscription ended gives its share back.
+func TestSubscribedLogsPerPrincipal(t *testing.T) {
+	const budget = 4
+	ip := startInprocWith(t, func(c *Config) { c.MaxOpenShards = budget; c.Logger = quiet() }, 1, shardmap.StreamConfig{Name: "s", Shards: 8})
+	if err := ip.ctl.Grant(auth.Grant{Principal: "mallory", Action: auth.Subscribe, Pattern: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	ip.waitEpoch(ip.ctl.Map().Epoch)
+	b := ip.brokers[0]
+	mallory := ip.dialAs(b, "mallory")
+	subscribe := func(conn *quic.Conn, shard int) *wireStream {
+		t.Helper()
+		sub := openStream(t, conn)
+		sub.send(&transport.Subscribe{Stream: "s", Shard: int32(shard), Start: transport.StartEarliest, Credit: 10})
+		return sub
+	}
+	var held []*wireStream
+	for shard := range budget / 2 {
+		held = append(held, subscribe(mallory, shard), subscribe(mallory, shard))
+	}
+	refused := subscribe(mallory, budget/2)
+	e := wantError(t, refused.recv(), transport.ErrLimitExceeded)
+	if !strings.Contains(e.Message, "keep 2 shard logs open") {
+		t.Fatalf("refusal says %q", e.Message)
+	}
+	// The admin subscribes and publishes to the rest of the budget.
+	ws := openStream(t, ip.dial(b))
+	other := subscribe(ip.dial(b), budget/2)
+	wantAck(t, publishShard(ws, 1, "s", budget/2, "x"), 1)
+	if recs, ok := other.recv().(*transport.Records); !ok || string(recs.Records[0].Value) != "x" {
+		t.Fatalf("the admin's subscription got %+v", recs)
+	}
+	wantAck(t, publishShard(ws, 2, "s", budget/2+1, "y"), 2)
+	// Mallory's subscriptions of shard 0 end: its share is free again.
+	for _, sub := range held[:2] {
+		sub.s.CancelRead(0)
+		sub.s.Close()
+	}
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(10 * time.Millisecond) {
+		f := subscribe(mallory, budget/2).recv()
+		if recs, ok := f.(*transport.Records); ok && string(recs.Records[0].Value) == "x" {
+			break
+		}
+		wantError(t, f, transport.ErrLimitExceeded)
+		if time.Now().After(deadline) {
+			t.Fatal("the ended subscriptions' share was not given back")
+		}
+	}
 }
 
 // TestApplyMapSurvivesAFailingShard: one shard whose directory cannot be

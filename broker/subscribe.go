@@ -85,6 +85,13 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 			Message: fmt.Sprintf("%s does not own %s; subscribe at %s", b.cfg.NodeID, id, owner)})
 		return
 	}
+	if from.use != nil && st.Factor() == 1 { // a replica's log is open anyway
+		if err := b.limits.pin(from.use, id, b.shards.principalShare()); err != nil {
+			refuse(err)
+			return
+		}
+		defer b.limits.unpin(from.use, id)
+	}
 	e, err := b.shards.acquire(m, id)
 	if err != nil {
 		refuse(&transport.Error{Code: transport.CodeUnavailable,
