@@ -591,8 +591,11 @@ func (sh *shardSub) attach(ctx context.Context, addr string) (progressed bool, e
 	sh.mu.Lock()
 	// The new stream's credit keeps received-but-undelivered records
 	// counted: buffered + credit == the subscription's credit. Credit
-	// granted back to the old stream and not yet sent is part of it.
-	sub.Credit = uint32(max(int64(s.credit)-sh.mu.buffered, 1))
+	// granted back to the old stream and not yet sent is part of it. A
+	// full buffer subscribes with none (the broker waits for a grant):
+	// one more each time would hold more than Credit records, and pass
+	// the broker's MaxCredit once granted back.
+	sub.Credit = uint32(max(int64(s.credit)-sh.mu.buffered, 0))
 	sh.mu.ungranted = 0
 	sh.mu.Unlock()
 	// Not under the lock: Stop cancels str, which ends a blocked write.

@@ -427,3 +427,49 @@ func TestSubscriptionStopWhileBrokerDoesNotRead(t *testing.T) {
 		t.Fatal("Stop blocked behind a credit write the broker does not read")
 	}
 }
+
+// TestCreditKeptOverReattaches: a subscriber whose buffer is full when
+// its broker restarts reattaches with no credit, so the SDK never holds
+// more than Credit records of a shard (it asked for one each time: one
+// record more per reattach, and past the broker's MaxCredit once granted
+// back).
+func TestCreditKeptOverReattaches(t *testing.T) {
+	fc, c, ctx := withStream(t)
+	b := fc.brokers[0]
+	const credit = 8
+	publishN(t, c, "s", 0, 0, credit)
+	sub, err := c.Subscribe(ctx, "s", Earliest(), Credit(credit))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Stop()
+	sh := sub.shards[0]
+	buffered := func() int64 { sh.mu.Lock(); defer sh.mu.Unlock(); return sh.mu.buffered }
+	for deadline := time.Now().Add(5 * time.Second); buffered() < credit; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d records buffered, want %d", buffered(), credit)
+		}
+	}
+	total := credit
+	for range 2 {
+		subs := b.subs.Load()
+		b.restart(t)
+		for deadline := time.Now().Add(5 * time.Second); b.subs.Load() == subs || c.home.current() == nil; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the subscription did not reattach")
+			}
+		}
+		publishN(t, c, "s", 0, total, 5)
+		total += 5
+		time.Sleep(100 * time.Millisecond) // what the broker sends, if it may
+		if got := buffered(); got > credit {
+			t.Fatalf("the SDK holds %d undelivered records of one shard, more than its credit of %d", got, credit)
+		}
+	}
+	// Every record comes, once, as credit is granted back.
+	for i, r := range collect(t, sub, total) {
+		if r.Offset != uint64(i) {
+			t.Fatalf("record %d at offset %d (gap or duplicate)", i, r.Offset)
+		}
+	}
+}
