@@ -37,6 +37,10 @@ type Client struct {
 		conns      map[string]*brokerConn
 		publishers map[*Publisher]struct{}
 		subs       map[*Subscription]struct{}
+		// extra are the subscriptions' own connections (subconns.go),
+		// retired the counters of those closed, by address.
+		extra   map[*brokerConn]struct{}
+		retired map[string]ConnStats
 	}
 	// wg counts the client's goroutines: a reader and a flusher per
 	// publish stream, and one per subscribed shard.
@@ -85,6 +89,8 @@ func Connect(ctx context.Context, addr string, opts ...Opt) (*Client, error) {
 	c.mu.conns = map[string]*brokerConn{}
 	c.mu.publishers = map[*Publisher]struct{}{}
 	c.mu.subs = map[*Subscription]struct{}{}
+	c.mu.extra = map[*brokerConn]struct{}{}
+	c.mu.retired = map[string]ConnStats{}
 	c.home, _ = c.conn(addr)
 	c.pub = newPublisher(c, "")
 	if _, err := c.home.get(ctx); err != nil {
@@ -122,8 +128,11 @@ func (c *Client) Close() error {
 	for s := range c.mu.subs {
 		subs = append(subs, s)
 	}
-	conns := make([]*brokerConn, 0, len(c.mu.conns))
+	conns := make([]*brokerConn, 0, len(c.mu.conns)+len(c.mu.extra))
 	for _, b := range c.mu.conns {
+		conns = append(conns, b)
+	}
+	for b := range c.mu.extra {
 		conns = append(conns, b)
 	}
 	c.mu.Unlock()

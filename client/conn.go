@@ -14,7 +14,8 @@ import (
 	"github.com/felix-broker/felix/transport"
 )
 
-// brokerConn is the client's one QUIC connection to one broker address.
+// brokerConn is a QUIC connection to one broker address: the client's
+// one for publishes and requests, or one of a subscription's (subconns.go).
 // It dials lazily and redials after the connection dies, spacing failed
 // attempts with capped exponential backoff. It owns no goroutine: quic-go
 // runs the connection, and the users of the connection (publish sessions,

@@ -35,18 +35,49 @@ type ConnStats struct {
 	BytesSent, BytesReceived, BytesLost       uint64
 }
 
-// ConnStats returns the stats of the client's connection to each broker it
-// has used, sorted by address. It never blocks on the network.
+// ConnStats returns the stats of the client's connections to each broker
+// it has used, sorted by address: its own connection's, with the counters
+// and dials of the connections its subscriptions read over (each has its
+// own, see [Subscription]) added. It never blocks on the network.
 func (c *Client) ConnStats() []ConnStats {
 	c.mu.Lock()
 	conns := make([]*brokerConn, 0, len(c.mu.conns))
 	for _, b := range c.mu.conns {
 		conns = append(conns, b)
 	}
+	extra := make([]*brokerConn, 0, len(c.mu.extra))
+	for b := range c.mu.extra {
+		extra = append(extra, b)
+	}
+	byAddr := make(map[string]ConnStats, len(conns)+len(c.mu.retired))
+	for addr, st := range c.mu.retired {
+		byAddr[addr] = st
+	}
 	c.mu.Unlock()
-	out := make([]ConnStats, 0, len(conns))
 	for _, b := range conns {
-		out = append(out, b.stats())
+		st, past := b.stats(), byAddr[b.addr]
+		st.Dials += past.Dials
+		st.addCounters(past)
+		byAddr[b.addr] = st
+	}
+	for _, b := range extra {
+		st := b.stats()
+		sum, ok := byAddr[b.addr]
+		if !ok {
+			sum.Broker = b.addr
+		}
+		sum.Dials += st.Dials
+		sum.addCounters(st)
+		if !sum.Connected && st.Connected {
+			sum.Connected = true
+			sum.SmoothedRTT, sum.MinRTT, sum.LatestRTT, sum.CongestionWindow = st.SmoothedRTT, st.MinRTT, st.LatestRTT, st.CongestionWindow
+		}
+		byAddr[b.addr] = sum
+	}
+	out := make([]ConnStats, 0, len(byAddr))
+	for addr, st := range byAddr {
+		st.Broker = addr
+		out = append(out, st)
 	}
 	slices.SortFunc(out, func(a, b ConnStats) int { return strings.Compare(a.Broker, b.Broker) })
 	return out
@@ -70,12 +101,18 @@ func (b *brokerConn) stats() ConnStats {
 	return st
 }
 
+// addCounters adds o's packet and byte counters to s's.
+func (s *ConnStats) addCounters(o ConnStats) {
+	s.PacketsSent += o.PacketsSent
+	s.PacketsReceived += o.PacketsReceived
+	s.PacketsLost += o.PacketsLost
+	s.BytesSent += o.BytesSent
+	s.BytesReceived += o.BytesReceived
+	s.BytesLost += o.BytesLost
+}
+
 // add adds q's counters to s's.
 func (s *ConnStats) add(q quic.ConnectionStats) {
-	s.PacketsSent += q.PacketsSent
-	s.PacketsReceived += q.PacketsReceived
-	s.PacketsLost += q.PacketsLost
-	s.BytesSent += q.BytesSent
-	s.BytesReceived += q.BytesReceived
-	s.BytesLost += q.BytesLost
+	s.addCounters(ConnStats{PacketsSent: q.PacketsSent, PacketsReceived: q.PacketsReceived, PacketsLost: q.PacketsLost,
+		BytesSent: q.BytesSent, BytesReceived: q.BytesReceived, BytesLost: q.BytesLost})
 }

@@ -52,3 +52,26 @@ func TestConnStatsAcrossRedial(t *testing.T) {
 		t.Fatalf("after Close: want no connection and the counters kept, got %+v (before %+v)", closed, after)
 	}
 }
+
+// TestConnStatsCountSubscriptionConnections: a subscription reads over
+// connections of its own; the broker's ConnStats add theirs, while the
+// subscription runs and after it ended.
+func TestConnStatsCountSubscriptionConnections(t *testing.T) {
+	_, c, ctx := withStream(t)
+	publishN(t, c, "s", 0, 0, 10)
+	before := c.ConnStats()[0]
+	sub, err := c.Subscribe(ctx, "s", Earliest())
+	if err != nil {
+		t.Fatal(err)
+	}
+	collect(t, sub, 10)
+	during := c.ConnStats()
+	if len(during) != 1 || during[0].Dials != before.Dials+1 || during[0].PacketsReceived <= before.PacketsReceived || !during[0].Connected {
+		t.Fatalf("with a subscription running: %+v; before it %+v", during, before)
+	}
+	sub.Stop()
+	after := c.ConnStats()
+	if len(after) != 1 || after[0].Dials != during[0].Dials || after[0].PacketsReceived < during[0].PacketsReceived {
+		t.Fatalf("after the subscription stopped: %+v; while it ran %+v", after, during)
+	}
+}

@@ -2,10 +2,12 @@
 // bench harness publish, subscribe and manage streams through it.
 //
 // It owns the client side of the broker protocol: one QUIC connection per
-// broker, redialed with capped exponential backoff; publish streams with a
-// bounded window of records in flight; one subscription stream per shard,
-// attached to the shard's owner as the shard map says; and request streams
-// for admin calls. It never computes shard ownership itself (it obeys the
+// broker for publishes and requests, redialed with capped exponential
+// backoff; publish streams with a bounded window of records in flight;
+// one subscription stream per shard, attached to the shard's owner as the
+// shard map says, over connections of the subscription's own (so that
+// records it has not taken yet hold back no one else: subconns.go); and
+// request streams for admin calls. It never computes shard ownership itself (it obeys the
 // map the brokers serve) and never retries a publish on its own unless
 // asked to: a record whose outcome is unknown is reported as such
 // ([ErrConnectionLost]), except by an idempotent client

@@ -58,6 +58,7 @@ type Subscription struct {
 	cancel context.CancelFunc
 
 	batches chan batch    // shard goroutines -> iterator; closed when all exited
+	conns   subConns      // the connections the shards are read over
 	running atomic.Int32  // shard goroutines still running
 	stopped chan struct{} // closed by Stop and Client.Close
 	closed  chan struct{} // closed when every shard goroutine has exited
@@ -135,6 +136,7 @@ func (c *Client) Subscribe(ctx context.Context, stream string, from Start, opts 
 		closed:      make(chan struct{}),
 	}
 	s.ctx, s.cancel = context.WithCancel(c.ctx)
+	s.conns.c = c
 	s.mu.next = make(map[int]uint64)
 	for _, n := range shards {
 		kind, off := from.forShard(n)
@@ -297,6 +299,7 @@ func (s *Subscription) stop(err error) {
 func (s *Subscription) shardExited() {
 	if s.running.Add(-1) == 0 {
 		s.cancel()
+		s.conns.close()
 		s.c.untrack(nil, s)
 		close(s.batches)
 		close(s.closed)
@@ -546,11 +549,12 @@ func (sh *shardSub) ownerAddr(ctx context.Context, failures int) (string, error)
 // attachment did useful work (records, or a long life), so backoff resets.
 func (sh *shardSub) attach(ctx context.Context, addr string) (progressed bool, err error) {
 	s, c := sh.s, sh.s.c
-	b, err := c.conn(addr)
+	sc, err := s.conns.get(addr)
 	if err != nil {
 		return false, err
 	}
-	conn, err := b.get(ctx)
+	defer s.conns.put(sc)
+	conn, err := sc.b.get(ctx)
 	if err != nil {
 		return false, err
 	}
