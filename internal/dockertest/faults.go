@@ -3,6 +3,7 @@ package dockertest
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"strings"
 )
 
@@ -17,6 +18,47 @@ func (c *Cluster) nodes() []*Node {
 func (c *Cluster) Disconnect(ctx context.Context, n *Node) error {
 	_, err := docker(ctx, "network", "disconnect", c.network, n.Container)
 	return err
+}
+
+// IsolatePeers cuts n off from every other node of the cluster (the other
+// brokers, the control plane, etcd) while the host, where the tests'
+// clients run, still reaches it both ways: a partition between brokers,
+// not between a broker and its clients. A leader so cut off still takes
+// publishes, and must never ack one (Disconnect, which cuts the clients
+// off too, cannot show that). The rules are iptables rules in n's
+// network namespace, entered from the host (the images hold no tools);
+// HealPeers removes them, and so does a restart of n's container.
+func (c *Cluster) IsolatePeers(ctx context.Context, n *Node) error {
+	var rules [][]string
+	for _, m := range c.nodes() {
+		if m != n {
+			rules = append(rules, []string{"-A", "INPUT", "-s", m.IP, "-j", "DROP"}, []string{"-A", "OUTPUT", "-d", m.IP, "-j", "DROP"})
+		}
+	}
+	return c.inNetns(ctx, n, rules...)
+}
+
+// HealPeers undoes IsolatePeers.
+func (c *Cluster) HealPeers(ctx context.Context, n *Node) error {
+	return c.inNetns(ctx, n, []string{"-F", "INPUT"}, []string{"-F", "OUTPUT"})
+}
+
+// inNetns runs iptables with each of rules in n's network namespace.
+func (c *Cluster) inNetns(ctx context.Context, n *Node, rules ...[]string) error {
+	pid, err := docker(ctx, "inspect", "--format", "{{.State.Pid}}", n.Container)
+	if err != nil {
+		return err
+	}
+	if pid == "" || pid == "0" {
+		return fmt.Errorf("%s is not running", n.Name)
+	}
+	for _, rule := range rules {
+		args := append([]string{"--net=/proc/" + pid + "/ns/net", "iptables", "-w"}, rule...)
+		if out, err := exec.CommandContext(ctx, "nsenter", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("nsenter %s: %w: %s (the tests need nsenter and iptables on the host, as root)", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		}
+	}
+	return nil
 }
 
 // Connect puts n back on the cluster's network at its address.

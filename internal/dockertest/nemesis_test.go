@@ -19,8 +19,8 @@ import (
 var (
 	nemesisCycles = flag.Int("felix.docker.cycles", 6, "nemesis cycles in TestReplicatedNemesis")
 	nemesisShards = flag.Int("felix.docker.shards", 8, "shards of TestReplicatedNemesis's stream (each broker hosts a replica of every one; with more than the broker's park threshold of busy logs, 4, their fdatasyncs can park)")
-	nemesisFaults = flag.String("felix.docker.faults", "kill,pause,partition",
-		"the faults TestReplicatedNemesis's nemesis picks from, in turn: kill (kill -9 a shard's raft leader, then restart it), pause (SIGSTOP one broker), partition (cut one broker off the network), bitflip (kill -9 one broker, flip a bit in the oldest segment of each of its replicas, restart it)")
+	nemesisFaults = flag.String("felix.docker.faults", "kill,pause,partition,isolate",
+		"the faults TestReplicatedNemesis's nemesis picks from, in turn: kill (kill -9 a shard's raft leader, then restart it), pause (SIGSTOP one broker), partition (cut one broker off the network), isolate (cut a shard's leader off from its peers only, publishing to it meanwhile), bitflip (kill -9 one broker, flip a bit in the oldest segment of each of its replicas, restart it)")
 )
 
 // faultHold is how long a paused or cut-off broker stays so: longer than
@@ -33,8 +33,12 @@ const faultHold = 4 * time.Second
 // publisher and a subscriber through every broker, while a nemesis, for
 // -felix.docker.cycles cycles, in turn kills -9 the broker leading a
 // shard (found by an ack's Owner) and restarts it, freezes one broker
-// (docker pause, as SIGSTOP) for faultHold, or cuts one off the network
-// for faultHold (with -felix.docker.faults=...,bitflip also: kills one
+// (docker pause, as SIGSTOP) for faultHold, cuts one off the network for
+// faultHold, or cuts a shard's leader off from its peers only, its
+// clients still reaching it, and publishes to it meanwhile (a leader
+// that acked what it alone wrote would lose those records; no other
+// fault lets a client reach such a leader) (with
+// -felix.docker.faults=...,bitflip also: kills one
 // broker, flips a bit in each of its replicas and restarts it), waiting
 // for the cluster to heal after each. Then it
 // reads every shard back and checks (workloadRun.finish): no acked
@@ -46,7 +50,7 @@ const faultHold = 4 * time.Second
 func TestReplicatedNemesis(t *testing.T) {
 	faults := strings.Split(*nemesisFaults, ",")
 	for _, f := range faults {
-		if !slices.Contains([]string{"kill", "pause", "partition", "bitflip"}, f) {
+		if !slices.Contains([]string{"kill", "pause", "partition", "isolate", "bitflip"}, f) {
 			t.Fatalf("-felix.docker.faults: unknown fault %q", f)
 		}
 	}
@@ -119,6 +123,12 @@ func TestReplicatedNemesis(t *testing.T) {
 				t.Fatal(err)
 			}
 			what = fmt.Sprintf("cut %s off for %v", n.Name, faultHold)
+		case "isolate":
+			desc, err := r.isolateLeader(ctx, rnd.IntN(shards))
+			if err != nil {
+				t.Fatalf("cycle %d: %v", cycle, err)
+			}
+			what = desc
 		}
 		healed := time.Now()
 		if err := c.WaitHealthy(ctx); err != nil {
@@ -184,6 +194,38 @@ func (r *workloadRun) killLeader(ctx context.Context, shard int) (time.Duration,
 		return 0, "", err
 	}
 	return took, fmt.Sprintf("killed %s, leader of %s/%d; %s acked %v later; restarted", leader, r.stream, shard, next, took.Round(time.Millisecond)), nil
+}
+
+// isolateLeader cuts the broker leading shard off from its peers for
+// faultHold (Cluster.IsolatePeers), its clients still reaching it, and
+// meanwhile publishes to shard through it, one record at a time: records
+// it must not ack, holding no majority (those it acked would be lost: the
+// next leader never had them). The records are in the history, as the
+// probes are. Then it heals the cut and says what it did.
+func (r *workloadRun) isolateLeader(ctx context.Context, shard int) (string, error) {
+	leader, err := r.leader(ctx, shard, "")
+	if err != nil {
+		return "", err
+	}
+	i := slices.IndexFunc(r.c.Brokers, func(n *Node) bool { return n.Name == leader })
+	if i < 0 {
+		return "", fmt.Errorf("%s/%d acked by %q, not a broker of the cluster", r.stream, shard, leader)
+	}
+	n := r.c.Brokers[i]
+	if err := r.c.IsolatePeers(ctx, n); err != nil {
+		return "", err
+	}
+	acked, sent := 0, 0
+	for until := time.Now().Add(faultHold); time.Now().Before(until); {
+		if _, err := r.probe(ctx, i, shard); err == nil {
+			acked++
+		}
+		sent++
+	}
+	if err := r.c.HealPeers(ctx, n); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("cut %s, leader of %s/%d, off from its peers for %v; of %d records published through it meanwhile, it acked %d", leader, r.stream, shard, faultHold, sent, acked), nil
 }
 
 // waitVoters waits until every replica of the stream on node is a voter

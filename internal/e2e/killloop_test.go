@@ -93,7 +93,7 @@ func TestKillLoop(t *testing.T) {
 	if r.Acked < 100 {
 		t.Errorf("only %d records acknowledged: the loop did not exercise the cluster", r.Acked)
 	}
-	finishTail(t, sub, ends)
+	finishTail(t, sub, ends, logs)
 }
 
 // readBack publishes one marker per shard of stream through cl, last, as
@@ -130,12 +130,14 @@ func tail(t *testing.T, ctx context.Context, c *cluster.Cluster, stream string, 
 }
 
 // finishTail waits until sub has reached ends on every shard, then stops
-// it and reports what went wrong.
-func finishTail(t *testing.T, sub *workload.Subscriber, ends []uint64) {
+// it and reports what went wrong: a gap, a duplicate, a stall, or a
+// record that is not the one logs hold at its offset (one a subscriber
+// was sent and no log committed).
+func finishTail(t *testing.T, sub *workload.Subscriber, ends []uint64, logs [][]history.Entry) {
 	t.Helper()
 	seen, errs := sub.Finish(ends, 30*time.Second)
 	t.Logf("the subscriber attached throughout received %d records", seen)
-	if len(errs) > 0 {
+	if errs = append(errs, sub.Committed(logs)...); len(errs) > 0 {
 		t.Errorf("subscriber: %v", errs)
 	}
 }

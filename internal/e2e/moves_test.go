@@ -259,7 +259,7 @@ func TestReplicaMovedAfterMachineLoss(t *testing.T) {
 	if r.Acked < 50 {
 		t.Errorf("only %d records acknowledged: the test did not exercise the cluster", r.Acked)
 	}
-	finishTail(t, sub, ends)
+	finishTail(t, sub, ends, logs)
 
 	// Every replica of the new replica sets, the lost broker's replica of
 	// shard 1 aside (it is down), is a caught-up voter with the same

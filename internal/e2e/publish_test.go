@@ -297,7 +297,7 @@ func TestBrokerKillLosesNoAckedRecord(t *testing.T) {
 			if !killed {
 				t.Fatal("publisher stopped before the kill")
 			}
-			acked := map[uint64]string{}
+			acked := map[uint64]string{} // by offset: two acks at one offset fail here
 			failed := 0
 			for _, s := range all {
 				ack, err := s.f.Wait(ctx)
@@ -308,6 +308,9 @@ func TestBrokerKillLosesNoAckedRecord(t *testing.T) {
 						t.Fatalf("%s failed with %v, want a PublishError", s.value, err)
 					}
 					continue
+				}
+				if v, ok := acked[ack.Offset]; ok {
+					t.Fatalf("%s and %s were both acked at offset %d", v, s.value, ack.Offset)
 				}
 				acked[ack.Offset] = s.value
 			}

@@ -166,7 +166,7 @@ func TestReplicatedFailover(t *testing.T) {
 	if r.Acked < 50 {
 		t.Errorf("only %d records acknowledged: the test did not exercise the cluster", r.Acked)
 	}
-	finishTail(t, sub, ends)
+	finishTail(t, sub, ends, logs)
 
 	if !lost.Running() {
 		t.Errorf("%s exited after its data directory was deleted: a lost replica must stop its group, not the broker", lost.ID)

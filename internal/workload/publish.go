@@ -76,12 +76,16 @@ func Publish(ctx context.Context, stop <-chan struct{}, cl *client.Client, strea
 // stream of cl with up to window records in flight (PublishAsync), until
 // stop is closed or ctx ends, recording each outcome in rec as publisher
 // id's: called when handed to the stream, returned when its future
-// resolved, Unknown when it did not within 3s. Its acked records of a
+// resolved, Unknown when it did not within 30s. Its acked records of a
 // shard must hold offsets in the order sent (history's reordered check),
 // which a publisher that waits for each ack cannot break: pipelined, a
-// record routed again after a refusal is what could overtake.
+// record routed again after a refusal is what could overtake. The check
+// sees acked records only, and the records routed again are the slow
+// ones: the wait is longer than a broker holds a record for a leader
+// (broker.Config.ForwardTimeout, 10 s) plus an election, so that they
+// end acked, not Unknown (with 3 s, most of them were left out).
 func PublishPipelined(ctx context.Context, stop <-chan struct{}, cl *client.Client, stream string, id, window int, rec *history.Recorder) {
-	const timeout = 3 * time.Second
+	const timeout = 30 * time.Second
 	type sent struct {
 		value string
 		call  time.Time
