@@ -616,6 +616,13 @@ func (sh *shardSub) attach(ctx context.Context, addr string) (progressed bool, e
 	for {
 		f, err := r.Read()
 		if err != nil {
+			var werr *transport.Error
+			if errors.As(err, &werr) && werr.Code == transport.CodeFrameTooLarge && ctx.Err() == nil {
+				// Records larger than this client reads (the brokers'
+				// --max-record-bytes raised past its MaxFrame): every
+				// attempt would meet them again.
+				return progressed, fmt.Errorf("%w: records of %s are larger than this client reads: raise its transport.Config.MaxFrame (WithTransport) to the brokers' frame limit", werr, sh)
+			}
 			if errors.Is(err, io.EOF) {
 				err = fmt.Errorf("broker ended the subscription stream: %w", io.ErrUnexpectedEOF)
 			}

@@ -1,9 +1,11 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -472,4 +474,29 @@ func TestCreditKeptOverReattaches(t *testing.T) {
 			t.Fatalf("record %d at offset %d (gap or duplicate)", i, r.Offset)
 		}
 	}
+}
+
+// TestSubscriptionEndsOnRecordsTooLargeToRead: a shard whose records are
+// larger than the client reads (its MaxFrame under the brokers' record
+// limit) ends the subscription with frame_too_large, saying what to
+// raise: every reattachment met the same records, and it went on
+// reattaching, silently, for good.
+func TestSubscriptionEndsOnRecordsTooLargeToRead(t *testing.T) {
+	fc, c, ctx := withStream(t)
+	if _, err := c.Publish(ctx, "s", nil, bytes.Repeat([]byte("x"), 64<<10)); err != nil {
+		t.Fatal(err)
+	}
+	small := connect(t, fc, 0, WithTransport(transport.Config{MaxFrame: 16 << 10}))
+	sub, err := small.Subscribe(ctx, "s", Earliest())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Stop()
+	for _, err := range sub.Records(ctx) {
+		if !errors.Is(err, transport.ErrFrameTooLarge) || !strings.Contains(err.Error(), "MaxFrame") {
+			t.Fatalf("subscription ended with %v, want frame_too_large naming MaxFrame", err)
+		}
+		return
+	}
+	t.Fatal("the subscription ended without an error")
 }
