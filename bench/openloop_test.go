@@ -161,7 +161,9 @@ func TestOpenLoopSendWaitIncludesItsOwnBlock(t *testing.T) {
 			time.Sleep(block)
 		}
 		i++
-		go then(client.Ack{Owner: "b", Stream: "s", Timestamp: time.Now()}, nil)
+		// The ack comes a round trip after the record went out: after
+		// the send returned.
+		time.AfterFunc(time.Millisecond, func() { then(client.Ack{Owner: "b", Stream: "s", Timestamp: time.Now()}, nil) })
 		return nil
 	}
 	// 50/s: 20 ms apart, no other record due during the block.
