@@ -327,6 +327,19 @@ func (t *telemetry) serverSpan(ev *pubEvents) trace.Span {
 	return ev.trace.span
 }
 
+// knownStream reports whether the broker's map has a stream named name.
+func (t *telemetry) knownStream(name string) bool {
+	if t.currentMap == nil {
+		return false
+	}
+	m := t.currentMap()
+	if m == nil {
+		return false
+	}
+	_, ok := m.Stream(name)
+	return ok
+}
+
 // spanOp is the operation ev's server span names: "publish", or
 // "forward" for a peer's record.
 func spanOp(ev *pubEvents) string {
@@ -368,10 +381,10 @@ func (t *telemetry) endServer(ev *pubEvents) {
 		}
 		sp.SetAttributes(attrs...)
 		t.spanAttrs = clearAttrs(attrs)
-		if ev.shard < 0 {
-			// Never routed: the stream name is the client's, of no
-			// stream perhaps (unknown_stream), and span names must be
-			// few; the attribute keeps it.
+		if ev.shard < 0 && !t.knownStream(ev.pub.Stream) {
+			// A stream the map does not have: its name is the
+			// client's, any string, and span names must be few; the
+			// attribute keeps it.
 			sp.SetName(spanOp(ev))
 		}
 	}

@@ -131,11 +131,11 @@ func waitAllAnswered(t *testing.T, brokers ...*Broker) {
 	}
 }
 
-// TestUnroutedSpansNamedByOperation: a record refused before it was
-// routed to a shard (a stream the map does not have) gives a server span
-// named by its operation alone, its stream name, the client's, kept in an
-// attribute: any client could otherwise make span names without end. A
-// routed record's span names its stream.
+// TestUnroutedSpansNamedByOperation: a record to a stream the map does
+// not have gives a server span named by its operation alone, its stream
+// name, the client's, kept in an attribute: any client could otherwise
+// make span names without end. A record to a stream of the map names it
+// (TestFailedPublishSpans: refused before it was routed, too).
 func TestUnroutedSpansNamedByOperation(t *testing.T) {
 	spans := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))

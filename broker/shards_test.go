@@ -438,6 +438,23 @@ func TestSubscribedLogsPerPrincipal(t *testing.T) {
 	for shard := range budget / 2 {
 		held = append(held, subscribe(mallory, shard), subscribe(mallory, shard))
 	}
+	// Each stream is served on its own goroutine: the next subscription
+	// must come after these four are counted.
+	pins := func() (n int) {
+		b.limits.mu.Lock()
+		defer b.limits.mu.Unlock()
+		if u := b.limits.mu.principals["mallory"]; u != nil {
+			for _, c := range u.pins {
+				n += c
+			}
+		}
+		return n
+	}
+	for deadline := time.Now().Add(waitFor); pins() < len(held); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of mallory's %d subscriptions counted", pins(), len(held))
+		}
+	}
 	refused := subscribe(mallory, budget/2)
 	e := wantError(t, refused.recv(), transport.ErrLimitExceeded)
 	if !strings.Contains(e.Message, "keep 2 shard logs open") {
