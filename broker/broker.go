@@ -15,6 +15,7 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/felix-broker/felix/ctl/ctlclient"
+	"github.com/felix-broker/felix/internal/dirlock"
 	"github.com/felix-broker/felix/internal/logonce"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
@@ -49,6 +50,8 @@ type Broker struct {
 	// Close. Both are read by health checks from any goroutine.
 	joined atomic.Pointer[ctlclient.Member]
 	ready  atomic.Bool
+	// lock keeps other processes off the data directory until Close.
+	lock *dirlock.Lock
 	// applied is the last map applyMap applied, whose replicas the
 	// replica report speaks of (replicaReport).
 	applied atomic.Pointer[shardmap.Map]
@@ -83,6 +86,24 @@ func New(cfg Config) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Before anything touches the data directory: a second broker on it
+	// would overwrite this one's records (internal/dirlock).
+	lock, err := dirlock.Take(cfg.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("broker %s: %w", cfg.NodeID, err)
+	}
+	b, err := newBroker(cfg)
+	if err != nil {
+		lock.Release()
+		return nil, err
+	}
+	b.lock = lock
+	return b, nil
+}
+
+// newBroker is New once the data directory is locked.
+func newBroker(cfg Config) (*Broker, error) {
+	var err error
 	b := &Broker{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID)}
 	b.disk.free.Store(-1)
 	b.ctx, b.cancel = context.WithCancel(context.Background())
@@ -524,6 +545,7 @@ func (b *Broker) Close() error {
 	b.raft.close()
 	errs = append(errs, b.shards.close())
 	b.tel.close()
+	errs = append(errs, b.lock.Release())
 	b.log.Info("broker stopped")
 	return errors.Join(errs...)
 }

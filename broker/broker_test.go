@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/felix-broker/felix/internal/dirlock"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -224,4 +225,24 @@ func TestForwardedPublishFromClientCannotClaimEpoch(t *testing.T) {
 	if a.Via != other.NodeID() {
 		t.Fatalf("client-supplied Via leaked into the ack: %+v", a)
 	}
+}
+
+// TestSecondBrokerOnOneDataDirRefused: a broker on the data directory of
+// a running one is refused before it touches it (two on one directory
+// overwrote each other's acked records), and the directory is free again
+// once the first is closed.
+func TestSecondBrokerOnOneDataDirRefused(t *testing.T) {
+	ip := startInproc(t, 1)
+	cfg := ip.brokerConfig(0)
+	cfg.Listen = "127.0.0.1:0"
+	if b, err := New(cfg); !errors.Is(err, dirlock.ErrInUse) {
+		if b != nil {
+			b.Close()
+		}
+		t.Fatalf("a second broker on broker-0's data directory: %v, want dirlock.ErrInUse", err)
+	}
+	if err := ip.brokers[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	ip.brokers[0] = ip.startBroker(0)
 }

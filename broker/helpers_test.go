@@ -109,6 +109,16 @@ func (ip *inproc) startBroker(i int) *Broker {
 // newBroker returns broker i of ip, not started, with its data directory
 // and the control plane's address.
 func (ip *inproc) newBroker(i int) *Broker {
+	ip.t.Helper()
+	b, err := New(ip.brokerConfig(i))
+	if err != nil {
+		ip.t.Fatal(err)
+	}
+	return b
+}
+
+// brokerConfig is the configuration of broker i of ip.
+func (ip *inproc) brokerConfig(i int) Config {
 	t := ip.t
 	t.Helper()
 	id := cluster.BrokerID(i)
@@ -124,11 +134,7 @@ func (ip *inproc) newBroker(i int) *Broker {
 	if ip.tweak != nil {
 		ip.tweak(&cfg)
 	}
-	b, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return cfg
 }
 
 // waitEpoch waits until every running broker holds a map of at least epoch.

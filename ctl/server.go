@@ -18,6 +18,7 @@ import (
 
 	"github.com/felix-broker/felix/auth"
 	"github.com/felix-broker/felix/ctl/ctlclient"
+	"github.com/felix-broker/felix/internal/dirlock"
 	"github.com/felix-broker/felix/internal/logonce"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
@@ -130,8 +131,9 @@ func (c Config) withDefaults() Config {
 // Server is the control plane. Create it with [New], start it with
 // [Server.Start], stop it with [Server.Close].
 type Server struct {
-	cfg Config
-	log *slog.Logger
+	cfg  Config
+	log  *slog.Logger
+	lock *dirlock.Lock // keeps other processes off DataDir until Close
 
 	// current is the latest map, for readers that need no lock; changed
 	// is closed when it is replaced (WatchMap).
@@ -214,14 +216,21 @@ func New(cfg Config) (*Server, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("ctl: new server: create data dir: %w", err)
 	}
+	// One ctl per data directory: its embedded etcd member's files are
+	// there (internal/dirlock).
+	lock, err := dirlock.Take(cfg.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("ctl: new server: %w", err)
+	}
 	log := cfg.Logger.With("component", "ctl")
 	ctx, cancel := context.WithCancel(context.Background())
 	etcd, err := openEtcd(ctx, cfg, log)
 	if err != nil {
 		cancel()
+		lock.Release()
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: log, etcd: etcd, lost: make(chan struct{}, 1), ctx: ctx, cancel: cancel}
+	s := &Server{cfg: cfg, log: log, etcd: etcd, lost: make(chan struct{}, 1), ctx: ctx, cancel: cancel, lock: lock}
 	s.changed.Store(new(make(chan struct{})))
 	s.store = newStore(etcd.cli, clusterName(cfg.Etcd))
 	s.store.rtt = cfg.OnEtcdRoundTrip
@@ -230,6 +239,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		s.cancel()
 		etcd.close()
+		lock.Release()
 		return nil, err
 	}
 	s.wg.Add(2)
@@ -771,6 +781,7 @@ func (s *Server) Close() error {
 			s.udp.Close()
 		}
 		s.etcd.close()
+		s.lock.Release()
 		s.log.Info("ctl closed", "epoch", s.Map().Epoch)
 	})
 	return nil
