@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -331,6 +332,9 @@ func setDefault(v *int, def int) {
 	}
 }
 
+// minLeaseTTL is the shortest LeaseTTL a broker takes.
+const minLeaseTTL = 30 * time.Millisecond
+
 func (c Config) withDefaults() (Config, error) {
 	if c.NodeID == "" {
 		return c, errors.New("broker: config: NodeID is required")
@@ -358,6 +362,13 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = 3 * time.Second
+	}
+	if c.LeaseTTL < minLeaseTTL {
+		// Heartbeats go every LeaseTTL/3: 0 there panics a ticker.
+		return c, fmt.Errorf("broker: config: LeaseTTL %v is under %v (it must match the control plane's, 3s by default)", c.LeaseTTL, minLeaseTTL)
+	}
+	if c.MaxPayload < 0 {
+		return c, fmt.Errorf("broker: config: MaxPayload %d is negative (0 means the default, 1 MiB)", c.MaxPayload)
 	}
 	c = c.withLimitDefaults() // before the transport's: it derives MaxFrame
 	c.Transport = c.Transport.WithDefaults()

@@ -2,7 +2,9 @@ package broker
 
 import (
 	"crypto/tls"
+	"strings"
 	"testing"
+	"time"
 )
 
 // TestLogMemoryBudget: LogMemory caps the open logs at what fits in it,
@@ -41,6 +43,33 @@ func TestLogMemoryBudget(t *testing.T) {
 			}
 			if tc.maxOpen > minOpenShards && int64(got.MaxOpenShards)*tc.perShard > got.LogMemory {
 				t.Fatalf("%d open logs of %d bytes pass LogMemory %d", got.MaxOpenShards, tc.perShard, got.LogMemory)
+			}
+		})
+	}
+}
+
+// TestConfigRefusesWhatBreaksTheBroker: a lease too short to heartbeat
+// (LeaseTTL/3 of 0 panicked the broker's ticker once it registered) and
+// a negative record limit (every publish refused) are refused by New.
+func TestConfigRefusesWhatBreaksTheBroker(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		says string
+	}{
+		{"lease of 2ns", Config{LeaseTTL: 2}, "LeaseTTL 2ns is under 30ms"},
+		{"negative lease", Config{LeaseTTL: -time.Second}, "LeaseTTL -1s is under 30ms"},
+		{"negative record limit", Config{MaxPayload: -5}, "MaxPayload -5 is negative"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			cfg.NodeID, cfg.DataDir, cfg.CtlAddr = "n", t.TempDir(), "127.0.0.1:1"
+			cfg.ServerTLS, cfg.PeerTLS, cfg.CtlTLS = &tls.Config{}, &tls.Config{}, &tls.Config{}
+			if b, err := New(cfg); err == nil || !strings.Contains(err.Error(), tc.says) {
+				if b != nil {
+					b.Close()
+				}
+				t.Fatalf("New: %v, want an error saying %q", err, tc.says)
 			}
 		})
 	}

@@ -195,6 +195,8 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 		return nil, errors.New("ctl: join: MemberConfig.TLS is required")
 	case cfg.Node.NodeID == "" || cfg.Node.Addr == "":
 		return nil, fmt.Errorf("ctl: join: MemberConfig.Node needs NodeID and Addr (got %q, %q)", cfg.Node.NodeID, cfg.Node.Addr)
+	case cfg.LeaseTTL < 3*time.Millisecond: // heartbeats every LeaseTTL/3
+		return nil, fmt.Errorf("ctl: join: MemberConfig.LeaseTTL %v is too short", cfg.LeaseTTL)
 	}
 	// Only a control plane certificate will do: a broker's or a client's
 	// cannot pose as ctl.

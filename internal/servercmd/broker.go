@@ -99,6 +99,6 @@ func (c *Broker) Run(log *slog.Logger) error {
 		return fmt.Errorf("starting %s: %w", c.ID, err)
 	}
 	<-ctx.Done()
-	sw.begin()
+	sw.begin(stop)
 	return b.Close()
 }

@@ -140,7 +140,7 @@ func (c *Ctl) Run(log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	<-ctx.Done()
-	sw.begin()
+	sw.begin(stop)
 	return s.Close()
 }
 

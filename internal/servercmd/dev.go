@@ -145,7 +145,8 @@ func (c *Dev) Run(log *slog.Logger) error {
 		if m.Epoch == last.Epoch {
 			select {
 			case <-ctx.Done():
-				fmt.Println("\nstopping the cluster ...")
+				stop() // a second signal ends felix dev at once (its brokers die with it: Pdeathsig)
+				fmt.Println("\nstopping the cluster ... (again to stop at once)")
 				return nil
 			case <-changed:
 			}

@@ -56,7 +56,7 @@ func (c *Etcd) Run(log *slog.Logger) error {
 	defer stop()
 	select {
 	case <-ctx.Done():
-		sw.begin()
+		sw.begin(stop)
 		return nil // m.Close, deferred
 	case err := <-m.Err():
 		return fmt.Errorf("etcd member %s: %w", c.Name, err)

@@ -32,9 +32,15 @@ func watchShutdown(log *slog.Logger, what string) *shutdownWatch {
 	return &shutdownWatch{log: log, w: os.Stderr, after: slowShutdown, what: what, done: make(chan struct{})}
 }
 
-// begin logs that the shutdown begins and starts the watch.
-func (sw *shutdownWatch) begin() {
-	sw.log.Info("shutting down")
+// begin logs that the shutdown begins and starts the watch. stop ends
+// the server's signal handling (signal.NotifyContext's): a second
+// SIGINT or SIGTERM then ends the process at once, as its default
+// action, however the shutdown stands (a close that hangs, on a disk
+// that does not answer, could otherwise be ended only by SIGKILL; the
+// logs are crash-safe, so that loses nothing acknowledged).
+func (sw *shutdownWatch) begin(stop func()) {
+	stop()
+	sw.log.Info("shutting down (a second signal stops the process at once)")
 	sw.t = time.AfterFunc(sw.after, func() {
 		sw.log.Warn(sw.what+": shutdown is slow; every goroutine's stack follows on stderr", "after", sw.after)
 		_ = pprof.Lookup("goroutine").WriteTo(sw.w, 2)

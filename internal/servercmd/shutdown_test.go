@@ -16,11 +16,15 @@ func TestShutdownWatchWritesStacksOfASlowShutdown(t *testing.T) {
 	var stacks, logged bytes.Buffer
 	sw := &shutdownWatch{log: slog.New(slog.NewTextHandler(&logged, nil)), w: &stacks, after: 10 * time.Millisecond,
 		what: "ctl", done: make(chan struct{})}
+	stopped := false
 	func() {
 		defer sw.end() // as a Run defers it, before its other closes
-		sw.begin()
+		sw.begin(func() { stopped = true })
 		time.Sleep(200 * time.Millisecond) // a deferred close stuck here
 	}()
+	if !stopped {
+		t.Error("begin left the signal handling on: a second signal would not end the process")
+	}
 	if !strings.Contains(stacks.String(), "TestShutdownWatchWritesStacksOfASlowShutdown") {
 		t.Errorf("the stacks written do not show the stuck shutdown:\n%s", stacks.String())
 	}
@@ -35,7 +39,7 @@ func TestShutdownWatchQuiet(t *testing.T) {
 		sw := &shutdownWatch{log: slog.New(slog.NewTextHandler(io.Discard, nil)), w: &stacks, after: 50 * time.Millisecond,
 			what: "broker", done: make(chan struct{})}
 		if begun {
-			sw.begin()
+			sw.begin(func() {})
 		}
 		sw.end()
 		time.Sleep(100 * time.Millisecond)
