@@ -370,7 +370,7 @@ func (t *telemetry) endServer(ev *pubEvents) {
 		attrs := append(t.spanAttrs[:0], msgtrace.System, msgtrace.OpReceive, msgtrace.Destination.String(ev.pub.Stream),
 			t.node, msgtrace.Via.String(via), msgtrace.BodySize.Int(len(ev.pub.Value)))
 		if ev.pub.ProducerID != "" {
-			attrs = append(attrs, msgtrace.ClientID.String(ev.pub.ProducerID))
+			attrs = append(attrs, msgtrace.ClientID.String(producerName(ev.pub.ProducerID)))
 		}
 		if ev.shard >= 0 {
 			attrs = append(attrs, msgtrace.Partition.String(strconv.Itoa(ev.shard)), msgtrace.Owner.String(ev.owner),
@@ -430,7 +430,7 @@ func (t *telemetry) endClient(ev *pubEvents) {
 			msgtrace.BodySize.Int(len(pub.Value)))
 		attrs = append(attrs, t.peerAttrs(ev.hop.peer)...)
 		if pub.ProducerID != "" {
-			attrs = append(attrs, msgtrace.ClientID.String(pub.ProducerID))
+			attrs = append(attrs, msgtrace.ClientID.String(producerName(pub.ProducerID)))
 		}
 		if ev.err == nil {
 			attrs = append(attrs, msgtrace.Offset.Int64(int64(ev.offset)))

@@ -645,21 +645,21 @@ func (p *pubSession) admitIdempotent(in inbound, e *shardEntry, shard int, via s
 		case admitTooOld:
 			p.fail(in, &transport.Error{Code: transport.CodeDuplicateSequence, Owner: b.cfg.NodeID,
 				Message: fmt.Sprintf("producer %q committed sequence %d on %s before the last %d it remembers acks for (it is at %d); not written again, its offset is no longer known",
-					pub.ProducerID, pub.ProducerSeq, t.shard, t.lim.window, a.committed)})
+					producerName(pub.ProducerID), pub.ProducerSeq, t.shard, t.lim.window, a.committed)})
 		case admitOutOfOrder:
 			msg := fmt.Sprintf("producer %q sent sequence %d to %s, expected %d: send the records before it first, in order; nothing was written",
-				pub.ProducerID, pub.ProducerSeq, t.shard, a.accepted+1)
+				producerName(pub.ProducerID), pub.ProducerSeq, t.shard, a.accepted+1)
 			if pub.ProducerSeq <= a.floor {
 				msg = fmt.Sprintf("producer %q sent sequence %d to %s, older than the first it knows of (%d): its outcome is not known here; nothing was written",
-					pub.ProducerID, pub.ProducerSeq, t.shard, a.floor+1)
+					producerName(pub.ProducerID), pub.ProducerSeq, t.shard, a.floor+1)
 			}
 			p.fail(in, &transport.Error{Code: transport.CodeOutOfOrderSequence, Owner: b.cfg.NodeID, Message: msg})
 		case admitUnknown:
 			p.fail(in, &transport.Error{Code: transport.CodeUnknownProducer, Owner: b.cfg.NodeID,
 				Message: fmt.Sprintf("producer %q is not known on %s (forgotten, or its first record was refused) and sent sequence %d: a producer starts at 1; nothing was written",
-					pub.ProducerID, t.shard, pub.ProducerSeq)})
+					producerName(pub.ProducerID), t.shard, pub.ProducerSeq)})
 		case admitFull:
-			msg := fmt.Sprintf("%s has %d idempotent producers, each with records in flight (MaxProducers): no room for producer %q; nothing was written", t.shard, t.lim.max, pub.ProducerID)
+			msg := fmt.Sprintf("%s has %d idempotent producers, each with records in flight (MaxProducers): no room for producer %q; nothing was written", t.shard, t.lim.max, producerName(pub.ProducerID))
 			b.limits.hit(limitProducers, p.from.principal+p.peerID, msg)
 			p.fail(in, &transport.Error{Code: transport.CodeLimitExceeded, Owner: b.cfg.NodeID, Message: msg})
 		case admitWait:

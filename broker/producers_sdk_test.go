@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/felix-broker/felix/auth"
 	"github.com/felix-broker/felix/client"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
@@ -145,5 +147,45 @@ func TestProducerStateSkipsWhatDoesNotFit(t *testing.T) {
 	}
 	if a := follower.admit("legit", 1); a.kind != admitDuplicate {
 		t.Fatalf("after the snapshot, legit's committed sequence 1: %v, want admitDuplicate", a.kind)
+	}
+}
+
+// TestProducerIDsKeptPerPrincipal: a principal publishing under another
+// principal's producer id (which subscribers see on its records) is a
+// producer of its own: the other's next record is written and acked as
+// such, not answered as a duplicate of the impostor's (it was, and never
+// written). Subscribers see the id each gave.
+func TestProducerIDsKeptPerPrincipal(t *testing.T) {
+	ip := startInprocWith(t, nil, 1, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	for _, who := range []string{"alice", "mallory"} {
+		for _, a := range []auth.Action{auth.Publish, auth.Subscribe} {
+			if err := ip.ctl.Grant(auth.Grant{Principal: who, Action: a, Pattern: "orders"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ip.waitEpoch(ip.ctl.Map().Epoch)
+	b := ip.brokers[0]
+	alice, mallory := openStream(t, ip.dialAs(b, "alice")), openStream(t, ip.dialAs(b, "mallory"))
+	wantAck(t, alice.roundTrip(idem(1, "orders", "x", 1, "alice-1")), 1)
+	wantAck(t, mallory.roundTrip(idem(1, "orders", "x", 1, "mallory-1")), 1)
+	wantAck(t, mallory.roundTrip(idem(2, "orders", "x", 2, "mallory-2")), 2)
+	if ack := wantAck(t, alice.roundTrip(idem(2, "orders", "x", 2, "alice-2")), 2); ack.Duplicate {
+		t.Fatalf("alice's second record answered as a duplicate of mallory's: %+v", ack)
+	}
+	sub := openStream(t, ip.dialAs(b, "alice"))
+	sub.send(&transport.Subscribe{Stream: "orders", Start: transport.StartEarliest, Credit: 10})
+	var got []string
+	for len(got) < 4 {
+		recs, ok := sub.recv().(*transport.Records)
+		if !ok {
+			t.Fatalf("subscription got %T", recs)
+		}
+		for _, r := range recs.Records {
+			got = append(got, fmt.Sprintf("%s %s/%d", r.Value, r.ProducerID, r.ProducerSeq))
+		}
+	}
+	if want := []string{"alice-1 x/1", "mallory-1 x/1", "mallory-2 x/2", "alice-2 x/2"}; !slices.Equal(got, want) {
+		t.Fatalf("the log holds %q, want %q", got, want)
 	}
 }

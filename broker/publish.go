@@ -194,6 +194,9 @@ func (p *pubSession) handle(pub *transport.Publish) bool {
 		p.fail(in, err)
 		return true
 	}
+	if p.peerID == "" && pub.ProducerID != "" {
+		pub.ProducerID = scopeProducer(p.from.principal, pub.ProducerID) // producerscope.go
+	}
 	p.dispatch(in, 0)
 	return true
 }
@@ -288,11 +291,15 @@ func (p *pubSession) refuseSkipped(werr *transport.Error) bool {
 // headers'.
 func (p *pubSession) checkRecord(pub *transport.Publish, size, hlen int) *transport.Error {
 	cfg, who := &p.b.cfg, p.from.principal+p.peerID
-	if len(pub.ProducerID) > transport.MaxProducerIDLen {
+	limit := transport.MaxProducerIDLen
+	if p.peerID != "" {
+		limit = maxScopedProducerID // the receiving broker scoped it
+	}
+	if len(pub.ProducerID) > limit {
 		// Each producer id is kept by the shard's producer table (up to
 		// MaxProducers of them, for ProducerExpiry): its length bounds
 		// what one client can make the table hold.
-		msg := fmt.Sprintf("producer id of %d bytes; the limit is %d", len(pub.ProducerID), transport.MaxProducerIDLen)
+		msg := fmt.Sprintf("producer id of %d bytes; the limit is %d", len(pub.ProducerID), limit)
 		p.b.limits.hit(limitProducerID, who, msg)
 		return &transport.Error{Code: transport.CodeInvalid, Message: msg}
 	}

@@ -36,9 +36,11 @@ func waitReplicas(t *testing.T, brokers []*Broker, id shardmap.ShardID, n uint64
 	}
 }
 
-// committedSeq returns what b's producer table of id holds as producer's
-// last committed sequence, 0 if it does not know it.
+// committedSeq returns what b's producer table of id holds as the admin
+// principal's producer's last committed sequence, 0 if it does not know
+// it.
 func committedSeq(b *Broker, id shardmap.ShardID, producer string) uint64 {
+	producer = scopeProducer(transport.DevAdminName, producer)
 	e := groupOf(b, id)
 	if e == nil {
 		return 0
@@ -127,7 +129,7 @@ func TestReplicatedIdempotentPublish(t *testing.T) {
 			t.Fatalf("%s's replica holds %q, want %q", b.NodeID(), got, want)
 		}
 		recs := readReplica(t, groupOf(b, id))
-		if r := recs[5]; r.ProducerID != "p1" || r.ProducerSeq != 6 {
+		if r := recs[5]; r.ProducerID != scopeProducer(transport.DevAdminName, "p1") || r.ProducerSeq != 6 {
 			t.Fatalf("%s: record 5 carries producer %q sequence %d, want p1 6", b.NodeID(), r.ProducerID, r.ProducerSeq)
 		}
 		if s := committedSeq(b, id, "p1"); s != 7 {

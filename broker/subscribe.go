@@ -253,7 +253,7 @@ loop:
 			held += len(rec.Key) + len(rec.Value) + len(rec.ProducerID) + headersLen(rec.Headers)
 			out.Records = append(out.Records, transport.Record{
 				Offset: rec.Offset, Timestamp: rec.Timestamp, Key: rec.Key, Value: rec.Value,
-				Headers: rec.Headers, ProducerID: rec.ProducerID, ProducerSeq: rec.ProducerSeq,
+				Headers: rec.Headers, ProducerID: producerName(rec.ProducerID), ProducerSeq: rec.ProducerSeq,
 			})
 		}
 		charge(int64(held))

@@ -102,3 +102,27 @@ func TestAdminAuthorization(t *testing.T) {
 		t.Fatalf("policy after restart: %+v", acl)
 	}
 }
+
+// TestBrokerCannotRelayAnUnnamablePrincipal: a broker relays its client's
+// principal; one no certificate can name (a NUL in it, as the control
+// plane's own reserved principal has) is refused, never authorized (the
+// reserved one passed every check: any node certificate could grant
+// itself cluster.admin).
+func TestBrokerCannotRelayAnUnnamablePrincipal(t *testing.T) {
+	p := newPKI(t)
+	srv := startCtl(t, p, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	broker, err := ctlclient.Dial(ctx, srv.Addr(), p.clientTLS(t, "b0"), transport.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer broker.Close()
+	g := auth.Grant{Principal: "mallory", Action: auth.ClusterAdmin, Pattern: "*"}
+	for _, principal := range []string{ctlPrincipal, "alice\x00"} {
+		_, err := broker.Request(ctx, &transport.Request{Op: OpACLGrant, Grant: g, Principal: principal})
+		if !errors.Is(err, transport.ErrUnauthorized) {
+			t.Fatalf("broker relaying principal %q: %v, want unauthorized (policy now %v)", principal, err, srv.Map().ACL.Grants)
+		}
+	}
+}

@@ -88,9 +88,14 @@ func requestPrincipal(conn *quic.Conn, req *transport.Request) (string, error) {
 		}
 		return req.Principal, nil
 	case transport.RoleNode:
-		if req.Principal == "" {
+		switch p := req.Principal; {
+		case p == "":
 			return "", transport.Errorf(transport.CodeUnauthorized,
 				"broker %q relayed admin request %q without its client's principal; a broker's certificate is not a principal", id.Name, req.Op)
+		case strings.ContainsRune(p, 0) || len(p) > transport.MaxNameLen:
+			// No certificate names such a principal
+			// (transport.CertIdentity); ctlPrincipal is one of them.
+			return "", transport.Errorf(transport.CodeUnauthorized, "broker %q relayed admin request %q for a principal no certificate can name", id.Name, req.Op)
 		}
 		return req.Principal, nil
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 
 	"github.com/quic-go/quic-go"
 )
@@ -94,6 +95,10 @@ func InsecureClientTLS(alpn ...string) *tls.Config {
 	}
 }
 
+// MaxNameLen bounds the name a certificate gives its holder (a node id, a
+// principal); a longer one, or one holding a NUL, names no one.
+const MaxNameLen = 256
+
 // Identity is who a verified certificate says its holder is.
 type Identity struct {
 	Role Role   // RoleNode, RoleCtl or RoleClient
@@ -122,10 +127,16 @@ func CertIdentity(leaf *x509.Certificate) (Identity, error) {
 	for _, ou := range leaf.Subject.OrganizationalUnit {
 		switch Role(ou) {
 		case RoleNode, RoleCtl, RoleClient:
-			if leaf.Subject.CommonName == "" {
+			name := leaf.Subject.CommonName
+			switch {
+			case name == "":
 				return Identity{}, &Error{Code: CodeUnauthorized, Message: "peer certificate has no common name"}
+			case len(name) > MaxNameLen || strings.ContainsRune(name, 0):
+				// A NUL ends a principal's name where it scopes
+				// another name (a producer id), and names are kept.
+				return Identity{}, &Error{Code: CodeUnauthorized, Message: fmt.Sprintf("peer certificate's common name (%d bytes) is over %d bytes or holds a NUL", len(name), MaxNameLen)}
 			}
-			return Identity{Role: Role(ou), Name: leaf.Subject.CommonName}, nil
+			return Identity{Role: Role(ou), Name: name}, nil
 		}
 	}
 	return Identity{}, &Error{Code: CodeUnauthorized, Message: fmt.Sprintf("peer certificate %q has no felix role", leaf.Subject.CommonName)}

@@ -7,6 +7,7 @@ import (
 	"crypto/elliptic"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
 	"net"
 	"os"
@@ -346,4 +347,20 @@ func TestDialIPv6(t *testing.T) {
 	defer func() { cancel(); ln.Close(); <-done }()
 	conn := dial(t, ln.Addr().String(), ClientTLS(p.ca, &p.client, ""), Config{})
 	openStream(t, conn).roundTrip(t, &Heartbeat{NodeID: "n1", Epoch: 3})
+}
+
+// TestCertIdentityRefusesUnusableNames: a certificate whose common name
+// holds a NUL (which ends a principal's name where a broker scopes a
+// producer id by it) or is over MaxNameLen names no one.
+func TestCertIdentityRefusesUnusableNames(t *testing.T) {
+	for _, name := range []string{"alice\x00x", strings.Repeat("a", MaxNameLen+1), ""} {
+		leaf := &x509.Certificate{Subject: pkix.Name{CommonName: name, OrganizationalUnit: []string{string(RoleClient)}}}
+		if id, err := CertIdentity(leaf); !errors.Is(err, ErrUnauthorized) {
+			t.Errorf("common name of %d bytes %q: identity %+v, %v; want unauthorized", len(name), name[:min(len(name), 12)], id, err)
+		}
+	}
+	leaf := &x509.Certificate{Subject: pkix.Name{CommonName: strings.Repeat("a", MaxNameLen), OrganizationalUnit: []string{string(RoleClient)}}}
+	if _, err := CertIdentity(leaf); err != nil {
+		t.Errorf("a name of MaxNameLen bytes: %v", err)
+	}
 }
