@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/quic-go/quic-go"
 
@@ -163,4 +164,41 @@ func TestRevokeEndsSubscriptions(t *testing.T) {
 	wantError(t, live.recv(), transport.ErrUnauthorized)
 	starved.send(&transport.Credit{Records: 10})
 	wantError(t, starved.recv(), transport.ErrUnauthorized)
+}
+
+// TestNonMemberCannotForward: a node certificate of the cluster's CA
+// naming no member of the cluster (a broker removed, a stray
+// certificate) forwards no record: it is refused unauthorized, nothing
+// written (it was acked, written with no principal's check).
+func TestNonMemberCannotForward(t *testing.T) {
+	ip := startInprocWith(t, func(c *Config) { c.ForwardTimeout = time.Second }, 1, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	owner := ip.owner("orders", 0)
+	dir := filepath.Join(ip.dir, "certs")
+	ca, err := transport.LoadCAKeyPair(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := ca.Issue(transport.RoleNode, "intruder", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	conn, err := transport.Dial(ctx, owner.Addr().String(), transport.ClientTLS(ca.Pool(), &cert, "", transport.ALPNPeer), transport.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.CloseWithError(0, "")
+	ws := openStream(t, conn)
+	for _, epoch := range []uint64{0, owner.member.Map().Epoch, 1 << 40} { // its own map, ours, one from the future
+		p := publish(epoch+1, "orders", "from-a-non-member")
+		p.Via, p.Epoch = "intruder", epoch
+		ws.send(p)
+		if e, ok := ws.recv().(*transport.Error); !ok || e.Code != transport.CodeUnauthorized && e.Code != transport.CodeUnavailable {
+			t.Fatalf("a record forwarded at epoch %d by node %q, not in the map: %+v, want refused", epoch, "intruder", e)
+		}
+	}
+	if n := ip.logOf(owner, "orders", 0).NextOffset(); n != 0 {
+		t.Fatalf("the shard holds %d records", n)
+	}
 }

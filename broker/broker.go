@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -315,6 +316,23 @@ func (b *Broker) applyMap(m *shardmap.Map) error {
 	return nil
 }
 
+// lingerForAnswers waits while the last answers of the drained
+// publisher streams leave. They are in quic-go's send buffers, or in the
+// receiver's, not yet read: closing a connection discards both (a
+// forwarder then answered "may or may not have been written" for a record
+// committed and acked here), and quic-go tells no one when a stream's
+// data has been read. A client reads its answers at once; a forwarding
+// peer's lane reader, on a busy machine, reads them late: with 50 ms,
+// one run in three under the test suite's load lost a sixth to a third of
+// what a forwarder had in flight. So peers get closePeerLinger.
+func (b *Broker) lingerForAnswers(pubs []*pubSession) {
+	d := closeLinger
+	if slices.ContainsFunc(pubs, func(p *pubSession) bool { return p.peerID != "" }) {
+		d = closePeerLinger
+	}
+	time.Sleep(d)
+}
+
 // caller is who a connection's streams act for: a forwarding peer (a
 // broker, by its node certificate) or a client principal (by its client
 // certificate). Exactly one of the two is set.
@@ -475,13 +493,17 @@ func (b *Broker) refuse(s *quic.Stream, err error) {
 	s.Close()
 }
 
+// closeLinger is how long Close lets the last answers of the publisher
+// streams it drained leave before it closes the connections; when peers
+// forwarded to it, closePeerLinger (see lingerForAnswers).
+const (
+	closeLinger     = 50 * time.Millisecond
+	closePeerLinger = 500 * time.Millisecond
+)
+
 // Close shuts the broker down gracefully: it stops accepting, stops reading
 // new publishes, commits and acknowledges what was already received, then
 // closes connections, leaves the control plane and closes every log.
-// closeLinger is how long Close lets the last answers of the publisher
-// streams it drained leave before it closes the connections.
-const closeLinger = 50 * time.Millisecond
-
 func (b *Broker) Close() error {
 	b.mu.Lock()
 	if b.mu.closing {
@@ -518,12 +540,7 @@ func (b *Broker) Close() error {
 	}
 
 	if len(pubs) > 0 {
-		// The last answers are in quic-go's send buffers; closing the
-		// connections at once discards what is not sent yet (a forwarder
-		// then answered "may or may not have been written" for a record
-		// committed and acked here). quic-go tells no one when a stream's
-		// data is sent, so the answers get closeLinger to leave.
-		time.Sleep(closeLinger)
+		b.lingerForAnswers(pubs)
 	}
 	b.ready.Store(false)
 	b.cancel()

@@ -365,6 +365,18 @@ func (p *pubSession) dispatch(in inbound, attempt int) {
 		}
 		m = nm
 	}
+	if p.peerID != "" {
+		if _, ok := m.Node(p.peerID); !ok {
+			// A node certificate of the cluster's CA that no longer, or
+			// never, names a member (a broker removed, a stray
+			// certificate): its records would be written without any
+			// principal's check. A new member's map is newer than ours,
+			// and we caught up to it above.
+			p.fail(in, &transport.Error{Code: transport.CodeUnauthorized, Epoch: m.Epoch,
+				Message: fmt.Sprintf("node %q is not a member of the cluster (map epoch %d): it forwards no record", p.peerID, m.Epoch)})
+			return
+		}
+	}
 	st, ok := m.Stream(pub.Stream)
 	if !ok {
 		p.fail(in, &transport.Error{Code: transport.CodeUnknownStream, Epoch: m.Epoch,
