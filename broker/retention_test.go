@@ -180,7 +180,7 @@ func TestReplicatedRetentionFollowerRestart(t *testing.T) {
 	// It never applied producer p's records, but knows p from the table
 	// the snapshot carried: a retry of p's sequence 5 is the record at
 	// offset 4, not a new one.
-	if a := e.producers.admit("p", 5); a.kind != admitDuplicate || a.ack.offset != 4 {
+	if a := e.producers.admit(scopeProducer(transport.DevAdminName, "p"), 5); a.kind != admitDuplicate || a.ack.offset != 4 {
 		t.Fatalf("%s's producer table after the snapshot: p/5 is %+v, want a duplicate of offset 4", b.NodeID(), a)
 	}
 	sub := openStream(t, ip.dial(b))
