@@ -121,6 +121,13 @@ func TestPeerIdentity(t *testing.T) {
 	}
 
 	t.Run("node certificate forwarding as another node", func(t *testing.T) {
+		// broker-1 is a member (registered, then stopped: its
+		// certificate still names a member); broker-2 never joined.
+		b1 := ip.startBroker(1)
+		if err := b1.Close(); err != nil {
+			t.Fatal(err)
+		}
+		ip.waitEpoch(ip.ctl.Map().Epoch)
 		ws := openStream(t, ip.dialPeer(ip.brokers[0], cluster.BrokerID(1)))
 		p := publish(1, "orders", "forged")
 		p.Shard, p.Epoch, p.Via = 0, ip.brokers[0].Map().Epoch, cluster.BrokerID(2)
