@@ -214,8 +214,11 @@ var ErrNotReady = errors.New("broker: not ready")
 // probe), or an error saying what it waits for. Safe to call from any
 // goroutine.
 func (b *Broker) Readiness() error {
+	b.mu.Lock()
+	closing := b.mu.closing // from Close's first step: it no longer accepts, and drains
+	b.mu.Unlock()
 	switch {
-	case b.ctx.Err() != nil:
+	case closing || b.ctx.Err() != nil:
 		return fmt.Errorf("%w: shutting down", ErrNotReady)
 	case b.joined.Load() == nil:
 		return fmt.Errorf("%w: not registered with the control plane at %s", ErrNotReady, b.cfg.CtlAddr)

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/felix-broker/felix/internal/dirlock"
@@ -245,4 +246,25 @@ func TestSecondBrokerOnOneDataDirRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	ip.brokers[0] = ip.startBroker(0)
+}
+
+// TestNotReadyOnceClosing: from Close's first step (no more accepts,
+// sessions draining, up to ForwardTimeout) the broker says it is not
+// ready; it said ready until its context was cancelled at the end.
+func TestNotReadyOnceClosing(t *testing.T) {
+	ip := startInproc(t, 1)
+	b := ip.brokers[0]
+	if err := b.Readiness(); err != nil {
+		t.Fatalf("a running broker: %v", err)
+	}
+	b.mu.Lock()
+	b.mu.closing = true // as Close's first step sets it
+	b.mu.Unlock()
+	err := b.Readiness()
+	b.mu.Lock()
+	b.mu.closing = false
+	b.mu.Unlock()
+	if !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), "shutting down") {
+		t.Fatalf("a closing broker's readiness: %v, want not ready, shutting down", err)
+	}
 }

@@ -37,9 +37,23 @@ func main() {
 		kong.Name("felix"),
 		kong.Description("Felix: a clustered, durable, low-latency publish/subscribe broker."),
 		kong.UsageOnError(),
+		// A usage error exits 2, as felixctl's and most tools' do, not
+		// kong's 80.
+		kong.Exit(func(code int) {
+			if code == 80 {
+				code = 2
+			}
+			os.Exit(code)
+		}),
 		kong.Vars{"conn_file": client.DefaultClusterFile, "version": "felix " + telemetry.VersionLine()},
 	)
 	logger := servercmd.NewLogger(c.LogFormat, c.LogLevel)
+	if ctx.Command() == "dev" {
+		// Its brokers are processes of their own, which take the log
+		// flags from their environment.
+		os.Setenv("FELIX_LOG_FORMAT", c.LogFormat)
+		os.Setenv("FELIX_LOG_LEVEL", c.LogLevel)
+	}
 	switch ctx.Command() {
 	case "broker", "echo":
 		// Returns only without the exec (see package sysmon).

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -15,34 +16,42 @@ import (
 	"github.com/felix-broker/felix/internal/clustertest"
 )
 
-// TestDevSecondInterruptStopsAtOnce: a second Ctrl-C ends felix dev at
-// once while its shutdown waits for a broker that does not stop (it
-// waited its 30 s for each, and ignored every further signal).
-func TestDevSecondInterruptStopsAtOnce(t *testing.T) {
-	cmd := exec.Command(clustertest.Binary(t), "dev", "--ctl-port", "0", "--base-port", "0")
-	cmd.Dir = t.TempDir()
-	stdout, err := cmd.StdoutPipe()
+// devRun is a `felix dev` process a test started.
+type devRun struct {
+	cmd    *exec.Cmd
+	dir    string        // where it runs
+	admin  string        // its admin address
+	exited chan struct{} // closed when it has exited
+}
+
+// startDev runs `felix <global...> dev` on free ports in a directory of
+// its own and returns once its cluster is up; the test's end kills what
+// is left of it.
+func startDev(t *testing.T, global ...string) *devRun {
+	t.Helper()
+	d := &devRun{dir: t.TempDir(), exited: make(chan struct{})}
+	d.cmd = exec.Command(clustertest.Binary(t), append(global, "dev", "--ctl-port", "0", "--base-port", "0")...)
+	d.cmd.Dir = d.dir
+	stdout, err := d.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
+	go func() { d.cmd.Wait(); close(d.exited) }()
 	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGCONT)
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-exited
+		syscall.Kill(-d.cmd.Process.Pid, syscall.SIGCONT)
+		syscall.Kill(-d.cmd.Process.Pid, syscall.SIGKILL)
+		<-d.exited
 	})
 	adminLine := regexp.MustCompile(`admin \(control plane.*\): http://(\S+)`)
 	lines := bufio.NewScanner(stdout)
-	admin := ""
-	watchdog := time.AfterFunc(time.Minute, func() { cmd.Process.Kill() })
+	watchdog := time.AfterFunc(time.Minute, func() { d.cmd.Process.Kill() })
 	for lines.Scan() && !strings.Contains(lines.Text(), "ctrl-c stops the cluster") {
 		if m := adminLine.FindStringSubmatch(lines.Text()); m != nil {
-			admin = m[1]
+			d.admin = m[1]
 		}
 	}
 	watchdog.Stop()
@@ -50,10 +59,18 @@ func TestDevSecondInterruptStopsAtOnce(t *testing.T) {
 		for lines.Scan() {
 		}
 	}()
-	if admin == "" {
+	if d.admin == "" {
 		t.Fatal("felix dev did not come up")
 	}
-	resp, err := http.Get("http://" + admin + "/brokers")
+	return d
+}
+
+// TestDevSecondInterruptStopsAtOnce: a second Ctrl-C ends felix dev at
+// once while its shutdown waits for a broker that does not stop (it
+// waited its 30 s for each, and ignored every further signal).
+func TestDevSecondInterruptStopsAtOnce(t *testing.T) {
+	d := startDev(t)
+	resp, err := http.Get("http://" + d.admin + "/brokers")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,12 +81,41 @@ func TestDevSecondInterruptStopsAtOnce(t *testing.T) {
 		t.Fatalf("brokers of felix dev: %+v, %v", brokers, err)
 	}
 	syscall.Kill(brokers[0].Pid, syscall.SIGSTOP) // a broker that does not stop
-	cmd.Process.Signal(os.Interrupt)
+	d.cmd.Process.Signal(os.Interrupt)
 	time.Sleep(time.Second)
-	cmd.Process.Signal(os.Interrupt) // the second Ctrl-C
+	d.cmd.Process.Signal(os.Interrupt) // the second Ctrl-C
 	select {
-	case <-exited:
+	case <-d.exited:
 	case <-time.After(10 * time.Second):
 		t.Fatal("felix dev still runs 10 s after a second interrupt")
+	}
+}
+
+// TestDevBrokersFollowLogFlags: felix dev's brokers log as its own log
+// flags say (they logged text at info whatever was asked).
+func TestDevBrokersFollowLogFlags(t *testing.T) {
+	d := startDev(t, "--log-format", "json", "--log-level", "warn")
+	out, err := os.ReadFile(filepath.Join(d.dir, "felix-dev", "broker-0.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if line == "" {
+			continue
+		}
+		if !strings.HasPrefix(line, "{") || strings.Contains(line, `"level":"INFO"`) {
+			t.Fatalf("broker-0 of `felix --log-format json --log-level warn dev` logged %q", line)
+		}
+	}
+}
+
+// TestUsageErrorExitsTwo: a command line felix cannot parse exits 2, as
+// felixctl's does (kong's default was 80).
+func TestUsageErrorExitsTwo(t *testing.T) {
+	for _, args := range [][]string{{"frobnicate"}, {"broker", "--no-such-flag"}, {"--log-format", "xml", "dev"}} {
+		err := exec.Command(clustertest.Binary(t), args...).Run()
+		if exit, ok := err.(*exec.ExitError); !ok || exit.ExitCode() != 2 {
+			t.Errorf("felix %v: %v, want exit status 2", args, err)
+		}
 	}
 }
