@@ -1,6 +1,9 @@
 package client
 
-import "sync"
+import (
+	"slices"
+	"sync"
+)
 
 // # A subscription's own connections
 //
@@ -71,7 +74,18 @@ func (sc *subConns) get(addr string) (*subConn, error) {
 func (sc *subConns) put(conn *subConn) {
 	sc.mu.Lock()
 	conn.shards--
+	idle := conn.shards == 0 && !sc.closed
+	if idle {
+		// No shard is read over it (they moved to other brokers, or
+		// reattach after a failure and will get one): close it rather
+		// than hold a connection, one of the principal's, per broker
+		// the subscription ever read from.
+		sc.byAddr[conn.b.addr] = slices.DeleteFunc(sc.byAddr[conn.b.addr], func(c *subConn) bool { return c == conn })
+	}
 	sc.mu.Unlock()
+	if idle {
+		sc.c.retire(conn.b)
+	}
 }
 
 // close closes every connection, once no shard uses them.
