@@ -59,9 +59,10 @@ package broker
 // (above), so a retry that comes after its producer was forgotten is
 // never written again under it; the client's new producer id may write it
 // again, as Kafka's producer does after UNKNOWN_PRODUCER_ID. Memory: about
-// 100 bytes per producer plus its id (at most 128 bytes) and 16 bytes per
-// remembered ack, at most MaxProducers × (228 + 16 × ProducerWindow) per
-// open shard log (about 43 MiB with the defaults, if 10,000 producers each
+// 100 bytes per producer plus its id (at most 128 bytes, kept under its
+// principal's name: at most 385, producerscope.go) and 16 bytes per
+// remembered ack, at most MaxProducers × (485 + 16 × ProducerWindow) per
+// open shard log (about 46 MB with the defaults, if 10,000 producers each
 // published 256 records to the same shard within the expiry).
 //
 // # Rebuilt from the log
