@@ -39,6 +39,10 @@ type fakeCluster struct {
 	// joining, when set, is a broker whose replicas report themselves
 	// joining rather than voters (replica.status).
 	joining atomic.Pointer[string]
+	// revoked, when set, is a stream the client's principal lost its
+	// grants on: map.get answers leave it out (as a broker's map for a
+	// principal does), and a subscription to it is refused unauthorized.
+	revoked atomic.Pointer[string]
 	// staleGets makes this many map.get answers carry stale instead.
 	staleGets atomic.Int32
 	stale     atomic.Pointer[shardmap.Map]
@@ -49,6 +53,17 @@ type fakeCluster struct {
 		sync.Mutex
 		seen map[string]int
 	}
+}
+
+// revoke takes the client's principal's grants on stream away, in a map
+// of a new epoch (see revoked).
+func (fc *fakeCluster) revoke(stream string) {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	m := *fc.mu.m
+	m.Epoch++
+	fc.mu.m = &m
+	fc.revoked.Store(&stream)
 }
 
 // sawRequest counts a change request with ID id and reports whether one
@@ -454,6 +469,11 @@ func (b *fakeBroker) serveRequest(req *transport.Request) transport.Frame {
 		if b.fc.staleGets.Add(-1) >= 0 {
 			m = b.fc.stale.Load()
 		}
+		if name := b.fc.revoked.Load(); name != nil {
+			hidden := *m
+			hidden.Streams = slices.DeleteFunc(slices.Clone(m.Streams), func(st shardmap.Stream) bool { return st.Name == *name })
+			m = &hidden
+		}
 		resp = &transport.Response{Map: m}
 	case opStreamCreate:
 		if err := b.fc.createStream(req.Stream); err != nil {
@@ -514,6 +534,10 @@ func (b *fakeBroker) serveRequest(req *transport.Request) transport.Frame {
 
 func (b *fakeBroker) serveSubscribe(conn *quic.Conn, sub *transport.Subscribe, r *transport.Reader, w *transport.Writer) {
 	b.subs.Add(1)
+	if name := b.fc.revoked.Load(); name != nil && *name == sub.Stream {
+		_ = w.Write(&transport.Error{Code: transport.CodeUnauthorized, Message: "principal admin may not subscribe to " + sub.Stream})
+		return
+	}
 	m := b.fc.currentMap()
 	st, ok := m.Stream(sub.Stream)
 	if !ok || int(sub.Shard) >= st.Shards || sub.Shard < 0 {

@@ -327,6 +327,11 @@ type shardSub struct {
 	// Owned by the shard goroutine: where to resume.
 	received bool
 	nextRecv uint64
+	// lastAddr is the broker the shard was last attached at, and
+	// askedLast says it was asked again because the map no longer shows
+	// the stream (run).
+	lastAddr  string
+	askedLast bool
 
 	// creditDue (capacity 1) is signalled when ungranted reaches half the
 	// credit; the current attachment's credit writer drains it.
@@ -421,11 +426,20 @@ func (sh *shardSub) run() {
 		redirect = ""
 		if addr == "" {
 			a, err := sh.ownerAddr(ctx, failures)
+			switch {
+			case err == nil:
+			case errors.Is(err, shardmap.ErrUnknownStream) && sh.lastAddr != "" && !sh.askedLast:
+				// A principal's map shows only the streams it may use:
+				// a revoke hides the stream as a delete does. The broker
+				// it was read from last says which (unauthorized, or
+				// unknown_stream).
+				sh.askedLast = true
+				a, err = sh.lastAddr, nil
+			case errors.Is(err, shardmap.ErrUnknownStream) || errors.Is(err, shardmap.ErrNoShard):
+				s.stop(fmt.Errorf("client: subscription to %s: %w", sh, err))
+				return
+			}
 			if err != nil {
-				if errors.Is(err, shardmap.ErrUnknownStream) || errors.Is(err, shardmap.ErrNoShard) {
-					s.stop(fmt.Errorf("client: subscription to %s: %w", sh, err))
-					return
-				}
 				failures++
 				c.cfg.logger.Warn("client: subscription cannot find the shard's owner; retrying", "shard", sh.String(), "err", err)
 				sleep(ctx, c.backoff(failures))
@@ -440,6 +454,7 @@ func (sh *shardSub) run() {
 		}
 		if progressed {
 			failures, redirects, outOfRange = 0, 0, 0
+			sh.askedLast = false
 		}
 		var werr *transport.Error
 		isWire := !errors.Is(err, ErrConnectionLost) && errors.As(err, &werr)
@@ -562,6 +577,7 @@ func (sh *shardSub) attach(ctx context.Context, addr string) (progressed bool, e
 	if err != nil {
 		return false, c.streamErr(ctx, addr, err)
 	}
+	sh.lastAddr = addr
 	// Stop cancels the stream registered here, so the read below ends.
 	sh.mu.Lock()
 	if ctx.Err() != nil {

@@ -500,3 +500,29 @@ func TestSubscriptionEndsOnRecordsTooLargeToRead(t *testing.T) {
 	}
 	t.Fatal("the subscription ended without an error")
 }
+
+// TestSubscriptionRevokedWhileReattaching: a grant revoked while a
+// subscription reattaches (its broker restarted) ends it with
+// ErrUnauthorized, as a revoke ends a live one: the principal's map no
+// longer shows the stream, and the broker says why (it ended with
+// ErrUnknownStream, as if the stream had been deleted).
+func TestSubscriptionRevokedWhileReattaching(t *testing.T) {
+	fc, c, ctx := withStream(t)
+	b := fc.brokers[0]
+	publishN(t, c, "s", 0, 0, 3)
+	sub, err := c.Subscribe(ctx, "s", Earliest())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Stop()
+	collect(t, sub, 3)
+	fc.revoke("s")
+	b.restart(t)
+	for _, err := range sub.Records(ctx) {
+		if !errors.Is(err, ErrUnauthorized) || errors.Is(err, ErrUnknownStream) {
+			t.Fatalf("the subscription ended with %v, want ErrUnauthorized", err)
+		}
+		return
+	}
+	t.Fatal("the subscription ended without an error")
+}
