@@ -398,6 +398,7 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 		return nil, err
 	}
 	rep.setFloors(floors.floors())
+	rep.Notes = append(rep.Notes, e.notes...)
 	rep.ShardSweep = shardSweep(rep.Scenarios)
 	rep.checkTargets()
 	rep.DurationSec = round1(time.Since(started).Seconds())

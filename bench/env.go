@@ -33,6 +33,9 @@ type env struct {
 	base     time.Time  // payload stamps count from here (monotonic)
 	watch    *procWatch // the brokers' processes; nil when not ours
 	ownsData bool       // the cluster is ours: leave the streams to die with it
+	// notes are what the run met that its figures depend on, for the
+	// report (a shard whose leadership never settled on its owner).
+	notes []string
 }
 
 // newEnv connects to seed (a broker address) and learns the live brokers
@@ -279,7 +282,12 @@ func (e *env) leader(ctx context.Context, m *shardmap.Map, stream string, shard 
 		if ack, err = c.Publish(pctx, stream, nil, []byte("felix-bench-probe"), client.WithShard(shard)); err != nil {
 			return "", "", fmt.Errorf("bench: finding the leader of %s/%d: %w", stream, shard, err)
 		}
-		if ack.Owner == owner || time.Now().After(deadline) {
+		if ack.Owner == owner {
+			break
+		}
+		if time.Now().After(deadline) {
+			e.notes = append(e.notes, fmt.Sprintf("%s/%d: its leadership did not settle on its owner %s within 20 s; %s led it when the rows began (throughput publishers, which connect to the owner, were forwarded)",
+				stream, shard, owner, ack.Owner))
 			break
 		}
 		time.Sleep(200 * time.Millisecond)
