@@ -266,6 +266,11 @@ func TestCommands(t *testing.T) {
 			!regexp.MustCompile(`(?m)^orders/0 +`+owner+` +live$`).MatchString(r.stdout) {
 			t.Errorf("stream info: %+v", r)
 		}
+		// An offset of a stream of several shards needs --shard: a usage
+		// error (it exited 1, with the SDK's error).
+		if r := felixctl(t, env, "sub", "pay", "--from", "3", "--count", "1"); r.code != exitUsage || !strings.Contains(r.stderr, "add --shard") {
+			t.Errorf("sub --from 3 on a stream of 3 shards: %+v", r)
+		}
 		r = felixctl(t, env, "stream", "info", "pay", "--json")
 		var info streamJSON
 		if err := json.Unmarshal([]byte(r.stdout), &info); err != nil || info.Shards != 3 || info.Owners.Len() != 3 {

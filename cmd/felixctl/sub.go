@@ -75,6 +75,14 @@ func (s *subCmd) Run(a *app) error {
 		if err := checkShard(cctx, c, s.Stream, s.Shard); err != nil {
 			return err
 		}
+	} else if s.From != "earliest" && s.From != "latest" {
+		// An offset is one shard's: a usage error, said before the SDK
+		// refuses it.
+		if m, err := c.Map(cctx); err == nil {
+			if st, ok := m.Stream(s.Stream); ok && st.Shards > 1 {
+				return usagef("--from %s is an offset of one shard, and stream %q has %d: add --shard", s.From, s.Stream, st.Shards)
+			}
+		}
 	}
 	var opts []client.SubOpt
 	if s.Shard >= 0 {
