@@ -397,6 +397,10 @@ func (c Config) withDefaults() (Config, error) {
 	if c.RaftTick <= 0 {
 		c.RaftTick = 100 * time.Millisecond
 	}
+	if c.RaftTick < time.Millisecond {
+		// Every replicated shard's group ticks on it.
+		return c, fmt.Errorf("broker: config: RaftTick %v is under 1ms", c.RaftTick)
+	}
 	if c.RetentionCheck <= 0 {
 		c.RetentionCheck = 10 * time.Second
 	}
