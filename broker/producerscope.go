@@ -1,6 +1,10 @@
 package broker
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/felix-broker/felix/transport"
+)
 
 // Producer ids are scoped by principal. An idempotent publisher picks
 // its producer id, and every subscriber of the stream sees it on the
@@ -29,4 +33,4 @@ func producerName(id string) string {
 
 // maxScopedProducerID bounds a forwarded record's producer id: a scoped
 // one.
-const maxScopedProducerID = 256 + 1 + 128 // transport.MaxNameLen, a NUL, transport.MaxProducerIDLen
+const maxScopedProducerID = transport.MaxNameLen + 1 + transport.MaxProducerIDLen // the principal, a NUL, the id

@@ -105,8 +105,8 @@ func (s *Server) acquireLive(ctx context.Context, n shardmap.Node, reg string, r
 // putLive puts live/<n.ID> with lease and the replica report rep.
 func (s *Server) putLive(ctx context.Context, n shardmap.Node, reg string, rep *transport.ReplicaReport, lease clientv3.LeaseID) (*liveLease, error) {
 	key := s.store.liveKey(n.ID)
-	b, _ := json.Marshal(liveValue{ID: n.ID, Addr: n.Addr, Admin: n.Admin, Features: n.Features, Lease: int64(lease), Replicas: rep, By: s.name(), Reg: reg})
-	resp, err := s.store.cli.Put(ctx, key, string(b), clientv3.WithLease(lease), clientv3.WithPrevKV())
+	value := s.liveValueOf(n, reg, rep, lease)
+	resp, err := s.store.cli.Put(ctx, key, value, clientv3.WithLease(lease), clientv3.WithPrevKV())
 	if err != nil {
 		return nil, err
 	}
@@ -114,7 +114,14 @@ func (s *Server) putLive(ctx context.Context, n shardmap.Node, reg string, rep *
 	if resp.PrevKv != nil {
 		session = uint64(resp.PrevKv.CreateRevision)
 	}
-	return &liveLease{key: key, value: string(b), lease: lease, session: session}, nil
+	return &liveLease{key: key, value: value, lease: lease, session: session}, nil
+}
+
+// liveValueOf is the value of live/<n.ID> for registration reg, held by
+// this ctl with lease, carrying the replica report rep.
+func (s *Server) liveValueOf(n shardmap.Node, reg string, rep *transport.ReplicaReport, lease clientv3.LeaseID) string {
+	b, _ := json.Marshal(liveValue{ID: n.ID, Addr: n.Addr, Admin: n.Admin, Features: n.Features, Lease: int64(lease), Replicas: rep, By: s.name(), Reg: reg})
+	return string(b)
 }
 
 // reportLive puts the replica report rep in l's key, with its lease, for
@@ -127,16 +134,16 @@ func (s *Server) reportLive(ctx context.Context, n shardmap.Node, reg string, re
 	defer cancel()
 	start := time.Now()
 	defer st.observe("live", start)
-	b, _ := json.Marshal(liveValue{ID: n.ID, Addr: n.Addr, Admin: n.Admin, Features: n.Features, Lease: int64(l.lease), Replicas: rep, By: s.name(), Reg: reg})
+	value := s.liveValueOf(n, reg, rep, l.lease)
 	resp, err := st.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.Value(l.key), "=", l.value)).
-		Then(clientv3.OpPut(l.key, string(b), clientv3.WithLease(l.lease))).
+		Then(clientv3.OpPut(l.key, value, clientv3.WithLease(l.lease))).
 		Commit()
 	if err != nil || !resp.Succeeded {
 		return l, err
 	}
 	nl := *l
-	nl.value = string(b)
+	nl.value = value
 	return &nl, nil
 }
 
