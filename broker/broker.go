@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -324,25 +323,41 @@ func (b *Broker) applyMap(m *shardmap.Map) error {
 // receiver's, not yet read: closing a connection discards both (a
 // forwarder then answered "may or may not have been written" for a record
 // committed and acked here), and quic-go tells no one when a stream's
-// data has been read. A client reads its answers at once; a forwarding
-// peer's lane reader, on a busy machine, reads them late: with 50 ms,
-// one run in three under the test suite's load lost a sixth to a third of
-// what a forwarder had in flight. So peers get closePeerLinger.
+// data has been read. A forwarding peer says so itself: its lanes read
+// to the end of their streams, and the last one hangs up the connection
+// (peerPool.release). So the broker waits for its forwarders to hang up,
+// for at most closePeerWait (one of an earlier version never does), and
+// gives a client closeLinger: a client reads its answers at once.
 func (b *Broker) lingerForAnswers(pubs []*pubSession) {
-	d := closeLinger
-	if slices.ContainsFunc(pubs, func(p *pubSession) bool { return p.peerID != "" }) {
-		d = closePeerLinger
+	linger := time.NewTimer(closeLinger)
+	defer linger.Stop()
+	<-linger.C
+	giveUp := time.NewTimer(closePeerWait - closeLinger)
+	defer giveUp.Stop()
+	waited := map[*quic.Conn]bool{}
+	for _, p := range pubs {
+		c := p.from.conn
+		if p.peerID == "" || waited[c] {
+			continue
+		}
+		waited[c] = true
+		select {
+		case <-c.Context().Done():
+		case <-giveUp.C:
+			b.log.Warn("shutdown: a forwarding peer did not hang up; closing its connection may lose answers it has not read", "peer", p.peerID, "waited", closePeerWait)
+			return
+		}
 	}
-	time.Sleep(d)
 }
 
 // caller is who a connection's streams act for: a forwarding peer (a
 // broker, by its node certificate) or a client principal (by its client
 // certificate). Exactly one of the two is set.
 type caller struct {
-	peerID    string   // the peer broker's node id
-	principal string   // the client's principal name
-	use       *connUse // what the client connection holds (limits.go); nil for a peer
+	peerID    string     // the peer broker's node id
+	principal string     // the client's principal name
+	use       *connUse   // what the client connection holds (limits.go); nil for a peer
+	conn      *quic.Conn // the connection the streams are on
 }
 
 // identify checks that conn's certificate may speak the ALPN it chose: a
@@ -377,6 +392,7 @@ func (b *Broker) serveConn(conn *quic.Conn) {
 		conn.CloseWithError(quic.ApplicationErrorCode(transport.CodeUnauthorized), err.Error())
 		return
 	}
+	from.conn = conn
 	peerID := from.peerID
 	if peerID == "" { // peers count against no client limit
 		use, lerr := b.limits.admitConn(from.principal)
@@ -497,11 +513,12 @@ func (b *Broker) refuse(s *quic.Stream, err error) {
 }
 
 // closeLinger is how long Close lets the last answers of the publisher
-// streams it drained leave before it closes the connections; when peers
-// forwarded to it, closePeerLinger (see lingerForAnswers).
+// streams it drained leave before it closes the connections;
+// closePeerWait bounds its wait for forwarding peers to hang up (see
+// lingerForAnswers).
 const (
-	closeLinger     = 50 * time.Millisecond
-	closePeerLinger = 500 * time.Millisecond
+	closeLinger   = 50 * time.Millisecond
+	closePeerWait = 5 * time.Second
 )
 
 // Close shuts the broker down gracefully: it stops accepting, stops reading

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -47,10 +48,16 @@ type peerPool struct {
 }
 
 type peerConn struct {
+	id    string
 	addr  string
 	ready chan struct{} // closed once conn or err is set
 	conn  *quic.Conn
 	err   error
+
+	// Guarded by the pool's mu: the forwarding lanes on conn, and whether
+	// the peer ended one cleanly (see release).
+	lanes   int
+	retired bool
 }
 
 func newPeerPool(tlsConf *tls.Config, cfg transport.Config, log *slog.Logger, acct *quicAccount) *peerPool {
@@ -65,6 +72,56 @@ var errPoolClosed = errors.New("broker: peer pool closed")
 // conn returns the connection to node, dialing it if there is none or the
 // one there has died or points at an old address.
 func (p *peerPool) conn(ctx context.Context, node shardmap.Node) (*quic.Conn, error) {
+	pc, err := p.get(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	return pc.conn, nil
+}
+
+// lease returns the connection to node for a forwarding lane, which gives
+// it back with release when it ends.
+func (p *peerPool) lease(ctx context.Context, node shardmap.Node) (*peerConn, error) {
+	for {
+		pc, err := p.get(ctx, node)
+		if err != nil {
+			return nil, err
+		}
+		p.mu.Lock()
+		retired := pc.retired // and so out of the pool: the next get dials
+		if !retired {
+			pc.lanes++
+		}
+		p.mu.Unlock()
+		if !retired {
+			return pc, nil
+		}
+	}
+}
+
+// release gives back a lane's lease on pc. ended says the peer ended the
+// lane's stream cleanly, after answering everything on it: it does so
+// only when it shuts down, and waits for its forwarders to hang up, since
+// closing a connection discards what its receiver has not read yet. So
+// pc takes no more lanes, and the last lane to leave closes it.
+func (p *peerPool) release(pc *peerConn, ended bool) {
+	p.mu.Lock()
+	pc.lanes--
+	if ended {
+		pc.retired = true
+		if p.mu.conns[pc.id] == pc {
+			delete(p.mu.conns, pc.id)
+		}
+	}
+	hangUp := pc.retired && pc.lanes == 0
+	p.mu.Unlock()
+	if hangUp {
+		pc.conn.CloseWithError(quic.ApplicationErrorCode(transport.CodeShuttingDown), "every lane answered")
+	}
+}
+
+// get returns node's entry in the pool once it is connected.
+func (p *peerPool) get(ctx context.Context, node shardmap.Node) (*peerConn, error) {
 	p.mu.Lock()
 	if p.mu.closed {
 		p.mu.Unlock()
@@ -81,7 +138,7 @@ func (p *peerPool) conn(ctx context.Context, node shardmap.Node) (*quic.Conn, er
 		}
 	}
 	if pc == nil {
-		pc = &peerConn{addr: node.Addr, ready: make(chan struct{})}
+		pc = &peerConn{id: node.ID, addr: node.Addr, ready: make(chan struct{})}
 		p.mu.conns[node.ID] = pc
 		p.mu.Unlock()
 		// Ends within dialTimeout; close waits for ready.
@@ -94,7 +151,10 @@ func (p *peerPool) conn(ctx context.Context, node shardmap.Node) (*quic.Conn, er
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	return pc.conn, pc.err
+	if pc.err != nil {
+		return nil, pc.err
+	}
+	return pc, nil
 }
 
 // dial connects pc to node and closes pc.ready.
@@ -177,6 +237,7 @@ type lane struct {
 	mu struct {
 		sync.Mutex
 		s       *quic.Stream // nil while connecting: nothing has reached the owner
+		pc      *peerConn    // the pooled connection s is on, leased until the lane ends
 		pending map[uint64]forwarded
 		killed  bool
 		drain   *time.Timer // bounds a drain (see drain); stopped by kill
@@ -271,7 +332,7 @@ func (p *pubSession) laneTo(node shardmap.Node) *lane {
 // to it meanwhile. It holds the lane writer's flusher role until then.
 func (l *lane) connect(node shardmap.Node) {
 	defer l.p.workers.Done()
-	s, err := l.open(node)
+	s, pc, err := l.open(node)
 	if err != nil {
 		l.w.abort(err)
 		l.kill(err)
@@ -283,9 +344,10 @@ func (l *lane) connect(node shardmap.Node) {
 		l.w.abort(errors.New("lane closed"))
 		s.CancelRead(quic.StreamErrorCode(transport.CodeUnavailable))
 		s.CancelWrite(quic.StreamErrorCode(transport.CodeUnavailable))
+		l.p.b.peers.release(pc, false)
 		return
 	}
-	l.mu.s = s
+	l.mu.s, l.mu.pc = s, pc
 	l.mu.Unlock()
 	l.w.attach(s)
 	l.p.workers.Add(1)
@@ -293,19 +355,24 @@ func (l *lane) connect(node shardmap.Node) {
 	l.w.flush()
 }
 
-func (l *lane) open(node shardmap.Node) (*quic.Stream, error) {
+func (l *lane) open(node shardmap.Node) (*quic.Stream, *peerConn, error) {
 	ctx, cancel := context.WithTimeout(l.ctx, dialTimeout)
 	defer cancel()
 	if k := l.p.b.cfg.Knobs.DialPeer; k != nil {
 		if err := k(ctx, node.ID); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	conn, err := l.p.b.peers.conn(ctx, node)
+	pc, err := l.p.b.peers.lease(ctx, node)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return conn.OpenStreamSync(ctx)
+	s, err := pc.conn.OpenStreamSync(ctx)
+	if err != nil {
+		l.p.b.peers.release(pc, false)
+		return nil, nil, err
+	}
+	return s, pc, nil
 }
 
 // add records fw as awaiting the owner's answer. It reports whether it
@@ -456,13 +523,16 @@ func (l *lane) kill(cause error) {
 	if t := l.mu.drain; t != nil && t.Stop() {
 		l.p.workers.Done() // the drain's timer will not run
 	}
-	pending, s := l.mu.pending, l.mu.s
-	l.mu.pending = nil
+	pending, s, pc := l.mu.pending, l.mu.s, l.mu.pc
+	l.mu.pending, l.mu.pc = nil, nil
 	l.mu.Unlock()
 	l.cancel()
 	if s != nil {
 		s.CancelRead(quic.StreamErrorCode(transport.CodeUnavailable))
 		s.CancelWrite(quic.StreamErrorCode(transport.CodeUnavailable))
+	}
+	if pc != nil {
+		l.p.b.peers.release(pc, errors.Is(cause, io.EOF))
 	}
 	for _, fw := range pending {
 		if s == nil && fw.in.replicated() && !fw.in.expired() && l.p.ctx.Err() == nil {

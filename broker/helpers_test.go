@@ -279,3 +279,15 @@ func (ws *wireStream) recvEnd() {
 		ws.t.Fatalf("expected the stream to end, got %v", err)
 	}
 }
+
+// pooled returns the pool's connection to the peer id, nil if it has none.
+func (p *peerPool) pooled(id string) *quic.Conn {
+	p.mu.Lock()
+	pc := p.mu.conns[id]
+	p.mu.Unlock()
+	if pc == nil {
+		return nil
+	}
+	<-pc.ready
+	return pc.conn
+}
