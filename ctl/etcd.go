@@ -284,12 +284,18 @@ func startEmbedded(dir string, ec EtcdConfig, core slogCore, log *slog.Logger) (
 	return e, clientTLS, nil
 }
 
-// listenURL is u with its host replaced by the wildcard address when the
-// host is a name (etcd listens on IP addresses only): a member advertised
-// as https://ctl-0:2380 listens on https://0.0.0.0:2380. Off loopback,
-// its URLs are https (see etcdtls.go) unless EtcdConfig.Insecure.
+// listenURL is u with its host replaced by an address when the host is a
+// name (etcd listens on IP addresses only): localhost listens on
+// 127.0.0.1, as it is allowed plain http (etcdtls.go), and any other name
+// on the wildcard address: a member advertised as https://ctl-0:2380
+// listens on https://0.0.0.0:2380. Off loopback, its URLs are https
+// unless EtcdConfig.Insecure.
 func listenURL(u url.URL) url.URL {
-	if net.ParseIP(u.Hostname()) == nil {
+	switch host := u.Hostname(); {
+	case net.ParseIP(host) != nil:
+	case loopbackHost(host):
+		u.Host = net.JoinHostPort("127.0.0.1", u.Port())
+	default:
 		u.Host = net.JoinHostPort("0.0.0.0", u.Port())
 	}
 	return u

@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -66,4 +67,30 @@ func TestLeaderHandsOverOnClose(t *testing.T) {
 		now = append(now, fmt.Sprintf("%s sees leader %s", m.e.Config().Name, m.e.Server.Leader()))
 	}
 	t.Errorf("the leader (%s) closed without handing its leadership over: %s", leader.e.Server.MemberID(), strings.Join(now, ", "))
+}
+
+// A plain http URL naming localhost is allowed because it stays on this
+// machine: the member must listen on loopback, not on every interface.
+func TestLocalhostURLsListenOnLoopback(t *testing.T) {
+	ports, err := freeTCPPorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := StartEtcdMember(t.TempDir(), EtcdConfig{Name: "m",
+		ClientURL: fmt.Sprintf("http://localhost:%d", ports[0]),
+		PeerURL:   fmt.Sprintf("http://localhost:%d", ports[1])}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for _, ln := range m.e.Clients {
+		if ip := ln.Addr().(*net.TCPAddr).IP; !ip.IsLoopback() {
+			t.Errorf("plain http client URL http://localhost:%d listens on %s", ports[0], ln.Addr())
+		}
+	}
+	for _, p := range m.e.Peers {
+		if ip := p.Listener.Addr().(*net.TCPAddr).IP; !ip.IsLoopback() {
+			t.Errorf("plain http peer URL http://localhost:%d listens on %s", ports[1], p.Listener.Addr())
+		}
+	}
 }
