@@ -177,8 +177,12 @@ func (p *pubSession) handle(pub *transport.Publish) bool {
 	p.received++
 	in := inbound{pub: pub, last: !p.r.Ready(), ev: p.b.tel.received(pub, p.peerID), n: p.received}
 	if p.peerID == "" {
-		// Only a forwarding peer may speak for an epoch or another broker.
-		pub.Epoch, pub.Via, pub.Created = 0, "", 0
+		// Only a forwarding peer may speak for an epoch or another broker;
+		// a client's Created says which incarnation it picked Shard by.
+		pub.Epoch, pub.Via = 0, ""
+		if pub.Shard < 0 {
+			pub.Created = 0
+		}
 	}
 	hlen := headersLen(pub.Headers)
 	size := len(pub.Key) + len(pub.Value) + hlen + len(pub.ProducerID)
@@ -349,18 +353,19 @@ func headersLen(h map[string]string) int {
 // broker owns the shard, a forward when it does not, a NotOwner refusal
 // when a peer forwarded it here by a map this broker no longer agrees
 // with. The session's reader calls it, and its retrier for a re-route;
-// it holds no lock. Only a peer's reader can wait in it, for a map as new
-// as the forwarder's, which holds back that stream alone.
+// it holds no lock. A reader can wait in it only for a map as new as the
+// sender's (a forwarder's epoch, or the incarnation a client picked the
+// shard by), which holds back that stream alone.
 func (p *pubSession) dispatch(in inbound, attempt int) {
 	b, pub := p.b, in.pub
 	m := b.routingMap()
-	if pub.Epoch > m.Epoch && !p.servesIncarnation(m, pub) {
-		// The forwarder has seen a newer map than ours: catch up before
+	if need := max(pub.Epoch, pub.Created); need > m.Epoch && !p.servesIncarnation(m, pub) {
+		// The sender has seen a newer map than ours: catch up before
 		// judging ownership, so a moved shard is never written twice.
-		nm, err := b.catchUp(p.ctx, pub.Epoch)
+		nm, err := b.catchUp(p.ctx, need)
 		if err != nil {
 			p.fail(in, &transport.Error{Code: transport.CodeUnavailable,
-				Message: fmt.Sprintf("%s could not catch up to map epoch %d: %v", b.cfg.NodeID, pub.Epoch, err)})
+				Message: fmt.Sprintf("%s could not catch up to map epoch %d: %v", b.cfg.NodeID, need, err)})
 			return
 		}
 		m = nm
@@ -381,6 +386,19 @@ func (p *pubSession) dispatch(in inbound, attempt int) {
 	if !ok {
 		p.fail(in, &transport.Error{Code: transport.CodeUnknownStream, Epoch: m.Epoch,
 			Message: fmt.Sprintf("stream %q does not exist; create it with `felixctl stream create %s`", pub.Stream, pub.Stream)})
+		return
+	}
+	if pub.Created != 0 && pub.Created != st.Created {
+		// The shard was picked by another stream of this name, of another
+		// shard count perhaps: a forwarder routes it again by a newer map,
+		// a client's record is of a stream that is no more.
+		if p.peerID != "" {
+			p.fail(in, &transport.Error{Code: transport.CodeNotOwner, Epoch: m.Epoch,
+				Message: fmt.Sprintf("stream %q was created again at map epoch %d; the record was routed by the stream of epoch %d", pub.Stream, st.Created, pub.Created)})
+			return
+		}
+		p.fail(in, &transport.Error{Code: transport.CodeUnknownStream, Epoch: m.Epoch,
+			Message: fmt.Sprintf("stream %q of map epoch %d, whose shard %d the record was published to, was deleted; the stream of that name now was created at epoch %d: publish the record again", pub.Stream, pub.Created, pub.Shard, st.Created)})
 		return
 	}
 	shard := int(pub.Shard)

@@ -39,6 +39,13 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 	}()
 	mapChanged := b.member.Changed()
 	m := b.member.Map()
+	if sub.Created > m.Epoch {
+		// The subscriber read a newer incarnation of the stream than this
+		// broker's map holds: catch up before judging it.
+		if nm, err := b.catchUp(b.ctx, sub.Created); err == nil {
+			m = nm
+		}
+	}
 	if err := b.authorize(m, from, auth.Subscribe, sub.Stream); err != nil {
 		b.refuse(s, err)
 		return
@@ -71,6 +78,12 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 	if !ok {
 		refuse(&transport.Error{Code: transport.CodeUnknownStream, Epoch: m.Epoch,
 			Message: fmt.Sprintf("stream %q does not exist", sub.Stream)})
+		return
+	}
+	if sub.Created != 0 && sub.Created != st.Created {
+		// Its offsets are of another stream of the same name.
+		refuse(&transport.Error{Code: transport.CodeUnknownStream, Epoch: m.Epoch,
+			Message: fmt.Sprintf("stream %q of map epoch %d was deleted; the stream of that name now was created at epoch %d: subscribe to it anew", sub.Stream, sub.Created, st.Created)})
 		return
 	}
 	if sub.Shard < 0 || int(sub.Shard) >= st.Shards {

@@ -27,6 +27,11 @@ type Client struct {
 
 	// shardMap is the newest shard map seen, nil before the first.
 	shardMap atomic.Pointer[shardmap.Map]
+	// mapNamed is the newest map epoch a broker named in refusing a
+	// record of a stream it does not hold as this client does (deleted,
+	// or created again): the shard map is fetched before the next
+	// publisher picks a shard by it (catchUpMap).
+	mapNamed atomic.Uint64
 
 	// pub carries Client.Publish and Client.PublishAsync.
 	pub *Publisher
@@ -189,6 +194,30 @@ func (c *Client) storeMap(m *shardmap.Map) *shardmap.Map {
 		}
 		if c.shardMap.CompareAndSwap(old, m) {
 			return m
+		}
+	}
+}
+
+// catchUpMap fetches the shard map once if a broker named a newer one
+// than the cached map (mapNamed). A failure leaves the cached map: the
+// broker judges the record by its own, and refuses it again if need be.
+func (c *Client) catchUpMap(ctx context.Context) {
+	named := c.mapNamed.Load()
+	if named == 0 {
+		return
+	}
+	if m := c.cachedMap(); m == nil || m.Epoch < named {
+		_, _ = c.refreshMap(ctx)
+	}
+	c.mapNamed.CompareAndSwap(named, 0)
+}
+
+// raise sets v to epoch if that is more.
+func raise(v *atomic.Uint64, epoch uint64) {
+	for {
+		old := v.Load()
+		if epoch <= old || v.CompareAndSwap(old, epoch) {
+			return
 		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/felix-broker/felix/shardmap"
 )
 
 // TestIdempotentGapBacksOff: a record that the owner keeps refusing
@@ -28,5 +30,22 @@ func TestIdempotentGapBacksOff(t *testing.T) {
 	// most within the second (the first two without waiting).
 	if sent := fc.brokers[0].published.Load() - before; sent > 12 {
 		t.Fatalf("the record was sent %d times within its one-second retry timeout", sent)
+	}
+}
+
+// A map that gives a stream no shards (damaged, or of another version) is
+// an error for an idempotent publisher, which picks shards itself: it
+// divided by zero and took the application down.
+func TestIdempotentPublishToAStreamOfNoShards(t *testing.T) {
+	fc := newFakeCluster(t, 1)
+	fc.mu.Lock()
+	m := *fc.mu.m
+	m.Epoch++
+	m.Streams = []shardmap.Stream{{StreamConfig: shardmap.StreamConfig{Name: "z", Shards: 0}}}
+	fc.mu.m = &m
+	fc.mu.Unlock()
+	c := connect(t, fc, 0, WithIdempotence())
+	if _, err := c.Publish(testCtx(t), "z", []byte("k"), []byte("v")); err == nil {
+		t.Fatal("a publish to a stream of 0 shards was acked")
 	}
 }

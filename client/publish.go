@@ -229,10 +229,15 @@ type pubSession struct {
 	done chan struct{} // closed when the reader has exited
 
 	later *msgtrace.Deferred // the client's, for OnResolved functions (notifyLater)
+
+	// mapNamed is the client's Client.mapNamed: the reader raises it to
+	// the epoch of a broker that refused a record of a stream its map no
+	// longer holds as the publisher knew it.
+	mapNamed *atomic.Uint64
 }
 
-func newPubSession(addr string, str *quic.Stream, maxFrame int, later *msgtrace.Deferred) *pubSession {
-	s := &pubSession{addr: addr, str: str, maxFrame: maxFrame, done: make(chan struct{}), later: later, kick: make(chan struct{}, 1)}
+func newPubSession(addr string, str *quic.Stream, maxFrame int, later *msgtrace.Deferred, mapNamed *atomic.Uint64) *pubSession {
+	s := &pubSession{addr: addr, str: str, maxFrame: maxFrame, done: make(chan struct{}), later: later, kick: make(chan struct{}, 1), mapNamed: mapNamed}
 	s.w = transport.NewWriter(str)
 	s.w.SetMaxFrame(maxFrame)
 	s.mu.pending = make(map[uint64]*Future)
@@ -448,6 +453,9 @@ func (s *pubSession) readLoop() {
 				fut.finishLater()
 			}
 		case *transport.Error:
+			if f.Code == transport.CodeUnknownStream {
+				raise(s.mapNamed, f.Epoch) // the next publish picks its shard by that map
+			}
 			if s.idem != nil && f.Seq != 0 && f.Code != transport.CodeDuplicateSequence {
 				if f.Code == transport.CodeUnknownProducer {
 					// Not written, nor anything after it under its

@@ -184,8 +184,15 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 			cfg = o.applyPublish(cfg)
 		}
 	}
+	// created is the incarnation of the stream whose map picked the
+	// shard, if this publisher picked it: a broker refuses the record if
+	// the stream has been created again since (see transport.Publish).
+	var created uint64
+	if cfg.shard < 0 && (len(key) == 0 || p.idem != nil) {
+		p.c.catchUpMap(ctx)
+	}
 	if cfg.shard < 0 && len(key) == 0 {
-		cfg.shard = p.keylessShard(stream)
+		cfg.shard, created = p.keylessShard(stream)
 	}
 	if p.idem != nil && cfg.shard < 0 {
 		// Sequences are per shard: the shard is picked here, by the map.
@@ -193,11 +200,15 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 		if err != nil {
 			return nil, &PublishError{Stream: stream, Shard: -1, Broker: p.c.addr, Err: err}
 		}
+		if st.Shards <= 0 {
+			return nil, &PublishError{Stream: stream, Shard: -1, Broker: p.c.addr, Err: fmt.Errorf("client: the shard map gives stream %q %d shards", stream, st.Shards)}
+		}
 		if len(key) == 0 {
 			cfg.shard = int32(p.sticky % uint32(st.Shards))
 		} else {
 			cfg.shard = int32(shardmap.ShardFor(key, st.Shards))
 		}
+		created = st.Created
 	}
 	if err := p.acquire(ctx, block); err != nil {
 		return nil, &PublishError{Stream: stream, Shard: int(cfg.shard), Broker: p.c.addr, Err: err}
@@ -230,6 +241,7 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 		Headers:     tel.startPublish(ctx, f, cfg.headers),
 		ProducerID:  cfg.producerID,
 		ProducerSeq: cfg.producerSeq,
+		Created:     created,
 	}
 	if p.idem != nil {
 		// The publisher numbers it (when it goes on the wire), and keeps
@@ -295,15 +307,16 @@ func (p *Publisher) acquire(ctx context.Context, block bool) error {
 }
 
 // keylessShard picks the shard of a record with no key and no WithShard:
-// one per publisher, from the cached map; -1 (the broker decides) when the
-// map does not know the stream yet.
-func (p *Publisher) keylessShard(stream string) int32 {
+// one per publisher, from the cached map, whose incarnation of the stream
+// it returns too; -1 (the broker decides) when the map does not know the
+// stream yet.
+func (p *Publisher) keylessShard(stream string) (int32, uint64) {
 	if m := p.c.cachedMap(); m != nil {
 		if st, ok := m.Stream(stream); ok && st.Shards > 0 {
-			return int32(p.sticky % uint32(st.Shards))
+			return int32(p.sticky % uint32(st.Shards)), st.Created
 		}
 	}
-	return -1
+	return -1, 0
 }
 
 // session returns the live session, opening a new stream if there is none.
@@ -344,7 +357,7 @@ func (p *Publisher) openStream(ctx context.Context, ready bool) (*pubSession, er
 		// Nothing was sent: the caller may try again on a new connection.
 		return nil, fmt.Errorf("opening publish stream to %s: %w", p.c.addr, errors.Join(errStaleSession, err))
 	}
-	s := newPubSession(p.c.addr, str, p.c.maxFrame(), &p.c.tel.later)
+	s := newPubSession(p.c.addr, str, p.c.maxFrame(), &p.c.tel.later, &p.c.mapNamed)
 	s.idem = p.idem
 
 	p.mu.Lock()

@@ -51,6 +51,11 @@ type Subscription struct {
 	stream string
 	credit uint32
 	shards []*shardSub
+	// created is the incarnation of the stream subscribed to
+	// (shardmap.Stream.Created; 0 from a control plane that has none): a
+	// stream of the same name created again is another stream, and the
+	// subscription ends rather than read it from its own offsets.
+	created uint64
 
 	skipCorrupt bool // see SkipCorrupt
 
@@ -129,6 +134,7 @@ func (c *Client) Subscribe(ctx context.Context, stream string, from Start, opts 
 	s := &Subscription{
 		c:           c,
 		stream:      stream,
+		created:     st.Created,
 		credit:      cfg.credit,
 		skipCorrupt: cfg.skipCorrupt,
 		batches:     make(chan batch, len(shards)+1),
@@ -536,16 +542,18 @@ func (sh *shardSub) replicas() int {
 // committed records only, at the same offsets): it returns a live one,
 // the owner first, the next ones after failures attaching.
 func (sh *shardSub) ownerAddr(ctx context.Context, failures int) (string, error) {
-	m, _, err := sh.s.c.mapWith(ctx, sh.s.stream)
+	m, st, err := sh.s.c.mapWith(ctx, sh.s.stream)
 	if err != nil {
 		return "", err
 	}
-	if st, ok := m.Stream(sh.s.stream); ok {
-		if set := st.Placement.Replicas(sh.shard); len(set) > 1 {
-			for i := range set {
-				if n, ok := m.Node(set[(failures+i)%len(set)]); ok && n.Live && n.Addr != "" {
-					return n.Addr, nil
-				}
+	if sh.s.created != 0 && st.Created != sh.s.created {
+		return "", fmt.Errorf("client: stream %q: %w (%w): the stream subscribed to, of map epoch %d, was deleted, and one of its name created at epoch %d",
+			sh.s.stream, &transport.Error{Code: transport.CodeUnknownStream, Message: "deleted"}, shardmap.ErrUnknownStream, sh.s.created, st.Created)
+	}
+	if set := st.Placement.Replicas(sh.shard); len(set) > 1 {
+		for i := range set {
+			if n, ok := m.Node(set[(failures+i)%len(set)]); ok && n.Live && n.Addr != "" {
+				return n.Addr, nil
 			}
 		}
 	}
@@ -602,7 +610,7 @@ func (sh *shardSub) attach(ctx context.Context, addr string) (progressed bool, e
 		}
 	}()
 
-	sub := &transport.Subscribe{Stream: s.stream, Shard: int32(sh.shard), Start: sh.startKind, Offset: sh.startOff}
+	sub := &transport.Subscribe{Stream: s.stream, Shard: int32(sh.shard), Start: sh.startKind, Offset: sh.startOff, Created: s.created}
 	if sh.received {
 		sub.Start, sub.Offset = transport.StartOffset, sh.nextRecv
 	}

@@ -483,6 +483,10 @@ func TestVersionTolerance(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %#v, want %#v", got, want)
 	}
+	// A Subscribe without Created (an earlier client's) has five fields.
+	if b := body(&Subscribe{Stream: "s"}); b[0] != 0x95 {
+		t.Fatalf("a Subscribe without Created starts 0x%02x, want 0x95 (5 elements)", b[0])
+	}
 	// A Raft frame has two fields unless it opens a duplex stream; an
 	// earlier broker reads a duplex one as a plain one.
 	if b := body(&Raft{From: "n1"}); b[0] != 0x92 {

@@ -15,9 +15,13 @@ type Publish struct {
 	ProducerSeq uint64
 	Epoch       uint64 // set by a forwarding broker: the map epoch it routed by
 	Via         string // set by a forwarding broker: its node id
-	// Created is set by a forwarding broker: the stream's incarnation
-	// (shardmap.Stream.Created) in the map it routed by. An owner holding
-	// an older map that has the same incarnation of the stream, and this
+	// Created is the stream's incarnation (shardmap.Stream.Created) in
+	// the map the sender picked Shard by, 0 if it did not pick it: a
+	// forwarding broker sets it, and a client that picked the shard from
+	// its map. A broker whose map holds another incarnation (the stream
+	// was deleted and created again) refuses the record rather than write
+	// it to the shard of another stream's count. An owner holding an
+	// older map that has the same incarnation of the stream, and this
 	// shard on itself, need not wait for the newer map.
 	Created uint64
 }

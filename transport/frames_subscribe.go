@@ -19,9 +19,20 @@ type Subscribe struct {
 	Start  StartKind
 	Offset uint64 // with StartOffset
 	Credit uint32 // initial credit, in records
+	// Created is the stream's incarnation (shardmap.Stream.Created) the
+	// subscriber read before, 0 if none: a broker whose map holds another
+	// incarnation (the stream was deleted and created again) refuses the
+	// subscription as of an unknown stream, rather than serve the new
+	// stream from the old one's offsets.
+	Created uint64
 }
 
-const subscribeFields = 5
+// subscribeFields is the fields a Subscribe is sent with; one without
+// Created (from a client of an earlier version) has subscribeFieldsMin.
+const (
+	subscribeFields    = 6
+	subscribeFieldsMin = 5
+)
 
 // Type implements [Frame].
 func (*Subscribe) Type() FrameType { return FrameSubscribe }
@@ -30,23 +41,35 @@ func (s *Subscribe) appendBody(b []byte) ([]byte, error) {
 	if s == nil {
 		return b, errNilFrame(FrameSubscribe)
 	}
-	b = appendArrayHeader(b, subscribeFields)
+	fields := subscribeFieldsMin
+	if s.Created != 0 {
+		fields = subscribeFields
+	}
+	b = appendArrayHeader(b, fields)
 	b = appendStr(b, s.Stream)
 	b = appendInt(b, int64(s.Shard))
 	b = appendUint(b, uint64(s.Start))
 	b = appendUint(b, s.Offset)
 	b = appendUint(b, uint64(s.Credit))
+	if s.Created != 0 {
+		b = appendUint(b, s.Created)
+	}
 	return b, nil
 }
 
 func (s *Subscribe) decode(d *decoder) {
-	n := d.arrayHeader(subscribeFields)
+	n := d.arrayHeader(subscribeFieldsMin)
 	s.Stream = d.str()
 	s.Shard = d.int32()
 	s.Start = StartKind(d.uint8())
 	s.Offset = d.uint64()
 	s.Credit = d.uint32()
-	d.skipN(n - subscribeFields)
+	s.Created = 0
+	if n > subscribeFieldsMin {
+		s.Created = d.uint64()
+		n--
+	}
+	d.skipN(n - subscribeFieldsMin)
 }
 
 // Record is one committed record as a subscriber receives it.

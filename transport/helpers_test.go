@@ -52,7 +52,8 @@ func sampleFrames() []namedFrame {
 		{"error/full", &Error{Seq: 5, Code: CodeNotOwner, Message: "shard orders/2 is owned by n3", Epoch: 9, Owner: "n3"}},
 		{"error/unknown-code", &Error{Code: 65535}},
 		{"subscribe/zero", &Subscribe{}},
-		{"subscribe/full", &Subscribe{Stream: "orders", Shard: 3, Start: StartOffset, Offset: 1000, Credit: 1<<32 - 1}},
+		{"subscribe/full", &Subscribe{Stream: "orders", Shard: 3, Start: StartOffset, Offset: 1000, Credit: 1<<32 - 1, Created: 7}},
+		{"subscribe/no-created", &Subscribe{Stream: "orders", Shard: 3, Start: StartOffset, Offset: 1000, Credit: 16}},
 		{"records/nil", &Records{Stream: "orders"}},
 		{"records/empty", &Records{Stream: "orders", Records: []Record{}}},
 		{"records/full", &Records{Stream: "orders", Shard: 1, Records: []Record{

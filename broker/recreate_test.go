@@ -1,0 +1,187 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/felix-broker/felix/client"
+	"github.com/felix-broker/felix/shardmap"
+)
+
+// sdk connects an admin SDK client to the cluster's first broker.
+func (ip *inproc) sdk(t *testing.T, opts ...client.Opt) *client.Client {
+	t.Helper()
+	caFile := filepath.Join(ip.dir, "certs", "ca.crt")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.Connect(ctx, ip.brokers[0].Addr().String(),
+		append([]client.Opt{client.WithCAFile(caFile), adminCert(caFile), client.WithLogger(quiet())}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// recreate deletes stream and creates it again as cfg, and waits for
+// every broker to have the map.
+func (ip *inproc) recreate(t *testing.T, cfg shardmap.StreamConfig) {
+	t.Helper()
+	if err := ip.ctl.DeleteStream(cfg.Name); err != nil {
+		t.Fatal(err)
+	}
+	if err := ip.ctl.CreateStream(cfg); err != nil {
+		t.Fatal(err)
+	}
+	ip.waitEpoch(ip.ctl.Map().Epoch)
+}
+
+// A client whose map holds the stream as it was before it was deleted and
+// created again with more shards picks a keyed idempotent record's shard
+// by the old count: the broker refuses it (the record is of a stream that
+// is no more), and the next goes where the new count puts its key. It was
+// acked in the shard of the old count, apart from the key's other records.
+func TestKeyedShardNotPickedByARecreatedStream(t *testing.T) {
+	ip := startInproc(t, 1, shardmap.StreamConfig{Name: "re", Shards: 2})
+	c := ip.sdk(t, client.WithIdempotence())
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := c.Publish(ctx, "re", []byte("warm"), []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	ip.recreate(t, shardmap.StreamConfig{Name: "re", Shards: 8})
+	var key []byte
+	for i := 0; ; i++ {
+		key = []byte(fmt.Sprint("k", i))
+		if shardmap.ShardFor(key, 8) != shardmap.ShardFor(key, 2) {
+			break
+		}
+	}
+	want := shardmap.ShardFor(key, 8)
+	ack, err := c.Publish(ctx, "re", key, []byte("v"))
+	switch {
+	case errors.Is(err, client.ErrUnknownStream):
+		t.Logf("first publish after the stream was created again: %v", err)
+	case err != nil:
+		t.Fatal(err)
+	case ack.Shard != want:
+		t.Fatalf("key %q acked in shard %d of the stream created again with 8 shards; want xxhash(key) mod 8 = %d (mod 2, the old count, is %d)",
+			key, ack.Shard, want, shardmap.ShardFor(key, 2))
+	}
+	ack, err = c.Publish(ctx, "re", key, []byte("v"))
+	if err != nil || ack.Shard != want {
+		t.Fatalf("publish after the refusal: shard %d, %v; want shard %d", ack.Shard, err, want)
+	}
+}
+
+// Keyless publishers pick their shard from the client's map: after the
+// stream was created again with fewer shards, they recover after the
+// first refusal. Every publish failed, for good, with "no shard N".
+func TestKeylessPublishersFollowARecreatedStream(t *testing.T) {
+	ip := startInproc(t, 1, shardmap.StreamConfig{Name: "re", Shards: 8})
+	c := ip.sdk(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var pubs []*client.Publisher
+	for range 6 {
+		p, err := c.Publisher(ctx, "re")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		if _, err := p.Publish(ctx, nil, []byte("warm")); err != nil {
+			t.Fatal(err)
+		}
+		pubs = append(pubs, p)
+	}
+	ip.recreate(t, shardmap.StreamConfig{Name: "re", Shards: 1})
+	failed := 0
+	for i, p := range pubs {
+		for j := range 5 {
+			_, err := p.Publish(ctx, nil, []byte("v"))
+			switch {
+			case err == nil:
+			case errors.Is(err, client.ErrUnknownStream) && j == 0:
+				failed++ // published by the old map: refused, and the map fetched
+			default:
+				t.Fatalf("publisher %d, publish %d to the stream created again with 1 shard: %v", i, j, err)
+			}
+		}
+	}
+	if failed > 1 {
+		t.Errorf("%d publishers' first publish failed; the first refusal should have fetched the map for all", failed)
+	}
+}
+
+// A subscription detached while its stream was deleted and created again
+// (its owner was down) ends when it reattaches: the new stream's offsets
+// are not the old one's. It read on from its old offset, skipping the new
+// stream's first records without a word.
+func TestSubscriptionEndsWithItsStream(t *testing.T) {
+	cfg := shardmap.StreamConfig{Name: "inc", Shards: 1}
+	ip := startInproc(t, 2, cfg)
+	owner, home := ip.owner("inc", 0), ip.nonOwner("inc", 0)
+	ownerIdx := ip.brokerIndex(owner.NodeID())
+	caFile := filepath.Join(ip.dir, "certs", "ca.crt")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := client.Connect(ctx, home.Addr().String(), client.WithCAFile(caFile), adminCert(caFile), client.WithLogger(quiet()),
+		client.WithReconnect(5*time.Millisecond, 50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sub, err := c.Subscribe(ctx, "inc", client.Earliest())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Stop()
+	for i := range 10 {
+		if _, err := c.Publish(ctx, "inc", nil, []byte(fmt.Sprint("old-", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recs := make(chan string, 100)
+	var end error
+	go func() {
+		defer close(recs)
+		for r, err := range sub.Records(ctx) {
+			if err != nil {
+				end = err
+				return
+			}
+			recs <- fmt.Sprintf("%s@%d", r.Value, r.Offset)
+		}
+	}()
+	for range 10 {
+		<-recs
+	}
+	ip.closeBroker(t, owner)
+	ip.recreate(t, cfg)
+	ip.brokers = append(ip.brokers, ip.startBroker(ownerIdx))
+	ip.waitEpoch(ip.ctl.Map().Epoch)
+	for i := range 13 {
+		for {
+			if _, err := c.Publish(ctx, "inc", nil, []byte(fmt.Sprint("new-", i))); err == nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	select {
+	case got, ok := <-recs:
+		if ok {
+			t.Fatalf("after the stream was deleted and created again, the subscription read %q; want it to end as of an unknown stream", got)
+		}
+		if !errors.Is(end, client.ErrUnknownStream) {
+			t.Fatalf("the subscription ended with %v; want ErrUnknownStream", end)
+		}
+		t.Log(end)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the subscription neither ended nor read the new stream")
+	}
+}
