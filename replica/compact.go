@@ -37,7 +37,11 @@ import (
 // or before the compaction point and keeps what follows it, which is
 // uncommitted (raft restores a snapshot only beyond its commit index) and
 // which raft replaces, since it cannot match the leader's entries after
-// the snapshot's index.
+// the snapshot's index. The old log's tail may still end in the zeros
+// preallocated after its entries (or in a torn entry): with the commit at
+// the compaction point the log owes no entry, so the repair at open cuts
+// them (repairTail) rather than refusing a log that ends below the
+// committed index.
 
 // Snapshot data versions, its first byte. Version 1 is the offset alone;
 // version 2 adds the owner's state (Config.SnapshotState). A snapshot
@@ -217,6 +221,11 @@ func (s *storage) installSnapshot(snap *pb.Snapshot, next uint64) error {
 	s.p.conf = cloneConf(md.GetConfState())
 	if err := s.st.write(&s.p, true); err != nil {
 		return fmt.Errorf("replica: group %q: %w", s.name, err)
+	}
+	if s.afterSnapshotState != nil {
+		if err := s.afterSnapshotState(); err != nil {
+			return fmt.Errorf("replica: group %q: install snapshot at %d: %w", s.name, index, err)
+		}
 	}
 	if err := s.resetLog(index + 1); err != nil {
 		return err

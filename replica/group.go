@@ -121,6 +121,12 @@ type Knobs struct {
 	// Now, if set, is the proposer's clock for the timestamps of the
 	// batches it proposes (a leader whose clock is off); nil: time.Now.
 	Now func() time.Time
+	// AfterSnapshotState, if set, runs in a snapshot install once the new
+	// state (compaction point and commit at the snapshot's index) is
+	// durable and before the log is replaced: where a test copies the
+	// directory as a kill -9 there would leave it. An error fails the
+	// install.
+	AfterSnapshotState func() error
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -245,6 +251,7 @@ func Open(cfg Config) (*Group, error) {
 		return nil, err
 	}
 	st.beforeSync = cfg.Knobs.BeforeSync
+	st.afterSnapshotState = cfg.Knobs.AfterSnapshotState
 	if len(st.p.conf.GetVoters()) == 0 {
 		_ = st.close()
 		return nil, fmt.Errorf("replica: group %q: no voters: a new group needs Config.Peers", cfg.Name)

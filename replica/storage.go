@@ -66,7 +66,8 @@ type storage struct {
 	// any goroutine).
 	bytes atomic.Int64
 
-	beforeSync func(last uint64) error // Knobs.BeforeSync
+	beforeSync         func(last uint64) error // Knobs.BeforeSync
+	afterSnapshotState func() error            // Knobs.AfterSnapshotState
 
 	// Parking fdatasyncs while the process's logs are busy (Config.SyncGroup):
 	// this replica's membership, busy from an append until a round of its
@@ -99,7 +100,7 @@ func openStorage(dir, name string, voters []uint64, segSize int, logger *slog.Lo
 }
 
 func (s *storage) open() error {
-	if err := repairTail(s.dir, s.name, s.segSize, s.p.commit, s.logger); err != nil {
+	if err := repairTail(s.dir, s.name, s.segSize, s.p.snapIndex, s.p.commit, s.logger); err != nil {
 		return err
 	}
 	tw, err := tidwall.Open(s.dir, tidseg.Options(s.segSize))

@@ -53,7 +53,8 @@ func writeEntries(t *testing.T, dir string, n, commit uint64) {
 }
 
 // lastSegment returns the path of dir's last segment, its bytes, and where
-// its last entry starts.
+// its last entry starts (before the zeros preallocated after the entries,
+// if any).
 func lastSegment(t *testing.T, dir string) (string, []byte, int) {
 	t.Helper()
 	segs, _, err := tidseg.List(dir)
@@ -66,7 +67,7 @@ func lastSegment(t *testing.T, dir string) (string, []byte, int) {
 		t.Fatal(err)
 	}
 	at := 0
-	for pos := 0; pos < len(data); {
+	for pos := 0; pos < len(data) && !tidseg.ZeroTail(data[pos:]); {
 		size, h := binary.Uvarint(data[pos:])
 		at, pos = pos, pos+h+int(size)
 	}
