@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	tidwall "github.com/tidwall/wal"
 
@@ -105,8 +106,10 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // Open opens the log in dir, creating dir if needed. It cuts a torn tail
 // off the last segment (logging what it cut), checks that the log still
 // reaches its committed high-water mark (a *LostRecordsError if not, unless
-// opts.AcceptLoss), then starts the committer and, if retention is
-// configured, the retention goroutine.
+// opts.AcceptLoss), then, if retention is configured, runs a retention
+// pass (so that what expired while the log was closed is never served),
+// and starts the committer and the retention goroutine. A failed pass is
+// logged, as in the background, and does not fail Open.
 func Open(dir string, opts Options) (*Log, error) {
 	opts = opts.withDefaults(dir)
 	l := &Log{
@@ -133,6 +136,7 @@ func Open(dir string, opts Options) (*Log, error) {
 	}
 	go l.runCommitter()
 	if opts.RetentionBytes > 0 || opts.RetentionAge > 0 {
+		l.enforceRetention(time.Now())
 		l.wg.Add(1)
 		go l.runRetention()
 	}
@@ -219,20 +223,11 @@ func (l *Log) load() error {
 	l.next.Store(lastIndex)
 	l.c.next = lastIndex
 	l.ring.reset(l.opts.TailRecords, int64(l.opts.TailBytes), lastIndex)
-	if lastIndex >= firstIndex {
-		// Seed the monotonic commit clock from the last record that
-		// verifies: a damaged header's timestamp (one far in the future
-		// would stamp every later record with it) is not trusted.
-		for i := lastIndex; i >= firstIndex && i+64 > lastIndex; i-- {
-			data, err := l.twRead(i)
-			if err != nil {
-				break
-			}
-			if rec, err := decodeRecord(l.name, data, i-1); err == nil {
-				l.c.lastTS = rec.Timestamp
-				break
-			}
-		}
+	// Seed the monotonic commit clock from the last record that verifies:
+	// a damaged header's timestamp (one far in the future would stamp
+	// every later record with it) is not trusted.
+	if ts, ok := l.newestTimestamp(firstIndex, lastIndex); ok {
+		l.c.lastTS = ts
 	}
 	segs, _, err := listSegments(l.dir)
 	if err != nil {

@@ -39,7 +39,9 @@ type Options struct {
 	// Default 0: unlimited.
 	RetentionAge time.Duration
 	// RetentionCheck is how often the background retention pass runs.
-	// Default: 10s. The pass runs only if RetentionBytes or RetentionAge is set.
+	// Default: 10s. The pass runs only if RetentionBytes or RetentionAge is
+	// set; Open runs one before it returns, and Close stops them (a caller
+	// that keeps a log closed applies its retention itself: see Expiry).
 	RetentionCheck time.Duration
 	// Logger receives warnings (torn tail cut, retention failures) and
 	// errors (failed commits). Default: slog.Default(). Never one line per

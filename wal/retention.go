@@ -23,10 +23,16 @@ func (l *Log) runRetention() {
 		case <-l.quit:
 			return
 		case now := <-t.C:
-			if _, err := l.EnforceRetention(now); err != nil && !errors.Is(err, ErrClosed) {
-				l.logger.Warn("wal: retention pass failed", "shard", l.name, "err", err)
-			}
+			l.enforceRetention(now)
 		}
+	}
+}
+
+// enforceRetention is EnforceRetention for the Log's own passes: a
+// failure is logged, and the next pass tries again.
+func (l *Log) enforceRetention(now time.Time) {
+	if _, err := l.EnforceRetention(now); err != nil && !errors.Is(err, ErrClosed) {
+		l.logger.Warn("wal: retention pass failed", "shard", l.name, "err", err)
 	}
 }
 
@@ -76,6 +82,78 @@ func (l *Log) EnforceRetention(now time.Time) (dropped uint64, err error) {
 		}
 	}
 	return cut - first, errors.Join(errs...)
+}
+
+// Expiry returns when retention by age will drop the log's oldest
+// segment whole: when the first record of the next segment that
+// verifies (no older than any record before it) is older than
+// RetentionAge; for a log of one segment, when its newest record that
+// verifies is, and every record has expired. ok is false when no pass
+// will drop anything by age until records are appended: the log has no
+// age limit, holds no records, or none that can be dated.
+//
+// It is for a caller that closes the log and must know when to open it
+// again for retention (the log's own passes stop with Close): whole
+// segments, so that a log holding a long history is opened about once a
+// segment rather than once a pass. It reads the start of one segment
+// file, or the newest records of the one segment, which tidwall holds in
+// memory.
+func (l *Log) Expiry() (at time.Time, ok bool, err error) {
+	if l.opts.RetentionAge <= 0 {
+		return time.Time{}, false, nil
+	}
+	l.retention.Lock()
+	defer l.retention.Unlock()
+	if l.retention.closed {
+		return time.Time{}, false, ErrClosed
+	}
+	first, next := l.first.Load(), l.next.Load()
+	if first >= next {
+		return time.Time{}, false, nil
+	}
+	l.tail.Lock()
+	segs, err := l.dataSegments()
+	l.tail.Unlock()
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	var ts int64
+	if len(segs) > 1 {
+		ts, ok, err = l.firstTimestamp(segs[1])
+		if err != nil {
+			return time.Time{}, false, fmt.Errorf("wal: shard %q: %w", l.name, err)
+		}
+	}
+	if !ok {
+		// One segment, or none after the first dates it: the newest
+		// record of the first (tidwall indexes first+1 up to the next
+		// segment's first; retention passes wait for us, and commits
+		// only add to the last segment).
+		last := next
+		if len(segs) > 1 && segs[1].Index-1 > first && segs[1].Index-1 < last {
+			last = segs[1].Index - 1
+		}
+		if ts, ok = l.newestTimestamp(first+1, last); !ok {
+			return time.Time{}, false, nil
+		}
+	}
+	return time.Unix(0, ts).Add(l.opts.RetentionAge), true, nil
+}
+
+// newestTimestamp returns the timestamp of the newest record that
+// verifies among the 64 newest of tidwall indexes from..to; ok is false
+// if none does (or to < from).
+func (l *Log) newestTimestamp(from, to uint64) (ts int64, ok bool) {
+	for i := to; i >= from && i > 0 && i+64 > to; i-- {
+		data, err := l.twRead(i)
+		if err != nil {
+			return 0, false
+		}
+		if rec, err := decodeRecord(l.name, data, i-1); err == nil {
+			return rec.Timestamp, true
+		}
+	}
+	return 0, false
 }
 
 // sizeCut returns the first offset to keep so the files hold at most

@@ -69,11 +69,15 @@ func TestRetentionBytes(t *testing.T) {
 		if err := l.Close(); err != nil {
 			t.Fatal(err)
 		}
+		// The 5 records took the files past the limit again: Open's pass
+		// drops as many from the front.
 		l2, _ := testLog(t, dir, opts)
-		if l2.FirstOffset() != first || l2.NextOffset() != 205 {
-			t.Fatalf("after reopen first %d next %d, want %d 205", l2.FirstOffset(), l2.NextOffset(), first)
+		first2 := l2.FirstOffset()
+		if first2 <= first || first2 > first+5 || l2.NextOffset() != 205 || filesSize(t, dir) > 3000 {
+			t.Fatalf("after reopen first %d next %d, %d bytes; want first in (%d, %d], next 205, at most 3000 bytes",
+				first2, l2.NextOffset(), filesSize(t, dir), first, first+5)
 		}
-		if got := len(readAll(t, l2, first)); got != int(205-first) {
+		if got := len(readAll(t, l2, first2)); got != int(205-first2) {
 			t.Fatalf("read %d records after reopen", got)
 		}
 	}
@@ -214,5 +218,93 @@ func TestRetentionAgeNeverTrustsADamagedHeader(t *testing.T) {
 	// records after it date it): all go.
 	if dropped, err := l.EnforceRetention(time.Now().Add(2 * time.Hour)); err != nil || dropped != 80 {
 		t.Fatalf("retention two hours on: dropped %d, %v; want all 80", dropped, err)
+	}
+}
+
+// TestRetentionAtOpen: a log reopened with limits its records passed
+// while it was closed drops them before Open returns (its own passes
+// stopped with Close), so nothing expired is served; one without limits,
+// or within them, keeps every record.
+func TestRetentionAtOpen(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		opts      Options
+		wantFirst uint64
+	}{
+		{"no limits", Options{}, 0},
+		{"within limits", Options{RetentionAge: time.Hour, RetentionBytes: 1 << 20}, 0},
+		{"age", Options{RetentionAge: time.Nanosecond}, 50},
+		{"bytes", Options{RetentionBytes: 1}, 50},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			opts := Options{SegmentSize: 1024, RetentionCheck: time.Hour}
+			writeLog(t, dir, opts, 50)
+			opts.RetentionAge, opts.RetentionBytes = tc.opts.RetentionAge, tc.opts.RetentionBytes
+			l, _ := testLog(t, dir, opts)
+			if l.FirstOffset() != tc.wantFirst || l.NextOffset() != 50 {
+				t.Fatalf("after Open: first %d, next %d; want %d, 50", l.FirstOffset(), l.NextOffset(), tc.wantFirst)
+			}
+			if tc.wantFirst == 50 && filesSize(t, dir) != 0 {
+				t.Fatalf("after Open the files hold %d bytes of expired records", filesSize(t, dir))
+			}
+		})
+	}
+}
+
+// TestExpiry: Expiry dates the oldest segment by the first record of the
+// next (the log's only segment by its newest record), and a pass past
+// that time drops that segment whole; a pass before the oldest record's
+// expiry drops nothing; a log without an age limit, or empty, has none.
+func TestExpiry(t *testing.T) {
+	const age = time.Hour
+	for _, seg := range []int{1024, 1 << 20} { // several segments; one
+		dir := t.TempDir()
+		l, _ := testLog(t, dir, Options{SegmentSize: seg, RetentionAge: age, RetentionCheck: time.Hour})
+		if _, ok, err := l.Expiry(); ok || err != nil {
+			t.Fatalf("segment %d: Expiry of an empty log = %v, %v; want none", seg, ok, err)
+		}
+		appendN(t, l, 0, 100)
+		at, ok, err := l.Expiry()
+		if !ok || err != nil {
+			t.Fatalf("segment %d: Expiry = %v, %v", seg, ok, err)
+		}
+		segs, _, err := listSegments(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		end, dating := uint64(100), uint64(99) // one past the oldest segment; the record dating it
+		if len(segs) > 1 {
+			end = segs[1].Index - 1
+			dating = end
+		}
+		recs, err := l.Read(dating, 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := time.Unix(0, recs[0].Timestamp).Add(age); !at.Equal(want) {
+			t.Fatalf("segment %d: Expiry %v, want %v (offset %d's timestamp plus the age)", seg, at, want, dating)
+		}
+		oldest, err := l.Read(0, 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, err := l.EnforceRetention(time.Unix(0, oldest[0].Timestamp).Add(age)); err != nil || d != 0 {
+			t.Fatalf("segment %d: a pass before anything expired dropped %d, %v", seg, d, err)
+		}
+		if _, err := l.EnforceRetention(at.Add(1)); err != nil || l.FirstOffset() < end {
+			t.Fatalf("segment %d: a pass past the expiry left first %d, %v; want at least %d", seg, l.FirstOffset(), err, end)
+		}
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := l.Expiry(); !errors.Is(err, ErrClosed) {
+			t.Fatalf("Expiry after Close = %v", err)
+		}
+	}
+	l, _ := testLog(t, t.TempDir(), Options{RetentionBytes: 1 << 20})
+	appendN(t, l, 0, 3)
+	if _, ok, err := l.Expiry(); ok || err != nil {
+		t.Fatalf("Expiry without an age limit = %v, %v; want none", ok, err)
 	}
 }
