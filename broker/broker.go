@@ -130,6 +130,7 @@ func newBroker(cfg Config) (*Broker, error) {
 		return m.Request(ctx, req)
 	}
 	b.raft.startRetention(cfg.RetentionCheck, b.shards.replaceFailed)
+	b.shards.startSweep(cfg.RetentionCheck)
 	return b, nil
 }
 

@@ -215,9 +215,12 @@ type Config struct {
 	// (wal.Options.TailBytes, replica.Config.TailBytes). Default 1 MiB.
 	TailBytes int
 	// RetentionCheck is how often retention passes run over the shard
-	// logs of streams with a retention limit: each log's own (package
-	// wal) and one pass over every hosted replica (replicated shards).
-	// Default 10s.
+	// logs of streams with a retention limit: each open log's own
+	// (package wal), one pass over every hosted replica (replicated
+	// shards), and the sweep of the logs closed for MaxOpenShards, which
+	// opens, within the budget, those whose oldest segment has expired
+	// (and, once, those not opened since the broker started) for a pass
+	// (see "Retention of closed logs" in shards_retention.go). Default 10s.
 	RetentionCheck time.Duration
 
 	// Replicated shards (streams of replication factor 3, see

@@ -2,8 +2,13 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -200,4 +205,187 @@ func TestReplicatedRetentionFollowerRestart(t *testing.T) {
 	if a := wantAck(t, retry.roundTrip(idem(1, "r3", "p", 5, value(4))), 1); !a.Duplicate || a.Offset != 4 {
 		t.Fatalf("retry of p/5 after the failover (leader %s): %+v, want the duplicate of offset 4", next.NodeID(), a)
 	}
+}
+
+// shardBytes returns the bytes of records the segment files of b's log of
+// stream/shard hold (b may be closed), or an error while a retention pass
+// rewrites them.
+func shardBytes(b *Broker, stream string, shard int) (int64, error) {
+	segs, _, err := tidseg.List(filepath.Join(b.cfg.DataDir, "streams", stream, strconv.Itoa(shard)))
+	if err != nil {
+		return 0, err
+	}
+	return tidseg.DataSize(segs)
+}
+
+// liveLogs counts b's logs open or opening, not those being closed to
+// make room for them (acquire closes those before it opens the new one,
+// but they count in openLogs until they are closed).
+func liveLogs(b *Broker) int {
+	b.shards.mu.RLock()
+	defer b.shards.mu.RUnlock()
+	n := 0
+	for _, e := range b.shards.mu.entries {
+		if e.gone == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// waitExpired waits until no shard of stream holds a record on b, and
+// fails if that takes past waitFor or b ever has more than budget logs
+// open meanwhile.
+func waitExpired(t *testing.T, b *Broker, stream string, shards, budget int) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		if n := liveLogs(b); n > budget {
+			t.Fatalf("%d logs open, MaxOpenShards %d", n, budget)
+		}
+		held := 0
+		var last error
+		for shard := range shards {
+			n, err := shardBytes(b, stream, shard)
+			if err != nil || n > 0 {
+				held++
+				last = fmt.Errorf("%s/%d holds %d bytes (%v)", stream, shard, n, err)
+			}
+		}
+		if held == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d shards still hold expired records %v on (MaxOpenShards %d: %d logs open); last: %v",
+				held, shards, waitFor, budget, b.shards.openLogs(), last)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestAgeRetentionOfClosedLogs: with twice as many shards as the broker
+// may keep logs open, every shard's records go once older than the
+// stream's RetentionAge, those of the logs closed for the budget too
+// (their retention stopped with them, and nothing used them again), and
+// the sweep that opens them keeps within the budget. A deleted stream's
+// closed logs are not opened again.
+func TestAgeRetentionOfClosedLogs(t *testing.T) {
+	const budget, shards = 4, 8
+	const age = 200 * time.Millisecond
+	ip := startInprocWith(t, func(c *Config) {
+		c.MaxOpenShards = budget
+		c.RetentionCheck = 20 * time.Millisecond
+	}, 1, shardmap.StreamConfig{Name: "aged", Shards: shards, RetentionAge: age})
+	b := ip.brokers[0]
+	ws := openStream(t, ip.dial(b))
+	for shard := range shards {
+		wantAck(t, publishShard(ws, uint64(shard), "aged", shard, "old"), uint64(shard))
+	}
+	closed := 0
+	for shard := range shards {
+		if n, err := shardBytes(b, "aged", shard); err != nil || n == 0 {
+			t.Fatalf("aged/%d holds %d bytes (%v) right after its publish", shard, n, err)
+		}
+		b.shards.mu.RLock()
+		if _, open := b.shards.mu.entries[shardmap.ShardID{Stream: "aged", Shard: shard}]; !open {
+			closed++
+		}
+		b.shards.mu.RUnlock()
+	}
+	if closed < shards-budget {
+		t.Fatalf("%d logs closed for the budget, want at least %d", closed, shards-budget)
+	}
+	waitExpired(t, b, "aged", shards, budget)
+
+	// Records again, due in RetentionAge, and the stream deleted before
+	// that: its data goes and nothing opens its logs again.
+	for shard := range shards {
+		wantAck(t, publishShard(ws, uint64(shards+shard), "aged", shard, "new"), uint64(shards+shard))
+	}
+	if err := ip.ctl.DeleteStream("aged"); err != nil {
+		t.Fatal(err)
+	}
+	ip.waitEpoch(ip.ctl.Map().Epoch)
+	time.Sleep(age + 10*20*time.Millisecond) // past the due time, ten sweeps
+	if _, err := os.Stat(filepath.Join(b.cfg.DataDir, "streams", "aged")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the deleted stream's directory: %v; want it gone", err)
+	}
+}
+
+// TestByteRetentionOfClosedLogs: a log closed for the budget is brought
+// within the stream's RetentionBytes as it closes, though its own passes
+// (every RetentionCheck, an hour here) never ran: a closed log cannot
+// grow, so nothing else is needed until it opens again.
+func TestByteRetentionOfClosedLogs(t *testing.T) {
+	const budget, shards, limit = 4, 8, 2 << 10
+	ip := startInprocWith(t, func(c *Config) {
+		c.MaxOpenShards = budget
+		c.RetentionCheck = time.Hour
+	}, 1, shardmap.StreamConfig{Name: "sized", Shards: shards, RetentionBytes: limit})
+	b := ip.brokers[0]
+	ws := openStream(t, ip.dial(b))
+	seq := uint64(0)
+	for shard := range shards {
+		for range 20 { // about four times the limit
+			wantAck(t, publishShard(ws, seq, "sized", shard, fmt.Sprintf("%0200d", seq)), seq)
+			seq++
+		}
+	}
+	closed := 0
+	for shard := range shards {
+		b.shards.mu.RLock()
+		_, open := b.shards.mu.entries[shardmap.ShardID{Stream: "sized", Shard: shard}]
+		b.shards.mu.RUnlock()
+		n, err := shardBytes(b, "sized", shard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if open {
+			continue
+		}
+		closed++
+		if n > limit || n == 0 {
+			t.Errorf("sized/%d, closed for the budget, holds %d bytes; want within RetentionBytes %d, and some", shard, n, limit)
+		}
+	}
+	if closed < shards-budget {
+		t.Fatalf("%d logs closed for the budget, want at least %d", closed, shards-budget)
+	}
+}
+
+// TestRetentionOfLogsClosedSinceRestart: after a restart the broker opens
+// only as many logs as its budget allows; the shards it left closed, and
+// nothing used since, still lose their records past RetentionAge (what it
+// knew of them went with the restart: each is opened once to find out),
+// within the budget.
+func TestRetentionOfLogsClosedSinceRestart(t *testing.T) {
+	const budget, shards = 4, 8
+	const age = 300 * time.Millisecond
+	check := time.Hour // no retention pass before the restart
+	ip := startInprocWith(t, func(c *Config) {
+		c.MaxOpenShards = budget
+		c.RetentionCheck = check
+	}, 1, shardmap.StreamConfig{Name: "aged", Shards: shards, RetentionAge: age})
+	b := ip.brokers[0]
+	ws := openStream(t, ip.dial(b))
+	for shard := range shards {
+		wantAck(t, publishShard(ws, uint64(shard), "aged", shard, "old"), uint64(shard))
+	}
+	published := time.Now()
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for shard := range shards {
+		if n, err := shardBytes(b, "aged", shard); err != nil || n == 0 {
+			t.Fatalf("aged/%d holds %d bytes (%v) before the restart", shard, n, err)
+		}
+	}
+	time.Sleep(time.Until(published.Add(age)))
+	check = 20 * time.Millisecond
+	b = ip.startBroker(0)
+	ip.brokers[0] = b
+	if n := liveLogs(b); n > budget {
+		t.Fatalf("%d logs open after the restart, budget %d", n, budget)
+	}
+	waitExpired(t, b, "aged", shards, budget)
 }

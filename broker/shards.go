@@ -58,6 +58,9 @@ package broker
 // queued, and reads the clock; recency is a clock advanced by opens, not by
 // records.
 //
+// A closed log's retention is kept by a sweep that opens it again within
+// the budget when it is due (shards_retention.go).
+//
 // A replicated shard's replica (a raft group, see replicated.go) is the
 // exception: it is opened when a map assigns it, whatever the budget, and
 // never closed for it (a follower must keep taking its leader's entries),
@@ -146,6 +149,14 @@ type shardSet struct {
 	// directories on disk (sweepDeleted).
 	swept atomic.Bool
 
+	// sweep is the goroutine that keeps closed logs within their
+	// retention (shards_retention.go): quit stops it.
+	sweep struct {
+		quit chan struct{}
+		stop sync.Once
+		wg   sync.WaitGroup
+	}
+
 	// clock is advanced by every open; a use stamps it on the entry, so
 	// the entry with the smallest stamp is (about) the least recently used.
 	clock atomic.Uint64
@@ -176,6 +187,11 @@ type shardSet struct {
 		// showed, for the per-shard gauges (see shards_metrics.go), while
 		// their shards are this broker's.
 		closedStats map[shardmap.ShardID]shardStats
+		// retention holds what the sweep knows of the closed logs of
+		// this broker's shards of streams of replication factor 1 with a
+		// retention limit (shards_retention.go); an entry may outlive a
+		// close by a reopen, and is replaced when the log closes again.
+		retention map[shardmap.ShardID]closedLog
 		// keptMoved are the replicas moved away whose directories are
 		// kept until their move settles (moves.go).
 		keptMoved map[shardmap.ShardID]struct{}
@@ -288,6 +304,8 @@ func newShardSet(cfg Config, log *slog.Logger, tel *telemetry) (*shardSet, error
 	s.mu.admitted = map[string]int{}
 	s.mu.failed = map[shardmap.ShardID]failure{}
 	s.mu.closedStats = map[shardmap.ShardID]shardStats{}
+	s.mu.retention = map[shardmap.ShardID]closedLog{}
+	s.sweep.quit = make(chan struct{})
 	s.mu.keptMoved = map[shardmap.ShardID]struct{}{}
 	s.emptyTrash()
 	return s, nil
@@ -669,12 +687,16 @@ func (s *shardSet) reportLost(id shardmap.ShardID, lost *wal.LostRecordsError) {
 }
 
 // finish closes the log of a retired entry, once it has opened, and drops
-// the entry.
+// the entry. A log that stays this broker's takes a last retention pass
+// first, and the sweep notes when it is due (closingRetention).
 func (s *shardSet) finish(e *shardEntry) error {
 	<-e.ready
 	var err error
 	var last shardStats
+	var closed closedLog
+	var swept bool
 	if e.log != nil {
+		closed, swept = s.closingRetention(e)
 		last = statsOf(e.log)
 		err = e.log.Close()
 	}
@@ -688,6 +710,9 @@ func (s *shardSet) finish(e *shardEntry) error {
 	}
 	if e.log != nil && !s.mu.closed && ownedIn(s.mu.latest, e.id, s.node) {
 		s.mu.closedStats[e.id] = last // closed for the budget: still ours
+		if swept {
+			s.mu.retention[e.id] = closed
+		}
 	}
 	close(e.gone)
 	s.mu.Unlock()
@@ -730,6 +755,7 @@ func (s *shardSet) stopGroups() {
 }
 
 func (s *shardSet) close() error {
+	s.stopSweep()
 	s.mu.Lock()
 	s.mu.closed = true
 	var entries []*shardEntry

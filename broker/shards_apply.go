@@ -115,6 +115,7 @@ func (s *shardSet) apply(m *shardmap.Map) (*shardmap.Map, applyResult) {
 		e.release()
 		r.opened++
 	}
+	s.trackClosed(m, toOpen)
 	r.open = s.openLogs()
 	return m, r
 }
@@ -180,6 +181,11 @@ func (s *shardSet) retain(m *shardmap.Map, r *applyResult) *shardmap.Map {
 	for id := range s.mu.closedStats {
 		if !ownedIn(m, id, s.node) {
 			delete(s.mu.closedStats, id)
+		}
+	}
+	for id := range s.mu.retention {
+		if replaced[id.Stream] || !s.sweptBy(m, id) {
+			delete(s.mu.retention, id) // gone, or a new stream of the name: its records went with the old
 		}
 	}
 	clear(s.mu.failed) // every map retries what failed

@@ -45,11 +45,15 @@ type StreamConfig struct {
 	Shards int    `msgpack:"shards"`
 	// RetentionBytes bounds each shard's log size; 0 means unlimited. A
 	// replicated shard's replicas drop whole segments while the rest of
-	// the log holds at least this much (package replica).
+	// the log holds at least this much (package replica). A shard of
+	// replication factor 1 drops records, also from a log its broker
+	// closed to stay under its open-log budget (as it closes).
 	RetentionBytes int64 `msgpack:"retention_bytes,omitempty"`
 	// RetentionAge bounds the age of each shard's records; 0 means
 	// unlimited. A replicated shard's replicas drop a segment once its
-	// newest record is older.
+	// newest record is older. A shard of replication factor 1 drops
+	// records; a log its broker closed to stay under its open-log budget
+	// is opened again for it once its oldest segment has expired whole.
 	RetentionAge time.Duration `msgpack:"retention_age,omitempty"`
 	// Replicas is the replication factor: 1 (0 means 1), each shard on
 	// one broker, acknowledged once it has fsynced the record; or 3, each

@@ -25,7 +25,7 @@ type streamCreateCmd struct {
 	Name           string        `arg:"" help:"Stream name: letters, digits, '-', '_' and '.'."`
 	Shards         int           `help:"Number of shards (fixed for the stream's life)." default:"1"`
 	RetentionBytes int64         `help:"Bound on each shard's log size in bytes (0: unlimited). With --replicas 3 each replica drops whole segments while the rest holds at least this much." default:"0"`
-	RetentionAge   time.Duration `help:"Bound on the age of each shard's records (0: unlimited). With --replicas 3 a segment goes once its newest record is older." default:"0"`
+	RetentionAge   time.Duration `help:"Bound on the age of each shard's records (0: unlimited). With --replicas 3 a segment goes once its newest record is older. An idle shard's log, closed for the broker's --max-open-shards, is swept once its oldest segment has expired." default:"0"`
 	Replicas       int           `help:"Replication factor: 1 (each shard on one broker) or 3 (each shard replicated by raft on three brokers, acknowledged once two have fsynced it; needs at least three brokers). Fixed for the stream's life." default:"1"`
 }
 
