@@ -90,7 +90,11 @@
 // plaintext peers take EtcdConfig.Insecure); or an existing etcd cluster
 // (EtcdConfig.Endpoints, `--etcd-endpoints`, with mTLS by `--etcd-ca`,
 // `--etcd-cert`, `--etcd-key`), whose members may be the etcd built into
-// felix ([StartEtcdMember], `felix etcd`). Its keys, under
+// felix ([StartEtcdMember], `felix etcd`). An embedded member is only
+// ever started as one of a new cluster: a member whose data holds
+// another membership than EtcdConfig.InitialCluster names refuses to
+// start (etcd would ignore the initial cluster and serve its old
+// cluster; see checkMembership). The state's keys, under
 // /felix/<cluster>/:
 //
 //	epoch                          the map epoch, decimal

@@ -12,13 +12,17 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/membership"
+	"go.etcd.io/etcd/server/v3/storage/wal"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -56,7 +60,12 @@ type EtcdConfig struct {
 	PeerURL string
 	// InitialCluster lists every member of a new embedded cluster as
 	// name=peerURL,... (etcd's --initial-cluster). Default Name=PeerURL:
-	// a single-member cluster. Ignored once the member has data.
+	// a single-member cluster. A member with data keeps the membership
+	// it has (etcd reads the initial cluster only to create a cluster):
+	// given then, InitialCluster must name that membership, the same
+	// names and peer URLs, or the start is refused (errMembership). A
+	// member is only ever started as one of a new cluster, never added
+	// to a running one: a control plane cannot grow in place.
 	InitialCluster string
 	// InitialClusterToken tells clusters apart on first start. Default
 	// "felix-<Cluster>".
@@ -260,9 +269,18 @@ func startEmbedded(dir string, ec EtcdConfig, core slogCore, log *slog.Logger) (
 	if err != nil {
 		return nil, nil, err
 	}
+	existed := wal.Exist(filepath.Join(c.Dir, "member", "wal"))
 	e, err := embed.StartEtcd(c)
 	if err != nil {
 		return nil, nil, fmt.Errorf("ctl: start embedded etcd in %s (client %s, peer %s): %w", c.Dir, cu, pu, err)
+	}
+	if existed && ec.InitialCluster != "" {
+		if err := checkMembership(c.Dir, e.Server.Cluster().Members(), ec.InitialCluster); err != nil {
+			core.quiet.Store(true)
+			e.Server.HardStop()
+			e.Close()
+			return nil, nil, err
+		}
 	}
 	timeout := ec.StartTimeout
 	if timeout <= 0 {
@@ -282,6 +300,59 @@ func startEmbedded(dir string, ec EtcdConfig, core slogCore, log *slog.Logger) (
 	}
 	log.Info("embedded etcd ready", "name", name, "client", cu.String(), "peer", pu.String(), "dir", c.Dir)
 	return e, clientTLS, nil
+}
+
+// errMembership is the error of a member whose data belongs to another
+// etcd cluster than its initial cluster names.
+var errMembership = errors.New("ctl: embedded etcd data of another cluster than the initial cluster")
+
+// checkMembership refuses a member that restarts on data (in dir) of
+// another etcd cluster than initial names. etcd uses the initial cluster
+// only to create a new cluster, and ignores it once its member has data:
+// a ctl that ran alone and is restarted as one of three would stay a
+// one-member cluster of its own with the old state, while the other two,
+// starting empty, formed a new cluster with a quorum of their own; two
+// control planes, each electing a leader. members are the member's
+// stored membership; names are compared where known (a member that never
+// started has none).
+func checkMembership(dir string, members []*membership.Member, initial string) error {
+	want, err := types.NewURLsMap(initial)
+	if err != nil {
+		return fmt.Errorf("ctl: etcd initial cluster %q: %w", initial, err)
+	}
+	byURLs := map[string]string{} // peer URLs -> name, as initial lists them
+	for name, urls := range want {
+		byURLs[urls.String()] = name
+	}
+	same := len(members) == len(want)
+	stored := make([]string, 0, len(members))
+	for _, m := range members {
+		urls, err := types.NewURLs(m.PeerURLs)
+		if err != nil {
+			return fmt.Errorf("ctl: embedded etcd in %s: member %s has peer URLs %v: %w", dir, m.ID, m.PeerURLs, err)
+		}
+		name := m.Name
+		if name == "" {
+			name = "(never started, id " + m.ID.String() + ")"
+		}
+		for _, u := range urls {
+			stored = append(stored, name+"="+u.String())
+		}
+		if w, ok := byURLs[urls.String()]; !ok || m.Name != "" && m.Name != w {
+			same = false
+		}
+	}
+	if same {
+		return nil
+	}
+	slices.Sort(stored)
+	return fmt.Errorf("%w: %s holds a member of an etcd cluster of %d member(s) (%s), not of the initial cluster given (%s). "+
+		"etcd ignores the initial cluster once a member has data: this member would stay in its old cluster while members starting empty formed another, each with a Felix leader. "+
+		"Start it with the initial cluster it was created with, or with none. "+
+		"A running control plane cannot grow: felix ctl has no way to add a member to a running etcd cluster (etcd member add, initial cluster state existing); "+
+		"see \"The control plane's etcd\" in deploy/README.md. "+
+		"Ctls that started empty with this initial cluster formed a new, empty cluster: stop them and empty their data directories",
+		errMembership, dir, len(members), strings.Join(stored, ","), want.String())
 }
 
 // listenURL is u with its host replaced by an address when the host is a

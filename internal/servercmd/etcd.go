@@ -25,7 +25,7 @@ type Etcd struct {
 	Name           string `help:"Member name, unique in the cluster." required:"" env:"FELIX_ETCD_NAME"`
 	ClientURL      string `help:"Where the member serves clients, e.g. https://10.0.0.5:2379 (a host name listens on all addresses)." required:"" env:"FELIX_ETCD_CLIENT_URL" placeholder:"URL"`
 	PeerURL        string `help:"Where the member is reached by its peers, e.g. https://10.0.0.5:2380." required:"" env:"FELIX_ETCD_PEER_URL" placeholder:"URL"`
-	InitialCluster string `help:"Every member of a new cluster as name=peerURL,... (etcd's --initial-cluster); ignored once the member has data. Default: this member alone." env:"FELIX_ETCD_INITIAL_CLUSTER" placeholder:"NAME=URL,..."`
+	InitialCluster string `help:"Every member of a new cluster as name=peerURL,... (etcd's --initial-cluster). Once the member has data, the start is refused unless this names the members it has (a running cluster cannot grow). Default: this member alone." env:"FELIX_ETCD_INITIAL_CLUSTER" placeholder:"NAME=URL,..."`
 	Token          string `help:"Initial cluster token, the same on every member of one cluster." default:"felix-etcd" env:"FELIX_ETCD_TOKEN"`
 	Certs          string `help:"Directory with this member's certificate (NAME.crt/NAME.key, else ctl.crt/ctl.key) and the cluster CA (ca.crt), for https:// URLs." type:"path" env:"FELIX_CERTS"`
 	Insecure       bool   `help:"Allow http:// URLs off loopback and between members: the traffic carries all of ctl's state unencrypted and unauthenticated. Only for a network nothing else shares." env:"FELIX_ETCD_INSECURE"`
