@@ -192,6 +192,10 @@ func (s *Server) handle(principal string, req *transport.Request) (*transport.Re
 		}
 		return &transport.Response{Streams: streamConfigs(st), Map: m.VisibleTo(principal)}, nil
 	case OpMapGet:
+		if err := s.cutOffErr(); err != nil {
+			// Its map may be stale; another ctl's is not.
+			return nil, transport.Errorf(transport.CodeUnavailable, "%v: its map (epoch %d) may be stale; ask another ctl", err, m.Epoch)
+		}
 		return &transport.Response{Map: m.VisibleTo(principal)}, nil
 	case OpClusterStatus:
 		if err := need(auth.ClusterRead, ""); err != nil {

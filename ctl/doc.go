@@ -34,7 +34,11 @@
 // then adopts its lease, so a ctl restart or failover changes no
 // broker's liveness and no map. A member notices a ctl that died without
 // a word within half a lease (its QUIC link to ctl has that idle
-// timeout), in time to do so.
+// timeout), in time to do so. A ctl alive but cut off from etcd's quorum
+// cannot renew the leases it holds: it tells a broker whose lease went
+// unrenewed for half its time to register elsewhere (CodeUnavailable),
+// and, once it finds etcd out of reach, all of them, refusing new
+// registrations and map.get until it reaches etcd again (cutoff.go).
 //
 // A node that registers becomes a member: membership is persisted, and
 // ends only when an operator removes a member lost for good, once it is

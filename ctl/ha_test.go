@@ -150,6 +150,24 @@ func waitLeader(t *testing.T, srvs []*Server, gone map[*Server]bool) *Server {
 	return nil
 }
 
+// joinCtls registers broker id with the ctls at addrs, in that order
+// (as `felix broker --ctl` lists them); it leaves when the test ends.
+func joinCtls(t *testing.T, p *testPKI, id string, addrs ...string) *ctlclient.Member {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	m, err := ctlclient.Join(ctx, ctlclient.MemberConfig{
+		CtlAddrs: addrs,
+		TLS:      p.clientTLS(t, id), Node: transport.Register{NodeID: id, Addr: "127.0.0.1:74" + id[1:]},
+		LeaseTTL: shortTTL, MaxBackoff: 100 * time.Millisecond, Logger: testLogger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
 func TestHAFailover(t *testing.T) {
 	p := newPKI(t)
 	srvs := startHA(t, p, 3)
@@ -164,17 +182,7 @@ func TestHAFailover(t *testing.T) {
 	}
 
 	// A broker registered with a follower is live in the leader's map.
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
-	defer cancel()
-	m, err := ctlclient.Join(ctx, ctlclient.MemberConfig{
-		CtlAddrs: []string{follower.Addr()},
-		TLS:      p.clientTLS(t, "b0"), Node: transport.Register{NodeID: "b0", Addr: "127.0.0.1:7400"},
-		LeaseTTL: shortTTL, MaxBackoff: 100 * time.Millisecond, Logger: testLogger(t),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := joinCtls(t, p, "b0", follower.Addr())
 	waitMap(t, m, "b0 live", func(mp *shardmap.Map) bool { return liveCount(mp) == 1 })
 
 	// A change made on a follower is made by the leader, and the follower
@@ -452,5 +460,115 @@ func TestGrantThroughFollower(t *testing.T) {
 		if slices.Contains(follower.Map().ACL.Grants, g) {
 			t.Fatalf("revoke %d: the follower's map (epoch %d) still has it right after the revoke returned", i, follower.Map().Epoch)
 		}
+	}
+}
+
+// TestHAFollowerCutOffFromEtcdHandsOverItsBrokers cuts a follower's etcd
+// member off from the two others (a partition between ctl hosts; brokers
+// still reach it). It cannot renew its brokers' leases: it must hand
+// their registrations over before the leases run out, so that they
+// register with a ctl on the quorum's side and the leader never marks
+// them down, and answer map.get with CodeUnavailable rather than its
+// stale map. Healed, it serves map.get again.
+func TestHAFollowerCutOffFromEtcdHandsOverItsBrokers(t *testing.T) {
+	p := newPKI(t)
+	srvs := startHA(t, p, 3)
+	leader := waitLeader(t, srvs, nil)
+	var follower, other *Server
+	for _, s := range srvs {
+		switch {
+		case s == leader:
+		case follower == nil:
+			follower = s
+		default:
+			other = s
+		}
+	}
+	m := joinCtls(t, p, "b0", follower.Addr(), other.Addr(), leader.Addr())
+	waitMap(t, m, "b0 live", func(mp *shardmap.Map) bool { return liveCount(mp) == 1 })
+	if got := follower.registered(); !slices.Equal(got, []string{"b0"}) {
+		t.Fatalf("b0 registered with the follower: %v", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	admin, err := ctlclient.Dial(ctx, follower.Addr(), p.clientTLS(t, transport.DevAdminName), transport.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+
+	// Cut the follower's etcd member off from the two others, both ways.
+	fe := follower.etcd.embedded.Server
+	for _, s := range srvs {
+		if s == follower {
+			continue
+		}
+		se := s.etcd.embedded.Server
+		fe.CutPeer(se.MemberID())
+		se.CutPeer(fe.MemberID())
+	}
+	mended := false
+	mend := func() {
+		if mended {
+			return
+		}
+		mended = true
+		for _, s := range srvs {
+			if s != follower {
+				fe.MendPeer(s.etcd.embedded.Server.MemberID())
+				s.etcd.embedded.Server.MendPeer(fe.MemberID())
+			}
+		}
+	}
+	defer mend()
+	start := time.Now()
+	var downSince time.Time
+	var refused error
+	for time.Since(start) < 6*time.Second {
+		l := waitLeader(t, []*Server{leader, other}, nil)
+		if liveCount(l.Map()) == 1 {
+			downSince = time.Time{}
+		} else if downSince.IsZero() {
+			downSince = time.Now()
+		}
+		if refused == nil {
+			rctx, rcancel := context.WithTimeout(ctx, time.Second)
+			if _, err := admin.Request(rctx, &transport.Request{Op: OpMapGet}); errors.Is(err, transport.ErrUnavailable) {
+				refused = err
+			}
+			rcancel()
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !downSince.IsZero() {
+		t.Fatalf("b0 is up and can reach two ctls with a quorum, but the leader's map has shown it down for %v (since %v after the partition began); b0 holds epoch %d",
+			time.Since(downSince).Round(time.Millisecond), downSince.Sub(start).Round(time.Millisecond), m.Map().Epoch)
+	}
+	if got := follower.registered(); len(got) != 0 {
+		t.Errorf("the cut-off follower still holds the registrations of %v", got)
+	}
+	if got := other.registered(); !slices.Equal(got, []string{"b0"}) {
+		t.Errorf("b0 did not move to the next ctl of its list: it holds %v", got)
+	}
+	if refused == nil {
+		t.Errorf("the cut-off follower answered map.get with its map (epoch %d; the leader's is %d)", follower.Map().Epoch, leader.Map().Epoch)
+	} else {
+		t.Logf("map.get on the cut-off follower: %v", refused)
+	}
+
+	// Healed, it reads etcd again and answers map.get.
+	mend()
+	deadline := time.Now().Add(waitFor)
+	for {
+		rctx, rcancel := context.WithTimeout(ctx, time.Second)
+		resp, err := admin.Request(rctx, &transport.Request{Op: OpMapGet})
+		rcancel()
+		if err == nil && resp.Map != nil && resp.Map.Epoch == leader.Map().Epoch {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("map.get on the follower after the partition healed: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/felix-broker/felix/transport"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
@@ -336,7 +337,10 @@ func (s *Server) lostLeadershipLocked() {
 // watchLoop follows etcd: a follower adopts every new map the leader
 // commits and pushes it to its brokers; the leader turns the broker
 // leases (live/) into liveness changes. A broken watch is re-established
-// after a full read.
+// after a full read. A watch etcd cancels for want of a leader, or a full
+// read that fails, tells this ctl it is cut off from etcd (markCutOff: it
+// hands its brokers over to other ctls); the next full read that
+// succeeds, that it is not (see cutoff.go).
 //
 // The value a deletion of a live/ key deleted comes from the live/ keys
 // this loop keeps (read at the watch's start revision, then following
@@ -354,13 +358,18 @@ func (s *Server) watchLoop(rev int64) {
 		if live == nil {
 			r, keys, err := s.resync()
 			if err != nil {
+				if s.ctx.Err() != nil {
+					return
+				}
 				s.log.Warn("etcd unreachable; holding the last map", "err", err)
+				s.markCutOff(err)
 				select {
 				case <-time.After(100 * time.Millisecond):
 				case <-s.ctx.Done():
 				}
 				continue
 			}
+			s.markReachable()
 			rev, live = r, keys
 		}
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(s.ctx))
@@ -368,6 +377,11 @@ func (s *Server) watchLoop(rev int64) {
 		for resp := range wch {
 			if err := resp.Err(); err != nil {
 				s.log.Warn("etcd watch failed; re-reading the state", "err", err)
+				if errors.Is(err, rpctypes.ErrNoLeader) && s.ctx.Err() == nil {
+					// etcd canceled it: its member has had no leader for
+					// several election timeouts.
+					s.markCutOff(err)
+				}
 				break
 			}
 			live.follow(s.store, resp.Events)

@@ -1,11 +1,13 @@
 package ctl
 
 import (
+	"context"
 	"errors"
 	"io"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/quic-go/quic-go"
 
@@ -26,6 +28,14 @@ type session struct {
 	id   uint64
 	node string
 	str  *quic.Stream
+	// ctx is the context of the session's etcd requests, canceled by
+	// close: a registration that ended renews nothing after.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// handedOver is whether the session was closed because this ctl
+	// cannot reach etcd (handOver): the broker registers with another
+	// ctl and adopts its lease there, so this one leaves the key alone.
+	handedOver atomic.Bool
 
 	latest     atomic.Pointer[shardmap.Map] // newest map to send
 	notify     chan struct{}                // capacity 1: latest changed
@@ -35,8 +45,10 @@ type session struct {
 	writerDone chan struct{}
 }
 
-func newSession(node string, str *quic.Stream) *session {
-	return &session{node: node, str: str, notify: make(chan struct{}, 1), stop: make(chan struct{}), writerDone: make(chan struct{})}
+func newSession(ctx context.Context, node string, str *quic.Stream) *session {
+	ss := &session{node: node, str: str, notify: make(chan struct{}, 1), stop: make(chan struct{}), writerDone: make(chan struct{})}
+	ss.ctx, ss.cancel = context.WithCancel(ctx)
+	return ss
 }
 
 // push hands m to the session's writer. It never blocks: a writer behind
@@ -56,8 +68,19 @@ func (ss *session) close(failure *transport.Error) {
 		if failure != nil {
 			ss.failure.Store(failure)
 		}
+		ss.cancel()
 		close(ss.stop)
 	})
+}
+
+// handOver closes the session because this ctl cannot renew its lease in
+// etcd: the writer sends failure (CodeUnavailable), on which the broker
+// moves to the next ctl, and the reader stops. Unlike other ends, the
+// live/ key is left as it is (see serveRegistration).
+func (ss *session) handOver(failure *transport.Error) {
+	ss.handedOver.Store(true)
+	ss.close(failure)
+	ss.str.CancelRead(streamCodeDone)
 }
 
 // serveRegistration runs one broker's registration stream: it checks the
@@ -89,7 +112,13 @@ func (s *Server) serveRegistration(conn *quic.Conn, str *quic.Stream, r *transpo
 			reg.NodeID, reg.Cluster, c))
 		return
 	}
-	ss := newSession(reg.NodeID, str)
+	if err := s.cutOffErr(); err != nil {
+		// Its lease could not be put: let the broker try the next ctl
+		// now rather than after etcd's timeout.
+		s.refuse(str, w, transport.Errorf(transport.CodeUnavailable, "ctl cannot record the registration of %s: %v", node.ID, err))
+		return
+	}
+	ss := newSession(s.ctx, reg.NodeID, str)
 
 	s.mu.Lock()
 	if s.mu.closed {
@@ -145,7 +174,10 @@ func (s *Server) serveRegistration(conn *quic.Conn, str *quic.Stream, r *transpo
 	s.mu.Unlock()
 	// While ctl closes, every registration ends; the brokers register
 	// with another ctl (or this one restarted) and adopt their leases.
-	if !closing && s.releaseLive(lease) {
+	// So does a registration handed over because etcd is out of reach
+	// (a delete could only land once it is back, after the broker took
+	// its lease elsewhere, or just before).
+	if !closing && !ss.handedOver.Load() && s.releaseLive(lease) {
 		s.mu.Lock()
 		if s.mu.leader && !s.mu.closed && s.mu.st.end(node.ID, lease.session) {
 			s.commitLocked("node down " + node.ID)
@@ -186,11 +218,20 @@ func (s *Server) applyRegisterLocked(n shardmap.Node, session uint64) (joined bo
 // puts a replica report that changed in its live/ key, until the stream
 // fails or the broker sends something else, and returns why it stopped.
 // A returned *transport.Error is one to tell the broker. A lease that
-// cannot be renewed, or a report that cannot be put (etcd unreachable),
-// is retried at the next heartbeat: the broker is not told, it keeps its
-// map and its data path.
+// cannot be renewed, or a report that cannot be put (etcd slow or
+// unreachable), is retried at the next heartbeat: the broker is not told,
+// it keeps its map and its data path. But once the lease has gone
+// unrenewed for renewGrace, half the lease etcd holds, the registration
+// is handed over: the broker is told CodeUnavailable and moves to the
+// next ctl, which adopts its lease before it runs out. A ctl cut off
+// from etcd's quorum (partitioned from the other ctls, brokers still
+// reaching it) would otherwise hold its brokers until their leases
+// expired, marked down by the leader for as long as the partition
+// lasted while another ctl could have renewed them.
 func (s *Server) readHeartbeats(ss *session, node shardmap.Node, token string, lease **liveLease, r *transport.Reader) error {
 	var reported *transport.ReplicaReport // the report in the live/ key
+	grace := s.renewGrace()
+	renewed := time.Now() // when the last renewal that succeeded was sent (at first: the put, just done)
 	for {
 		f, err := r.Read()
 		if err != nil {
@@ -209,16 +250,31 @@ func (s *Server) readHeartbeats(ss *session, node shardmap.Node, token string, l
 		if !s.currentSession(ss) {
 			continue
 		}
-		l, err := s.renewLive(s.ctx, node, token, reported, *lease)
+		// No renewal waits past the grace: etcd's timeout is longer
+		// than the lease.
+		start := time.Now()
+		ctx, cancel := context.WithDeadline(ss.ctx, renewed.Add(grace))
+		l, err := s.renewLive(ctx, node, token, reported, *lease)
+		cancel()
 		if err != nil {
+			if ss.ctx.Err() != nil {
+				continue // ended meanwhile; the next read says why
+			}
+			if since := time.Since(renewed); since >= grace {
+				failure := transport.Errorf(transport.CodeUnavailable, "ctl could not renew the lease of %s in etcd for %v (the lease is %v): register with another ctl: %v",
+					ss.node, since.Round(time.Millisecond), s.liveLeaseTTL(), err)
+				s.log.Warn("broker lease not renewed for half its time; handing the registration over to another ctl", "node", ss.node, "since", since, "err", err)
+				ss.handOver(failure)
+				return failure
+			}
 			s.log.Warn("broker lease not renewed; retrying at the next heartbeat", "node", ss.node, "err", err)
 			continue
 		}
-		*lease = l
+		*lease, renewed = l, start
 		if hb.Replicas == nil || hb.Replicas.Equal(reported) {
 			continue
 		}
-		if l, err = s.reportLive(s.ctx, node, token, hb.Replicas, l); err != nil {
+		if l, err = s.reportLive(ss.ctx, node, token, hb.Replicas, l); err != nil {
 			s.log.Warn("broker's replica report not recorded; retrying at the next heartbeat", "node", ss.node, "err", err)
 			continue
 		}

@@ -169,6 +169,10 @@ type Server struct {
 	// longer the leader. Capacity 1.
 	lost chan struct{}
 
+	// cutOff is when this ctl found etcd out of reach (UnixNano), 0
+	// while it reaches it (see cutoff.go).
+	cutOff atomic.Int64
+
 	// stats count events for metrics.
 	stats struct {
 		leaderChanges atomic.Int64
