@@ -254,7 +254,7 @@ func startEmbedded(dir string, ec EtcdConfig, core slogCore, log *slog.Logger) (
 	if ec.ElectionMs > 0 {
 		c.ElectionMs = ec.ElectionMs
 	}
-	// Keep history for watches and CAS over a day, compacting hourly.
+	// Keep an hour of history for watches and CAS, compacting hourly.
 	c.AutoCompactionMode = embed.CompactorModePeriodic
 	c.AutoCompactionRetention = "1h"
 	// Importing a large state file puts every stream in one transaction
