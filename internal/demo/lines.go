@@ -6,18 +6,17 @@ import (
 	"github.com/felix-broker/felix/client"
 )
 
-// Published returns the line that says which path a record took, in the
-// seed's words, with where it landed at the end:
+// Published returns the line that says which path a record took, word
+// for word as the seed prints it (where it landed, shard and offset, is
+// in felixctl pub --json, and in the subscriber's lines):
 //
-//	published "hello" to orders via broker-0 → forwarded to broker-2 → acknowledged (shard 0, offset 0)
-//	published "direct" to orders via broker-2 (the owner) — written locally, no hop (shard 0, offset 1)
+//	published "hello" to orders via broker-0 → forwarded to broker-2 → acknowledged
+//	published "direct" to orders via broker-2 (the owner) — written locally, no hop
 func Published(value string, ack client.Ack) string {
 	if ack.Forwarded {
-		return fmt.Sprintf("published %q to %s via %s → forwarded to %s → acknowledged (shard %d, offset %d)",
-			value, ack.Stream, ack.Via, ack.Owner, ack.Shard, ack.Offset)
+		return fmt.Sprintf("published %q to %s via %s → forwarded to %s → acknowledged", value, ack.Stream, ack.Via, ack.Owner)
 	}
-	return fmt.Sprintf("published %q to %s via %s (the owner) — written locally, no hop (shard %d, offset %d)",
-		value, ack.Stream, ack.Via, ack.Shard, ack.Offset)
+	return fmt.Sprintf("published %q to %s via %s (the owner) — written locally, no hop", value, ack.Stream, ack.Via)
 }
 
 // Received returns the line a subscriber prints for one record:
