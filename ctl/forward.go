@@ -59,7 +59,10 @@ func (s *Server) forward(req *transport.Request) (*transport.Response, error) {
 			return s.handle(own.Principal, &own)
 		}
 		info, ok := s.leaderInfo(ctx)
-		if ok && info.ID != s.regToken {
+		// A key at this ctl's own address is an earlier run's of this
+		// ctl (killed, its session lease not yet run out): forwarding
+		// to it would forward to this ctl, and so on, until it times out.
+		if ok && info.ID != s.regToken && info.Addr != s.advertise() {
 			resp, err := s.forwardTo(ctx, info.Addr, &fwd)
 			var we *transport.Error
 			if err == nil || (errors.As(err, &we) && we.Code != transport.CodeUnavailable && we.Code != transport.CodeShuttingDown) {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -56,7 +57,8 @@ type DevBroker struct {
 }
 
 func (c *Dev) Run(log *slog.Logger) error {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGHUP too: the terminal it ran in was closed.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 	self, err := os.Executable()
 	if err != nil {
@@ -111,6 +113,9 @@ func (c *Dev) Run(log *slog.Logger) error {
 		sc, err := parseStreamSpec(spec)
 		if err != nil {
 			return err
+		}
+		if _, ok := cl.Ctl().Map().Stream(sc.Name); ok {
+			continue // kept from an earlier run: nothing to wait for a leader for
 		}
 		if err := cl.Ctl().CreateStream(sc); err != nil && !errors.Is(err, transport.ErrStreamExists) {
 			return fmt.Errorf("creating stream %s: %w", sc.Name, err)
@@ -211,9 +216,15 @@ func FelixctlCommand() string {
 }
 
 // isGoRun reports whether arg0 is an executable `go run` built: it lives
-// in a go-build temporary directory (…/go-build1234/b001/exe/felix).
+// in a go-build temporary directory (…/go-build1234/b001/exe/felix), or,
+// since Go 1.24 caches them, in the build cache
+// (…/go-build/d0/d087…-d/felix).
 func isGoRun(arg0 string) bool {
-	return strings.Contains(filepath.ToSlash(arg0), "/go-build") && strings.Contains(filepath.ToSlash(arg0), "/exe/")
+	p := filepath.ToSlash(arg0)
+	if strings.Contains(p, "/go-build") && strings.Contains(p, "/exe/") {
+		return true
+	}
+	return strings.Contains(p, "/go-build/") && strings.HasSuffix(path.Dir(p), "-d")
 }
 
 // supervisor serves felix dev's broker restarts.

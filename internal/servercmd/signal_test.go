@@ -3,11 +3,13 @@ package servercmd
 import (
 	"bufio"
 	"encoding/json"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -29,8 +31,14 @@ type devRun struct {
 // is left of it.
 func startDev(t *testing.T, global ...string) *devRun {
 	t.Helper()
-	d := &devRun{dir: t.TempDir(), exited: make(chan struct{})}
-	d.cmd = exec.Command(clustertest.Binary(t), append(global, "dev", "--ctl-port", "0", "--base-port", "0")...)
+	return startDevIn(t, t.TempDir(), append(global, "dev", "--ctl-port", "0", "--base-port", "0")...)
+}
+
+// startDevIn runs `felix args...` in dir, as startDev does.
+func startDevIn(t *testing.T, dir string, args ...string) *devRun {
+	t.Helper()
+	d := &devRun{dir: dir, exited: make(chan struct{})}
+	d.cmd = exec.Command(clustertest.Binary(t), args...)
 	d.cmd.Dir = d.dir
 	stdout, err := d.cmd.StdoutPipe()
 	if err != nil {
@@ -49,18 +57,22 @@ func startDev(t *testing.T, global ...string) *devRun {
 	adminLine := regexp.MustCompile(`admin \(control plane.*\): http://(\S+)`)
 	lines := bufio.NewScanner(stdout)
 	watchdog := time.AfterFunc(time.Minute, func() { d.cmd.Process.Kill() })
-	for lines.Scan() && !strings.Contains(lines.Text(), "ctrl-c stops the cluster") {
+	up := false
+	var out []string
+	for !up && lines.Scan() {
+		out = append(out, lines.Text())
 		if m := adminLine.FindStringSubmatch(lines.Text()); m != nil {
 			d.admin = m[1]
 		}
+		up = strings.Contains(lines.Text(), "ctrl-c stops the cluster")
 	}
 	watchdog.Stop()
 	go func() {
 		for lines.Scan() {
 		}
 	}()
-	if d.admin == "" {
-		t.Fatal("felix dev did not come up")
+	if !up || d.admin == "" {
+		t.Fatalf("felix dev did not come up:\n%s", strings.Join(out, "\n"))
 	}
 	return d
 }
@@ -118,4 +130,25 @@ func TestUsageErrorExitsTwo(t *testing.T) {
 			t.Errorf("felix %v: %v, want exit status 2", args, err)
 		}
 	}
+}
+
+// TestDevStartsAgainAfterKill: felix dev killed -9 (or its terminal
+// closed) starts again on its directory and ports at once. The dead
+// control plane's election key outlives it by its session lease, and
+// names the address the new one listens at: the new one forwarded the
+// creation of `orders` to itself, round after round, and gave up after
+// 10 s ("the control plane has no reachable leader"), every time.
+func TestDevStartsAgainAfterKill(t *testing.T) {
+	ln, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(ln.LocalAddr().(*net.UDPAddr).Port)
+	ln.Close()
+	dir := t.TempDir()
+	args := []string{"dev", "--ctl-port", port, "--base-port", "0"}
+	d := startDevIn(t, dir, args...)
+	syscall.Kill(-d.cmd.Process.Pid, syscall.SIGKILL)
+	<-d.exited
+	startDevIn(t, dir, args...)
 }
