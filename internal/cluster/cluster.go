@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -139,11 +140,61 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			return nil, err
 		}
 	}
-	if _, err := c.WaitLive(ctx, opts.Brokers); err != nil {
+	if err := c.waitUp(ctx); err != nil {
 		c.Close()
 		return nil, err
 	}
 	return c, nil
+}
+
+// waitUp waits until every broker is live in the map, or one has exited.
+func (c *Cluster) waitUp(ctx context.Context) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if m := c.Ctl().Map(); m != nil && c.liveIn(m) >= len(c.brokers) {
+			return nil
+		}
+		if err := c.exitedErr(); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster: waiting for the brokers to be live: %w (see the broker logs in %s)", ctx.Err(), c.opts.Dir)
+		case <-t.C:
+		}
+	}
+}
+
+// exitedErr says which broker process has exited, if one has, with the
+// last line of its log: one that cannot start (its port taken, its data
+// directory locked) exits at once, and the cluster will not come up.
+func (c *Cluster) exitedErr() error {
+	for _, b := range c.brokers {
+		b.mu.Lock()
+		exited := b.cmd != nil && b.exitedLocked()
+		b.mu.Unlock()
+		if !exited {
+			continue
+		}
+		log := filepath.Join(c.opts.Dir, b.ID+".log")
+		last := "(its output went to Options.BrokerOutput)"
+		if c.opts.BrokerOutput == nil {
+			last = lastLine(log)
+		}
+		return fmt.Errorf("cluster: %s exited while the cluster started: %s (its log: %s)", b.ID, last, log)
+	}
+	return nil
+}
+
+// lastLine returns the last line of the file at path that is not empty.
+func lastLine(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
 }
 
 // BrokerID names the i-th broker.
@@ -361,15 +412,18 @@ func (c *Cluster) Broker(id string) *Broker {
 // WaitLive waits until the control plane's map has at least n live brokers
 // and returns that map.
 func (c *Cluster) WaitLive(ctx context.Context, n int) (*shardmap.Map, error) {
-	return c.WaitMap(ctx, func(m *shardmap.Map) bool {
-		live := 0
-		for _, node := range m.Nodes {
-			if node.Live {
-				live++
-			}
+	return c.WaitMap(ctx, func(m *shardmap.Map) bool { return c.liveIn(m) >= n })
+}
+
+// liveIn counts the brokers m shows live.
+func (c *Cluster) liveIn(m *shardmap.Map) int {
+	live := 0
+	for _, node := range m.Nodes {
+		if node.Live {
+			live++
 		}
-		return live >= n
-	})
+	}
+	return live
 }
 
 // WaitMap waits until the control plane's map satisfies ok.
