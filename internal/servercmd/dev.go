@@ -60,6 +60,14 @@ func (c *Dev) Run(log *slog.Logger) error {
 	// SIGHUP too: the terminal it ran in was closed.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
+	if isGoRun(os.Args[0]) {
+		// A `go run` that is killed passes no signal on (only a
+		// terminal's Ctrl-C reaches the whole process group): end with it.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		go endWithParent(ctx, cancel)
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("finding the felix executable: %w", err)
@@ -213,6 +221,25 @@ func FelixctlCommand() string {
 		return "go run ./cmd/felixctl"
 	}
 	return "felixctl"
+}
+
+// endWithParent calls end once this process's parent has exited (it is
+// given another parent), or returns when ctx ends.
+func endWithParent(ctx context.Context, end context.CancelFunc) {
+	parent := os.Getppid()
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if os.Getppid() != parent {
+				end()
+				return
+			}
+		}
+	}
 }
 
 // isGoRun reports whether arg0 is an executable `go run` built: it lives
