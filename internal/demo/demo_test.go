@@ -81,9 +81,9 @@ func TestRun(t *testing.T) {
 
 	// The two paths, word for word as the seed prints them.
 	expect(q("$ felixctl pub orders hello --via " + other))
-	expect(q(`published "hello" to orders via `+other+` → forwarded to `+owner+` → acknowledged`))
+	expect(q(`published "hello" to orders via ` + other + ` → forwarded to ` + owner + ` → acknowledged`))
 	expect(q("$ felixctl pub orders direct --via " + owner))
-	expect(q(`published "direct" to orders via `+owner+` (the owner) — written locally, no hop`))
+	expect(q(`published "direct" to orders via ` + owner + ` (the owner) — written locally, no hop`))
 	expect(q("the subscriber (attached to " + owner + "):"))
 	expect(q(`  received "hello" from orders (shard 0, offset 0)`))
 	expect(q(`  received "direct" from orders (shard 0, offset 1)`))
