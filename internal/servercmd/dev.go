@@ -75,6 +75,9 @@ func (c *Dev) Run(log *slog.Logger) error {
 	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
 		return err
 	}
+	if err := connFileFree(c.ConnFile); err != nil {
+		return err
+	}
 	opts := cluster.Options{Dir: c.Dir, Binary: self, Brokers: c.Brokers, CtlPort: c.CtlPort, Logger: log}
 	if c.Pprof {
 		opts.BrokerEnv = append(opts.BrokerEnv, "FELIX_PPROF=true")
@@ -108,7 +111,10 @@ func (c *Dev) Run(log *slog.Logger) error {
 	fmt.Printf("starting the control plane and %d brokers in %s ...\n", c.Brokers, c.Dir)
 	cl, err := cluster.Start(startCtx, opts)
 	if err != nil {
-		return fmt.Errorf("%w\nis another `felix dev` already running on these ports? try --ctl-port 0 --base-port 0", err)
+		if strings.Contains(err.Error(), "address already in use") {
+			err = fmt.Errorf("%w\nis another `felix dev` already running on these ports? try --ctl-port 0 --base-port 0", err)
+		}
+		return err
 	}
 	defer cl.Close()
 	reg, err := ctlMetrics(obs.prov.Meter, cl.Ctl())
@@ -141,7 +147,7 @@ func (c *Dev) Run(log *slog.Logger) error {
 	if err := c.writeConnFile(cl, m, admin); err != nil {
 		return err
 	}
-	defer os.Remove(c.ConnFile)
+	defer removeConnFile(c.ConnFile, admin)
 	ctlcmd := FelixctlCommand()
 	fmt.Printf("\nconnection file: %s (felixctl and client.ConnectFile read it from this directory)\n", c.ConnFile)
 	fmt.Printf("try:  %s pub orders hello --via %s\n      %s sub orders --from earliest\n", ctlcmd, cl.Brokers()[0].ID, ctlcmd)
@@ -209,6 +215,31 @@ func (c *Dev) writeConnFile(cl *cluster.Cluster, m *shardmap.Map, admin string) 
 		cf.Brokers = append(cf.Brokers, cb)
 	}
 	return cf.Write(c.ConnFile)
+}
+
+// connFileFree refuses to start when the connection file at path is
+// another felix dev's that still runs (its admin address answers): this
+// one would take the file over, and remove it when it stops.
+func connFileFree(path string) error {
+	cf, err := client.LoadClusterFile(path)
+	if err != nil || cf.Admin == "" {
+		return nil // none, or not a felix dev's: written over
+	}
+	hc := http.Client{Timeout: time.Second}
+	resp, err := hc.Get("http://" + cf.Admin + "/brokers")
+	if err != nil {
+		return nil // left by a felix dev that is gone
+	}
+	resp.Body.Close()
+	return fmt.Errorf("%s is the connection file of a felix dev that is running (admin http://%s): stop it, or start this one from another directory or with --conn-file", path, cf.Admin)
+}
+
+// removeConnFile removes the connection file at path if it is still this
+// felix dev's (names its admin address).
+func removeConnFile(path, admin string) {
+	if cf, err := client.LoadClusterFile(path); err == nil && cf.Admin == admin {
+		os.Remove(path)
+	}
 }
 
 // FelixctlCommand is how to run felixctl from where this process was

@@ -2,6 +2,7 @@ package servercmd
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -151,4 +152,29 @@ func TestDevStartsAgainAfterKill(t *testing.T) {
 	syscall.Kill(-d.cmd.Process.Pid, syscall.SIGKILL)
 	<-d.exited
 	startDevIn(t, dir, args...)
+}
+
+// TestDevLeavesAnotherDevsConnFile: a second felix dev started in the same
+// directory (with another --dir) while the first runs is refused, and the
+// first's connection file stays: the second wrote over it, and removed it
+// when it stopped, so felixctl found no cluster while the first ran on.
+func TestDevLeavesAnotherDevsConnFile(t *testing.T) {
+	d := startDev(t)
+	conn := filepath.Join(d.dir, "felix-cluster.json")
+	before, err := os.ReadFile(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // without the check, it runs
+	defer cancel()
+	second := exec.CommandContext(ctx, clustertest.Binary(t), "dev", "--dir", filepath.Join(d.dir, "other"), "--ctl-port", "0", "--base-port", "0")
+	second.Dir = d.dir
+	second.WaitDelay = time.Second
+	out, err := second.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "connection file of a felix dev that is running") {
+		t.Fatalf("a second felix dev in the directory of a running one: %v\n%s", err, out)
+	}
+	if after, err := os.ReadFile(conn); err != nil || string(after) != string(before) {
+		t.Fatalf("the first felix dev's connection file after the second was refused: %v\n%s", err, after)
+	}
 }
