@@ -68,14 +68,16 @@ func TestCommands(t *testing.T) {
 	})
 
 	t.Run("pub --count through each broker in turn", func(t *testing.T) {
-		r := felixctl(t, env, "pub", "orders", "seq", "--count", "3", "--via", "broker-0,broker-1,broker-2")
+		r := felixctl(t, env, "pub", "orders", "seq", "--count", "3", "--via", "broker-0,broker-1,broker-2", "--json")
 		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 		if r.code != 0 || len(lines) != 3 {
 			t.Fatalf("%+v", r)
 		}
 		for i, l := range lines {
-			if want := fmt.Sprintf(`published "seq-%03d" to orders via broker-%d `, i, i); !strings.HasPrefix(l, want) || !strings.HasSuffix(l, fmt.Sprintf("(shard 0, offset %d)", 3+i)) {
-				t.Errorf("line %d: %q", i, l)
+			var ack pubJSON
+			if err := json.Unmarshal([]byte(l), &ack); err != nil || ack.Value != fmt.Sprintf("seq-%03d", i) || ack.Via != fmt.Sprintf("broker-%d", i) ||
+				ack.Shard != 0 || ack.Offset != uint64(3+i) {
+				t.Errorf("line %d: %q (%v)", i, l, err)
 			}
 		}
 	})
@@ -309,7 +311,7 @@ func TestCommands(t *testing.T) {
 		if err := json.Unmarshal([]byte(r.stdout), &info); err != nil || info.Replicas != 3 || len(info.Owners.Replicas(0)) != 3 {
 			t.Errorf("stream info --json of a replicated stream: %v %+v", err, r)
 		}
-		if r := felixctl(t, env, "pub", "r3", "hello", "--shard", "1"); r.code != 0 || !strings.Contains(r.stdout, "(shard 1, offset 0)") {
+		if r := felixctl(t, env, "pub", "r3", "hello", "--shard", "1", "--json"); r.code != 0 || !strings.Contains(r.stdout, `"shard":1,"offset":0,`) {
 			t.Errorf("pub to a replicated stream: %+v", r)
 		}
 		// Each replica reports the leader it knows and its committed
