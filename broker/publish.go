@@ -543,17 +543,19 @@ func (a *localAppend) committed(offset uint64, ts int64, err error) {
 	}
 	if err != nil {
 		code := transport.CodeInternal
+		msg := fmt.Sprintf("%s could not write %s: %v", p.b.cfg.NodeID, a.id, err)
 		switch {
 		case errors.Is(err, wal.ErrClosed):
 			code = transport.CodeShuttingDown
 		case errors.Is(err, wal.ErrFailed):
 			// The log failed a write or an fsync and stopped (fail-stop):
-			// this record's outcome is unknown, and the shard takes no
-			// more until its log is reopened.
+			// this record's outcome is unknown (its bytes may reach the
+			// disk all the same), and the shard takes no more until its
+			// log is reopened.
 			code = transport.CodeUnavailable
+			msg = fmt.Sprintf("%s's log of %s failed (%v): the record may or may not have been written; the shard takes no more records until %s restarts", p.b.cfg.NodeID, a.id, err, p.b.cfg.NodeID)
 		}
-		p.reply(&a.in, &transport.Error{Seq: pub.Seq, Code: code,
-			Message: fmt.Sprintf("%s could not write %s: %v", p.b.cfg.NodeID, a.id, err)})
+		p.reply(&a.in, &transport.Error{Seq: pub.Seq, Code: code, Message: msg})
 	} else {
 		e.commits.stamp(&a.in.ev) // committed: the commit its log just made
 		e.answers.cork(p.acks)    // written with the commit's other acks

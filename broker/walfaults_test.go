@@ -39,6 +39,11 @@ func TestFsyncFailureFailsPublish(t *testing.T) {
 	if !strings.Contains(e.Message, "doomed/0") || !strings.Contains(e.Message, "injected") {
 		t.Fatalf("error %q does not name the shard and the failure", e.Message)
 	}
+	// Its bytes may reach the disk all the same (and be read after a
+	// restart): the outcome is unknown, not "not written".
+	if e.Code != transport.CodeUnavailable || !strings.Contains(e.Message, "may or may not have been written") {
+		t.Fatalf("error %v does not say the record's outcome is unknown", e)
+	}
 	t.Logf("failed batch: %v", e)
 	armed.Store(false) // the disk is fine again; the log stays failed until reopened
 
