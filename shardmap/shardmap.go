@@ -335,38 +335,59 @@ type ShardID struct {
 
 func (s ShardID) String() string { return s.Stream + "/" + strconv.Itoa(s.Shard) }
 
-// Move is one change between two maps: a shard that changed owner, or that
-// appeared (From == "") or disappeared (To == "").
+// Move is one change between two maps: a shard that changed owner, or
+// that appeared (From == "") or disappeared (To == ""); one whose replica
+// set changed with its owner kept (From == To, FromReplicas and
+// ToReplicas set); or one whose stream was deleted and created again
+// (Recreated: another shard of the same name).
 type Move struct {
 	ShardID
-	From, To string
+	From, To                 string
+	FromReplicas, ToReplicas []string // set when the replica sets differ
+	Recreated                bool
 }
 
-// Diff returns the shards whose owner differs between old and new, ordered
-// by stream and shard. A nil old is an empty map.
+// Diff returns the shards whose owner, replica set or stream differs
+// between old and new, ordered by stream and shard. A nil old is an empty
+// map.
 func Diff(old, new *Map) []Move {
-	owners := func(m *Map) map[ShardID]string {
-		out := map[ShardID]string{}
+	type placed struct {
+		replicas []string // owner first
+		created  uint64
+	}
+	shards := func(m *Map) map[ShardID]placed {
+		out := map[ShardID]placed{}
 		if m == nil {
 			return out
 		}
 		for _, s := range m.Streams {
-			for shard, o := range s.Placement.All() {
-				out[ShardID{s.Name, shard}] = o
+			for shard := range s.Placement.Len() {
+				out[ShardID{s.Name, shard}] = placed{s.Placement.Replicas(shard), s.Created}
 			}
 		}
 		return out
 	}
-	a, b := owners(old), owners(new)
+	owner := func(p placed) string {
+		if len(p.replicas) == 0 {
+			return ""
+		}
+		return p.replicas[0]
+	}
+	a, b := shards(old), shards(new)
 	var moves []Move
 	for id, from := range a {
-		if to := b[id]; to != from {
-			moves = append(moves, Move{ShardID: id, From: from, To: to})
+		to, ok := b[id]
+		mv := Move{ShardID: id, From: owner(from), To: owner(to), Recreated: ok && to.created != from.created}
+		if ok && !slices.Equal(from.replicas, to.replicas) && (len(from.replicas) > 1 || len(to.replicas) > 1) {
+			mv.FromReplicas, mv.ToReplicas = from.replicas, to.replicas
+		}
+		if mv.From != mv.To || mv.Recreated || mv.FromReplicas != nil {
+			moves = append(moves, mv)
 		}
 	}
 	for id, to := range b {
 		if _, ok := a[id]; !ok {
-			moves = append(moves, Move{ShardID: id, To: to})
+			moves = append(moves, Move{ShardID: id, To: owner(to)})
 		}
 	}
 	slices.SortFunc(moves, func(x, y Move) int {

@@ -286,3 +286,35 @@ func BenchmarkRoute(b *testing.B) {
 		}
 	}
 }
+
+// Diff sees a replica moved with the owner kept, and a stream deleted and
+// created again with the same placement; it saw neither.
+func TestDiffSeesReplicasAndIncarnations(t *testing.T) {
+	ns := []Node{{ID: "a"}, {ID: "b"}, {ID: "c"}, {ID: "d"}}
+	cfg := StreamConfig{Name: "r", Shards: 1, Replicas: 3}
+	old := Build(1, ns, []StreamConfig{cfg})
+	st, _ := old.Stream("r")
+	set := st.Placement.Replicas(0)
+	var spare string
+	for _, n := range ns {
+		if !st.Placement.IsReplica(0, n.ID) {
+			spare = n.ID
+		}
+	}
+	moved, err := st.Placement.Move(0, set[2], spare, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := Assemble(2, ns, []Stream{{StreamConfig: cfg, Placement: moved, Created: st.Created}})
+	d := Diff(old, next)
+	if len(d) != 1 || d[0].From != d[0].To || !slices.Equal(d[0].FromReplicas, set) || !slices.Equal(d[0].ToReplicas, moved.Replicas(0)) {
+		t.Errorf("Diff of %s's replica of r/0 moved to %s: %+v", set[2], spare, d)
+	}
+	again := Assemble(3, ns, []Stream{{StreamConfig: cfg, Placement: st.Placement, Created: 3}})
+	if d := Diff(old, again); len(d) != 1 || !d[0].Recreated {
+		t.Errorf("Diff of r deleted and created again: %+v", d)
+	}
+	if d := Diff(old, old); len(d) != 0 {
+		t.Errorf("Diff of a map with itself: %+v", d)
+	}
+}

@@ -189,6 +189,10 @@ func (c *Dev) Run(log *slog.Logger) error {
 				fmt.Printf("epoch %d: %s owned by %s\n", m.Epoch, mv.ShardID, mv.To)
 			case mv.To == "":
 				fmt.Printf("epoch %d: %s removed\n", m.Epoch, mv.ShardID)
+			case mv.Recreated:
+				fmt.Printf("epoch %d: %s created again, owned by %s\n", m.Epoch, mv.ShardID, mv.To)
+			case mv.From == mv.To:
+				fmt.Printf("epoch %d: %s replicas %s moved to %s\n", m.Epoch, mv.ShardID, strings.Join(mv.FromReplicas, ","), strings.Join(mv.ToReplicas, ","))
 			default:
 				fmt.Printf("epoch %d: %s moved from %s to %s\n", m.Epoch, mv.ShardID, mv.From, mv.To)
 			}
