@@ -280,6 +280,8 @@ func (fc *fakeCluster) read(id shardmap.ShardID, off uint64, n int) ([]transport
 	return append([]transport.Record(nil), log[off:hi]...), fc.mu.changed, end
 }
 
+type pubHook func(str *quic.Stream, first *transport.Publish, r *transport.Reader, w *transport.Writer) bool
+
 // fakeBroker is one broker of a fakeCluster.
 type fakeBroker struct {
 	fc   *fakeCluster
@@ -302,6 +304,9 @@ type fakeBroker struct {
 	// below it is answered out of range.
 	firstOffset atomic.Uint64
 	published   atomic.Int64 // publish frames received
+	// publishHook, when set, serves publish streams instead (review tests);
+	// it reports false to fall back to the normal service.
+	publishHook atomic.Pointer[pubHook]
 	subs        atomic.Int64 // subscribe frames received
 
 	ln     *transport.Listener
@@ -396,6 +401,9 @@ func (b *fakeBroker) serveStream(conn *quic.Conn, str *quic.Stream) {
 	}
 	switch f := f.(type) {
 	case *transport.Publish:
+		if h := b.publishHook.Load(); h != nil && (*h)(str, f, r, w) {
+			return
+		}
 		b.servePublish(f, r, w)
 	case *transport.Subscribe:
 		b.serveSubscribe(conn, f, r, w)

@@ -225,6 +225,12 @@ type pubSession struct {
 		seq     uint64
 		pending map[uint64]*Future
 		err     error // non-nil once the session has failed
+		// writeErr is non-nil once the stream's write side has failed
+		// while its read side may still carry answers (writeFailed).
+		writeErr error
+		// failing are the futures fail took from pending and is still
+		// resolving: Flush waits for them too.
+		failing map[uint64]*Future
 	}
 	done chan struct{} // closed when the reader has exited
 
@@ -247,7 +253,39 @@ func newPubSession(addr string, str *quic.Stream, maxFrame int, later *msgtrace.
 func (s *pubSession) alive() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.mu.err == nil
+	return s.mu.err == nil && s.mu.writeErr == nil
+}
+
+// draining reports whether the session takes no more records but its
+// reader still resolves those in flight (writeFailed).
+func (s *pubSession) draining() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.err == nil && s.mu.writeErr != nil
+}
+
+// writeFailed handles the failure of the stream's write side. The read
+// side may still carry the answers to what the broker read: a broker
+// shutting down gracefully stops reading (STOP_SENDING), then commits and
+// acknowledges everything it took in. So the session takes no more
+// records (the publisher opens another), and its reader goes on resolving
+// those in flight until the broker ends the stream; what is unanswered
+// then fails as of unknown outcome. Failing them all at once answered
+// "may or may not have been written" for records the broker had committed
+// and acknowledged. An idempotent publisher's session fails at once: it
+// sends the records of unknown outcome again, in order, and the broker
+// answers those it has as duplicates.
+func (s *pubSession) writeFailed(cause error) {
+	if s.idem != nil {
+		s.fail(cause)
+		return
+	}
+	s.mu.Lock()
+	if s.mu.err == nil && s.mu.writeErr == nil {
+		s.mu.writeErr = cause
+	}
+	s.mu.Unlock()
+	s.str.CancelWrite(0)
 }
 
 // send writes p, whose outcome f will carry. It returns errStaleSession if
@@ -257,13 +295,14 @@ func (s *pubSession) send(f *Future, p *transport.Publish) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	if err := s.str.Context().Err(); err != nil {
-		// The connection or stream is known dead: records in flight on it
-		// are lost, this one can go on a new stream.
-		s.fail(lost(context.Cause(s.str.Context())))
+		// The stream's write side is known dead: this record can go on
+		// a new stream, and those in flight on this one are answered as
+		// the broker answers them (writeFailed).
+		s.writeFailed(lost(context.Cause(s.str.Context())))
 		return errStaleSession
 	}
 	s.mu.Lock()
-	if s.mu.err != nil {
+	if s.mu.err != nil || s.mu.writeErr != nil {
 		s.mu.Unlock()
 		return errStaleSession
 	}
@@ -310,7 +349,7 @@ func (s *pubSession) send(f *Future, p *transport.Publish) error {
 	}
 	s.buffered = false // written now, with anything buffered before it
 	if err := s.w.Flush(); err != nil {
-		s.fail(lost(err)) // resolves f with the rest
+		s.writeFailed(lost(err)) // f is answered with the rest, by the reader
 		return nil
 	}
 	if inFlight == 1 && f.obs != nil {
@@ -372,7 +411,7 @@ func (s *pubSession) flushBuffered() {
 	}
 	s.buffered = false
 	if err := s.w.Flush(); err != nil {
-		s.fail(lost(err))
+		s.writeFailed(lost(err))
 	}
 }
 
@@ -397,8 +436,13 @@ func (s *pubSession) fail(cause error) {
 	}
 	s.mu.err = cause
 	pending := s.mu.pending
-	s.mu.pending = nil
+	s.mu.pending, s.mu.failing = nil, pending
 	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.mu.failing = nil
+		s.mu.Unlock()
+	}()
 	cancelStream(s.str)
 	if s.idem != nil && retriable(cause) {
 		// Outcome unknown: the publisher sends them again.
@@ -424,7 +468,10 @@ func (s *pubSession) publishErr(f *Future, err error) error {
 func (s *pubSession) inFlight() []*Future {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]*Future, 0, len(s.mu.pending))
+	out := make([]*Future, 0, len(s.mu.pending)+len(s.mu.failing))
+	for _, f := range s.mu.failing {
+		out = append(out, f)
+	}
 	for _, f := range s.mu.pending {
 		out = append(out, f)
 	}

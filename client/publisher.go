@@ -48,6 +48,10 @@ type Publisher struct {
 		// been sent again on it.
 		ready  bool
 		closed bool
+		// draining are the earlier sessions whose write side failed
+		// while their readers still resolve what they carried
+		// (pubSession.writeFailed); each leaves when its reader ends.
+		draining map[*pubSession]struct{}
 	}
 }
 
@@ -125,11 +129,17 @@ func (p *Publisher) PublishAsync(ctx context.Context, key, value []byte, opts ..
 // or ctx ends. It reports no per-record outcome: that is in each Future.
 func (p *Publisher) Flush(ctx context.Context) error {
 	p.mu.Lock()
-	s := p.mu.sess
+	sessions := make([]*pubSession, 0, 1+len(p.mu.draining))
+	if p.mu.sess != nil {
+		sessions = append(sessions, p.mu.sess)
+	}
+	for s := range p.mu.draining {
+		sessions = append(sessions, s)
+	}
 	p.mu.Unlock()
 	var futures []*Future
-	if s != nil {
-		futures = s.inFlight()
+	for _, s := range sessions {
+		futures = append(futures, s.inFlight()...)
 	}
 	if p.idem != nil {
 		futures = append(futures, p.idem.unresolvedFutures()...)
@@ -160,10 +170,16 @@ func (p *Publisher) Close() error {
 func (p *Publisher) shutdown() {
 	p.mu.Lock()
 	p.mu.closed = true
-	s := p.mu.sess
+	sessions := make([]*pubSession, 0, 1+len(p.mu.draining))
+	if p.mu.sess != nil {
+		sessions = append(sessions, p.mu.sess)
+	}
+	for s := range p.mu.draining {
+		sessions = append(sessions, s)
+	}
 	p.mu.sess = nil
 	p.mu.Unlock()
-	if s != nil {
+	for _, s := range sessions {
 		s.fail(errClosedInFlight)
 		<-s.done
 	}
@@ -366,12 +382,21 @@ func (p *Publisher) openStream(ctx context.Context, ready bool) (*pubSession, er
 		cancelStream(str)
 		return nil, ErrClosed
 	}
+	if old := p.mu.sess; old != nil && old.draining() {
+		if p.mu.draining == nil {
+			p.mu.draining = map[*pubSession]struct{}{}
+		}
+		p.mu.draining[old] = struct{}{}
+	}
 	p.mu.sess, p.mu.ready = s, ready
 	// Add under mu: shutdown takes mu before Close waits on wg.
 	p.c.wg.Add(2)
 	go func() {
 		defer p.c.wg.Done()
 		s.readLoop()
+		p.mu.Lock()
+		delete(p.mu.draining, s)
+		p.mu.Unlock()
 	}()
 	go func() {
 		defer p.c.wg.Done()

@@ -1,0 +1,157 @@
+package client
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
+)
+
+// TestAcksAfterStopSendingKept: a broker shutting down gracefully
+// stops reading (STOP_SENDING) and then answers every record it took in,
+// as broker.pubSession.stopReading does. The SDK delivers those acks; it
+// failed all ten records as "outcome unknown" once a later publish found
+// the stream's send side closed.
+func TestAcksAfterStopSendingKept(t *testing.T) {
+	fc := newFakeCluster(t, 1)
+	b := fc.brokers[0]
+	const n = 10
+	var drained atomic.Bool
+	var read atomic.Int32
+	committed := make(chan struct{})
+	drain := pubHook(func(str *quic.Stream, first *transport.Publish, r *transport.Reader, w *transport.Writer) bool {
+		if !drained.CompareAndSwap(false, true) {
+			return false // later streams: served normally
+		}
+		took := []*transport.Publish{first}
+		read.Add(1)
+		for len(took) < n {
+			f, err := r.Read()
+			if err != nil {
+				return true
+			}
+			took = append(took, f.(*transport.Publish))
+			read.Add(1)
+		}
+		// Shutting down: stop reading, commit what was taken in, ack it.
+		str.CancelRead(quic.StreamErrorCode(transport.CodeShuttingDown))
+		time.Sleep(300 * time.Millisecond) // the commit (fsync, a forward)
+		for _, p := range took {
+			if err := w.Buffer(b.publish(p)); err != nil {
+				return true
+			}
+		}
+		close(committed)
+		if err := w.Flush(); err != nil {
+			t.Logf("broker: writing the acks of committed records: %v", err)
+		}
+		_ = str.Close()
+		return true
+	})
+	b.publishHook.Store(&drain)
+	c := connect(t, fc, 0)
+	ctx := testCtx(t)
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var futs []*Future
+	for range n {
+		f, err := c.PublishAsync(ctx, "s", nil, []byte("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		futs = append(futs, f)
+	}
+	for read.Load() < n {
+		time.Sleep(time.Millisecond)
+	}
+	// Wait for the broker's STOP_SENDING to reach the client.
+	c.pub.mu.Lock()
+	s := c.pub.mu.sess
+	c.pub.mu.Unlock()
+	<-s.str.Context().Done()
+	// The application keeps publishing.
+	if _, err := c.PublishAsync(ctx, "s", nil, []byte("next")); err != nil {
+		t.Logf("next publish: %v", err)
+	}
+	lost := 0
+	for i, f := range futs {
+		if _, err := f.Wait(ctx); err != nil {
+			lost++
+			if lost == 1 {
+				t.Logf("future %d: %v", i, err)
+			}
+		}
+	}
+	<-committed
+	recs, _, _ := fc.read(shardmap.ShardID{Stream: "s", Shard: 0}, 0, 100)
+	if lost > 0 {
+		t.Fatalf("%d of %d records the broker committed and acked were failed as outcome unknown (log holds %d records)", lost, n, len(recs))
+	}
+}
+
+// TestFlushWaitsForFailingSession: Flush waits until every record
+// published before the call has resolved, also while a session that lost
+// its connection is failing its records (it returned with 19,564 of
+// 20,000 unresolved).
+func TestFlushWaitsForFailingSession(t *testing.T) {
+	fc, c, ctx := withStream(t, WithMaxInFlight(1<<20))
+	b := fc.brokers[0]
+	b.holdAcks.Store(true)
+	const n = 20000
+	futs := make([]*Future, 0, n)
+	for range n {
+		f, err := c.PublishAsync(ctx, "s", nil, []byte("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		futs = append(futs, f)
+	}
+	for b.published.Load() < n {
+		time.Sleep(time.Millisecond)
+	}
+	var bad atomic.Int32
+	stop := make(chan struct{})
+	flushed := make(chan struct{})
+	go func() {
+		defer close(flushed)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			fctx, cancel := context.WithTimeout(ctx, 100*time.Microsecond)
+			err := c.Flush(fctx)
+			cancel()
+			if err != nil {
+				continue // some still in flight
+			}
+			unresolved := 0
+			for _, f := range futs {
+				if !f.resolved() {
+					unresolved++
+				}
+			}
+			if unresolved > 0 {
+				bad.Store(int32(unresolved))
+				return
+			}
+		}
+	}()
+	b.holdAcks.Store(false)
+	b.restart(t)
+	for _, f := range futs {
+		f.Wait(ctx)
+	}
+	close(stop)
+	<-flushed
+	if u := bad.Load(); u > 0 {
+		t.Fatalf("Flush returned nil with %d records published before it still unresolved", u)
+	}
+}
