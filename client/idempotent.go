@@ -382,7 +382,7 @@ func (p *Publisher) openIdem(ctx context.Context) (*pubSession, error) {
 
 	fs := p.idem.takeUnresolved()
 	for i, f := range fs {
-		if err := s.send(f, f.idem.frame); errors.Is(err, errStaleSession) {
+		if err := s.send(p.c.ctx, f, f.idem.frame); err != nil {
 			p.idem.putBack(fs[i:])
 			return nil, fmt.Errorf("sending records of unknown outcome again to %s: %w", p.c.addr, err)
 		}

@@ -197,8 +197,8 @@ var errStaleSession = errors.New("client: publish stream is gone")
 // or client is closed.
 var errClosedInFlight = fmt.Errorf("%w before the ack arrived; outcome unknown (the record may or may not have been written)", ErrClosed)
 
-// pubSession is one publish stream: the caller writes Publish frames under
-// wmu (or buffers them there for flushLoop), and one reader goroutine
+// pubSession is one publish stream: the caller writes Publish frames
+// holding the writer (or buffers them there for flushLoop), and one reader goroutine
 // resolves the futures from Acks and Errors.
 // A session that fails stays failed; its publisher opens a new one.
 type pubSession struct {
@@ -207,13 +207,16 @@ type pubSession struct {
 	maxFrame int
 	idem     *idemState // non-nil for an idempotent publisher
 
-	// wmu serializes writers. It is held from choosing a record's Seq to
-	// writing it, so Seqs go on the wire in order, and never while waiting
-	// for an answer. Lock order: wmu, then mu.
-	wmu sync.Mutex
-	w   *transport.Writer
+	// writer, a lock of capacity one, serializes writers: it is held
+	// from choosing a record's Seq to writing it, so Seqs go on the wire
+	// in order, and never while waiting for an answer. A write may block
+	// on flow control (a broker that stops reading) while holding it: a
+	// sender waits for it with its context (lockWriter), so a publish
+	// still ends when its context does. Lock order: writer, then mu.
+	writer chan struct{}
+	w      *transport.Writer
 	// buffered says records wait in w for flushLoop, which has been
-	// kicked. Guarded by wmu.
+	// kicked. Guarded by writer.
 	buffered bool
 	kick     chan struct{} // capacity 1: wakes flushLoop
 
@@ -243,7 +246,8 @@ type pubSession struct {
 }
 
 func newPubSession(addr string, str *quic.Stream, maxFrame int, later *msgtrace.Deferred, mapNamed *atomic.Uint64) *pubSession {
-	s := &pubSession{addr: addr, str: str, maxFrame: maxFrame, done: make(chan struct{}), later: later, kick: make(chan struct{}, 1), mapNamed: mapNamed}
+	s := &pubSession{addr: addr, str: str, maxFrame: maxFrame, done: make(chan struct{}), later: later, kick: make(chan struct{}, 1), mapNamed: mapNamed,
+		writer: make(chan struct{}, 1)}
 	s.w = transport.NewWriter(str)
 	s.w.SetMaxFrame(maxFrame)
 	s.mu.pending = make(map[uint64]*Future)
@@ -288,12 +292,36 @@ func (s *pubSession) writeFailed(cause error) {
 	s.str.CancelWrite(0)
 }
 
+// lockWriter takes the writer, waiting at most until ctx ends (nothing
+// was sent: ctx's error) or the session's reader has exited (a failed
+// session: errStaleSession).
+func (s *pubSession) lockWriter(ctx context.Context) error {
+	select {
+	case s.writer <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case s.writer <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.done:
+		return errStaleSession
+	}
+}
+
+func (s *pubSession) unlockWriter() { <-s.writer }
+
 // send writes p, whose outcome f will carry. It returns errStaleSession if
-// the session failed before p was sent (p was not sent and f is
-// untouched); any other failure resolves f.
-func (s *pubSession) send(f *Future, p *transport.Publish) error {
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
+// the session failed before p was sent, or ctx's error if ctx ended while
+// another write held the stream (p was not sent and f is untouched); any
+// other failure resolves f.
+func (s *pubSession) send(ctx context.Context, f *Future, p *transport.Publish) error {
+	if err := s.lockWriter(ctx); err != nil {
+		return err
+	}
+	defer s.unlockWriter()
 	if err := s.str.Context().Err(); err != nil {
 		// The stream's write side is known dead: this record can go on
 		// a new stream, and those in flight on this one are answered as
@@ -327,7 +355,7 @@ func (s *pubSession) send(f *Future, p *transport.Publish) error {
 		}
 		s.mu.Unlock()
 		f.resolve(Ack{}, s.publishErr(f, err))
-		notifyLater(s.later, []*Future{f}) // under wmu
+		notifyLater(s.later, []*Future{f}) // holding the writer
 		f.finish()
 		return nil
 	}
@@ -404,8 +432,10 @@ func (s *pubSession) flushLoop() {
 
 // flushBuffered writes the records buffered for flushLoop, if any.
 func (s *pubSession) flushBuffered() {
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
+	if s.lockWriter(context.Background()) != nil {
+		return // the session failed
+	}
+	defer s.unlockWriter()
 	if !s.buffered {
 		return
 	}
@@ -454,7 +484,7 @@ func (s *pubSession) fail(cause error) {
 		f.resolve(Ack{}, s.publishErr(f, cause))
 		fs = append(fs, f)
 	}
-	notifyLater(s.later, fs) // fail may run under wmu (from send)
+	notifyLater(s.later, fs) // fail may run holding the writer (from send)
 	for _, f := range fs {
 		f.finish()
 	}

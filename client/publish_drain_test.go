@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -155,3 +156,62 @@ func TestFlushWaitsForFailingSession(t *testing.T) {
 		t.Fatalf("Flush returned nil with %d records published before it still unresolved", u)
 	}
 }
+
+// TestPublishHonorsCtxWhenStreamBlocked: a broker that stops reading a
+// publish stream (its flow-control window full) does not make Publish or
+// PublishAsync ignore their context: they waited for the writer a blocked
+// write held, until the stream died.
+func TestPublishHonorsCtxWhenStreamBlocked(t *testing.T) {
+	fc := newFakeClusterWith(t, 1, transport.Config{InitialStreamWindow: 1 << 10, MaxStreamWindow: 1 << 10})
+	stall := pubHook(func(str *quic.Stream, _ *transport.Publish, _ *transport.Reader, _ *transport.Writer) bool {
+		// Read nothing more: the client's writes block once the window is full.
+		<-str.Context().Done()
+		return true
+	})
+	fc.brokers[0].publishHook.Store(&stall)
+	c := connect(t, fc, 0, WithMaxInFlight(1000), WithBlockOnFull(false))
+	ctx := testCtx(t)
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	returned := make(chan error, 1)
+	go func() {
+		for i := 0; ; i++ {
+			cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			_, err := c.PublishAsync(cctx, "s", nil, make([]byte, 300))
+			cancel()
+			if err != nil {
+				returned <- err
+				return
+			}
+			if i == 100_000 { // 30 MB: the stream's 1 KiB window filled long before
+				returned <- nil
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-returned:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("PublishAsync on a stream the broker does not read: %v; want its context's deadline", err)
+		}
+		t.Logf("PublishAsync returned: %v", err)
+	case <-time.After(3 * time.Second):
+		t.Fatalf("PublishAsync (WithBlockOnFull(false), ctx of 200ms) still blocked after 3s on a stream the broker does not read:\n%s", clientGoroutines())
+	}
+	start := time.Now()
+	pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { _, err := c.Publish(pctx, "s", nil, []byte("x")); done <- err }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Publish on a stream the broker does not read: %v; want its context's deadline", err)
+		}
+		t.Logf("Publish returned after %v: %v", time.Since(start), err)
+	case <-time.After(3 * time.Second):
+		t.Fatal("Publish with a 200ms ctx still blocked after 3s")
+	}
+}
+

@@ -266,13 +266,21 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 		f.idem = &idemRecord{frame: frame}
 		p.idem.stamp(f)
 	}
+	// A record waits for the stream's writer (held by a write blocked on
+	// flow control, say) no longer than ctx allows, and is then not sent.
+	// An idempotent publisher's is numbered on the wire, in order, and
+	// waits as long as the client lives.
+	sendCtx := ctx
+	if p.idem != nil {
+		sendCtx = p.c.ctx
+	}
 	// Retries are bounded from the first failure (read then: a clock read
 	// on every publish cost 1.6% of a publishing process's CPU).
 	var began time.Time
 	for attempt := 0; ; attempt++ {
 		s, err := p.session(ctx)
 		if err == nil {
-			err = s.send(f, frame)
+			err = s.send(sendCtx, f, frame)
 			if err == nil {
 				return f, nil
 			}
