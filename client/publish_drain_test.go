@@ -214,4 +214,3 @@ func TestPublishHonorsCtxWhenStreamBlocked(t *testing.T) {
 		t.Fatal("Publish with a 200ms ctx still blocked after 3s")
 	}
 }
-
