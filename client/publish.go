@@ -235,7 +235,8 @@ type pubSession struct {
 		// resolving: Flush waits for them too.
 		failing map[uint64]*Future
 	}
-	done chan struct{} // closed when the reader has exited
+	done    chan struct{} // closed when the reader has exited
+	flushed chan struct{} // closed when flushLoop has exited
 
 	later *msgtrace.Deferred // the client's, for OnResolved functions (notifyLater)
 
@@ -247,7 +248,7 @@ type pubSession struct {
 
 func newPubSession(addr string, str *quic.Stream, maxFrame int, later *msgtrace.Deferred, mapNamed *atomic.Uint64) *pubSession {
 	s := &pubSession{addr: addr, str: str, maxFrame: maxFrame, done: make(chan struct{}), later: later, kick: make(chan struct{}, 1), mapNamed: mapNamed,
-		writer: make(chan struct{}, 1)}
+		writer: make(chan struct{}, 1), flushed: make(chan struct{})}
 	s.w = transport.NewWriter(str)
 	s.w.SetMaxFrame(maxFrame)
 	s.mu.pending = make(map[uint64]*Future)
@@ -419,6 +420,7 @@ const inlineInFlight = 4
 // is written at once, as before). A stream blocked by flow control
 // blocks only its own loop.
 func (s *pubSession) flushLoop() {
+	defer close(s.flushed)
 	for {
 		select {
 		case <-s.kick:

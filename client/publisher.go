@@ -182,6 +182,7 @@ func (p *Publisher) shutdown() {
 	for _, s := range sessions {
 		s.fail(errClosedInFlight)
 		<-s.done
+		<-s.flushed
 	}
 	if p.idem != nil {
 		p.idem.abandon(func(*Future) error { return errClosedInFlight }, false)
