@@ -29,6 +29,7 @@ type cli struct {
 	Health servercmd.Health `cmd:"" help:"Check an admin endpoint (for container health checks): exit 0 if it answers 2xx."`
 	Echo   servercmd.Echo   `cmd:"" hidden:"" help:"Serve a QUIC echo (the bench's round-trip floor)."`
 	Etcd   servercmd.Etcd   `cmd:"" hidden:"" help:"Run one member of an etcd cluster for felix ctl --etcd-endpoints (the etcd server built into felix; no TLS yet)."`
+	Pause  servercmd.Pause  `cmd:"" hidden:"" help:"Do nothing until stopped: hold a network namespace that containers share (the compose brokers')."`
 }
 
 func main() {
