@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/felix-broker/felix/internal/dirlock"
 	"github.com/felix-broker/felix/shardmap"
@@ -266,5 +267,28 @@ func TestNotReadyOnceClosing(t *testing.T) {
 	b.mu.Unlock()
 	if !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), "shutting down") {
 		t.Fatalf("a closing broker's readiness: %v, want not ready, shutting down", err)
+	}
+}
+
+// TestNotReadyWithoutTheControlPlane: a broker that has had no link to
+// the control plane for longer than its lease is not ready (the others
+// see it down and forward nothing to it); it reported itself ready for as
+// long as it ran.
+func TestNotReadyWithoutTheControlPlane(t *testing.T) {
+	ip := startInprocWith(t, func(c *Config) { c.LeaseTTL = 300 * time.Millisecond }, 1, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	b := ip.brokers[0]
+	if err := b.Readiness(); err != nil {
+		t.Fatalf("with its control plane: %v", err)
+	}
+	ip.ctl.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for b.Readiness() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("still ready 10 s after its control plane stopped (lease 300 ms)")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := b.Readiness(); !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), "control plane") {
+		t.Fatalf("readiness without its control plane: %v", err)
 	}
 }

@@ -67,6 +67,11 @@ func (s *Server) markReachable() {
 	}
 }
 
+// Readiness returns nil while the ctl reaches etcd (a readiness probe), or
+// since when it has not: cut off, it holds no registration and answers no
+// map (see cutOffErr).
+func (s *Server) Readiness() error { return s.cutOffErr() }
+
 // cutOffErr says since when etcd has been out of reach, or nil.
 func (s *Server) cutOffErr() error {
 	since := s.cutOff.Load()

@@ -555,6 +555,11 @@ func TestHAFollowerCutOffFromEtcdHandsOverItsBrokers(t *testing.T) {
 	} else {
 		t.Logf("map.get on the cut-off follower: %v", refused)
 	}
+	if err := follower.Readiness(); err == nil {
+		t.Errorf("the cut-off follower reports itself ready")
+	} else {
+		t.Logf("readiness of the cut-off follower: %v", err)
+	}
 
 	// Healed, it reads etcd again and answers map.get.
 	mend()
@@ -570,5 +575,8 @@ func TestHAFollowerCutOffFromEtcdHandsOverItsBrokers(t *testing.T) {
 			t.Fatalf("map.get on the follower after the partition healed: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	if err := follower.Readiness(); err != nil {
+		t.Errorf("the follower after the partition healed: %v", err)
 	}
 }

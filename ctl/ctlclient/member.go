@@ -156,6 +156,7 @@ type Member struct {
 		changed   chan struct{} // closed when cur moves forward, then replaced
 		conn      *quic.Conn    // nil while reconnecting
 		connected chan struct{} // closed when conn becomes non-nil
+		lost      time.Time     // when conn became nil; zero while connected
 		cluster   string        // the cluster the member's maps name, once known
 	}
 
@@ -351,10 +352,24 @@ func (m *Member) setConn(conn *quic.Conn) {
 	switch {
 	case conn != nil && m.mu.conn == nil:
 		close(m.mu.connected)
+		m.mu.lost = time.Time{}
 	case conn == nil && m.mu.conn != nil:
 		m.mu.connected = make(chan struct{})
+		m.mu.lost = time.Now()
 	}
 	m.mu.conn = conn
+}
+
+// Unlinked returns how long the member has been without its registration
+// link to a ctl, 0 while it has one. Past the lease, the control plane
+// sees this node down.
+func (m *Member) Unlinked() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.mu.conn != nil || m.mu.lost.IsZero() {
+		return 0
+	}
+	return time.Since(m.mu.lost)
 }
 
 // connect dials and registers until it succeeds or ctx ends, sleeping a

@@ -98,10 +98,11 @@ func (c *Ctl) Run(log *slog.Logger) error {
 	defer sw.end()
 	var started atomic.Pointer[ctl.Server]
 	obs, err := startObservability("felix-ctl", "ctl", c.Admin, c.Pprof, func() error {
-		if started.Load() == nil {
+		s := started.Load()
+		if s == nil {
 			return errors.New("control plane starting")
 		}
-		return nil
+		return s.Readiness() // not while cut off from etcd's quorum
 	}, log)
 	if err != nil {
 		return err
