@@ -119,6 +119,14 @@ func (s *Server) handle(principal string, req *transport.Request) (*transport.Re
 		return nil
 	}
 	switch req.Op {
+	case OpStreamList, OpStreamInfo, OpMapGet, OpClusterStatus, OpACLList:
+		if err := s.cutOffErr(); err != nil {
+			// A read answers from this ctl's map, which may be stale;
+			// another ctl's is not. (A change is forwarded to the leader.)
+			return nil, transport.Errorf(transport.CodeUnavailable, "%v: its map (epoch %d) may be stale; ask another ctl", err, m.Epoch)
+		}
+	}
+	switch req.Op {
 	case OpStreamCreate:
 		if err := need(auth.StreamAdmin, req.Stream.Name); err != nil {
 			return nil, err
@@ -192,10 +200,6 @@ func (s *Server) handle(principal string, req *transport.Request) (*transport.Re
 		}
 		return &transport.Response{Streams: streamConfigs(st), Map: m.VisibleTo(principal)}, nil
 	case OpMapGet:
-		if err := s.cutOffErr(); err != nil {
-			// Its map may be stale; another ctl's is not.
-			return nil, transport.Errorf(transport.CodeUnavailable, "%v: its map (epoch %d) may be stale; ask another ctl", err, m.Epoch)
-		}
 		return &transport.Response{Map: m.VisibleTo(principal)}, nil
 	case OpClusterStatus:
 		if err := need(auth.ClusterRead, ""); err != nil {

@@ -555,6 +555,15 @@ func TestHAFollowerCutOffFromEtcdHandsOverItsBrokers(t *testing.T) {
 	} else {
 		t.Logf("map.get on the cut-off follower: %v", refused)
 	}
+	// Every other read answers from the same map.
+	for _, op := range []string{OpStreamList, OpClusterStatus, OpACLList} {
+		rctx, rcancel := context.WithTimeout(ctx, time.Second)
+		_, err := admin.Request(rctx, &transport.Request{Op: op})
+		rcancel()
+		if !errors.Is(err, transport.ErrUnavailable) {
+			t.Errorf("%s on the cut-off follower: %v; want unavailable", op, err)
+		}
+	}
 	if err := follower.Readiness(); err == nil {
 		t.Errorf("the cut-off follower reports itself ready")
 	} else {
