@@ -71,7 +71,8 @@ type EtcdConfig struct {
 	// "felix-<Cluster>".
 	InitialClusterToken string
 	// StartTimeout bounds the wait for the embedded member to be ready
-	// (for a multi-member cluster: to find a quorum). Default 60s.
+	// (for a multi-member cluster: to find a quorum). Default 60s;
+	// negative: as long as it takes.
 	StartTimeout time.Duration
 	// CertFile, KeyFile and CAFile are the ctl's own certificate (role
 	// felix-ctl) and key and the cluster CA, as PEM files (etcd reads them
@@ -283,8 +284,12 @@ func startEmbedded(dir string, ec EtcdConfig, core slogCore, log *slog.Logger) (
 		}
 	}
 	timeout := ec.StartTimeout
-	if timeout <= 0 {
+	if timeout == 0 {
 		timeout = 60 * time.Second
+	}
+	var expired <-chan time.Time // nil: no end to the wait
+	if timeout > 0 {
+		expired = time.After(timeout)
 	}
 	select {
 	case <-e.Server.ReadyNotify():
@@ -292,7 +297,7 @@ func startEmbedded(dir string, ec EtcdConfig, core slogCore, log *slog.Logger) (
 		core.quiet.Store(true)
 		e.Close()
 		return nil, nil, fmt.Errorf("ctl: embedded etcd in %s: %w", c.Dir, err)
-	case <-time.After(timeout):
+	case <-expired:
 		core.quiet.Store(true)
 		e.Server.Stop()
 		e.Close()

@@ -49,12 +49,13 @@ type CtlEtcd struct {
 	Key       string   `help:"Key of --etcd-cert." type:"path" env:"FELIX_ETCD_KEY"`
 	Cluster   string   `help:"Felix cluster name: keys live under /felix/<name>/." default:"default" env:"FELIX_ETCD_CLUSTER"`
 
-	Name           string `help:"Name of this ctl and of its embedded etcd member (unique among the ctl members)." env:"FELIX_ETCD_NAME"`
-	ClientURL      string `help:"Where the embedded etcd serves clients: this ctl, the other ctls asking for its health, etcdctl with a ctl certificate. Off loopback it must be https://, with --certs' certificate and CA, and serves ctl certificates only (default: a free loopback port, kept in --data)." env:"FELIX_ETCD_CLIENT_URL" placeholder:"URL"`
-	PeerURL        string `help:"Where the embedded etcd member is reached by its peers, e.g. https://ctl-0:2380: mutual TLS with --certs' certificate and CA, which must name this address (default: a free loopback port)." env:"FELIX_ETCD_PEER_URL" placeholder:"URL"`
-	InitialCluster string `help:"Every member of a new embedded etcd cluster as name=peerURL,... (etcd's --initial-cluster); the same on every ctl. With more than one member, every peer URL must be https://. Once the member has data, the start is refused unless this names the members it has (a running control plane cannot grow). Default: this member alone." env:"FELIX_ETCD_INITIAL_CLUSTER" placeholder:"NAME=URL,..."`
-	Insecure       bool   `help:"Allow http:// peer URLs in a multi-member embedded cluster, and http:// peer and client URLs off loopback. Refused by default because that etcd traffic carries all of ctl's state unencrypted and unauthenticated: whoever reaches the ports can read and rewrite streams, placement and permissions, or join as a member. Only for a network nothing else shares." env:"FELIX_ETCD_INSECURE"`
-	ElectionMs     uint   `help:"etcd election timeout in ms for a multi-member embedded cluster (heartbeat: a tenth). Default etcd's 1000." env:"FELIX_ETCD_ELECTION_MS"`
+	Name           string        `help:"Name of this ctl and of its embedded etcd member (unique among the ctl members)." env:"FELIX_ETCD_NAME"`
+	ClientURL      string        `help:"Where the embedded etcd serves clients: this ctl, the other ctls asking for its health, etcdctl with a ctl certificate. Off loopback it must be https://, with --certs' certificate and CA, and serves ctl certificates only (default: a free loopback port, kept in --data)." env:"FELIX_ETCD_CLIENT_URL" placeholder:"URL"`
+	PeerURL        string        `help:"Where the embedded etcd member is reached by its peers, e.g. https://ctl-0:2380: mutual TLS with --certs' certificate and CA, which must name this address (default: a free loopback port)." env:"FELIX_ETCD_PEER_URL" placeholder:"URL"`
+	InitialCluster string        `help:"Every member of a new embedded etcd cluster as name=peerURL,... (etcd's --initial-cluster); the same on every ctl. With more than one member, every peer URL must be https://. Once the member has data, the start is refused unless this names the members it has (a running control plane cannot grow). Default: this member alone." env:"FELIX_ETCD_INITIAL_CLUSTER" placeholder:"NAME=URL,..."`
+	Insecure       bool          `help:"Allow http:// peer URLs in a multi-member embedded cluster, and http:// peer and client URLs off loopback. Refused by default because that etcd traffic carries all of ctl's state unencrypted and unauthenticated: whoever reaches the ports can read and rewrite streams, placement and permissions, or join as a member. Only for a network nothing else shares." env:"FELIX_ETCD_INSECURE"`
+	ElectionMs     uint          `help:"etcd election timeout in ms for a multi-member embedded cluster (heartbeat: a tenth). Default etcd's 1000." env:"FELIX_ETCD_ELECTION_MS"`
+	StartTimeout   time.Duration `help:"How long the embedded etcd member may take to be ready (with several members: to find a quorum) before felix ctl gives up and exits 1; 0 waits as long as it takes (better under a supervisor whose restarts back off ever longer, as Kubernetes')." default:"60s" env:"FELIX_ETCD_START_TIMEOUT"`
 }
 
 // config returns the ctl.EtcdConfig of the flags.
@@ -63,6 +64,10 @@ func (e CtlEtcd) config() (ctl.EtcdConfig, error) {
 		PeerURL: e.PeerURL, InitialCluster: e.InitialCluster, Insecure: e.Insecure}
 	if e.ElectionMs > 0 {
 		c.ElectionMs, c.TickMs = e.ElectionMs, max(1, e.ElectionMs/10)
+	}
+	c.StartTimeout = e.StartTimeout
+	if e.StartTimeout == 0 {
+		c.StartTimeout = -1 // as long as it takes
 	}
 	if e.CA == "" && e.Cert == "" {
 		return c, nil
