@@ -246,8 +246,10 @@ func WithShard(n int) PublishOpt { return shardOpt(n) }
 // hand-off between the ack and fn, as with franz-go's promises); with a
 // failure of the connection or the publisher, within a few milliseconds
 // on the client's runner of deferred work (the one that ends producer
-// spans; Close runs what it holds). fn must not block and must not
-// publish on the same publisher: the acks behind it wait for it. It is not called when the
+// spans; Close runs what it holds). fn must not block, must not
+// publish on the same publisher and must not close it or the client
+// (Close waits for the goroutine running fn): the acks behind it wait for
+// it. It is not called when the
 // publish call itself returns an error. The Future resolves first: a
 // Wait on it may return just before fn is called.
 func OnResolved(fn func(Ack, error)) PublishOpt { return thenOpt(fn) }
