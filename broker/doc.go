@@ -64,7 +64,12 @@
 //     that stops reading as it shuts down makes the lane drain: it takes
 //     no more forwards, and its reader relays the owner's answers until
 //     the owner ends the stream (a timer, counted with the session's
-//     workers, ends the drain after ForwardTimeout). The reader
+//     workers, ends the drain after ForwardTimeout). A lane leases its
+//     pooled connection (peerPool.lease, under the pool's mutex, never
+//     across a dial) and gives it back when it ends; one that read to the
+//     end of the owner's stream retires the connection, and the last such
+//     lane hangs it up, which the shutting-down owner waits for before it
+//     closes its connections (lingerForAnswers). The reader
 //     owns the lane's read side: it relays each Ack to the publisher
 //     (corking the publisher's stream while more answers are buffered, so
 //     answers that arrived together go out in one write) and hands a
@@ -86,7 +91,8 @@
 // frameWriter's buffers (encoding and a non-blocking TryWriteAll; the
 // flusher writes with it released); the principal's byte budget; the
 // shard set's index (an RLock), a shard's producer table, and, only for a
-// forward carrying a newer epoch than this broker holds, the last missed
+// forward carrying a newer epoch than this broker holds (or a client's
+// record picked by a newer incarnation of its stream), the last missed
 // catch-up (catchup.go: read and written around the wait, never across
 // it). How to check
 // it: every blocking call on the path (member.Refresh, peerPool.conn,
@@ -186,7 +192,9 @@
 // Goroutines added: per broker, raftNet's ticker (ticks every hosted group
 // each Config.RaftTick, has each peer's stream carry a keep-alive frame when
 // its stream was idle that tick, and wakes the quiet groups of a peer that
-// fell silent or came back: raft.go), its retention pass (runRetention:
+// fell silent or came back: raft.go), the shard set's sweep of the closed
+// logs of replication factor 1 due for retention (shards_retention.go,
+// stopped by the shard set's close), its retention pass (runRetention:
 // each Config.RetentionCheck, applies every hosted replica's retention,
 // one after the other, and replaces a replica whose group failed:
 // shardSet.replaceFailed) and one goroutine per peer it sends raft

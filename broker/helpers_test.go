@@ -291,3 +291,18 @@ func (p *peerPool) pooled(id string) *quic.Conn {
 	<-pc.ready
 	return pc.conn
 }
+
+// sdk connects an admin SDK client to the cluster's first broker.
+func (ip *inproc) sdk(t *testing.T, opts ...client.Opt) *client.Client {
+	t.Helper()
+	caFile := filepath.Join(ip.dir, "certs", "ca.crt")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.Connect(ctx, ip.brokers[0].Addr().String(),
+		append([]client.Opt{client.WithCAFile(caFile), adminCert(caFile), client.WithLogger(quiet())}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -22,15 +21,9 @@ import (
 func TestSDKGracefulShutdownKeepsAcks(t *testing.T) {
 	ip := startInproc(t, 1, shardmap.StreamConfig{Name: "orders", Shards: 1})
 	b := ip.brokers[0]
-	caFile := filepath.Join(ip.dir, "certs", "ca.crt")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c, err := client.Connect(ctx, b.Addr().String(), client.WithCAFile(caFile), adminCert(caFile), client.WithLogger(quiet()),
-		client.WithReconnect(time.Hour, time.Hour)) // no redial: the run ends with the broker
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := ip.sdk(t, client.WithReconnect(time.Hour, time.Hour)) // no redial: the run ends with the broker
 	pub, err := c.Publisher(ctx, "orders")
 	if err != nil {
 		t.Fatal(err)
