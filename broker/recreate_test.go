@@ -10,22 +10,8 @@ import (
 
 	"github.com/felix-broker/felix/client"
 	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
 )
-
-// sdk connects an admin SDK client to the cluster's first broker.
-func (ip *inproc) sdk(t *testing.T, opts ...client.Opt) *client.Client {
-	t.Helper()
-	caFile := filepath.Join(ip.dir, "certs", "ca.crt")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := client.Connect(ctx, ip.brokers[0].Addr().String(),
-		append([]client.Opt{client.WithCAFile(caFile), adminCert(caFile), client.WithLogger(quiet())}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
 
 // recreate deletes stream and creates it again as cfg, and waits for
 // every broker to have the map.
@@ -183,5 +169,27 @@ func TestSubscriptionEndsWithItsStream(t *testing.T) {
 		t.Log(end)
 	case <-time.After(10 * time.Second):
 		t.Fatal("the subscription neither ended nor read the new stream")
+	}
+}
+
+// A client that names an incarnation of a stream no map will hold (an
+// epoch far ahead) holds its own stream, and nothing else, for at most
+// ForwardTimeout: the broker gives up catching up to it, answers
+// unavailable, and the next record on the stream is served; a
+// subscription naming it is refused likewise.
+func TestIncarnationFromTheFutureIsBounded(t *testing.T) {
+	ip := startInprocWith(t, func(c *Config) { c.ForwardTimeout = 300 * time.Millisecond }, 1,
+		shardmap.StreamConfig{Name: "orders", Shards: 1})
+	b := ip.brokers[0]
+	ws := openStream(t, ip.dial(b))
+	ws.send(&transport.Publish{Seq: 1, Stream: "orders", Shard: 0, Value: []byte("x"), Created: 1 << 60})
+	if e, ok := ws.recv().(*transport.Error); !ok || e.Code != transport.CodeUnavailable {
+		t.Fatalf("a record of an incarnation from the future: %+v; want unavailable", e)
+	}
+	wantAck(t, publishShard(ws, 2, "orders", 0, "next"), 2)
+	sub := openStream(t, ip.dial(b))
+	sub.send(&transport.Subscribe{Stream: "orders", Shard: 0, Credit: 8, Created: 1 << 60})
+	if e, ok := sub.recv().(*transport.Error); !ok || e.Code != transport.CodeUnknownStream {
+		t.Fatalf("a subscription to an incarnation from the future: %+v; want unknown_stream", e)
 	}
 }
