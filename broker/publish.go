@@ -155,6 +155,11 @@ type inbound struct {
 	n       uint64
 	route   *shardRoute
 	resumed bool
+
+	// placed is the map epoch a client's record was placed by when the
+	// shard it picked was of a stream since created again (dispatch): its
+	// ack carries it (transport.Ack.Epoch). 0 otherwise.
+	placed uint64
 }
 
 // replicated reports whether in is a record of a replicated shard.
@@ -390,16 +395,28 @@ func (p *pubSession) dispatch(in inbound, attempt int) {
 	}
 	if pub.Created != 0 && pub.Created != st.Created {
 		// The shard was picked by another stream of this name, of another
-		// shard count perhaps: a forwarder routes it again by a newer map,
-		// a client's record is of a stream that is no more.
-		if p.peerID != "" {
+		// shard count perhaps: a forwarder routes it again by a newer map.
+		// A client's plain record goes to the stream of that name now,
+		// placed by this map as the SDK would have (any shard is right
+		// for a keyless one), and its ack names the map for the client to
+		// fetch. An idempotent publisher's sequences are per shard, so its
+		// record is refused, not placed elsewhere.
+		if p.peerID == "" && pub.ProducerID == "" && st.Shards > 0 {
+			shard := int(pub.Shard) % st.Shards
+			if len(pub.Key) > 0 {
+				shard = shardmap.ShardFor(pub.Key, st.Shards)
+			}
+			pub.Shard, pub.Created = int32(shard), st.Created
+			in.placed = m.Epoch
+		} else if p.peerID != "" {
 			p.fail(in, &transport.Error{Code: transport.CodeNotOwner, Epoch: m.Epoch,
 				Message: fmt.Sprintf("stream %q was created again at map epoch %d; the record was routed by the stream of epoch %d", pub.Stream, st.Created, pub.Created)})
 			return
+		} else {
+			p.fail(in, &transport.Error{Code: transport.CodeUnknownStream, Epoch: m.Epoch,
+				Message: fmt.Sprintf("stream %q of map epoch %d, whose shard %d the record was published to, was deleted; the stream of that name now was created at epoch %d: publish the record again", pub.Stream, pub.Created, pub.Shard, st.Created)})
+			return
 		}
-		p.fail(in, &transport.Error{Code: transport.CodeUnknownStream, Epoch: m.Epoch,
-			Message: fmt.Sprintf("stream %q of map epoch %d, whose shard %d the record was published to, was deleted; the stream of that name now was created at epoch %d: publish the record again", pub.Stream, pub.Created, pub.Shard, st.Created)})
-		return
 	}
 	shard := int(pub.Shard)
 	if pub.Shard < 0 {
@@ -585,6 +602,7 @@ func (p *pubSession) reply(in *inbound, f transport.Frame) {
 	switch f := f.(type) {
 	case *transport.Ack:
 		in.ev.offset = f.Offset
+		f.Epoch = in.placed
 	case *transport.Error:
 		in.ev.err = f
 	}

@@ -64,16 +64,20 @@ func TestKeyedShardNotPickedByARecreatedStream(t *testing.T) {
 	}
 }
 
-// Keyless publishers pick their shard from the client's map: after the
-// stream was created again with fewer shards, they recover after the
-// first refusal. Every publish failed, for good, with "no shard N".
+// Keyless publishers pick their shard from the client's map. After the
+// stream was deleted and created again, a broker places their records by
+// its own map (any shard is right for a keyless record) and says so in
+// the ack, and the client fetches the map before it picks again. Every
+// publish failed, for good, with "no shard N" once the stream had fewer
+// shards; later, the first publish of each failed ErrUnknownStream. Two
+// brokers: records of the other's shards are placed, then forwarded.
 func TestKeylessPublishersFollowARecreatedStream(t *testing.T) {
-	ip := startInproc(t, 1, shardmap.StreamConfig{Name: "re", Shards: 8})
+	ip := startInproc(t, 2, shardmap.StreamConfig{Name: "re", Shards: 1})
 	c := ip.sdk(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var pubs []*client.Publisher
-	for range 6 {
+	for range 16 {
 		p, err := c.Publisher(ctx, "re")
 		if err != nil {
 			t.Fatal(err)
@@ -84,22 +88,60 @@ func TestKeylessPublishersFollowARecreatedStream(t *testing.T) {
 		}
 		pubs = append(pubs, p)
 	}
-	ip.recreate(t, shardmap.StreamConfig{Name: "re", Shards: 1})
-	failed := 0
-	for i, p := range pubs {
-		for j := range 5 {
-			_, err := p.Publish(ctx, nil, []byte("v"))
-			switch {
-			case err == nil:
-			case errors.Is(err, client.ErrUnknownStream) && j == 0:
-				failed++ // published by the old map: refused, and the map fetched
-			default:
-				t.Fatalf("publisher %d, publish %d to the stream created again with 1 shard: %v", i, j, err)
+	forwarded := 0
+	publishAll := func(shards int) map[int]bool {
+		t.Helper()
+		used := map[int]bool{}
+		for i, p := range pubs {
+			ack, err := p.Publish(ctx, nil, []byte("v"))
+			if err != nil {
+				t.Fatalf("publisher %d, publish to the stream created again with %d shards: %v", i, shards, err)
+			}
+			if ack.Shard >= shards {
+				t.Fatalf("publisher %d: acked in shard %d of a stream of %d", i, ack.Shard, shards)
+			}
+			used[ack.Shard] = true
+			if ack.Forwarded {
+				forwarded++
 			}
 		}
+		return used
 	}
-	if failed > 1 {
-		t.Errorf("%d publishers' first publish failed; the first refusal should have fetched the map for all", failed)
+	// Grown: placed by the broker at first (the old pick, shard 0, is
+	// within the new count), then picked by the client from the new
+	// map, so the sixteen publishers spread over the eight shards (all
+	// on one has odds of 8^-15).
+	ip.recreate(t, shardmap.StreamConfig{Name: "re", Shards: 8})
+	publishAll(8)
+	if used := publishAll(8); len(used) < 2 {
+		t.Fatalf("after the stream grew from 1 shard to 8, 16 keyless publishers used shards %v: the client did not fetch the new map", used)
+	}
+	// Shrunk: records picked for shards the stream no longer has.
+	ip.recreate(t, shardmap.StreamConfig{Name: "re", Shards: 1})
+	publishAll(1)
+	publishAll(1)
+	if forwarded == 0 {
+		t.Fatal("no record was forwarded: the test does not cover the forward path")
+	}
+}
+
+// An idempotent publisher's record is refused, not placed again, when the
+// shard it picked was of a stream since created again: its sequences are
+// per shard. The next one is picked from the new map.
+func TestIdempotentKeylessRefusedByARecreatedStream(t *testing.T) {
+	ip := startInproc(t, 1, shardmap.StreamConfig{Name: "re", Shards: 8})
+	c := ip.sdk(t, client.WithIdempotence())
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := c.Publish(ctx, "re", nil, []byte("warm")); err != nil {
+		t.Fatal(err)
+	}
+	ip.recreate(t, shardmap.StreamConfig{Name: "re", Shards: 1})
+	if _, err := c.Publish(ctx, "re", nil, []byte("v")); err != nil && !errors.Is(err, client.ErrUnknownStream) {
+		t.Fatalf("first publish after the stream was created again: %v, want nil or ErrUnknownStream", err)
+	}
+	if ack, err := c.Publish(ctx, "re", nil, []byte("v")); err != nil || ack.Shard != 0 {
+		t.Fatalf("publish after the refusal: shard %d, %v", ack.Shard, err)
 	}
 }
 

@@ -29,8 +29,9 @@ type Client struct {
 	shardMap atomic.Pointer[shardmap.Map]
 	// mapNamed is the newest map epoch a broker named in refusing a
 	// record of a stream it does not hold as this client does (deleted,
-	// or created again): the shard map is fetched before the next
-	// publisher picks a shard by it (catchUpMap).
+	// or created again), or in the ack of a record it placed by that map:
+	// the shard map is fetched before the next publisher picks a shard by
+	// it (catchUpMap).
 	mapNamed atomic.Uint64
 
 	// pub carries Client.Publish and Client.PublishAsync.

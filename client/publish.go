@@ -526,6 +526,11 @@ func (s *pubSession) readLoop() {
 			if s.idem != nil && s.idem.refusedAgain.Load() != 0 {
 				s.idem.refusedAgain.Store(0) // resending closed the gap
 			}
+			if f.Epoch != 0 {
+				// Placed by a newer map than the one this client picked
+				// its shard by (the stream was created again).
+				raise(s.mapNamed, f.Epoch)
+			}
 			if fut := s.take(f.Seq); fut != nil {
 				fut.resolve(ackFrom(f), nil)
 				fut.notify()

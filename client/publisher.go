@@ -202,8 +202,9 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 		}
 	}
 	// created is the incarnation of the stream whose map picked the
-	// shard, if this publisher picked it: a broker refuses the record if
-	// the stream has been created again since (see transport.Publish).
+	// shard, if this publisher picked it: a broker places a plain record
+	// again, and refuses an idempotent one, if the stream has been
+	// created again since (see transport.Publish).
 	var created uint64
 	if cfg.shard < 0 && (len(key) == 0 || p.idem != nil) {
 		p.c.catchUpMap(ctx)

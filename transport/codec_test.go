@@ -483,6 +483,25 @@ func TestVersionTolerance(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %#v, want %#v", got, want)
 	}
+	// An Ack without Epoch has the nine fields of earlier versions; an
+	// earlier client's decoder (eight required, the rest skipped) reads
+	// one with it.
+	if b := body(&Ack{Seq: 1, Duplicate: true}); b[0] != 0x99 {
+		t.Fatalf("an Ack without Epoch starts 0x%02x, want 0x99 (9 elements)", b[0])
+	}
+	ab := body(&Ack{Seq: 1, Stream: "s", Offset: 4, Epoch: 12})
+	if ab[0] != 0x9a {
+		t.Fatalf("an Ack with Epoch starts 0x%02x, want 0x9a (10 elements)", ab[0])
+	}
+	d := &decoder{b: ab}
+	n := d.arrayHeader(8)
+	if seq, stream, _, off := d.uint64(), d.str(), d.int32(), d.uint64(); seq != 1 || stream != "s" || off != 4 {
+		t.Fatalf("an earlier decoder read %d %q offset %d", seq, stream, off)
+	}
+	_, _, _, _ = d.int64(), d.str(), d.str(), d.bool()
+	if d.skipN(n - 8); d.err != nil || d.off != len(ab) {
+		t.Fatalf("an earlier decoder skipping Duplicate and Epoch: %v at %d of %d", d.err, d.off, len(ab))
+	}
 	// A Subscribe without Created (an earlier client's) has five fields.
 	if b := body(&Subscribe{Stream: "s"}); b[0] != 0x95 {
 		t.Fatalf("a Subscribe without Created starts 0x%02x, want 0x95 (5 elements)", b[0])

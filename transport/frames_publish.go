@@ -19,8 +19,9 @@ type Publish struct {
 	// the map the sender picked Shard by, 0 if it did not pick it: a
 	// forwarding broker sets it, and a client that picked the shard from
 	// its map. A broker whose map holds another incarnation (the stream
-	// was deleted and created again) refuses the record rather than write
-	// it to the shard of another stream's count. An owner holding an
+	// was deleted and created again) does not write the record to the
+	// shard of another stream's count: it refuses it, or, for a client's
+	// plain record, places it by its own map (see Ack.Epoch). An owner holding an
 	// older map that has the same incarnation of the stream, and this
 	// shard on itself, need not wait for the newer map.
 	Created uint64
@@ -101,13 +102,22 @@ type Ack struct {
 	// ProducerSeq); it was not written again, and Offset and Timestamp
 	// are the original's.
 	Duplicate bool
+	// Epoch is set when the broker placed the record by a newer map than
+	// the one the client picked its shard by (Publish.Created named a
+	// stream since deleted and created again; only a plain record, whose
+	// shard any map may pick, is placed again rather than refused): that
+	// map's epoch, for the client to fetch before it picks again. 0
+	// otherwise, and then not sent.
+	Epoch uint64
 }
 
-// ackFields is the fields an Ack is sent with; one from a peer of an
-// earlier version has ackFieldsMin (no Duplicate).
+// ackFields is the fields an Ack is sent with, ackFieldsEpoch with an
+// Epoch; one from a peer of an earlier version has ackFieldsMin (no
+// Duplicate).
 const (
-	ackFields    = 9
-	ackFieldsMin = 8
+	ackFieldsEpoch = 10
+	ackFields      = 9
+	ackFieldsMin   = 8
 )
 
 // Type implements [Frame].
@@ -117,7 +127,11 @@ func (a *Ack) appendBody(b []byte) ([]byte, error) {
 	if a == nil {
 		return b, errNilFrame(FrameAck)
 	}
-	b = appendArrayHeader(b, ackFields)
+	n := ackFields
+	if a.Epoch != 0 {
+		n = ackFieldsEpoch
+	}
+	b = appendArrayHeader(b, n)
 	b = appendUint(b, a.Seq)
 	b = appendStr(b, a.Stream)
 	b = appendInt(b, int64(a.Shard))
@@ -127,6 +141,9 @@ func (a *Ack) appendBody(b []byte) ([]byte, error) {
 	b = appendStr(b, a.Via)
 	b = appendBool(b, a.Forwarded)
 	b = appendBool(b, a.Duplicate)
+	if a.Epoch != 0 {
+		b = appendUint(b, a.Epoch)
+	}
 	return b, nil
 }
 
@@ -140,9 +157,13 @@ func (a *Ack) decode(d *decoder) {
 	a.Owner = d.str()
 	a.Via = d.str()
 	a.Forwarded = d.bool()
-	a.Duplicate = false
+	a.Duplicate, a.Epoch = false, 0
 	if n > ackFieldsMin {
 		a.Duplicate = d.bool()
+		n--
+	}
+	if n > ackFieldsMin {
+		a.Epoch = d.uint64()
 		n--
 	}
 	d.skipN(n - ackFieldsMin)
