@@ -57,6 +57,9 @@ type limits struct {
 		sync.Mutex
 		conns      int                      // client connections
 		principals map[string]*principalUse // by principal name
+		// pinned counts every principal's subscriptions by shard whose
+		// log they keep open (replication factor 1).
+		pinned map[shardmap.ShardID]int
 	}
 }
 
@@ -154,25 +157,36 @@ func (l *limits) releaseConn(c *connUse) {
 }
 
 // pin counts a subscription of c's principal that keeps shard id's log
-// open, or refuses it: a principal's subscriptions keep at most share
-// logs open at once (half the broker's open-log budget). A subscription
-// pins its log for its whole life, idle or not, and logs pinned are never
-// closed for the budget: one principal subscribed to as many shards as
-// the budget holds made every other log's open fail unavailable. Each
-// pin is undone with unpin.
-func (l *limits) pin(c *connUse, id shardmap.ShardID, share int) *transport.Error {
+// open, or refuses it. A subscription pins its log for its whole life,
+// idle or not, and logs pinned are never closed for the budget, so
+// subscriptions together keep at most budget.all logs open at once (three
+// quarters of the broker's open-log budget: the rest is for publishes),
+// and one principal's at most budget.principal (half of it). One
+// principal subscribed to as many shards as the budget holds made every
+// other log's open fail unavailable; so did two, each within its half.
+// Each pin is undone with unpin.
+func (l *limits) pin(c *connUse, id shardmap.ShardID, budget pinBudget) *transport.Error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	u := c.use
-	if u.pins[id] == 0 && len(u.pins) >= share {
+	if u.pins[id] == 0 && len(u.pins) >= budget.principal {
 		return l.exceeded(limitSubscribedLogs, c.principal,
 			"principal %q's subscriptions keep %d shard logs open on this broker, its limit (half of --max-open-shards, so that others' logs can open); end a subscription first",
 			c.principal, len(u.pins))
 	}
+	if l.mu.pinned[id] == 0 && len(l.mu.pinned) >= budget.all {
+		return l.exceeded(limitSubscribedLogs, c.principal,
+			"subscriptions keep %d shard logs open on this broker, its limit (three quarters of --max-open-shards, so that publishes can open theirs); subscribe at another broker of the shard's, or later",
+			len(l.mu.pinned))
+	}
 	if u.pins == nil {
 		u.pins = map[shardmap.ShardID]int{}
 	}
+	if l.mu.pinned == nil {
+		l.mu.pinned = map[shardmap.ShardID]int{}
+	}
 	u.pins[id]++
+	l.mu.pinned[id]++
 	return nil
 }
 
@@ -182,6 +196,9 @@ func (l *limits) unpin(c *connUse, id shardmap.ShardID) {
 	defer l.mu.Unlock()
 	if c.use.pins[id]--; c.use.pins[id] <= 0 {
 		delete(c.use.pins, id)
+	}
+	if l.mu.pinned[id]--; l.mu.pinned[id] <= 0 {
+		delete(l.mu.pinned, id)
 	}
 }
 

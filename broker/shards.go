@@ -613,9 +613,15 @@ func (s *shardSet) makeRoomLocked(pinned bool) (victims []*shardEntry, closing c
 	return idle, nil, nil
 }
 
-// principalShare is how many logs one principal's subscriptions may keep
-// open at once: half the open-log budget (limits.pin).
-func (s *shardSet) principalShare() int { return max(1, s.maxOpen/2) }
+// pinBudget is how many logs subscriptions may keep open at once
+// (limits.pin): all of them together, and one principal's.
+type pinBudget struct{ all, principal int }
+
+// pinBudget returns the budget of subscriptions' logs: three quarters of
+// the open-log budget together, half of it for one principal.
+func (s *shardSet) pinBudget() pinBudget {
+	return pinBudget{all: max(1, s.maxOpen-s.maxOpen/4), principal: max(1, s.maxOpen/2)}
+}
 
 // open opens e's log (or replica, for a replicated stream st) and makes e
 // ready.

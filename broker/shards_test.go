@@ -485,6 +485,53 @@ func TestSubscribedLogsPerPrincipal(t *testing.T) {
 	}
 }
 
+// TestSubscribedLogsLeaveRoomForPublishes: subscriptions together keep at
+// most three quarters of the open-log budget open, so two principals,
+// each within its half, cannot pin every log: a publish to any other
+// shard opens its log. They pinned all four of a budget of four, and
+// publishes to the other shards failed unavailable ("all in use").
+func TestSubscribedLogsLeaveRoomForPublishes(t *testing.T) {
+	const budget = 4
+	ip := startInprocWith(t, func(c *Config) { c.MaxOpenShards = budget; c.Logger = quiet() }, 1, shardmap.StreamConfig{Name: "wide", Shards: 8})
+	for _, p := range []string{"alice", "bob"} {
+		if err := ip.ctl.Grant(auth.Grant{Principal: p, Action: auth.Subscribe, Pattern: "wide"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ip.waitEpoch(ip.ctl.Map().Epoch)
+	b := ip.brokers[0]
+	subscribe := func(conn *quic.Conn, shard int) *wireStream {
+		t.Helper()
+		sub := openStream(t, conn)
+		sub.send(&transport.Subscribe{Stream: "wide", Shard: int32(shard), Start: transport.StartLatest, Credit: 0})
+		return sub
+	}
+	pinned := func() int {
+		b.limits.mu.Lock()
+		defer b.limits.mu.Unlock()
+		return len(b.limits.mu.pinned)
+	}
+	alice, bob := ip.dialAs(b, "alice"), ip.dialAs(b, "bob")
+	var held []*wireStream
+	for shard, conn := range []*quic.Conn{alice, alice, bob} {
+		held = append(held, subscribe(conn, shard))
+		for deadline := time.Now().Add(waitFor); pinned() <= shard; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the subscription to shard %d not counted: %d logs pinned", shard, pinned())
+			}
+		}
+	}
+	e := wantError(t, subscribe(bob, 3).recv(), transport.ErrLimitExceeded)
+	if !strings.Contains(e.Message, "three quarters") {
+		t.Fatalf("refusal says %q", e.Message)
+	}
+	ws := openStream(t, ip.dial(b))
+	for shard := 3; shard < 8; shard++ {
+		wantAck(t, publishShard(ws, uint64(shard), "wide", shard, "x"), uint64(shard))
+	}
+	_ = held
+}
+
 // TestApplyMapSurvivesAFailingShard: one shard whose directory cannot be
 // created (a regular file stands in its place) fails alone: the other
 // shards of its stream and other streams work, publishes to it get a

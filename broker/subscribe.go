@@ -99,7 +99,7 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 		return
 	}
 	if from.use != nil && st.Factor() == 1 { // a replica's log is open anyway
-		if err := b.limits.pin(from.use, id, b.shards.principalShare()); err != nil {
+		if err := b.limits.pin(from.use, id, b.shards.pinBudget()); err != nil {
 			refuse(err)
 			return
 		}
