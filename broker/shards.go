@@ -215,8 +215,11 @@ type failure struct {
 }
 
 type shardEntry struct {
-	id    shardmap.ShardID
-	ready chan struct{} // closed once sl or err is set
+	id shardmap.ShardID
+	// created is the incarnation of the stream whose log this is
+	// (shardmap.Stream.Created).
+	created uint64
+	ready   chan struct{} // closed once sl or err is set
 	// sl is the shard's log: log for a stream of replication factor 1,
 	// group (this broker's replica of the shard's raft group, see
 	// replicated.go) for factor 3; the other is nil.
@@ -424,12 +427,37 @@ func (s *shardSet) acquire(m *shardmap.Map, id shardmap.ShardID) (*shardEntry, e
 	s.mu.RLock()
 	e := s.mu.entries[id]
 	if e != nil && e.gone == nil {
+		if err := e.of(m); err != nil {
+			s.mu.RUnlock()
+			return nil, err
+		}
 		e.refs.Add(1) // under the read lock: eviction checks refs under the write lock
 		s.mu.RUnlock()
 		return s.ready(e)
 	}
 	s.mu.RUnlock()
 	return s.acquireSlow(m, id)
+}
+
+// of returns nil if e's log is of the stream m holds by e's name, or an
+// error matching errShardGone if it is of another incarnation (deleted
+// and created again in a map not applied yet, or in one the caller has
+// not seen). A log open is served to a use by another incarnation's map
+// only through this check: a record acked in the earlier stream's log
+// was removed with its data when the map was applied.
+func (e *shardEntry) of(m *shardmap.Map) error { return incarnationIn(m, e.id, e.created) }
+
+// incarnationIn returns nil if m holds id's stream as created at epoch
+// created, else an error matching errShardGone.
+func incarnationIn(m *shardmap.Map, id shardmap.ShardID, created uint64) error {
+	st, ok := m.Stream(id.Stream)
+	if !ok {
+		return fmt.Errorf("%w: %s is not in map epoch %d", errShardGone, id, m.Epoch)
+	}
+	if st.Created != created {
+		return fmt.Errorf("%w: %s of map epoch %d is the stream created at epoch %d; this broker's log is of the stream of epoch %d", errShardGone, id, m.Epoch, st.Created, created)
+	}
+	return nil
 }
 
 // ready waits for e's log to open and stamps the use.
@@ -454,6 +482,10 @@ func (s *shardSet) acquireSlow(m *shardmap.Map, id shardmap.ShardID) (*shardEntr
 		}
 		if e := s.mu.entries[id]; e != nil {
 			if e.gone == nil {
+				if err := e.of(m); err != nil {
+					s.mu.Unlock()
+					return nil, err
+				}
 				e.refs.Add(1)
 				s.mu.Unlock()
 				return s.ready(e)
@@ -469,6 +501,11 @@ func (s *shardSet) acquireSlow(m *shardmap.Map, id shardmap.ShardID) (*shardEntr
 			continue
 		}
 		st, err := s.checkLocked(m, id)
+		if err == nil {
+			// By the newest map seen, which may hold a newer stream
+			// than m's.
+			err = incarnationIn(m, id, st.Created)
+		}
 		if err != nil {
 			s.mu.Unlock()
 			return nil, err
@@ -514,7 +551,7 @@ func (s *shardSet) acquireSlow(m *shardmap.Map, id shardmap.ShardID) (*shardEntr
 			<-closing // a log being closed still holds its files
 			continue
 		}
-		e := &shardEntry{id: id, ready: make(chan struct{}), pinned: pinned}
+		e := &shardEntry{id: id, created: st.Created, ready: make(chan struct{}), pinned: pinned}
 		if pinned {
 			// Created under s.mu with the newest map: every later map's
 			// slots reach it (updateSlotsLocked).

@@ -354,10 +354,10 @@ func TestOpenLogBudget(t *testing.T) {
 }
 
 // TestOpenLogBudgetInUse: logs pinned by subscriptions are never closed
-// for the budget; with all of it pinned (by two principals, each at its
-// share, half of it) a publish to another shard gets a typed unavailable
-// error naming the shard, and once a subscription ends the publish
-// succeeds.
+// for the budget: publishes to other shards cycle through the budget's
+// rest, and the subscriptions keep working; a subscription ended gives
+// its log back. With every log of the budget in use, an open gets a
+// typed error naming the limit.
 func TestOpenLogBudgetInUse(t *testing.T) {
 	const budget = 4
 	ip := startInprocWith(t, func(c *Config) { c.MaxOpenShards = budget }, 1, shardmap.StreamConfig{Name: "s", Shards: 8})
@@ -367,8 +367,9 @@ func TestOpenLogBudgetInUse(t *testing.T) {
 	ip.waitEpoch(ip.ctl.Map().Epoch)
 	b := ip.brokers[0]
 	conns := []*quic.Conn{ip.dial(b), ip.dialAs(b, "bob")}
+	pinnable := b.shards.pinBudget().all
 	var subs []*wireStream
-	for shard := range budget {
+	for shard := range pinnable {
 		sub := openStream(t, conns[shard%2])
 		sub.send(&transport.Subscribe{Stream: "s", Shard: int32(shard), Start: transport.StartEarliest, Credit: 10})
 		subs = append(subs, sub)
@@ -385,32 +386,54 @@ func TestOpenLogBudgetInUse(t *testing.T) {
 		return n
 	}
 	deadline := time.Now().Add(waitFor)
-	for pinned() < budget {
+	for pinned() < pinnable {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d subscriptions pinned, want %d", pinned(), budget)
+			t.Fatalf("%d subscriptions pinned, want %d", pinned(), pinnable)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	ws := openStream(t, ip.dial(b))
-	e := wantError(t, publishShard(ws, 1, "s", 6, "x"), transport.ErrUnavailable)
-	if !strings.Contains(e.Message, "s/6") || !strings.Contains(e.Message, "--max-open-shards") {
-		t.Fatalf("error %q should name the shard and the limit", e.Message)
+	seq := uint64(0)
+	for shard := pinnable; shard < 8; shard++ {
+		seq++
+		wantAck(t, publishShard(ws, seq, "s", shard, "x"), seq)
 	}
 	// The subscriptions still work: a record published to shard 0 arrives.
-	wantAck(t, publishShard(ws, 2, "s", 0, "live"), 2)
+	seq++
+	wantAck(t, publishShard(ws, seq, "s", 0, "live"), seq)
 	if recs, ok := subs[0].recv().(*transport.Records); !ok || string(recs.Records[0].Value) != "live" {
 		t.Fatalf("subscription of s/0 got %+v", recs)
 	}
 	subs[1].s.CancelRead(0)
 	subs[1].s.Close()
 	deadline = time.Now().Add(waitFor)
-	for pinned() >= budget {
+	for pinned() >= pinnable {
 		if time.Now().After(deadline) {
 			t.Fatal("the ended subscription still pins its log")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	wantAck(t, publishShard(ws, 3, "s", 6, "x"), 3)
+
+	// Every log of the budget in use (held here as a publish holds one).
+	var held []*shardEntry
+	defer func() {
+		for _, e := range held {
+			e.release()
+		}
+	}()
+	m := b.Map()
+	for shard := 0; pinned() < budget; shard++ { // pinned counts these too
+		id := shardmap.ShardID{Stream: "s", Shard: 4 + shard}
+		e, err := b.shards.acquire(m, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, e)
+	}
+	_, err := b.shards.acquire(m, shardmap.ShardID{Stream: "s", Shard: 7})
+	if !errors.Is(err, errOpenLimit) || !strings.Contains(err.Error(), "--max-open-shards") {
+		t.Fatalf("open with every log in use: %v, want errOpenLimit naming the limit", err)
+	}
 }
 
 // TestSubscribedLogsPerPrincipal: one principal's subscriptions keep at
@@ -835,5 +858,77 @@ func TestStreamDeletedWhileItsNameIsGated(t *testing.T) {
 	}
 	if got := dirNames(t, filepath.Join(dataDir, "streams")); slices.Contains(got, "orders") {
 		t.Fatalf("the deleted stream's data is still there: %q", got)
+	}
+}
+
+// TestAcquireRefusesAnEarlierIncarnationStillOpen: between a map that
+// holds a stream deleted and created again and its apply (the member has
+// the map before the apply loop runs), a use of the stream by that map
+// must not get the log of the earlier stream still open: a record acked
+// there was removed with the earlier stream's data by the apply. It is
+// refused as gone, and once applied the new stream's log opens empty.
+func TestAcquireRefusesAnEarlierIncarnationStillOpen(t *testing.T) {
+	s := testShardSet(t, t.TempDir(), nil)
+	defer s.close()
+	id := shardmap.ShardID{Stream: "orders", Shard: 0}
+	m1 := handMap(1, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	m1.Streams[0].Created = 1
+	s.apply(m1)
+	e, err := s.acquire(m1, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.log.Append(context.Background(), &wal.Record{Value: []byte("old")}); err != nil {
+		t.Fatal(err)
+	}
+	e.release()
+
+	m2 := handMap(3, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	m2.Streams[0].Created = 3 // deleted at epoch 2, created again at 3
+	if e, err := s.acquire(m2, id); !errors.Is(err, errShardGone) {
+		if err == nil {
+			e.release()
+		}
+		t.Fatalf("acquire by the map of the stream created again, before its apply: err=%v, want errShardGone", err)
+	}
+	s.apply(m2)
+	e, err = s.acquire(m2, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.release()
+	if n := e.sl.NextOffset(); n != 0 {
+		t.Fatalf("the stream created again opened with %d records", n)
+	}
+}
+
+// TestAcquireByAnOlderMapOfAnotherIncarnation: a use by a map older than
+// the newest seen, holding an earlier stream of the name, is refused
+// rather than given the newer stream's log (a keyed record routed by the
+// earlier stream's shard count would land in the wrong shard of it).
+func TestAcquireByAnOlderMapOfAnotherIncarnation(t *testing.T) {
+	s := testShardSet(t, t.TempDir(), nil)
+	defer s.close()
+	m1 := handMap(1, shardmap.StreamConfig{Name: "orders", Shards: 2})
+	m1.Streams[0].Created = 1
+	m3 := handMap(3, shardmap.StreamConfig{Name: "orders", Shards: 2})
+	m3.Streams[0].Created = 3
+	// Shard 0 opens by the newer map; shard 1 is not open (nothing was
+	// applied), and the newer map is the newest seen.
+	for _, shard := range []int{0, 1} {
+		id := shardmap.ShardID{Stream: "orders", Shard: shard}
+		if shard == 0 {
+			e, err := s.acquire(m3, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.release()
+		}
+		if e, err := s.acquire(m1, id); !errors.Is(err, errShardGone) {
+			if err == nil {
+				e.release()
+			}
+			t.Fatalf("acquire shard %d by the earlier stream's map: err=%v, want errShardGone", shard, err)
+		}
 	}
 }
