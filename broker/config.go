@@ -182,7 +182,14 @@ type Config struct {
 	// SubscriptionBytes bounds the record bytes (keys, values, headers,
 	// producer ids) a subscription reads and holds at once, which is one
 	// Records frame on its way to the subscriber; a single record larger
-	// than it (up to MaxPayload) is sent alone. Default 1 MiB.
+	// than it (up to MaxPayload) is sent alone. Default 1 MiB. It is at
+	// most the Records frames' limit (the larger of 4 MiB and
+	// Transport.MaxFrame) less 24,725 bytes, the framing of 512 records
+	// (the most one frame carries): 4,169,579 bytes under a 4 MiB limit.
+	// A frame of records with many headers carries fewer records instead;
+	// a record too large for any frame (stored while MaxPayload was
+	// larger) ends the subscription with payload_too_large naming its
+	// offset.
 	SubscriptionBytes int
 	// SubscriptionBytesPerPrincipal bounds those bytes over all the
 	// subscriptions of one principal: a subscriber that does not read
@@ -296,9 +303,6 @@ func (c Config) withLimitDefaults() Config {
 	}
 	setDefault(&c.MaxSubsPerConn, DefaultMaxSubsPerConn)
 	setDefault(&c.MaxCredit, DefaultMaxCredit)
-	setDefault(&c.SubscriptionBytes, DefaultSubscriptionBytes)
-	setDefault(&c.SubscriptionBytesPerPrincipal, DefaultSubscriptionBytesPerPrincipal)
-	c.SubscriptionBytesPerPrincipal = max(c.SubscriptionBytesPerPrincipal, c.SubscriptionBytes, c.MaxPayload)
 	setDefault(&c.PublishInFlight, DefaultPublishInFlight)
 	setDefault(&c.PublishBytesPerPrincipal, DefaultPublishBytesPerPrincipal)
 	c.PublishBytesPerPrincipal = max(c.PublishBytesPerPrincipal, c.MaxPayload+ackReserve)
@@ -307,7 +311,26 @@ func (c Config) withLimitDefaults() Config {
 	if c.Transport.MaxFrame <= 0 {
 		c.Transport.MaxFrame = transport.PublishFrameLimit(c.MaxPayload, c.MaxHeaders)
 	}
+	setDefault(&c.SubscriptionBytes, DefaultSubscriptionBytes)
+	c.SubscriptionBytes = min(c.SubscriptionBytes, maxSubscriptionBytes(c))
+	setDefault(&c.SubscriptionBytesPerPrincipal, DefaultSubscriptionBytesPerPrincipal)
+	c.SubscriptionBytesPerPrincipal = max(c.SubscriptionBytesPerPrincipal, c.SubscriptionBytes, c.MaxPayload)
 	return c
+}
+
+// recordsFrameLimit is the frame limit of the Records frames a broker of
+// c writes: its own, and at least the SDK's default (a broker whose
+// records are small still sends many in a frame).
+func recordsFrameLimit(c Config) int { return max(c.Transport.MaxFrame, transport.DefaultMaxFrame) }
+
+// maxSubscriptionBytes is the most SubscriptionBytes can be for a frame
+// of that many bytes of records in maxRecordsPerFrame records, with no
+// headers, to fit the frame limit, whatever the stream's name. (Records
+// with many headers can still go over: the subscription sends fewer of
+// them in a frame.)
+func maxSubscriptionBytes(c Config) int {
+	return transport.RecordsRoom(recordsFrameLimit(c), "") - shardmap.MaxStreamName -
+		maxRecordsPerFrame*transport.RecordLen(0, 0)
 }
 
 // withProducerDefaults applies the defaults of the idempotent-publish

@@ -17,9 +17,10 @@ type credit struct {
 	// judged against n + held.
 	held    uint64
 	over    bool          // a grant took n past max: the subscription ends
-	wake    chan struct{} // capacity 1: signalled when credit arrives
-	done    chan struct{} // closed when the subscriber's side ends
+	wake    chan struct{} // capacity 1: signalled when credit arrives, and on close
+	done    chan struct{} // closed when the subscriber is gone, or broke a rule
 	stopped bool
+	closed  bool             // the subscriber closed its side: no more credit comes
 	bad     *transport.Error // a frame the subscriber should not have sent ends it: the answer
 }
 
@@ -75,7 +76,8 @@ func (c *credit) exceeded() bool {
 }
 
 // take waits for credit and takes up to max of it. It returns false when
-// the subscriber has gone or abort is closed.
+// the subscriber has gone, has closed its side and has no credit left, or
+// abort is closed.
 func (c *credit) take(max int, abort <-chan struct{}) (int, bool) {
 	for {
 		c.mu.Lock()
@@ -90,7 +92,11 @@ func (c *credit) take(max int, abort <-chan struct{}) (int, bool) {
 			c.mu.Unlock()
 			return int(n), true
 		}
+		closed := c.closed
 		c.mu.Unlock()
+		if closed {
+			return 0, false // spent, and no more is coming
+		}
 		select {
 		case <-c.wake:
 		case <-c.done:
@@ -110,6 +116,21 @@ func (c *credit) giveBack(n int) {
 	c.mu.Unlock()
 }
 
+// close notes that the subscriber closed its side of the stream (a
+// half-close): it grants no more, and what it granted is still its own,
+// so the subscription goes on until take finds it spent.
+func (c *credit) close() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// stop ends the subscription: the subscriber is gone (its stream reset,
+// its connection closed), or a frame it sent ends it.
 func (c *credit) stop() {
 	c.mu.Lock()
 	defer c.mu.Unlock()

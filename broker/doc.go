@@ -18,7 +18,17 @@
 //     shard are committed in the order sent, also through a forwarding hop.
 //   - Subscribe: one shard of one stream, from earliest, latest or an offset.
 //     A broker that does not own the shard answers NotOwner naming the owner
-//     (a redirect the SDK follows).
+//     (a redirect the SDK follows). It sends Records frames within the
+//     credit granted (the Subscribe frame's, then Credit frames), each
+//     within the frame limit: SubscriptionBytes leaves room for the framing
+//     of a frame's 512 records, and records whose framing is more (many
+//     headers) go in the next frame. A subscriber that closes its side
+//     (FIN) grants no more and is still sent what it granted; the broker
+//     then closes the stream. A reset, the subscriber's connection ending,
+//     or a frame other than Credit ends the subscription at once. One that
+//     cannot go on ends with an Error frame, never by skipping a record: a
+//     record too large for any frame (stored while MaxPayload was larger)
+//     is payload_too_large with its offset in From and To.
 //   - Request: one admin request and its Response; map.get is answered from
 //     the broker's map, the rest are relayed to the control plane.
 //

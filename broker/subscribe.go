@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -145,16 +146,27 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 	go func() {
 		defer b.wg.Done()
 		defer r.Release()
-		defer credit.stop()
 		for {
 			// Credit frames only: another is not decoded, and ends the
 			// subscription.
 			f, err := r.ReadIf(transport.FrameCredit)
+			if errors.Is(err, io.EOF) {
+				// The subscriber closed its side: it grants no more,
+				// and is still sent what it granted. It can still go
+				// (its connection closes, it stops reading), which the
+				// stream's context tells, as it tells that the writer
+				// closed the stream.
+				credit.close()
+				<-s.Context().Done()
+				credit.stop()
+				return
+			}
 			var werr *transport.Error
 			if errors.As(err, &werr) {
 				credit.fail(werr) // the writer answers it
 			}
 			if err != nil {
+				credit.stop() // reset, or the connection is gone
 				return
 			}
 			if !credit.add(f.(*transport.Credit).Records) {
@@ -191,7 +203,10 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 	}
 
 	w := transport.NewWriter(s)
-	w.SetMaxFrame(max(b.cfg.Transport.MaxFrame, transport.DefaultMaxFrame))
+	w.SetMaxFrame(recordsFrameLimit(b.cfg))
+	// room is what a frame leaves to its records' encodings
+	// (SubscriptionBytes leaves room for 512 records without headers).
+	room := transport.RecordsRoom(recordsFrameLimit(b.cfg), sub.Stream)
 	out := &transport.Records{Stream: sub.Stream, Shard: sub.Shard}
 	// allowed checks the subscriber's permission again when the map has
 	// changed (a revoke ends its subscriptions, as in NATS and Kafka: it
@@ -259,26 +274,42 @@ loop:
 			}
 		}
 		out.Records = out.Records[:0]
-		size, held := 0, 0
+		size, held, encoded := 0, 0, 0
 		for i := range recs {
 			rec := &recs[i]
+			n := len(rec.Key) + len(rec.Value) + len(rec.ProducerID) + headersLen(rec.Headers)
+			if encoded += transport.RecordLen(n, len(rec.Headers)); encoded > room && i > 0 {
+				// The frame would go over the limit (records with many
+				// headers): the rest go in the next one.
+				credit.giveBack(len(recs) - i)
+				clear(recs[i:])
+				recs = recs[:i]
+				break
+			}
 			size += len(rec.Key) + len(rec.Value)
-			held += len(rec.Key) + len(rec.Value) + len(rec.ProducerID) + headersLen(rec.Headers)
+			held += n
 			out.Records = append(out.Records, transport.Record{
 				Offset: rec.Offset, Timestamp: rec.Timestamp, Key: rec.Key, Value: rec.Value,
 				Headers: rec.Headers, ProducerID: producerName(rec.ProducerID), ProducerSeq: rec.ProducerSeq,
 			})
 		}
 		charge(int64(held))
-		last := recs[len(recs)-1].Offset
+		first, last := recs[0].Offset, recs[len(recs)-1].Offset
 		// Once encoded, the frame is all the subscription holds while a
 		// slow subscriber keeps the write waiting: drop the records.
 		err = w.Buffer(out)
 		clear(out.Records)
 		clear(recs)
-		if err == nil {
-			err = w.Flush()
+		if err != nil {
+			// Only a record too large for any frame gets here (one
+			// stored while MaxPayload was larger): the subscription
+			// ends at it, with an error naming it, and never skips it.
+			e := tooLarge(id, first, len(recs), err)
+			w.Write(e)
+			b.tel.countError(e.Code)
+			break
 		}
+		err = w.Flush()
 		charge(0)
 		if err != nil {
 			break
@@ -328,6 +359,20 @@ var errReplicaJoining = errors.New("broker: replica joining its group in place o
 // replica.
 func replicaFailed(node string, id shardmap.ShardID, err error) *transport.Error {
 	return &transport.Error{Code: transport.CodeUnavailable, Message: fmt.Sprintf("%s's replica of %s stopped (%v); read from another replica", node, id, err)}
+}
+
+// tooLarge is the wire error for a Records frame of n records of id, the
+// first at offset at, that failed to encode (err): payload_too_large
+// naming the record, which is too large for any frame (with n == 1; a
+// larger frame is cut to fit, so more than one is a bug: internal).
+func tooLarge(id shardmap.ShardID, at uint64, n int, err error) *transport.Error {
+	if n > 1 {
+		return &transport.Error{Code: transport.CodeInternal,
+			Message: fmt.Sprintf("%s: a frame of %d records from offset %d failed to encode: %v", id, n, at, err)}
+	}
+	return &transport.Error{Code: transport.CodePayloadTooLarge, From: at, To: at,
+		Message: fmt.Sprintf("%s: the record at offset %d is too large for a frame (%v), stored while the broker's record limit (MaxPayload, --max-record-bytes) was larger: raise it back to read it, or subscribe at offset %d to go on past it",
+			id, at, err, at+1)}
 }
 
 // readError is the wire error for a failed read of id's log at offset at.

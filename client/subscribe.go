@@ -177,7 +177,10 @@ func (c *Client) Subscribe(ctx context.Context, stream string, from Start, opts 
 //   - with (Record{}, err) when the subscription fails for good, for
 //     example the stream was deleted (err is also [Subscription.Err]),
 //     or a shard reached records damaged in its owner's log (a
-//     [*CorruptError], after every record before the damage),
+//     [*CorruptError], after every record before the damage), or a
+//     record too large for its broker to send ([ErrPayloadTooLarge],
+//     after every record before it; the [BrokerError]'s From is its
+//     offset),
 //   - without an error after Stop or Client.Close.
 //
 // Only one goroutine may iterate at a time.

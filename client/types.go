@@ -75,7 +75,9 @@ var (
 	ErrUnauthorized = transport.ErrUnauthorized
 	// ErrPayloadTooLarge: a record (key, value, headers and producer id)
 	// is over the brokers' record limit (--max-record-bytes, 1 MiB by
-	// default).
+	// default). A subscription ends with it at a stored record too large
+	// for the broker to send (stored while the limit was larger); the
+	// [BrokerError]'s From is its offset.
 	ErrPayloadTooLarge = transport.ErrPayloadTooLarge
 	// ErrUnavailable: the shard's owner cannot be reached now (it is down,
 	// or its log stopped taking writes); the outcome of a publish that got

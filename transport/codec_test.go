@@ -403,6 +403,50 @@ func TestPublishFrameLimit(t *testing.T) {
 	}
 }
 
+// RecordLen and RecordsRoom bound a Records frame's length: records
+// whose RecordLen sum to RecordsRoom fit the limit, whatever the sizes of
+// their fields' encodings.
+func TestRecordsFrameBound(t *testing.T) {
+	headers := func(n, size int) map[string]string {
+		h := make(map[string]string, n)
+		for i := range n {
+			h[fmt.Sprintf("%0*d", size, i)] = strings.Repeat("v", size)
+		}
+		return h
+	}
+	longest := Record{Offset: 1<<64 - 1, Timestamp: -1 << 63, Key: make([]byte, 70000), Value: make([]byte, 70000),
+		Headers: headers(17, 70000), ProducerID: strings.Repeat("p", 70000), ProducerSeq: 1<<64 - 1}
+	for _, tc := range []struct {
+		name    string
+		stream  string
+		records []Record
+	}{
+		{"empty", "s", []Record{{}}},
+		{"small", "orders", []Record{{Offset: 1, Timestamp: 1, Key: []byte("k"), Value: []byte("v"), Headers: map[string]string{"a": "b"}}}},
+		{"longest fields", strings.Repeat("s", 300), []Record{longest, longest}},
+		{"many headers", "s", []Record{{Offset: 1 << 40, Headers: headers(70000, 1)}}},
+		{"many records", "s", make([]Record, 70000)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &Records{Stream: tc.stream, Shard: -1 << 31, Records: tc.records}
+			sum := 0
+			for i := range f.Records {
+				r := &f.Records[i]
+				size := len(r.Key) + len(r.Value) + len(r.ProducerID)
+				for k, v := range r.Headers {
+					size += len(k) + len(v)
+				}
+				sum += RecordLen(size, len(r.Headers))
+			}
+			// The frame fits a limit of n and no less: so must the bound.
+			n := len(body(f)) + 1
+			if room := RecordsRoom(n, f.Stream); sum < room {
+				t.Fatalf("a records frame of %d bytes: its records' RecordLen sum to %d, less than RecordsRoom(%d) = %d", n, sum, n, room)
+			}
+		})
+	}
+}
+
 func TestReaderPassesStreamErrors(t *testing.T) {
 	boom := errors.New("stream reset")
 	_, err := NewReader(iotest.ErrReader(boom), 0).Read()

@@ -126,8 +126,8 @@ type Error struct {
 	Message string
 	Epoch   uint64 // with CodeNotOwner: the refusing node's map epoch
 	Owner   string // with CodeNotOwner/CodeUnavailable: the owner node id if known
-	From    uint64 // with CodeCorrupt: the first damaged offset
-	To      uint64 // with CodeCorrupt: the last damaged offset (inclusive)
+	From    uint64 // with CodeCorrupt: the first damaged offset; with CodePayloadTooLarge ending a subscription: the record's offset
+	To      uint64 // with CodeCorrupt: the last damaged offset (inclusive); with CodePayloadTooLarge ending a subscription: From
 
 	// cause is the local error behind this one, for Unwrap; it is not sent.
 	cause error

@@ -95,6 +95,34 @@ func PublishFrameLimit(maxRecord, maxHeaders int) int {
 	return maxRecord + publishFrameOverhead + publishHeaderOverhead*maxHeaders
 }
 
+// recordOverhead is the most a [Record]'s encoding adds to its key,
+// value, producer id and header bytes, headers aside: the array header,
+// the two integers and the sequence at their longest, and the headers of
+// the key, value, producer id and header map. Each header adds
+// publishHeaderOverhead (two string headers).
+//
+// recordsFrameOverhead is the most a [Records] frame's length (type byte
+// plus body) adds to its records' encodings and its stream name: the type
+// byte, the array headers, the stream name's header and the shard.
+const (
+	recordOverhead       = 1 + 9 + 9 + 5 + 5 + 5 + 5 + 9
+	recordsFrameOverhead = 1 + 1 + 5 + 9 + 5
+)
+
+// RecordLen returns the most a [Record] whose key, value, producer id and
+// header names and values hold size bytes, with headers headers, takes
+// encoded in a [Records] frame.
+func RecordLen(size, headers int) int {
+	return size + recordOverhead + publishHeaderOverhead*headers
+}
+
+// RecordsRoom returns how much of a frame length limit of maxFrame a
+// [Records] frame of stream leaves to its records: frames whose records'
+// [RecordLen] sum to no more than that are within the limit.
+func RecordsRoom(maxFrame int, stream string) int {
+	return maxFrame - recordsFrameOverhead - len(stream)
+}
+
 // AppendFrame appends f, header and body, to dst. On error dst is returned
 // unchanged.
 func AppendFrame(dst []byte, f Frame) ([]byte, error) {

@@ -12,7 +12,14 @@ const (
 
 // Subscribe opens a subscription to one shard on the stream it is sent on.
 // The broker answers with [Records] frames, never more records in flight
-// than the credit granted (Credit here, then [Credit] frames).
+// than the credit granted (Credit here, then [Credit] frames). A
+// subscriber that closes its side of the stream grants no more: it is
+// still sent the records its credit covers, and the broker closes the
+// stream once that is spent. A subscription that cannot go on ends with
+// an [Error] frame (a record too large for any frame: [CodePayloadTooLarge]
+// with its offset in From and To); a broker's stream that ends without
+// one is a broker going away, and the subscriber may subscribe again
+// after the last record it got.
 type Subscribe struct {
 	Stream string
 	Shard  int32

@@ -19,7 +19,7 @@ type BrokerLimits struct {
 	FirstFrameTimeout             time.Duration `help:"Close a stream that sends no frame within this long of opening." default:"10s" env:"FELIX_FIRST_FRAME_TIMEOUT"`
 	MaxSubsPerConn                int           `help:"Most subscriptions on one client connection." default:"128" env:"FELIX_MAX_SUBS_PER_CONN"`
 	MaxCredit                     int           `help:"Most outstanding credit of one subscription, in records." default:"65536" env:"FELIX_MAX_CREDIT"`
-	SubscriptionBytes             int           `help:"Most record bytes one subscription reads and holds at once (one Records frame)." default:"1048576" env:"FELIX_SUBSCRIPTION_BYTES"`
+	SubscriptionBytes             int           `help:"Most record bytes one subscription reads and holds at once (one Records frame; at most the frame limit, 4 MiB or more, less the framing of 512 records)." default:"1048576" env:"FELIX_SUBSCRIPTION_BYTES"`
 	SubscriptionBytesPerPrincipal int           `help:"Most record bytes all the subscriptions of one principal hold at once." default:"67108864" env:"FELIX_SUBSCRIPTION_BYTES_PER_PRINCIPAL"`
 	PublishInFlight               int           `help:"Most records one publisher stream may have in flight or answered and not yet written; past it the broker stops reading the stream." default:"4096" env:"FELIX_PUBLISH_IN_FLIGHT"`
 	PublishBytesPerPrincipal      int           `help:"Most bytes of records in flight (plus 512 per unwritten answer) over all the publisher streams of one principal." default:"67108864" env:"FELIX_PUBLISH_BYTES_PER_PRINCIPAL"`
