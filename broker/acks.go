@@ -36,10 +36,10 @@ type frameWriter struct {
 	wg      *sync.WaitGroup            // counts the flusher
 	release func(records, bytes int64) // gives back what written answers held; nil if frames hold nothing
 	failed  func(error)                // told once of the first write error; may be nil
-	// limit, if not 0, bounds the backlog's bytes: a frame that would
-	// pass it is dropped (for frames whose loss the protocol repairs,
-	// raft's). timeout, if not 0, bounds each blocking write of the
-	// flusher; one that runs out fails the writer.
+	// limit, if not 0, bounds the backlog's bytes with those the flusher
+	// is writing: a frame that would pass it is dropped (for frames whose
+	// loss the protocol repairs, raft's). timeout, if not 0, bounds each
+	// blocking write of the flusher; one that runs out fails the writer.
 	limit   int
 	timeout time.Duration
 
@@ -50,6 +50,7 @@ type frameWriter struct {
 		s        *quic.Stream // nil until attached
 		scratch  []byte       // encoding buffer for the fast path
 		backlog  []byte       // encoded frames waiting for the flusher
+		writing  int          // bytes the flusher took from backlog and is writing
 		held     held         // what the answers in backlog hold
 		flushing bool         // a flusher (or a connector) owns the stream's write side
 		err      error        // first write error; later frames are dropped
@@ -126,7 +127,7 @@ func (a *frameWriter) write(f transport.Frame, h held) error {
 	}
 	mark := len(a.mu.backlog)
 	var err error
-	if a.mu.backlog, err = transport.AppendFrame(a.mu.backlog, f); err != nil || a.limit > 0 && len(a.mu.backlog) > a.limit {
+	if a.mu.backlog, err = transport.AppendFrame(a.mu.backlog, f); err != nil || a.limit > 0 && a.mu.writing+len(a.mu.backlog) > a.limit {
 		a.mu.backlog = a.mu.backlog[:mark]
 		a.mu.Unlock()
 		a.free(h)
@@ -293,6 +294,11 @@ func (a *frameWriter) abort(err error) {
 	a.free(h)
 }
 
+// maxKeptBacklog is the largest written backlog buffer the flusher keeps
+// for the next: with limit, the frames waiting and those being written
+// stay within it, and the buffers they were in must not double it.
+const maxKeptBacklog = 1 << 20
+
 // flush writes the backlog with blocking writes until it is empty, then
 // hands the stream back to the fast path. After a write error it drops
 // the backlog, releasing what it held. Its caller holds the flusher role.
@@ -300,6 +306,7 @@ func (a *frameWriter) flush() {
 	var buf []byte
 	for {
 		a.mu.Lock()
+		a.mu.writing = 0
 		if len(a.mu.backlog) == 0 || a.mu.err != nil {
 			h := a.mu.held
 			a.mu.held, a.mu.backlog = held{}, nil
@@ -309,6 +316,7 @@ func (a *frameWriter) flush() {
 			return
 		}
 		buf, a.mu.backlog = a.mu.backlog, buf[:0]
+		a.mu.writing = len(buf)
 		h := a.mu.held
 		a.mu.held = held{}
 		s := a.mu.s
@@ -318,6 +326,9 @@ func (a *frameWriter) flush() {
 		}
 		_, err := s.Write(buf)
 		a.free(h)
+		if cap(buf) > maxKeptBacklog {
+			buf = nil
+		}
 		if err != nil {
 			a.mu.Lock()
 			first := a.mu.err == nil
@@ -332,9 +343,10 @@ func (a *frameWriter) flush() {
 	}
 }
 
-// backlogged returns the bytes of frames waiting for the flusher.
+// backlogged returns the bytes of frames waiting for the flusher or
+// being written by it.
 func (a *frameWriter) backlogged() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return len(a.mu.backlog)
+	return a.mu.writing + len(a.mu.backlog)
 }

@@ -270,7 +270,9 @@
 // logs capped by count and by the bytes they hold: Config.LogMemory).
 // Past a bound the client gets a typed error or flow control holds it
 // back; each hit is counted in felix_limit_hits_total{limit} and logged
-// once per principal and limit. Peers count against none of them.
+// once per principal and limit. Peers count against none of them: what a
+// peer's raft messages hold is bounded per replica (replica.Group.Step)
+// and, to be sent, per peer (raftQueueBytes; raft.go).
 //
 // The disk is bounded too: while the data directory's filesystem has less
 // than Config.MinFreeBytes free, the shards this broker writes refuse new

@@ -22,6 +22,11 @@ package broker
 // The receiver checks that a frame's From is the node id of the peer's
 // certificate, and that each message's raft From is that node's id in the
 // group, before the group sees it: a broker can speak only for itself.
+// The receiver hands each message to its group's Step as it reads it, so
+// QUIC's flow control does not hold a peer back: the group bounds what
+// waits for its goroutine (replica's Step drops a message past four
+// times its in-flight bound, as a lost one), and raftQueueBytes what
+// waits to be sent to one peer.
 //
 // One ticker (raftNet.runTicker) ticks every hosted group each
 // Config.RaftTick. A busy group's heartbeats are one message per group per

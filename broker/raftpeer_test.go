@@ -212,3 +212,42 @@ func TestFrameWriterBacklogLimit(t *testing.T) {
 		t.Fatal("abort left a backlog")
 	}
 }
+
+// TestFrameWriterLimitCountsTheWrite: a writer's limit bounds the frames
+// waiting and those its flusher is writing together. While the flusher
+// writes a full backlog to a peer that reads slowly, new frames are
+// dropped rather than filling a second backlog as large.
+func TestFrameWriterLimitCountsTheWrite(t *testing.T) {
+	s, r := streamPair(t)
+	var wg sync.WaitGroup
+	w := newAckWriter(s, &wg, nil)
+	const limit = 2 << 20
+	w.limit = limit
+	frame := &transport.Raft{From: "broker-0", Msgs: []transport.RaftMsg{{Stream: "s", Data: make([]byte, 64<<10)}}}
+	read := make(chan struct{})
+	go func() { // 64 KiB every 2 ms, until the stream is reset
+		defer close(read)
+		for {
+			if _, err := r.Read(); err != nil {
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	peak := 0
+	for end := time.Now().Add(500 * time.Millisecond); time.Now().Before(end); {
+		if err := w.send(frame); err != nil {
+			t.Fatal(err)
+		}
+		peak = max(peak, w.backlogged())
+	}
+	s.CancelWrite(0)
+	wg.Wait()
+	<-read
+	if peak > limit {
+		t.Fatalf("%d KiB waiting or being written, over the limit of %d KiB", peak>>10, limit>>10)
+	}
+	if peak < limit/2 {
+		t.Fatalf("at most %d KiB waiting or being written: the reader kept up, and the test tests nothing", peak>>10)
+	}
+}

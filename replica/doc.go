@@ -68,6 +68,21 @@
 // type, its proposed records get ErrUnknownOutcome, and the process goes
 // on; reopening the group re-reads its directory.
 //
+// What waits for the group's goroutine is bounded too: while it is held
+// up (a slow fdatasync), a peer's message that would take the waiting
+// ones past four times Config.MaxInflightBytes is dropped as a lost one
+// and logged once per peer. They are counted by their data and 64 bytes
+// per entry and 256 per message; decoded, they hold at most about twice
+// that (entries with no data). So a peer can make a replica hold about
+// 16 MiB waiting with 1 MiB entries (32 MiB with empty entries), and as
+// much again in the Ready its goroutine is writing. A correct leader of
+// the same configuration keeps at most MaxInflightBytes of entries' data
+// and one append in flight to a follower (raft's
+// Config.MaxInflightBytes), which counts under three times that with the
+// smallest entries, so only the appends of a probe that overlap older
+// ones still waiting can meet the bound; what is dropped the leader
+// sends again once the follower answers and is found behind.
+//
 // # Offsets
 //
 // Offsets are assigned when entries apply, in log order: an entry with n

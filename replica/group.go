@@ -42,6 +42,15 @@ type Config struct {
 	// MaxInflightMsgs bounds the append messages in flight to one follower;
 	// default 256.
 	MaxInflightMsgs int
+	// MaxInflightBytes bounds the entries' data in flight to one follower
+	// (raft's own bound: one more append may pass it); at least
+	// MaxEntryBytes, default 4 × MaxEntryBytes: a leader keeps four full
+	// batches in flight per follower (at 4 MiB and 10 ms between an
+	// append and its answer, 400 MB/s per group). A replica drops the
+	// peers' messages beyond four times this that wait for its goroutine
+	// (Step): a leader given more than its followers may see its appends
+	// dropped while a follower's fdatasync is slow.
+	MaxInflightBytes uint64
 	// MaxUncommittedBytes bounds the leader's entries not yet committed;
 	// proposals over it are refused. Default 64 MiB.
 	MaxUncommittedBytes uint64
@@ -160,6 +169,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxInflightMsgs == 0 {
 		c.MaxInflightMsgs = 256
 	}
+	if c.MaxInflightBytes == 0 {
+		c.MaxInflightBytes = 4 * uint64(c.MaxEntryBytes)
+	}
+	if c.MaxInflightBytes < uint64(c.MaxEntryBytes) {
+		return c, fmt.Errorf("replica: Config.MaxInflightBytes %d is below MaxEntryBytes %d", c.MaxInflightBytes, c.MaxEntryBytes)
+	}
 	if c.MaxUncommittedBytes == 0 {
 		c.MaxUncommittedBytes = 64 << 20
 	}
@@ -197,7 +212,9 @@ type Group struct {
 		ends  []int  // where each record of buf ends
 		dones []func(offset uint64, ts int64, err error)
 		msgs  []*pb.Message
-		ticks int
+		// msgBytes is what msgs hold (stepCost), at most stepQueueBytes.
+		msgBytes int
+		ticks    int
 		// term is the term the records in buf were handed over in: they
 		// are proposed in it or not at all.
 		term uint64
@@ -228,8 +245,11 @@ type Group struct {
 	conf   atomic.Pointer[pb.ConfState]
 	rounds atomic.Uint64 // rounds of work the run goroutine finished, for tests to wait on
 	// dropped limits the log lines for peers' messages dropped by
-	// checkAgainstLog to one per peer and message type.
+	// checkAgainstLog to one per peer and message type, and by Step
+	// (queue full) to one per peer.
 	dropped logonce.Set
+	// overflows counts the messages Step dropped with its queue full.
+	overflows atomic.Uint64
 	// lost is why the replica's log was lost (see Lost), a string once
 	// set.
 	lost atomic.Value
@@ -280,6 +300,7 @@ func Open(cfg Config) (*Group, error) {
 		MaxCommittedSizePerReady:  uint64(4 * cfg.MaxEntryBytes),
 		MaxUncommittedEntriesSize: cfg.MaxUncommittedBytes,
 		MaxInflightMsgs:           cfg.MaxInflightMsgs,
+		MaxInflightBytes:          cfg.MaxInflightBytes,
 		CheckQuorum:               true,
 		PreVote:                   true,
 		DisableProposalForwarding: true,
@@ -390,19 +411,68 @@ func (g *Group) refusal() error {
 // step.go) gets ErrBadMessage and never reaches raft; a closed group
 // ErrClosed, a failed one ErrFailed. Whatever a peer sends, raft's panics
 // included, cannot take the process down: at worst this group fails.
+//
+// The messages waiting for the group's goroutine are bounded: while it is
+// held up (a slow fdatasync), a message that would take them past four
+// times Config.MaxInflightBytes (stepCost: about what they hold decoded)
+// is dropped, as a network may lose it, and logged once per peer; Step
+// returns nil. Raft sends again what is lost (the next append or
+// heartbeat finds this replica behind). A correct leader has at most
+// MaxInflightBytes of entries' data and one append in flight to it,
+// which with the smallest entries (a batch of one record, 38 bytes)
+// counts under three times that, so only a peer that ignores the bound,
+// or the appends of a leader that probes this replica while its earlier
+// ones still wait, can lose messages here.
 func (g *Group) Step(m *pb.Message) error {
 	if err := checkMessage(m, g.cfg.ID); err != nil {
 		return fmt.Errorf("replica: group %q: %w", g.cfg.Name, err)
 	}
+	cost := stepCost(m)
 	g.in.Lock()
 	if err := g.refusal(); err != nil {
 		g.in.Unlock()
 		return err
 	}
+	if g.in.msgBytes+cost > g.stepQueueBytes() {
+		queued := g.in.msgBytes
+		g.in.Unlock()
+		g.overflows.Add(1)
+		if g.dropped.First(fmt.Sprintf("%d/queue", m.GetFrom())) {
+			g.logger.Warn("replica: dropped a peer's message: too much waits for the group's goroutine (logged once per peer)",
+				"peer", m.GetFrom(), "type", m.GetType().String(), "term", m.GetTerm(), "bytes", cost, "queued", queued)
+		}
+		return nil
+	}
 	g.in.msgs = append(g.in.msgs, m)
+	g.in.msgBytes += cost
 	g.in.Unlock()
 	g.signal()
 	return nil
+}
+
+// stepQueueBytes bounds the messages waiting for the group's goroutine
+// (Step), as stepCost counts them.
+func (g *Group) stepQueueBytes() int {
+	return int(min(4*g.cfg.MaxInflightBytes, 1<<40))
+}
+
+// Fixed costs of a message and of an entry in Step's bound: about what
+// one holds decoded besides its data (the structs, the pointers to their
+// fields).
+const (
+	stepMsgCost   = 256
+	stepEntryCost = 64
+)
+
+// stepCost is what m counts against Step's bound: its entries' and
+// snapshot's data and its context, and fixed costs for the message and
+// each entry.
+func stepCost(m *pb.Message) int {
+	n := stepMsgCost + len(m.GetContext()) + len(m.GetSnapshot().GetData())
+	for _, e := range m.GetEntries() {
+		n += stepEntryCost + len(e.GetData())
+	}
+	return n
 }
 
 // Tick advances the group's logical clock by one tick (elections and

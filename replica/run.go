@@ -77,7 +77,7 @@ func (g *Group) run() {
 		}
 		g.in.Lock()
 		buf, ends, dones, msgs, ticks, term := g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.ticks, g.in.term
-		g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.ticks = nil, nil, nil, nil, 0
+		g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.msgBytes, g.in.ticks = nil, nil, nil, nil, 0, 0
 		transfer, admits, wake, silent, retains := g.in.transfer, g.in.admits, g.in.wake, g.in.silent, g.in.retains
 		g.in.transfer, g.in.admits, g.in.wake, g.in.silent, g.in.retains = 0, nil, false, 0, nil
 		g.in.Unlock()
@@ -597,7 +597,7 @@ func (g *Group) drain(l *loop) {
 	}
 	dones := append(l.taken, g.in.dones...)
 	admits, retains := g.in.admits, g.in.retains
-	g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.admits, g.in.retains = nil, nil, nil, nil, nil, nil
+	g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.msgBytes, g.in.admits, g.in.retains = nil, nil, nil, nil, 0, nil, nil
 	refusal := g.refusal()
 	g.in.Unlock()
 	for _, req := range admits {
