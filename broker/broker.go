@@ -35,7 +35,8 @@ type Broker struct {
 	raft   *raftNet    // raft messages of the replicated shards (raft.go)
 	// leaders holds, by shardmap.ShardID, the node a replica last named
 	// as the leader of a replicated shard (a string), for routing from a
-	// broker outside its replica set.
+	// broker outside its replica set; forgotten when that node refuses a
+	// record knowing no leader, or cannot be reached (noteRefusal).
 	leaders sync.Map
 	tel     *telemetry
 	subs    subRegistry

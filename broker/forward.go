@@ -442,37 +442,44 @@ func (l *lane) read(s *quic.Stream) {
 				l.kill(f)
 				return
 			}
-			l.p.answer(fw, f)
+			l.p.answer(fw, f, l.owner)
 		}
 	}
 }
 
-// answer handles an owner's refusal of a forwarded record: NotOwner means
-// the map moved, so the record goes to the session's retrier, which
+// answer handles owner by's refusal of a forwarded record: NotOwner
+// means the map moved, so the record goes to the session's retrier, which
 // catches up and routes it again (bounded); anything else goes back to
 // the publisher. It never blocks.
-func (p *pubSession) answer(fw forwarded, e *transport.Error) {
+func (p *pubSession) answer(fw forwarded, e *transport.Error, by string) {
 	id := shardmap.ShardID{Stream: fw.in.pub.Stream, Shard: fw.in.ev.shard}
 	if e.Code == transport.CodeNotOwner && fw.in.replicated() {
 		// A replica that is not the leader: it names the leader, if it
-		// knows one. Routed again until the record's deadline.
-		p.b.noteLeader(id, e.Owner)
-		if !fw.in.expired() {
-			p.b.tel.rerouted(&fw.in.ev, e)
-			r := refused{in: fw.in, attempt: fw.attempt, epoch: e.Epoch, by: e.Owner}
-			if e.Owner == "" {
-				r.delay = p.b.cfg.leaderWait(fw.attempt)
-			}
-			p.requeue(r, id)
+		// knows one; if not, the other replicas are tried first
+		// (noteRefusal). Routed again until the record's deadline.
+		p.b.noteRefusal(&fw.in, id, by, e.Owner)
+		if fw.in.expired() {
+			// Unavailable, not this refusal: the publisher's map is not
+			// behind, and a replica that knows no leader names no owner
+			// to go to. Nothing was written.
+			p.fail(fw.in, &transport.Error{Code: transport.CodeUnavailable,
+				Message: fmt.Sprintf("%s found no leader of %s that took the record within %v (ForwardTimeout); nothing was written (the last replica asked: %s)", p.b.cfg.NodeID, id, p.b.cfg.ForwardTimeout, e.Message)})
 			return
 		}
+		p.b.tel.rerouted(&fw.in.ev, e)
+		r := refused{in: fw.in, attempt: fw.attempt, epoch: e.Epoch, by: by}
+		if e.Owner == "" {
+			r.delay = p.b.cfg.leaderWait(fw.attempt)
+		}
+		p.requeue(r, id)
+		return
 	}
 	if e.Code != transport.CodeNotOwner || fw.attempt+1 >= maxForwardAttempts {
 		p.fail(fw.in, e)
 		return
 	}
 	p.b.tel.rerouted(&fw.in.ev, e) // this forward is over; the record goes on
-	p.requeue(refused{in: fw.in, attempt: fw.attempt, epoch: e.Epoch, by: e.Owner}, id)
+	p.requeue(refused{in: fw.in, attempt: fw.attempt, epoch: e.Epoch, by: by}, id)
 }
 
 // writeFailed handles the failure of a write on the lane. An owner that
@@ -537,9 +544,9 @@ func (l *lane) kill(cause error) {
 	for _, fw := range pending {
 		if s == nil && fw.in.replicated() && !fw.in.expired() && l.p.ctx.Err() == nil {
 			// Never sent, and a replicated shard has other replicas: one
-			// of them may lead by now.
+			// of them may lead by now, and is tried first.
 			id := shardmap.ShardID{Stream: fw.in.pub.Stream, Shard: fw.in.ev.shard}
-			l.p.b.forgetLeader(id, l.owner)
+			l.p.b.noteRefusal(&fw.in, id, l.owner, "")
 			l.p.requeue(refused{in: fw.in.rerouted(), attempt: fw.attempt, delay: l.p.b.cfg.leaderWait(fw.attempt), by: l.owner}, id)
 			continue
 		}

@@ -156,6 +156,12 @@ type inbound struct {
 	route   *shardRoute
 	resumed bool
 
+	// passed are the replicas of a replicated shard that refused the
+	// record knowing no leader, or could not be reached, since one named
+	// a leader: guessLeader tries the others first (replicated.go). In
+	// resumed's padding: the record is no larger for it.
+	passed replicaMask
+
 	// placed is the map epoch a client's record was placed by when the
 	// shard it picked was of a stream since created again (dispatch): its
 	// ack carries it (transport.Ack.Epoch). 0 otherwise.

@@ -12,21 +12,31 @@ package broker
 //
 // Routing (dispatchReplicated): the leader takes the publish; a replica
 // that is not the leader forwards a client's publish to the leader its
-// group knows, and answers a peer's forward with NotOwner naming it; a
-// broker outside the replica set, or a replica whose group knows no
-// leader, forwards to the leader it last heard of (a NotOwner's Owner,
-// kept in Broker.leaders) or else to the first live replica, owner
-// first. While no leader is known the record waits in the session's
-// retrier and is routed again after a sixteenth of a RaftTick, then after
-// twice as long each time, up to a RaftTick (leaderWait: a leadership
-// handed over takes milliseconds, an election after a loss an election
-// timeout), until ForwardTimeout after it first needed a leader; then it
-// fails unavailable. A record the group drops or a new leader's entries
-// replace (never committed) is routed again the same way. A record
-// proposed but not committed within CommitTimeout (no majority can write
-// it) is answered timeout, its outcome unknown; the producer table waits
-// for the entry's fate, which replica.Config.CommitTimeout has the group
-// tell in a second call.
+// group knows, and answers a peer's forward with NotOwner naming it, or
+// naming no one if it knows no leader; a broker outside the replica set,
+// or a replica whose group knows no leader, forwards to the leader it
+// last heard of (a NotOwner's Owner, kept in Broker.leaders) or else to
+// the first live replica, owner first (guessLeader). A replica that
+// refuses a record knowing no leader (an election, or its group failed,
+// or lost its quorum and stepped down while its broker stays live), or
+// that cannot be reached, is forgotten as the leader, and the record
+// tries the other replicas before it comes back to that one: it carries
+// the replicas that passed on it so (inbound.passed, a bit per replica;
+// a replica named as the leader is taken out of it, and it is emptied
+// once every live replica has passed). Before, such a record was sent to
+// the owner again and again, and never reached the leader the other two
+// had elected. While no leader is known the record waits in the
+// session's retrier and is routed again after a sixteenth of a RaftTick,
+// then after twice as long each time, up to a RaftTick (leaderWait: a
+// leadership handed over takes milliseconds, an election after a loss an
+// election timeout), until ForwardTimeout after it first needed a
+// leader; then it fails unavailable, nothing written (never not_owner:
+// the publisher's map is not what is behind). A record the group drops
+// or a new leader's entries replace (never committed) is routed again
+// the same way. A record proposed but not committed within CommitTimeout
+// (no majority can write it) is answered timeout, its outcome unknown;
+// the producer table waits for the entry's fate, which
+// replica.Config.CommitTimeout has the group tell in a second call.
 //
 // Subscribers read committed records only (Group.Read), from whichever
 // replica they subscribe at.
@@ -474,22 +484,79 @@ func (b *Broker) forgetLeader(id shardmap.ShardID, node string) {
 	b.leaders.CompareAndDelete(id, node)
 }
 
+// noteRefusal notes that replica by did not take in, a record of shard
+// id: it named leader as the shard's leader, or knew none (leader ""), or
+// could not be reached. The leader named is remembered, and tried for in
+// again even if it passed on in before. A replica that knows no leader,
+// or cannot be reached, is not the leader: it is forgotten as such, and
+// in goes to the other replicas first (in.passed, see guessLeader).
+func (b *Broker) noteRefusal(in *inbound, id shardmap.ShardID, by, leader string) {
+	var set []string
+	if st, ok := b.routingMap().Stream(id.Stream); ok {
+		set = st.Placement.Replicas(id.Shard)
+	}
+	if leader != "" {
+		b.noteLeader(id, leader)
+		in.passed = in.passed.without(slices.Index(set, leader))
+		return
+	}
+	b.forgetLeader(id, by)
+	in.passed = in.passed.with(slices.Index(set, by))
+}
+
+// replicaMask is a set of a shard's replicas, by place in its replica
+// set (bit i: Placement.Replicas(shard)[i], of at most 3). A map that
+// moves a replica changes what a bit names: a replica is then tried
+// once more, or once less, before a record starts over (guessLeader).
+type replicaMask uint8
+
+// has reports whether the replica at place i is in r.
+func (r replicaMask) has(i int) bool { return i >= 0 && r&(1<<i) != 0 }
+
+// with returns r and the replica at place i (none if i < 0).
+func (r replicaMask) with(i int) replicaMask {
+	if i < 0 {
+		return r
+	}
+	return r | 1<<i
+}
+
+// without returns r less the replica at place i (none if i < 0).
+func (r replicaMask) without(i int) replicaMask {
+	if i < 0 {
+		return r
+	}
+	return r &^ (1 << i)
+}
+
 // guessLeader returns where to send a publish of shard id when this
 // broker's own replica (if any) knows no leader: the leader last heard
 // of, if it is a live replica, else the first live replica (the owner
-// first); never not, and "" if none will do.
-func (b *Broker) guessLeader(m *shardmap.Map, id shardmap.ShardID, set []string, not string) string {
-	if v, ok := b.leaders.Load(id); ok {
-		if n := v.(string); n != not && slices.Contains(set, n) && live(m, n) {
-			return n
+// first); never not, and "" if none will do. It passes over the replicas
+// in *passed, those that refused the record knowing no leader or could
+// not be reached (noteRefusal), so that a record tries each replica in
+// turn rather than the owner again and again; once every live one has
+// passed, *passed is cleared and the record starts over with the owner.
+// The record waited a leaderWait after each refusal (pubSession.answer).
+func (b *Broker) guessLeader(m *shardmap.Map, id shardmap.ShardID, set []string, not string, passed *replicaMask) string {
+	for {
+		if v, ok := b.leaders.Load(id); ok {
+			if n := v.(string); n != not && live(m, n) {
+				if i := slices.Index(set, n); i >= 0 && !passed.has(i) {
+					return n
+				}
+			}
 		}
-	}
-	for _, n := range set {
-		if n != not && live(m, n) {
-			return n
+		for i, n := range set {
+			if n != not && !passed.has(i) && live(m, n) {
+				return n
+			}
 		}
+		if *passed == 0 {
+			return ""
+		}
+		*passed = 0
 	}
-	return ""
 }
 
 func live(m *shardmap.Map, node string) bool {
@@ -519,7 +586,7 @@ func (p *pubSession) dispatchReplicated(in inbound, m *shardmap.Map, st *shardma
 			// the others still can. A client's publish goes to one of
 			// them, as from a broker that holds no replica; a peer's is
 			// answered with one.
-			if target := b.guessLeader(m, id, set, b.cfg.NodeID); target != "" {
+			if target := b.guessLeader(m, id, set, b.cfg.NodeID, &in.passed); target != "" {
 				p.forwardReplicated(in, m, id, target, attempt)
 				return
 			}
@@ -540,13 +607,14 @@ func (p *pubSession) dispatchReplicated(in inbound, m *shardmap.Map, st *shardma
 		}
 		if target == "" && p.peerID == "" {
 			// This replica knows no leader (an election, or its group
-			// failed): another replica may. (A peer's forward is answered
-			// with no leader instead: the forwarder waits a tick rather
-			// than bouncing between replicas that do not know.)
-			target = b.guessLeader(m, id, set, b.cfg.NodeID)
+			// failed or lost its quorum): another replica may. (A peer's
+			// forward is answered with no leader instead: the forwarder
+			// tries the other replicas, a leaderWait after each, rather
+			// than be sent on between replicas that do not know.)
+			target = b.guessLeader(m, id, set, b.cfg.NodeID, &in.passed)
 		}
 	} else {
-		target = b.guessLeader(m, id, set, "")
+		target = b.guessLeader(m, id, set, "", &in.passed)
 	}
 	if target == "" && p.peerID != "" && slices.Contains(set, b.cfg.NodeID) {
 		p.fail(in, &transport.Error{Code: transport.CodeNotOwner, Epoch: m.Epoch,
