@@ -121,6 +121,7 @@ func newBroker(cfg Config) (*Broker, error) {
 		return nil, fmt.Errorf("broker %s: %w", cfg.NodeID, err)
 	}
 	b.raft = newRaftNet(cfg.NodeID, cfg.RaftTick, cfg.RaftElectionTicks, entryBytes(cfg), cfg.Knobs.RaftSimplex, b.peers, b.currentMap, b.log)
+	b.raft.handBack = cfg.Knobs.HandLeadersBack
 	b.shards.raft = b.raft
 	b.raft.diskFull = &b.disk.low
 	b.raft.toCtl = func(ctx context.Context, req *transport.Request) (*transport.Response, error) {

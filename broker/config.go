@@ -475,4 +475,9 @@ type Knobs struct {
 	// back on them, and it adopts no peer's stream. For a test of a
 	// mixed pair during a rolling upgrade. Default false.
 	RaftSimplex bool
+	// HandLeadersBack, if set, is asked before each round that hands
+	// leaderships back to their owners (preferOwners, every 50 raft
+	// ticks); false skips the round. A test holds a moved leadership
+	// where it moved. Default nil: every round runs.
+	HandLeadersBack func() bool
 }

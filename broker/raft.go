@@ -84,6 +84,9 @@ type raftNet struct {
 	maxFrame int  // the largest raft frame sent or accepted
 	batch    int  // message bytes after which a batch is sent as one frame
 	simplex  bool // one-way streams, as an earlier version's (Knobs.RaftSimplex)
+	// handBack, if set, says whether a round of preferOwners runs
+	// (Knobs.HandLeadersBack); set once by New.
+	handBack func() bool
 	log      *slog.Logger
 	peers    *peerPool
 	mapOf    func() *shardmap.Map // the broker's current map, nil before Start
@@ -219,7 +222,7 @@ func (n *raftNet) runTicker() {
 			return
 		case <-t.C:
 		}
-		if ticks%preferEvery == 0 {
+		if ticks%preferEvery == 0 && (n.handBack == nil || n.handBack()) {
 			n.preferOwners()
 		}
 		gs = n.members(gs[:0])

@@ -780,9 +780,18 @@ func TestReplicatedOrderAcrossLeaderChanges(t *testing.T) {
 // record never got back to the fast path that way: at 2,000 records/s
 // its latency climbed to its window's worth, near a second).
 func TestBacklogAfterLeaderChangeLeavesPipelined(t *testing.T) {
-	ip := startInprocWith(t, fastRaft, 3, shardmap.StreamConfig{Name: "orders", Shards: 1, Replicas: 3})
+	// Once the owner leads, the leadership moved stays where it moves: a
+	// hand-back to the owner soon after the move (every 50 ticks) left
+	// too few records behind the first leader for a backlog to form.
+	var handBack atomic.Bool
+	handBack.Store(true)
+	ip := startInprocWith(t, func(c *Config) {
+		fastRaft(c)
+		c.Knobs.HandLeadersBack = handBack.Load
+	}, 3, shardmap.StreamConfig{Name: "orders", Shards: 1, Replicas: 3})
 	id := shardmap.ShardID{Stream: "orders", Shard: 0}
 	leader := waitOwnerLeads(t, ip, ip.brokers, id)
+	handBack.Store(false)
 	var other *Broker
 	for _, b := range ip.brokers {
 		if b != leader {
