@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -158,7 +157,7 @@ func (b *Broker) Start(ctx context.Context) error {
 		return fmt.Errorf("broker %s: %w", b.cfg.NodeID, err)
 	}
 	member, err := ctlclient.Join(ctx, ctlclient.MemberConfig{
-		CtlAddrs:  strings.Split(b.cfg.CtlAddr, ","), // any ctl member will do
+		CtlAddrs:  b.cfg.ctlAddrs(), // any ctl member will do
 		TLS:       b.cfg.CtlTLS,
 		Transport: b.cfg.Transport,
 		Node:      transport.Register{NodeID: b.cfg.NodeID, Addr: advertise, Admin: b.cfg.Admin},

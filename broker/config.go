@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -39,7 +40,9 @@ type Config struct {
 	ServerTLS *tls.Config
 	// PeerTLS dials other brokers (ALPNPeer) with this node's certificate.
 	PeerTLS *tls.Config
-	// CtlAddr is the control plane's QUIC address; required.
+	// CtlAddr is the control plane's QUIC address, or the addresses of its
+	// members separated by commas (any will do; spaces around them and
+	// empty entries are ignored); required.
 	CtlAddr string
 	// CtlTLS dials the control plane (ALPNCtl) with this node's certificate.
 	CtlTLS *tls.Config
@@ -361,6 +364,18 @@ func setDefault(v *int, def int) {
 // minLeaseTTL is the shortest LeaseTTL a broker takes.
 const minLeaseTTL = 30 * time.Millisecond
 
+// ctlAddrs returns the addresses CtlAddr lists, each trimmed of spaces,
+// without empty entries: "ctl-0:7000, ctl-1:7000," names two.
+func (c Config) ctlAddrs() []string {
+	var addrs []string
+	for a := range strings.SplitSeq(c.CtlAddr, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			addrs = append(addrs, a)
+		}
+	}
+	return addrs
+}
+
 func (c Config) withDefaults() (Config, error) {
 	if c.NodeID == "" {
 		return c, errors.New("broker: config: NodeID is required")
@@ -368,8 +383,8 @@ func (c Config) withDefaults() (Config, error) {
 	if c.DataDir == "" {
 		return c, errors.New("broker: config: DataDir is required")
 	}
-	if c.CtlAddr == "" {
-		return c, errors.New("broker: config: CtlAddr is required")
+	if len(c.ctlAddrs()) == 0 {
+		return c, fmt.Errorf("broker: config: CtlAddr is required (got %q)", c.CtlAddr)
 	}
 	if c.ServerTLS == nil || c.PeerTLS == nil || c.CtlTLS == nil {
 		return c, errors.New("broker: config: ServerTLS, PeerTLS and CtlTLS are required")
