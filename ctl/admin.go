@@ -17,6 +17,14 @@ import (
 // principal.
 const ctlPrincipal = "\x00ctl"
 
+// memberPrincipal is who a broker's own map.get acts as (no principal
+// relayed: ctlclient.Member.Refresh asking for a map newer than its
+// registration stream brought): a member of the cluster, which reads the
+// whole map, ACL included, as the registration stream pushes it. It
+// allows nothing else. Like ctlPrincipal, no certificate can name it and
+// it is never sent.
+const memberPrincipal = "\x00member"
+
 // Admin operations, the values of transport.Request.Op. OpStreamMove
 // moves a replica of a replicated shard from a broker that is down to
 // another (transport.Request.Move, see moves.go); OpClusterRemove
@@ -44,7 +52,8 @@ const (
 // closes the stream. The request is authorized for its principal: the
 // client certificate's name on a client's own connection, or, on a
 // broker's connection (node certificate), the principal the broker relays
-// for its client. A broker is never a principal itself.
+// for its client. A broker is never a principal itself; with no principal
+// relayed it may only read the map it is pushed (map.get), as a member.
 func (s *Server) serveAdmin(conn *quic.Conn, str *quic.Stream, w *transport.Writer, req *transport.Request) {
 	defer str.Close()
 	defer str.CancelRead(streamCodeDone)
@@ -89,12 +98,17 @@ func requestPrincipal(conn *quic.Conn, req *transport.Request) (string, error) {
 		return req.Principal, nil
 	case transport.RoleNode:
 		switch p := req.Principal; {
+		case p == "" && req.Op == OpMapGet:
+			// The broker's own request (Member.Refresh): the map its
+			// registration would be pushed.
+			return memberPrincipal, nil
 		case p == "":
 			return "", transport.Errorf(transport.CodeUnauthorized,
 				"broker %q relayed admin request %q without its client's principal; a broker's certificate is not a principal", id.Name, req.Op)
 		case strings.ContainsRune(p, 0) || len(p) > transport.MaxNameLen:
 			// No certificate names such a principal
-			// (transport.CertIdentity); ctlPrincipal is one of them.
+			// (transport.CertIdentity); ctlPrincipal and memberPrincipal
+			// are such.
 			return "", transport.Errorf(transport.CodeUnauthorized, "broker %q relayed admin request %q for a principal no certificate can name", id.Name, req.Op)
 		}
 		return req.Principal, nil
@@ -200,6 +214,9 @@ func (s *Server) handle(principal string, req *transport.Request) (*transport.Re
 		}
 		return &transport.Response{Streams: streamConfigs(st), Map: m.VisibleTo(principal)}, nil
 	case OpMapGet:
+		if principal == memberPrincipal {
+			return &transport.Response{Map: m}, nil
+		}
 		return &transport.Response{Map: m.VisibleTo(principal)}, nil
 	case OpClusterStatus:
 		if err := need(auth.ClusterRead, ""); err != nil {

@@ -370,6 +370,33 @@ func TestRefresh(t *testing.T) {
 	}
 }
 
+// TestMemberMapGet: a broker asking map.get for itself on its member's
+// connection (Member.Refresh: no principal relayed) gets the whole map,
+// ACL included, as its registration stream pushes it; its certificate
+// allows it no other request.
+func TestMemberMapGet(t *testing.T) {
+	p := newPKI(t)
+	srv := startCtl(t, p, t.TempDir(), "127.0.0.1:0")
+	m := join(t, p, srv.Addr(), "b0")
+	if err := srv.CreateStream(shardmap.StreamConfig{Name: "x", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	resp, err := m.Request(ctx, &transport.Request{Op: OpMapGet})
+	if err != nil || resp.Map == nil {
+		t.Fatalf("map.get on the member's connection: %v, %v; want the current map", resp, err)
+	}
+	if want := srv.Map(); resp.Map.Epoch != want.Epoch || len(resp.Map.Streams) != 1 || resp.Map.ACL == nil || len(resp.Map.ACL.Superusers) == 0 {
+		t.Errorf("map.get for the member: epoch %d, streams %+v, ACL %+v; want epoch %d with stream x and the ACL", resp.Map.Epoch, resp.Map.Streams, resp.Map.ACL, want.Epoch)
+	}
+	for _, op := range []string{OpStreamList, OpClusterStatus, OpACLList} {
+		if _, err := m.Request(ctx, &transport.Request{Op: op}); !errors.Is(err, transport.ErrUnauthorized) {
+			t.Errorf("%s for the broker itself: %v, want unauthorized", op, err)
+		}
+	}
+}
+
 func TestJoinGivesUpWithContext(t *testing.T) {
 	p := newPKI(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)

@@ -170,7 +170,10 @@
 // holds nothing, named by [transport.Request].NodeID: see remove.go and
 // [Server.RemoveBroker]), and the acl requests.
 // Node and client certificates may both make them (brokers proxy their
-// clients' admin requests), and so may another ctl forwarding a change.
+// clients' admin requests, for their principals), and so may another ctl
+// forwarding a change. A broker asking map.get for itself, with no
+// principal (ctlclient.Member.Refresh), gets the whole map, as its
+// registration stream pushes it; its certificate allows it nothing else.
 //
 // # Usage
 //

@@ -240,12 +240,11 @@ func (m *Member) Changed() <-chan struct{} {
 }
 
 // Refresh returns a map with Epoch >= minEpoch, waiting for ctl to push one
-// and asking it (map.get) if needed, until ctx ends. Brokers call it when a
-// peer reports an epoch newer than theirs.
+// and asking it (map.get, at most every LeaseTTL/3) meanwhile, until ctx
+// ends. Brokers call it when a peer reports an epoch newer than theirs.
 func (m *Member) Refresh(ctx context.Context, minEpoch uint64) (*shardmap.Map, error) {
 	poll := m.cfg.LeaseTTL / 3
 	for {
-		changed := m.Changed()
 		if cur := m.Map(); cur.Epoch >= minEpoch {
 			return cur, nil
 		}
@@ -254,6 +253,14 @@ func (m *Member) Refresh(ctx context.Context, minEpoch uint64) (*shardmap.Map, e
 			if _, err := m.adopt(resp.Map); err != nil {
 				return nil, err
 			}
+			if resp.Map.Epoch >= minEpoch {
+				continue
+			}
+		}
+		// ctl holds no map that new yet (or did not answer): wait for it
+		// to push one, asking again after poll.
+		changed := m.Changed()
+		if m.Map().Epoch >= minEpoch {
 			continue
 		}
 		select {
