@@ -3,7 +3,9 @@ package ctl
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"reflect"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -329,16 +331,24 @@ func TestRegistrationReplaced(t *testing.T) {
 	if n, _ := u.Map.Node("b0"); n.Addr != "127.0.0.1:7499" || !n.Live || u.Map.Epoch <= epoch {
 		t.Errorf("after re-registering at a new address: %+v at epoch %d (was %d)", n, u.Map.Epoch, epoch)
 	}
-	// The first registration's stream is closed (after, possibly, the map
-	// with the new address).
+	// The first registration's stream says it was replaced and closes
+	// (after, possibly, the map with the new address).
+	var replaced error
 	for {
 		f, err := r1.Read()
 		if err != nil {
 			break
 		}
-		if _, ok := f.(*transport.MapUpdate); !ok {
+		switch f := f.(type) {
+		case *transport.MapUpdate:
+		case *transport.Error:
+			replaced = f
+		default:
 			t.Fatalf("old registration got %T", f)
 		}
+	}
+	if !errors.Is(replaced, transport.ErrReplaced) {
+		t.Errorf("the replaced registration was told %v, want replaced", replaced)
 	}
 	if got := srv.registered(); !reflect.DeepEqual(got, []string{"b0"}) {
 		t.Errorf("registered = %v", got)
@@ -347,6 +357,56 @@ func TestRegistrationReplaced(t *testing.T) {
 		t.Error("the replaced registration's end took b0 down")
 	}
 }
+
+// TestReplacedRegistrationBacksOff: two processes registering as one
+// node (an old one still running beside its replacement) replace each
+// other's registration; each says so at error level and registers again
+// only after its longest backoff (2s by default), not at once: a
+// registration every second or two, not hundreds (each a new map epoch,
+// with their two addresses, pushed to every broker).
+func TestReplacedRegistrationBacksOff(t *testing.T) {
+	p := newPKI(t)
+	srv := startCtl(t, p, t.TempDir(), "127.0.0.1:0")
+	var errs errorCounter
+	for _, addr := range []string{"127.0.0.1:7400", "127.0.0.1:7401"} {
+		ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+		m, err := ctlclient.Join(ctx, ctlclient.MemberConfig{
+			CtlAddr:  srv.Addr(),
+			TLS:      p.clientTLS(t, "b0"),
+			Node:     transport.Register{NodeID: "b0", Addr: addr},
+			LeaseTTL: shortTTL,
+			Logger:   slog.New(&errs),
+		})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+	}
+	epoch0 := srv.Map().Epoch
+	time.Sleep(2 * time.Second)
+	epochs := srv.Map().Epoch - epoch0
+	t.Logf("in 2s: %d map epochs, %d errors logged", epochs, errs.n.Load())
+	if epochs > 6 {
+		t.Errorf("%d map epochs in 2s of two processes registering as b0: they register again without backing off", epochs)
+	}
+	if errs.n.Load() == 0 {
+		t.Error("no member logged at error level that its registration was replaced")
+	}
+}
+
+// errorCounter is a slog handler counting the records at error level.
+type errorCounter struct{ n atomic.Int64 }
+
+func (c *errorCounter) Enabled(context.Context, slog.Level) bool { return true }
+func (c *errorCounter) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelError {
+		c.n.Add(1)
+	}
+	return nil
+}
+func (c *errorCounter) WithAttrs([]slog.Attr) slog.Handler { return c }
+func (c *errorCounter) WithGroup(string) slog.Handler      { return c }
 
 func TestRefresh(t *testing.T) {
 	p := newPKI(t)

@@ -67,8 +67,12 @@
 // [ErrTooFewMembers]. A broker added to a running cluster
 // therefore owns shards of streams created after it joined, and none of
 // the older ones until a planned handoff moves them. A second
-// registration of the same node id replaces the first (whose stream ctl
-// closes); one with a new address updates the member's address.
+// registration of the same node id replaces the first, whose stream ctl
+// ends with [transport.CodeReplaced]: two processes running as one node
+// (an old one not stopped beside its replacement) would replace each
+// other's registration, so a member told so logs it at error level and
+// registers again only after its longest backoff. One with a new address
+// updates the member's address.
 //
 // A broker registers with the features of its build
 // ([transport.Register].Features, [transport.Features]; ctlclient sends

@@ -156,7 +156,11 @@ func (s *Server) serveRegistration(conn *quic.Conn, str *quic.Stream, r *transpo
 	s.mu.Unlock()
 
 	if old != nil {
-		old.close(nil)
+		// Said to the broker, which re-registers only after its longest
+		// backoff: two processes running as one node would otherwise
+		// replace each other's registration in a loop.
+		old.close(transport.Errorf(transport.CodeReplaced, "the registration of %s was replaced by a newer one from %s: is another process running as %s?",
+			node.ID, conn.RemoteAddr(), node.ID))
 		old.str.CancelRead(streamCodeReplaced)
 		s.log.Warn("registration replaced by a newer one", "node", node.ID, "remote", conn.RemoteAddr().String())
 	}

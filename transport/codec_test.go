@@ -841,7 +841,7 @@ func TestErrors(t *testing.T) {
 	if !errors.As(wrapped, &werr) || werr.Owner != "n2" || werr.Epoch != 4 {
 		t.Errorf("errors.As lost fields: %#v", werr)
 	}
-	for code := CodeMalformed; code <= CodeUnexpectedFrame; code++ {
+	for code := CodeMalformed; code <= CodeReplaced; code++ {
 		if s := code.String(); strings.HasPrefix(s, "code_") || s != strings.ToLower(s) {
 			t.Errorf("code %d has name %q", code, s)
 		}

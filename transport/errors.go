@@ -54,6 +54,13 @@ const (
 	// refused); nothing was written. Like Kafka's UNKNOWN_PRODUCER_ID: the
 	// client goes on under a new producer id, from sequence 1.
 	CodeUnknownProducer ErrorCode = 21
+	// CodeReplaced: ctl ended a broker's registration because a newer
+	// registration of the same node id replaced it: another process runs
+	// as that node (an old one not stopped beside its replacement, or a
+	// copy of its configuration). A member registers again only after its
+	// longest backoff. An earlier member reads it as an unknown code and
+	// re-registers, as it did on the stream's end before.
+	CodeReplaced ErrorCode = 22
 )
 
 var codeNames = [...]string{
@@ -79,6 +86,7 @@ var codeNames = [...]string{
 	CodeCorrupt:            "corrupt",
 	CodeReplicationFactor:  "replication_factor",
 	CodeUnknownProducer:    "unknown_producer",
+	CodeReplaced:           "replaced",
 }
 
 // String returns the snake-case name of c, such as "not_owner", or
@@ -115,6 +123,7 @@ var (
 	ErrCorrupt            = &Error{Code: CodeCorrupt}
 	ErrReplicationFactor  = &Error{Code: CodeReplicationFactor}
 	ErrUnknownProducer    = &Error{Code: CodeUnknownProducer}
+	ErrReplaced           = &Error{Code: CodeReplaced}
 )
 
 // Error is both a frame (sent either way on a stream) and the Go error type

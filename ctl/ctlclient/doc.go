@@ -7,7 +7,13 @@
 // package ctl: dialing a ctl (moving to the next of CtlAddrs when one
 // fails), the long-lived registration stream, heartbeats every LeaseTTL/3,
 // reconnecting with capped jittered backoff, and adopting each map whose
-// epoch is above the one held. A member registers with the features of
+// epoch is above the one held. The backoff grows after each round of
+// ctls that failed and each registration that ended within a lease, and
+// starts over only once one lasted a lease: a registration ctl ends as
+// soon as it is made is not made again in a loop. One that ctl ends
+// because another process registered as the same node
+// ([transport.CodeReplaced]) is logged at error level and made again
+// only after MaxBackoff. A member registers with the features of
 // this build ([transport.Features]) unless MemberConfig.Node names
 // others, so the control plane knows what each broker can take. It never imports the control plane server:
 // a broker, a data-plane process, links only this client.

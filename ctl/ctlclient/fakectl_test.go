@@ -28,6 +28,10 @@ type fakeCtl struct {
 
 	registrations, heartbeats, mapGets atomic.Int64
 
+	// endRegistrations makes it end each registration right after its
+	// first map, saying nothing, as an earlier ctl replacing it did.
+	endRegistrations atomic.Bool
+
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -126,7 +130,7 @@ func (f *fakeCtl) serveStream(str *quic.Stream) {
 		}
 	case *transport.Register:
 		f.registrations.Add(1)
-		if w.Write(&transport.MapUpdate{Map: f.mp.Load()}) != nil {
+		if w.Write(&transport.MapUpdate{Map: f.mp.Load()}) != nil || f.endRegistrations.Load() {
 			return
 		}
 		for {

@@ -46,7 +46,12 @@ type MemberConfig struct {
 	// LeaseTTL/3. Default 3s.
 	LeaseTTL time.Duration
 	// MaxBackoff caps the delay between connection attempts, which starts
-	// at 50ms and doubles (with jitter). Default 2s.
+	// at 50ms and doubles (with jitter) after every round of the ctls
+	// that failed and every registration that ended within LeaseTTL; it
+	// starts again at 50ms once a registration lasted LeaseTTL. A
+	// registration that ctl ends because another process registered as
+	// this node (transport.CodeReplaced) is logged at error level and
+	// made again only after MaxBackoff. Default 2s.
 	MaxBackoff time.Duration
 	// Logger receives one line per meaningful event. Default slog.Default().
 	Logger *slog.Logger
@@ -164,6 +169,10 @@ type Member struct {
 	// after every failed attempt. Only the run goroutine (and Join before
 	// it) touches it.
 	next atomic.Int64
+	// backoff is the delay before the next attempt after a round of
+	// failed ones or a registration that ended soon (see MaxBackoff). Only
+	// the run goroutine (and Join before it) touches it.
+	backoff time.Duration
 
 	report chan struct{} // capacity 1: a report to send now (Report)
 
@@ -207,6 +216,7 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	m.mu.connected = make(chan struct{})
 	m.mu.cluster = cfg.Cluster
 	m.report = make(chan struct{}, 1)
+	m.backoff = minBackoff
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	link, err := m.connect(ctx, true)
 	if err != nil {
@@ -379,11 +389,10 @@ func (m *Member) Unlinked() time.Duration {
 	return time.Since(m.mu.lost)
 }
 
-// connect dials and registers until it succeeds or ctx ends, sleeping a
-// capped, jittered, doubling backoff between attempts. With stopOnRefusal,
-// a refusal retrying cannot fix ends it at once.
+// connect dials and registers until it succeeds or ctx ends, trying each
+// ctl in turn and sleeping the backoff after each round. With
+// stopOnRefusal, a refusal retrying cannot fix ends it at once.
 func (m *Member) connect(ctx context.Context, stopOnRefusal bool) (*ctlLink, error) {
-	backoff := minBackoff
 	for attempt := 1; ; attempt++ {
 		link, err := m.register(ctx)
 		if err == nil {
@@ -404,13 +413,24 @@ func (m *Member) connect(ctx context.Context, stopOnRefusal bool) (*ctlLink, err
 		if int(m.next.Load())%len(m.cfg.CtlAddrs) != 0 {
 			continue // try the next ctl at once; back off after a full round
 		}
-		delay := backoff/2 + rand.N(backoff/2+1)
-		backoff = min(2*backoff, m.cfg.MaxBackoff)
-		select {
-		case <-time.After(delay):
-		case <-ctx.Done():
+		if m.sleepBackoff(ctx) != nil {
 			return nil, fmt.Errorf("%w (after %d attempts; last: %v)", ctx.Err(), attempt, err)
 		}
+	}
+}
+
+// sleepBackoff sleeps half to all of the backoff, which then doubles up
+// to MaxBackoff, or until ctx ends (returning its error).
+func (m *Member) sleepBackoff(ctx context.Context) error {
+	delay := m.backoff/2 + rand.N(m.backoff/2+1)
+	m.backoff = min(2*m.backoff, m.cfg.MaxBackoff)
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -489,17 +509,38 @@ func (m *Member) register(ctx context.Context) (link *ctlLink, err error) {
 
 // run keeps the registration until Close: it serves a link until it
 // fails, then reconnects (getting the current map first) and serves again.
+// A link that lasted a lease is made again at once (the backoff starts
+// over); one that ended sooner only after the backoff, so that a link
+// ctl ends as soon as it is made is not made again in a loop; one that
+// another registration of this node replaced, after MaxBackoff.
 func (m *Member) run(link *ctlLink) {
 	defer m.wg.Done()
 	for {
+		linked := time.Now()
 		err := m.serve(link)
 		m.setConn(nil)
 		link.conn.CloseWithError(0, "")
 		if m.ctx.Err() != nil {
 			return
 		}
-		m.log.Warn("ctl connection lost; reconnecting", "ctl", m.ctlAddr(), "err", err)
+		lasted := time.Since(linked)
+		switch {
+		case errors.Is(err, transport.ErrReplaced):
+			m.backoff = m.cfg.MaxBackoff
+			m.log.Error("registration replaced by another process registering as this node; stop the one that should not run. Registering again after the longest backoff",
+				"ctl", m.ctlAddr(), "backoff", m.backoff, "err", err)
+		case lasted >= m.cfg.LeaseTTL:
+			m.backoff = minBackoff
+			m.log.Warn("ctl connection lost; reconnecting", "ctl", m.ctlAddr(), "err", err)
+		default:
+			m.log.Warn("ctl connection lost soon after registering; reconnecting after a backoff", "ctl", m.ctlAddr(), "lasted", lasted.Round(time.Millisecond), "err", err)
+		}
 		m.next.Add(1) // a ctl that failed is tried last
+		if lasted < m.cfg.LeaseTTL || errors.Is(err, transport.ErrReplaced) {
+			if m.sleepBackoff(m.ctx) != nil {
+				return // Close was called
+			}
+		}
 		if link, err = m.connect(m.ctx, false); err != nil {
 			return // only when Close was called
 		}
