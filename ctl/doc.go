@@ -18,7 +18,8 @@
 // node id of the certificate; a client certificate cannot register
 // ([transport.CodeUnauthorized]). ctl answers with a [transport.MapUpdate]
 // holding the current map, then sends one whenever the map changes; the
-// broker sends a [transport.Heartbeat] every LeaseTTL/3, with a report of
+// broker sends a [transport.Heartbeat] every LeaseTTL/3 (which ctl
+// answers: see below), with a report of
 // which of its replicas are not working voters of their groups
 // ([transport.ReplicaReport], also sent at once after each map it
 // applies), which the ctl holding the registration keeps in the broker's
@@ -34,7 +35,17 @@
 // then adopts its lease, so a ctl restart or failover changes no
 // broker's liveness and no map. A member notices a ctl that died without
 // a word within half a lease (its QUIC link to ctl has that idle
-// timeout), in time to do so. A ctl alive but cut off from etcd's quorum
+// timeout), in time to do so; and one alive but stuck (a deadlock, a
+// request hung holding its lock: its QUIC stack still answers) by the
+// heartbeats it leaves unanswered. ctl answers each heartbeat it reads
+// with a [transport.Heartbeat] of its own, before it renews the lease,
+// to a broker that advertises [transport.FeatureHeartbeatAcks], and says
+// it does in the maps of the registration ([transport.MapUpdate].Features);
+// a member registered with such a ctl drops a registration whose
+// heartbeats went unanswered for half a lease (at least 500ms) and
+// registers with the next ctl, and it waits as long at most for the first
+// map of a registration. (Neither side expects answers from a process of
+// an earlier version.) A ctl alive but cut off from etcd's quorum
 // cannot renew the leases it holds: it tells a broker whose lease went
 // unrenewed for half its time to register elsewhere (CodeUnavailable),
 // and, once it finds etcd out of reach, all of them, refusing new

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
@@ -105,5 +106,58 @@ func TestLiveValueFeatures(t *testing.T) {
 	var n shardmap.Node // the zero node supports nothing
 	if n.Supports(transport.FeatureReplicaMoves) {
 		t.Fatal("a node without features supports replica moves")
+	}
+}
+
+// TestHeartbeatAnswers: ctl says with the maps of a registration that it
+// answers heartbeats (transport.FeatureHeartbeatAcks), and answers each
+// of a broker that advertises the feature with a Heartbeat; a broker of
+// an earlier version, which does not, gets maps only (it would refuse
+// any other frame).
+func TestHeartbeatAnswers(t *testing.T) {
+	p := newPKI(t)
+	srv := startCtl(t, p, t.TempDir(), "127.0.0.1:0")
+	for _, tc := range []struct {
+		node     string
+		features []string
+	}{
+		{"b0", []string{transport.FeatureHeartbeatAcks}},
+		{"b1", nil},
+	} {
+		raw := dialRaw(t, p, srv.Addr(), tc.node)
+		str, r := raw.send(&transport.Register{NodeID: tc.node, Addr: "127.0.0.1:74" + tc.node[1:], Features: tc.features})
+		first, ok := readFrame(t, r).(*transport.MapUpdate)
+		if !ok || !slices.Contains(first.Features, transport.FeatureHeartbeatAcks) {
+			t.Fatalf("%s: first frame %+v, want a map saying ctl answers heartbeats", tc.node, first)
+		}
+		w := transport.NewWriter(str)
+		answers := 0
+		for range 3 {
+			if err := w.Write(&transport.Heartbeat{NodeID: tc.node, Epoch: first.Map.Epoch}); err != nil {
+				t.Fatal(err)
+			}
+			// Frames until this heartbeat's answer, or nothing more
+			// within the deadline.
+			str.SetReadDeadline(time.Now().Add(shortTTL))
+			for answered := false; !answered; {
+				f, err := r.Read()
+				if err != nil {
+					break
+				}
+				switch f := f.(type) {
+				case *transport.MapUpdate:
+				case *transport.Heartbeat:
+					if f.NodeID != tc.node || f.Replicas != nil {
+						t.Errorf("%s: answered with %+v", tc.node, f)
+					}
+					answers, answered = answers+1, true
+				default:
+					t.Fatalf("%s: registration stream sent a %T", tc.node, f)
+				}
+			}
+		}
+		if want := map[bool]int{true: 3, false: 0}[tc.features != nil]; answers != want {
+			t.Errorf("%s (features %q): %d heartbeats answered of 3, want %d", tc.node, tc.features, answers, want)
+		}
 	}
 }

@@ -589,3 +589,70 @@ func TestHAFollowerCutOffFromEtcdHandsOverItsBrokers(t *testing.T) {
 		t.Errorf("the follower after the partition healed: %v", err)
 	}
 }
+
+// TestHAWedgedFollowerLosesItsBrokers: a ctl whose registration handling
+// is stuck (here its state lock held, as by a deadlock or a request hung
+// while holding it) while its QUIC stack still answers reads its brokers'
+// heartbeats no more, so it answers none, and renews no lease. The broker
+// drops the registration when no answer came for half a lease and
+// registers with the next ctl of its list, which adopts its lease: the
+// leader's map keeps it live. (Without answers the broker could not tell:
+// its link's idle timeout never fires, quic-go acknowledging its packets,
+// and the ctl's own hand-over is stuck with the rest.)
+func TestHAWedgedFollowerLosesItsBrokers(t *testing.T) {
+	p := newPKI(t)
+	srvs := startHA(t, p, 3)
+	leader := waitLeader(t, srvs, nil)
+	var follower, other *Server
+	for _, s := range srvs {
+		switch {
+		case s == leader:
+		case follower == nil:
+			follower = s
+		default:
+			other = s
+		}
+	}
+	m := joinCtls(t, p, "b0", follower.Addr(), other.Addr(), leader.Addr())
+	waitMap(t, m, "b0 live", func(mp *shardmap.Map) bool { return liveCount(mp) == 1 })
+	if got := follower.registered(); !slices.Equal(got, []string{"b0"}) {
+		t.Fatalf("b0 registered with the follower: %v", got)
+	}
+
+	follower.mu.Lock() // wedge the follower's registration handling
+	wedged := true
+	unwedge := func() {
+		if wedged {
+			wedged = false
+			follower.mu.Unlock()
+		}
+	}
+	defer unwedge()
+	start := time.Now()
+	var downSince time.Time
+	var down time.Duration // in all
+	for time.Since(start) < 4*time.Second {
+		if liveCount(leader.Map()) == 1 {
+			if !downSince.IsZero() {
+				down += time.Since(downSince)
+			}
+			downSince = time.Time{}
+		} else if downSince.IsZero() {
+			downSince = time.Now()
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	onOther, onLeader := other.registered(), leader.registered()
+	unwedge()
+	if !downSince.IsZero() {
+		down += time.Since(downSince)
+	}
+	t.Logf("b0 shown down for %v in all while the follower was wedged; registered with other=%v leader=%v", down.Round(time.Millisecond), onOther, onLeader)
+	if !downSince.IsZero() {
+		t.Fatalf("b0 is up, two healthy ctls of its list have a quorum, yet the leader's map has shown it down for %v (since %v after the follower wedged; lease %v); b0 unlinked for %v, registered with other=%v leader=%v",
+			time.Since(downSince).Round(time.Millisecond), downSince.Sub(start).Round(time.Millisecond), shortTTL, m.Unlinked(), onOther, onLeader)
+	}
+	if !slices.Equal(onOther, []string{"b0"}) {
+		t.Errorf("b0 did not move to the next ctl of its list: it is registered with other=%v leader=%v", onOther, onLeader)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -43,10 +44,17 @@ type session struct {
 	stopOnce   sync.Once
 	failure    atomic.Pointer[transport.Error] // sent to the broker before the stream closes
 	writerDone chan struct{}
+
+	// acks is whether the broker takes answers to its heartbeats
+	// (transport.FeatureHeartbeatAcks); ack asks the writer for one
+	// (capacity 1: one answer for all the heartbeats read meanwhile).
+	acks bool
+	ack  chan struct{}
 }
 
-func newSession(ctx context.Context, node string, str *quic.Stream) *session {
-	ss := &session{node: node, str: str, notify: make(chan struct{}, 1), stop: make(chan struct{}), writerDone: make(chan struct{})}
+func newSession(ctx context.Context, reg *transport.Register, str *quic.Stream) *session {
+	ss := &session{node: reg.NodeID, str: str, notify: make(chan struct{}, 1), stop: make(chan struct{}), writerDone: make(chan struct{}),
+		acks: slices.Contains(reg.Features, transport.FeatureHeartbeatAcks), ack: make(chan struct{}, 1)}
 	ss.ctx, ss.cancel = context.WithCancel(ctx)
 	return ss
 }
@@ -57,6 +65,18 @@ func (ss *session) push(m *shardmap.Map) {
 	ss.latest.Store(m)
 	select {
 	case ss.notify <- struct{}{}:
+	default:
+	}
+}
+
+// answer has the writer answer the heartbeats read, if the broker takes
+// answers. It never blocks.
+func (ss *session) answer() {
+	if !ss.acks {
+		return
+	}
+	select {
+	case ss.ack <- struct{}{}:
 	default:
 	}
 }
@@ -118,7 +138,7 @@ func (s *Server) serveRegistration(conn *quic.Conn, str *quic.Stream, r *transpo
 		s.refuse(str, w, transport.Errorf(transport.CodeUnavailable, "ctl cannot record the registration of %s: %v", node.ID, err))
 		return
 	}
-	ss := newSession(s.ctx, reg.NodeID, str)
+	ss := newSession(s.ctx, reg, str)
 
 	s.mu.Lock()
 	if s.mu.closed {
@@ -254,6 +274,11 @@ func (s *Server) readHeartbeats(ss *session, node shardmap.Node, token string, l
 		if !s.currentSession(ss) {
 			continue
 		}
+		// Answered before the renewal: the answer says this ctl holds the
+		// registration and reads its heartbeats (a ctl whose goroutines
+		// are stuck answers none, and the broker moves on after half a
+		// lease); a renewal that etcd does not take is handed over below.
+		ss.answer()
 		// No renewal waits past the grace: etcd's timeout is longer
 		// than the lease.
 		start := time.Now()
@@ -294,13 +319,15 @@ func (s *Server) currentSession(ss *session) bool {
 	return s.mu.sessions[ss.node] == ss
 }
 
-// writeMaps sends the newest map pushed to ss whenever it changes, until
+// writeMaps sends the newest map pushed to ss whenever it changes, with
+// this ctl's features, and answers heartbeats when the reader asks, until
 // the session stops; then it sends the session's failure, if any, and
 // closes the send side.
 func (s *Server) writeMaps(ss *session, w *transport.Writer) {
 	defer s.wg.Done()
 	defer close(ss.writerDone)
 	var sent uint64
+	features := transport.Features()
 	for {
 		select {
 		case <-ss.notify:
@@ -308,12 +335,17 @@ func (s *Server) writeMaps(ss *session, w *transport.Writer) {
 			if m == nil || (sent != 0 && m.Epoch <= sent) {
 				continue
 			}
-			if err := w.Write(&transport.MapUpdate{Map: m}); err != nil {
+			if err := w.Write(&transport.MapUpdate{Map: m, Features: features}); err != nil {
 				// The reader sees the stream fail too; make sure it does.
 				ss.str.CancelRead(streamCodeDone)
 				return
 			}
 			sent = m.Epoch
+		case <-ss.ack:
+			if err := w.Write(&transport.Heartbeat{NodeID: ss.node, Epoch: sent}); err != nil {
+				ss.str.CancelRead(streamCodeDone)
+				return
+			}
 		case <-ss.stop:
 			if f := ss.failure.Load(); f != nil {
 				_ = w.Write(f)

@@ -631,6 +631,42 @@ func TestRequestMoveFields(t *testing.T) {
 	}
 }
 
+// TestMapUpdateFeaturesField: a MapUpdate's Features (the sending ctl's,
+// on a registration stream) is a trailing field, sent only when set: one
+// without it has the single field of earlier versions, an earlier
+// decoder (one field required, the rest skipped) reads one with it as
+// the same map, a sender of one field decodes with Features nil, and a
+// newer sender's third field is skipped.
+func TestMapUpdateFeaturesField(t *testing.T) {
+	mp := &shardmap.Map{Epoch: 7, Nodes: []shardmap.Node{{ID: "n1", Addr: "a", Live: true}}}
+	if b := body(&MapUpdate{Map: mp}); b[0] != 0x91 {
+		t.Fatalf("a MapUpdate without Features starts 0x%02x, want 0x91 (1 element)", b[0])
+	}
+	if b := body(&MapUpdate{Map: mp, Features: []string{}}); b[0] != 0x91 {
+		t.Fatalf("a MapUpdate with empty Features starts 0x%02x, want 0x91 (1 element)", b[0])
+	}
+	with := &MapUpdate{Map: mp, Features: []string{FeatureHeartbeatAcks, "later"}}
+	b := body(with)
+	if b[0] != 0x92 {
+		t.Fatalf("a MapUpdate with Features starts 0x%02x, want 0x92 (2 elements)", b[0])
+	}
+	d := &decoder{b: b}
+	n := d.arrayHeader(1)
+	var old *shardmap.Map
+	d.msgpack(&old)
+	if d.skipN(n - 1); d.err != nil || d.off != len(b) || old.Epoch != 7 || len(old.Nodes) != 1 {
+		t.Fatalf("an earlier decoder read %+v, %v at %d of %d", old, d.err, d.off, len(b))
+	}
+	one := append([]byte{0x91}, rawElems(t, b)[0]...)
+	if got, err := DecodeFrame(FrameMap, one); err != nil || got.(*MapUpdate).Features != nil || got.(*MapUpdate).Map.Epoch != 7 {
+		t.Fatalf("one field decoded as %#v, %v", got, err)
+	}
+	three := append(append([]byte{0x93}, b[1:]...), 0xa3, 'n', 'e', 'w')
+	if got, err := DecodeFrame(FrameMap, three); err != nil || !reflect.DeepEqual(got, with) {
+		t.Fatalf("three fields: %#v, %v; want %#v", got, err, with)
+	}
+}
+
 // rawElems splits the msgpack array b into its encoded elements.
 func rawElems(t *testing.T, b []byte) [][]byte {
 	t.Helper()

@@ -25,9 +25,18 @@ const (
 	// broker is not a voter of the group (see package ctl). A broker
 	// without it reports nothing and is not checked.
 	FeatureReplicaReports = "replica-reports"
+	// FeatureHeartbeatAcks: a ctl answers each heartbeat of a broker that
+	// registered with it (on the registration stream, with a [Heartbeat]
+	// of its own) and says so in the maps it sends there
+	// ([MapUpdate].Features); a broker drops a registration with such a
+	// ctl that answered none for half a lease and registers with the next
+	// ctl. A ctl answers only a broker that advertises it (an earlier one
+	// would refuse the frame), and a broker expects answers only from a
+	// ctl that does.
+	FeatureHeartbeatAcks = "heartbeat-acks"
 )
 
 // Features returns the features of this build, a new slice each call.
 func Features() []string {
-	return []string{FeatureReplicaMoves, FeatureRequestIDs, FeatureReplicaReports}
+	return []string{FeatureReplicaMoves, FeatureRequestIDs, FeatureReplicaReports, FeatureHeartbeatAcks}
 }

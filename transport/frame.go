@@ -24,7 +24,7 @@ const (
 	FrameResponse  FrameType = 8  // its answer
 	FrameMap       FrameType = 9  // shard map push (ctl -> broker, broker -> client)
 	FrameRegister  FrameType = 10 // broker -> ctl: first frame of the registration stream
-	FrameHeartbeat FrameType = 11 // broker -> ctl on the registration stream
+	FrameHeartbeat FrameType = 11 // broker -> ctl on the registration stream, and back as ctl's answer
 	FrameRaft      FrameType = 12 // broker -> broker: raft messages of replicated shards
 )
 

@@ -302,9 +302,18 @@ func (r *Response) decode(d *decoder) {
 // MapUpdate pushes a shard map: ctl to brokers, brokers to clients.
 type MapUpdate struct {
 	Map *shardmap.Map
+	// Features are what the sending ctl's build supports (see
+	// [Features]), on a broker's registration stream: a broker expects
+	// answers to its heartbeats only from a ctl with
+	// FeatureHeartbeatAcks. Sent only when not empty: an earlier ctl
+	// sends none, and an earlier broker skips the field.
+	Features []string
 }
 
-const mapUpdateFields = 1
+// mapUpdateFields is the number of fields this version decodes; Features
+// is sent only when set, so a MapUpdate without it encodes as the one
+// field of earlier versions, which every decoder requires.
+const mapUpdateFields = 2
 
 // Type implements [Frame].
 func (*MapUpdate) Type() FrameType { return FrameMap }
@@ -313,14 +322,32 @@ func (m *MapUpdate) appendBody(b []byte) ([]byte, error) {
 	if m == nil {
 		return b, errNilFrame(FrameMap)
 	}
-	b = appendArrayHeader(b, mapUpdateFields)
-	return appendMsgpack(b, FrameMap, m.Map)
+	fields := mapUpdateFields
+	if len(m.Features) == 0 {
+		fields--
+	}
+	b = appendArrayHeader(b, fields)
+	b, err := appendMsgpack(b, FrameMap, m.Map)
+	if err != nil || fields < 2 {
+		return b, err
+	}
+	return appendStrs(b, m.Features), nil
 }
 
 func (m *MapUpdate) decode(d *decoder) {
-	n := d.arrayHeader(mapUpdateFields)
+	n := d.arrayHeader(1) // an earlier peer sends no Features
 	d.msgpack(&m.Map)
-	d.skipN(n - mapUpdateFields)
+	read := 1
+	if n >= 2 {
+		m.Features = d.strs()
+		read = 2
+	}
+	d.skipN(n - read)
+	// appendBody leaves out an empty Features, which then decodes as nil:
+	// so does an empty one that was sent.
+	if len(m.Features) == 0 {
+		m.Features = nil
+	}
 }
 
 // Register is the first frame a broker sends on its long-lived
@@ -397,10 +424,13 @@ func (r *Register) decode(d *decoder) {
 	}
 }
 
-// Heartbeat renews a broker's lease on the registration stream.
+// Heartbeat renews a broker's lease on the registration stream. A ctl
+// with FeatureHeartbeatAcks answers each heartbeat of a broker that
+// advertises it with a Heartbeat of its own (NodeID the broker's, Epoch
+// that of the last map it sent on the stream, no Replicas).
 type Heartbeat struct {
 	NodeID string
-	Epoch  uint64 // the map epoch the broker holds
+	Epoch  uint64 // the map epoch the broker holds (in ctl's answer: the last one sent)
 	// Replicas is where the broker's replicas of replicated shards
 	// stand, which the control plane checks before it moves a replica
 	// (see package ctl); nil from a broker of an earlier version, which

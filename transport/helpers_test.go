@@ -81,6 +81,7 @@ func sampleFrames() []namedFrame {
 		{"map/nil", &MapUpdate{}},
 		{"map/full", &MapUpdate{Map: m}},
 		{"map/empty", &MapUpdate{Map: &shardmap.Map{Epoch: 1}}},
+		{"map/features", &MapUpdate{Map: m, Features: Features()}},
 		{"register/zero", &Register{}},
 		{"register/full", &Register{NodeID: "n1", Addr: "10.0.0.1:7400", Admin: "10.0.0.1:8400"}},
 		{"register/features", &Register{NodeID: "n1", Addr: "10.0.0.1:7400", Features: Features()}},

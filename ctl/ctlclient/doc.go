@@ -5,7 +5,12 @@
 //
 // It owns the broker's end of the registration protocol described in
 // package ctl: dialing a ctl (moving to the next of CtlAddrs when one
-// fails), the long-lived registration stream, heartbeats every LeaseTTL/3,
+// fails), the long-lived registration stream, heartbeats every LeaseTTL/3
+// (and, from a ctl that answers them, transport.FeatureHeartbeatAcks,
+// dropping a registration whose heartbeats went unanswered for half a
+// lease, at least 500ms, for the next ctl: a ctl whose registration
+// handling is stuck while its QUIC stack answers keeps no broker; the
+// first map of a registration is waited for as long at most),
 // reconnecting with capped jittered backoff, and adopting each map whose
 // epoch is above the one held. The backoff grows after each round of
 // ctls that failed and each registration that ended within a lease, and

@@ -31,14 +31,23 @@ type fakeCtl struct {
 	// endRegistrations makes it end each registration right after its
 	// first map, saying nothing, as an earlier ctl replacing it did.
 	endRegistrations atomic.Bool
+	// features are advertised with its maps (none: an earlier ctl's).
+	features []string
+	// withholdMaps makes it answer no registration, as a ctl whose
+	// registration handling is stuck.
+	withholdMaps atomic.Bool
+	// answer makes it answer heartbeats, as a ctl with
+	// transport.FeatureHeartbeatAcks does unless it is stuck.
+	answer atomic.Bool
 
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
 
-// startFakeCtl starts a fake ctl on loopback, with a map of epoch 1.
-func startFakeCtl(t *testing.T) *fakeCtl {
+// startFakeCtl starts a fake ctl on loopback, with a map of epoch 1,
+// advertising features.
+func startFakeCtl(t *testing.T, features ...string) *fakeCtl {
 	t.Helper()
 	dir := t.TempDir()
 	if err := transport.GenerateDevCerts(dir, transport.DevCtlName, "b0"); err != nil {
@@ -60,7 +69,7 @@ func startFakeCtl(t *testing.T) *fakeCtl {
 		t.Fatal(err)
 	}
 	b0 := load("b0")
-	f := &fakeCtl{ln: ln, memberTLS: transport.ClientTLS(ca, &b0, "", transport.ALPNCtl)}
+	f := &fakeCtl{ln: ln, memberTLS: transport.ClientTLS(ca, &b0, "", transport.ALPNCtl), features: features}
 	f.mp.Store(&shardmap.Map{Epoch: 1})
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	f.wg.Go(f.accept)
@@ -130,7 +139,11 @@ func (f *fakeCtl) serveStream(str *quic.Stream) {
 		}
 	case *transport.Register:
 		f.registrations.Add(1)
-		if w.Write(&transport.MapUpdate{Map: f.mp.Load()}) != nil || f.endRegistrations.Load() {
+		if f.withholdMaps.Load() {
+			<-f.ctx.Done()
+			return
+		}
+		if w.Write(&transport.MapUpdate{Map: f.mp.Load(), Features: f.features}) != nil || f.endRegistrations.Load() {
 			return
 		}
 		for {
@@ -138,6 +151,9 @@ func (f *fakeCtl) serveStream(str *quic.Stream) {
 				return
 			}
 			f.heartbeats.Add(1)
+			if f.answer.Load() && w.Write(&transport.Heartbeat{NodeID: "b0", Epoch: f.mp.Load().Epoch}) != nil {
+				return
+			}
 		}
 	}
 }

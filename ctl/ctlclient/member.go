@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -43,7 +44,9 @@ type MemberConfig struct {
 	// empty list advertises none, as a broker of an earlier version.
 	Node transport.Register
 	// LeaseTTL must match the control plane's; heartbeats are sent every
-	// LeaseTTL/3. Default 3s.
+	// LeaseTTL/3, and a ctl that answers heartbeats but answered none for
+	// LeaseTTL/2 (at least 500ms), or sends no first map within as long,
+	// is left for the next. Default 3s.
 	LeaseTTL time.Duration
 	// MaxBackoff caps the delay between connection attempts, which starts
 	// at 50ms and doubles (with jitter) after every round of the ctls
@@ -188,6 +191,10 @@ type ctlLink struct {
 	str  *quic.Stream
 	r    *transport.Reader
 	w    *transport.Writer
+	// acks is whether ctl answers heartbeats (both advertise
+	// transport.FeatureHeartbeatAcks): the link is dropped when it has
+	// answered none for answerTimeout.
+	acks bool
 }
 
 // Join connects to the control plane, registers cfg.Node and waits for the
@@ -379,7 +386,9 @@ func (m *Member) setConn(conn *quic.Conn) {
 
 // Unlinked returns how long the member has been without its registration
 // link to a ctl, 0 while it has one. Past the lease, the control plane
-// sees this node down.
+// sees this node down. A link to a ctl that answers heartbeats but left
+// them unanswered for half a lease is dropped (see MemberConfig.LeaseTTL),
+// so a stuck ctl does not count as one.
 func (m *Member) Unlinked() time.Duration {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -456,8 +465,19 @@ func (m *Member) ctlTransport() transport.Config {
 	return tc
 }
 
+// answerTimeout is how long the member waits for ctl to answer: for the
+// first map of a registration, and, from a ctl that answers heartbeats,
+// for the next answer. Half the lease, as ctl's own hand-over, leaving
+// the other half to register with the next ctl and adopt the lease there
+// before it runs out; at least half a second (etcd holds leases in whole
+// seconds, and a loaded machine may be late by a heartbeat).
+func (m *Member) answerTimeout() time.Duration {
+	return max(m.cfg.LeaseTTL/2, 500*time.Millisecond)
+}
+
 // register makes one attempt: dial, open the registration stream, send
-// Register, and read the first map.
+// Register, and read the first map, waiting for it answerTimeout at most
+// (a ctl whose registrations are stuck sends none).
 func (m *Member) register(ctx context.Context) (link *ctlLink, err error) {
 	conn, err := transport.Dial(ctx, m.ctlAddr(), m.cfg.TLS, m.ctlTransport())
 	if err != nil {
@@ -487,10 +507,16 @@ func (m *Member) register(ctx context.Context) (link *ctlLink, err error) {
 	if err := link.w.Write(&reg); err != nil {
 		return nil, fmt.Errorf("send register: %w", ctxErr(ctx, err))
 	}
+	wait := m.answerTimeout()
+	_ = str.SetReadDeadline(time.Now().Add(wait))
 	f, err := link.r.Read()
 	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, fmt.Errorf("read first map: none within %v: %w", wait, err)
+		}
 		return nil, fmt.Errorf("read first map: %w", ctxErr(ctx, err))
 	}
+	_ = str.SetReadDeadline(time.Time{})
 	switch f := f.(type) {
 	case *transport.MapUpdate:
 		if f.Map == nil {
@@ -499,6 +525,7 @@ func (m *Member) register(ctx context.Context) (link *ctlLink, err error) {
 		if _, err := m.adopt(f.Map); err != nil {
 			return nil, err
 		}
+		link.acks = slices.Contains(reg.Features, transport.FeatureHeartbeatAcks) && slices.Contains(f.Features, transport.FeatureHeartbeatAcks)
 	case *transport.Error:
 		return nil, f
 	default:
@@ -549,7 +576,11 @@ func (m *Member) run(link *ctlLink) {
 }
 
 // serve heartbeats on link from a second goroutine while it reads map
-// updates, until the link fails or the member closes.
+// updates and ctl's answers to heartbeats, until the link fails or the
+// member closes. From a ctl that answers heartbeats, no answer for
+// answerTimeout fails the link: that ctl is not keeping the registration
+// (its goroutines stuck while its QUIC stack still answers), and the
+// member registers with the next before the lease runs out.
 func (m *Member) serve(link *ctlLink) error {
 	stop := context.AfterFunc(m.ctx, func() { link.conn.CloseWithError(0, "member closing") })
 	defer stop()
@@ -561,12 +592,23 @@ func (m *Member) serve(link *ctlLink) error {
 		link.str.CancelWrite(streamCodeDone) // unblock a heartbeat stuck in Write
 		<-hbDone
 	}()
+	wait := m.answerTimeout()
+	if link.acks {
+		_ = link.str.SetReadDeadline(time.Now().Add(wait))
+	}
 	for {
 		f, err := link.r.Read()
 		if err != nil {
+			if link.acks && errors.Is(err, os.ErrDeadlineExceeded) {
+				return fmt.Errorf("ctl answered no heartbeat for %v: its registration is not kept (is it hung?): %w", wait, err)
+			}
 			return err
 		}
 		switch f := f.(type) {
+		case *transport.Heartbeat:
+			if link.acks {
+				_ = link.str.SetReadDeadline(time.Now().Add(wait))
+			}
 		case *transport.MapUpdate:
 			if f.Map == nil {
 				return transport.Errorf(transport.CodeMalformed, "map update without a map")
