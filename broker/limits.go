@@ -176,7 +176,7 @@ func (l *limits) pin(c *connUse, id shardmap.ShardID, budget pinBudget) *transpo
 	}
 	if l.mu.pinned[id] == 0 && len(l.mu.pinned) >= budget.all {
 		return l.exceeded(limitSubscribedLogs, c.principal,
-			"subscriptions keep %d shard logs open on this broker, its limit (three quarters of --max-open-shards, so that publishes can open theirs); subscribe at another broker of the shard's, or later",
+			"subscriptions keep %d shard logs open on this broker, its limit (three quarters of --max-open-shards, so that publishes can open theirs); end a subscription, or raise --max-open-shards",
 			len(l.mu.pinned))
 	}
 	if u.pins == nil {

@@ -655,9 +655,10 @@ func (s *shardSet) makeRoomLocked(pinned bool) (victims []*shardEntry, closing c
 type pinBudget struct{ all, principal int }
 
 // pinBudget returns the budget of subscriptions' logs: three quarters of
-// the open-log budget together, half of it for one principal.
+// the open-log budget together, and always one log less than all of it
+// (a budget of 3 left none), half of it for one principal.
 func (s *shardSet) pinBudget() pinBudget {
-	return pinBudget{all: max(1, s.maxOpen-s.maxOpen/4), principal: max(1, s.maxOpen/2)}
+	return pinBudget{all: max(1, min(s.maxOpen-1, s.maxOpen-s.maxOpen/4)), principal: max(1, s.maxOpen/2)}
 }
 
 // open opens e's log (or replica, for a replicated stream st) and makes e

@@ -932,3 +932,60 @@ func TestAcquireByAnOlderMapOfAnotherIncarnation(t *testing.T) {
 		}
 	}
 }
+
+// TestPinBudget: subscriptions together leave at least one log of the
+// open-log budget to publishes (a budget under 4 left none), and one
+// principal's never pin more than all of them may.
+func TestPinBudget(t *testing.T) {
+	for open := 1; open <= 64; open++ {
+		b := (&shardSet{maxOpen: open}).pinBudget()
+		if b.all < 1 || b.principal < 1 || b.principal > b.all {
+			t.Errorf("budget %d: %+v", open, b)
+		}
+		if open >= 2 && b.all >= open {
+			t.Errorf("budget %d: subscriptions may pin %d, every log", open, b.all)
+		}
+	}
+}
+
+// TestSmallOpenBudgetLeavesRoomForPublishes: with an open-log budget of
+// 3, three principals each subscribed to a shard leave a log for
+// publishes to other shards (they pinned all three, and a publish failed
+// unavailable, "all in use").
+func TestSmallOpenBudgetLeavesRoomForPublishes(t *testing.T) {
+	const budget = 3
+	ip := startInprocWith(t, func(c *Config) { c.MaxOpenShards = budget; c.Logger = quiet() }, 1, shardmap.StreamConfig{Name: "wide", Shards: 8})
+	principals := []string{"alice", "bob", "carol"}
+	for _, p := range principals {
+		if err := ip.ctl.Grant(auth.Grant{Principal: p, Action: auth.Subscribe, Pattern: "wide"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ip.waitEpoch(ip.ctl.Map().Epoch)
+	b := ip.brokers[0]
+	pinned := func() int {
+		b.limits.mu.Lock()
+		defer b.limits.mu.Unlock()
+		return len(b.limits.mu.pinned)
+	}
+	var held []*wireStream
+	for shard, p := range principals {
+		sub := openStream(t, ip.dialAs(b, p))
+		sub.send(&transport.Subscribe{Stream: "wide", Shard: int32(shard), Start: transport.StartLatest, Credit: 0})
+		held = append(held, sub)
+		if shard == 2 {
+			break
+		}
+		for deadline := time.Now().Add(waitFor); pinned() <= shard; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the subscription to shard %d not counted: %d logs pinned", shard, pinned())
+			}
+		}
+	}
+	// The first two pin their logs; the third is refused.
+	wantError(t, held[2].recv(), transport.ErrLimitExceeded)
+	ws := openStream(t, ip.dial(b))
+	for shard := 3; shard < 8; shard++ {
+		wantAck(t, publishShard(ws, uint64(shard), "wide", shard, "x"), uint64(shard))
+	}
+}
