@@ -28,28 +28,34 @@ func (b *Broker) serveRequest(s *quic.Stream, req *transport.Request, from calle
 		b.serveAdmit(w, req, from)
 		return
 	}
+	// An answer may carry the whole map (map.get, and stream.create,
+	// stream.info, stream.move, cluster.status... from the control
+	// plane), which outgrows the default frame limit long before the
+	// control plane's own limit on maps.
+	w.SetMaxFrame(transport.MaxMapFrame)
+	b.answer(w, req, from, b.adminAnswer(req, from))
+}
+
+// adminAnswer returns the answer to an admin request, a Response or an
+// Error: see serveRequest.
+func (b *Broker) adminAnswer(req *transport.Request, from caller) transport.Frame {
 	if from.principal == "" {
-		w.Write(b.authorize(b.member.Map(), from, auth.Action(req.Op), ""))
-		return
+		return b.authorize(b.member.Map(), from, auth.Action(req.Op), "")
 	}
 	if req.Op == opReplicaSettled {
 		// A broker's own request to the control plane, never a client's
 		// to relay.
-		w.Write(&transport.Error{Code: transport.CodeUnauthorized, Message: fmt.Sprintf("%s is a broker's own request", req.Op)})
-		return
+		return &transport.Error{Code: transport.CodeUnauthorized, Message: fmt.Sprintf("%s is a broker's own request", req.Op)}
 	}
 	if req.Op == "map.get" {
-		w.Write(&transport.Response{Map: b.member.Map().VisibleTo(from.principal)})
-		return
+		return &transport.Response{Map: b.member.Map().VisibleTo(from.principal)}
 	}
 	if req.Op == opReplicaStatus {
 		m := b.member.Map()
 		if err := b.authorize(m, from, auth.Subscribe, req.Stream.Name); err != nil {
-			w.Write(err)
-			return
+			return err
 		}
-		w.Write(&transport.Response{Replicas: b.replicaStates(req.Stream.Name)})
-		return
+		return &transport.Response{Replicas: b.replicaStates(req.Stream.Name)}
 	}
 	req.Principal = from.principal
 	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.ForwardTimeout)
@@ -61,8 +67,33 @@ func (b *Broker) serveRequest(s *quic.Stream, req *transport.Request, from calle
 			werr = &transport.Error{Code: transport.CodeUnavailable,
 				Message: fmt.Sprintf("%s could not reach the control plane: %v", b.cfg.NodeID, err)}
 		}
-		w.Write(werr)
+		return werr
+	}
+	return resp
+}
+
+// answer writes f, the answer to req. An answer that does not encode
+// (over transport.MaxMapFrame: a map larger than the control plane
+// sends) is logged and replaced by an Error saying so, with the code the
+// Writer gave (frame_too_large), so that the client learns why and,
+// for a change, that the control plane made it. A stream that fails (the
+// client gone) is logged only.
+func (b *Broker) answer(w *transport.Writer, req *transport.Request, from caller, f transport.Frame) {
+	err := w.Write(f)
+	if err == nil {
 		return
 	}
-	w.Write(resp)
+	var werr *transport.Error
+	if !errors.As(err, &werr) {
+		b.log.Debug("admin answer not sent", "op", req.Op, "principal", from.principal, "err", err)
+		return
+	}
+	b.log.Warn("admin answer too large to send; answered with an error", "op", req.Op, "principal", from.principal, "err", err)
+	what := "the answer"
+	if _, ok := f.(*transport.Response); ok && req.Op != "map.get" && req.Op != opReplicaStatus {
+		what = "the control plane's answer (for a change: it was made)"
+	}
+	if err := w.Write(&transport.Error{Code: werr.Code, Message: fmt.Sprintf("%s: %s could not send %s: %s", req.Op, b.cfg.NodeID, what, werr.Message)}); err != nil {
+		b.log.Debug("admin answer not sent", "op", req.Op, "principal", from.principal, "err", err)
+	}
 }

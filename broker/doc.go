@@ -30,7 +30,10 @@
 //     record too large for any frame (stored while MaxPayload was larger)
 //     is payload_too_large with its offset in From and To.
 //   - Request: one admin request and its Response; map.get is answered from
-//     the broker's map, the rest are relayed to the control plane.
+//     the broker's map, the rest are relayed to the control plane. An
+//     answer may carry the whole map and goes up to transport.MaxMapFrame,
+//     the control plane's own bound on maps, not the frame limit of what
+//     clients send; one over it is logged and answered frame_too_large.
 //
 // Peers (other brokers, ALPN felix-peer/1, mTLS with node certificates) open
 // publisher streams to forward records; the owner treats them like a client

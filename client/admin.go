@@ -454,7 +454,8 @@ func changeRetriable(err error) bool {
 
 // request runs one request stream on the broker b: one Request out, one
 // Response or *transport.Error back. A broker error is returned as the
-// *transport.Error; a stream that dies first yields an error wrapping
+// *transport.Error, as is an answer over transport.MaxMapFrame
+// (frame_too_large); a stream that dies first yields an error wrapping
 // ErrConnectionLost.
 func (c *Client) request(ctx context.Context, b *brokerConn, req *transport.Request) (*transport.Response, error) {
 	conn, err := b.get(ctx)
@@ -482,10 +483,19 @@ func (c *Client) request(ctx context.Context, b *brokerConn, req *transport.Requ
 		return nil, c.streamErr(ctx, b.addr, err)
 	}
 	_ = str.Close() // no more frames from us
-	r := transport.NewReader(str, c.maxFrame())
+	// An answer may carry the whole shard map, up to the limit the
+	// control plane and brokers write maps with: a reply this client
+	// asked for, which the Reader buffers only as it arrives.
+	r := transport.NewReader(str, max(c.maxFrame(), transport.MaxMapFrame))
 	for {
 		f, err := r.Read()
 		if err != nil {
+			var werr *transport.Error
+			if errors.As(err, &werr) && werr.Code == transport.CodeFrameTooLarge {
+				// The broker answered, more than this client reads: not an
+				// outcome unknown, nor one a retry changes.
+				return nil, fmt.Errorf("request %s to %s: the answer is larger than this client reads (a broker of a later version?): %w", req.Op, b.addr, err)
+			}
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
 			}

@@ -308,6 +308,9 @@ type fakeBroker struct {
 	// it reports false to fall back to the normal service.
 	publishHook atomic.Pointer[pubHook]
 	subs        atomic.Int64 // subscribe frames received
+	// rawAnswer, when set, is written as the answer to every request
+	// instead, and the stream closed.
+	rawAnswer atomic.Pointer[[]byte]
 
 	ln     *transport.Listener
 	ctx    context.Context
@@ -408,12 +411,17 @@ func (b *fakeBroker) serveStream(conn *quic.Conn, str *quic.Stream) {
 	case *transport.Subscribe:
 		b.serveSubscribe(conn, f, r, w)
 	case *transport.Request:
+		if raw := b.rawAnswer.Load(); raw != nil {
+			_, _ = str.Write(*raw)
+			break
+		}
 		resp := b.serveRequest(f)
 		if f.ID != "" && b.loseAnswers.Add(-1) >= 0 {
 			str.CancelWrite(0)
 			str.CancelRead(0)
 			return
 		}
+		w.SetMaxFrame(transport.MaxMapFrame) // as a broker answers
 		_ = w.Write(resp)
 	}
 	_ = str.Close()

@@ -150,7 +150,9 @@ func WithBlockOnFull(block bool) Opt { return optFunc(func(c *config) { c.blockO
 func WithDialTimeout(d time.Duration) Opt { return optFunc(func(c *config) { c.dialTimeout = d }) }
 
 // WithTransport sets the QUIC transport settings (idle timeout, keep-alive,
-// windows, frame limit). The zero Config means transport's defaults.
+// windows, frame limit). The zero Config means transport's defaults. The
+// answers to admin requests, which may carry the whole shard map, are
+// read up to transport.MaxMapFrame whatever the frame limit.
 func WithTransport(tc transport.Config) Opt { return optFunc(func(c *config) { c.transport = tc }) }
 
 // WithReconnect sets the capped exponential backoff between attempts to

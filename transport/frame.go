@@ -69,6 +69,17 @@ const frameHeaderLen = 5
 // plus body).
 const DefaultMaxFrame = 4 << 20
 
+// MaxMapFrame bounds the frames that carry a whole shard map: what the
+// control plane writes (map pushes, admin answers) and what a broker
+// writes in answer to an admin request (map.get from its own map, the
+// control plane's answers it relays), and what their readers accept. A
+// map of many streams of thousands of shards outgrows DefaultMaxFrame
+// well within the control plane's limits, so these frames are not bound
+// by a node's MaxFrame, which bounds what a peer may send unasked. A
+// [Reader] grows its buffer only as a frame's bytes arrive: the larger
+// limit costs nothing until such a frame is sent.
+const MaxMapFrame = 64 << 20
+
 // publishFrameOverhead is what a [Publish] or a one-record [Records] frame
 // adds to its record's key, value, producer id and header bytes, with room
 // to spare: the type byte, the field headers, a stream name and node id of

@@ -98,7 +98,9 @@ const DefaultLeaseTTL = 3 * time.Second
 // MaxMapFrame bounds the frames carrying maps: what ctl writes and what
 // members and admin clients read from ctl. A map of many streams with
 // thousands of shards each can exceed transport's default frame limit.
-const MaxMapFrame = 64 << 20
+// It is transport.MaxMapFrame, which brokers and the SDK use for their
+// admin answers too.
+const MaxMapFrame = transport.MaxMapFrame
 
 const minBackoff = 50 * time.Millisecond
 
