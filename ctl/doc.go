@@ -27,7 +27,8 @@
 //
 // Liveness is an etcd lease held by the ctl the registration reaches (see
 // live.go): the key live/<node> is put with it, every heartbeat keeps it
-// alive, and the key is deleted when the registration ends. Brokers do
+// alive, and the key is deleted when the registration ends (unless it was
+// handed over: see below). Brokers do
 // not talk to etcd: one protocol, and the mTLS roles of transport, stay
 // as they are. The leader watches live/ and makes the map say so. A ctl
 // that closes or dies leaves its brokers' leases to run out; a broker
@@ -41,15 +42,22 @@
 // with a [transport.Heartbeat] of its own, before it renews the lease,
 // to a broker that advertises [transport.FeatureHeartbeatAcks], and says
 // it does in the maps of the registration ([transport.MapUpdate].Features);
-// a member registered with such a ctl drops a registration whose
-// heartbeats went unanswered for half a lease (at least 500ms) and
+// a member registered with such a ctl drops a registration on which ctl
+// sent nothing (no answer, no map) for half a lease (at least 500ms) and
 // registers with the next ctl, and it waits as long at most for the first
 // map of a registration. (Neither side expects answers from a process of
-// an earlier version.) A ctl alive but cut off from etcd's quorum
-// cannot renew the leases it holds: it tells a broker whose lease went
-// unrenewed for half its time to register elsewhere (CodeUnavailable),
-// and, once it finds etcd out of reach, all of them, refusing new
-// registrations and map.get until it reaches etcd again (cutoff.go).
+// an earlier version.) A member cannot tell a stuck ctl from answers
+// merely delayed, so it ends a registration it gives up on as handed
+// over (QUIC codes streamCodeHandOver, connCodeHandOver; see register.go),
+// and the ctl, if it is not stuck, leaves the broker's live/ key for the
+// next ctl to adopt the lease, as on its own hand-over: the broker is not
+// shown down and back for it. (A ctl of an earlier version takes the
+// codes for the stream's end and deletes the key.) A ctl alive but cut
+// off from etcd's quorum cannot renew the leases it holds: it tells a
+// broker whose lease went unrenewed for half its time to register
+// elsewhere (CodeUnavailable), and, once it finds etcd out of reach, all
+// of them, refusing new registrations and map.get until it reaches etcd
+// again (cutoff.go).
 //
 // A node that registers becomes a member: membership is persisted, and
 // ends only when an operator removes a member lost for good, once it is

@@ -22,6 +22,29 @@ const (
 	streamCodeReplaced quic.StreamErrorCode = 1 // a newer registration of the node replaced this one
 )
 
+// The codes with which a member (ctlclient) ends a registration it leaves
+// for another ctl, because this one did not answer in time: the
+// registration stream's reset and the connection's close. Like this
+// ctl's own hand-over, the broker's lease is left to the ctl it
+// registers with next (see memberHandedOver). Wire values, as ctlclient
+// sends them: never renumber.
+const (
+	streamCodeHandOver quic.StreamErrorCode      = 2
+	connCodeHandOver   quic.ApplicationErrorCode = 3
+)
+
+// memberHandedOver reports whether err, which ended a registration
+// stream's reads, is the member leaving for another ctl (see
+// streamCodeHandOver), not a broker gone.
+func memberHandedOver(err error) bool {
+	var se *quic.StreamError
+	if errors.As(err, &se) && se.Remote && se.ErrorCode == streamCodeHandOver {
+		return true
+	}
+	var ae *quic.ApplicationError
+	return errors.As(err, &ae) && ae.Remote && ae.ErrorCode == connCodeHandOver
+}
+
 // session is one registration stream of one broker. Its reader runs in the
 // goroutine serving the stream; its writer goroutine is the only one that
 // writes to the stream, sending the latest map whenever push signals it.
@@ -107,8 +130,10 @@ func (ss *session) handOver(failure *transport.Error) {
 // broker's identity, takes its liveness lease in etcd (live/<node>),
 // starts the writer that pushes maps, and renews the lease on every
 // heartbeat until the stream ends, when the lease key is deleted (unless
-// a newer registration took it over, or this ctl is closing: then the
-// broker re-registers elsewhere and adopts the lease before it runs out).
+// a newer registration took it over, or the registration was handed
+// over, by this ctl or by the member leaving it for another, or this ctl
+// is closing: then the broker re-registers elsewhere and adopts the
+// lease before it runs out).
 func (s *Server) serveRegistration(conn *quic.Conn, str *quic.Stream, r *transport.Reader, w *transport.Writer, reg *transport.Register) {
 	certID, err := transport.PeerNodeID(conn)
 	if err != nil {
@@ -200,8 +225,12 @@ func (s *Server) serveRegistration(conn *quic.Conn, str *quic.Stream, r *transpo
 	// with another ctl (or this one restarted) and adopt their leases.
 	// So does a registration handed over because etcd is out of reach
 	// (a delete could only land once it is back, after the broker took
-	// its lease elsewhere, or just before).
-	if !closing && !ss.handedOver.Load() && s.releaseLive(lease) {
+	// its lease elsewhere, or just before), and one the member left for
+	// another ctl because this one did not answer it in time (answers
+	// delayed, or this ctl stuck): the broker did not go, and deleting
+	// its key would show it down, then live again.
+	handedOver := ss.handedOver.Load() || memberHandedOver(reason)
+	if !closing && !handedOver && s.releaseLive(lease) {
 		s.mu.Lock()
 		if s.mu.leader && !s.mu.closed && s.mu.st.end(node.ID, lease.session) {
 			s.commitLocked("node down " + node.ID)
@@ -219,7 +248,7 @@ func (s *Server) serveRegistration(conn *quic.Conn, str *quic.Stream, r *transpo
 	str.CancelRead(streamCodeDone)
 	<-ss.writerDone
 	if !closing {
-		s.log.Info("registration ended", "node", node.ID, "reason", reason)
+		s.log.Info("registration ended", "node", node.ID, "handed_over", handedOver, "reason", reason)
 	}
 }
 

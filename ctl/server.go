@@ -99,7 +99,8 @@ const DefaultCtlTTL = 3 * time.Second
 // bounded by Config.Transport.MaxFrame instead.
 const mapFrameMax = ctlclient.MaxMapFrame
 
-// Connection error codes ctl closes connections with.
+// Connection error codes ctl closes connections with. (A member closes
+// one with connCodeHandOver: register.go.)
 const (
 	connCodeShuttingDown  quic.ApplicationErrorCode = 1
 	connCodeWrongProtocol quic.ApplicationErrorCode = 2

@@ -10,34 +10,41 @@ import (
 
 // TestUnansweredHeartbeats: a member registered with a ctl that says it
 // answers heartbeats (transport.FeatureHeartbeatAcks) keeps the
-// registration while the ctl answers, drops it when no answer came for
-// half a lease (at least 500ms), and registers again; with a ctl of an
-// earlier version, which answers none and says nothing of it, it keeps
-// the registration.
+// registration while the ctl answers (or pushes maps), drops it when
+// nothing came for half a lease (at least 500ms), ending it as handed
+// over (the ctl keeps its lease for the next), and registers again; with
+// a ctl of an earlier version, which answers none and says nothing of
+// it, it keeps the registration.
 func TestUnansweredHeartbeats(t *testing.T) {
 	const wait = 1500 * time.Millisecond // three times the member's answer timeout
 	for _, tc := range []struct {
 		name     string
 		features []string
 		answer   bool
+		maps     bool // answers with maps, not heartbeats
 		dropped  bool
 	}{
-		{"answered", transport.Features(), true, false},
-		{"unanswered", transport.Features(), false, true},
-		{"earlier ctl", nil, false, false},
+		{"answered", transport.Features(), true, false, false},
+		{"answered with maps", transport.Features(), false, true, false},
+		{"unanswered", transport.Features(), false, false, true},
+		{"earlier ctl", nil, false, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := startFakeCtl(t, tc.features...)
 			f.answer.Store(tc.answer)
+			f.answerWithMaps.Store(tc.maps)
 			m := f.join(t)
 			time.Sleep(wait)
-			regs, hbs := f.registrations.Load(), f.heartbeats.Load()
-			t.Logf("in %v: %d registrations, %d heartbeats", wait, regs, hbs)
+			regs, hbs, handOvers := f.registrations.Load(), f.heartbeats.Load(), f.handOvers.Load()
+			t.Logf("in %v: %d registrations, %d heartbeats, %d ended as handed over", wait, regs, hbs, handOvers)
 			if hbs < 5 {
 				t.Fatalf("%d heartbeats in %v, want one every 100ms", hbs, wait)
 			}
 			if dropped := regs > 1; dropped != tc.dropped {
 				t.Errorf("%d registrations in %v (unlinked %v): dropped %v, want %v", regs, wait, m.Unlinked(), dropped, tc.dropped)
+			}
+			if tc.dropped && handOvers == 0 {
+				t.Errorf("%d registrations dropped, none ended as handed over: the ctl would delete the broker's live/ key and show it down", regs-1)
 			}
 		})
 	}
@@ -46,7 +53,9 @@ func TestUnansweredHeartbeats(t *testing.T) {
 // TestFirstMapWaitIsBounded: a member waits for the first map of a
 // registration half a lease (at least 500ms), then tries again (the next
 // ctl of its list, here the same), rather than for as long as a ctl
-// whose registration handling is stuck keeps its QUIC connection up.
+// whose registration handling is stuck keeps its QUIC connection up. It
+// ends each attempt as handed over: ctl may have registered the broker
+// (etcd slow), and keeps the lease for the next ctl to adopt.
 func TestFirstMapWaitIsBounded(t *testing.T) {
 	f := startFakeCtl(t, transport.Features()...)
 	f.withholdMaps.Store(true)
@@ -61,5 +70,9 @@ func TestFirstMapWaitIsBounded(t *testing.T) {
 	// Four in 2s: 500ms each, and the backoff after each round.
 	if n := f.registrations.Load(); n < 2 {
 		t.Errorf("Join with a ctl that sends no map: %v after %d registrations; want attempts given up after 500ms each", err, n)
+	}
+	// Join's last attempt ended with ctx, not given up on.
+	if n, handOvers := f.registrations.Load(), f.handOvers.Load(); handOvers < n-1 {
+		t.Errorf("%d registrations given up on for want of a first map, %d ended as handed over: ctl would delete the broker's live/ key and show it down", n-1, handOvers)
 	}
 }

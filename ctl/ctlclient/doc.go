@@ -7,10 +7,13 @@
 // package ctl: dialing a ctl (moving to the next of CtlAddrs when one
 // fails), the long-lived registration stream, heartbeats every LeaseTTL/3
 // (and, from a ctl that answers them, transport.FeatureHeartbeatAcks,
-// dropping a registration whose heartbeats went unanswered for half a
-// lease, at least 500ms, for the next ctl: a ctl whose registration
-// handling is stuck while its QUIC stack answers keeps no broker; the
-// first map of a registration is waited for as long at most),
+// dropping a registration on which ctl sent nothing, no answer and no
+// map, for half a lease, at least 500ms, for the next ctl: a ctl whose
+// registration handling is stuck while its QUIC stack answers keeps no
+// broker; the first map of a registration is waited for as long at most;
+// a registration so given up on is ended with codes saying it is handed
+// over, so that ctl keeps the broker's lease for the next ctl to adopt
+// rather than showing the broker down),
 // reconnecting with capped jittered backoff, and adopting each map whose
 // epoch is above the one held. The backoff grows after each round of
 // ctls that failed and each registration that ended within a lease, and

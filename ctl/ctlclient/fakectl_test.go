@@ -3,6 +3,7 @@ package ctlclient
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"log/slog"
 	"path/filepath"
 	"sync"
@@ -27,6 +28,9 @@ type fakeCtl struct {
 	mp        atomic.Pointer[shardmap.Map]
 
 	registrations, heartbeats, mapGets atomic.Int64
+	// handOvers counts the registrations the member ended as left for
+	// another ctl (streamCodeHandOver, connCodeHandOver).
+	handOvers atomic.Int64
 
 	// endRegistrations makes it end each registration right after its
 	// first map, saying nothing, as an earlier ctl replacing it did.
@@ -39,6 +43,9 @@ type fakeCtl struct {
 	// answer makes it answer heartbeats, as a ctl with
 	// transport.FeatureHeartbeatAcks does unless it is stuck.
 	answer atomic.Bool
+	// answerWithMaps makes it answer each heartbeat with its map instead
+	// (a map pushed, no answer).
+	answerWithMaps atomic.Bool
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -139,21 +146,39 @@ func (f *fakeCtl) serveStream(str *quic.Stream) {
 		}
 	case *transport.Register:
 		f.registrations.Add(1)
-		if f.withholdMaps.Load() {
-			<-f.ctx.Done()
-			return
-		}
-		if w.Write(&transport.MapUpdate{Map: f.mp.Load(), Features: f.features}) != nil || f.endRegistrations.Load() {
-			return
+		if !f.withholdMaps.Load() {
+			if w.Write(&transport.MapUpdate{Map: f.mp.Load(), Features: f.features}) != nil || f.endRegistrations.Load() {
+				return
+			}
 		}
 		for {
 			if _, err := r.Read(); err != nil {
+				if handedOver(err) {
+					f.handOvers.Add(1)
+				}
 				return
 			}
 			f.heartbeats.Add(1)
-			if f.answer.Load() && w.Write(&transport.Heartbeat{NodeID: "b0", Epoch: f.mp.Load().Epoch}) != nil {
+			var answer transport.Frame
+			switch {
+			case f.withholdMaps.Load():
+			case f.answerWithMaps.Load():
+				answer = &transport.MapUpdate{Map: f.mp.Load(), Features: f.features}
+			case f.answer.Load():
+				answer = &transport.Heartbeat{NodeID: "b0", Epoch: f.mp.Load().Epoch}
+			}
+			if answer != nil && w.Write(answer) != nil {
 				return
 			}
 		}
 	}
+}
+
+// handedOver reports whether err, which ended the reads of a
+// registration, is the member leaving for another ctl.
+func handedOver(err error) bool {
+	var se *quic.StreamError
+	var ae *quic.ApplicationError
+	return errors.As(err, &se) && se.Remote && se.ErrorCode == streamCodeHandOver ||
+		errors.As(err, &ae) && ae.Remote && ae.ErrorCode == connCodeHandOver
 }

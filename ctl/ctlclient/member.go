@@ -44,9 +44,10 @@ type MemberConfig struct {
 	// empty list advertises none, as a broker of an earlier version.
 	Node transport.Register
 	// LeaseTTL must match the control plane's; heartbeats are sent every
-	// LeaseTTL/3, and a ctl that answers heartbeats but answered none for
-	// LeaseTTL/2 (at least 500ms), or sends no first map within as long,
-	// is left for the next. Default 3s.
+	// LeaseTTL/3, and a ctl that answers heartbeats but sent nothing (no
+	// answer, no map) for LeaseTTL/2 (at least 500ms), or sends no first
+	// map within as long, is left for the next, which adopts the lease.
+	// Default 3s.
 	LeaseTTL time.Duration
 	// MaxBackoff caps the delay between connection attempts, which starts
 	// at 50ms and doubles (with jitter) after every round of the ctls
@@ -110,6 +111,17 @@ const opMapGet = "map.get"
 // streamCodeDone is the QUIC stream error code for "nothing more to read
 // or write", as ctl uses it.
 const streamCodeDone quic.StreamErrorCode = 0
+
+// The codes with which a member ends a registration it leaves for
+// another ctl because this one did not answer in time (handOver): its
+// registration stream (reset) and its connection. ctl (register.go,
+// server.go) leaves the broker's lease to the ctl it registers with next,
+// as on its own hand-over; a ctl of an earlier version reads them as the
+// stream's end. Wire values: never renumber.
+const (
+	streamCodeHandOver quic.StreamErrorCode      = 2
+	connCodeHandOver   quic.ApplicationErrorCode = 3
+)
 
 func (c MemberConfig) withDefaults() MemberConfig {
 	if c.CtlAddr != "" && !slices.Contains(c.CtlAddrs, c.CtlAddr) {
@@ -194,8 +206,8 @@ type ctlLink struct {
 	r    *transport.Reader
 	w    *transport.Writer
 	// acks is whether ctl answers heartbeats (both advertise
-	// transport.FeatureHeartbeatAcks): the link is dropped when it has
-	// answered none for answerTimeout.
+	// transport.FeatureHeartbeatAcks): the link is dropped when ctl has
+	// sent nothing (no answer, no map) for answerTimeout.
 	acks bool
 }
 
@@ -388,8 +400,8 @@ func (m *Member) setConn(conn *quic.Conn) {
 
 // Unlinked returns how long the member has been without its registration
 // link to a ctl, 0 while it has one. Past the lease, the control plane
-// sees this node down. A link to a ctl that answers heartbeats but left
-// them unanswered for half a lease is dropped (see MemberConfig.LeaseTTL),
+// sees this node down. A link to a ctl that answers heartbeats but sent
+// nothing for half a lease is dropped (see MemberConfig.LeaseTTL),
 // so a stuck ctl does not count as one.
 func (m *Member) Unlinked() time.Duration {
 	m.mu.Lock()
@@ -479,7 +491,9 @@ func (m *Member) answerTimeout() time.Duration {
 
 // register makes one attempt: dial, open the registration stream, send
 // Register, and read the first map, waiting for it answerTimeout at most
-// (a ctl whose registrations are stuck sends none).
+// (a ctl whose registrations are stuck sends none). A registration given
+// up on for want of its first map is ended as handed over (handOver):
+// ctl may have registered the broker by then.
 func (m *Member) register(ctx context.Context) (link *ctlLink, err error) {
 	conn, err := transport.Dial(ctx, m.ctlAddr(), m.cfg.TLS, m.ctlTransport())
 	if err != nil {
@@ -514,6 +528,9 @@ func (m *Member) register(ctx context.Context) (link *ctlLink, err error) {
 	f, err := link.r.Read()
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// ctl may have registered the broker meanwhile (etcd slow):
+			// its lease is left for the next ctl to adopt.
+			handOver(link)
 			return nil, fmt.Errorf("read first map: none within %v: %w", wait, err)
 		}
 		return nil, fmt.Errorf("read first map: %w", ctxErr(ctx, err))
@@ -579,10 +596,12 @@ func (m *Member) run(link *ctlLink) {
 
 // serve heartbeats on link from a second goroutine while it reads map
 // updates and ctl's answers to heartbeats, until the link fails or the
-// member closes. From a ctl that answers heartbeats, no answer for
-// answerTimeout fails the link: that ctl is not keeping the registration
-// (its goroutines stuck while its QUIC stack still answers), and the
-// member registers with the next before the lease runs out.
+// member closes. From a ctl that answers heartbeats, nothing (no answer,
+// no map) for answerTimeout fails the link: that ctl is not keeping the
+// registration (its goroutines stuck while its QUIC stack still answers,
+// or its answers delayed past the time left to move), and the member
+// ends the link as handed over (handOver) and registers with the next
+// before the lease runs out, adopting it there.
 func (m *Member) serve(link *ctlLink) error {
 	stop := context.AfterFunc(m.ctx, func() { link.conn.CloseWithError(0, "member closing") })
 	defer stop()
@@ -602,15 +621,19 @@ func (m *Member) serve(link *ctlLink) error {
 		f, err := link.r.Read()
 		if err != nil {
 			if link.acks && errors.Is(err, os.ErrDeadlineExceeded) {
-				return fmt.Errorf("ctl answered no heartbeat for %v: its registration is not kept (is it hung?): %w", wait, err)
+				handOver(link)
+				return fmt.Errorf("ctl sent nothing for %v (no answer to a heartbeat): its registration is not kept (is it hung?): %w", wait, err)
 			}
 			return err
 		}
+		if link.acks {
+			// Any frame says ctl's writer is alive, a map pushed as much
+			// as an answer.
+			_ = link.str.SetReadDeadline(time.Now().Add(wait))
+		}
 		switch f := f.(type) {
 		case *transport.Heartbeat:
-			if link.acks {
-				_ = link.str.SetReadDeadline(time.Now().Add(wait))
-			}
+			// ctl's answer: the deadline moved on above.
 		case *transport.MapUpdate:
 			if f.Map == nil {
 				return transport.Errorf(transport.CodeMalformed, "map update without a map")
@@ -628,6 +651,17 @@ func (m *Member) serve(link *ctlLink) error {
 			return transport.Errorf(transport.CodeUnexpectedFrame, "ctl sent a %v frame on the registration stream", f.Type())
 		}
 	}
+}
+
+// handOver ends link as one this member leaves for another ctl, with
+// the codes that tell ctl so: ctl keeps the broker's lease for the ctl it
+// registers with next to adopt, instead of deleting its live/ key as for
+// a broker gone (the node would be shown down, then live again: two maps
+// for every broker and client). Both codes are sent, the stream's first:
+// whichever reaches ctl first ends the registration there.
+func handOver(link *ctlLink) {
+	link.str.CancelWrite(streamCodeHandOver)
+	link.conn.CloseWithError(connCodeHandOver, "member registers with another ctl")
 }
 
 // heartbeat sends a Heartbeat every LeaseTTL/3 until stop closes, and,
