@@ -21,8 +21,9 @@ const ctlPrincipal = "\x00ctl"
 // relayed: ctlclient.Member.Refresh asking for a map newer than its
 // registration stream brought): a member of the cluster, which reads the
 // whole map, ACL included, as the registration stream pushes it. It
-// allows nothing else. Like ctlPrincipal, no certificate can name it and
-// it is never sent.
+// allows nothing else, and only a broker that advertises
+// transport.FeatureMemberMapGet has it (see memberMapGet). Like
+// ctlPrincipal, no certificate can name it and it is never sent.
 const memberPrincipal = "\x00member"
 
 // Admin operations, the values of transport.Request.Op. OpStreamMove
@@ -53,7 +54,8 @@ const (
 // client certificate's name on a client's own connection, or, on a
 // broker's connection (node certificate), the principal the broker relays
 // for its client. A broker is never a principal itself; with no principal
-// relayed it may only read the map it is pushed (map.get), as a member.
+// relayed it may only read the map it is pushed (map.get), as a member,
+// if it advertises transport.FeatureMemberMapGet.
 func (s *Server) serveAdmin(conn *quic.Conn, str *quic.Stream, w *transport.Writer, req *transport.Request) {
 	defer str.Close()
 	defer str.CancelRead(streamCodeDone)
@@ -62,7 +64,7 @@ func (s *Server) serveAdmin(conn *quic.Conn, str *quic.Stream, w *transport.Writ
 		return
 	}
 	var resp *transport.Response
-	principal, err := requestPrincipal(conn, req)
+	principal, err := s.requestPrincipal(conn, req)
 	if err == nil {
 		resp, err = s.handle(principal, req)
 	}
@@ -81,7 +83,7 @@ func (s *Server) serveAdmin(conn *quic.Conn, str *quic.Stream, w *transport.Writ
 }
 
 // requestPrincipal returns who an admin request on conn acts for.
-func requestPrincipal(conn *quic.Conn, req *transport.Request) (string, error) {
+func (s *Server) requestPrincipal(conn *quic.Conn, req *transport.Request) (string, error) {
 	id, err := transport.PeerIdentity(conn)
 	if err != nil {
 		return "", transport.Errorf(transport.CodeUnauthorized, "admin request %q needs a client certificate: %v", req.Op, err)
@@ -98,7 +100,7 @@ func requestPrincipal(conn *quic.Conn, req *transport.Request) (string, error) {
 		return req.Principal, nil
 	case transport.RoleNode:
 		switch p := req.Principal; {
-		case p == "" && req.Op == OpMapGet:
+		case p == "" && req.Op == OpMapGet && s.memberMapGet(conn, id.Name):
 			// The broker's own request (Member.Refresh): the map its
 			// registration would be pushed.
 			return memberPrincipal, nil
@@ -114,6 +116,18 @@ func requestPrincipal(conn *quic.Conn, req *transport.Request) (string, error) {
 		return req.Principal, nil
 	}
 	return "", transport.Errorf(transport.CodeUnauthorized, "a %s certificate (%q) cannot make admin requests", id.Role, id.Name)
+}
+
+// memberMapGet reports whether node's own map.get on conn is answered:
+// conn carries the node's registration with this ctl, made with
+// transport.FeatureMemberMapGet (the features of the registration on the
+// same connection are those of the process asking). A broker of an
+// earlier version asks map.get again at once whenever it is answered
+// (its Refresh loop), so it is refused, as earlier ctls refused it, and
+// waits its poll interval.
+func (s *Server) memberMapGet(conn *quic.Conn, node string) bool {
+	v, ok := s.mapGetConns.Load(conn)
+	return ok && v.(*session).node == node
 }
 
 // handle executes an admin request for principal.

@@ -195,8 +195,12 @@
 // Node and client certificates may both make them (brokers proxy their
 // clients' admin requests, for their principals), and so may another ctl
 // forwarding a change. A broker asking map.get for itself, with no
-// principal (ctlclient.Member.Refresh), gets the whole map, as its
-// registration stream pushes it; its certificate allows it nothing else.
+// principal (ctlclient.Member.Refresh), on the connection of its
+// registration made with [transport.FeatureMemberMapGet], gets the whole
+// map, as its registration stream pushes it; its certificate allows it
+// nothing else. One that registered without the feature (an earlier
+// version, whose Refresh asks again at once whenever it is answered) is
+// refused, as earlier ctls refused it, and waits its poll interval.
 //
 // # Usage
 //

@@ -1,7 +1,9 @@
 package ctl
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"testing"
 	"time"
@@ -159,5 +161,53 @@ func TestHeartbeatAnswers(t *testing.T) {
 		if want := map[bool]int{true: 3, false: 0}[tc.features != nil]; answers != want {
 			t.Errorf("%s (features %q): %d heartbeats answered of 3, want %d", tc.node, tc.features, answers, want)
 		}
+	}
+}
+
+// TestEarlierMemberRefreshAgainstThisCtl runs the Refresh loop of a
+// member of an earlier version (ask map.get; on an answer, ask again at
+// once; else wait for a push or LeaseTTL/3) against this ctl, waiting
+// for an epoch ctl does not hold yet (a peer or a client named a newer
+// one; a follower ctl lagging), as in a rolling upgrade that updates ctl
+// first. Earlier ctls refused the member's map.get, so the loop waited
+// its poll interval; answered, it asks again at once, about a thousand
+// times a second. So this ctl answers a broker's own map.get only when
+// its registration on that connection advertises
+// transport.FeatureMemberMapGet (TestMemberMapGet), and refuses it, as
+// before, to one that does not.
+func TestEarlierMemberRefreshAgainstThisCtl(t *testing.T) {
+	p := newPKI(t)
+	srv := startCtl(t, p, t.TempDir(), "127.0.0.1:0")
+	earlier := slices.DeleteFunc(transport.Features(), func(f string) bool { return f == transport.FeatureMemberMapGet })
+	m := joinWith(t, p, srv.Addr(), "b0", earlier)
+	want := m.Map().Epoch + 1000 // not coming
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	poll := shortTTL / 3
+	asked := 0
+	var lastErr error
+	for ctx.Err() == nil {
+		changed := m.Changed()
+		if m.Map().Epoch >= want {
+			break
+		}
+		asked++
+		resp, err := m.Request(ctx, &transport.Request{Op: OpMapGet})
+		if err == nil && resp.Map != nil {
+			continue // the earlier member adopts it and asks again
+		}
+		lastErr = err
+		select {
+		case <-changed:
+		case <-time.After(poll):
+		case <-ctx.Done():
+		}
+	}
+	t.Logf("an earlier member's Refresh asked map.get %d times in 1s (poll interval %v); last refusal: %v", asked, poll, lastErr)
+	if limit := int(time.Second/poll) + 2; asked > limit {
+		t.Fatalf("an earlier member's Refresh asked map.get %d times in 1s, more than once per poll interval (%d)", asked, limit)
+	}
+	if !errors.Is(lastErr, transport.ErrUnauthorized) {
+		t.Errorf("an earlier member's own map.get: %v, want unauthorized, as earlier ctls answered it", lastErr)
 	}
 }

@@ -73,11 +73,16 @@ type session struct {
 	// (capacity 1: one answer for all the heartbeats read meanwhile).
 	acks bool
 	ack  chan struct{}
+	// mapGet is whether the broker's own map.get on the connection of
+	// the registration is answered (transport.FeatureMemberMapGet; see
+	// Server.mapGetConns).
+	mapGet bool
 }
 
 func newSession(ctx context.Context, reg *transport.Register, str *quic.Stream) *session {
 	ss := &session{node: reg.NodeID, str: str, notify: make(chan struct{}, 1), stop: make(chan struct{}), writerDone: make(chan struct{}),
-		acks: slices.Contains(reg.Features, transport.FeatureHeartbeatAcks), ack: make(chan struct{}, 1)}
+		acks: slices.Contains(reg.Features, transport.FeatureHeartbeatAcks), ack: make(chan struct{}, 1),
+		mapGet: slices.Contains(reg.Features, transport.FeatureMemberMapGet)}
 	ss.ctx, ss.cancel = context.WithCancel(ctx)
 	return ss
 }
@@ -191,6 +196,9 @@ func (s *Server) serveRegistration(conn *quic.Conn, str *quic.Stream, r *transpo
 	}
 	old := s.mu.sessions[node.ID]
 	s.mu.sessions[node.ID] = ss
+	if ss.mapGet {
+		s.mapGetConns.Store(conn, ss)
+	}
 	joined := s.applyRegisterLocked(node, lease.session)
 	// The current map first: the last one committed and pushed (on the
 	// leader, with the node live once that is committed; publishLocked
@@ -219,6 +227,7 @@ func (s *Server) serveRegistration(conn *quic.Conn, str *quic.Stream, r *transpo
 	if s.mu.sessions[node.ID] == ss {
 		delete(s.mu.sessions, node.ID)
 	}
+	s.mapGetConns.CompareAndDelete(conn, ss)
 	closing := s.mu.closed || s.ctx.Err() != nil // Close cancels before it locks
 	s.mu.Unlock()
 	// While ctl closes, every registration ends; the brokers register

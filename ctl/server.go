@@ -166,6 +166,13 @@ type Server struct {
 		retrying bool
 	}
 
+	// mapGetConns holds the connections carrying a registration made
+	// with transport.FeatureMemberMapGet (*quic.Conn to its *session),
+	// on which the broker's own map.get is answered (memberMapGet). Not
+	// under mu: a commit holds mu across its etcd write, and map.get
+	// answers from the current map without waiting for one.
+	mapGetConns sync.Map
+
 	// lost tells the election loop a fenced write failed: this ctl is no
 	// longer the leader. Capacity 1.
 	lost chan struct{}

@@ -34,9 +34,18 @@ const (
 	// would refuse the frame), and a broker expects answers only from a
 	// ctl that does.
 	FeatureHeartbeatAcks = "heartbeat-acks"
+	// FeatureMemberMapGet: the broker's own map.get (no principal
+	// relayed, as ctlclient's Member.Refresh asks it) waits for a push
+	// or its poll interval when the map answered is older than it waits
+	// for, and a ctl answers it (with the whole map, as the registration
+	// stream pushes it) only from a broker that advertises this, on the
+	// connection of its registration. A broker of an earlier version
+	// asks again at once whenever it is answered: it is refused, as
+	// earlier ctls refused it, and waits its poll interval.
+	FeatureMemberMapGet = "member-map-get"
 )
 
 // Features returns the features of this build, a new slice each call.
 func Features() []string {
-	return []string{FeatureReplicaMoves, FeatureRequestIDs, FeatureReplicaReports, FeatureHeartbeatAcks}
+	return []string{FeatureReplicaMoves, FeatureRequestIDs, FeatureReplicaReports, FeatureHeartbeatAcks, FeatureMemberMapGet}
 }

@@ -273,6 +273,9 @@ func (m *Member) Changed() <-chan struct{} {
 // Refresh returns a map with Epoch >= minEpoch, waiting for ctl to push one
 // and asking it (map.get, at most every LeaseTTL/3) meanwhile, until ctx
 // ends. Brokers call it when a peer reports an epoch newer than theirs.
+// ctl answers the map.get only of a member registered with
+// transport.FeatureMemberMapGet (MemberConfig.Node.Features nil
+// advertises it); refused, Refresh waits for a push.
 func (m *Member) Refresh(ctx context.Context, minEpoch uint64) (*shardmap.Map, error) {
 	poll := m.cfg.LeaseTTL / 3
 	for {
