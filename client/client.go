@@ -105,6 +105,8 @@ func Connect(ctx context.Context, addr string, opts ...Opt) (*Client, error) {
 	}
 	// Best effort: the map spreads keyless records over shards and routes
 	// subscriptions; whatever needs it fetches it again if this fails.
+	// fetchMap bounds it by the request timeout: a broker that took the
+	// handshake and never answers does not hold Connect.
 	if _, err := c.refreshMap(ctx); err != nil {
 		cfg.logger.Debug("client: no shard map yet", "broker", addr, "err", err)
 	}
@@ -224,7 +226,8 @@ func raise(v *atomic.Uint64, epoch uint64) {
 }
 
 // refreshMap fetches the shard map from the home broker or, when it cannot
-// be reached, from the other brokers of the cached map.
+// be reached or does not answer within the request timeout, from the
+// other live brokers of the cached map, each within the request timeout.
 func (c *Client) refreshMap(ctx context.Context) (*shardmap.Map, error) {
 	m, err := c.fetchMap(ctx, c.home)
 	if err == nil {
@@ -251,9 +254,19 @@ func (c *Client) refreshMap(ctx context.Context) (*shardmap.Map, error) {
 	return nil, err
 }
 
+// fetchMap asks broker b for its shard map, waiting no longer than the
+// request timeout (WithRequestTimeout): a broker answers map.get from its
+// own copy, so one that has not answered by then is stuck, and the
+// caller (a subscription's shard goroutine, a publisher, Connect) goes on
+// without it rather than waiting as long as b's connection stays up.
 func (c *Client) fetchMap(ctx context.Context, b *brokerConn) (*shardmap.Map, error) {
-	resp, err := c.request(ctx, b, &transport.Request{Op: "map.get"})
+	rctx, cancel := context.WithTimeout(ctx, c.cfg.requestTimeout)
+	defer cancel()
+	resp, err := c.request(rctx, b, &transport.Request{Op: opMapGet})
 	if err != nil {
+		if ctx.Err() == nil && rctx.Err() != nil {
+			err = fmt.Errorf("no answer within %v (WithRequestTimeout; is the broker overloaded or stuck?): %w", c.cfg.requestTimeout, err)
+		}
 		return nil, fmt.Errorf("client: getting shard map from %s: %w", b.addr, err)
 	}
 	if resp.Map == nil {

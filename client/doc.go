@@ -95,6 +95,13 @@
 // broker restart, with credit-based flow control so a slow application
 // never makes a broker buffer more than [Credit] records per shard.
 //
+// A shard whose broker was lost is attached again by the shard map: the
+// client asks the broker given to Connect for it, and, when that one
+// cannot be reached or does not answer within [WithRequestTimeout], the
+// other live brokers of the last map seen; if none answers, it reattaches
+// by the map it has. No request the SDK makes on its own behalf waits
+// longer than that for one broker, Connect's fetch of the map included.
+//
 // The iterator was chosen over a channel because delivery then happens in
 // the application's goroutine: the SDK knows exactly which records the
 // application has taken (for the credit it grants and the offsets

@@ -311,6 +311,10 @@ type fakeBroker struct {
 	// rawAnswer, when set, is written as the answer to every request
 	// instead, and the stream closed.
 	rawAnswer atomic.Pointer[[]byte]
+	// hangRequests makes the broker read requests and never answer them
+	// (its request handling stuck while its QUIC stack still answers);
+	// publishes and subscriptions are still served.
+	hangRequests atomic.Bool
 
 	ln     *transport.Listener
 	ctx    context.Context
@@ -411,6 +415,13 @@ func (b *fakeBroker) serveStream(conn *quic.Conn, str *quic.Stream) {
 	case *transport.Subscribe:
 		b.serveSubscribe(conn, f, r, w)
 	case *transport.Request:
+		if b.hangRequests.Load() {
+			select {
+			case <-b.ctx.Done():
+			case <-str.Context().Done():
+			}
+			return
+		}
 		if raw := b.rawAnswer.Load(); raw != nil {
 			_, _ = str.Write(*raw)
 			break

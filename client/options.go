@@ -46,6 +46,10 @@ type config struct {
 	dialTimeout time.Duration
 	transport   transport.Config
 
+	// requestTimeout bounds each shard-map fetch from one broker
+	// (fetchMap). Default DefaultRequestTimeout.
+	requestTimeout time.Duration
+
 	// idempotent: publishers number their records and send again those
 	// of unknown outcome (WithIdempotence), for up to retryTimeout
 	// (default DefaultRetryTimeout).
@@ -65,6 +69,10 @@ const (
 	DefaultBackoffMax  = 5 * time.Second
 	DefaultCredit      = 1024
 )
+
+// DefaultRequestTimeout is how long the client waits for a broker to
+// answer a request it makes on its own behalf (see [WithRequestTimeout]).
+const DefaultRequestTimeout = 3 * time.Second
 
 func newConfig(opts []Opt) config {
 	c := config{blockOnFull: true}
@@ -87,6 +95,9 @@ func newConfig(opts []Opt) config {
 	}
 	if c.dialTimeout <= 0 {
 		c.dialTimeout = DefaultDialTimeout
+	}
+	if c.requestTimeout <= 0 {
+		c.requestTimeout = DefaultRequestTimeout
 	}
 	if c.backoffMin <= 0 {
 		c.backoffMin = DefaultBackoffMin
@@ -148,6 +159,25 @@ func WithBlockOnFull(block bool) Opt { return optFunc(func(c *config) { c.blockO
 // WithDialTimeout bounds one attempt to connect to one broker. Default
 // [DefaultDialTimeout].
 func WithDialTimeout(d time.Duration) Opt { return optFunc(func(c *config) { c.dialTimeout = d }) }
+
+// WithRequestTimeout bounds each request the client makes to a broker on
+// its own behalf: fetching the shard map, which a broker answers from its
+// own copy (at Connect; before a publisher or subscription routes by a
+// map that lacks its stream; when a broker named a newer map; after a
+// subscription lost its shard's broker), and the same fetch by
+// [Client.Map] and [Client.ReplicaStatus]. A broker that has not answered
+// within d (one whose request handling is stuck while its connection
+// still answers) counts as failed, as one that cannot be reached does:
+// the map is asked from the other live brokers of the last map seen,
+// each within d, and a subscription reattaches by the map it has.
+// Connect, whose map fetch is best effort, returns at most d after it is
+// connected. The caller's context still bounds all of it; the
+// application's own admin calls (CreateStream, Streams, ...) are bounded
+// by their context only. Default [DefaultRequestTimeout]; d <= 0 means
+// the default.
+func WithRequestTimeout(d time.Duration) Opt {
+	return optFunc(func(c *config) { c.requestTimeout = d })
+}
 
 // WithTransport sets the QUIC transport settings (idle timeout, keep-alive,
 // windows, frame limit). The zero Config means transport's defaults. The

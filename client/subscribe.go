@@ -513,7 +513,9 @@ func (sh *shardSub) run() {
 			return
 		}
 		if !isWire || werr.Code != transport.CodeNotOwner {
-			_, _ = c.refreshMap(ctx) // the owner may have moved
+			// The owner may have moved. Each broker asked gets the request
+			// timeout: if none answers, reattach by the map held.
+			_, _ = c.refreshMap(ctx)
 		}
 	}
 }
