@@ -392,27 +392,55 @@ const changeRetryFor = 15 * time.Second
 // already (a stream that "exists"). It retries only while the cluster
 // passes IDs on (retryChanges); otherwise it sends the change once, as
 // before. When it stops with an error after an attempt whose outcome was
-// unknown, the error also matches ErrConnectionLost.
+// unknown, the error also matches ErrConnectionLost: the connection was
+// lost after the request was sent, ctx ended after it was sent (the error
+// matches ctx's too), or the answer says the change may have been made
+// (mayHaveBeenMade).
 func (c *Client) change(ctx context.Context, req *transport.Request) (*transport.Response, error) {
 	req.ID = rand.Text()
 	retry := c.retryChanges()
 	deadline := time.Now().Add(changeRetryFor)
 	var unknown error // the first answer that left the outcome unknown
 	for attempt, delay := 1, 50*time.Millisecond; ; attempt, delay = attempt+1, min(2*delay, time.Second) {
-		resp, err := c.request(ctx, c.home, req)
+		resp, sent, err := c.roundTrip(ctx, c.home, req)
 		if err == nil {
 			return resp, nil
 		}
-		if unknown == nil && errors.Is(err, ErrConnectionLost) {
+		if sent && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			// The broker may have relayed it, and the control plane made it.
+			err = fmt.Errorf("%w: %s was sent to %s, and ctx ended before its answer came: %w", ErrConnectionLost, req.Op, c.home.addr, err)
+		}
+		if unknown == nil && (errors.Is(err, ErrConnectionLost) || mayHaveBeenMade(err)) {
 			unknown = err
 		}
 		if !retry || !changeRetriable(err) || time.Now().Add(delay).After(deadline) || !sleep(ctx, delay) {
-			if unknown != nil && !errors.Is(err, ErrConnectionLost) {
-				return nil, fmt.Errorf("%w: sent %d times with one request ID, and the connection of an attempt was lost after sending it (%v); the last answer: %w", ErrConnectionLost, attempt, unknown, err)
+			switch {
+			case unknown == nil || errors.Is(err, ErrConnectionLost):
+				return nil, err
+			case attempt == 1:
+				return nil, fmt.Errorf("%w: the answer says the change may have been made: %w", ErrConnectionLost, err)
 			}
-			return nil, err
+			return nil, fmt.Errorf("%w: sent %d times with one request ID, and an attempt's outcome was unknown (%v); the last answer: %w", ErrConnectionLost, attempt, unknown, err)
 		}
 	}
+}
+
+// mayHaveBeenMade reports whether err is an answer unavailable that
+// leaves an admin change's outcome unknown. The wire error carries no
+// field that says so, only its message: a broker's relay to the control
+// plane that failed after sending the request ("read response", from
+// ctlclient.Request: the ctl may have made the change and its answer
+// timed out or was lost, which a follower ctl forwarding to the leader
+// reports the same way), or a ctl that could not commit the change to
+// etcd ("may have been made"). A broker that could not reach the control
+// plane (not connected, no stream opened) or a ctl that lost its
+// leadership and rolled the change back made nothing.
+func mayHaveBeenMade(err error) bool {
+	var werr *transport.Error
+	if !errors.As(err, &werr) || werr.Code != transport.CodeUnavailable {
+		return false
+	}
+	return strings.Contains(werr.Message, "read response") || strings.Contains(werr.Message, "may have been made")
 }
 
 // retryChanges reports whether an admin change is sent again with its
@@ -458,16 +486,23 @@ func changeRetriable(err error) bool {
 // (frame_too_large); a stream that dies first yields an error wrapping
 // ErrConnectionLost.
 func (c *Client) request(ctx context.Context, b *brokerConn, req *transport.Request) (*transport.Response, error) {
+	resp, _, err := c.roundTrip(ctx, b, req)
+	return resp, err
+}
+
+// roundTrip is request, also reporting whether req was written whole
+// (the broker may have acted on it, whatever the error).
+func (c *Client) roundTrip(ctx context.Context, b *brokerConn, req *transport.Request) (_ *transport.Response, sent bool, _ error) {
 	conn, err := b.get(ctx)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	str, err := conn.OpenStreamSync(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return nil, false, ctx.Err()
 		}
-		return nil, fmt.Errorf("opening stream to %s: %w", b.addr, lost(err))
+		return nil, false, fmt.Errorf("opening stream to %s: %w", b.addr, lost(err))
 	}
 	stop := context.AfterFunc(ctx, func() { cancelStream(str) })
 	defer stop()
@@ -478,9 +513,9 @@ func (c *Client) request(ctx context.Context, b *brokerConn, req *transport.Requ
 	if err := w.Write(req); err != nil {
 		var werr *transport.Error
 		if errors.As(err, &werr) {
-			return nil, err // it did not encode; nothing was sent
+			return nil, false, err // it did not encode; nothing was sent
 		}
-		return nil, c.streamErr(ctx, b.addr, err)
+		return nil, false, c.streamErr(ctx, b.addr, err)
 	}
 	_ = str.Close() // no more frames from us
 	// An answer may carry the whole shard map, up to the limit the
@@ -494,22 +529,22 @@ func (c *Client) request(ctx context.Context, b *brokerConn, req *transport.Requ
 			if errors.As(err, &werr) && werr.Code == transport.CodeFrameTooLarge {
 				// The broker answered, more than this client reads: not an
 				// outcome unknown, nor one a retry changes.
-				return nil, fmt.Errorf("request %s to %s: the answer is larger than this client reads (a broker of a later version?): %w", req.Op, b.addr, err)
+				return nil, true, fmt.Errorf("request %s to %s: the answer is larger than this client reads (a broker of a later version?): %w", req.Op, b.addr, err)
 			}
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
 			}
-			return nil, c.streamErr(ctx, b.addr, err)
+			return nil, true, c.streamErr(ctx, b.addr, err)
 		}
 		switch f := f.(type) {
 		case *transport.Response:
-			return f, nil
+			return f, true, nil
 		case *transport.Error:
-			return nil, f
+			return nil, true, f
 		case *transport.MapUpdate:
 			c.storeMap(f.Map)
 		default:
-			return nil, fmt.Errorf("request %s to %s: %w", req.Op, b.addr, &transport.Error{Code: transport.CodeUnexpectedFrame, Message: "got a " + f.Type().String() + " frame"})
+			return nil, true, fmt.Errorf("request %s to %s: %w", req.Op, b.addr, &transport.Error{Code: transport.CodeUnexpectedFrame, Message: "got a " + f.Type().String() + " frame"})
 		}
 	}
 }

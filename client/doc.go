@@ -140,6 +140,15 @@
 // and broker, and a failed dial a [*DialError] whose message says what to
 // check.
 //
+// An admin change ([Client.CreateStream], [Client.DeleteStream],
+// [Client.Grant], ...) whose outcome is unknown fails with an error
+// matching [ErrConnectionLost]: its connection was lost after it was
+// sent, its context ended after it was sent and before the answer (the
+// error matches the context's error too), or the broker answered
+// unavailable in a way that says it may have been made (its relay to the
+// control plane got no answer, or the control plane could not commit it).
+// Ask the cluster (Streams, Grants, ...) to learn which.
+//
 // # Security
 //
 // Brokers are verified against the cluster CA ([WithCA], [WithCAFile]);

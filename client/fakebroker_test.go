@@ -315,6 +315,10 @@ type fakeBroker struct {
 	// (its request handling stuck while its QUIC stack still answers);
 	// publishes and subscriptions are still served.
 	hangRequests atomic.Bool
+	// refuseChanges, when set, answers every admin change with it (as a
+	// broker answers unavailable when its relay to the control plane
+	// failed), making none.
+	refuseChanges atomic.Pointer[transport.Error]
 
 	ln     *transport.Listener
 	ctx    context.Context
@@ -421,6 +425,10 @@ func (b *fakeBroker) serveStream(conn *quic.Conn, str *quic.Stream) {
 			case <-str.Context().Done():
 			}
 			return
+		}
+		if werr := b.refuseChanges.Load(); werr != nil && f.Op != opMapGet && f.Op != opClusterStatus {
+			_ = w.Write(werr)
+			break
 		}
 		if raw := b.rawAnswer.Load(); raw != nil {
 			_, _ = str.Write(*raw)
