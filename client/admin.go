@@ -493,16 +493,16 @@ func (c *Client) request(ctx context.Context, b *brokerConn, req *transport.Requ
 // roundTrip is request, also reporting whether req was written whole
 // (the broker may have acted on it, whatever the error).
 func (c *Client) roundTrip(ctx context.Context, b *brokerConn, req *transport.Request) (_ *transport.Response, sent bool, _ error) {
-	conn, err := b.get(ctx)
+	l, err := b.get(ctx)
 	if err != nil {
 		return nil, false, err
 	}
-	str, err := conn.OpenStreamSync(ctx)
+	str, err := l.conn.OpenStreamSync(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, false, ctx.Err()
 		}
-		return nil, false, fmt.Errorf("opening stream to %s: %w", b.addr, lost(err))
+		return nil, false, c.streamErr(ctx, l, fmt.Errorf("opening stream to %s: %w", b.addr, err))
 	}
 	stop := context.AfterFunc(ctx, func() { cancelStream(str) })
 	defer stop()
@@ -515,7 +515,7 @@ func (c *Client) roundTrip(ctx context.Context, b *brokerConn, req *transport.Re
 		if errors.As(err, &werr) {
 			return nil, false, err // it did not encode; nothing was sent
 		}
-		return nil, false, c.streamErr(ctx, b.addr, err)
+		return nil, false, c.streamErr(ctx, l, err)
 	}
 	_ = str.Close() // no more frames from us
 	// An answer may carry the whole shard map, up to the limit the
@@ -534,8 +534,9 @@ func (c *Client) roundTrip(ctx context.Context, b *brokerConn, req *transport.Re
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
 			}
-			return nil, true, c.streamErr(ctx, b.addr, err)
+			return nil, true, c.streamErr(ctx, l, err)
 		}
+		l.answer()
 		switch f := f.(type) {
 		case *transport.Response:
 			return f, true, nil
@@ -549,16 +550,21 @@ func (c *Client) roundTrip(ctx context.Context, b *brokerConn, req *transport.Re
 	}
 }
 
-// streamErr turns the error of a stream that died into the caller's
-// context error, ErrClosed, or an error wrapping ErrConnectionLost.
-func (c *Client) streamErr(ctx context.Context, addr string, err error) error {
+// streamErr turns the error of a stream on l that died into the caller's
+// context error, ErrClosed, the broker's refusal of the connection (a
+// *DialError), or an error wrapping ErrConnectionLost (link.failure).
+func (c *Client) streamErr(ctx context.Context, l *link, err error) error {
 	switch {
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case c.closed.Load():
 		return ErrClosed
 	}
-	return fmt.Errorf("stream to broker %s: %w", addr, lost(err))
+	err = l.failure(err)
+	if errors.Is(err, ErrConnectionLost) {
+		return fmt.Errorf("stream to broker %s: %w", l.b.addr, err)
+	}
+	return err
 }
 
 func (c *Client) maxFrame() int { return c.cfg.transport.WithDefaults().MaxFrame }

@@ -62,8 +62,13 @@ type Client struct {
 // The client presents the certificate given with [WithClientCert] or
 // [WithClientCertFile] (required): its name is the principal whose
 // permissions every operation is checked against.
-// Connect returns once the connection is up, or with an error if ctx ends
-// or the dial fails (see [DialError]).
+// Connect returns once the broker has answered the client's first request
+// (for the shard map) on the connection, or the dial timeout
+// ([WithDialTimeout]) has passed without an answer; it fails if ctx ends,
+// if the dial fails, or if the broker refuses the connection (a
+// [*DialError]: errors.Is(err, [ErrLimitExceeded]) when the principal has
+// as many connections to the broker as it allows, [ErrUnauthorized] for a
+// certificate that is not a client's).
 func Connect(ctx context.Context, addr string, opts ...Opt) (*Client, error) {
 	cfg := newConfig(opts)
 	if !cfg.insecure && cfg.ca == nil {
@@ -103,11 +108,20 @@ func Connect(ctx context.Context, addr string, opts ...Opt) (*Client, error) {
 		c.Close()
 		return nil, err
 	}
-	// Best effort: the map spreads keyless records over shards and routes
-	// subscriptions; whatever needs it fetches it again if this fails.
-	// fetchMap bounds it by the request timeout: a broker that took the
-	// handshake and never answers does not hold Connect.
-	if _, err := c.refreshMap(ctx); err != nil {
+	// A broker refuses a connection only once the handshake is done (it
+	// closes it with limit_exceeded or unauthorized): the answer to the
+	// first request says whether it took it. Otherwise the map is best
+	// effort: it spreads keyless records over shards and routes
+	// subscriptions, and whatever needs it fetches it again if this
+	// fails. fetchMap bounds it by the request timeout: a broker that
+	// took the handshake and never answers does not hold Connect.
+	_, err = c.refreshMap(ctx)
+	var derr *DialError
+	if errors.As(err, &derr) {
+		c.Close()
+		return nil, derr
+	}
+	if err != nil {
 		cfg.logger.Debug("client: no shard map yet", "broker", addr, "err", err)
 	}
 	return c, nil

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -21,6 +22,14 @@ import (
 // runs the connection, and the users of the connection (publish sessions,
 // shard subscriptions, requests) notice its death on their own streams and
 // come back for a new one.
+//
+// A completed handshake is not yet a working connection: a broker refuses
+// a client's connection by closing it right after the handshake, with
+// limit_exceeded (the principal has MaxConnsPerPrincipal connections to
+// it already, or the broker has MaxConns) or unauthorized (a certificate
+// of the wrong role). So the backoff starts over only once a connection
+// carried an answer of the broker (link.answer) or lived longer than the
+// shortest backoff; one that ended before counts as a failed dial.
 type brokerConn struct {
 	c    *Client
 	addr string
@@ -29,35 +38,117 @@ type brokerConn struct {
 	// caller dials while others wait for its result.
 	mu struct {
 		sync.Mutex
-		conn     *quic.Conn
+		link     *link         // the current connection, nil before the first dial and after close
 		dialing  chan struct{} // non-nil while a dial runs; closed when it ends
 		failures int           // consecutive failed dials
 		retryAt  time.Time     // no dial before this (backoff)
-		lastErr  error         // error of the last failed dial
+		lastErr  error         // error of the last failed dial (not a *DialError: dial wraps it)
 		dialed   bool          // a connection was established before
 		dials    int           // connections established
-		past     ConnStats     // the counters of the connections before conn
+		past     ConnStats     // the counters of the connections before link
 	}
+}
+
+// link is one connection of a brokerConn, as its users see it.
+type link struct {
+	b    *brokerConn
+	conn *quic.Conn
+	at   time.Time // when the handshake completed
+	// answered: a frame of the broker's arrived on one of the
+	// connection's streams, so the broker accepted the connection.
+	answered atomic.Bool
+}
+
+// answer records that a frame of the broker's arrived on one of l's
+// streams: the broker took the connection, and the dial backoff starts
+// over. Users call it for the first frame they read.
+func (l *link) answer() {
+	if l.answered.Load() || !l.answered.CompareAndSwap(false, true) {
+		return
+	}
+	l.b.mu.Lock()
+	l.b.mu.failures, l.b.mu.lastErr = 0, nil
+	l.b.mu.Unlock()
+}
+
+// closeReason returns the broker's reason for closing l's connection, as
+// a typed error, when err (an operation's on one of its streams) or the
+// connection's end carries one (transport.ClosedWith); nil otherwise.
+func (l *link) closeReason(err error) *transport.Error {
+	if reason := transport.ClosedWith(err); reason != nil {
+		return reason
+	}
+	if ctx := l.conn.Context(); ctx.Err() != nil {
+		return transport.ClosedWith(context.Cause(ctx))
+	}
+	return nil
+}
+
+// refusal returns the error of a broker that refused l's connection, or
+// nil: it closed the connection with unauthorized or limit_exceeded and
+// nothing was answered on it. A broker closes a connection with those
+// codes only as it accepts it, before it reads any stream (broker
+// serveConn), so nothing sent on it was processed: records sent on it
+// were not written, and their publishes fail with this error rather than
+// as of unknown outcome. A connection closed with shutting_down is not a
+// refusal: a broker going away closes connections whose records it may
+// have written.
+func (l *link) refusal(err error) error {
+	if l.answered.Load() {
+		return nil
+	}
+	reason := l.closeReason(err)
+	if reason == nil || reason.Code != transport.CodeUnauthorized && reason.Code != transport.CodeLimitExceeded {
+		return nil
+	}
+	return &DialError{Addr: l.b.addr, Err: reason}
+}
+
+// failure returns the error of an operation on one of l's streams that
+// failed with err (opening, writing or reading it): a [*DialError]
+// carrying the broker's refusal if it refused the connection (see
+// refusal), else an error wrapping [ErrConnectionLost] and the broker's
+// reason for closing the connection, typed, if it gave one
+// (errors.Is(err, ErrShuttingDown)), or err.
+func (l *link) failure(err error) error {
+	if rerr := l.refusal(err); rerr != nil {
+		return rerr
+	}
+	if reason := l.closeReason(err); reason != nil {
+		return lost(reason)
+	}
+	return lost(err)
 }
 
 // get returns a live connection to the broker, dialing if there is none.
 // A dial after a failed one first waits out the backoff (or ctx). It makes
 // at most one dial attempt: callers that retry (subscriptions) loop.
-func (b *brokerConn) get(ctx context.Context) (*quic.Conn, error) {
+func (b *brokerConn) get(ctx context.Context) (*link, error) {
 	for {
 		b.mu.Lock()
 		if b.c.closed.Load() {
 			b.mu.Unlock()
 			return nil, ErrClosed
 		}
-		if conn := b.mu.conn; conn != nil {
-			if conn.Context().Err() == nil {
+		if l := b.mu.link; l != nil {
+			if l.conn.Context().Err() == nil {
 				b.mu.Unlock()
-				return conn, nil
+				return l, nil
 			}
-			b.mu.conn = nil
-			b.mu.past.add(conn.ConnectionStats())
-			b.c.cfg.logger.Info("client: connection to broker lost; will redial", "broker", b.addr, "cause", context.Cause(conn.Context()))
+			b.mu.link = nil
+			b.mu.past.add(l.conn.ConnectionStats())
+			failures, refused := b.ended(l)
+			b.mu.Unlock()
+			cause := context.Cause(l.conn.Context())
+			switch {
+			case refused != nil:
+				b.c.cfg.logger.Warn("client: broker refused the connection; will redial after backoff", "broker", b.addr, "failures", failures, "err", refused)
+			case failures > 0:
+				b.c.cfg.logger.Info("client: connection to broker closed before it carried an answer; will redial after backoff", "broker", b.addr, "failures", failures, "cause", cause)
+			default:
+				b.c.cfg.logger.Info("client: connection to broker lost; will redial", "broker", b.addr, "cause", cause)
+			}
+			continue
 		}
 		if ch := b.mu.dialing; ch != nil {
 			b.mu.Unlock()
@@ -87,13 +178,16 @@ func (b *brokerConn) get(ctx context.Context) (*quic.Conn, error) {
 			_ = conn.CloseWithError(0, "client closed")
 			return nil, ErrClosed
 		case err == nil:
-			b.mu.conn, b.mu.failures, b.mu.lastErr, b.mu.dialed = conn, 0, nil, true
+			// failures is kept until the connection proves itself
+			// (ended, link.answer).
+			l := &link{b: b, conn: conn, at: time.Now()}
+			b.mu.link, b.mu.dialed = l, true
 			b.mu.dials++
 			b.mu.Unlock()
 			if redial {
 				b.c.cfg.logger.Info("client: reconnected to broker", "broker", b.addr)
 			}
-			return conn, nil
+			return l, nil
 		case ctx.Err() != nil || b.c.closed.Load():
 			// The caller gave up; that says nothing about the broker.
 			b.mu.Unlock()
@@ -102,12 +196,44 @@ func (b *brokerConn) get(ctx context.Context) (*quic.Conn, error) {
 			b.mu.failures++
 			n := b.mu.failures
 			b.mu.lastErr = err
+			var derr *DialError
+			if errors.As(err, &derr) {
+				b.mu.lastErr = derr.Err // dial wraps it again
+			}
 			b.mu.retryAt = time.Now().Add(b.c.backoff(n))
 			b.mu.Unlock()
 			b.c.cfg.logger.Debug("client: dial failed", "broker", b.addr, "failures", n, "err", err)
 			return nil, err
 		}
 	}
+}
+
+// ended accounts for l, the current connection, found closed. A
+// connection the broker refused, or one that carried no answer and ended
+// within the shortest backoff (a broker that takes the handshake and
+// closes the connection at once), counts as a failed dial: the next dial
+// waits out the backoff, so that a broker refusing this client is not
+// redialed in a loop. Any other starts the backoff over. It returns the
+// failures counted and, for a refused connection, the refusal. b.mu is
+// held.
+func (b *brokerConn) ended(l *link) (failures int, refused error) {
+	if l.answered.Load() {
+		b.mu.failures, b.mu.lastErr = 0, nil
+		return 0, nil
+	}
+	cause := context.Cause(l.conn.Context())
+	refused = l.refusal(cause)
+	if refused == nil && time.Since(l.at) >= b.c.cfg.backoffMin {
+		b.mu.failures, b.mu.lastErr = 0, nil
+		return 0, nil
+	}
+	b.mu.failures++
+	b.mu.lastErr = cause
+	if reason := l.closeReason(cause); reason != nil {
+		b.mu.lastErr = reason
+	}
+	b.mu.retryAt = time.Now().Add(b.c.backoff(b.mu.failures))
+	return b.mu.failures, refused
 }
 
 // dial waits wait (the backoff left after a failed dial), then dials once.
@@ -147,8 +273,8 @@ func (b *brokerConn) dial(ctx context.Context, wait time.Duration, lastErr error
 func (b *brokerConn) current() *quic.Conn {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.mu.conn != nil && b.mu.conn.Context().Err() == nil {
-		return b.mu.conn
+	if l := b.mu.link; l != nil && l.conn.Context().Err() == nil {
+		return l.conn
 	}
 	return nil
 }
@@ -157,14 +283,14 @@ func (b *brokerConn) current() *quic.Conn {
 // new connection is stored after this.
 func (b *brokerConn) close() {
 	b.mu.Lock()
-	conn := b.mu.conn
-	b.mu.conn = nil
-	if conn != nil {
-		b.mu.past.add(conn.ConnectionStats())
+	l := b.mu.link
+	b.mu.link = nil
+	if l != nil {
+		b.mu.past.add(l.conn.ConnectionStats())
 	}
 	b.mu.Unlock()
-	if conn != nil {
-		_ = conn.CloseWithError(0, "client closed")
+	if l != nil {
+		_ = l.conn.CloseWithError(0, "client closed")
 	}
 }
 

@@ -87,9 +87,13 @@ func (c *Client) ConnStats() []ConnStats {
 // current connection's.
 func (b *brokerConn) stats() ConnStats {
 	b.mu.Lock()
-	st, conn := b.mu.past, b.mu.conn
+	st, l := b.mu.past, b.mu.link
 	st.Broker, st.Dials = b.addr, b.mu.dials
 	b.mu.Unlock()
+	var conn *quic.Conn
+	if l != nil {
+		conn = l.conn
+	}
 	if conn != nil && conn.Context().Err() == nil {
 		q := conn.ConnectionStats()
 		st.Connected = true

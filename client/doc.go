@@ -149,6 +149,23 @@
 // control plane got no answer, or the control plane could not commit it).
 // Ask the cluster (Streams, Grants, ...) to learn which.
 //
+// A broker refuses a connection by closing it right after the handshake
+// with a wire code: limit_exceeded when the principal has as many
+// connections to it as it allows (MaxConnsPerPrincipal, 64 by default:
+// each Client holds one to its broker and each subscription its own to
+// every broker it reads from), unauthorized for a certificate that is
+// not a client's. The SDK reads that code: [Connect] fails with a
+// [*DialError] matching [ErrLimitExceeded] or [ErrUnauthorized];
+// publishes sent on a refused connection fail with it too, and were not
+// written (it does not match [ErrConnectionLost]); a subscription ends
+// with it, as it does when a broker answers that code on its stream: the
+// limit is not lifted by waiting, but by ending other connections of the
+// principal or raising the limit. A refused connection counts as a
+// failed dial, so redials of that broker back off ([WithReconnect]). A
+// connection that worked and is then closed (a broker shutting down)
+// leaves the records in flight of unknown outcome: [ErrConnectionLost],
+// with the broker's code in the chain (errors.Is(err, ErrShuttingDown)).
+//
 // # Security
 //
 // Brokers are verified against the cluster CA ([WithCA], [WithCAFile]);

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+
+	"github.com/felix-broker/felix/transport"
 )
 
 // Sentinel errors of the SDK. Compare with errors.Is; errors from the
@@ -22,7 +24,11 @@ var (
 	// ErrConnectionLost means the connection or stream carrying a request
 	// died before its answer arrived. For a publish the outcome is unknown:
 	// the record may or may not have been written. The error wraps the
-	// cause. Publishes after the connection is back work normally.
+	// cause: the broker's reason for closing the connection when it gave
+	// one, as a [*BrokerError] (errors.Is(err, ErrShuttingDown)).
+	// Publishes after the connection is back work normally. A connection
+	// the broker refused (a [*DialError] carrying ErrLimitExceeded or
+	// ErrUnauthorized) is not lost: nothing sent on it was processed.
 	ErrConnectionLost = errors.New("client: connection lost, outcome unknown (the record may or may not have been written)")
 
 	// ErrCorrupt matches every [*CorruptError]: a subscription reached
@@ -86,14 +92,28 @@ func (e *PublishError) Error() string {
 
 func (e *PublishError) Unwrap() error { return e.Err }
 
-// DialError is returned when a broker cannot be reached. Its message says
-// what to check.
+// DialError is returned when a broker cannot be reached, or refuses the
+// connection. Its message says what to check.
+//
+// A broker refuses a connection by closing it right after the handshake
+// with a wire code, which Err then is, as a [*BrokerError]:
+// [ErrLimitExceeded] when the client's principal has as many connections
+// to the broker as it allows (MaxConnsPerPrincipal, 64 by default; every
+// [Client] holds one to its broker, and each subscription holds its own:
+// see [Client.Subscribe]) or the broker has its most (MaxConns), and
+// [ErrUnauthorized] for a certificate that is not a client's. Nothing
+// sent on a refused connection was processed: a publish that fails with
+// it was not written (errors.Is(err, ErrConnectionLost) is false).
 type DialError struct {
 	Addr string
 	Err  error
 }
 
 func (e *DialError) Error() string {
+	var werr *transport.Error
+	if errors.As(e.Err, &werr) {
+		return fmt.Sprintf("client: connect to broker %s: the broker refused the connection: %v", e.Addr, e.Err)
+	}
 	return fmt.Sprintf("client: connect to broker %s: %v (is the broker running and reachable at that address? is TLS configured with the cluster CA (WithCA/WithCAFile)?)", e.Addr, e.Err)
 }
 

@@ -400,6 +400,13 @@ func retriable(err error) bool {
 	if errors.Is(err, ErrClosed) {
 		return false
 	}
+	var derr *DialError
+	if errors.As(err, &derr) {
+		// A refused connection wrote none of them, but some may be
+		// records sent again, whose first copies' outcome is unknown:
+		// they go on a new connection after the backoff.
+		return true
+	}
 	var werr *transport.Error
 	if !errors.As(err, &werr) {
 		return errors.Is(err, ErrConnectionLost)

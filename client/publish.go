@@ -203,6 +203,7 @@ var errClosedInFlight = fmt.Errorf("%w before the ack arrived; outcome unknown (
 // A session that fails stays failed; its publisher opens a new one.
 type pubSession struct {
 	addr     string
+	link     *link // the connection str is on; nil in tests
 	str      *quic.Stream
 	maxFrame int
 	idem     *idemState // non-nil for an idempotent publisher
@@ -327,7 +328,7 @@ func (s *pubSession) send(ctx context.Context, f *Future, p *transport.Publish) 
 		// The stream's write side is known dead: this record can go on
 		// a new stream, and those in flight on this one are answered as
 		// the broker answers them (writeFailed).
-		s.writeFailed(lost(context.Cause(s.str.Context())))
+		s.writeFailed(s.connErr(context.Cause(s.str.Context())))
 		return errStaleSession
 	}
 	s.mu.Lock()
@@ -378,7 +379,7 @@ func (s *pubSession) send(ctx context.Context, f *Future, p *transport.Publish) 
 	}
 	s.buffered = false // written now, with anything buffered before it
 	if err := s.w.Flush(); err != nil {
-		s.writeFailed(lost(err)) // f is answered with the rest, by the reader
+		s.writeFailed(s.connErr(err)) // f is answered with the rest, by the reader
 		return nil
 	}
 	if inFlight == 1 && f.obs != nil {
@@ -443,7 +444,7 @@ func (s *pubSession) flushBuffered() {
 	}
 	s.buffered = false
 	if err := s.w.Flush(); err != nil {
-		s.writeFailed(lost(err))
+		s.writeFailed(s.connErr(err))
 	}
 }
 
@@ -492,6 +493,17 @@ func (s *pubSession) fail(cause error) {
 	}
 }
 
+// connErr is the error of the records in flight when the stream's
+// connection failed with err: an error wrapping ErrConnectionLost (their
+// outcome is unknown), or, if the broker refused the connection, the
+// refusal (they were not written). See link.failure.
+func (s *pubSession) connErr(err error) error {
+	if s.link == nil {
+		return lost(err)
+	}
+	return s.link.failure(err)
+}
+
 func (s *pubSession) publishErr(f *Future, err error) error {
 	return &PublishError{Stream: f.stream, Shard: int(f.shard), Broker: s.addr, Err: err}
 }
@@ -515,11 +527,16 @@ func (s *pubSession) inFlight() []*Future {
 func (s *pubSession) readLoop() {
 	defer close(s.done)
 	r := transport.NewReader(s.str, s.maxFrame)
+	answered := false
 	for {
 		f, err := r.Read()
 		if err != nil {
-			s.fail(lost(fmt.Errorf("reading acks from %s: %w", s.addr, err)))
+			s.fail(s.connErr(fmt.Errorf("reading acks from %s: %w", s.addr, err)))
 			return
+		}
+		if !answered && s.link != nil {
+			answered = true
+			s.link.answer()
 		}
 		switch f := f.(type) {
 		case *transport.Ack:

@@ -371,20 +371,23 @@ func (p *Publisher) session(ctx context.Context) (*pubSession, error) {
 // publisher's session (ready for new records or not) and starts its
 // reader. The caller holds the opening slot.
 func (p *Publisher) openStream(ctx context.Context, ready bool) (*pubSession, error) {
-	conn, err := p.c.home.get(ctx)
+	l, err := p.c.home.get(ctx)
 	if err != nil {
 		return nil, err
 	}
-	str, err := conn.OpenStreamSync(ctx)
+	str, err := l.conn.OpenStreamSync(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
+		}
+		if rerr := l.refusal(err); rerr != nil {
+			return nil, rerr // a new connection waits out the backoff
 		}
 		// Nothing was sent: the caller may try again on a new connection.
 		return nil, fmt.Errorf("opening publish stream to %s: %w", p.c.addr, errors.Join(errStaleSession, err))
 	}
 	s := newPubSession(p.c.addr, str, p.c.maxFrame(), &p.c.tel.later, &p.c.mapNamed)
-	s.idem = p.idem
+	s.idem, s.link = p.idem, l
 
 	p.mu.Lock()
 	defer p.mu.Unlock()

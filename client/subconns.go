@@ -23,7 +23,9 @@ import (
 // several. Each counts against the principal's connections to the broker
 // (MaxConnsPerPrincipal, 64 by default), as a Kafka consumer's fetch
 // connections do: an application with many subscriptions at once shares
-// them among fewer clients' principals, or raises that limit.
+// them among fewer clients' principals, or raises that limit. A
+// subscription whose connection the broker refuses for that limit ends
+// with an error matching ErrLimitExceeded (link.refusal).
 
 // subsPerConn bounds the shard subscriptions over one connection.
 const subsPerConn = 128

@@ -582,13 +582,13 @@ func (sh *shardSub) attach(ctx context.Context, addr string) (progressed bool, e
 		return false, err
 	}
 	defer s.conns.put(sc)
-	conn, err := sc.b.get(ctx)
+	l, err := sc.b.get(ctx)
 	if err != nil {
 		return false, err
 	}
-	str, err := conn.OpenStreamSync(ctx)
+	str, err := l.conn.OpenStreamSync(ctx)
 	if err != nil {
-		return false, c.streamErr(ctx, addr, err)
+		return false, c.streamErr(ctx, l, err)
 	}
 	sh.lastAddr = addr
 	// Stop cancels the stream registered here, so the read below ends.
@@ -634,7 +634,7 @@ func (sh *shardSub) attach(ctx context.Context, addr string) (progressed bool, e
 	// Not under the lock: Stop cancels str, which ends a blocked write.
 	if err := w.Write(sub); err != nil {
 		close(creditDone)
-		return false, c.streamErr(ctx, addr, err)
+		return false, c.streamErr(ctx, l, err)
 	}
 	go func() {
 		defer close(creditDone)
@@ -655,8 +655,9 @@ func (sh *shardSub) attach(ctx context.Context, addr string) (progressed bool, e
 			if errors.Is(err, io.EOF) {
 				err = fmt.Errorf("broker ended the subscription stream: %w", io.ErrUnexpectedEOF)
 			}
-			return progressed, c.streamErr(ctx, addr, err)
+			return progressed, c.streamErr(ctx, l, err)
 		}
+		l.answer()
 		switch f := f.(type) {
 		case *transport.Records:
 			recs, dups := sh.convert(f)
@@ -680,7 +681,7 @@ func (sh *shardSub) attach(ctx context.Context, addr string) (progressed bool, e
 		case *transport.MapUpdate:
 			c.storeMap(f.Map)
 		default:
-			return progressed, c.streamErr(ctx, addr, &transport.Error{Code: transport.CodeUnexpectedFrame, Message: "subscription got a " + f.Type().String() + " frame"})
+			return progressed, c.streamErr(ctx, l, &transport.Error{Code: transport.CodeUnexpectedFrame, Message: "subscription got a " + f.Type().String() + " frame"})
 		}
 	}
 }

@@ -18,6 +18,24 @@ import (
 // quic.ApplicationErrorCode(CodeShuttingDown) says a node is going away.
 const closeNormal quic.ApplicationErrorCode = 0
 
+// ClosedWith returns the reason the peer gave for closing a QUIC
+// connection, as an *Error, when err (or an error it wraps) is the
+// connection's *quic.ApplicationError sent by the peer with a code other
+// than 0: by the convention above that code is an [ErrorCode] (a broker
+// refusing a client's connection closes it with CodeUnauthorized or
+// CodeLimitExceeded, one going away with CodeShuttingDown). The *Error's
+// Message is the peer's reason phrase and it unwraps to err's
+// *quic.ApplicationError. ClosedWith returns nil for anything else: a
+// close of this side, an orderly close, an idle timeout, a code too large
+// to be an ErrorCode.
+func ClosedWith(err error) *Error {
+	var ae *quic.ApplicationError
+	if !errors.As(err, &ae) || !ae.Remote || ae.ErrorCode == closeNormal || ae.ErrorCode > quic.ApplicationErrorCode(^ErrorCode(0)) {
+		return nil
+	}
+	return &Error{Code: ErrorCode(ae.ErrorCode), Message: ae.ErrorMessage, cause: ae}
+}
+
 // Listener accepts QUIC connections on a UDP socket it owns, and keeps
 // track of them so that Close can close them properly.
 type Listener struct {

@@ -212,3 +212,44 @@ func TestEchoProcess(t *testing.T) {
 		ts.roundTrip(t, tc.f)
 	}
 }
+
+// TestClosedWith: a peer's close code is read back as the *Error of that
+// code, which unwraps to quic-go's error; nothing else is.
+func TestClosedWith(t *testing.T) {
+	refused := &quic.ApplicationError{Remote: true, ErrorCode: quic.ApplicationErrorCode(CodeLimitExceeded), ErrorMessage: "over the limit"}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want *Error // nil: not a peer's close code
+	}{
+		{"limit_exceeded", refused, ErrLimitExceeded},
+		{"wrapped", fmt.Errorf("reading: %w", refused), ErrLimitExceeded},
+		{"unauthorized", &quic.ApplicationError{Remote: true, ErrorCode: quic.ApplicationErrorCode(CodeUnauthorized)}, ErrUnauthorized},
+		{"shutting_down", &quic.ApplicationError{Remote: true, ErrorCode: quic.ApplicationErrorCode(CodeShuttingDown)}, ErrShuttingDown},
+		{"orderly", &quic.ApplicationError{Remote: true, ErrorCode: 0}, nil},
+		{"local", &quic.ApplicationError{Remote: false, ErrorCode: quic.ApplicationErrorCode(CodeLimitExceeded)}, nil},
+		{"too large", &quic.ApplicationError{Remote: true, ErrorCode: 1 << 20}, nil},
+		{"idle", &quic.IdleTimeoutError{}, nil},
+		{"nil", nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := ClosedWith(tc.err)
+			if tc.want == nil {
+				if got != nil {
+					t.Fatalf("ClosedWith(%v) = %v, want nil", tc.err, got)
+				}
+				return
+			}
+			if !errors.Is(got, tc.want) {
+				t.Fatalf("ClosedWith(%v) = %v, want code %s", tc.err, got, tc.want.Code)
+			}
+			var ae *quic.ApplicationError
+			if !errors.As(got, &ae) {
+				t.Fatalf("ClosedWith(%v) does not unwrap to the quic error", tc.err)
+			}
+		})
+	}
+	if got := ClosedWith(refused); got.Message != "over the limit" {
+		t.Fatalf("message %q", got.Message)
+	}
+}
