@@ -151,8 +151,15 @@
 // the change was computed from and by the leader's election key. So two
 // ctls can never commit two different maps for one epoch, and a leader
 // whose election session ended (dead, paused, cut off from a quorum)
-// cannot commit at all. A stream change that cannot be committed is
-// refused and undone; a liveness change that cannot be committed yet
+// cannot commit at all. Every admin change is checked against the
+// cluster's limits before it is committed: shards (Config.MaxShardsTotal),
+// grants (Config.MaxGrants), and the map itself, which every broker is
+// sent whole in one frame of at most ctlclient.MaxMapFrame: a change that
+// would grow the map past that less a margin is refused with
+// CodeLimitExceeded ([MapTooLargeError], mapsize.go): no admin change
+// makes a map ctl cannot send, and the margin is left to the changes it
+// cannot refuse (members joining). A stream change that cannot be
+// committed is refused and undone; a liveness change that cannot be committed yet
 // (etcd slow or out of quorum) stays unpushed and is retried until it is
 // committed or this ctl stops leading: brokers are only ever pushed maps
 // etcd committed, so they see one map history.

@@ -60,7 +60,7 @@ func TestMemberFeatures(t *testing.T) {
 	if got := features(newState(s.snapshot(), nil), "after a restart"); !slices.Equal(got, want) {
 		t.Errorf("features %q after a restart of ctl, want %q", got, want)
 	}
-	if got := features(restoreState(s.snapshot(), nil, 0), "restored by a follower"); !slices.Equal(got, want) {
+	if got := features(restoreState(s.snapshot(), nil, stateLimits{}), "restored by a follower"); !slices.Equal(got, want) {
 		t.Errorf("features %q restored by a follower, want %q", got, want)
 	}
 

@@ -274,7 +274,7 @@ func (s *Server) takeOver(el *concurrency.Election) (held []string, err error) {
 		s.log.Info("the cluster has no ID yet: made one", "cluster_id", snap.ClusterID)
 	}
 	st := newState(snap, s.cfg.Superusers)
-	st.maxShardsTotal = s.cfg.MaxShardsTotal
+	st.stateLimits = s.limits()
 	for _, e := range live {
 		if _, err := st.registerLive(e); err != nil {
 			s.log.Warn("ignoring a malformed broker lease", "node", e.node.ID, "err", err)
@@ -550,7 +550,7 @@ func (s *Server) adoptLocked(snap snapshot) {
 	if snap.Epoch < cur || snap.Epoch == cur && cur != 0 && s.mu.st.epoch == cur {
 		return
 	}
-	s.mu.st = restoreState(snap, s.cfg.Superusers, s.cfg.MaxShardsTotal)
+	s.mu.st = restoreState(snap, s.cfg.Superusers, s.limits())
 	if snap.Epoch > cur || cur == 0 {
 		s.publishLocked("map from the leader")
 	}
@@ -604,13 +604,13 @@ func (s *Server) resync() (int64, liveKeys, error) {
 // none. So every ctl pushes the same map at an epoch, even while their
 // configurations differ (a rolling change of --superuser): the leader's
 // configuration is the cluster's.
-func restoreState(snap snapshot, superusers []string, maxShards int) *state {
+func restoreState(snap snapshot, superusers []string, limits stateLimits) *state {
 	if snap.Superusers != nil {
 		superusers = snap.Superusers
 	}
 	st := newState(snap, superusers)
 	st.epoch = snap.Epoch
-	st.maxShardsTotal = maxShards
+	st.stateLimits = limits
 	for _, n := range snap.Members {
 		st.members[n.ID].node.Live = n.Live
 	}

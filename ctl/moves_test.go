@@ -329,7 +329,7 @@ func TestMovedPlacementPersists(t *testing.T) {
 	}
 	restarted, _ := newState(snap, nil).Map().Stream("orders")
 	check("restart from the state file", *restarted)
-	restored, _ := restoreState(s.snapshot(), nil, 0).Map().Stream("orders")
+	restored, _ := restoreState(s.snapshot(), nil, stateLimits{}).Map().Stream("orders")
 	check("follower's restore", *restored)
 }
 

@@ -374,6 +374,7 @@ func (s *Server) writeMaps(ss *session, w *transport.Writer) {
 				continue
 			}
 			if err := w.Write(&transport.MapUpdate{Map: m, Features: features}); err != nil {
+				s.mapNotSent(ss.node, m, err)
 				// The reader sees the stream fail too; make sure it does.
 				ss.str.CancelRead(streamCodeDone)
 				return

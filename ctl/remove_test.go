@@ -152,7 +152,7 @@ func TestRemoveMember(t *testing.T) {
 	if want := []string{"delete /felix/test/members/" + id}; !slices.Equal(ops, want) {
 		t.Errorf("the removal's commit: %v, want %v", ops, want)
 	}
-	for what, st := range map[string]*state{"restart": newState(s.snapshot(), nil), "follower": restoreState(s.snapshot(), nil, 0)} {
+	for what, st := range map[string]*state{"restart": newState(s.snapshot(), nil), "follower": restoreState(s.snapshot(), nil, stateLimits{})} {
 		if _, ok := st.Map().Node(id); ok {
 			t.Errorf("%s: %s is a member again", what, id)
 		}

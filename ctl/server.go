@@ -79,6 +79,25 @@ type Config struct {
 	// DefaultMaxShardsTotal (16384: four streams of shardmap.MaxShards,
 	// or a thousand of 16).
 	MaxShardsTotal int
+	// MaxGrants bounds the grants of the policy: a grant that would pass
+	// it is refused with CodeLimitExceeded (matching ErrLimitExceeded);
+	// revokes always go through. Every grant is in the map pushed to
+	// every broker, up to 552 bytes each (a principal and a pattern of
+	// 256 bytes). Default DefaultMaxGrants (16384: at most 9 MiB of
+	// every map). Whatever the bound, an admin change that would make
+	// the map too large to push is refused too (MapTooLargeError).
+	MaxGrants int
+	// Knobs are testing knobs; the zero value is production behaviour.
+	Knobs Knobs
+}
+
+// Knobs are ctl's testing knobs (Config.Knobs).
+type Knobs struct {
+	// MaxMapBytes lowers the largest map frame an admin change may make
+	// (see MapTooLargeError), for a test to reach it with a small map.
+	// Default, and most: ctlclient.MaxMapFrame less a sixteenth (60 MiB),
+	// a margin for the changes ctl cannot refuse (members joining).
+	MaxMapBytes int
 }
 
 // DefaultAddr is the default control-plane listen address.
@@ -86,6 +105,9 @@ const DefaultAddr = "127.0.0.1:7000"
 
 // DefaultMaxShardsTotal is the default Config.MaxShardsTotal.
 const DefaultMaxShardsTotal = 16384
+
+// DefaultMaxGrants is the default Config.MaxGrants.
+const DefaultMaxGrants = 16384
 
 // DefaultLeaseTTL is the default broker lease (the members' default too).
 const DefaultLeaseTTL = ctlclient.DefaultLeaseTTL
@@ -126,7 +148,15 @@ func (c Config) withDefaults() Config {
 	if c.MaxShardsTotal <= 0 {
 		c.MaxShardsTotal = DefaultMaxShardsTotal
 	}
+	if c.MaxGrants <= 0 {
+		c.MaxGrants = DefaultMaxGrants
+	}
 	return c
+}
+
+// limits are the limits of the configuration the core enforces.
+func (s *Server) limits() stateLimits {
+	return stateLimits{maxShardsTotal: s.cfg.MaxShardsTotal, maxGrants: s.cfg.MaxGrants, maxMapBytes: s.cfg.Knobs.MaxMapBytes}
 }
 
 // Server is the control plane. Create it with [New], start it with
@@ -195,6 +225,10 @@ type Server struct {
 	// store is the state in etcd; only changes made under mu use it.
 	store *store
 	etcd  *etcdConn
+
+	// unsendable is the newest epoch whose map a registration's writer
+	// could not encode, logged once (mapNotSent).
+	unsendable atomic.Uint64
 
 	// denials remembers which principal was denied which op, to log each
 	// once, not once per retry.
@@ -272,7 +306,7 @@ func (s *Server) load() (int64, error) {
 		return 0, err
 	}
 	snap, rev := s.store.snap, s.store.rev
-	st := restoreState(snap, s.cfg.Superusers, s.cfg.MaxShardsTotal)
+	st := restoreState(snap, s.cfg.Superusers, s.limits())
 	s.mu.st = st
 	s.mu.sessions = map[string]*session{}
 	s.setCurrent(st.Map())
@@ -567,6 +601,13 @@ func (s *Server) changeOrForward(reason string, fwd *transport.Request, change f
 	if s.mu.st.epoch == cp.epoch {
 		return nil, nil
 	}
+	// Every admin change comes here: one that would make the map too
+	// large to push to the brokers is undone before it is committed.
+	if err := s.mu.st.checkMapSize(cp.cur); err != nil {
+		s.mu.st.rollback(cp)
+		s.log.Warn("admin change refused: the map would be too large", "reason", reason, "principal", fwd.Principal, "err", err)
+		return nil, wireError(err)
+	}
 	if fwd.ID != "" {
 		r := appliedRequest{ID: fwd.ID, What: what}
 		if fwd.Move != nil {
@@ -665,6 +706,31 @@ func (s *Server) publishLocked(reason string) {
 		ss.push(m)
 	}
 	s.log.Info("map pushed", "epoch", m.Epoch, "brokers", len(s.mu.sessions), "reason", reason, "live", s.mu.st.liveIDs())
+}
+
+// mapNotSent logs, at error level and once per epoch (not once per
+// broker, nor per registration the brokers make again), that the map m
+// could not be encoded for node's registration, whose writer then ends
+// it. err is what the writer's Write returned; a write that failed
+// (the stream's end, which the reader reports) is not logged.
+// checkMapSize keeps admin changes from making such a map; only the
+// changes it cannot refuse (members joining) could, past its margin.
+func (s *Server) mapNotSent(node string, m *shardmap.Map, err error) {
+	var te *transport.Error
+	if !errors.As(err, &te) || (te.Code != transport.CodeFrameTooLarge && te.Code != transport.CodeInvalid) {
+		return
+	}
+	for {
+		last := s.unsendable.Load()
+		if m.Epoch <= last {
+			return
+		}
+		if s.unsendable.CompareAndSwap(last, m.Epoch) {
+			break
+		}
+	}
+	s.log.Error("map not sent: it does not encode in a map frame, so no broker can be sent it and each registration ends; revoke grants or delete streams",
+		"epoch", m.Epoch, "node", node, "limit_bytes", mapFrameMax, "err", err)
 }
 
 // wireError turns a core error into the *transport.Error sent for it,

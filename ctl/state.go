@@ -22,8 +22,10 @@ var (
 	// ErrUnknownGrant is returned when revoking a grant the policy does not
 	// hold.
 	ErrUnknownGrant = errors.New("ctl: no such grant")
-	// ErrLimitExceeded is returned when creating a stream would pass
-	// Config.MaxShardsTotal; on the wire it is CodeLimitExceeded.
+	// ErrLimitExceeded is returned for a change that would pass a limit
+	// of the cluster: Config.MaxShardsTotal, Config.MaxGrants, or the
+	// size of the map (MapTooLargeError); on the wire it is
+	// CodeLimitExceeded.
 	ErrLimitExceeded = errors.New("ctl: limit exceeded")
 	// ErrInvalid is returned for a request that can never succeed as sent.
 	ErrInvalid = errors.New("ctl: invalid request")
@@ -37,8 +39,8 @@ var (
 // state is the control plane's deterministic core: members with their
 // liveness, the stream registry and the current map. It has no goroutines,
 // locks, clocks or I/O, and every change that alters the map bumps the
-// epoch and rebuilds the map before returning true, so the caller knows to
-// commit and push. Leases are not its business: etcd keeps them (see
+// epoch and rebuilds the map (bump; bumpPolicy for the policy alone)
+// before returning true, so the caller knows to commit and push. Leases are not its business: etcd keeps them (see
 // live.go), and the leader tells the core when one begins (register) or
 // ends (end).
 //
@@ -60,9 +62,9 @@ type state struct {
 	// of the configuration; it rides in every map (versioned by epoch).
 	policy *auth.Policy
 	cur    *shardmap.Map
-	// maxShardsTotal bounds the shards of all streams together (see
-	// Config.MaxShardsTotal); 0 means DefaultMaxShardsTotal.
-	maxShardsTotal int
+	stateLimits
+	// sizer measures the map's frame (checkMapSize).
+	sizer mapSizer
 	// requests are the admin changes made for requests with an ID, oldest
 	// first, at most maxRequests: committed with the state, so that a
 	// request sent again after its answer was lost is answered, by this
@@ -71,6 +73,20 @@ type state struct {
 	requests []appliedRequest
 	// clusterID is the cluster's ID, in every map (shardmap.Map.Cluster).
 	clusterID string
+}
+
+// stateLimits are the limits of the cluster the core enforces; 0 means
+// the default of each.
+type stateLimits struct {
+	// maxShardsTotal bounds the shards of all streams together (see
+	// Config.MaxShardsTotal); 0 means DefaultMaxShardsTotal.
+	maxShardsTotal int
+	// maxGrants bounds the grants of the policy (Config.MaxGrants); 0
+	// means DefaultMaxGrants.
+	maxGrants int
+	// maxMapBytes bounds the map's frame an admin change may make
+	// (Knobs.MaxMapBytes, checkMapSize); 0 means defaultMaxMapBytes.
+	maxMapBytes int
 }
 
 // appliedRequest is an admin change made for a request with an ID
@@ -150,6 +166,17 @@ func (s *state) Map() *shardmap.Map { return s.cur }
 func (s *state) bump() {
 	s.epoch++
 	s.rebuild()
+}
+
+// bumpPolicy advances the epoch for a change of the policy alone: the
+// new map shares the nodes and streams of the last one (a grant places
+// nothing), so that its size is measured from its grants alone
+// (mapSizer).
+func (s *state) bumpPolicy() {
+	s.epoch++
+	m := *s.cur
+	m.Epoch, m.ACL = s.epoch, s.policy
+	s.cur = &m
 }
 
 func (s *state) rebuild() {
@@ -350,7 +377,8 @@ func (s *state) deleteStream(name string) error {
 }
 
 // grant adds g to the policy. Granting what is already granted changes
-// nothing and reports false.
+// nothing and reports false. It refuses a grant that would take the
+// policy past maxGrants.
 func (s *state) grant(g auth.Grant) (changed bool, err error) {
 	if err := g.Validate(); err != nil {
 		return false, fmt.Errorf("%w: %w", ErrInvalid, err)
@@ -359,8 +387,16 @@ func (s *state) grant(g auth.Grant) (changed bool, err error) {
 	if p == s.policy {
 		return false, nil
 	}
+	limit := s.maxGrants
+	if limit <= 0 {
+		limit = DefaultMaxGrants
+	}
+	if len(p.Grants) > limit {
+		return false, fmt.Errorf("%w: granting %q would bring the cluster to %d grants, over its limit of %d (ctl --max-grants): every grant is in the map sent to every broker; revoke grants, or grant a pattern that covers several streams",
+			ErrLimitExceeded, g.String(), len(p.Grants), limit)
+	}
 	s.policy = p
-	s.bump()
+	s.bumpPolicy()
 	return true, nil
 }
 
@@ -372,7 +408,7 @@ func (s *state) revoke(g auth.Grant) error {
 		return fmt.Errorf("revoke %q: %w", g.String(), ErrUnknownGrant)
 	}
 	s.policy = p
-	s.bump()
+	s.bumpPolicy()
 	return nil
 }
 

@@ -35,6 +35,8 @@ type Ctl struct {
 
 	// Shard bound (see ctl.Config.MaxShardsTotal).
 	MaxShardsTotal int `help:"Most shards of all streams together; a stream create past it is refused with limit_exceeded." default:"16384" env:"FELIX_MAX_SHARDS_TOTAL"`
+	// Grant bound (see ctl.Config.MaxGrants).
+	MaxGrants int `help:"Most ACL grants in the cluster (each is in the map sent to every broker); a grant past it is refused with limit_exceeded. Any admin change that would make that map over 60 MiB is refused too." default:"16384" env:"FELIX_MAX_GRANTS"`
 
 	// Where the state lives (ctl.EtcdConfig).
 	Etcd CtlEtcd `embed:"" prefix:"etcd-" group:"State store (etcd)"`
@@ -129,7 +131,7 @@ func (c *Ctl) Run(log *slog.Logger) error {
 		return err
 	}
 	s, err := ctl.New(ctl.Config{Addr: c.Listen, Advertise: c.Advertise, DataDir: c.Data, TLS: tlsConf, LeaseTTL: c.LeaseTTL,
-		Superusers: c.Superuser, MaxShardsTotal: c.MaxShardsTotal, Etcd: ec, Name: c.Etcd.Name, OnEtcdRoundTrip: rtt, Logger: log})
+		Superusers: c.Superuser, MaxShardsTotal: c.MaxShardsTotal, MaxGrants: c.MaxGrants, Etcd: ec, Name: c.Etcd.Name, OnEtcdRoundTrip: rtt, Logger: log})
 	if err != nil {
 		return err
 	}
