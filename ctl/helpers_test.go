@@ -80,11 +80,17 @@ func (w testWriter) Write(b []byte) (int, error) {
 // dataDir, closed when the test ends.
 func startCtl(t *testing.T, p *testPKI, dataDir, addr string) *Server {
 	t.Helper()
+	return startCtlLease(t, p, dataDir, addr, shortTTL)
+}
+
+// startCtlLease is startCtl with a lease of its own.
+func startCtlLease(t *testing.T, p *testPKI, dataDir, addr string, lease time.Duration) *Server {
+	t.Helper()
 	srv, err := New(Config{
 		Addr:       addr,
 		DataDir:    dataDir,
 		TLS:        transport.ServerTLS(p.cert(t, "ctl"), p.ca, transport.ALPNCtl),
-		LeaseTTL:   shortTTL,
+		LeaseTTL:   lease,
 		Superusers: []string{transport.DevAdminName},
 		Logger:     testLogger(t),
 	})

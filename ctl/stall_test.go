@@ -126,21 +126,7 @@ func (p *stallProxy) stall(d time.Duration) {
 func TestLinkStallKeepsBrokerLive(t *testing.T) {
 	const lease = 3 * time.Second
 	p := newPKI(t)
-	srv, err := New(Config{
-		Addr:       "127.0.0.1:0",
-		DataDir:    t.TempDir(),
-		TLS:        transport.ServerTLS(p.cert(t, "ctl"), p.ca, transport.ALPNCtl),
-		LeaseTTL:   lease,
-		Superusers: []string{transport.DevAdminName},
-		Logger:     testLogger(t),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	srv := startCtlLease(t, p, t.TempDir(), "127.0.0.1:0", lease)
 	px := newStallProxy(t, srv.Addr())
 
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
@@ -212,21 +198,7 @@ func TestLinkStallKeepsBrokerLive(t *testing.T) {
 func TestMemberHandOverKeepsBrokerLive(t *testing.T) {
 	const lease = 3 * time.Second
 	p := newPKI(t)
-	srv, err := New(Config{
-		Addr:       "127.0.0.1:0",
-		DataDir:    t.TempDir(),
-		TLS:        transport.ServerTLS(p.cert(t, "ctl"), p.ca, transport.ALPNCtl),
-		LeaseTTL:   lease,
-		Superusers: []string{transport.DevAdminName},
-		Logger:     testLogger(t),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	srv := startCtlLease(t, p, t.TempDir(), "127.0.0.1:0", lease)
 	px := newStallProxy(t, srv.Addr())
 	px.mu.Lock()
 	px.oneWay = true
