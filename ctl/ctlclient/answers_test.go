@@ -1,10 +1,13 @@
 package ctlclient
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
 
@@ -75,4 +78,47 @@ func TestFirstMapWaitIsBounded(t *testing.T) {
 	if n, handOvers := f.registrations.Load(), f.handOvers.Load(); handOvers < n-1 {
 		t.Errorf("%d registrations given up on for want of a first map, %d ended as handed over: ctl would delete the broker's live/ key and show it down", n-1, handOvers)
 	}
+}
+
+// TestSlowMapKeepsTheLink: a map that takes longer than the answer
+// timeout to arrive (a large one, a slow link), its bytes coming all the
+// while, is not taken for a ctl that sends nothing: the member keeps the
+// registration and adopts the map. It counted only whole frames, so a
+// map pushed over more than half a lease dropped the link every time,
+// and a registration whose first map took as long never completed.
+func TestSlowMapKeepsTheLink(t *testing.T) {
+	f := startFakeCtl(t, transport.Features()...)
+	f.answer.Store(true)
+	var streams []shardmap.StreamConfig
+	for i := range 400 {
+		streams = append(streams, shardmap.StreamConfig{Name: fmt.Sprintf("stream-with-a-longish-name-%04d", i), Shards: 4})
+	}
+	big := shardmap.Build(2, []shardmap.Node{{ID: "b0", Addr: "127.0.0.1:7400", Live: true}}, streams)
+	// About 1.5s to arrive, a chunk every 50ms: three answer timeouts.
+	f.slowChunk, f.slowEvery = 1, 50*time.Millisecond
+	if n := len(mustEncode(t, &transport.MapUpdate{Map: big})); n > 30 {
+		f.slowChunk = n/30 + 1
+	}
+	m := f.join(t)
+	f.slowMap.Store(big)
+	deadline := time.Now().Add(5 * time.Second)
+	for m.Map().Epoch < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the slow map was not adopted: epoch %d, %d registrations", m.Map().Epoch, f.registrations.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n, h := f.registrations.Load(), f.handOvers.Load(); n != 1 || h != 0 {
+		t.Fatalf("%d registrations, %d handed over while a map was arriving: the link was dropped", n, h)
+	}
+}
+
+// mustEncode returns f as it goes on the wire.
+func mustEncode(t *testing.T, f transport.Frame) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	if err := transport.NewWriter(&b).Write(f); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
 }

@@ -8,7 +8,8 @@
 // fails), the long-lived registration stream, heartbeats every LeaseTTL/3
 // (and, from a ctl that answers them, transport.FeatureHeartbeatAcks,
 // dropping a registration on which ctl sent nothing, no answer and no
-// map, for half a lease, at least 500ms, for the next ctl: a ctl whose
+// bytes of a map, for half a lease, at least 500ms, for the next ctl (a
+// map that takes longer to arrive is not nothing): a ctl whose
 // registration handling is stuck while its QUIC stack answers keeps no
 // broker; the first map of a registration is waited for as long at most;
 // a registration so given up on is ended with codes saying it is handed

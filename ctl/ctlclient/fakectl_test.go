@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
 	"log/slog"
 	"path/filepath"
 	"sync"
@@ -46,6 +47,12 @@ type fakeCtl struct {
 	// answerWithMaps makes it answer each heartbeat with its map instead
 	// (a map pushed, no answer).
 	answerWithMaps atomic.Bool
+	// slowMap, when set, is pushed once, at the next heartbeat, in
+	// chunks of slowChunk bytes every slowEvery (a large map on a slow
+	// link), with no answer meanwhile.
+	slowMap   atomic.Pointer[shardmap.Map]
+	slowChunk int
+	slowEvery time.Duration
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -159,6 +166,12 @@ func (f *fakeCtl) serveStream(str *quic.Stream) {
 				return
 			}
 			f.heartbeats.Add(1)
+			if mp := f.slowMap.Swap(nil); mp != nil {
+				if transport.NewWriter(slowWriter{str, f.slowChunk, f.slowEvery}).Write(&transport.MapUpdate{Map: mp, Features: f.features}) != nil {
+					return
+				}
+				continue
+			}
 			var answer transport.Frame
 			switch {
 			case f.withholdMaps.Load():
@@ -181,4 +194,28 @@ func handedOver(err error) bool {
 	var ae *quic.ApplicationError
 	return errors.As(err, &se) && se.Remote && se.ErrorCode == streamCodeHandOver ||
 		errors.As(err, &ae) && ae.Remote && ae.ErrorCode == connCodeHandOver
+}
+
+// slowWriter writes to w chunk bytes at a time, every every.
+type slowWriter struct {
+	w     io.Writer
+	chunk int
+	every time.Duration
+}
+
+func (s slowWriter) Write(b []byte) (int, error) {
+	n := 0
+	for len(b) > 0 {
+		k := min(s.chunk, len(b))
+		m, err := s.w.Write(b[:k])
+		n += m
+		if err != nil {
+			return n, err
+		}
+		b = b[k:]
+		if len(b) > 0 {
+			time.Sleep(s.every)
+		}
+	}
+	return n, nil
 }

@@ -203,12 +203,42 @@ type Member struct {
 type ctlLink struct {
 	conn *quic.Conn
 	str  *quic.Stream
+	in   *progressReader // str as r reads it
 	r    *transport.Reader
 	w    *transport.Writer
 	// acks is whether ctl answers heartbeats (both advertise
 	// transport.FeatureHeartbeatAcks): the link is dropped when ctl has
 	// sent nothing (no answer, no map) for answerTimeout.
 	acks bool
+}
+
+// progressReader is a registration stream as its Reader reads it. While
+// a wait is armed, the stream's read deadline is that long after the
+// last bytes came, not after the last whole frame: a map that takes
+// longer than the wait to arrive (a large one, a slow link), its bytes
+// coming all the while, is not a ctl that sends nothing. Only the
+// link's reading goroutine uses it.
+type progressReader struct {
+	str  *quic.Stream
+	wait time.Duration // 0: no deadline
+}
+
+// arm sets the wait (0: none) and the deadline from now.
+func (p *progressReader) arm(wait time.Duration) {
+	p.wait = wait
+	var deadline time.Time
+	if wait > 0 {
+		deadline = time.Now().Add(wait)
+	}
+	_ = p.str.SetReadDeadline(deadline)
+}
+
+func (p *progressReader) Read(b []byte) (int, error) {
+	n, err := p.str.Read(b)
+	if n > 0 && p.wait > 0 {
+		_ = p.str.SetReadDeadline(time.Now().Add(p.wait))
+	}
+	return n, err
 }
 
 // Join connects to the control plane, registers cfg.Node and waits for the
@@ -518,7 +548,8 @@ func (m *Member) register(ctx context.Context) (link *ctlLink, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("open registration stream: %w", ctxErr(ctx, err))
 	}
-	link = &ctlLink{conn: conn, str: str, r: transport.NewReader(str, MaxMapFrame), w: transport.NewWriter(str)}
+	in := &progressReader{str: str}
+	link = &ctlLink{conn: conn, str: str, in: in, r: transport.NewReader(in, MaxMapFrame), w: transport.NewWriter(str)}
 	reg := m.cfg.Node
 	m.mu.Lock()
 	reg.Cluster = m.mu.cluster // a control plane of another cluster refuses it
@@ -527,7 +558,7 @@ func (m *Member) register(ctx context.Context) (link *ctlLink, err error) {
 		return nil, fmt.Errorf("send register: %w", ctxErr(ctx, err))
 	}
 	wait := m.answerTimeout()
-	_ = str.SetReadDeadline(time.Now().Add(wait))
+	in.arm(wait)
 	f, err := link.r.Read()
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -538,7 +569,7 @@ func (m *Member) register(ctx context.Context) (link *ctlLink, err error) {
 		}
 		return nil, fmt.Errorf("read first map: %w", ctxErr(ctx, err))
 	}
-	_ = str.SetReadDeadline(time.Time{})
+	in.arm(0)
 	switch f := f.(type) {
 	case *transport.MapUpdate:
 		if f.Map == nil {
@@ -618,7 +649,9 @@ func (m *Member) serve(link *ctlLink) error {
 	}()
 	wait := m.answerTimeout()
 	if link.acks {
-		_ = link.str.SetReadDeadline(time.Now().Add(wait))
+		// Any bytes from ctl move the deadline on: an answer, or a map
+		// pushed, however long it takes to arrive.
+		link.in.arm(wait)
 	}
 	for {
 		f, err := link.r.Read()
@@ -629,14 +662,9 @@ func (m *Member) serve(link *ctlLink) error {
 			}
 			return err
 		}
-		if link.acks {
-			// Any frame says ctl's writer is alive, a map pushed as much
-			// as an answer.
-			_ = link.str.SetReadDeadline(time.Now().Add(wait))
-		}
 		switch f := f.(type) {
 		case *transport.Heartbeat:
-			// ctl's answer: the deadline moved on above.
+			// ctl's answer: its bytes moved the deadline on.
 		case *transport.MapUpdate:
 			if f.Map == nil {
 				return transport.Errorf(transport.CodeMalformed, "map update without a map")
