@@ -56,7 +56,7 @@ func (c *Client) CreateStream(ctx context.Context, cfg StreamConfig) error {
 	wctx, cancel := context.WithTimeout(ctx, createWait)
 	defer cancel()
 	for delay := 5 * time.Millisecond; ; delay = min(delay*2, 200*time.Millisecond) {
-		m, err := c.fetchMap(wctx, c.home)
+		m, err := c.fetchMap(wctx, c.homeConn())
 		if err == nil {
 			c.storeMap(m)
 			if _, ok := m.Stream(cfg.Name); ok {
@@ -80,7 +80,7 @@ func (c *Client) DeleteStream(ctx context.Context, name string) error {
 
 // Streams lists the streams of the cluster.
 func (c *Client) Streams(ctx context.Context) ([]StreamConfig, error) {
-	resp, err := c.request(ctx, c.home, &transport.Request{Op: opStreamList})
+	resp, err := c.homeRequest(ctx, &transport.Request{Op: opStreamList})
 	if err != nil {
 		return nil, fmt.Errorf("client: list streams: %w", err)
 	}
@@ -91,7 +91,7 @@ func (c *Client) Streams(ctx context.Context) ([]StreamConfig, error) {
 // with an error matching [ErrUnknownStream] if there is none.
 func (c *Client) StreamInfo(ctx context.Context, name string) (StreamConfig, error) {
 	req := &transport.Request{Op: opStreamInfo, Stream: StreamConfig{Name: name}}
-	resp, err := c.request(ctx, c.home, req)
+	resp, err := c.homeRequest(ctx, req)
 	if err != nil {
 		return StreamConfig{}, fmt.Errorf("client: stream info %q: %w", name, err)
 	}
@@ -321,7 +321,7 @@ func (c *Client) ReplicaStatus(ctx context.Context, stream string) ([]ReplicaSta
 // ClusterStatus returns the control plane's view of the cluster: members,
 // their liveness, and the shard map.
 func (c *Client) ClusterStatus(ctx context.Context) (*Map, error) {
-	resp, err := c.request(ctx, c.home, &transport.Request{Op: opClusterStatus})
+	resp, err := c.homeRequest(ctx, &transport.Request{Op: opClusterStatus})
 	if err != nil {
 		return nil, fmt.Errorf("client: cluster status: %w", err)
 	}
@@ -337,7 +337,7 @@ func (c *Client) ClusterStatus(ctx context.Context) (*Map, error) {
 // cluster.read, as ClusterStatus. A control plane of a version that does
 // not report its members returns none.
 func (c *Client) ControlPlane(ctx context.Context) ([]CtlMember, error) {
-	resp, err := c.request(ctx, c.home, &transport.Request{Op: opClusterStatus})
+	resp, err := c.homeRequest(ctx, &transport.Request{Op: opClusterStatus})
 	if err != nil {
 		return nil, fmt.Errorf("client: control plane status: %w", err)
 	}
@@ -372,7 +372,7 @@ func (c *Client) Revoke(ctx context.Context, g Grant) error {
 // Grants lists the permissions in force; it needs cluster.read.
 // Superusers are configuration of the control plane and not listed.
 func (c *Client) Grants(ctx context.Context) ([]Grant, error) {
-	resp, err := c.request(ctx, c.home, &transport.Request{Op: opACLList})
+	resp, err := c.homeRequest(ctx, &transport.Request{Op: opACLList})
 	if err != nil {
 		return nil, fmt.Errorf("client: list grants: %w", err)
 	}
@@ -402,13 +402,13 @@ func (c *Client) change(ctx context.Context, req *transport.Request) (*transport
 	deadline := time.Now().Add(changeRetryFor)
 	var unknown error // the first answer that left the outcome unknown
 	for attempt, delay := 1, 50*time.Millisecond; ; attempt, delay = attempt+1, min(2*delay, time.Second) {
-		resp, sent, err := c.roundTrip(ctx, c.home, req)
+		resp, sent, home, err := c.homeRoundTrip(ctx, req)
 		if err == nil {
 			return resp, nil
 		}
 		if sent && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			// The broker may have relayed it, and the control plane made it.
-			err = fmt.Errorf("%w: %s was sent to %s, and ctx ended before its answer came: %w", ErrConnectionLost, req.Op, c.home.addr, err)
+			err = fmt.Errorf("%w: %s was sent to %s, and ctx ended before its answer came: %w", ErrConnectionLost, req.Op, home.addr, err)
 		}
 		if unknown == nil && (errors.Is(err, ErrConnectionLost) || mayHaveBeenMade(err)) {
 			unknown = err

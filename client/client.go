@@ -15,10 +15,12 @@ import (
 // given to [Connect]), plus connections to the owners of the shards it
 // subscribes to. It is safe for concurrent use. Close it when done.
 type Client struct {
-	cfg  config
-	tel  *telemetry
-	addr string // the broker given to Connect: publishes and requests go there
-	home *brokerConn
+	cfg config
+	tel *telemetry
+	// home is the connection to the broker publishes and requests go
+	// through: the one given to Connect, until it fails every dial for
+	// WithHomeFailover (moveHome, home.go).
+	home atomic.Pointer[brokerConn]
 
 	// ctx ends when the client is closed; dials and waits select on it.
 	ctx    context.Context
@@ -95,16 +97,17 @@ func Connect(ctx context.Context, addr string, opts ...Opt) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: connect to %s: metrics: %w", addr, err)
 	}
-	c := &Client{cfg: cfg, tel: tel, addr: addr}
+	c := &Client{cfg: cfg, tel: tel}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.mu.conns = map[string]*brokerConn{}
 	c.mu.publishers = map[*Publisher]struct{}{}
 	c.mu.subs = map[*Subscription]struct{}{}
 	c.mu.extra = map[*brokerConn]struct{}{}
 	c.mu.retired = map[string]ConnStats{}
-	c.home, _ = c.conn(addr)
+	home, _ := c.conn(addr)
+	c.home.Store(home)
 	c.pub = newPublisher(c, "")
-	if _, err := c.home.get(ctx); err != nil {
+	if _, err := home.get(ctx); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -126,9 +129,6 @@ func Connect(ctx context.Context, addr string, opts ...Opt) (*Client, error) {
 	}
 	return c, nil
 }
-
-// Addr returns the address of the broker the client was connected to.
-func (c *Client) Addr() string { return c.addr }
 
 // Close stops every publisher and subscription of the client, closes its
 // connections and waits for its goroutines to end. Records in flight fail
@@ -243,7 +243,8 @@ func raise(v *atomic.Uint64, epoch uint64) {
 // be reached or does not answer within the request timeout, from the
 // other live brokers of the cached map, each within the request timeout.
 func (c *Client) refreshMap(ctx context.Context) (*shardmap.Map, error) {
-	m, err := c.fetchMap(ctx, c.home)
+	home := c.homeConn()
+	m, err := c.fetchMap(ctx, home)
 	if err == nil {
 		return c.storeMap(m), nil
 	}
@@ -253,7 +254,7 @@ func (c *Client) refreshMap(ctx context.Context) (*shardmap.Map, error) {
 	}
 	if cached := c.cachedMap(); cached != nil {
 		for _, n := range cached.Nodes {
-			if n.Addr == "" || n.Addr == c.addr || !n.Live {
+			if n.Addr == "" || n.Addr == home.addr || !n.Live {
 				continue
 			}
 			b, cerr := c.conn(n.Addr)

@@ -41,11 +41,17 @@ type brokerConn struct {
 		link     *link         // the current connection, nil before the first dial and after close
 		dialing  chan struct{} // non-nil while a dial runs; closed when it ends
 		failures int           // consecutive failed dials
-		retryAt  time.Time     // no dial before this (backoff)
-		lastErr  error         // error of the last failed dial (not a *DialError: dial wraps it)
-		dialed   bool          // a connection was established before
-		dials    int           // connections established
-		past     ConnStats     // the counters of the connections before link
+		// missed counts the dials since the last connection established
+		// that ended without one, failed or cut short by their caller's
+		// context (which the backoff does not count), the first at
+		// missedAt: moveHome judges the home by them.
+		missed   int
+		missedAt time.Time
+		retryAt  time.Time // no dial before this (backoff)
+		lastErr  error     // error of the last failed dial (not a *DialError: dial wraps it)
+		dialed   bool      // a connection was established before
+		dials    int       // connections established
+		past     ConnStats // the counters of the connections before link
 	}
 }
 
@@ -166,7 +172,7 @@ func (b *brokerConn) get(ctx context.Context) (*link, error) {
 		wait, lastErr, redial := time.Until(b.mu.retryAt), b.mu.lastErr, b.mu.dialed
 		b.mu.Unlock()
 
-		conn, err := b.dial(ctx, wait, lastErr)
+		conn, tried, err := b.dial(ctx, wait, lastErr)
 
 		b.mu.Lock()
 		b.mu.dialing = nil
@@ -182,6 +188,7 @@ func (b *brokerConn) get(ctx context.Context) (*link, error) {
 			// (ended, link.answer).
 			l := &link{b: b, conn: conn, at: time.Now()}
 			b.mu.link, b.mu.dialed = l, true
+			b.mu.missed = 0
 			b.mu.dials++
 			b.mu.Unlock()
 			if redial {
@@ -189,12 +196,22 @@ func (b *brokerConn) get(ctx context.Context) (*link, error) {
 			}
 			return l, nil
 		case ctx.Err() != nil || b.c.closed.Load():
-			// The caller gave up; that says nothing about the broker.
+			// The caller gave up; that says nothing about the broker to
+			// the backoff. A dial it cut short still went unanswered:
+			// against a host that is gone, every dial of callers whose
+			// contexts are shorter than the dial timeout ends so.
+			if !tried || b.c.closed.Load() {
+				b.mu.Unlock()
+				return nil, err
+			}
+			missed, since := b.missedDial()
 			b.mu.Unlock()
+			b.c.moveHome(b, missed, since, err)
 			return nil, err
 		default:
 			b.mu.failures++
 			n := b.mu.failures
+			missed, since := b.missedDial()
 			b.mu.lastErr = err
 			var derr *DialError
 			if errors.As(err, &derr) {
@@ -203,6 +220,7 @@ func (b *brokerConn) get(ctx context.Context) (*link, error) {
 			b.mu.retryAt = time.Now().Add(b.c.backoff(n))
 			b.mu.Unlock()
 			b.c.cfg.logger.Debug("client: dial failed", "broker", b.addr, "failures", n, "err", err)
+			b.c.moveHome(b, missed, since, err)
 			return nil, err
 		}
 	}
@@ -236,8 +254,20 @@ func (b *brokerConn) ended(l *link) (failures int, refused error) {
 	return b.mu.failures, refused
 }
 
-// dial waits wait (the backoff left after a failed dial), then dials once.
-func (b *brokerConn) dial(ctx context.Context, wait time.Duration, lastErr error) (*quic.Conn, error) {
+// missedDial counts a dial that ended without a connection, and returns
+// the count since the last connection established and when the first of
+// them ended. b.mu is held.
+func (b *brokerConn) missedDial() (int, time.Time) {
+	b.mu.missed++
+	if b.mu.missed == 1 {
+		b.mu.missedAt = time.Now()
+	}
+	return b.mu.missed, b.mu.missedAt
+}
+
+// dial waits wait (the backoff left after a failed dial), then dials once;
+// tried says whether it got to dial.
+func (b *brokerConn) dial(ctx context.Context, wait time.Duration, lastErr error) (_ *quic.Conn, tried bool, _ error) {
 	if wait > 0 {
 		t := time.NewTimer(wait)
 		defer t.Stop()
@@ -245,11 +275,11 @@ func (b *brokerConn) dial(ctx context.Context, wait time.Duration, lastErr error
 		case <-t.C:
 		case <-ctx.Done():
 			if lastErr != nil {
-				return nil, &DialError{Addr: b.addr, Err: errors.Join(lastErr, ctx.Err())}
+				return nil, false, &DialError{Addr: b.addr, Err: errors.Join(lastErr, ctx.Err())}
 			}
-			return nil, ctx.Err()
+			return nil, false, ctx.Err()
 		case <-b.c.ctx.Done():
-			return nil, ErrClosed
+			return nil, false, ErrClosed
 		}
 	}
 	dctx, cancel := context.WithTimeoutCause(ctx, b.c.cfg.dialTimeout, errDialTimeout)
@@ -259,14 +289,14 @@ func (b *brokerConn) dial(ctx context.Context, wait time.Duration, lastErr error
 	conn, err := transport.Dial(dctx, b.addr, b.c.tlsFor(b.addr), b.c.cfg.transport)
 	if err != nil {
 		if b.c.closed.Load() {
-			return nil, ErrClosed
+			return nil, true, ErrClosed
 		}
 		if ctx.Err() == nil && errors.Is(context.Cause(dctx), errDialTimeout) {
 			err = errors.Join(errDialTimeout, err)
 		}
-		return nil, &DialError{Addr: b.addr, Err: err}
+		return nil, true, &DialError{Addr: b.addr, Err: err}
 	}
-	return conn, nil
+	return conn, true, nil
 }
 
 // current returns the live connection, if any, without dialing.

@@ -72,6 +72,22 @@
 // are buffered and written together by the stream's flusher goroutine,
 // many to a QUIC packet (as the NATS client's flusher does).
 //
+// # The home broker
+//
+// Publisher streams and admin requests go through one broker, the home:
+// the one given to Connect. If it fails every dial for
+// [WithHomeFailover] (10 s by default; two dials in a row or more, a dial
+// cut short by its caller's context included), the client moves its home
+// to another live broker of the last shard map seen (one it is connected
+// to already, else the next in the map's order) and logs the move; the
+// publish or request whose dial made the move goes there at once, and so
+// does every publisher stream opened after it. A stream open before stays
+// where it is until it fails, as any does when its broker is lost: its
+// records in flight fail as of unknown outcome, or are sent again by an
+// idempotent client, on a stream to the new home. A broker restarting at
+// the same address within that time stays the home; the client does not
+// move back. [Client.Addr] says which broker is the home.
+//
 // # Idempotent publishing
 //
 // With [WithIdempotence], every Publisher numbers its records (a random
@@ -96,7 +112,7 @@
 // never makes a broker buffer more than [Credit] records per shard.
 //
 // A shard whose broker was lost is attached again by the shard map: the
-// client asks the broker given to Connect for it, and, when that one
+// client asks its home broker for it, and, when that one
 // cannot be reached or does not answer within [WithRequestTimeout], the
 // other live brokers of the last map seen; if none answers, it reattaches
 // by the map it has. No request the SDK makes on its own behalf waits

@@ -315,7 +315,7 @@ func (st *idemState) abandon(err func(*Future) error, fresh bool) {
 	}
 	st.mu.Unlock()
 	for _, f := range fs {
-		f.resolve(Ack{}, &PublishError{Stream: f.stream, Shard: int(f.shard), Broker: st.p.c.addr, Err: err(f)})
+		f.resolve(Ack{}, &PublishError{Stream: f.stream, Shard: int(f.shard), Broker: st.p.c.Addr(), Err: err(f)})
 	}
 	notifyLater(&st.p.c.tel.later, fs)
 	for _, f := range fs {
@@ -355,7 +355,7 @@ func (p *Publisher) resendLoop() {
 			st.abandon(func(f *Future) error {
 				return fmt.Errorf("%w after %v: %w (last: %w; then %w)", ErrRetriesExhausted, st.retryFor, ErrConnectionLost, f.idem.cause, err)
 			}, true)
-			p.c.cfg.logger.Warn("client: idempotent publisher gave up retrying records of unknown outcome", "broker", p.c.addr, "after", st.retryFor, "err", err)
+			p.c.cfg.logger.Warn("client: idempotent publisher gave up retrying records of unknown outcome", "broker", p.c.Addr(), "after", st.retryFor, "err", err)
 		default:
 			// The broker cannot be reached yet; the dial backs off.
 			sleep(p.c.ctx, 10*time.Millisecond)
@@ -384,7 +384,7 @@ func (p *Publisher) openIdem(ctx context.Context) (*pubSession, error) {
 	for i, f := range fs {
 		if err := s.send(p.c.ctx, f, f.idem.frame); err != nil {
 			p.idem.putBack(fs[i:])
-			return nil, fmt.Errorf("sending records of unknown outcome again to %s: %w", p.c.addr, err)
+			return nil, fmt.Errorf("sending records of unknown outcome again to %s: %w", p.c.Addr(), err)
 		}
 	}
 	p.mu.Lock()

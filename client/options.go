@@ -59,6 +59,12 @@ type config struct {
 	// backoffMin and backoffMax bound the delay between redials of a
 	// broker that failed. Defaults 100ms and 5s.
 	backoffMin, backoffMax time.Duration
+
+	// homeFailover is how long the home broker may fail every dial
+	// (at least homeFailoverDials of them) before the client moves its
+	// home to another live broker (home.go); negative: never. Default
+	// DefaultHomeFailover.
+	homeFailover time.Duration
 }
 
 // Defaults of the options.
@@ -68,6 +74,9 @@ const (
 	DefaultBackoffMin  = 100 * time.Millisecond
 	DefaultBackoffMax  = 5 * time.Second
 	DefaultCredit      = 1024
+	// DefaultHomeFailover is how long the home broker may fail every
+	// dial before the client moves its home (see [WithHomeFailover]).
+	DefaultHomeFailover = 10 * time.Second
 )
 
 // DefaultRequestTimeout is how long the client waits for a broker to
@@ -104,6 +113,9 @@ func newConfig(opts []Opt) config {
 	}
 	if c.backoffMax < c.backoffMin {
 		c.backoffMax = max(DefaultBackoffMax, c.backoffMin)
+	}
+	if c.homeFailover == 0 {
+		c.homeFailover = DefaultHomeFailover
 	}
 	return c
 }
@@ -191,6 +203,25 @@ func WithTransport(tc transport.Config) Opt { return optFunc(func(c *config) { c
 // [DefaultBackoffMax].
 func WithReconnect(min, max time.Duration) Opt {
 	return optFunc(func(c *config) { c.backoffMin, c.backoffMax = min, max })
+}
+
+// WithHomeFailover sets how long the client's home broker (the one given
+// to [Connect], through which publishes and admin requests go) may fail
+// every dial before the client moves its home to another live broker of
+// the last shard map seen: one it has a live connection to if there is
+// one, else the next after the failed one in the map's order. The move
+// takes two or more dials in a row that got no connection, the last d or
+// more after the first (a dial cut short by its caller's context counts:
+// one of a host that is gone lasts the dial timeout), so a broker that
+// restarts at the same address within d stays the home. The home is dialed when something needs it (a publish,
+// an admin request), so the move happens on such a dial; the publish or
+// request whose dial made it goes to the new home at once. Publisher
+// streams opened after the move, and admin requests, go to the new home;
+// one already open stays where it is until it fails, as any does when its
+// broker is lost. The client does not move back. Default
+// [DefaultHomeFailover]; d < 0 keeps the home for the client's life.
+func WithHomeFailover(d time.Duration) Opt {
+	return optFunc(func(c *config) { c.homeFailover = d })
 }
 
 // WithIdempotence makes every publisher of the client idempotent: it

@@ -216,10 +216,10 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 		// Sequences are per shard: the shard is picked here, by the map.
 		_, st, err := p.c.mapWith(ctx, stream)
 		if err != nil {
-			return nil, &PublishError{Stream: stream, Shard: -1, Broker: p.c.addr, Err: err}
+			return nil, &PublishError{Stream: stream, Shard: -1, Broker: p.c.Addr(), Err: err}
 		}
 		if st.Shards <= 0 {
-			return nil, &PublishError{Stream: stream, Shard: -1, Broker: p.c.addr, Err: fmt.Errorf("client: the shard map gives stream %q %d shards", stream, st.Shards)}
+			return nil, &PublishError{Stream: stream, Shard: -1, Broker: p.c.Addr(), Err: fmt.Errorf("client: the shard map gives stream %q %d shards", stream, st.Shards)}
 		}
 		if len(key) == 0 {
 			cfg.shard = int32(p.sticky % uint32(st.Shards))
@@ -229,7 +229,7 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 		created = st.Created
 	}
 	if err := p.acquire(ctx, block); err != nil {
-		return nil, &PublishError{Stream: stream, Shard: int(cfg.shard), Broker: p.c.addr, Err: err}
+		return nil, &PublishError{Stream: stream, Shard: int(cfg.shard), Broker: p.c.Addr(), Err: err}
 	}
 	tel := p.c.tel
 	f := &Future{stream: stream, shard: cfg.shard, window: p.window, then: cfg.then}
@@ -302,7 +302,7 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 			}
 		}
 		<-p.window
-		perr := &PublishError{Stream: stream, Shard: int(cfg.shard), Broker: p.c.addr, Err: err}
+		perr := &PublishError{Stream: stream, Shard: int(cfg.shard), Broker: p.c.Addr(), Err: err}
 		f.err = perr
 		f.finish()
 		return nil, perr
@@ -371,7 +371,16 @@ func (p *Publisher) session(ctx context.Context) (*pubSession, error) {
 // publisher's session (ready for new records or not) and starts its
 // reader. The caller holds the opening slot.
 func (p *Publisher) openStream(ctx context.Context, ready bool) (*pubSession, error) {
-	l, err := p.c.home.get(ctx)
+	home := p.c.homeConn()
+	l, err := home.get(ctx)
+	if err != nil && ctx.Err() == nil {
+		// A failed dial may have moved the home (moveHome): nothing was
+		// sent, so the new home is tried at once.
+		if next := p.c.homeConn(); next != home {
+			home = next
+			l, err = home.get(ctx)
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -384,9 +393,9 @@ func (p *Publisher) openStream(ctx context.Context, ready bool) (*pubSession, er
 			return nil, rerr // a new connection waits out the backoff
 		}
 		// Nothing was sent: the caller may try again on a new connection.
-		return nil, fmt.Errorf("opening publish stream to %s: %w", p.c.addr, errors.Join(errStaleSession, err))
+		return nil, fmt.Errorf("opening publish stream to %s: %w", home.addr, errors.Join(errStaleSession, err))
 	}
-	s := newPubSession(p.c.addr, str, p.c.maxFrame(), &p.c.tel.later, &p.c.mapNamed)
+	s := newPubSession(home.addr, str, p.c.maxFrame(), &p.c.tel.later, &p.c.mapNamed)
 	s.idem, s.link = p.idem, l
 
 	p.mu.Lock()

@@ -98,7 +98,7 @@ func TestRefusedConnectionBacksOff(t *testing.T) {
 	}
 	defer c.Close()
 	fc.brokers[0].stop()
-	for deadline := time.Now().Add(5 * time.Second); c.home.current() != nil; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); c.homeConn().current() != nil; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the client did not see its broker stop")
 		}

@@ -70,7 +70,7 @@ func TestSubscribeResumesAfterBrokerRestart(t *testing.T) {
 	b.restart(t)
 	// Publishes sent before the client sees the connection die would fail
 	// as outcome-unknown (TestConnectionLostFailsInFlight); wait for it.
-	for c.home.current() != nil {
+	for c.homeConn().current() != nil {
 		time.Sleep(time.Millisecond)
 	}
 	publishN(t, c, "s", 0, 50, 50)
@@ -456,7 +456,7 @@ func TestCreditKeptOverReattaches(t *testing.T) {
 	for range 2 {
 		subs := b.subs.Load()
 		b.restart(t)
-		for deadline := time.Now().Add(5 * time.Second); b.subs.Load() == subs || c.home.current() == nil; time.Sleep(time.Millisecond) {
+		for deadline := time.Now().Add(5 * time.Second); b.subs.Load() == subs || c.homeConn().current() == nil; time.Sleep(time.Millisecond) {
 			if time.Now().After(deadline) {
 				t.Fatal("the subscription did not reattach")
 			}
