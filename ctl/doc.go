@@ -136,6 +136,14 @@
 //	ctl/<name>                     a ctl member {"name","id","addr","etcd","features"}, with its session lease
 //	election/<lease>               the leader election (concurrency.Election)
 //
+// etcd's quota bounds its database file, which only a defragmentation
+// shrinks; a full etcd raises NOSPACE and refuses every write. The ctls
+// keep the embedded etcd under it (compact, defragment member by member,
+// disarm: etcdspace.go) and report an external etcd's alarm. A write
+// etcd refuses without applying it (over --max-request-bytes or
+// --max-txn-ops, or under NOSPACE once the store read that it did not
+// land) is answered CodeLimitExceeded, its outcome known.
+//
 // The map is a function of epoch, members, streams and grants (plus the
 // superusers of the configuration, which must be the same on every ctl),
 // so every ctl builds the same map from the same revision.

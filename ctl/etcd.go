@@ -90,6 +90,10 @@ type EtcdConfig struct {
 	// start only); a lower election timeout shortens failover of the
 	// etcd leader.
 	TickMs, ElectionMs uint
+
+	// quotaBytes is the embedded member's backend quota, from
+	// Knobs.EtcdQuotaBytes; 0: etcd's default.
+	quotaBytes int64
 }
 
 // DefaultCluster is the default EtcdConfig.Cluster.
@@ -170,6 +174,7 @@ func stopEmbedded(e *embed.Etcd) {
 // key it would have deleted goes with its session's lease.
 func openEtcd(ctx context.Context, cfg Config, log *slog.Logger) (*etcdConn, error) {
 	ec := cfg.Etcd
+	ec.quotaBytes = cfg.Knobs.EtcdQuotaBytes
 	c := &etcdConn{quiet: new(atomic.Bool)}
 	if len(ec.Endpoints) > 0 {
 		cli, err := clientv3.New(clientv3.Config{
@@ -263,6 +268,9 @@ func startEmbedded(dir string, ec EtcdConfig, core slogCore, log *slog.Logger) (
 	// is the most etcd recommends.
 	c.MaxTxnOps = 1 << 16
 	c.MaxRequestBytes = maxEtcdRequest
+	// etcd's quota (2 GiB by default) bounds the database file, which
+	// only a defragmentation shrinks: ctl keeps it so (etcdspace.go).
+	c.QuotaBackendBytes = ec.quotaBytes
 	c.Metrics = "basic"
 	lg := zap.New(core)
 	c.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)

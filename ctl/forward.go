@@ -239,9 +239,17 @@ type Stats struct {
 	Leader        bool  // whether this ctl leads now
 	LeaderChanges int64 // times this ctl became or stopped being the leader
 	LeaseExpiries int64 // broker leases that ran out (seen by the leader or the ctl holding them)
+
+	// Of etcd, at ctl's last check (every Knobs.EtcdCheckEvery; the
+	// largest of the members):
+	EtcdDBBytes      int64 // the database file's size, which etcd's quota limits
+	EtcdDBInUseBytes int64 // the part of it in use; the rest a defragmentation frees
+	EtcdNoSpace      bool  // etcd's NOSPACE alarm is raised: every change is refused
+	EtcdDefrags      int64 // members this ctl defragmented
 }
 
 // Stats returns the control plane's counters.
 func (s *Server) Stats() Stats {
-	return Stats{Leader: s.IsLeader(), LeaderChanges: s.stats.leaderChanges.Load(), LeaseExpiries: s.stats.leaseExpiries.Load()}
+	return Stats{Leader: s.IsLeader(), LeaderChanges: s.stats.leaderChanges.Load(), LeaseExpiries: s.stats.leaseExpiries.Load(),
+		EtcdDBBytes: s.space.dbSize.Load(), EtcdDBInUseBytes: s.space.dbInUse.Load(), EtcdNoSpace: s.space.noSpace.Load(), EtcdDefrags: s.space.defrags.Load()}
 }

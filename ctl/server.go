@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 
 	"github.com/felix-broker/felix/auth"
 	"github.com/felix-broker/felix/ctl/ctlclient"
@@ -98,6 +99,13 @@ type Knobs struct {
 	// Default, and most: ctlclient.MaxMapFrame less a sixteenth (60 MiB),
 	// a margin for the changes ctl cannot refuse (members joining).
 	MaxMapBytes int
+	// EtcdQuotaBytes is the embedded etcd member's backend quota
+	// (etcd's --quota-backend-bytes), for a test to fill it. Default
+	// etcd's, 2 GiB.
+	EtcdQuotaBytes int64
+	// EtcdCheckEvery is how often ctl checks etcd's database size and
+	// alarms (see etcdspace.go). Default DefaultEtcdCheckEvery.
+	EtcdCheckEvery time.Duration
 }
 
 // DefaultAddr is the default control-plane listen address.
@@ -225,6 +233,8 @@ type Server struct {
 	// store is the state in etcd; only changes made under mu use it.
 	store *store
 	etcd  *etcdConn
+	// space watches etcd's database size and NOSPACE alarm (etcdspace.go).
+	space *etcdSpace
 
 	// unsendable is the newest epoch whose map a registration's writer
 	// could not encode, logged once (mapNotSent).
@@ -280,6 +290,10 @@ func New(cfg Config) (*Server, error) {
 	s.changed.Store(new(make(chan struct{})))
 	s.store = newStore(etcd.cli, clusterName(cfg.Etcd))
 	s.store.rtt = cfg.OnEtcdRoundTrip
+	s.space = &etcdSpace{cli: etcd.cli, embedded: etcd.embedded != nil, epochKey: s.store.epochKey()}
+	if etcd.embedded != nil {
+		s.space.quota = embeddedQuota(etcd.embedded.Server.Cfg.QuotaBackendBytes)
+	}
 	s.regToken = strconv.FormatInt(time.Now().UnixNano(), 36)
 	rev, err := s.load()
 	if err != nil {
@@ -288,9 +302,10 @@ func New(cfg Config) (*Server, error) {
 		lock.Release()
 		return nil, err
 	}
-	s.wg.Add(2)
+	s.wg.Add(3)
 	go s.watchLoop(rev)
 	go s.electLoop()
+	go s.keepEtcd()
 	s.awaitLeader(cfg.Etcd.StartTimeout)
 	return s, nil
 }
@@ -621,6 +636,15 @@ func (s *Server) changeOrForward(reason string, fwd *transport.Request, change f
 		if errors.Is(err, ErrConflict) {
 			s.lostLeadershipLocked()
 			return nil, transport.Errorf(transport.CodeUnavailable, "%s: this ctl lost its leadership; retry: %w", reason, err)
+		}
+		if errors.Is(err, errEtcdRefused) {
+			// etcd answered that it did not apply the transaction: the
+			// outcome is known, and nothing is in doubt.
+			s.log.Warn("admin change refused by etcd", "reason", reason, "principal", fwd.Principal, "err", err)
+			if errors.Is(err, rpctypes.ErrNoSpace) {
+				return nil, transport.Errorf(transport.CodeLimitExceeded, "%s: %s: %w", reason, noSpaceAdvice(s.space.embedded), err)
+			}
+			return nil, transport.Errorf(transport.CodeLimitExceeded, "%s: not made: %w", reason, err)
 		}
 		s.store.giveUp(epoch)
 		s.log.Error("admin change not committed: etcd did not answer, and it may have made it", "reason", reason, "err", err)

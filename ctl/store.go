@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
@@ -229,6 +230,20 @@ func (st *store) save(ctx context.Context, next snapshot) error {
 			}
 		}
 		if err != nil {
+			if what, ok := etcdRefusal(err); ok {
+				return fmt.Errorf("ctl: commit epoch %d to etcd: %w: %s: %w", next.Epoch, errEtcdRefused, what, err)
+			}
+			if errors.Is(err, rpctypes.ErrNoSpace) && ctx.Err() == nil {
+				landed, rerr := st.landed(ctx, next)
+				switch {
+				case rerr == nil && landed:
+					// The write that passed the quota: etcd applied it,
+					// answered NOSPACE and raised the alarm.
+					return nil
+				case rerr == nil:
+					return fmt.Errorf("ctl: commit epoch %d to etcd: %w: %w", next.Epoch, errEtcdRefused, err)
+				}
+			}
 			if st.pending == nil {
 				st.pending = map[uint64]snapshot{}
 			}
@@ -256,6 +271,29 @@ func (st *store) save(ctx context.Context, next snapshot) error {
 		return fmt.Errorf("commit epoch %d computed at revision %d: etcd holds epoch %d at revision %d: %w", next.Epoch, st.rev, have, haveRev, ErrConflict)
 	}
 	return fmt.Errorf("commit epoch %d: %w", next.Epoch, ErrConflict)
+}
+
+// landed reads whether next, whose write etcd answered with an error
+// (NOSPACE), landed after all: the epoch key holds next's epoch at a
+// later revision than the one next was computed at, put by this writer.
+// If so, the store adopts next.
+func (st *store) landed(ctx context.Context, next snapshot) (bool, error) {
+	cctx, cancel := context.WithTimeout(ctx, st.timeout)
+	defer cancel()
+	resp, err := st.cli.Txn(cctx).Then(clientv3.OpGet(st.epochKey()), clientv3.OpGet(st.writerKey())).Commit()
+	if err != nil {
+		return false, err
+	}
+	ek, wk := resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs
+	if len(ek) == 0 || ek[0].ModRevision <= st.rev || string(ek[0].Value) != strconv.FormatUint(next.Epoch, 10) {
+		return false, nil
+	}
+	if st.writer != "" && (len(wk) == 0 || string(wk[0].Value) != st.writer || wk[0].ModRevision != ek[0].ModRevision) {
+		return false, nil
+	}
+	st.snap, st.rev = next, ek[0].ModRevision
+	delete(st.pending, next.Epoch)
+	return true, nil
 }
 
 // giveUp records that the caller undid the change of its last save,
