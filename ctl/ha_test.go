@@ -472,23 +472,8 @@ func TestGrantThroughFollower(t *testing.T) {
 // stale map. Healed, it serves map.get again.
 func TestHAFollowerCutOffFromEtcdHandsOverItsBrokers(t *testing.T) {
 	p := newPKI(t)
-	srvs := startHA(t, p, 3)
-	leader := waitLeader(t, srvs, nil)
-	var follower, other *Server
-	for _, s := range srvs {
-		switch {
-		case s == leader:
-		case follower == nil:
-			follower = s
-		default:
-			other = s
-		}
-	}
-	m := joinCtls(t, p, "b0", follower.Addr(), other.Addr(), leader.Addr())
-	waitMap(t, m, "b0 live", func(mp *shardmap.Map) bool { return liveCount(mp) == 1 })
-	if got := follower.registered(); !slices.Equal(got, []string{"b0"}) {
-		t.Fatalf("b0 registered with the follower: %v", got)
-	}
+	leader, follower, other, m := haWithBrokerOnFollower(t, p)
+	srvs := []*Server{leader, follower, other}
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
 	admin, err := ctlclient.Dial(ctx, follower.Addr(), p.clientTLS(t, transport.DevAdminName), transport.Config{})
@@ -601,23 +586,7 @@ func TestHAFollowerCutOffFromEtcdHandsOverItsBrokers(t *testing.T) {
 // and the ctl's own hand-over is stuck with the rest.)
 func TestHAWedgedFollowerLosesItsBrokers(t *testing.T) {
 	p := newPKI(t)
-	srvs := startHA(t, p, 3)
-	leader := waitLeader(t, srvs, nil)
-	var follower, other *Server
-	for _, s := range srvs {
-		switch {
-		case s == leader:
-		case follower == nil:
-			follower = s
-		default:
-			other = s
-		}
-	}
-	m := joinCtls(t, p, "b0", follower.Addr(), other.Addr(), leader.Addr())
-	waitMap(t, m, "b0 live", func(mp *shardmap.Map) bool { return liveCount(mp) == 1 })
-	if got := follower.registered(); !slices.Equal(got, []string{"b0"}) {
-		t.Fatalf("b0 registered with the follower: %v", got)
-	}
+	leader, follower, other, m := haWithBrokerOnFollower(t, p)
 
 	follower.mu.Lock() // wedge the follower's registration handling
 	wedged := true
@@ -655,4 +624,28 @@ func TestHAWedgedFollowerLosesItsBrokers(t *testing.T) {
 	if !slices.Equal(onOther, []string{"b0"}) {
 		t.Errorf("b0 did not move to the next ctl of its list: it is registered with other=%v leader=%v", onOther, onLeader)
 	}
+}
+
+// haWithBrokerOnFollower starts three ctls and joins broker b0, listing a
+// follower first, then the other follower and the leader, and waits until
+// b0 is live, registered with that follower.
+func haWithBrokerOnFollower(t *testing.T, p *testPKI) (leader, follower, other *Server, m *ctlclient.Member) {
+	t.Helper()
+	srvs := startHA(t, p, 3)
+	leader = waitLeader(t, srvs, nil)
+	for _, s := range srvs {
+		switch {
+		case s == leader:
+		case follower == nil:
+			follower = s
+		default:
+			other = s
+		}
+	}
+	m = joinCtls(t, p, "b0", follower.Addr(), other.Addr(), leader.Addr())
+	waitMap(t, m, "b0 live", func(mp *shardmap.Map) bool { return liveCount(mp) == 1 })
+	if got := follower.registered(); !slices.Equal(got, []string{"b0"}) {
+		t.Fatalf("b0 registered with the follower: %v", got)
+	}
+	return leader, follower, other, m
 }

@@ -129,19 +129,7 @@ func TestLinkStallKeepsBrokerLive(t *testing.T) {
 	srv := startCtlLease(t, p, t.TempDir(), "127.0.0.1:0", lease)
 	px := newStallProxy(t, srv.Addr())
 
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
-	defer cancel()
-	m, err := ctlclient.Join(ctx, ctlclient.MemberConfig{
-		CtlAddr:  px.pc.LocalAddr().String(),
-		TLS:      p.clientTLS(t, "b0"),
-		Node:     transport.Register{NodeID: "b0", Addr: "127.0.0.1:7400"},
-		LeaseTTL: lease,
-		Logger:   testLogger(t),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := joinThrough(t, p, px, lease)
 	session := func() uint64 {
 		srv.mu.Lock()
 		defer srv.mu.Unlock()
@@ -204,6 +192,21 @@ func TestMemberHandOverKeepsBrokerLive(t *testing.T) {
 	px.oneWay = true
 	px.mu.Unlock()
 
+	m := joinThrough(t, p, px, lease)
+	waitMap(t, m, "b0 live", func(mp *shardmap.Map) bool { return liveCount(mp) == 1 })
+	time.Sleep(500 * time.Millisecond)
+	before := srv.Map().Epoch
+	px.stall(1200 * time.Millisecond)
+	time.Sleep(2 * time.Second)
+	if after := srv.Map().Epoch; after != before || liveCount(srv.Map()) != 1 {
+		t.Fatalf("ctl answers delayed 1.2s (heartbeats read, lease renewed): the map went from epoch %d to %d (b0 live: %v)", before, after, liveCount(srv.Map()) == 1)
+	}
+}
+
+// joinThrough registers broker b0 with the ctl behind px, with lease; it
+// leaves when the test ends.
+func joinThrough(t *testing.T, p *testPKI, px *stallProxy, lease time.Duration) *ctlclient.Member {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
 	m, err := ctlclient.Join(ctx, ctlclient.MemberConfig{
@@ -216,13 +219,6 @@ func TestMemberHandOverKeepsBrokerLive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.Close()
-	waitMap(t, m, "b0 live", func(mp *shardmap.Map) bool { return liveCount(mp) == 1 })
-	time.Sleep(500 * time.Millisecond)
-	before := srv.Map().Epoch
-	px.stall(1200 * time.Millisecond)
-	time.Sleep(2 * time.Second)
-	if after := srv.Map().Epoch; after != before || liveCount(srv.Map()) != 1 {
-		t.Fatalf("ctl answers delayed 1.2s (heartbeats read, lease renewed): the map went from epoch %d to %d (b0 live: %v)", before, after, liveCount(srv.Map()) == 1)
-	}
+	t.Cleanup(func() { m.Close() })
+	return m
 }
