@@ -92,7 +92,10 @@ type globals struct {
 type app struct {
 	stdout, stderr io.Writer
 	stdin          io.Reader
-	getenv         func(string) string
+	// interactive is whether stdin is a terminal: a command that destroys
+	// data asks first (confirm).
+	interactive bool
+	getenv      func(string) string
 	// flags are the global connection and output flags.
 	flags *clientFlags
 	// model is the parsed command line model (for completion).
@@ -153,6 +156,9 @@ func runIO(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	a := &app{stdout: stdout, stderr: stderr, stdin: stdin, getenv: getenv, ctx: ctx, flags: &c.clientFlags, model: parser.Model}
+	if f, ok := stdin.(*os.File); ok {
+		a.interactive = isTerminal(f)
+	}
 	server := false
 	switch kctx.Command() {
 	case "broker", "echo", "dev", "dev run":

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -37,7 +39,8 @@ type streamInfoCmd struct {
 }
 
 type streamRmCmd struct {
-	Name string `arg:"" help:"Stream name."`
+	Name  string `arg:"" help:"Stream name."`
+	Force bool   `short:"f" help:"Delete without asking. felixctl asks only when its standard input is a terminal; a script's stream rm deletes at once, as with kafka-topics --delete."`
 }
 
 // streamJSON is a stream as --json prints it.
@@ -153,6 +156,15 @@ func (s *streamInfoCmd) Run(a *app) error {
 
 func (s *streamRmCmd) Run(a *app) error {
 	g := a.flags
+	if !s.Force && a.interactive {
+		ok, err := confirm(a, fmt.Sprintf("delete stream %s and all its records?", s.Name))
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("stream %s kept: not confirmed (--force deletes without asking)", s.Name)
+		}
+	}
 	return request(a, g, s.Name, func(ctx context.Context, c *conn) error {
 		if err := c.DeleteStream(ctx, s.Name); err != nil {
 			return err
@@ -316,4 +328,20 @@ func printJSON(w io.Writer, v any) error {
 	}
 	_, err = fmt.Fprintf(w, "%s\n", b)
 	return err
+}
+
+// confirm asks question on stderr and reads the answer from stdin: true
+// for y or yes (any case), false for anything else, the end of input
+// included.
+func confirm(a *app, question string) (bool, error) {
+	fmt.Fprintf(a.stderr, "%s [y/N] ", question)
+	line, err := bufio.NewReader(a.stdin).ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		return false, fmt.Errorf("reading the answer: %w", err)
+	}
+	switch strings.ToLower(strings.TrimSpace(line)) {
+	case "y", "yes":
+		return true, nil
+	}
+	return false, nil
 }
