@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"bytes"
+	"slices"
 	"context"
 	"errors"
 	"fmt"
@@ -262,5 +263,41 @@ func TestMapNotSentIsLogged(t *testing.T) {
 	s.mapNotSent("b0", &shardmap.Map{Epoch: 9}, tooLarge)
 	if n := strings.Count(buf.String(), "level=ERROR"); n != 2 {
 		t.Fatalf("a later epoch: want a second line, got %d:\n%s", n, buf.String())
+	}
+}
+
+// TestMapFrameEncodedOnce checks that a map pushed to many brokers is
+// encoded once: every writer sending it gets the same frame, which
+// decodes to the map; a newer map replaces it, and a writer still behind
+// with an older one encodes that for itself without evicting the newer.
+func TestMapFrameEncodedOnce(t *testing.T) {
+	var s Server
+	m1 := &shardmap.Map{Epoch: 1, Streams: []shardmap.Stream{{StreamConfig: shardmap.StreamConfig{Name: "a", Shards: 1}, Placement: shardmap.NewPlacement("b0")}}}
+	m2 := &shardmap.Map{Epoch: 2}
+	frame := func(m *shardmap.Map) []byte {
+		t.Helper()
+		f, err := s.mapFrameOf(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	f1 := frame(m1)
+	if g := frame(m1); &g[0] != &f1[0] {
+		t.Fatal("the same map was encoded twice")
+	}
+	got, err := transport.NewReader(bytes.NewReader(f1), 0).Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mu := got.(*transport.MapUpdate); mu.Map.Epoch != 1 || len(mu.Map.Streams) != 1 || !slices.Equal(mu.Features, transport.Features()) {
+		t.Fatalf("decoded %+v", mu)
+	}
+	f2 := frame(m2)
+	if g := frame(m1); &g[0] == &f1[0] || &g[0] == &f2[0] {
+		t.Fatal("an older map's frame came from the cache")
+	}
+	if g := frame(m2); &g[0] != &f2[0] {
+		t.Fatal("an older map's encoding evicted the newer one's")
 	}
 }

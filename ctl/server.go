@@ -240,6 +240,10 @@ type Server struct {
 	// could not encode, logged once (mapNotSent).
 	unsendable atomic.Uint64
 
+	// mapFrame is the newest map a registration's writer sent, encoded
+	// once for every broker (mapFrameOf).
+	mapFrame atomic.Pointer[encodedMap]
+
 	// denials remembers which principal was denied which op, to log each
 	// once, not once per retry.
 	denials logonce.Set

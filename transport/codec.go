@@ -382,6 +382,30 @@ func (w *Writer) WriteBatch(fs ...Frame) error {
 	return w.Flush()
 }
 
+// WriteEncoded writes frame, one frame as [AppendFrame] encoded it, after
+// any buffered frames, in one underlying write: a frame sent on many
+// streams (the control plane's map, to every broker) is encoded once.
+// frame is only read. A frame over the Writer's limit is refused with
+// [CodeFrameTooLarge], and nothing is written.
+func (w *Writer) WriteEncoded(frame []byte) error {
+	if len(frame) < 5 {
+		return &Error{Code: CodeInvalid, Message: fmt.Sprintf("an encoded frame of %d bytes is shorter than its header", len(frame))}
+	}
+	if n := len(frame) - 4; n > w.maxFrame {
+		return &Error{Code: CodeFrameTooLarge, Message: fmt.Sprintf("%s frame of %d bytes, limit %d", FrameType(frame[4]), n, w.maxFrame)}
+	}
+	if len(w.buf) == 0 {
+		_, err := w.w.Write(frame)
+		if err != nil {
+			return fmt.Errorf("transport: writing frame: %w", err)
+		}
+		return nil
+	}
+	w.buf = append(w.buf, frame...)
+	w.frames++
+	return w.Flush()
+}
+
 // Buffer encodes f into the Writer's buffer without writing it. If f fails
 // to encode, the buffer is unchanged.
 func (w *Writer) Buffer(f Frame) error {

@@ -204,6 +204,47 @@ func TestWriterLimits(t *testing.T) {
 	}
 }
 
+// TestWriterWriteEncoded checks that a frame encoded once is written
+// whole, after what is buffered and in one write, reads back as the frame
+// it was, and is refused when over the limit, with nothing written.
+func TestWriterWriteEncoded(t *testing.T) {
+	frame, err := AppendFrame(nil, &Ack{Seq: 7, Stream: "s", Owner: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cw countingWriter
+	w := NewWriter(&cw)
+	if err := w.WriteEncoded(frame); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Buffer(&Ack{Seq: 8}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WriteEncoded(frame); err != nil {
+		t.Fatal(err)
+	}
+	if cw.writes != 2 || w.Buffered() != 0 {
+		t.Fatalf("%d writes, %d buffered; want 2, 0", cw.writes, w.Buffered())
+	}
+	w.SetMaxFrame(len(frame) - 5)
+	if err := w.WriteEncoded(frame); !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("oversized WriteEncoded = %v, want frame_too_large", err)
+	}
+	if err := w.WriteEncoded(frame[:4]); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("WriteEncoded of a bare length = %v, want invalid", err)
+	}
+	if cw.writes != 2 {
+		t.Fatalf("refused frames were written: %d writes", cw.writes)
+	}
+	r := NewReader(&cw.Buffer, 0)
+	for _, want := range []uint64{7, 8, 7} {
+		f, err := r.Read()
+		if err != nil || f.(*Ack).Seq != want {
+			t.Fatalf("read back %v, %v; want ack %d", f, err, want)
+		}
+	}
+}
+
 func TestWriterError(t *testing.T) {
 	boom := errors.New("boom")
 	w := NewWriter(errWriter{boom})
