@@ -2,11 +2,11 @@ package ctl
 
 import (
 	"bytes"
-	"slices"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
