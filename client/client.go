@@ -114,10 +114,11 @@ func Connect(ctx context.Context, addr string, opts ...Opt) (*Client, error) {
 	// A broker refuses a connection only once the handshake is done (it
 	// closes it with limit_exceeded or unauthorized): the answer to the
 	// first request says whether it took it. Otherwise the map is best
-	// effort: it spreads keyless records over shards and routes
-	// subscriptions, and whatever needs it fetches it again if this
-	// fails. fetchMap bounds it by the request timeout: a broker that
-	// took the handshake and never answers does not hold Connect.
+	// effort: it picks the shard of keyless records (one per publisher:
+	// Publisher.keylessShard) and routes subscriptions, and whatever
+	// needs it fetches it again if this fails. fetchMap bounds it by the
+	// request timeout: a broker that took the handshake and never
+	// answers does not hold Connect.
 	_, err = c.refreshMap(ctx)
 	var derr *DialError
 	if errors.As(err, &derr) {

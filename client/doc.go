@@ -10,7 +10,8 @@
 // request streams for admin calls. It never computes shard ownership itself (it obeys the
 // map the brokers serve) and never retries a publish on its own unless
 // asked to: a record whose outcome is unknown is reported as such
-// ([ErrConnectionLost]), except by an idempotent client
+// ([ErrConnectionLost]; [ErrUnavailable] or [ErrTimeout] whose message
+// says so), except by an idempotent client
 // ([WithIdempotence]), whose publishers send such records again, with the
 // same producer id and sequence, so that each is committed exactly once
 // and in order (see "Idempotent publishing" below).
@@ -21,9 +22,10 @@
 // ([StreamConfig], [ErrUnknownStream], [ErrUnavailable], ...) are in this
 // package (see types.go).
 //
-//	c, err := client.Connect(ctx, "localhost:7100", client.WithCAFile("ca.crt"))
+//	c, err := client.Connect(ctx, "localhost:7100", client.WithCAFile("ca.crt"),
+//		client.WithClientCertFile("admin.crt", "admin.key"))
 //	if err != nil {
-//		return err // says what to check: the address, the CA
+//		return err // says what to check: the address, the CA, the certificate
 //	}
 //	defer c.Close()
 //
@@ -184,10 +186,12 @@
 //
 // # Security
 //
-// Brokers are verified against the cluster CA ([WithCA], [WithCAFile]);
-// [WithClientCert] presents a client certificate for clusters requiring
-// mutual TLS. [WithInsecure] turns verification off and is for development
-// only.
+// Brokers are verified against the cluster CA ([WithCA], [WithCAFile]).
+// Every broker requires a client certificate from the cluster CA
+// ([WithClientCert] or [WithClientCertFile]): its common name is the
+// principal whose permissions every operation is checked against.
+// [WithInsecure] turns verification of the broker off and is for
+// development only.
 //
 // # Telemetry
 //

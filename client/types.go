@@ -64,9 +64,11 @@ const (
 // end a subscription with a [*CorruptError], which matches the SDK's own
 // [ErrCorrupt] and, through its Unwrap, transport's.)
 var (
-	// ErrUnknownStream: no such stream (or shard). Create it first, check
-	// the name, or ask for a grant on it: a principal sees only the
-	// streams it has a permission on.
+	// ErrUnknownStream: no such stream. Create it first, check the name,
+	// or ask for a grant on it: a principal sees only the streams it has
+	// a permission on. (A shard number the stream does not have is
+	// [ErrNoShard] where the SDK checks it against its map, [ErrInvalid]
+	// from a broker.)
 	ErrUnknownStream = transport.ErrUnknownStream
 	// ErrStreamExists: CreateStream of a stream that exists.
 	ErrStreamExists = transport.ErrStreamExists
@@ -79,13 +81,28 @@ var (
 	// for the broker to send (stored while the limit was larger); the
 	// [BrokerError]'s From is its offset.
 	ErrPayloadTooLarge = transport.ErrPayloadTooLarge
-	// ErrUnavailable: the shard's owner cannot be reached now (it is down,
-	// or its log stopped taking writes); the outcome of a publish that got
-	// it is unknown unless the client is idempotent.
+	// ErrUnavailable: the shard's owner cannot take the record now (it is
+	// down, its log stopped taking writes, or no leader of a replicated
+	// shard was found in time). Its message says whether a publish that
+	// got it may have been written: not when the owner is down in the
+	// map or no leader was found ("nothing was written"); perhaps when a
+	// log failed a write or fsync, or an owner or leader was lost before
+	// its ack ("may or may not have been written", "outcome unknown").
+	// That outcome is unknown, and an idempotent client sends the record
+	// again itself.
 	ErrUnavailable = transport.ErrUnavailable
-	// ErrLimitExceeded: a resource limit of the broker is reached
-	// (connections, streams, subscriptions, credit, headers, bytes in
-	// flight).
+	// ErrLimitExceeded: a limit is reached, and what would pass it is
+	// refused (a publish: not written). A broker's: client connections (in all, or the principal's), open
+	// streams per connection, subscriptions per connection, subscription
+	// credit, the shard logs subscriptions keep open; a record to a shard
+	// the broker writes while its disk is below its free-space bound
+	// (--min-free-bytes), or for an idempotent producer when the shard's
+	// producer table is full (MaxProducers producers, each with records
+	// in flight). The control plane's: shards or grants in the cluster,
+	// the size of the map, a write etcd refused (no space, too large).
+	// Records and bytes in flight are held back by flow control, not
+	// refused; too many headers is [ErrInvalid], too many header bytes
+	// [ErrPayloadTooLarge].
 	ErrLimitExceeded = transport.ErrLimitExceeded
 	// ErrReplicationFactor: CreateStream of a stream with more replicas
 	// per shard (StreamConfig.Replicas) than the cluster has brokers.
@@ -94,7 +111,11 @@ var (
 	// refuses as invalid (for example Revoke of a grant that does not
 	// exist).
 	ErrInvalid = transport.ErrInvalid
-	// ErrTimeout: the broker did not finish the operation in time.
+	// ErrTimeout: the broker did not finish the operation in time. For a
+	// publish (a replicated shard that did not commit the record within
+	// the commit timeout) the outcome is unknown: the record may still be
+	// committed. An idempotent client sends it again itself, and it is
+	// written once.
 	ErrTimeout = transport.ErrTimeout
 	// ErrShuttingDown: the broker is shutting down; try another.
 	ErrShuttingDown = transport.ErrShuttingDown

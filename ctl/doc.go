@@ -144,9 +144,13 @@
 // --max-txn-ops, or under NOSPACE once the store read that it did not
 // land) is answered CodeLimitExceeded, its outcome known.
 //
-// The map is a function of epoch, members, streams and grants (plus the
-// superusers of the configuration, which must be the same on every ctl),
-// so every ctl builds the same map from the same revision.
+// The map is a function of epoch, members, streams, grants and
+// superusers, so every ctl builds the same map from the same revision.
+// The superusers are the committing leader's configuration, committed
+// with the state (key superusers) and restored from it by every ctl
+// (restoreState): the ctls' --superuser flags may differ during a rolling
+// change, and a new list takes effect once a ctl configured with it
+// leads.
 //
 // # Epochs, changes and leadership
 //
