@@ -18,7 +18,7 @@ import (
 // replica until it is a voter (followReplica), a few at a time.
 type clusterDrainCmd struct {
 	Broker   string        `arg:"" help:"Broker whose replicas move: one that is down, lost for good. A live one is refused: stop it first."`
-	Parallel int           `placeholder:"N" default:"2" help:"How many new replicas catch up at once: the next move is made when one of them is a voter."`
+	Parallel int           `default:"2" help:"How many new replicas catch up at once: the next move is made when one of them is a voter."`
 	Wait     time.Duration `default:"5m" help:"Follow each new replica for this long, until it has caught up and is a voter; one that is not by then is reported, the drain goes on, and it exits 1."`
 }
 

@@ -82,7 +82,7 @@ func TestClusterDrainRemoveUsage(t *testing.T) {
 		}
 	}
 	r := felixctl(t, nil, "cluster", "drain", "--help")
-	if r.code != 0 || !strings.Contains(r.stdout, "--parallel=N") || !strings.Contains(r.stdout, "stop it first") || !strings.Contains(r.stdout, "--wait=5m") {
+	if r.code != 0 || !strings.Contains(r.stdout, "--parallel=2") || !strings.Contains(r.stdout, "stop it first") || !strings.Contains(r.stdout, "--wait=5m") {
 		t.Errorf("cluster drain --help: %+v", r)
 	}
 	r = felixctl(t, nil, "cluster", "remove", "--help")
