@@ -3,6 +3,7 @@ package replica
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"runtime/debug"
@@ -48,6 +49,12 @@ type loop struct {
 	// segTS is, per complete segment (by its first index), the timestamp
 	// of its newest record, read once for retention by age.
 	segTS map[uint64]int64
+	// cut is a lower bound of the last index of raft's in-memory log,
+	// lowered by the appends and snapshots stepped since the last Ready
+	// was handled (noteCut), which may have cut that log back below the
+	// disk's; math.MaxUint64 when none was, and raft's log is the disk's
+	// plus what the pending Ready appends.
+	cut uint64
 }
 
 // run owns the RawNode and the storage: it takes the work handed in, and
@@ -59,7 +66,7 @@ type loop struct {
 // goes on.
 func (g *Group) run() {
 	defer close(g.done)
-	l := &loop{seq: rand.Uint64() >> 1, unindexed: map[uint64]*waiter{}, byIndex: map[uint64]*waiter{}, heard: map[uint64]uint64{}, segTS: map[uint64]int64{}}
+	l := &loop{seq: rand.Uint64() >> 1, unindexed: map[uint64]*waiter{}, byIndex: map[uint64]*waiter{}, heard: map[uint64]uint64{}, segTS: map[uint64]int64{}, cut: math.MaxUint64}
 	defer g.drain(l)
 	defer g.contain(l)
 	// Replay the committed log first (offsets, configuration changes),
@@ -171,25 +178,28 @@ func (g *Group) handleReadies(l *loop) error {
 			return err
 		}
 	}
+	l.cut = math.MaxUint64 // raft's log is the disk's now
 	return nil
 }
 
-// step hands a peer's message to raft unless it contradicts the log on
-// disk (step.go), and returns only a storage error. The check runs
-// against the storage, which lags raft when earlier messages of this round
-// moved it on: a message that fails it then is checked again once the
-// pending Readys are written (which a correct peer's messages never need:
-// a leader's commit index and a follower's acknowledgement only cover
-// entries already on disk here).
+// step hands a peer's message to raft unless it contradicts the log
+// (step.go), and returns only a storage error. The check runs against
+// the shorter of the storage's log and raft's (checkAgainstLog): the
+// storage lags raft when earlier messages of this round moved it on, and
+// raft's may have been cut back by them. A message that fails it then is
+// checked again once the pending Readys are written, after which the two
+// are the same (which a correct peer's messages never need: a leader's
+// commit index and a follower's acknowledgement only cover entries
+// already on disk here, and that a conflicting append did not replace).
 func (g *Group) step(l *loop, m *pb.Message) error {
 	l.heard[m.GetFrom()] = l.ticks
 	if !g.cfg.Knobs.UncheckedStep {
-		why := g.st.checkAgainstLog(m)
+		why := g.checkAgainstLog(l, m)
 		if why != "" && g.rn.HasReady() {
 			if err := g.handleReadies(l); err != nil {
 				return err
 			}
-			why = g.st.checkAgainstLog(m)
+			why = g.checkAgainstLog(l, m)
 		}
 		if why != "" {
 			if cur := g.term.Load(); m.GetType() == pb.MsgHeartbeat &&
@@ -224,6 +234,7 @@ func (g *Group) step(l *loop, m *pb.Message) error {
 		g.logger.Debug("replica: message refused by raft", "type", m.GetType().String(), "from", m.GetFrom(), "err", err)
 	}
 	l.stepping = nil
+	noteCut(l, m)
 	return nil
 }
 

@@ -22,10 +22,11 @@ import (
 //     changes over time (members.go), and raft ignores messages from
 //     replicas outside it.
 //   - checkAgainstLog, on the group's goroutine just before raft steps the
-//     message, against the log on disk: what no correct peer sends to this
-//     log (a commit index beyond it, entries that contradict its committed
-//     ones, an acknowledgement of entries it does not hold). The message is
-//     dropped and logged, as a lost one would be.
+//     message, against the log as both the disk and raft's memory hold it:
+//     what no correct peer sends to this log (a commit index beyond it,
+//     entries that contradict its committed ones, an acknowledgement of
+//     entries it does not hold). The message is dropped and logged, as a
+//     lost one would be.
 //
 // Entries that conflict with committed ones need no check of their own:
 // raft v3.7 answers a MsgApp whose previous index is below its commit
@@ -118,22 +119,53 @@ func checkMessage(m *pb.Message, self uint64) error {
 
 // checkAgainstLog returns why m contradicts this replica's log, or "".
 // Called by the run goroutine only.
-func (s *storage) checkAgainstLog(m *pb.Message) string {
+//
+// The log's last index is the smaller of the disk's and raft's: raft's
+// in-memory log runs ahead of the disk by the entries of the pending
+// Ready, and can also end before it, when a message stepped earlier in
+// the round cut it back (an append that conflicts with the uncommitted
+// tail on disk, a snapshot restored over it) and the Ready that writes
+// the cut is not handled yet. raft commits and acknowledges against its
+// own log. RawNode does not expose that log's last index, so the run
+// loop keeps a lower bound of it, l.cut (see noteCut). That is enough:
+// a check that fails on it is made again once the pending Readys are
+// written (Group.step), when the disk and raft agree; and a correct
+// leader's heartbeat commits at most to the follower's match, below where
+// its appends start, so it never costs that extra write.
+func (g *Group) checkAgainstLog(l *loop, m *pb.Message) string {
+	last := min(g.st.last, l.cut)
 	switch m.GetType() {
 	case pb.MsgHeartbeat:
 		// raft commits to it without a check of its own (and panics if
 		// the log is shorter); a leader sends min(match, commit).
-		if c := m.GetCommit(); c > s.last {
-			return fmt.Sprintf("commit index %d is beyond the log's last index %d", c, s.last)
+		if c := m.GetCommit(); c > last {
+			return fmt.Sprintf("commit index %d is beyond the log's last index %d", c, last)
 		}
 	case pb.MsgAppResp:
 		// An acknowledgement of entries this leader does not hold would
 		// make it probe and send from beyond its log.
-		if !m.GetReject() && m.GetIndex() > s.last {
-			return fmt.Sprintf("acknowledges index %d, beyond the log's last index %d", m.GetIndex(), s.last)
+		if !m.GetReject() && m.GetIndex() > last {
+			return fmt.Sprintf("acknowledges index %d, beyond the log's last index %d", m.GetIndex(), last)
 		}
 	}
 	return ""
+}
+
+// noteCut lowers l.cut, the bound of raft's in-memory log, for m, a
+// message raft has just stepped. An append with entries leaves raft's log
+// at or beyond its last entry (entries match up to there, or the log was
+// cut back and they were appended), or unchanged if refused; a snapshot
+// leaves the log at or beyond its index. Whatever else a peer sends does
+// not shorten raft's log.
+func noteCut(l *loop, m *pb.Message) {
+	switch m.GetType() {
+	case pb.MsgApp:
+		if n := len(m.GetEntries()); n > 0 {
+			l.cut = min(l.cut, m.GetIndex()+uint64(n))
+		}
+	case pb.MsgSnap:
+		l.cut = min(l.cut, m.GetSnapshot().GetMetadata().GetIndex())
+	}
 }
 
 // maxIndex bounds a snapshot's index: one entry per group commit never
