@@ -193,6 +193,20 @@ func (g *Group) handleReadies(l *loop) error {
 // already on disk here, and that a conflicting append did not replace).
 func (g *Group) step(l *loop, m *pb.Message) error {
 	l.heard[m.GetFrom()] = l.ticks
+	if m.GetType() == pb.MsgTimeoutNow {
+		// raft's follower takes it as "campaign now": a forced election
+		// at term+1, with no pre-vote and the leader lease ignored. Only
+		// the leader of raft's current term sends it, handing over its
+		// leadership (raft's leader transfer); from another replica (a
+		// buggy or out-of-date one) it would depose a leader doing fine.
+		if st := g.rn.BasicStatus(); m.GetFrom() != st.Lead || m.GetTerm() != st.GetTerm() {
+			if g.dropped.First(fmt.Sprintf("%d/%s/not-leader", m.GetFrom(), m.GetType())) {
+				g.logger.Warn("replica: dropped a MsgTimeoutNow from a replica that does not lead this term (logged once per peer)",
+					"peer", m.GetFrom(), "term", m.GetTerm(), "leader", st.Lead, "current_term", st.GetTerm())
+			}
+			return nil
+		}
+	}
 	if !g.cfg.Knobs.UncheckedStep {
 		why := g.checkAgainstLog(l, m)
 		if why != "" && g.rn.HasReady() {

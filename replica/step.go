@@ -26,7 +26,8 @@ import (
 //     what no correct peer sends to this log (a commit index beyond it,
 //     entries that contradict its committed ones, an acknowledgement of
 //     entries it does not hold). The message is dropped and logged, as a
-//     lost one would be.
+//     lost one would be. So is a MsgTimeoutNow from a replica that does
+//     not lead in raft's current term (Group.step).
 //
 // Entries that conflict with committed ones need no check of their own:
 // raft v3.7 answers a MsgApp whose previous index is below its commit
@@ -41,8 +42,9 @@ import (
 // Proposals are not forwarded (DisableProposalForwarding), and ReadIndex
 // and leader transfer are not requested by this package, so a peer never
 // has reason to send those; MsgTimeoutNow is accepted, since raft's own
-// leader transfer sends it between peers, and MsgSnap carries a leader's
-// compaction point (compact.go).
+// leader transfer sends it from the leader to the replica it hands over
+// to (Group.step drops it from anyone else), and MsgSnap carries a
+// leader's compaction point (compact.go).
 var peerTypes = map[pb.MessageType]bool{
 	pb.MsgApp: true, pb.MsgAppResp: true, pb.MsgSnap: true,
 	pb.MsgVote: true, pb.MsgVoteResp: true,

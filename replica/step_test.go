@@ -416,3 +416,37 @@ func TestAcknowledgementBeyondALogCutInTheSameRoundIsDropped(t *testing.T) {
 		t.Fatalf("replica 1 was not elected in the round; the test does not test what it says")
 	}
 }
+
+// A MsgTimeoutNow makes raft's follower start an election at once (term+1,
+// no pre-vote, the leader lease ignored). One from a replica that does not
+// lead is dropped and logged: it does not depose the leader.
+func TestTimeoutNowFromAReplicaNotLeadingIsDropped(t *testing.T) {
+	c, lead, logs := loggedCluster(t, 91, nil)
+	var f, other *Group
+	for _, g := range c.running() {
+		switch {
+		case g == lead:
+		case f == nil:
+			f = g
+		default:
+			other = g
+		}
+	}
+	_, term := f.Leader()
+	for _, m := range []*pb.Message{
+		{Type: pb.MsgTimeoutNow.Enum(), To: new(f.ID()), From: new(other.ID()), Term: new(term)},
+		{Type: pb.MsgTimeoutNow.Enum(), To: new(f.ID()), From: new(lead.ID()), Term: new(term + 1)},
+	} {
+		if err := f.Step(m); err != nil {
+			t.Fatalf("Step: %v", err)
+		}
+	}
+	waitTaken(t, f)
+	time.Sleep(300 * time.Millisecond) // an election, if one started, ends
+	if _, nt := lead.Leader(); !lead.IsLeader() || nt != term {
+		t.Fatalf("a MsgTimeoutNow from a replica that does not lead deposed leader %d (term %d -> %d)", lead.ID(), term, nt)
+	}
+	if !strings.Contains(logs.String(), "dropped a MsgTimeoutNow") {
+		t.Errorf("no log line for the dropped MsgTimeoutNow")
+	}
+}
