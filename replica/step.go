@@ -25,7 +25,8 @@ import (
 //     message, against the log as both the disk and raft's memory hold it:
 //     what no correct peer sends to this log (a commit index beyond it,
 //     entries that contradict its committed ones, an acknowledgement of
-//     entries it does not hold). The message is dropped and logged, as a
+//     entries it does not hold, a snapshot whose offsets go back before
+//     those already assigned). The message is dropped and logged, as a
 //     lost one would be. So is a MsgTimeoutNow from a replica that does
 //     not lead in raft's current term (Group.step).
 //
@@ -148,6 +149,17 @@ func (g *Group) checkAgainstLog(l *loop, m *pb.Message) string {
 		// make it probe and send from beyond its log.
 		if !m.GetReject() && m.GetIndex() > last {
 			return fmt.Sprintf("acknowledges index %d, beyond the log's last index %d", m.GetIndex(), last)
+		}
+	case pb.MsgSnap:
+		// raft installs a snapshot beyond its commit index, and offsets
+		// go on from the snapshot's (Group.restore). A correct leader's
+		// snapshot beyond what this replica applied starts at or after
+		// the offsets it assigned: offsets only grow along the log.
+		// (One at or before it raft ignores, or only commits up to.)
+		md := m.GetSnapshot().GetMetadata()
+		next, _, _ := decodeSnapshotData(m.GetSnapshot().GetData()) // checkMessage decoded it
+		if assigned := g.offs.nextOffset(); md.GetIndex() > g.applied && next < assigned {
+			return fmt.Sprintf("snapshot at index %d starts at offset %d, below offset %d, which this replica assigned up to index %d", md.GetIndex(), next, assigned, g.applied)
 		}
 	}
 	return ""

@@ -450,3 +450,36 @@ func TestTimeoutNowFromAReplicaNotLeadingIsDropped(t *testing.T) {
 		t.Errorf("no log line for the dropped MsgTimeoutNow")
 	}
 }
+
+// A snapshot beyond what a follower applied that starts below the offsets
+// the follower already assigned (a leader's bug) is dropped: installed, it
+// would give offsets already handed out to other records.
+func TestSnapshotBelowAssignedOffsetsIsDropped(t *testing.T) {
+	c, lead, logs := loggedCluster(t, 92, nil)
+	var f *Group
+	for _, g := range c.running() {
+		if g != lead {
+			f = g
+		}
+	}
+	next := f.NextOffset() // 3
+	_, term := f.Leader()
+	m := &pb.Message{Type: pb.MsgSnap.Enum(), To: new(f.ID()), From: new(lead.ID()), Term: new(term),
+		Snapshot: &pb.Snapshot{Data: snapshotData(next-1, nil), Metadata: &pb.SnapshotMetadata{
+			Index: new(uint64(1000)), Term: new(term), ConfState: &pb.ConfState{Voters: c.ids}}}}
+	if err := f.Step(m); err != nil {
+		t.Fatalf("Step: %v", err)
+	}
+	waitTaken(t, f)
+	if got := f.NextOffset(); got < next {
+		t.Fatalf("the follower's next offset went from %d back to %d", next, got)
+	}
+	if err := failure(f); err != nil {
+		t.Fatalf("follower failed: %v", err)
+	}
+	if !strings.Contains(logs.String(), "below offset") {
+		t.Errorf("no log line for the dropped snapshot")
+	}
+	c.commit([]byte("after"))
+	c.checkSame(c.waitConverged(next + 1))
+}
