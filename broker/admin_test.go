@@ -54,7 +54,7 @@ func TestAdminAnswersOverDefaultFrame(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := ctl.New(ctl.Config{Addr: "127.0.0.1:0", DataDir: filepath.Join(dir, "ctl"), TLS: ctlTLS, LeaseTTL: lease,
+	c, err := ctl.New(ctl.Config{Addr: "127.0.0.1:0", DataDir: filepath.Join(dir, "ctl"), TLS: ctlTLS, Etcd: cluster.CtlEtcd(filepath.Join(dir, "certs"), ""), LeaseTTL: lease,
 		Superusers: []string{transport.DevAdminName}, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)

@@ -118,7 +118,7 @@ func startBenchBrokers(b *testing.B, n int, opts ...func(*Config)) ([]*Broker, s
 	if err != nil {
 		b.Fatal(err)
 	}
-	cs, err := ctl.New(ctl.Config{Addr: "127.0.0.1:0", DataDir: filepath.Join(dir, "ctl"), TLS: ctlTLS, LeaseTTL: time.Second,
+	cs, err := ctl.New(ctl.Config{Addr: "127.0.0.1:0", DataDir: filepath.Join(dir, "ctl"), TLS: ctlTLS, Etcd: cluster.CtlEtcd(certDir, ""), LeaseTTL: time.Second,
 		Superusers: []string{transport.DevAdminName}, Logger: quiet()})
 	if err != nil {
 		b.Fatal(err)

@@ -82,7 +82,7 @@ func (ip *inproc) startCtl(sub string) *ctl.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := ctl.New(ctl.Config{Addr: "127.0.0.1:0", DataDir: filepath.Join(ip.dir, sub), TLS: ctlTLS, LeaseTTL: time.Second,
+	c, err := ctl.New(ctl.Config{Addr: "127.0.0.1:0", DataDir: filepath.Join(ip.dir, sub), TLS: ctlTLS, Etcd: cluster.CtlEtcd(filepath.Join(ip.dir, "certs"), ""), LeaseTTL: time.Second,
 		Superusers: []string{transport.DevAdminName}, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)

@@ -476,7 +476,7 @@ func TestJoinGivesUpWithContext(t *testing.T) {
 
 func TestStreamChangeNotPersistedIsRefused(t *testing.T) {
 	dir := t.TempDir()
-	srv, err := New(Config{DataDir: dir, Logger: testLogger(t)})
+	srv, err := New(Config{DataDir: dir, Etcd: newPKI(t).etcd(), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

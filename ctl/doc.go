@@ -107,14 +107,16 @@
 // # State in etcd
 //
 // The state lives in etcd ([EtcdConfig]): by default a single-member etcd
-// embedded in DataDir (DataDir/etcd, its loopback URLs in
-// DataDir/etcd-urls.json); or an embedded member of a cluster of several
-// ctls (EtcdConfig.InitialCluster, `felix ctl --etcd-name ctl-0
-// --etcd-peer-url https://ctl-0:2380 --etcd-initial-cluster
-// ctl-0=https://ctl-0:2380,ctl-1=...`), whose members authenticate each
-// other with the ctls' own certificates and the cluster CA (mutual TLS on
-// the peer URLs, and on the client URLs off loopback: see etcdtls.go;
-// plaintext peers take EtcdConfig.Insecure); or an existing etcd cluster
+// embedded in DataDir (DataDir/etcd, its https:// loopback URLs in
+// DataDir/etcd-urls.json; DataDir is its owner's only); or an embedded
+// member of a cluster of several ctls (EtcdConfig.InitialCluster, `felix
+// ctl --etcd-name ctl-0 --etcd-peer-url https://ctl-0:2380
+// --etcd-initial-cluster ctl-0=https://ctl-0:2380,ctl-1=...`). An
+// embedded member is reached with the ctls' own certificates and the
+// cluster CA (EtcdConfig.CertFile, KeyFile, CAFile): mutual TLS on its
+// peer and client URLs, loopback ones included, where only ctl
+// certificates are served (see etcdtls.go); plaintext URLs take
+// EtcdConfig.Insecure. Or the state lives in an existing etcd cluster
 // (EtcdConfig.Endpoints, `--etcd-endpoints`, with mTLS by `--etcd-ca`,
 // `--etcd-cert`, `--etcd-key`), whose members may be the etcd built into
 // felix ([StartEtcdMember], `felix etcd`). An embedded member is only
@@ -225,7 +227,8 @@
 //
 // The control plane:
 //
-//	srv, err := ctl.New(ctl.Config{DataDir: dir, TLS: transport.ServerTLS(cert, ca, transport.ALPNCtl)})
+//	srv, err := ctl.New(ctl.Config{DataDir: dir, TLS: transport.ServerTLS(cert, ca, transport.ALPNCtl),
+//		Etcd: ctl.EtcdConfig{CertFile: "ctl.crt", KeyFile: "ctl.key", CAFile: "ca.crt"}})
 //	...
 //	err = srv.Start()
 //	defer srv.Close()

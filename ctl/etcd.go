@@ -37,7 +37,7 @@ type EtcdConfig struct {
 	Endpoints []string
 	// TLS is the client TLS config for Endpoints (mTLS to etcd); nil
 	// means plaintext. Ignored for the embedded etcd, which ctl reaches
-	// over loopback.
+	// with CertFile, KeyFile and CAFile.
 	TLS *tls.Config
 	// Cluster names the Felix cluster: its keys live under
 	// /felix/<Cluster>/, so several clusters may share one etcd. Default
@@ -50,13 +50,15 @@ type EtcdConfig struct {
 	Name string
 	// ClientURL is where the embedded member serves etcd clients (this
 	// ctl, the other ctls asking for its health, and etcdctl for an
-	// operator); a host name in it is listened on as 0.0.0.0. Default a
-	// free loopback port, chosen on first start and kept in
-	// DataDir/etcd-urls.json.
+	// operator, each with a ctl certificate); a host name in it is
+	// listened on as 0.0.0.0. Default https://127.0.0.1 on a free port,
+	// chosen on first start and kept in DataDir/etcd-urls.json (a
+	// plaintext URL kept there by an earlier version is taken as https
+	// unless Insecure).
 	ClientURL string
 	// PeerURL is where the embedded member listens for and is reached by
-	// its peers. Default a free loopback port, chosen and kept as
-	// ClientURL (a single member has no peers to reach it).
+	// its peers. Default https://127.0.0.1 on a free port, chosen and
+	// kept as ClientURL (a single member has no peers to reach it).
 	PeerURL string
 	// InitialCluster lists every member of a new embedded cluster as
 	// name=peerURL,... (etcd's --initial-cluster). Default Name=PeerURL:
@@ -77,12 +79,16 @@ type EtcdConfig struct {
 	// CertFile, KeyFile and CAFile are the ctl's own certificate (role
 	// felix-ctl) and key and the cluster CA, as PEM files (etcd reads them
 	// itself, at every handshake). They secure the embedded member's
-	// https:// peer and client URLs: see etcdtls.go. Required when one is
-	// https.
+	// https:// peer and client URLs, and ctl's own connection to it: see
+	// etcdtls.go. Required for the embedded member, whose URLs are https
+	// unless Insecure and given as http://.
 	CertFile, KeyFile, CAFile string
-	// Insecure allows http:// peer URLs in a multi-member cluster and
-	// http:// URLs off loopback: traffic anyone on the network can read,
-	// and a member port anyone can join. Default false: refused.
+	// Insecure allows http:// URLs for the embedded member: on loopback,
+	// a client port any local user can read and rewrite the state on
+	// (etcd's authentication is off: ctl's certificate is its only
+	// credential); off loopback or between members, traffic anyone on
+	// the network can read, and a member port anyone can join. Default
+	// false: refused.
 	Insecure bool
 	// TickMs and ElectionMs are etcd's heartbeat interval and election
 	// timeout. Default 100 and 1000 (etcd's defaults) for a member of a
@@ -94,6 +100,11 @@ type EtcdConfig struct {
 	// quotaBytes is the embedded member's backend quota, from
 	// Knobs.EtcdQuotaBytes; 0: etcd's default.
 	quotaBytes int64
+	// standalone is set for a member with no ctl beside it
+	// (StartEtcdMember): its default URLs are http:// on loopback, and
+	// plaintext loopback URLs are allowed, as its clients are its
+	// operator's to secure.
+	standalone bool
 }
 
 // DefaultCluster is the default EtcdConfig.Cluster.
@@ -370,10 +381,9 @@ func checkMembership(dir string, members []*membership.Member, initial string) e
 
 // listenURL is u with its host replaced by an address when the host is a
 // name (etcd listens on IP addresses only): localhost listens on
-// 127.0.0.1, as it is allowed plain http (etcdtls.go), and any other name
-// on the wildcard address: a member advertised as https://ctl-0:2380
-// listens on https://0.0.0.0:2380. Off loopback, its URLs are https
-// unless EtcdConfig.Insecure.
+// 127.0.0.1, and any other name on the wildcard address: a member
+// advertised as https://ctl-0:2380 listens on https://0.0.0.0:2380. Its
+// URLs are https unless EtcdConfig.Insecure (etcdtls.go).
 func listenURL(u url.URL) url.URL {
 	switch host := u.Hostname(); {
 	case net.ParseIP(host) != nil:
@@ -387,7 +397,10 @@ func listenURL(u url.URL) url.URL {
 
 // embeddedURLs returns the embedded member's URLs: those configured, else
 // those recorded in dir by an earlier start, else free loopback ports
-// (recorded for the next start).
+// (recorded for the next start), https unless ec.standalone. A recorded
+// http:// loopback URL (the default of earlier versions) is taken as
+// https:// on the same port, unless ec.Insecure or ec.standalone allow
+// it as it is.
 func embeddedURLs(dir string, ec EtcdConfig) (etcdURLs, error) {
 	path := filepath.Join(dir, etcdURLsFile)
 	var rec etcdURLs
@@ -410,6 +423,9 @@ func embeddedURLs(dir string, ec EtcdConfig) (etcdURLs, error) {
 		case *u.dst != "":
 		case u.rec != "":
 			*u.dst = u.rec
+			if !ec.Insecure && !ec.standalone {
+				*u.dst = upgradeLoopback(u.rec)
+			}
 		default:
 			missing = append(missing, u.dst)
 		}
@@ -418,8 +434,12 @@ func embeddedURLs(dir string, ec EtcdConfig) (etcdURLs, error) {
 	if err != nil {
 		return urls, err
 	}
+	scheme := "https://"
+	if ec.standalone {
+		scheme = "http://"
+	}
 	for i, dst := range missing {
-		*dst = "http://127.0.0.1:" + strconv.Itoa(ports[i])
+		*dst = scheme + "127.0.0.1:" + strconv.Itoa(ports[i])
 	}
 	if urls != rec {
 		b, _ := json.Marshal(urls)
@@ -428,6 +448,18 @@ func embeddedURLs(dir string, ec EtcdConfig) (etcdURLs, error) {
 		}
 	}
 	return urls, nil
+}
+
+// upgradeLoopback returns raw, a recorded URL, as https:// when it is an
+// http:// loopback URL, as earlier versions chose by default; any other
+// URL as it is.
+func upgradeLoopback(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme != "http" || !loopbackHost(u.Hostname()) {
+		return raw
+	}
+	u.Scheme = "https"
+	return u.String()
 }
 
 // freeTCPPorts returns n distinct free loopback ports: all n are held
@@ -455,9 +487,9 @@ func clusterName(ec EtcdConfig) string {
 
 // etcdNoise are warnings the embedded etcd logs at every start that say
 // nothing a Felix operator can act on: they describe how ctl embeds it
-// (client gRPC and HTTP on one loopback port, no etcd authentication:
-// only ctl talks to it), and, on a new data dir, the schema version it
-// sets a moment later. slogCore logs them at Debug.
+// (client gRPC and HTTP on one port, no etcd authentication: only
+// holders of a ctl certificate talk to it), and, on a new data dir, the
+// schema version it sets a moment later. slogCore logs them at Debug.
 var etcdNoise = map[string]bool{
 	"Running http and grpc server on single port. This is not recommended for production.": true,
 	"simple token is not cryptographically signed":                                         true,

@@ -30,11 +30,14 @@ type EtcdMember struct {
 // member's are (EtcdConfig.CertFile, KeyFile and CAFile: peers must hold a
 // certificate of the cluster CA named after a member, clients a felix-ctl
 // certificate), and plaintext ones refused off loopback and between
-// members unless EtcdConfig.Insecure.
+// members unless EtcdConfig.Insecure. Unlike ctl's embedded member, its
+// default URLs are http:// on loopback, and http:// loopback URLs are
+// allowed: who may reach its clients port is its operator's to decide.
 func StartEtcdMember(dir string, ec EtcdConfig, log *slog.Logger) (*EtcdMember, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	ec.standalone = true
 	quiet := new(atomic.Bool)
 	e, _, err := startEmbedded(dir, ec, slogCore{log: log.With("component", "etcd"), quiet: quiet}, log)
 	if err != nil {

@@ -3,6 +3,7 @@ package ctl
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -39,18 +40,25 @@ import (
 //   - Client URL: the same chain check, then every gRPC request must come
 //     with a certificate of role felix-ctl (requireCtlRole); etcd's JSON
 //     gateway, which would relay requests under the member's own
-//     certificate, is off.
+//     certificate, is off. etcd's own authentication is off: the ctl
+//     certificate is the only credential.
 //
-// Plaintext is refused where others could reach it: an http:// peer URL
-// in a multi-member cluster, or an http:// peer or client URL that is not
-// on loopback, unless EtcdConfig.Insecure says so.
+// ctl's own etcd client presents the same certificate, and accepts a
+// member presenting a ctl certificate of the CA (etcdClientTLS).
+//
+// The URLs are https by default, the single member's on loopback too
+// (any local user could otherwise read and rewrite the state, ACL
+// included). Plaintext is refused unless EtcdConfig.Insecure says so;
+// a standalone member (StartEtcdMember, `felix etcd`) still has it on
+// loopback by default, where its operator secures its clients.
 
 // errPlaintext is the error of a plaintext URL EtcdConfig.Insecure does
 // not allow.
 var errPlaintext = errors.New("ctl: plaintext etcd URL")
 
-// checkPlaintext refuses the http:// URLs of the embedded member that
-// others could reach, unless ec.Insecure.
+// checkPlaintext refuses the http:// URLs of the embedded member, unless
+// ec.Insecure; a standalone member's only where others than its host
+// could reach them.
 func checkPlaintext(ec EtcdConfig, urls etcdURLs) error {
 	if ec.Insecure {
 		return nil
@@ -74,6 +82,10 @@ func checkPlaintext(ec EtcdConfig, urls etcdURLs) error {
 		}
 		if !loopbackHost(u.Hostname()) {
 			return fmt.Errorf("%w: %s url %s is not on loopback: anyone who reaches it could read and write ctl's state; use https:// (the ctl's certificate and the cluster CA secure it), or --etcd-insecure on a network no one else shares",
+				errPlaintext, what, raw)
+		}
+		if !ec.standalone {
+			return fmt.Errorf("%w: %s url %s: any process on this host, of any user, could read and rewrite ctl's state through it, permissions included; use https:// (the default, secured by the ctl's certificate and the cluster CA), or --etcd-insecure on a host no one else uses",
 				errPlaintext, what, raw)
 		}
 		return nil
@@ -139,7 +151,8 @@ func secureEmbedded(c *embed.Config, ec EtcdConfig, lg *zap.Logger) (*tls.Config
 		return nil, nil
 	}
 	if ec.CertFile == "" || ec.KeyFile == "" || ec.CAFile == "" {
-		return nil, errors.New("ctl: embedded etcd with https URLs needs EtcdConfig.CertFile, KeyFile and CAFile (the ctl's certificate and the cluster CA)")
+		return nil, fmt.Errorf("ctl: embedded etcd with https URLs (client %s, peer %s; https is the default) needs EtcdConfig.CertFile, KeyFile and CAFile (the ctl's certificate and the cluster CA)",
+			&c.AdvertiseClientUrls[0], &c.AdvertisePeerUrls[0])
 	}
 	cert, err := transport.LoadKeyPair(ec.CertFile, ec.KeyFile)
 	if err != nil {
@@ -181,12 +194,48 @@ func secureEmbedded(c *embed.Config, ec EtcdConfig, lg *zap.Logger) (*tls.Config
 			}
 			return h(srv, ss)
 		}))
-	// This ctl's client accepts members presenting ctl certificates only.
-	return transport.VerifyPeer(&tls.Config{
+	return etcdClientTLS(cert, ca), nil
+}
+
+// etcdClientTLS is the TLS config ctl's etcd client reaches the embedded
+// members with (its own, and the others' for their health): it presents
+// cert, ctl's, and accepts a member presenting a ctl certificate that ca
+// issued, with the usual check of the host name dialed when the URL names
+// one. A URL naming an IP address, as the default https://127.0.0.1:port
+// of ctl's own member does, is not checked against the certificate's IP
+// addresses (crypto/tls does not tell VerifyConnection the address
+// dialed): a ctl certificate (`felix certs ctl`) names the hosts brokers
+// and other members reach the ctl by, seldom 127.0.0.1, and any holder
+// of a ctl certificate is trusted with the whole state anyway.
+func etcdClientTLS(cert tls.Certificate, ca *x509.CertPool) *tls.Config {
+	return &tls.Config{
 		MinVersion:   tls.VersionTLS13,
 		RootCAs:      ca,
 		Certificates: []tls.Certificate{cert},
-	}, transport.RoleCtl, ""), nil
+		// Verified by VerifyConnection instead, without the IP address.
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("ctl: etcd member presented no certificate")
+			}
+			opts := x509.VerifyOptions{Roots: ca, DNSName: cs.ServerName, Intermediates: x509.NewCertPool()}
+			for _, c := range cs.PeerCertificates[1:] {
+				opts.Intermediates.AddCert(c)
+			}
+			leaf := cs.PeerCertificates[0]
+			if _, err := leaf.Verify(opts); err != nil {
+				return fmt.Errorf("ctl: etcd member's certificate: %w", err)
+			}
+			id, err := transport.CertIdentity(leaf)
+			if err != nil {
+				return fmt.Errorf("ctl: etcd member's certificate: %w", err)
+			}
+			if id.Role != transport.RoleCtl {
+				return fmt.Errorf("ctl: etcd member presented a %s certificate (%q), not a ctl certificate", id.Role, id.Name)
+			}
+			return nil
+		},
+	}
 }
 
 // memberCNs are the certificate names etcd's peer listener accepts: the
@@ -203,9 +252,10 @@ func memberCNs(c *embed.Config, own string) []string {
 }
 
 // requireCtlRole fails a gRPC request on the embedded member's TLS client
-// URL unless it came with a verified certificate of role felix-ctl. A
-// request on a plaintext URL (loopback, or allowed by
-// EtcdConfig.Insecure) has no certificate to check and passes.
+// URL unless it came with a verified certificate of role felix-ctl. It
+// guards https:// client URLs only (an http:// one, which only
+// EtcdConfig.Insecure allows, has no interceptor): a request with no TLS
+// is refused.
 func requireCtlRole(ctx context.Context) error {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
@@ -213,7 +263,7 @@ func requireCtlRole(ctx context.Context) error {
 	}
 	ti, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok {
-		return nil
+		return status.Error(codes.Unauthenticated, "felix: this etcd serves ctl members only: no TLS")
 	}
 	if len(ti.State.VerifiedChains) == 0 || len(ti.State.VerifiedChains[0]) == 0 {
 		return status.Error(codes.Unauthenticated, "felix: this etcd serves ctl members only: no verified certificate")

@@ -3,10 +3,13 @@ package ctl
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +19,7 @@ import (
 	"go.etcd.io/etcd/server/v3/storage/mvcc"
 	"go.uber.org/zap"
 
+	"github.com/felix-broker/felix/auth"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -28,8 +32,15 @@ func TestCheckPlaintext(t *testing.T) {
 		urls etcdURLs
 		ok   bool
 	}{
-		{"single member on loopback (felix dev)", EtcdConfig{}, etcdURLs{"http://127.0.0.1:1", "http://127.0.0.1:2"}, true},
-		{"single member, localhost", EtcdConfig{}, etcdURLs{"http://localhost:1", "http://[::1]:2"}, true},
+		{"single member on loopback", EtcdConfig{}, etcdURLs{"http://127.0.0.1:1", "http://127.0.0.1:2"}, false},
+		{"single member, localhost", EtcdConfig{}, etcdURLs{"http://localhost:1", "http://[::1]:2"}, false},
+		{"single member on loopback, plaintext client only", EtcdConfig{}, etcdURLs{"http://127.0.0.1:1", "https://127.0.0.1:2"}, false},
+		{"single member on loopback, plaintext peer only", EtcdConfig{}, etcdURLs{"https://127.0.0.1:1", "http://127.0.0.1:2"}, false},
+		{"single member on loopback over https (the default)", EtcdConfig{}, etcdURLs{"https://127.0.0.1:1", "https://127.0.0.1:2"}, true},
+		{"single member on loopback, Insecure", EtcdConfig{Insecure: true}, etcdURLs{"http://127.0.0.1:1", "http://127.0.0.1:2"}, true},
+		{"standalone member on loopback (felix etcd)", EtcdConfig{standalone: true}, etcdURLs{"http://127.0.0.1:1", "http://127.0.0.1:2"}, true},
+		{"standalone member, localhost", EtcdConfig{standalone: true}, etcdURLs{"http://localhost:1", "http://[::1]:2"}, true},
+		{"standalone member off loopback", EtcdConfig{standalone: true}, etcdURLs{"http://10.0.0.1:2379", "http://127.0.0.1:2"}, false},
 		{"client url off loopback", EtcdConfig{}, etcdURLs{"http://0.0.0.0:2379", "http://127.0.0.1:2"}, false},
 		{"client url by name", EtcdConfig{}, etcdURLs{"http://ctl-0:2379", "http://127.0.0.1:2"}, false},
 		{"peer url off loopback", EtcdConfig{}, etcdURLs{"http://127.0.0.1:1", "http://10.0.0.1:2380"}, false},
@@ -40,7 +51,7 @@ func TestCheckPlaintext(t *testing.T) {
 			etcdURLs{"http://127.0.0.1:4", "http://127.0.0.1:1"}, false},
 		{"three members over http, Insecure", EtcdConfig{InitialCluster: "a=http://10.0.0.1:2380,b=http://10.0.0.2:2380,c=http://10.0.0.3:2380", Insecure: true},
 			etcdURLs{"http://10.0.0.1:2379", "http://10.0.0.1:2380"}, true},
-		{"one member listed twice", EtcdConfig{InitialCluster: "a=http://127.0.0.1:1,a=http://[::1]:1"}, etcdURLs{"http://127.0.0.1:4", "http://127.0.0.1:1"}, true},
+		{"one member listed twice", EtcdConfig{InitialCluster: "a=http://127.0.0.1:1,a=http://[::1]:1", standalone: true}, etcdURLs{"http://127.0.0.1:4", "http://127.0.0.1:1"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := checkPlaintext(tc.ec, tc.urls)
@@ -62,6 +73,158 @@ func TestHAPlaintextPeersRefused(t *testing.T) {
 		PeerURL: "http://127.0.0.1:1", InitialCluster: "a=http://127.0.0.1:1,b=http://127.0.0.1:2,c=http://127.0.0.1:3"}})
 	if !errors.Is(err, errPlaintext) {
 		t.Fatalf("New with http peers: %v, want errPlaintext", err)
+	}
+}
+
+// TestEmbeddedEtcdServesCtlCertificatesOnly: a ctl started with the
+// defaults serves its embedded etcd on https://127.0.0.1 (client and peer
+// URLs, recorded in DataDir/etcd-urls.json), to ctl certificates of the
+// cluster CA only. A local process with no credential (plaintext, or TLS
+// with no certificate), or with a client or node certificate, can neither
+// list ctl's keys nor grant itself cluster.admin by writing a grant key,
+// as any local user could through the plaintext loopback URL earlier
+// versions served. The data dir, found open to others (0755), is made
+// the owner's only.
+func TestEmbeddedEtcdServesCtlCertificatesOnly(t *testing.T) {
+	p := newPKI(t)
+	dir := filepath.Join(t.TempDir(), "ctl")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	srv := startCtl(t, p, dir, "127.0.0.1:0")
+	if err := srv.Grant(auth.Grant{Principal: "alice", Action: auth.Publish, Pattern: "payroll"}); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("data dir: %v, %v; want mode 0700", fi.Mode(), err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, etcdURLsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var urls etcdURLs
+	if err := json.Unmarshal(b, &urls); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{urls.Client, urls.Peer} {
+		if !strings.HasPrefix(u, "https://127.0.0.1:") {
+			t.Errorf("embedded etcd URL %s, want https://127.0.0.1:<port>", u)
+		}
+	}
+	withCert := func(name string) *tls.Config {
+		cert := p.cert(t, name)
+		return &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: p.ca, Certificates: []tls.Certificate{cert}}
+	}
+	for _, a := range []struct {
+		name string
+		url  string
+		tls  *tls.Config
+	}{
+		{"no credential, plaintext", "http://" + strings.TrimPrefix(urls.Client, "https://"), nil},
+		{"TLS with no certificate", urls.Client, &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: p.ca}},
+		{"client certificate", urls.Client, withCert(transport.DevAdminName)},
+		{"node certificate", urls.Client, withCert("b0")},
+	} {
+		t.Run(a.name, func(t *testing.T) {
+			cli, err := clientv3.New(clientv3.Config{Endpoints: []string{a.url}, TLS: a.tls, DialTimeout: time.Second, Logger: zap.NewNop()})
+			if err != nil {
+				t.Logf("refused: %v", err)
+				return
+			}
+			defer cli.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			if resp, err := cli.Get(ctx, "/felix/", clientv3.WithPrefix(), clientv3.WithKeysOnly()); err == nil {
+				t.Errorf("listed %d keys of ctl's state", len(resp.Kvs))
+			} else {
+				t.Logf("read refused: %v", err)
+			}
+			ctx, cancel = context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			if _, err := cli.Put(ctx, "/felix/default/grants/mallory/cluster.admin/%2A", `{"principal":"mallory","action":"cluster.admin","pattern":"*"}`); err == nil {
+				t.Errorf("wrote a grant of cluster.admin into ctl's state")
+			} else {
+				t.Logf("write refused: %v", err)
+			}
+		})
+	}
+	// The same read with a ctl certificate succeeds: the refusals above
+	// are about the credentials.
+	if err := readState(t, urls.Client, filepath.Join(p.dir, "ctl.crt"), filepath.Join(p.dir, "ctl.key"), filepath.Join(p.dir, "ca.crt")); err != nil {
+		t.Fatalf("an etcd client with a ctl certificate: %v", err)
+	}
+	srv.Close()
+	srv = startCtl(t, p, dir, "127.0.0.1:0")
+	if acl := srv.Map().ACL; acl.Allows("mallory", auth.ClusterAdmin, "") || !acl.Allows("alice", auth.Publish, "payroll") {
+		t.Errorf("after restart, grants %v: want alice's alone", acl.Grants)
+	}
+}
+
+// TestEmbeddedEtcdPlaintextURLsUpgraded: the plaintext loopback URLs an
+// earlier version chose and recorded in DataDir/etcd-urls.json (its
+// member created with them) are served as https:// on the same ports
+// once ctl restarts without EtcdConfig.Insecure, the state kept; with
+// Insecure they are kept as they are.
+func TestEmbeddedEtcdPlaintextURLsUpgraded(t *testing.T) {
+	p := newPKI(t)
+	dir := t.TempDir()
+	ports, err := freeTCPPorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := etcdURLs{Client: fmt.Sprintf("http://127.0.0.1:%d", ports[0]), Peer: fmt.Sprintf("http://127.0.0.1:%d", ports[1])}
+	start := func(ec EtcdConfig) (*Server, etcdURLs) {
+		t.Helper()
+		srv, err := New(Config{DataDir: dir, Etcd: ec, Logger: testLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(filepath.Join(dir, etcdURLsFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var urls etcdURLs
+		if err := json.Unmarshal(b, &urls); err != nil {
+			t.Fatal(err)
+		}
+		return srv, urls
+	}
+	ec := p.etcd()
+	ec.ClientURL, ec.PeerURL, ec.Insecure = old.Client, old.Peer, true
+	srv, _ := start(ec)
+	if err := srv.CreateStream(shardmap.StreamConfig{Name: "orders", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	srv.Close()
+
+	ec = p.etcd()
+	ec.Insecure = true
+	srv, urls := start(ec)
+	srv.Close()
+	if urls != old {
+		t.Errorf("with Insecure, recorded URLs %+v, want %+v as they were", urls, old)
+	}
+
+	srv, urls = start(p.etcd())
+	defer srv.Close()
+	want := etcdURLs{Client: fmt.Sprintf("https://127.0.0.1:%d", ports[0]), Peer: fmt.Sprintf("https://127.0.0.1:%d", ports[1])}
+	if urls != want {
+		t.Errorf("recorded URLs %+v, want %+v", urls, want)
+	}
+	if got := srv.etcd.clientURL; got != want.Client {
+		t.Errorf("serves clients on %s, want %s", got, want.Client)
+	}
+	if _, ok := srv.Map().Stream("orders"); !ok {
+		t.Errorf("state lost: %+v", srv.Map())
+	}
+}
+
+// TestEmbeddedEtcdNeedsCertificates: with no certificate files, ctl's
+// embedded etcd does not start, saying which files it needs.
+func TestEmbeddedEtcdNeedsCertificates(t *testing.T) {
+	_, err := New(Config{DataDir: t.TempDir(), Logger: testLogger(t)})
+	if err == nil || !strings.Contains(err.Error(), "CertFile, KeyFile and CAFile") {
+		t.Fatalf("New with no certificate files: %v, want an error naming them", err)
 	}
 }
 

@@ -290,7 +290,7 @@ func TestCloseWithoutQuorum(t *testing.T) {
 
 func TestConflictingWritersCannotBothCommit(t *testing.T) {
 	dir := t.TempDir()
-	a, err := New(Config{DataDir: filepath.Join(dir, "a"), Name: "a", Logger: testLogger(t)})
+	a, err := New(Config{DataDir: filepath.Join(dir, "a"), Name: "a", Etcd: newPKI(t).etcd(), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -321,6 +321,7 @@ func TestConflictingWritersCannotBothCommit(t *testing.T) {
 }
 
 func TestImportStateFile(t *testing.T) {
+	p := newPKI(t)
 	dir := t.TempDir()
 	s := threeNodes(t)
 	if err := s.createStream(shardmap.StreamConfig{Name: "orders", Shards: 4}); err != nil {
@@ -333,7 +334,7 @@ func TestImportStateFile(t *testing.T) {
 	if err := saveState(dir, s.snapshot()); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := New(Config{DataDir: dir, Logger: testLogger(t)})
+	srv, err := New(Config{DataDir: dir, Etcd: p.etcd(), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,7 +356,7 @@ func TestImportStateFile(t *testing.T) {
 		t.Errorf("state file still in place after import")
 	}
 	// Starting again reads etcd, not the renamed file.
-	srv, err = New(Config{DataDir: dir, Logger: testLogger(t)})
+	srv, err = New(Config{DataDir: dir, Etcd: p.etcd(), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -368,7 +369,7 @@ func TestImportStateFile(t *testing.T) {
 // TestWriterRecorded checks that every commit records, in the same
 // transaction, the ctl and the election key it was made under.
 func TestWriterRecorded(t *testing.T) {
-	a, err := New(Config{DataDir: t.TempDir(), Name: "a", Logger: testLogger(t)})
+	a, err := New(Config{DataDir: t.TempDir(), Name: "a", Etcd: newPKI(t).etcd(), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

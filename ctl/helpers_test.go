@@ -57,6 +57,12 @@ func (p *testPKI) cert(t *testing.T, name string) tls.Certificate {
 	return c
 }
 
+// etcd returns the embedded etcd config of a ctl of this PKI: its
+// certificate and the CA as files, which secure the member's https URLs.
+func (p *testPKI) etcd() EtcdConfig {
+	return EtcdConfig{CertFile: filepath.Join(p.dir, "ctl.crt"), KeyFile: filepath.Join(p.dir, "ctl.key"), CAFile: filepath.Join(p.dir, "ca.crt")}
+}
+
 // clientTLS returns ctl client TLS presenting the certificate named name
 // (transport.DevAdminName for the admin client certificate, or a node id).
 func (p *testPKI) clientTLS(t *testing.T, name string) *tls.Config {
@@ -89,6 +95,7 @@ func startCtlLease(t *testing.T, p *testPKI, dataDir, addr string, lease time.Du
 	srv, err := New(Config{
 		Addr:       addr,
 		DataDir:    dataDir,
+		Etcd:       p.etcd(),
 		TLS:        transport.ServerTLS(p.cert(t, "ctl"), p.ca, transport.ALPNCtl),
 		LeaseTTL:   lease,
 		Superusers: []string{transport.DevAdminName},

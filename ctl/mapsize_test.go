@@ -147,6 +147,7 @@ func startCtlWith(t *testing.T, p *testPKI, cfg Config) *Server {
 	t.Helper()
 	cfg.Addr, cfg.DataDir = "127.0.0.1:0", t.TempDir()
 	cfg.TLS = transport.ServerTLS(p.cert(t, "ctl"), p.ca, transport.ALPNCtl)
+	cfg.Etcd = p.etcd()
 	cfg.LeaseTTL, cfg.Superusers = shortTTL, []string{transport.DevAdminName}
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger(t)

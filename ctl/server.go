@@ -33,10 +33,13 @@ type Config struct {
 	Addr string
 	// DataDir holds the embedded etcd's data (DataDir/etcd) and the URLs
 	// it listens on; a state file of an earlier version found there is
-	// imported into etcd on first start. Required; created if missing.
+	// imported into etcd on first start. Required; created if missing,
+	// readable by its owner only (made so if it is not).
 	DataDir string
 	// Etcd says where the state lives: by default an embedded
-	// single-member etcd in DataDir.
+	// single-member etcd in DataDir, on https://127.0.0.1 ports secured
+	// by Etcd.CertFile, KeyFile and CAFile (the ctl's certificate and the
+	// cluster CA as files, required).
 	Etcd EtcdConfig
 	// TLS is the server TLS config, normally
 	// transport.ServerTLS(cert, ca, transport.ALPNCtl). Required by Start.
@@ -273,8 +276,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.DataDir == "" {
 		return nil, errors.New("ctl: new server: Config.DataDir is required")
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
-		return nil, fmt.Errorf("ctl: new server: create data dir: %w", err)
+	log := cfg.Logger.With("component", "ctl")
+	if err := privateDir(cfg.DataDir, log); err != nil {
+		return nil, fmt.Errorf("ctl: new server: %w", err)
 	}
 	// One ctl per data directory: its embedded etcd member's files are
 	// there (internal/dirlock).
@@ -282,7 +286,6 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ctl: new server: %w", err)
 	}
-	log := cfg.Logger.With("component", "ctl")
 	ctx, cancel := context.WithCancel(context.Background())
 	etcd, err := openEtcd(ctx, cfg, log)
 	if err != nil {
@@ -312,6 +315,29 @@ func New(cfg Config) (*Server, error) {
 	go s.keepEtcd()
 	s.awaitLeader(cfg.Etcd.StartTimeout)
 	return s, nil
+}
+
+// privateDir creates dir readable by its owner only, or makes it so if it
+// is readable by others: it holds the state and where etcd listens. A
+// directory this process may not change (a volume whose root another
+// user owns) is logged and used as it is: etcd keeps its own data in a
+// directory of its own that only its owner can read.
+func privateDir(dir string, log *slog.Logger) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	if mode := fi.Mode().Perm(); mode&0o077 != 0 {
+		if err := os.Chmod(dir, 0o700); err != nil {
+			log.Warn("data dir is open to other users and could not be made private", "dir", dir, "mode", mode.String(), "err", err)
+		} else {
+			log.Info("data dir made private", "dir", dir, "was", mode.String())
+		}
+	}
+	return nil
 }
 
 // load reads the state from etcd, importing a state file first if there

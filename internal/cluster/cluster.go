@@ -218,6 +218,7 @@ func (c *Cluster) startCtl() error {
 	s, err := ctl.New(ctl.Config{
 		Addr:     c.ctlAddr,
 		DataDir:  filepath.Join(c.opts.Dir, "ctl"),
+		Etcd:     CtlEtcd(c.certDir, ""),
 		TLS:      tlsConf,
 		LeaseTTL: c.opts.LeaseTTL,
 		// The dev PKI's admin client is the operator: it may do

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/felix-broker/felix/ctl"
 	"github.com/felix-broker/felix/transport"
 )
 
@@ -68,4 +69,15 @@ func CtlCertFiles(certDir, name string) (certFile, keyFile string) {
 		}
 	}
 	return filepath.Join(certDir, "ctl.crt"), filepath.Join(certDir, "ctl.key")
+}
+
+// CtlEtcd returns the embedded etcd config of the control plane member
+// name with the files of certDir that secure it: its certificate and
+// key ([CtlCertFiles]) and ca.crt (ctl.EtcdConfig.CertFile, KeyFile and
+// CAFile).
+func CtlEtcd(certDir, name string) ctl.EtcdConfig {
+	var ec ctl.EtcdConfig
+	ec.CertFile, ec.KeyFile = CtlCertFiles(certDir, name)
+	ec.CAFile = filepath.Join(certDir, "ca.crt")
+	return ec
 }
