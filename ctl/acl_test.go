@@ -12,15 +12,15 @@ import (
 )
 
 // TestAdminAuthorization: every admin request is authorized for the
-// principal it acts for — a client's own certificate, or the principal a
-// broker relays — and a broker is never a principal itself.
+// principal it acts for, the one a broker relays, and a broker is never a
+// principal itself.
 func TestAdminAuthorization(t *testing.T) {
 	p := newPKI(t)
 	dataDir := t.TempDir()
 	srv := startCtl(t, p, dataDir, "127.0.0.1:0")
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	admin, err := ctlclient.Dial(ctx, srv.Addr(), p.clientTLS(t, transport.DevAdminName), transport.Config{})
+	admin, err := dialAs(ctx, t, p, srv.Addr(), transport.DevAdminName)
 	if err != nil {
 		t.Fatal(err)
 	}

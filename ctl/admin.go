@@ -86,11 +86,11 @@ func (s *Server) serveAdmin(conn *quic.Conn, str *quic.Stream, w *transport.Writ
 func (s *Server) requestPrincipal(conn *quic.Conn, req *transport.Request) (string, error) {
 	id, err := transport.PeerIdentity(conn)
 	if err != nil {
-		return "", transport.Errorf(transport.CodeUnauthorized, "admin request %q needs a client certificate: %v", req.Op, err)
+		return "", transport.Errorf(transport.CodeUnauthorized, "admin request %q needs a node or ctl certificate: %v", req.Op, err)
 	}
+	// A client certificate's connection was refused (connRefusal): a
+	// client's requests come relayed by a broker, for its principal.
 	switch id.Role {
-	case transport.RoleClient:
-		return id.Name, nil
 	case transport.RoleCtl:
 		// Another ctl forwarding a change to the leader: for its client's
 		// principal, or for itself (an in-process call on that ctl).

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"path/filepath"
 	"reflect"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -185,18 +187,97 @@ func TestClientCertCannotRegister(t *testing.T) {
 		t.Errorf("refused registrations became members: %+v", srv.Map().Nodes)
 	}
 
-	// The client certificate may make admin requests.
+}
+
+// TestClientCertificateRefused: ctl serves brokers and ctl members only.
+// A client certificate, even a superuser's, cannot make admin requests
+// directly (typed CodeUnauthorized, saying to go through a broker); a
+// broker relaying the same request for that principal can.
+func TestClientCertificateRefused(t *testing.T) {
+	p := newPKI(t)
+	srv := startCtl(t, p, t.TempDir(), "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+
 	c, err := ctlclient.Dial(ctx, srv.Addr(), p.clientTLS(t, transport.DevAdminName), transport.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if _, err := c.Request(ctx, &transport.Request{Op: OpStreamCreate, Stream: shardmap.StreamConfig{Name: "orders", Shards: 2}}); err != nil {
-		t.Fatalf("stream.create with a client certificate: %v", err)
+	req := &transport.Request{Op: OpStreamCreate, Stream: shardmap.StreamConfig{Name: "orders", Shards: 2}}
+	if _, err := c.Request(ctx, req); !errors.Is(err, transport.ErrUnauthorized) || !strings.Contains(err.Error(), "through a broker") {
+		t.Fatalf("stream.create with a client certificate: %v, want unauthorized, saying to go through a broker", err)
 	}
-	resp, err := c.Request(ctx, &transport.Request{Op: OpStreamInfo, Stream: shardmap.StreamConfig{Name: "orders"}})
+	if len(srv.Streams()) != 0 {
+		t.Fatal("a refused connection's request changed the registry")
+	}
+
+	relay, err := dialAs(ctx, t, p, srv.Addr(), transport.DevAdminName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relay.Close()
+	if _, err := relay.Request(ctx, req); err != nil {
+		t.Fatalf("stream.create relayed by a broker: %v", err)
+	}
+	resp, err := relay.Request(ctx, &transport.Request{Op: OpStreamInfo, Stream: shardmap.StreamConfig{Name: "orders"}})
 	if err != nil || len(resp.Streams) != 1 || resp.Streams[0].Shards != 2 {
 		t.Fatalf("stream.info: %+v, %v", resp, err)
+	}
+}
+
+// TestClientCertificateHoldsNoStreams: a client certificate with no
+// grant at all dials ctl and opens streams that send one byte of a frame
+// header and stop, 3 connections of 1500. Each such stream held a
+// goroutine and a 16 KiB read buffer for firstFrameTimeout (10s), up to
+// quic's MaxIncomingStreams (4096) per connection, with no limit on the
+// connections: 4500 goroutines here. ctl now closes a client
+// certificate's connection at once (CodeUnauthorized) and serves none of
+// its streams.
+func TestClientCertificateHoldsNoStreams(t *testing.T) {
+	p := newPKI(t)
+	srv := startCtl(t, p, t.TempDir(), "127.0.0.1:0")
+	ca, err := transport.LoadCAKeyPair(filepath.Join(p.dir, "ca.crt"), filepath.Join(p.dir, "ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := ca.Issue(transport.RoleClient, "nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := transport.WriteKeyPair(cert, filepath.Join(p.dir, "nobody.crt"), filepath.Join(p.dir, "nobody.key")); err != nil {
+		t.Fatal(err)
+	}
+	const conns, perConn = 3, 1500
+	var raws []*rawConn
+	for range conns {
+		c := dialRaw(t, p, srv.Addr(), "nobody")
+		raws = append(raws, c)
+		ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+		for range perConn {
+			s, err := c.conn.OpenStreamSync(ctx)
+			if err != nil {
+				break // refused
+			}
+			s.Write([]byte{0}) // a quarter of a frame header, then silence
+		}
+		cancel()
+	}
+	time.Sleep(time.Second)
+	held := countGoroutines("ctl.(*Server).serveStream")
+	t.Logf("ctl goroutines serving streams of principal %q (no grants): %d", "nobody", held)
+	if held > 0 {
+		t.Errorf("ctl holds %d stream goroutines (each with a 16 KiB buffer, for 10s) for a client certificate with no grant", held)
+	}
+	for i, c := range raws {
+		select {
+		case <-c.conn.Context().Done():
+		case <-time.After(waitFor):
+			t.Fatalf("connection %d still open", i)
+		}
+		if we := transport.ClosedWith(context.Cause(c.conn.Context())); we == nil || we.Code != transport.CodeUnauthorized {
+			t.Errorf("connection %d closed with %v, want unauthorized", i, context.Cause(c.conn.Context()))
+		}
 	}
 }
 
@@ -205,7 +286,7 @@ func TestAdminRequests(t *testing.T) {
 	srv := startCtl(t, p, t.TempDir(), "127.0.0.1:0")
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	c, err := ctlclient.Dial(ctx, srv.Addr(), p.clientTLS(t, transport.DevAdminName), transport.Config{})
+	c, err := dialAs(ctx, t, p, srv.Addr(), transport.DevAdminName)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,8 +15,11 @@
 // (ctlclient.MemberConfig.CtlAddrs; it moves to the next when one fails)
 // and opens one long-lived registration stream whose first frame is
 // [transport.Register]. The node id in the Register frame must be the
-// node id of the certificate; a client certificate cannot register
-// ([transport.CodeUnauthorized]). ctl answers with a [transport.MapUpdate]
+// node id of the certificate. ctl serves node and ctl certificates only:
+// the connection of a client certificate is closed at once with
+// [transport.CodeUnauthorized] (a client's admin requests come relayed
+// by a broker), so it can neither register nor hold ctl's streams and
+// goroutines. ctl answers with a [transport.MapUpdate]
 // holding the current map, then sends one whenever the map changes; the
 // broker sends a [transport.Heartbeat] every LeaseTTL/3 (which ctl
 // answers: see below), with a report of
@@ -213,9 +216,10 @@
 // [transport.Response].Ctl), cluster.remove (a broker that is down and
 // holds nothing, named by [transport.Request].NodeID: see remove.go and
 // [Server.RemoveBroker]), and the acl requests.
-// Node and client certificates may both make them (brokers proxy their
-// clients' admin requests, for their principals), and so may another ctl
-// forwarding a change. A broker asking map.get for itself, with no
+// Brokers make them for their clients, each request naming the client's
+// principal (a node certificate is no principal itself), and so does
+// another ctl forwarding a change; a client certificate is not served
+// (see above). A broker asking map.get for itself, with no
 // principal (ctlclient.Member.Refresh), on the connection of its
 // registration made with [transport.FeatureMemberMapGet], gets the whole
 // map, as its registration stream pushes it; its certificate allows it

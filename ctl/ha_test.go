@@ -477,7 +477,7 @@ func TestHAFollowerCutOffFromEtcdHandsOverItsBrokers(t *testing.T) {
 	srvs := []*Server{leader, follower, other}
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	admin, err := ctlclient.Dial(ctx, follower.Addr(), p.clientTLS(t, transport.DevAdminName), transport.Config{})
+	admin, err := dialAs(ctx, t, p, follower.Addr(), transport.DevAdminName)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,12 +1,16 @@
 package ctl
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
+	"runtime/pprof"
+	"strings"
 	"testing"
 	"time"
 
@@ -181,6 +185,47 @@ func dialRaw(t *testing.T, p *testPKI, addr, certName string) *rawConn {
 	}
 	t.Cleanup(func() { conn.CloseWithError(0, "") })
 	return &rawConn{t: t, conn: conn}
+}
+
+// relayClient makes admin requests to a ctl as a broker relaying them
+// for principal, which each request with no Principal of its own is
+// made for: ctl refuses client certificates.
+type relayClient struct {
+	*ctlclient.AdminClient
+	principal string
+}
+
+func (c relayClient) Request(ctx context.Context, req *transport.Request) (*transport.Response, error) {
+	if req.Principal == "" {
+		r := *req
+		r.Principal = c.principal
+		req = &r
+	}
+	return c.AdminClient.Request(ctx, req)
+}
+
+// dialAs dials the ctl at addr with the node certificate b3 for admin
+// requests made for principal.
+func dialAs(ctx context.Context, t *testing.T, p *testPKI, addr, principal string) (relayClient, error) {
+	c, err := ctlclient.Dial(ctx, addr, p.clientTLS(t, "b3"), transport.Config{})
+	return relayClient{AdminClient: c, principal: principal}, err
+}
+
+// countGoroutines returns how many goroutines have fn in their stack.
+func countGoroutines(fn string) int {
+	var buf bytes.Buffer
+	pprof.Lookup("goroutine").WriteTo(&buf, 1)
+	n := 0
+	for _, blk := range strings.Split(buf.String(), "\n\n") {
+		if !strings.Contains(blk, fn) {
+			continue
+		}
+		var c int
+		blk = blk[strings.LastIndex(blk[:strings.Index(blk, " @ ")], "\n")+1:]
+		fmt.Sscanf(blk, "%d @", &c)
+		n += c
+	}
+	return n
 }
 
 // stream opens a stream and writes raw bytes to it.

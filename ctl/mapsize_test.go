@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/felix-broker/felix/auth"
-	"github.com/felix-broker/felix/ctl/ctlclient"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -206,7 +205,7 @@ func TestMapSizeLimit(t *testing.T) {
 	// Over the wire, and for a stream create.
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	admin, err := ctlclient.Dial(ctx, srv.Addr(), p.clientTLS(t, transport.DevAdminName), transport.Config{})
+	admin, err := dialAs(ctx, t, p, srv.Addr(), transport.DevAdminName)
 	if err != nil {
 		t.Fatal(err)
 	}

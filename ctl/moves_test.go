@@ -379,7 +379,7 @@ func TestMoveReplicaServer(t *testing.T) {
 		t.Fatalf("stream.move without a move: %v, want invalid", err)
 	}
 
-	admin, err := ctlclient.Dial(ctx, addr, p.clientTLS(t, transport.DevAdminName), transport.Config{})
+	admin, err := dialAs(ctx, t, p, addr, transport.DevAdminName)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -521,7 +521,7 @@ func TestMoveReplicaThroughFollower(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	admin, err := ctlclient.Dial(ctx, follower.Addr(), p.clientTLS(t, transport.DevAdminName), transport.Config{})
+	admin, err := dialAs(ctx, t, p, follower.Addr(), transport.DevAdminName)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -264,7 +264,7 @@ func TestRemoveBrokerServer(t *testing.T) {
 		t.Fatalf("cluster.remove naming no broker: %v, want invalid", err)
 	}
 
-	admin, err := ctlclient.Dial(ctx, addr, p.clientTLS(t, transport.DevAdminName), transport.Config{})
+	admin, err := dialAs(ctx, t, p, addr, transport.DevAdminName)
 	if err != nil {
 		t.Fatal(err)
 	}

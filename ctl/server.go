@@ -827,12 +827,22 @@ func (s *Server) acceptLoop() {
 }
 
 // serveConn accepts the streams of one connection, each served by its own
-// goroutine, until the connection or the server closes.
+// goroutine, until the connection or the server closes. Only brokers
+// (node certificates) and other ctls (ctl certificates) are served: a
+// client certificate's connection is closed at once with
+// CodeUnauthorized (see connRefusal).
 func (s *Server) serveConn(conn *quic.Conn) {
 	defer s.wg.Done()
 	if alpn := conn.ConnectionState().TLS.NegotiatedProtocol; alpn != transport.ALPNCtl {
 		s.log.Warn("connection refused: not the ctl protocol", "remote", conn.RemoteAddr().String(), "alpn", alpn)
 		conn.CloseWithError(connCodeWrongProtocol, "this is the ctl endpoint: use ALPN "+transport.ALPNCtl)
+		return
+	}
+	if err := connRefusal(conn); err != nil {
+		if s.denials.First("\x00conn\x00" + err.Message) {
+			s.log.Warn("connection refused", "remote", conn.RemoteAddr().String(), "err", err.Message)
+		}
+		conn.CloseWithError(quic.ApplicationErrorCode(err.Code), err.Message)
 		return
 	}
 	defer func() {
@@ -850,6 +860,32 @@ func (s *Server) serveConn(conn *quic.Conn) {
 		s.wg.Add(1)
 		go s.serveStream(conn, str)
 	}
+}
+
+// connRefusal returns why ctl refuses conn, nil if it serves it: it
+// serves brokers (node certificates: registrations, and the admin
+// requests they relay for their clients' principals) and other ctls (ctl
+// certificates: forwarded changes). A client certificate is refused
+// (CodeUnauthorized): no client or tool dials ctl (felixctl and the SDK
+// make admin requests through a broker), and each stream a connection
+// opens holds a goroutine and a read buffer until its first frame, for
+// firstFrameTimeout, which brokers and ctls are trusted with and any
+// holder of a client certificate is not.
+func connRefusal(conn *quic.Conn) *transport.Error {
+	id, err := transport.PeerIdentity(conn)
+	if err != nil {
+		var we *transport.Error
+		if errors.As(err, &we) {
+			return we
+		}
+		return transport.Errorf(transport.CodeUnauthorized, "%v", err)
+	}
+	switch id.Role {
+	case transport.RoleNode, transport.RoleCtl:
+		return nil
+	}
+	return transport.Errorf(transport.CodeUnauthorized,
+		"ctl serves brokers and ctl members only, not a %s certificate (%q): make admin requests through a broker (felixctl, or the SDK's admin calls)", id.Role, id.Name)
 }
 
 // serveStream reads the first frame of a stream and dispatches on it: a

@@ -18,10 +18,14 @@ type AdminClient struct {
 	addr string
 }
 
-// Dial connects to the control plane at addr for admin requests, as the
-// principal of a client certificate. tlsConf is normally
-// transport.ClientTLS(ca, &cert, "", transport.ALPNCtl); the server must
-// present a control plane certificate.
+// Dial connects to the control plane at addr for admin requests, with a
+// node certificate (a broker relaying its clients' requests, each
+// naming its principal in transport.Request.Principal) or a ctl
+// certificate. tlsConf is normally transport.ClientTLS(ca, &cert, "",
+// transport.ALPNCtl); the server must present a control plane
+// certificate. ctl refuses client certificates: the first request on
+// such a connection fails with CodeUnauthorized (a client makes admin
+// requests through a broker).
 func Dial(ctx context.Context, addr string, tlsConf *tls.Config, cfg transport.Config) (*AdminClient, error) {
 	conn, err := transport.Dial(ctx, addr, transport.VerifyPeer(tlsConf, transport.RoleCtl, ""), cfg)
 	if err != nil {
@@ -85,10 +89,15 @@ func Request(ctx context.Context, conn *quic.Conn, req *transport.Request) (*tra
 	return nil, fmt.Errorf("ctl: request %s: %w", req.Op, transport.Errorf(transport.CodeUnexpectedFrame, "answer is a %v frame, not a response", f.Type()))
 }
 
-// ctxErr prefers ctx's error to the stream error its cancellation caused.
+// ctxErr prefers ctx's error to the stream error its cancellation caused,
+// and returns ctl's refusal of the connection (a client certificate,
+// CodeUnauthorized) as the *transport.Error ctl closed it with.
 func ctxErr(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
+	}
+	if we := transport.ClosedWith(err); we != nil && we.Code == transport.CodeUnauthorized {
+		return we
 	}
 	return err
 }

@@ -1,7 +1,9 @@
 // Package ctlclient is the client side of Felix's control plane (package
 // ctl): [Member], with which a broker joins the cluster, keeps its
 // registration alive and follows the shard map ctl pushes, and
-// [AdminClient], with which tools make admin requests to a ctl directly.
+// [AdminClient], with which a holder of a node or ctl certificate makes
+// admin requests to a ctl directly, for a principal it names (ctl
+// refuses client certificates; clients go through a broker).
 //
 // It owns the broker's end of the registration protocol described in
 // package ctl: dialing a ctl (moving to the next of CtlAddrs when one
@@ -44,10 +46,10 @@
 //		<-changed
 //	}
 //
-// A tool:
+// Admin requests, with a node certificate, for a principal:
 //
-//	c, err := ctlclient.Dial(ctx, "ctl-0:7000", transport.ClientTLS(ca, &cert, "", transport.ALPNCtl), transport.Config{})
+//	c, err := ctlclient.Dial(ctx, "ctl-0:7000", transport.ClientTLS(ca, &nodeCert, "", transport.ALPNCtl), transport.Config{})
 //	...
 //	defer c.Close()
-//	resp, err := c.Request(ctx, &transport.Request{Op: "stream.list"})
+//	resp, err := c.Request(ctx, &transport.Request{Op: "stream.list", Principal: "alice"})
 package ctlclient
