@@ -51,6 +51,10 @@ func (b *Broker) adminAnswer(req *transport.Request, from caller) transport.Fram
 		return &transport.Response{Map: b.member.Map().VisibleTo(from.principal)}
 	}
 	if req.Op == opReplicaStatus {
+		if err := checkStreamName(req.Stream.Name); err != nil {
+			b.tel.countError(err.Code)
+			return err
+		}
 		m := b.member.Map()
 		if err := b.authorize(m, from, auth.Subscribe, req.Stream.Name); err != nil {
 			return err

@@ -26,9 +26,38 @@ func (b *Broker) authorize(m *shardmap.Map, from caller, action auth.Action, str
 	if errors.As(err, &denied) && from.principal == "" {
 		err = fmt.Errorf("peer %q may not %s: peers only forward", from.peerID, action)
 	}
-	if b.denials.First(from.principal + "\x00" + from.peerID + "\x00" + string(action) + "\x00" + stream) {
-		b.log.Warn("denied", "principal", from.principal, "peer", from.peerID, "action", action, "stream", stream)
+	// Callers refused a stream name no stream can have (checkStreamName)
+	// already; clipped all the same, so that what the denial set keeps
+	// and the log writes stays small whatever a caller passes.
+	act, name := clipped(string(action)), clipped(stream)
+	if b.denials.First(from.principal + "\x00" + from.peerID + "\x00" + act + "\x00" + name) {
+		b.log.Warn("denied", "principal", from.principal, "peer", from.peerID, "action", act, "stream", name)
 	}
 	b.tel.countError(transport.CodeUnauthorized)
 	return transport.Errorf(transport.CodeUnauthorized, "%w", err)
+}
+
+// checkStreamName refuses, as invalid, a stream name no stream can have
+// (shardmap.ValidateStreamName: at most MaxStreamName bytes of letters,
+// digits, '-', '_' and '.'). Publish, subscribe and replica status call it
+// before they authorize: a refusal names the stream in its message, and
+// the denial is remembered and logged once per stream name (up to 4096 of
+// them), so a name of a megabyte, a new one each time, was kept, logged
+// and echoed back whole. The message quotes at most MaxStreamName bytes
+// of it.
+func checkStreamName(name string) *transport.Error {
+	if err := shardmap.ValidateStreamName(name); err != nil {
+		// ValidateStreamName quotes no name over MaxStreamName bytes.
+		return transport.Errorf(transport.CodeInvalid, "%v", err)
+	}
+	return nil
+}
+
+// clipped returns s, cut to MaxStreamName bytes (with its length said)
+// when longer: how a string a client sent is logged or echoed.
+func clipped(s string) string {
+	if len(s) <= shardmap.MaxStreamName {
+		return s
+	}
+	return fmt.Sprintf("%s... (%d bytes)", s[:shardmap.MaxStreamName], len(s))
 }

@@ -3,7 +3,10 @@ package broker
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -249,5 +252,50 @@ func TestDeniedSubscriberCannotMakeTheBrokerWait(t *testing.T) {
 		if d := subscribe(created); d > ft/2 {
 			t.Errorf("a denied subscription naming epoch %d (the broker's map is %d) was refused after %v (ForwardTimeout %v): it waited for the map again", created, epoch, d.Round(time.Millisecond), ft)
 		}
+	}
+}
+
+// TestInvalidStreamNamesRefusedBeforeAuthorization: a stream name no
+// stream can have (over shardmap.MaxStreamName bytes here) is refused
+// invalid before it is authorized, on a publisher stream, a subscription
+// and a replica status request, with a message that does not echo it.
+// Denied first, each name, a new one each time, was kept whole in the
+// broker's set of denials logged once (up to 4096 of them), logged, and
+// sent back twice in the error: 600 names of 64 KiB from a principal with
+// no grant left the heap 42 MiB larger after its connection closed.
+func TestInvalidStreamNamesRefusedBeforeAuthorization(t *testing.T) {
+	ip := startInproc(t, 1, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	b := ip.brokers[0]
+	const n, size = 600, 64 << 10
+	name := func(i int) string { return fmt.Sprintf("%08d", i) + strings.Repeat("x", size-8) }
+	short := func(e *transport.Error) {
+		t.Helper()
+		if len(e.Message) > 1024 {
+			t.Fatalf("the refusal of a name of %d bytes holds a message of %d bytes", size, len(e.Message))
+		}
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	conn := ip.dialAs(b, "nobody") // no grants
+	s := openStream(t, conn)
+	for i := range n {
+		s.send(publish(uint64(i+1), name(i), "v"))
+		short(wantError(t, s.recv(), transport.ErrInvalid))
+	}
+	sub := openStream(t, conn)
+	sub.send(&transport.Subscribe{Stream: name(n), Start: transport.StartEarliest, Credit: 1})
+	short(wantError(t, sub.recv(), transport.ErrInvalid))
+	status := openStream(t, conn)
+	status.send(&transport.Request{Op: opReplicaStatus, Stream: shardmap.StreamConfig{Name: name(n + 1)}})
+	short(wantError(t, status.recv(), transport.ErrInvalid))
+	conn.CloseWithError(0, "")
+	time.Sleep(200 * time.Millisecond)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	grew := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("heap grew by %d MiB after %d publishes to stream names of %d KiB (connection closed)", grew>>20, n, size>>10)
+	if grew > 20<<20 {
+		t.Errorf("the broker retains %d MiB after a principal with no grant sent %d invalid stream names of %d KiB", grew>>20, n, size>>10)
 	}
 }

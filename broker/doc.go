@@ -264,7 +264,10 @@
 // in case its grant is there, one such wait at a time per broker. Admin requests
 // are relayed to the control plane with the principal, which authorizes
 // it there. Denials are unauthorized errors, logged once per principal,
-// action and stream.
+// action and stream. A stream name no stream can have
+// (shardmap.ValidateStreamName) is refused invalid before it is
+// authorized, so what a denial keeps, logs and answers holds at most
+// shardmap.MaxStreamName bytes of a name.
 //
 // # Limits
 //

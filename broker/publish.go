@@ -217,8 +217,9 @@ func (p *pubSession) handle(pub *transport.Publish) bool {
 }
 
 // authorize checks that the stream may carry pub: a client's principal
-// must be allowed to publish to pub's stream; a peer may only forward in
-// its own name (Via is the peer's node id, as its certificate says).
+// must be allowed to publish to pub's stream, which must have a valid name
+// (checked first, refused invalid); a peer may only forward in its own
+// name (Via is the peer's node id, as its certificate says).
 func (p *pubSession) authorize(pub *transport.Publish) *transport.Error {
 	if p.peerID != "" {
 		if pub.Via != p.peerID {
@@ -229,6 +230,9 @@ func (p *pubSession) authorize(pub *transport.Publish) *transport.Error {
 	m := p.b.member.Map()
 	if pub.Stream == p.allowed && m.Epoch == p.allowedEpoch {
 		return nil
+	}
+	if err := checkStreamName(pub.Stream); err != nil {
+		return err
 	}
 	if err := p.b.authorize(m, p.from, auth.Publish, pub.Stream); err != nil {
 		return err

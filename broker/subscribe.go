@@ -38,6 +38,10 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 			r.Release()
 		}
 	}()
+	if err := checkStreamName(sub.Stream); err != nil {
+		b.refuse(s, err)
+		return
+	}
 	mapChanged := b.member.Changed()
 	m := b.member.Map()
 	// Authorized first, by the broker's map: nothing a client names (an
