@@ -272,13 +272,16 @@
 // # Limits
 //
 // What one client can make a broker hold is bounded (see the limit
-// fields of [Config]): connections in total and per principal, streams
-// and subscriptions per connection, the first frame's deadline, credit
-// and bytes per subscription and per principal, unanswered records per
-// publisher stream and publish bytes per principal, header count and
-// size, one record size (with the frame limit derived from it), the
-// in-memory tail per shard, and shard logs open at once and owned (open
-// logs capped by count and by the bytes they hold: Config.LogMemory).
+// fields of [Config]): connections in their handshake (the listener's:
+// Transport.MaxHandshakes, with a QUIC Retry asked of new clients past
+// Transport.RetryHandshakes, see transport.Listen), connections in
+// total and per principal, streams and subscriptions per connection,
+// the first frame's deadline, credit and bytes per subscription and
+// per principal, unanswered records per publisher stream and publish
+// bytes per principal, header count and size, one record size (with
+// the frame limit derived from it), the in-memory tail per shard, and
+// shard logs open at once and owned (open logs capped by count and by
+// the bytes they hold: Config.LogMemory).
 // Past a bound the client gets a typed error or flow control holds it
 // back; each hit is counted in felix_limit_hits_total{limit} and logged
 // once per principal and limit. Peers count against none of them: what a

@@ -1,13 +1,17 @@
 package broker
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"testing"
@@ -561,4 +565,79 @@ func heapInUse() uint64 {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return ms.HeapAlloc
+}
+
+// TestHandshakesInFlightBounded: clients that never finish the TLS
+// handshake (they never send their certificate) make the broker hold at
+// most Transport.MaxHandshakes connections in their handshake; the rest
+// are refused. The clients share one real UDP socket, so they pass the
+// Retry the broker asks for past Transport.RetryHandshakes (a spoofed
+// source would not): the cap is what bounds them. Without it every
+// client's first packet made a server connection (two goroutines and
+// TLS state) for up to twice HandshakeTimeout: 2000 such dials left 329
+// in their handshake, as many as the dialing side could start.
+func TestHandshakesInFlightBounded(t *testing.T) {
+	const maxHS = 64
+	ip := startInprocWith(t, func(c *Config) { c.Transport.MaxHandshakes = maxHS }, 1)
+	b := ip.brokers[0]
+	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &quic.Transport{Conn: udp}
+	defer func() { tr.Close(); udp.Close() }()
+	block := make(chan struct{})
+	ca, err := transport.LoadCA(filepath.Join(ip.dir, "certs", "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := transport.ClientTLS(ca, nil, "localhost", transport.ALPNClient)
+	conf.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		<-block // never sends the certificate nor Finished
+		return nil, errors.New("gave up")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	const attempts = 2000
+	for range attempts {
+		wg.Go(func() {
+			conn, err := tr.Dial(ctx, b.Addr().(*net.UDPAddr), conf, transport.Config{}.QUIC())
+			if err == nil {
+				conn.CloseWithError(0, "")
+			}
+		})
+	}
+	defer func() { close(block); cancel(); wg.Wait() }()
+	// Until the broker holds its cap (or 3 s pass: a loaded machine may
+	// dial fewer), then a while longer for dials refused to get in.
+	for deadline := time.Now().Add(3 * time.Second); serverHandshakes() < maxHS && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond)
+	held := serverHandshakes()
+	t.Logf("server connections in handshake after %d never-finished dials: %d (MaxHandshakes %d)", attempts, held, maxHS)
+	if held > maxHS {
+		t.Errorf("the broker holds %d unfinished handshakes from one unauthenticated source; Transport.MaxHandshakes is %d", held, maxHS)
+	}
+}
+
+// serverHandshakes counts the goroutines quic-go runs per server
+// connection in its handshake.
+func serverHandshakes() int {
+	var buf bytes.Buffer
+	pprof.Lookup("goroutine").WriteTo(&buf, 1)
+	n := 0
+	for _, blk := range strings.Split(buf.String(), "\n\n") {
+		if !strings.Contains(blk, "(*baseServer).handleNewConn") {
+			continue
+		}
+		// A block is "<count> @ <pcs>"; the first one has the
+		// profile's header line before it.
+		at := strings.Index(blk, " @ ")
+		var c int
+		if _, err := fmt.Sscanf(blk[strings.LastIndex(blk[:at], "\n")+1:], "%d @", &c); err == nil {
+			n += c
+		}
+	}
+	return n
 }

@@ -56,6 +56,21 @@ type Config struct {
 	// MaxConnWindow is the most a connection's receive window auto-tunes
 	// to. Default 64 MiB (at least InitialConnWindow).
 	MaxConnWindow uint64
+	// RetryHandshakes is how many connections a [Listener] may hold in
+	// their handshake (or done and waiting for Accept) before it asks
+	// each new one to prove its address first: a QUIC Retry (RFC 9000
+	// section 8.1.2), stateless, which costs a client one more round trip
+	// and a spoofed source, which never sees it, everything. Below it no
+	// Retry is sent and a handshake is as short as QUIC allows. Default
+	// 64; negative sends none.
+	RetryHandshakes int
+	// MaxHandshakes is the most connections a [Listener] holds in their
+	// handshake (or done and waiting for Accept); a new one past it is
+	// refused (CONNECTION_REFUSED) and dials again. Each holds two
+	// goroutines and TLS state for up to twice HandshakeTimeout, and
+	// clients from real addresses pass the Retry: this bounds them.
+	// Default 256.
+	MaxHandshakes int
 	// MaxFrame is the largest frame length (type byte plus body) a stream
 	// reader accepts; pass it to [NewReader] and [Writer.SetMaxFrame].
 	// Default DefaultMaxFrame (4 MiB). A server that bounds records derives
@@ -73,6 +88,8 @@ const (
 	defaultMaxStreamWindow     = 16 << 20
 	defaultInitialConnWindow   = 4 << 20
 	defaultMaxConnWindow       = 64 << 20
+	defaultRetryHandshakes     = 64
+	defaultMaxHandshakes       = 256
 )
 
 // WithDefaults returns a copy of c with each zero field set to its default.
@@ -103,6 +120,12 @@ func (c Config) WithDefaults() Config {
 		c.MaxConnWindow = defaultMaxConnWindow
 	}
 	c.MaxConnWindow = max(c.MaxConnWindow, c.InitialConnWindow)
+	if c.RetryHandshakes == 0 {
+		c.RetryHandshakes = defaultRetryHandshakes
+	}
+	if c.MaxHandshakes <= 0 {
+		c.MaxHandshakes = defaultMaxHandshakes
+	}
 	if c.MaxFrame <= 0 {
 		c.MaxFrame = DefaultMaxFrame
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"github.com/quic-go/quic-go"
 )
@@ -43,6 +44,10 @@ type Listener struct {
 	tr  *quic.Transport
 	ln  *quic.Listener
 
+	// handshakes counts the connections quic-go made for the listener
+	// that are neither accepted nor closed (see Listen).
+	handshakes atomic.Int64
+
 	// mu guards conns, the accepted connections not yet closed, which
 	// Accept adds and their closing removes.
 	mu struct {
@@ -55,7 +60,15 @@ type Listener struct {
 // Listen listens for QUIC connections on the UDP address addr
 // ("host:port"; port 0 picks one, see [Listener.Addr]). tlsConf must have a
 // certificate and the ALPN names served (see [ServerTLS]).
+//
+// Connections in their handshake are bounded: with cfg.RetryHandshakes
+// of them (counted from the connection quic-go makes for a client's
+// first packet until it is accepted or closed) a new client is sent a
+// Retry first, so that a spoofed source makes the listener hold nothing,
+// and with cfg.MaxHandshakes a new one is refused. quic-go by itself
+// bounds only the handshakes done and waiting for Accept.
 func Listen(addr string, tlsConf *tls.Config, cfg Config) (*Listener, error) {
+	cfg = cfg.WithDefaults()
 	if err := checkTLS(tlsConf); err != nil {
 		return nil, fmt.Errorf("transport: listen on %q: %w", addr, err)
 	}
@@ -67,16 +80,58 @@ func Listen(addr string, tlsConf *tls.Config, cfg Config) (*Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transport: listen on %q: %w", addr, err)
 	}
-	tr := &quic.Transport{Conn: udp, StatelessResetKey: resetKey(tlsConf)}
-	ln, err := tr.Listen(tlsConf, cfg.QUIC())
+	l := &Listener{udp: udp}
+	l.mu.conns = map[*quic.Conn]struct{}{}
+	l.tr = &quic.Transport{
+		Conn:              udp,
+		StatelessResetKey: resetKey(tlsConf),
+		// Asked for a client's first packet that carries no valid token
+		// (from an earlier Retry or connection).
+		VerifySourceAddress: func(net.Addr) bool {
+			return cfg.RetryHandshakes >= 0 && l.handshakes.Load() >= int64(cfg.RetryHandshakes)
+		},
+		ConnContext: func(ctx context.Context, _ *quic.ClientInfo) (context.Context, error) {
+			return l.handshakeStarts(ctx, int64(cfg.MaxHandshakes))
+		},
+	}
+	ln, err := l.tr.Listen(tlsConf, cfg.QUIC())
 	if err != nil {
-		tr.Close()
+		l.tr.Close()
 		udp.Close()
 		return nil, fmt.Errorf("transport: listen on %q: %w", addr, err)
 	}
-	l := &Listener{udp: udp, tr: tr, ln: ln}
-	l.mu.conns = map[*quic.Conn]struct{}{}
+	l.ln = ln
 	return l, nil
+}
+
+// errTooManyHandshakes refuses a connection past Config.MaxHandshakes.
+var errTooManyHandshakes = errors.New("transport: too many handshakes in flight")
+
+// handshake is a connection counted in Listener.handshakes until done
+// runs: when Accept takes it, or when it closes (its handshake failed or
+// timed out), whichever comes first.
+type handshake struct {
+	l    *Listener
+	once sync.Once
+}
+
+func (h *handshake) done() { h.once.Do(func() { h.l.handshakes.Add(-1) }) }
+
+type handshakeKey struct{}
+
+// handshakeStarts counts the connection quic-go is about to make for a
+// client's first packet (its ConnContext), or refuses it when limit are
+// in flight. ctx ends when the connection closes; the context returned
+// is the connection's (quic.Conn.Context derives from it), which is how
+// Accept finds the handshake to count done.
+func (l *Listener) handshakeStarts(ctx context.Context, limit int64) (context.Context, error) {
+	if l.handshakes.Add(1) > limit {
+		l.handshakes.Add(-1)
+		return nil, errTooManyHandshakes
+	}
+	h := &handshake{l: l}
+	context.AfterFunc(ctx, h.done)
+	return context.WithValue(ctx, handshakeKey{}, h), nil
 }
 
 // Accept waits for the next connection whose handshake is complete. After
@@ -86,6 +141,9 @@ func (l *Listener) Accept(ctx context.Context) (*quic.Conn, error) {
 	conn, err := l.ln.Accept(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if h, ok := conn.Context().Value(handshakeKey{}).(*handshake); ok {
+		h.done()
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

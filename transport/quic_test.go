@@ -1,12 +1,19 @@
 package transport
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"reflect"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -193,6 +200,9 @@ func TestConfigDefaults(t *testing.T) {
 	if got := (Config{}).WithDefaults().MaxFrame; got != DefaultMaxFrame {
 		t.Errorf("MaxFrame default %d", got)
 	}
+	if d := (Config{}).WithDefaults(); d.RetryHandshakes != 64 || d.MaxHandshakes != 256 {
+		t.Errorf("RetryHandshakes default %d, MaxHandshakes default %d", d.RetryHandshakes, d.MaxHandshakes)
+	}
 	c := Config{MaxIncomingStreams: 5, KeepAlivePeriod: -1, InitialStreamWindow: 32 << 20, InitialConnWindow: 128 << 20}
 	q = c.QUIC()
 	if q.MaxIncomingStreams != 5 || q.KeepAlivePeriod != 0 || q.MaxStreamReceiveWindow != 32<<20 || q.MaxConnectionReceiveWindow != 128<<20 {
@@ -252,4 +262,161 @@ func TestClosedWith(t *testing.T) {
 	if got := ClosedWith(refused); got.Message != "over the limit" {
 		t.Fatalf("message %q", got.Message)
 	}
+}
+
+// TestListenerBoundsHandshakes: a listener holds at most MaxHandshakes
+// connections in their handshake, refusing more, and from
+// RetryHandshakes of them on it asks a new client to prove its address
+// first (a QUIC Retry); below that a client's handshake has no Retry.
+// The clients here stall in their handshake (they never send their
+// certificate) from one real address, so they pass the Retry: the cap is
+// what bounds them. Without it every client's first packet made a
+// server connection, held until its handshake timed out.
+func TestListenerBoundsHandshakes(t *testing.T) {
+	p := newPKI(t, "n1")
+	const retryAt, maxHS = 4, 16
+	cfg := Config{RetryHandshakes: retryAt, MaxHandshakes: maxHS, HandshakeTimeout: time.Minute}
+	ln, err := Listen("127.0.0.1:0", ServerTLS(p.nodes["n1"], p.ca), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	echoed := make(chan error, 1)
+	go func() { echoed <- Echo(ctx, ln, 0) }()
+	defer func() {
+		cancel()
+		ln.Close()
+		<-echoed
+	}()
+	addr := ln.Addr().(*net.UDPAddr)
+	clientTLS := ClientTLS(p.ca, &p.client, "localhost")
+
+	// dial connects as a client would, on a socket of its own, and
+	// returns the Retry packets it received.
+	dial := func() int {
+		t.Helper()
+		udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc := &retryCounter{UDPConn: udp}
+		tr := &quic.Transport{Conn: rc}
+		defer func() { tr.Close(); udp.Close() }()
+		dctx, dcancel := context.WithTimeout(ctx, 20*time.Second)
+		defer dcancel()
+		conn, err := tr.Dial(dctx, addr, clientTLS, cfg.QUIC())
+		if err != nil {
+			t.Fatalf("dial with %d handshakes in flight: %v", ln.handshakes.Load(), err)
+		}
+		conn.CloseWithError(0, "")
+		return int(rc.retries.Load())
+	}
+	// stall starts n handshakes that never finish, from one socket,
+	// until release.
+	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stallTr := &quic.Transport{Conn: udp}
+	block := make(chan struct{})
+	stallTLS := clientTLS.Clone()
+	stallTLS.Certificates = nil
+	stallTLS.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		<-block
+		return nil, errors.New("gave up")
+	}
+	var stalled sync.WaitGroup
+	stall := func(n int) {
+		for range n {
+			stalled.Go(func() {
+				if conn, err := stallTr.Dial(ctx, addr, stallTLS, cfg.QUIC()); err == nil {
+					conn.CloseWithError(0, "")
+				}
+			})
+		}
+	}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(block)
+			stalled.Wait()
+			stallTr.Close()
+			udp.Close()
+		}
+	}
+	defer release()
+	waitHandshakes := func(want int64) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); ln.handshakes.Load() != want; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d handshakes in flight; want %d", ln.handshakes.Load(), want)
+			}
+		}
+	}
+
+	if n := dial(); n != 0 {
+		t.Errorf("with no handshake in flight a client was sent %d Retry packets; want none", n)
+	}
+	stall(2 * retryAt)
+	waitHandshakes(2 * retryAt)
+	if n := dial(); n == 0 {
+		// One per Initial packet of the client's first flight: a
+		// ClientHello with a post-quantum key share takes two.
+		t.Errorf("with %d handshakes in flight (RetryHandshakes %d) a client was sent no Retry", 2*retryAt, retryAt)
+	}
+	stall(200)
+	waitHandshakes(maxHS)
+	time.Sleep(500 * time.Millisecond) // the refused ones had time to get in
+	if n := ln.handshakes.Load(); n > maxHS {
+		t.Errorf("%d handshakes in flight; MaxHandshakes is %d", n, maxHS)
+	}
+	if n := serverHandshakes(); n > maxHS {
+		t.Errorf("quic-go holds %d server connections in their handshake; MaxHandshakes is %d", n, maxHS)
+	}
+	release()
+	waitHandshakes(0)
+	if n := dial(); n != 0 {
+		t.Errorf("once the handshakes in flight ended a client was sent %d Retry packets; want none", n)
+	}
+}
+
+// retryCounter counts the QUIC Retry packets read from its socket: a
+// long header (0x80), the fixed bit (0x40) and type Retry (0x30, QUIC
+// version 1). quic-go reads it with ReadFrom: it is no
+// quic.OOBCapablePacketConn.
+type retryCounter struct {
+	*net.UDPConn
+	retries atomic.Int32
+}
+
+func (c *retryCounter) ReadMsgUDP() {} // hides UDPConn's: ReadFrom is used
+
+func (c *retryCounter) ReadFrom(b []byte) (int, net.Addr, error) {
+	n, addr, err := c.UDPConn.ReadFrom(b)
+	if n > 0 && b[0]&0xf0 == 0xf0 {
+		c.retries.Add(1)
+	}
+	return n, addr, err
+}
+
+// serverHandshakes counts the goroutines quic-go runs per server
+// connection in its handshake.
+func serverHandshakes() int {
+	var buf bytes.Buffer
+	pprof.Lookup("goroutine").WriteTo(&buf, 1)
+	n := 0
+	for _, blk := range strings.Split(buf.String(), "\n\n") {
+		if !strings.Contains(blk, "(*baseServer).handleNewConn") {
+			continue
+		}
+		// A block is "<count> @ <pcs>"; the first one has the
+		// profile's header line before it.
+		at := strings.Index(blk, " @ ")
+		var c int
+		if _, err := fmt.Sscanf(blk[strings.LastIndex(blk[:at], "\n")+1:], "%d @", &c); err == nil {
+			n += c
+		}
+	}
+	return n
 }
