@@ -138,15 +138,27 @@ func newBroker(cfg Config) (*Broker, error) {
 // Start listens, registers with the control plane, waits for the first
 // shard map, opens (and recovers) the logs of the shards it owns, and then
 // serves clients and peers until Close. ctx bounds the start-up only.
+//
+// A Close meanwhile ends the start-up (a join still waiting for the
+// control plane gives up) and waits for Start to return, which returns an
+// error matching ErrClosed: nothing Start began runs after Close returns.
 func (b *Broker) Start(ctx context.Context) error {
-	if b.ctx.Err() != nil {
+	b.mu.Lock()
+	if b.mu.closing {
+		b.mu.Unlock()
 		return ErrClosed
 	}
+	b.wg.Add(1) // Close waits for Start, as for the goroutines it starts
+	b.mu.Unlock()
+	defer b.wg.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(b.ctx, cancel)() // Close cancels b.ctx
+
 	ln, err := transport.Listen(b.cfg.Listen, b.cfg.ServerTLS, b.cfg.Transport)
 	if err != nil {
 		return fmt.Errorf("broker %s: listen on %s: %w", b.cfg.NodeID, b.cfg.Listen, err)
 	}
-	b.ln = ln
 	advertise := b.cfg.Advertise
 	if advertise == "" {
 		advertise = ln.Addr().String()
@@ -169,9 +181,11 @@ func (b *Broker) Start(ctx context.Context) error {
 	})
 	if err != nil {
 		ln.Close()
+		if b.ctx.Err() != nil {
+			return fmt.Errorf("broker %s: closed while joining the control plane: %w", b.cfg.NodeID, ErrClosed)
+		}
 		return fmt.Errorf("broker %s: join control plane at %s: %w", b.cfg.NodeID, b.cfg.CtlAddr, err)
 	}
-	b.member = member
 	b.joined.Store(member)
 	if err := b.applyMap(member.Map()); err != nil {
 		member.Close()
@@ -179,9 +193,21 @@ func (b *Broker) Start(ctx context.Context) error {
 		return err
 	}
 	b.checkDisk() // before the first publish
+
+	// Close takes ln and member to close once it has set closing; until
+	// then they are Start's to close.
+	b.mu.Lock()
+	if b.mu.closing {
+		b.mu.Unlock()
+		member.Close()
+		ln.Close()
+		return fmt.Errorf("broker %s: closed while starting: %w", b.cfg.NodeID, ErrClosed)
+	}
+	b.ln, b.member = ln, member
 	b.ready.Store(true)
-	b.log.Info("broker serving", "addr", advertise, "epoch", member.Map().Epoch)
 	b.wg.Add(3)
+	b.mu.Unlock()
+	b.log.Info("broker serving", "addr", advertise, "epoch", member.Map().Epoch)
 	go b.acceptLoop()
 	go b.mapLoop()
 	go b.watchDisk()
@@ -538,14 +564,17 @@ func (b *Broker) Close() error {
 		return nil
 	}
 	b.mu.closing = true
+	// Set by a Start that has finished; a Start still running closes its
+	// own when it sees closing, and Close waits for it (wg).
+	ln, member := b.ln, b.member
 	pubs := make([]*pubSession, 0, len(b.mu.pubs))
 	for p := range b.mu.pubs {
 		pubs = append(pubs, p)
 	}
 	b.mu.Unlock()
 
-	if b.ln != nil {
-		b.ln.StopAccepting()
+	if ln != nil {
+		ln.StopAccepting()
 	}
 	// Stop reading publishes, then let each session finish what it took in:
 	// local appends are committed and acked, forwards answered or failed.
@@ -577,12 +606,12 @@ func (b *Broker) Close() error {
 	}
 	b.mu.Unlock()
 	b.peers.close()
-	if b.ln != nil {
-		b.ln.Close()
+	if ln != nil {
+		ln.Close()
 	}
 	var errs []error
-	if b.member != nil {
-		errs = append(errs, b.member.Close())
+	if member != nil {
+		errs = append(errs, member.Close())
 	}
 	b.wg.Wait()
 	<-drained // every session has returned, so this is immediate

@@ -1,13 +1,19 @@
 package broker
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
+	"github.com/felix-broker/felix/internal/cluster"
 	"github.com/felix-broker/felix/internal/dirlock"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
@@ -290,5 +296,94 @@ func TestNotReadyWithoutTheControlPlane(t *testing.T) {
 	}
 	if err := b.Readiness(); !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), "control plane") {
 		t.Fatalf("readiness without its control plane: %v", err)
+	}
+}
+
+// unjoinedConfig returns the config of a broker whose control plane
+// address has nothing listening on it: its Start retries the join until
+// its context ends or the broker is closed.
+func unjoinedConfig(t *testing.T) Config {
+	t.Helper()
+	dir := t.TempDir()
+	id := cluster.BrokerID(0)
+	if err := transport.GenerateDevCerts(filepath.Join(dir, "certs"), "ctl", id); err != nil {
+		t.Fatal(err)
+	}
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctlAddr := pc.LocalAddr().String()
+	pc.Close()
+	nt, err := cluster.LoadNodeTLS(filepath.Join(dir, "certs"), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Config{NodeID: id, Listen: "127.0.0.1:0", DataDir: filepath.Join(dir, id),
+		ServerTLS: nt.Server, PeerTLS: nt.Peer, CtlTLS: nt.Ctl, CtlAddr: ctlAddr,
+		LeaseTTL: time.Second, Logger: quiet()}
+}
+
+// TestCloseDuringStartStopsIt: Close while Start waits for an unreachable
+// control plane ends the join, waits for Start (which returns
+// ErrClosed) and leaves nothing running. It used to return at once,
+// leaving Start to join later, open logs in a directory whose lock was
+// released, and leave the membership's goroutines running.
+func TestCloseDuringStartStopsIt(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	b, err := New(unjoinedConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		started <- b.Start(ctx)
+	}()
+	time.Sleep(500 * time.Millisecond) // Start is in ctlclient.Join, retrying
+	closed := make(chan error, 1)
+	go func() { closed <- b.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return while Start was joining")
+	}
+	select {
+	case err := <-started:
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("Start closed while joining: %v, want ErrClosed", err)
+		}
+	default:
+		t.Error("Close returned while Start still runs")
+		<-started
+	}
+	if err := goleak.Find(before); err != nil {
+		t.Errorf("still running after Close returned:\n%v", err)
+	}
+}
+
+// TestCloseAfterFailedStart: Start fails (its context ends before the
+// control plane answers); Close then returns nil and leaves nothing
+// running, as servercmd expects.
+func TestCloseAfterFailedStart(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	b, err := New(unjoinedConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if err := b.Start(ctx); err == nil || errors.Is(err, ErrClosed) {
+		t.Fatalf("Start without a control plane: %v, want a join error", err)
+	}
+	if err := b.Close(); err != nil {
+		t.Errorf("Close after a failed Start: %v", err)
+	}
+	if err := goleak.Find(before); err != nil {
+		t.Errorf("still running after Close returned:\n%v", err)
 	}
 }
