@@ -61,6 +61,10 @@ type Broker struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// closed is closed when the first Close has finished, with closeErr
+	// its result, which a later Close waits for and returns.
+	closed   chan struct{}
+	closeErr error
 
 	ln     *transport.Listener
 	member *ctlclient.Member
@@ -107,6 +111,7 @@ func newBroker(cfg Config) (*Broker, error) {
 	b := &Broker{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID)}
 	b.disk.free.Store(-1)
 	b.ctx, b.cancel = context.WithCancel(context.Background())
+	b.closed = make(chan struct{})
 	b.peers = newPeerPool(cfg.PeerTLS, cfg.Transport, b.log, &b.quic)
 	b.mu.conns = map[*quic.Conn]struct{}{}
 	b.mu.pubs = map[*pubSession]struct{}{}
@@ -557,11 +562,13 @@ const (
 // Close shuts the broker down gracefully: it stops accepting, stops reading
 // new publishes, commits and acknowledges what was already received, then
 // closes connections, leaves the control plane and closes every log.
+// A Close while another runs waits for it and returns its error.
 func (b *Broker) Close() error {
 	b.mu.Lock()
 	if b.mu.closing {
 		b.mu.Unlock()
-		return nil
+		<-b.closed
+		return b.closeErr
 	}
 	b.mu.closing = true
 	// Set by a Start that has finished; a Start still running closes its
@@ -620,5 +627,7 @@ func (b *Broker) Close() error {
 	b.tel.close()
 	errs = append(errs, b.lock.Release())
 	b.log.Info("broker stopped")
-	return errors.Join(errs...)
+	b.closeErr = errors.Join(errs...)
+	close(b.closed)
+	return b.closeErr
 }

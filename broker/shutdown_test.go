@@ -190,3 +190,33 @@ func TestGracefulOwnerShutdownAnswersForwards(t *testing.T) {
 		t.Fatalf("%d records the owner committed during its graceful shutdown were answered \"may or may not have been written\" (%d acked)", written, acked)
 	}
 }
+
+// TestSecondCloseWaitsForTheFirst: of two Closes at once (a signal
+// handler's and main's, say), the second returns only once the broker
+// is closed: its caller may reopen the data directory. It used to return
+// nil at once while the first still drained.
+func TestSecondCloseWaitsForTheFirst(t *testing.T) {
+	ip := startInproc(t, 1, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	b := ip.brokers[0]
+	ws := openStream(t, ip.dial(b))
+	ws.send(publish(1, "orders", "x"))
+	if _, err := ws.r.Read(); err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan error, 1)
+	go func() { first <- b.Close() }()
+	time.Sleep(10 * time.Millisecond) // the first Close drains the publisher session
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-first:
+		if err != nil {
+			t.Fatalf("the first Close: %v", err)
+		}
+	default:
+		_, err := New(ip.brokerConfig(0))
+		t.Errorf("the second Close returned while the first still runs; New on its data directory now: %v", err)
+		<-first
+	}
+}
