@@ -122,6 +122,7 @@ func newBroker(cfg Config) (*Broker, error) {
 		return nil, fmt.Errorf("broker %s: metrics: %w", cfg.NodeID, err)
 	}
 	if b.shards, err = newShardSet(cfg, b.log, b.tel); err != nil {
+		b.tel.close() // its metrics callback holds b
 		return nil, fmt.Errorf("broker %s: %w", cfg.NodeID, err)
 	}
 	b.raft = newRaftNet(cfg.NodeID, cfg.RaftTick, cfg.RaftElectionTicks, entryBytes(cfg), cfg.Knobs.RaftSimplex, b.peers, b.currentMap, b.log)

@@ -6,11 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.uber.org/goleak"
 
 	"github.com/felix-broker/felix/internal/cluster"
@@ -385,5 +388,33 @@ func TestCloseAfterFailedStart(t *testing.T) {
 	}
 	if err := goleak.Find(before); err != nil {
 		t.Errorf("still running after Close returned:\n%v", err)
+	}
+}
+
+// TestFailedNewUnregistersMetrics: New failing after it registered the
+// broker's metrics callback (here its shard directory cannot be made)
+// unregisters it, so a supervisor retrying New does not pile failed
+// brokers onto its MeterProvider.
+func TestFailedNewUnregistersMetrics(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	cfg := unjoinedConfig(t)
+	cfg.MeterProvider = mp
+	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cfg.DataDir, "streams"), []byte("not a dir"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, err := New(cfg); err == nil {
+			t.Fatalf("attempt %d: New succeeded with a file for its shard directory", i)
+		}
+	}
+	var names []string
+	eachMetric(t, reader, func(m metricdata.Metrics) { names = append(names, m.Name) })
+	if len(names) > 0 {
+		t.Errorf("after New failed 3 times, the provider still observes the failed brokers: %v", names)
 	}
 }
