@@ -127,11 +127,21 @@ func (p *peerPool) get(ctx context.Context, node shardmap.Node) (*peerConn, erro
 		p.mu.Unlock()
 		return nil, errPoolClosed
 	}
+	var moved *quic.Conn // to close: node's old address, with no lane on it
 	pc := p.mu.conns[node.ID]
 	if pc != nil {
 		select {
 		case <-pc.ready:
-			if pc.err != nil || pc.conn.Context().Err() != nil || pc.addr != node.Addr {
+			switch {
+			case pc.err != nil || pc.conn.Context().Err() != nil:
+				pc = nil
+			case pc.addr != node.Addr:
+				// The peer moved: its lanes on the old connection go on,
+				// and the last to leave closes it (release).
+				pc.retired = true
+				if pc.lanes == 0 {
+					moved = pc.conn
+				}
 				pc = nil
 			}
 		default:
@@ -145,6 +155,9 @@ func (p *peerPool) get(ctx context.Context, node shardmap.Node) (*peerConn, erro
 		go p.dial(pc, node)
 	} else {
 		p.mu.Unlock()
+	}
+	if moved != nil {
+		moved.CloseWithError(quic.ApplicationErrorCode(transport.CodeUnavailable), "peer moved to another address")
 	}
 	select {
 	case <-pc.ready:

@@ -5,9 +5,13 @@ import (
 	"crypto/tls"
 	"errors"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/quic-go/quic-go"
+
+	"github.com/felix-broker/felix/internal/cluster"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -48,5 +52,79 @@ func TestPeerDialOutlivesItsFirstCaller(t *testing.T) {
 	err = <-secondErr
 	if err == nil || errors.Is(err, context.Canceled) {
 		t.Fatalf("second caller after the first one's end: %v; want the dial's own failure", err)
+	}
+}
+
+// TestMovedPeerOldConnectionClosed: once the map gives a peer a new
+// address, the pool dials it there, and closes its connection to the old
+// one when the last forwarding lane on it leaves (at once when it has
+// none). The old connection used to be dropped from the pool unclosed,
+// and the pool's close never closed it.
+func TestMovedPeerOldConnectionClosed(t *testing.T) {
+	dir := t.TempDir()
+	if err := transport.GenerateDevCerts(dir, "broker-0", "broker-9"); err != nil {
+		t.Fatal(err)
+	}
+	self, err := cluster.LoadNodeTLS(dir, "broker-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := cluster.LoadNodeTLS(dir, "broker-9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// broker-9 at two addresses, accepting and keeping connections
+	// until its listener closes them.
+	listen := func() shardmap.Node {
+		var accepting sync.WaitGroup
+		ln, err := transport.Listen("127.0.0.1:0", peer.Server, transport.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		accepting.Go(func() {
+			for {
+				if _, err := ln.Accept(context.Background()); err != nil {
+					return
+				}
+			}
+		})
+		t.Cleanup(func() { ln.Close(); accepting.Wait() })
+		return shardmap.Node{ID: "broker-9", Addr: ln.Addr().String()}
+	}
+	atA, atB := listen(), listen()
+	pool := newPeerPool(self.Peer, transport.Config{}, quiet(), &quicAccount{})
+	defer pool.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	closedSoon := func(c *quic.Conn) bool {
+		select {
+		case <-c.Context().Done():
+			return true
+		case <-time.After(2 * time.Second):
+			return false
+		}
+	}
+
+	lane, err := pool.lease(ctx, atA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	toB, err := pool.conn(ctx, atB) // the peer moved to B
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lane.conn.Context().Err() != nil {
+		t.Fatal("the connection to A closed under its lane")
+	}
+	pool.release(lane, false)
+	if !closedSoon(lane.conn) {
+		t.Error("the connection to A still open after its last lane left")
+	}
+
+	if _, err := pool.conn(ctx, atA); err != nil { // and back to A
+		t.Fatal(err)
+	}
+	if !closedSoon(toB) {
+		t.Error("the connection to B, with no lane, still open after the peer moved")
 	}
 }
