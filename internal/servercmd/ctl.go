@@ -136,6 +136,7 @@ func (c *Ctl) Run(log *slog.Logger) error {
 		return err
 	}
 	if err := s.Start(); err != nil {
+		s.Close() // New started the embedded etcd and took the data directory
 		return err
 	}
 	started.Store(s)

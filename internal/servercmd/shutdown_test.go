@@ -4,9 +4,16 @@ import (
 	"bytes"
 	"io"
 	"log/slog"
+	"net"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/felix-broker/felix/internal/dirlock"
+	"github.com/felix-broker/felix/transport"
 )
 
 // TestShutdownWatchWritesStacksOfASlowShutdown: what runs after begin,
@@ -46,5 +53,38 @@ func TestShutdownWatchQuiet(t *testing.T) {
 		if stacks.Len() != 0 {
 			t.Errorf("begun %v: stacks written for a prompt shutdown: %d bytes", begun, stacks.Len())
 		}
+	}
+}
+
+// TestCtlRunOnABusyPortClosesWhatItStarted: felix ctl whose listen
+// port is taken fails, and closes what it had started before it returns:
+// the embedded etcd, the control plane's goroutines, its data directory's
+// lock. They were left running.
+func TestCtlRunOnABusyPortClosesWhatItStarted(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	dir := t.TempDir()
+	if err := transport.GenerateDevCerts(filepath.Join(dir, "certs"), "ctl"); err != nil {
+		t.Fatal(err)
+	}
+	busy, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	c := &Ctl{Listen: busy.LocalAddr().String(), Data: filepath.Join(dir, "data"), Certs: filepath.Join(dir, "certs"),
+		LeaseTTL: time.Second, Superuser: []string{"admin"}, MaxShardsTotal: 16384, MaxGrants: 16384}
+	c.Etcd.Cluster = "default"
+	c.Etcd.StartTimeout = 30 * time.Second
+	if err := c.Run(slog.New(slog.DiscardHandler)); err == nil {
+		t.Fatal("Run on a busy port succeeded")
+	}
+	lock, err := dirlock.Take(c.Data)
+	if err != nil {
+		t.Errorf("the data directory after Run returned: %v", err)
+	} else {
+		lock.Release()
+	}
+	if err := goleak.Find(before); err != nil {
+		t.Errorf("still running after Run returned:\n%.3000s", err.Error())
 	}
 }
