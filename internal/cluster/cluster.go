@@ -281,6 +281,10 @@ func (c *Cluster) startBroker(i int) error {
 	}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
+		if b.logf != nil { // Stop and Close close it only with a process
+			b.logf.Close()
+			b.logf = nil
+		}
 		return fmt.Errorf("cluster: start %s (%s): %w", b.ID, c.opts.Binary, err)
 	}
 	b.cmd = cmd

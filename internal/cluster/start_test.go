@@ -3,6 +3,8 @@ package cluster_test
 import (
 	"context"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -33,5 +35,28 @@ func TestStartSaysWhyABrokerExited(t *testing.T) {
 	}
 	if ctx.Err() != nil || !strings.Contains(err.Error(), "broker-0 exited") || !strings.Contains(err.Error(), "address already in use") {
 		t.Fatalf("Start: %v; want it to say at once that broker-0 exited, and why", err)
+	}
+}
+
+// TestFailedBrokerStartClosesItsLog: a cluster whose broker binary
+// cannot be run fails Start and leaves no broker log file open; the one
+// opened for the broker's output stayed open.
+func TestFailedBrokerStartClosesItsLog(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := cluster.Start(ctx, cluster.Options{Dir: dir, Binary: filepath.Join(dir, "no-such-felix"), Brokers: 1, LeaseTTL: time.Second})
+	if err == nil {
+		c.Close()
+		t.Fatal("Start succeeded without a binary")
+	}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd")
+	}
+	for _, fd := range fds {
+		if p, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name())); err == nil && strings.HasPrefix(p, dir) {
+			t.Errorf("after Start failed: %s still open", p)
+		}
 	}
 }
