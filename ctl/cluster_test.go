@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -156,6 +157,41 @@ func TestCtlRestart(t *testing.T) {
 	if err != nil || resp.Map == nil || resp.Map.Epoch <= before.Epoch {
 		t.Fatalf("cluster.status after restart: %+v, %v", resp, err)
 	}
+}
+
+// TestCloseWhileStartBinds: a Close between Start's check that the
+// server is open and its serving on the socket it bound makes Start
+// close that socket and fail. Start used to go on serving on it after
+// Close had returned, and nothing ever closed it.
+func TestCloseWhileStartBinds(t *testing.T) {
+	p := newPKI(t)
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := pc.LocalAddr().String()
+	pc.Close()
+	var srv *Server
+	srv, err = New(Config{
+		Addr:       addr,
+		DataDir:    t.TempDir(),
+		TLS:        transport.ServerTLS(p.cert(t, "ctl"), p.ca, transport.ALPNCtl),
+		LeaseTTL:   shortTTL,
+		Superusers: []string{transport.DevAdminName},
+		Logger:     testLogger(t),
+		Knobs:      Knobs{StartBound: func() { srv.Close() }},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err == nil {
+		t.Error("Start closed while it bound its socket succeeded")
+	}
+	again, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		t.Fatalf("the ctl's address after Start and Close returned: %v", err)
+	}
+	again.Close()
 }
 
 func TestClientCertCannotRegister(t *testing.T) {

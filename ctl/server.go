@@ -109,6 +109,9 @@ type Knobs struct {
 	// EtcdCheckEvery is how often ctl checks etcd's database size and
 	// alarms (see etcdspace.go). Default DefaultEtcdCheckEvery.
 	EtcdCheckEvery time.Duration
+	// StartBound, if set, is called by Start once it has bound its
+	// socket, before it serves on it: a test closes the server there.
+	StartBound func()
 }
 
 // DefaultAddr is the default control-plane listen address.
@@ -447,13 +450,27 @@ func (s *Server) start() error {
 		udp.Close()
 		return fmt.Errorf("ctl: start: listen on %s: %w", s.cfg.Addr, err)
 	}
+	if k := s.cfg.Knobs.StartBound; k != nil {
+		k()
+	}
+	// Under mu, as Close sets closed and then takes them: a Close
+	// meanwhile has not seen the socket, so it is closed here.
+	s.mu.Lock()
+	if s.mu.closed {
+		s.mu.Unlock()
+		ln.Close()
+		tr.Close()
+		udp.Close()
+		return errors.New("ctl: start: server closed")
+	}
 	s.udp, s.tr, s.ln = udp, tr, ln
+	s.wg.Add(1) // before Close's Wait, which comes after closed is set
+	s.mu.Unlock()
 	s.addrMu.Lock()
 	s.addr = ln.Addr().String()
 	s.addrMu.Unlock()
 	s.log.Info("ctl listening", "addr", s.Addr(), "lease_ttl", s.cfg.LeaseTTL)
 	s.announce()
-	s.wg.Add(1)
 	go s.acceptLoop()
 	return nil
 }
@@ -938,15 +955,16 @@ func (s *Server) Close() error {
 		s.cancel()
 		s.mu.Lock()
 		s.mu.closed = true
+		ln, tr, udp := s.ln, s.tr, s.udp // a Start from now on closes its own
 		s.mu.Unlock()
-		if s.ln != nil {
-			s.ln.Close()
+		if ln != nil {
+			ln.Close()
 		}
 		s.wg.Wait() // every connection is closed
 		s.fwd.close()
-		if s.tr != nil {
-			s.tr.Close()
-			s.udp.Close()
+		if tr != nil {
+			tr.Close()
+			udp.Close()
 		}
 		s.etcd.close()
 		s.lock.Release()
