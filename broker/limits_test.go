@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/binary"
@@ -11,7 +10,6 @@ import (
 	"net"
 	"path/filepath"
 	"runtime"
-	"runtime/pprof"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +18,7 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/felix-broker/felix/auth"
+	"github.com/felix-broker/felix/internal/quictest"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -610,34 +609,13 @@ func TestHandshakesInFlightBounded(t *testing.T) {
 	defer func() { close(block); cancel(); wg.Wait() }()
 	// Until the broker holds its cap (or 3 s pass: a loaded machine may
 	// dial fewer), then a while longer for dials refused to get in.
-	for deadline := time.Now().Add(3 * time.Second); serverHandshakes() < maxHS && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(3 * time.Second); quictest.ServerHandshakes() < maxHS && time.Now().Before(deadline); {
 		time.Sleep(20 * time.Millisecond)
 	}
 	time.Sleep(500 * time.Millisecond)
-	held := serverHandshakes()
+	held := quictest.ServerHandshakes()
 	t.Logf("server connections in handshake after %d never-finished dials: %d (MaxHandshakes %d)", attempts, held, maxHS)
 	if held > maxHS {
 		t.Errorf("the broker holds %d unfinished handshakes from one unauthenticated source; Transport.MaxHandshakes is %d", held, maxHS)
 	}
-}
-
-// serverHandshakes counts the goroutines quic-go runs per server
-// connection in its handshake.
-func serverHandshakes() int {
-	var buf bytes.Buffer
-	pprof.Lookup("goroutine").WriteTo(&buf, 1)
-	n := 0
-	for _, blk := range strings.Split(buf.String(), "\n\n") {
-		if !strings.Contains(blk, "(*baseServer).handleNewConn") {
-			continue
-		}
-		// A block is "<count> @ <pcs>"; the first one has the
-		// profile's header line before it.
-		at := strings.Index(blk, " @ ")
-		var c int
-		if _, err := fmt.Sscanf(blk[strings.LastIndex(blk[:at], "\n")+1:], "%d @", &c); err == nil {
-			n += c
-		}
-	}
-	return n
 }

@@ -98,14 +98,7 @@ func TestEmbeddedEtcdServesCtlCertificatesOnly(t *testing.T) {
 	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
 		t.Errorf("data dir: %v, %v; want mode 0700", fi.Mode(), err)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, etcdURLsFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var urls etcdURLs
-	if err := json.Unmarshal(b, &urls); err != nil {
-		t.Fatal(err)
-	}
+	urls := recordedURLs(t, dir)
 	for _, u := range []string{urls.Client, urls.Peer} {
 		if !strings.HasPrefix(u, "https://127.0.0.1:") {
 			t.Errorf("embedded etcd URL %s, want https://127.0.0.1:<port>", u)
@@ -179,14 +172,7 @@ func TestEmbeddedEtcdPlaintextURLsUpgraded(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, err := os.ReadFile(filepath.Join(dir, etcdURLsFile))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var urls etcdURLs
-		if err := json.Unmarshal(b, &urls); err != nil {
-			t.Fatal(err)
-		}
+		urls := recordedURLs(t, dir)
 		return srv, urls
 	}
 	ec := p.etcd()
@@ -381,4 +367,19 @@ func mustURL(t *testing.T, s string) url.URL {
 		t.Fatal(err)
 	}
 	return *u
+}
+
+// recordedURLs reads the embedded member's URLs as ctl recorded them in
+// dir.
+func recordedURLs(t *testing.T, dir string) etcdURLs {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, etcdURLsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var urls etcdURLs
+	if err := json.Unmarshal(b, &urls); err != nil {
+		t.Fatal(err)
+	}
+	return urls
 }

@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/binary"
@@ -10,13 +9,12 @@ import (
 	"io"
 	"net"
 	"reflect"
-	"runtime/pprof"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/felix-broker/felix/internal/quictest"
 	"github.com/quic-go/quic-go"
 )
 
@@ -371,7 +369,7 @@ func TestListenerBoundsHandshakes(t *testing.T) {
 	if n := ln.handshakes.Load(); n > maxHS {
 		t.Errorf("%d handshakes in flight; MaxHandshakes is %d", n, maxHS)
 	}
-	if n := serverHandshakes(); n > maxHS {
+	if n := quictest.ServerHandshakes(); n > maxHS {
 		t.Errorf("quic-go holds %d server connections in their handshake; MaxHandshakes is %d", n, maxHS)
 	}
 	release()
@@ -398,25 +396,4 @@ func (c *retryCounter) ReadFrom(b []byte) (int, net.Addr, error) {
 		c.retries.Add(1)
 	}
 	return n, addr, err
-}
-
-// serverHandshakes counts the goroutines quic-go runs per server
-// connection in its handshake.
-func serverHandshakes() int {
-	var buf bytes.Buffer
-	pprof.Lookup("goroutine").WriteTo(&buf, 1)
-	n := 0
-	for _, blk := range strings.Split(buf.String(), "\n\n") {
-		if !strings.Contains(blk, "(*baseServer).handleNewConn") {
-			continue
-		}
-		// A block is "<count> @ <pcs>"; the first one has the
-		// profile's header line before it.
-		at := strings.Index(blk, " @ ")
-		var c int
-		if _, err := fmt.Sscanf(blk[strings.LastIndex(blk[:at], "\n")+1:], "%d @", &c); err == nil {
-			n += c
-		}
-	}
-	return n
 }
