@@ -206,55 +206,6 @@ func TestNonMemberCannotForward(t *testing.T) {
 	}
 }
 
-// TestDeniedSubscriberCannotMakeTheBrokerWait: a subscription naming a
-// map epoch newer than the broker holds (Subscribe.Created) is authorized
-// by the broker's map before anything else; only a refused one whose
-// grant may be in that newer map waits for it, one such wait at a time
-// per broker, and a wait that gave up covers every newer epoch until the
-// map moves on. The broker once caught up to Created before it
-// authorized: a principal with no grant held the broker asking the
-// control plane for the whole map for ForwardTimeout with every
-// subscription, and Created counting down dodged the last miss each time.
-func TestDeniedSubscriberCannotMakeTheBrokerWait(t *testing.T) {
-	const ft = 4 * time.Second
-	ip := startInprocWith(t, func(c *Config) { c.ForwardTimeout = ft }, 1,
-		shardmap.StreamConfig{Name: "secret", Shards: 1})
-	b := ip.brokers[0]
-	nobody := ip.dialAs(b, "nobody") // no grants
-	epoch := b.Map().Epoch
-	subscribe := func(created uint64) time.Duration {
-		s := openStream(t, nobody)
-		start := time.Now()
-		s.send(&transport.Subscribe{Stream: "secret", Start: transport.StartEarliest, Credit: 1, Created: created})
-		wantError(t, s.recv(), transport.ErrUnauthorized)
-		return time.Since(start)
-	}
-
-	// At once, each naming another epoch no map has: one waits for it
-	// (ForwardTimeout), the others are refused by the broker's map.
-	const n = 8
-	took := make(chan time.Duration, n)
-	for i := range n {
-		go func() { took <- subscribe(epoch + 1_000_000 + uint64(i)) }()
-	}
-	slow := 0
-	for range n {
-		if d := <-took; d > ft/2 {
-			slow++
-		}
-	}
-	if slow > 1 {
-		t.Errorf("%d of %d concurrent denied subscriptions naming newer epochs waited over %v (ForwardTimeout %v); want at most one", slow, n, ft/2, ft)
-	}
-
-	// Then, counting down: the miss covers them all.
-	for _, created := range []uint64{epoch + 1_000, epoch + 10, epoch + 1} {
-		if d := subscribe(created); d > ft/2 {
-			t.Errorf("a denied subscription naming epoch %d (the broker's map is %d) was refused after %v (ForwardTimeout %v): it waited for the map again", created, epoch, d.Round(time.Millisecond), ft)
-		}
-	}
-}
-
 // TestInvalidStreamNamesRefusedBeforeAuthorization: a stream name no
 // stream can have (over shardmap.MaxStreamName bytes here) is refused
 // invalid before it is authorized, on a publisher stream, a subscription

@@ -35,27 +35,3 @@ func TestCatchUpMissesShareOneWait(t *testing.T) {
 		t.Fatalf("%d pipelined forwards answered in %v, %.1f x ForwardTimeout: they waited one after another", n, took, float64(took)/float64(ft))
 	}
 }
-
-// TestCatchUpMissCoversOlderEpochs: once a wait for a map epoch gave up,
-// an epoch lower than that one but still newer than the broker's map
-// fails at once too, until the map moves on: a publisher naming
-// incarnations from the future counting down (Publish.Created) once
-// started a new wait, and a new round of map requests to the control
-// plane, with each record.
-func TestCatchUpMissCoversOlderEpochs(t *testing.T) {
-	const ft = 3 * time.Second
-	ip := startInprocWith(t, func(c *Config) { c.ForwardTimeout = ft }, 1,
-		shardmap.StreamConfig{Name: "orders", Shards: 1})
-	b := ip.brokers[0]
-	ws := openStream(t, ip.dial(b))
-	epoch := b.Map().Epoch
-	for i, created := range []uint64{epoch + 1_000_000, epoch + 1_000, epoch + 10, epoch + 1} {
-		start := time.Now()
-		ws.send(&transport.Publish{Seq: uint64(i + 1), Stream: "orders", Shard: 0, Value: []byte("x"), Created: created})
-		wantError(t, ws.recv(), transport.ErrUnavailable)
-		if took := time.Since(start); i > 0 && took > ft/2 {
-			t.Errorf("a record of the incarnation of epoch %d (the broker's map is %d) failed after %v (ForwardTimeout %v): it waited for the map again", created, epoch, took.Round(time.Millisecond), ft)
-		}
-	}
-	wantAck(t, publishShard(ws, 5, "orders", 0, "next"), 5)
-}

@@ -55,9 +55,8 @@
 //     the lane to its owner. Only a peer stream's reader ever waits for a
 //     map (a forward carrying a newer epoch than this broker holds), at
 //     most ForwardTimeout for an epoch the control plane cannot give, and
-//     the records needing it, or any map newer than the one this broker
-//     held when the wait gave up, that follow within ForwardTimeout fail
-//     at once, unless a newer map arrived meanwhile (catchup.go). The wait holds back that forwarding lane, and
+//     the records needing it that follow within ForwardTimeout fail at
+//     once (catchup.go). The wait holds back that forwarding lane, and
 //     what the forwarder sends on it meanwhile counts against the flow
 //     window of the pair's one connection, which the pair's other lanes
 //     and raft share: a few lanes waiting at once can hold those back
@@ -257,11 +256,7 @@
 // read is authorized for the principal under the policy carried by the
 // current shard map (see package auth) at this broker, before anything
 // is routed; a publisher stream caches the decision for its stream and
-// map epoch, so the check costs a comparison per record. Nothing a
-// client names is acted on before that check: a subscription naming a
-// newer map than this broker holds (Subscribe.Created) is caught up to
-// only once authorized, or, refused, to judge it again by that newer map
-// in case its grant is there, one such wait at a time per broker. Admin requests
+// map epoch, so the check costs a comparison per record. Admin requests
 // are relayed to the control plane with the principal, which authorizes
 // it there. Denials are unauthorized errors, logged once per principal,
 // action and stream. A stream name no stream can have

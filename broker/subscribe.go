@@ -44,13 +44,12 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 	}
 	mapChanged := b.member.Changed()
 	m := b.member.Map()
-	// Authorized first, by the broker's map: nothing a client names (an
-	// epoch to catch up to above all) is acted on for a principal that
-	// map does not allow. Only a subscriber that read a newer map than
-	// this broker holds may have its grant there: it is judged again by
-	// that map, waited for within grantCatchUp's bounds.
-	if from.principal != "" && m.ACL.Check(from.principal, auth.Subscribe, sub.Stream) != nil {
-		m = b.grantCatchUp(m, sub.Created)
+	if sub.Created > m.Epoch {
+		// The subscriber read a newer incarnation of the stream than this
+		// broker's map holds: catch up before judging it.
+		if nm, err := b.catchUp(b.ctx, sub.Created); err == nil {
+			m = nm
+		}
 	}
 	if err := b.authorize(m, from, auth.Subscribe, sub.Stream); err != nil {
 		b.refuse(s, err)
@@ -79,15 +78,6 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 		refuse(b.limits.exceeded(limitCredit, from.principal,
 			"subscription credit of %d records is over the broker's limit of %d (MaxCredit); subscribe with less credit", sub.Credit, b.cfg.MaxCredit))
 		return
-	}
-	if sub.Created > m.Epoch {
-		// The subscriber read a newer incarnation of the stream than this
-		// broker's map holds: catch up before judging it (once authorized
-		// and holding a subscription slot, so the wait is bounded by
-		// MaxSubsPerConn as well as by catchUp's misses).
-		if nm, err := b.catchUp(b.ctx, sub.Created); err == nil {
-			m = nm
-		}
 	}
 	st, ok := m.Stream(sub.Stream)
 	if !ok {
