@@ -175,6 +175,7 @@ func TestCloseWhileStartBinds(t *testing.T) {
 	srv, err = New(Config{
 		Addr:       addr,
 		DataDir:    t.TempDir(),
+		Etcd:       p.etcd(),
 		TLS:        transport.ServerTLS(p.cert(t, "ctl"), p.ca, transport.ALPNCtl),
 		LeaseTTL:   shortTTL,
 		Superusers: []string{transport.DevAdminName},

@@ -431,7 +431,7 @@ func TestCommands(t *testing.T) {
 		r := felixctl(t, env, "cluster", "status")
 		if r.code != 0 || !strings.HasSuffix(r.stdout, "healthy: all 3 brokers live\n") ||
 			!regexp.MustCompile(`(?m)^orders +0 +`+owner+`$`).MatchString(r.stdout) ||
-			!regexp.MustCompile(`(?m)^\S+ +127\.0\.0\.1:\d+ +leader +http://127\.0\.0\.1:\d+ +healthy \(raft leader\)$`).MatchString(r.stdout) {
+			!regexp.MustCompile(`(?m)^\S+ +127\.0\.0\.1:\d+ +leader +https://127\.0\.0\.1:\d+ +healthy \(raft leader\)$`).MatchString(r.stdout) {
 			t.Errorf("%+v", r)
 		}
 		r = felixctl(t, env, "cluster", "status", "--json")
