@@ -248,6 +248,13 @@ func TestClientCertificateRefused(t *testing.T) {
 	if len(srv.Streams()) != 0 {
 		t.Fatal("a refused connection's request changed the registry")
 	}
+	// Once the close has arrived (200 ms is ample on loopback), a request
+	// fails opening its stream: the same typed refusal (it was quic-go's
+	// bare application error).
+	time.Sleep(200 * time.Millisecond)
+	if _, err := c.Request(ctx, req); !errors.Is(err, transport.ErrUnauthorized) {
+		t.Fatalf("a request after the refusal arrived: %v, want unauthorized", err)
+	}
 
 	relay, err := dialAs(ctx, t, p, srv.Addr(), transport.DevAdminName)
 	if err != nil {

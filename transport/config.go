@@ -66,9 +66,11 @@ type Config struct {
 	RetryHandshakes int
 	// MaxHandshakes is the most connections a [Listener] holds in their
 	// handshake (or done and waiting for Accept); a new one past it is
-	// refused (CONNECTION_REFUSED) and dials again. Each holds two
-	// goroutines and TLS state for up to twice HandshakeTimeout, and
-	// clients from real addresses pass the Retry: this bounds them.
+	// refused (CONNECTION_REFUSED): the dial fails (the SDK's Connect
+	// returns the error; a connected client redials with its backoff).
+	// Each holds two goroutines and TLS state for up to twice
+	// HandshakeTimeout, and clients from real addresses pass the Retry:
+	// this bounds them.
 	// Default 256.
 	MaxHandshakes int
 	// MaxFrame is the largest frame length (type byte plus body) a stream

@@ -57,7 +57,7 @@ func Request(ctx context.Context, conn *quic.Conn, req *transport.Request) (*tra
 	}
 	str, err := conn.OpenStreamSync(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("ctl: request %s: open stream: %w", req.Op, err)
+		return nil, fmt.Errorf("ctl: request %s: open stream: %w", req.Op, ctxErr(ctx, err))
 	}
 	// Cancel the stream's reads and writes when ctx ends; this also
 	// releases the stream on every return path.
