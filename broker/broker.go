@@ -70,6 +70,9 @@ type Broker struct {
 	member *ctlclient.Member
 	// missed is the last catch-up to a map epoch that failed (catchup.go).
 	missed catchUpMiss
+	// denied is the one catch-up at a time that subscriptions refused by
+	// the broker's map may start (catchup.go).
+	denied deniedCatchUp
 
 	// refusals and denials remember which certificate was refused on which
 	// protocol and which principal was denied what, so each is logged once.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/felix-broker/felix/shardmap"
@@ -23,6 +24,9 @@ type catchUpMiss struct {
 	epoch uint64 // the epoch asked for
 	until time.Time
 	err   error
+
+	// waits counts the catch-ups that asked the control plane (Refresh).
+	waits atomic.Int64
 }
 
 // catchUp returns a map at least as new as epoch: the broker's own if it
@@ -43,6 +47,7 @@ func (b *Broker) catchUp(ctx context.Context, epoch uint64) (*shardmap.Map, erro
 	miss.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.ForwardTimeout)
 	defer cancel()
+	miss.waits.Add(1)
 	m, err := b.member.Refresh(ctx, epoch)
 	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		// Only a wait that ran its whole course says the control plane
@@ -52,4 +57,56 @@ func (b *Broker) catchUp(ctx context.Context, epoch uint64) (*shardmap.Map, erro
 		miss.mu.Unlock()
 	}
 	return m, err
+}
+
+// deniedCatchUp bounds what subscriptions refused by the broker's map can
+// make it do. Such a subscription may name a newer map (Subscribe.Created)
+// that grants it, read from a broker ahead of this one; but any client
+// certificate can name any epoch, and each catch-up asks the control plane
+// for the whole map until it comes or ForwardTimeout passes. So one such
+// catch-up runs at a time per broker: the others wait for it, or for the
+// map to reach their epoch, whichever comes first, and are then judged by
+// the map the broker holds. A subscriber granted in a newer map whose
+// shards subscribe at once (the SDK's do) is served once that map comes,
+// however many of them wait.
+type deniedCatchUp struct {
+	mu   sync.Mutex
+	done chan struct{} // closed when the catch-up in flight ends; nil if none
+}
+
+// catchUpDenied returns the map a subscription refused by the broker's
+// map, naming epoch, is judged by again: at least epoch if the control
+// plane gives it in time (see deniedCatchUp), else the broker's own.
+func (b *Broker) catchUpDenied(epoch uint64) *shardmap.Map {
+	d := &b.denied
+	d.mu.Lock()
+	done := d.done
+	if done == nil {
+		done = make(chan struct{})
+		d.done = done
+		d.mu.Unlock()
+		m, err := b.catchUp(b.ctx, epoch)
+		d.mu.Lock()
+		d.done = nil
+		d.mu.Unlock()
+		close(done)
+		if err != nil {
+			return b.routingMap()
+		}
+		return m
+	}
+	d.mu.Unlock()
+	for {
+		changed := b.member.Changed()
+		if m := b.routingMap(); m.Epoch >= epoch {
+			return m
+		}
+		select {
+		case <-changed:
+		case <-done:
+			return b.routingMap()
+		case <-b.ctx.Done():
+			return b.routingMap()
+		}
+	}
 }

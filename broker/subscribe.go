@@ -46,8 +46,13 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 	m := b.member.Map()
 	if sub.Created > m.Epoch {
 		// The subscriber read a newer incarnation of the stream than this
-		// broker's map holds: catch up before judging it.
-		if nm, err := b.catchUp(b.ctx, sub.Created); err == nil {
+		// broker's map holds: catch up before judging it, and judge it by
+		// the map it is then served by. One refused by the broker's map
+		// (its grant may be in the newer one) shares one catch-up with the
+		// others so refused (deniedCatchUp).
+		if from.principal != "" && m.ACL.Check(from.principal, auth.Subscribe, sub.Stream) != nil {
+			m = b.catchUpDenied(sub.Created)
+		} else if nm, err := b.catchUp(b.ctx, sub.Created); err == nil {
 			m = nm
 		}
 	}
