@@ -66,6 +66,27 @@ func newUDPRelay(t testing.TB, target string) *udpRelay {
 
 func (r *udpRelay) close() { r.ln.Close(); r.up.Close(); r.wg.Wait() }
 
+// startRelayed starts one broker whose link to the control plane goes
+// through a udpRelay (pause it and the broker's map lags the control
+// plane's), with ForwardTimeout ft (0: the default). Both are closed
+// when the test ends.
+func startRelayed(t *testing.T, ft time.Duration) (*inproc, *udpRelay) {
+	t.Helper()
+	var relay *udpRelay
+	ip := startInprocWith(t, func(c *Config) {
+		if ft > 0 {
+			c.ForwardTimeout = ft
+		}
+		relay = newUDPRelay(t, c.CtlAddr)
+		c.CtlAddr = relay.ln.LocalAddr().String()
+	}, 1)
+	t.Cleanup(func() {
+		ip.close()
+		relay.close()
+	})
+	return ip, relay
+}
+
 // TestGrantInANewerMapServesEveryShard: a principal granted a
 // subscription in a map newer than the broker's subscribes to two shards
 // of a new stream at once (as the SDK does, one Subscribe per shard).
@@ -73,13 +94,7 @@ func (r *udpRelay) close() { r.ln.Close(); r.up.Close(); r.wg.Wait() }
 // catch-up (deniedCatchUp). a2c823a let one wait and refused the other
 // unauthorized, which the SDK does not retry.
 func TestGrantInANewerMapServesEveryShard(t *testing.T) {
-	var relay *udpRelay
-	ip := startInprocWith(t, func(c *Config) {
-		relay = newUDPRelay(t, c.CtlAddr)
-		c.CtlAddr = relay.ln.LocalAddr().String()
-	}, 1)
-	defer relay.close()
-	defer ip.close()
+	ip, relay := startRelayed(t, 0)
 	b := ip.brokers[0]
 	alice := ip.dialAs(b, "alice")
 	admin := openStream(t, ip.dial(b))
@@ -120,13 +135,7 @@ func TestGrantInANewerMapServesEveryShard(t *testing.T) {
 // must be refused: the map the broker catches up to, and serves the
 // subscription by, has no grant for mallory.
 func TestSubscriptionJudgedByTheMapItIsServedBy(t *testing.T) {
-	var relay *udpRelay
-	ip := startInprocWith(t, func(c *Config) {
-		relay = newUDPRelay(t, c.CtlAddr)
-		c.CtlAddr = relay.ln.LocalAddr().String()
-	}, 1)
-	defer relay.close()
-	defer ip.close()
+	ip, relay := startRelayed(t, 0)
 	b := ip.brokers[0]
 	g := auth.Grant{Principal: "mallory", Action: auth.Subscribe, Pattern: "orders*"}
 	if err := ip.ctl.Grant(g); err != nil {
@@ -162,14 +171,7 @@ func TestSubscriptionJudgedByTheMapItIsServedBy(t *testing.T) {
 // is about to get (a2c823a's wider miss did).
 func TestBogusCreatedLeavesRealCatchUpsAlone(t *testing.T) {
 	const ft = 2 * time.Second
-	var relay *udpRelay
-	ip := startInprocWith(t, func(c *Config) {
-		c.ForwardTimeout = ft
-		relay = newUDPRelay(t, c.CtlAddr)
-		c.CtlAddr = relay.ln.LocalAddr().String()
-	}, 1)
-	defer relay.close()
-	defer ip.close()
+	ip, relay := startRelayed(t, ft)
 	b := ip.brokers[0]
 	if err := ip.ctl.CreateStream(shardmap.StreamConfig{Name: "orders", Shards: 1}); err != nil {
 		t.Fatal(err)
