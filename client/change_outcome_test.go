@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"errors"
-	"slices"
 	"testing"
 	"time"
 
@@ -46,12 +45,7 @@ func TestChangeRelayUnavailable(t *testing.T) {
 	c := connect(t, fc, 0)
 	ctx := testCtx(t)
 	// Brokers that do not pass request IDs on: each change is sent once.
-	fc.mu.Lock()
-	old := fc.mu.m
-	nodes := slices.Clone(old.Nodes)
-	nodes[0].Features = nil
-	fc.mu.m = &shardmap.Map{Cluster: old.Cluster, Epoch: old.Epoch + 1, Nodes: nodes, Streams: old.Streams}
-	fc.mu.Unlock()
+	fc.clearFeatures()
 	if _, err := c.Map(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -224,12 +224,7 @@ func TestChangeSentAgain(t *testing.T) {
 	// A broker that does not pass request IDs on (an earlier version) in
 	// the map: the change is sent once, and its lost answer is the
 	// caller's, outcome unknown.
-	fc.mu.Lock()
-	old := fc.mu.m
-	nodes := slices.Clone(old.Nodes)
-	nodes[0].Features = nil
-	fc.mu.m = &shardmap.Map{Cluster: old.Cluster, Epoch: old.Epoch + 1, Nodes: nodes, Streams: old.Streams}
-	fc.mu.Unlock()
+	fc.clearFeatures()
 	if _, err := c.Map(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -172,6 +172,17 @@ func (fc *fakeCluster) createStream(cfg shardmap.StreamConfig) error {
 	return nil
 }
 
+// clearFeatures serves a newer map whose first broker advertises no
+// features (an earlier version's broker).
+func (fc *fakeCluster) clearFeatures() {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	old := fc.mu.m
+	nodes := slices.Clone(old.Nodes)
+	nodes[0].Features = nil
+	fc.mu.m = &shardmap.Map{Cluster: old.Cluster, Epoch: old.Epoch + 1, Nodes: nodes, Streams: old.Streams}
+}
+
 // moveReplica moves a replica as the control plane does
 // (shardmap.Placement.Move, under a new epoch), refusing a live source
 // and, with no target named, taking the first live broker without a

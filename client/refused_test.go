@@ -22,11 +22,23 @@ import (
 // connections it refused.
 func refusingListener(t *testing.T, fc *fakeCluster, addr string, code transport.ErrorCode) (string, *atomic.Int64) {
 	t.Helper()
+	var refused atomic.Int64
+	at := serveConns(t, fc, addr, func(_ context.Context, conn *quic.Conn) {
+		refused.Add(1)
+		_ = conn.CloseWithError(quic.ApplicationErrorCode(code), "refused by a test broker ("+code.String()+")")
+	})
+	return at, &refused
+}
+
+// serveConns listens at addr with the certificate of fc's first broker
+// and hands each connection to serve, one after the other, until the
+// test ends; it returns the address.
+func serveConns(t *testing.T, fc *fakeCluster, addr string, serve func(context.Context, *quic.Conn)) string {
+	t.Helper()
 	ln, err := transport.Listen(addr, transport.ServerTLS(fc.brokers[0].cert, fc.ca, transport.ALPNClient), transport.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var refused atomic.Int64
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -36,12 +48,11 @@ func refusingListener(t *testing.T, fc *fakeCluster, addr string, code transport
 			if err != nil {
 				return
 			}
-			refused.Add(1)
-			_ = conn.CloseWithError(quic.ApplicationErrorCode(code), "refused by a test broker ("+code.String()+")")
+			serve(ctx, conn)
 		}
 	}()
 	t.Cleanup(func() { cancel(); _ = ln.Close(); <-done })
-	return ln.Addr().String(), &refused
+	return ln.Addr().String()
 }
 
 // TestRefusedConnectionIsTyped: Connect to a broker that refuses the
@@ -142,40 +153,25 @@ func TestRefusedConnectionBacksOff(t *testing.T) {
 // then closes the connection with code: a connection that worked.
 func closingAfterAnswer(t *testing.T, fc *fakeCluster, code transport.ErrorCode) string {
 	t.Helper()
-	ln, err := transport.Listen("127.0.0.1:0", transport.ServerTLS(fc.brokers[0].cert, fc.ca, transport.ALPNClient), transport.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	return serveConns(t, fc, "127.0.0.1:0", func(ctx context.Context, conn *quic.Conn) {
 		for {
-			conn, err := ln.Accept(ctx)
+			str, err := conn.AcceptStream(ctx)
 			if err != nil {
 				return
 			}
-			for {
-				str, err := conn.AcceptStream(ctx)
-				if err != nil {
-					break
-				}
-				f, err := transport.NewReader(str, 0).Read()
-				if err != nil {
-					break
-				}
-				if _, ok := f.(*transport.Request); ok {
-					_ = transport.NewWriter(str).Write(&transport.Response{Map: fc.currentMap()})
-					_ = str.Close()
-					continue
-				}
-				_ = conn.CloseWithError(quic.ApplicationErrorCode(code), "closing a connection that worked")
-				break
+			f, err := transport.NewReader(str, 0).Read()
+			if err != nil {
+				return
 			}
+			if _, ok := f.(*transport.Request); ok {
+				_ = transport.NewWriter(str).Write(&transport.Response{Map: fc.currentMap()})
+				_ = str.Close()
+				continue
+			}
+			_ = conn.CloseWithError(quic.ApplicationErrorCode(code), "closing a connection that worked")
+			return
 		}
-	}()
-	t.Cleanup(func() { cancel(); _ = ln.Close(); <-done })
-	return ln.Addr().String()
+	})
 }
 
 // TestClosedConnectionThatWorkedIsLost: a connection that carried answers

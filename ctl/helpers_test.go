@@ -96,7 +96,7 @@ func startCtl(t *testing.T, p *testPKI, dataDir, addr string) *Server {
 // startCtlLease is startCtl with a lease of its own.
 func startCtlLease(t *testing.T, p *testPKI, dataDir, addr string, lease time.Duration) *Server {
 	t.Helper()
-	srv, err := New(Config{
+	return startConfig(t, Config{
 		Addr:       addr,
 		DataDir:    dataDir,
 		Etcd:       p.etcd(),
@@ -105,6 +105,12 @@ func startCtlLease(t *testing.T, p *testPKI, dataDir, addr string, lease time.Du
 		Superusers: []string{transport.DevAdminName},
 		Logger:     testLogger(t),
 	})
+}
+
+// startConfig makes and starts a ctl of cfg, closed when the test ends.
+func startConfig(t *testing.T, cfg Config) *Server {
+	t.Helper()
+	srv, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

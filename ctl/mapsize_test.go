@@ -151,15 +151,7 @@ func startCtlWith(t *testing.T, p *testPKI, cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger(t)
 	}
-	srv, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	return srv
+	return startConfig(t, cfg)
 }
 
 // TestMapSizeLimit: with the map's limit lowered (Knobs.MaxMapBytes),
