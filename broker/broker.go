@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"sync"
@@ -494,6 +495,13 @@ func (b *Broker) serveStream(s *quic.Stream, from caller) {
 		defer from.use.streams.Add(-1) // admitted by serveConn
 	}
 	r := transport.NewReader(s, b.cfg.Transport.MaxFrame)
+	if from.peerID != "" {
+		// A peer forwards records its own limit let through, which may be
+		// over this broker's (a rolling change of --max-record-bytes):
+		// each is skipped and refused alone, whatever its size. A skipped
+		// frame holds no memory.
+		r.SetMaxSkip(math.MaxInt)
+	}
 	handedOff := false // a subscription's credit reader releases r (serveSubscribe)
 	if from.use != nil {
 		r.SetHolder(frameHolder{budget: from.use.use.publish, stop: b.ctx.Done(), done: s.Context().Done()})
@@ -506,6 +514,12 @@ func (b *Broker) serveStream(s *quic.Stream, from caller) {
 	s.SetReadDeadline(time.Now().Add(b.cfg.FirstFrameTimeout))
 	f, err := r.Read()
 	s.SetReadDeadline(time.Time{})
+	var skipped *transport.Error
+	if errors.Is(err, transport.ErrSkipped) && errors.As(err, &skipped) {
+		// A publish over the record limit, skipped whole: the stream is a
+		// publisher's, which goes on after that record's refusal.
+		f, err = (*transport.Publish)(nil), nil
+	}
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			b.limits.hit(limitFirstFrame, from.principal+from.peerID, "")
@@ -520,7 +534,7 @@ func (b *Broker) serveStream(s *quic.Stream, from caller) {
 	case *transport.Publish:
 		b.tel.streams.Add(ctx, 1, b.tel.pubStream...)
 		defer b.tel.streams.Add(ctx, -1, b.tel.pubStream...)
-		b.servePublish(s, r, f, from)
+		b.servePublish(s, r, f, skipped, from)
 	case *transport.Subscribe:
 		b.tel.streams.Add(ctx, 1, b.tel.subStream...)
 		defer b.tel.streams.Add(ctx, -1, b.tel.subStream...)

@@ -55,7 +55,15 @@ type Config struct {
 	// (Transport.MaxFrame, unless set) is derived from it with
 	// transport.PublishFrameLimit, a publish frame over that limit is
 	// skipped and answered payload_too_large too, and one more than 4 times
-	// over it closes the stream with that code.
+	// over it closes the stream with that code. At most MaxPayloadCeiling.
+	//
+	// Brokers of one cluster may differ in it (a rolling change of
+	// --max-record-bytes): a record is refused by the broker that stores
+	// it, for that record alone, whichever broker received it. A peer's
+	// forwarded publish over this broker's limit is skipped whatever its
+	// size (a skipped frame holds no memory), and a raft frame from a
+	// peer is taken up to what a broker of MaxPayloadCeiling sends, so a
+	// follower takes the entries of a leader whose limit is larger.
 	MaxPayload int
 	// ForwardTimeout bounds how long a forwarded publish may wait for the
 	// owner, including re-routing after a map change; default 10s.
@@ -295,6 +303,13 @@ const (
 	DefaultMaxHeaderBytes                = 16 << 10
 )
 
+// MaxPayloadCeiling is the most MaxPayload may be, on any broker: 32 MiB.
+// Every broker takes raft frames from its peers up to what a broker of
+// this limit sends (raftFrameLimit), so the ceiling bounds what a peer
+// can make it buffer for one frame; a raft entry of a record this large
+// still fits what a broker queues for one peer (raftQueueBytes).
+const MaxPayloadCeiling = 32 << 20
+
 // withLimitDefaults applies the defaults of the client resource limits and
 // derives the frame limit from the record limit. MaxPayload is set.
 func (c Config) withLimitDefaults() Config {
@@ -410,6 +425,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MaxPayload < 0 {
 		return c, fmt.Errorf("broker: config: MaxPayload %d is negative (0 means the default, 1 MiB)", c.MaxPayload)
+	}
+	if c.MaxPayload > MaxPayloadCeiling {
+		return c, fmt.Errorf("broker: config: MaxPayload %d is over MaxPayloadCeiling, %d (32 MiB): every broker takes its peers' raft entries up to that size, whatever its own limit", c.MaxPayload, MaxPayloadCeiling)
 	}
 	c = c.withLimitDefaults() // before the transport's: it derives MaxFrame
 	c.Transport = c.Transport.WithDefaults()

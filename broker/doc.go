@@ -16,6 +16,9 @@
 //   - Publish: a publisher stream. Many pipelined Publish frames; one Ack or
 //     Error per frame, matched by Seq. Records of one stream bound for one
 //     shard are committed in the order sent, also through a forwarding hop.
+//     A Publish frame over the record limit, the first included, is skipped
+//     and refused payload_too_large alone; from a forwarding peer (whose
+//     limit may be larger) whatever its size.
 //   - Subscribe: one shard of one stream, from earliest, latest or an offset.
 //     A broker that does not own the shard answers NotOwner naming the owner
 //     (a redirect the SDK follows). It sends Records frames within the

@@ -295,10 +295,16 @@ func (p *peerPool) pooled(id string) *quic.Conn {
 // sdk connects an admin SDK client to the cluster's first broker.
 func (ip *inproc) sdk(t *testing.T, opts ...client.Opt) *client.Client {
 	t.Helper()
+	return ip.sdkAt(t, ip.brokers[0], opts...)
+}
+
+// sdkAt connects an admin SDK client whose home is b.
+func (ip *inproc) sdkAt(t *testing.T, b *Broker, opts ...client.Opt) *client.Client {
+	t.Helper()
 	caFile := filepath.Join(ip.dir, "certs", "ca.crt")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := client.Connect(ctx, ip.brokers[0].Addr().String(),
+	c, err := client.Connect(ctx, b.Addr().String(),
 		append([]client.Opt{client.WithCAFile(caFile), adminCert(caFile), client.WithLogger(quiet())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -438,8 +439,9 @@ func TestHeaderLimits(t *testing.T) {
 }
 
 // TestOneRecordSizeLimit: a record over MaxPayload gets payload_too_large
-// whatever its frame's size; the stream goes on, except after a frame far
-// over the limit, which closes it with the same code.
+// whatever its frame's size, also in a stream's first frame; the stream
+// goes on, except after a frame far over the limit, which closes it with
+// the same code.
 func TestOneRecordSizeLimit(t *testing.T) {
 	const limit = 64 << 10
 	ip := startLimited(t, 1, func(c *Config) { c.MaxPayload = limit })
@@ -462,6 +464,16 @@ func TestOneRecordSizeLimit(t *testing.T) {
 	// A producer id counts toward the record.
 	ws.send(&transport.Publish{Seq: 20, Stream: "orders", Shard: 0, Value: make([]byte, limit-10), ProducerID: strings.Repeat("p", 11)})
 	wantError(t, ws.recv(), transport.ErrPayloadTooLarge)
+
+	// The first frame of a stream too: the stream is a publisher's, and
+	// goes on (it was answered and closed, as a bad first frame is).
+	first := openStream(t, ip.dialAs(b, "mallory"))
+	first.send(&transport.Publish{Seq: 30, Stream: "orders", Shard: 0, Value: make([]byte, 2*limit)})
+	first.send(publish(31, "orders", "after"))
+	if e := wantError(t, first.recv(), transport.ErrPayloadTooLarge); e.Seq != 30 || !strings.Contains(e.Message, strconv.Itoa(limit)) {
+		t.Fatalf("the first frame, over the limit: %+v, want payload_too_large for seq 30 naming the limit", e)
+	}
+	wantAck(t, first.recv(), 31)
 
 	// Far over: refused at once, the stream closed, with the same code.
 	hdr := append(binary.BigEndian.AppendUint32(nil, uint32(8*b.cfg.Transport.MaxFrame)), byte(transport.FramePublish))

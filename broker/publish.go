@@ -66,7 +66,9 @@ type pubSession struct {
 	received uint64
 }
 
-func (b *Broker) servePublish(s *quic.Stream, r *transport.Reader, first *transport.Publish, from caller) {
+// servePublish serves a publisher stream whose first frame was first, or
+// a publish skipped for its size (skipped, and first nil).
+func (b *Broker) servePublish(s *quic.Stream, r *transport.Reader, first *transport.Publish, skipped *transport.Error, from caller) {
 	p := &pubSession{
 		b: b, s: s, r: r, peerID: from.peerID, from: from,
 		slots: make(chan struct{}, b.cfg.PublishInFlight),
@@ -85,7 +87,13 @@ func (b *Broker) servePublish(s *quic.Stream, r *transport.Reader, first *transp
 	b.mu.Lock()
 	if b.mu.closing {
 		b.mu.Unlock()
-		b.refuse(s, &transport.Error{Seq: first.Seq, Code: transport.CodeShuttingDown, Message: "broker is shutting down; publish through another broker"})
+		var seq uint64
+		if first != nil {
+			seq = first.Seq
+		} else {
+			seq = skipped.Seq
+		}
+		b.refuse(s, &transport.Error{Seq: seq, Code: transport.CodeShuttingDown, Message: "broker is shutting down; publish through another broker"})
 		return
 	}
 	b.mu.pubs[p] = struct{}{}
@@ -96,7 +104,11 @@ func (b *Broker) servePublish(s *quic.Stream, r *transport.Reader, first *transp
 		b.mu.Unlock()
 	}()
 
-	p.handle(first)
+	if first != nil {
+		p.handle(first)
+	} else {
+		p.refuseSkipped(skipped)
+	}
 	for {
 		f, err := p.r.ReadIf(transport.FramePublish)
 		if err != nil {
@@ -196,7 +208,15 @@ func (p *pubSession) handle(pub *transport.Publish) bool {
 		}
 	}
 	hlen := headersLen(pub.Headers)
-	size := len(pub.Key) + len(pub.Value) + hlen + len(pub.ProducerID)
+	pid := pub.ProducerID
+	if p.peerID != "" {
+		// Scoped by the client's principal where it was received
+		// (producerscope.go): counted as the client gave it, so a record
+		// within the limit when published to the owner is within it
+		// when forwarded.
+		pid = producerName(pid)
+	}
+	size := len(pub.Key) + len(pub.Value) + hlen + len(pid)
 	if !p.take(&in, size) {
 		return false
 	}
@@ -293,7 +313,10 @@ func (p *pubSession) release(records, bytes int64) {
 }
 
 // refuseSkipped answers a publish the stream's reader skipped because its
-// frame was over the size limit.
+// frame was over the size limit: refused for its size as a record
+// decoded and found over MaxPayload is, whether a client or a forwarding
+// peer sent it (werr, the reader's, names the frame's size and limit,
+// for the limit's log).
 func (p *pubSession) refuseSkipped(werr *transport.Error) bool {
 	pub := &transport.Publish{Seq: werr.Seq}
 	in := inbound{pub: pub, ev: p.b.tel.untraced(pub, p.peerID)}
@@ -301,8 +324,23 @@ func (p *pubSession) refuseSkipped(werr *transport.Error) bool {
 		return false
 	}
 	p.b.limits.hit(limitRecordBytes, p.from.principal+p.peerID, werr.Message)
-	p.fail(in, werr)
+	p.fail(in, p.b.tooLarge(0))
 	return true
+}
+
+// tooLarge is the refusal of a record over MaxPayload, of size bytes (0:
+// not known, its frame was skipped). A client gets the same whether it
+// published to the record's owner or through another broker, and it
+// names the broker and its limit: during a rolling change of
+// --max-record-bytes the owner's limit may be below the receiving
+// broker's.
+func (b *Broker) tooLarge(size int) *transport.Error {
+	what := "record"
+	if size > 0 {
+		what = fmt.Sprintf("record of %d bytes", size)
+	}
+	return &transport.Error{Code: transport.CodePayloadTooLarge,
+		Message: fmt.Sprintf("%s (key, value, headers and producer id) exceeds the record limit of %s, %d bytes (--max-record-bytes)", what, b.cfg.NodeID, b.cfg.MaxPayload)}
 }
 
 // checkRecord refuses a record over the header or size limits, before
@@ -333,9 +371,9 @@ func (p *pubSession) checkRecord(pub *transport.Publish, size, hlen int) *transp
 		return &transport.Error{Code: transport.CodePayloadTooLarge, Message: msg}
 	}
 	if size > cfg.MaxPayload {
-		msg := fmt.Sprintf("record of %d bytes (key, value, headers and producer id) exceeds the broker's limit of %d bytes", size, cfg.MaxPayload)
-		p.b.limits.hit(limitRecordBytes, who, msg)
-		return &transport.Error{Code: transport.CodePayloadTooLarge, Message: msg}
+		e := p.b.tooLarge(size)
+		p.b.limits.hit(limitRecordBytes, who, e.Message)
+		return e
 	}
 	return nil
 }

@@ -28,6 +28,15 @@ package broker
 // times its in-flight bound, as a lost one), and raftQueueBytes what
 // waits to be sent to one peer.
 //
+// A raft frame is taken up to raftFrameLimit, what a broker of the
+// largest record limit (MaxPayloadCeiling) sends, whatever this broker's
+// own limit: a follower does not choose the entries its leader commits,
+// and a leader whose limit is larger (a rolling change of
+// --max-record-bytes) sends entries larger than the follower's own. A
+// limit derived from the follower's had it end the raft stream at such
+// an entry, every time the leader sent it again, with the messages of
+// every other group on the stream: the entry was never committed.
+//
 // One ticker (raftNet.runTicker) ticks every hosted group each
 // Config.RaftTick. A busy group's heartbeats are one message per group per
 // follower every third of the election timeout, batched into the frames
@@ -66,6 +75,12 @@ const (
 	// raftQueueBytes bounds the raft messages waiting for one peer; past
 	// it messages are dropped (raft sends again what is lost).
 	raftQueueBytes = 64 << 20
+	// raftFrameLimit is the largest raft frame a broker takes from a
+	// peer: four entries of a broker whose record limit is
+	// MaxPayloadCeiling, and room for the messages' framing, whatever
+	// this broker's own limit (see "Raft messages between brokers"). A
+	// Reader grows its buffer only as a frame's bytes arrive.
+	raftFrameLimit = 4*(MaxPayloadCeiling+entryFraming) + 64<<10
 	// raftWriteTimeout bounds one write of a raft frame: a peer that does
 	// not read is given up and its stream opened again.
 	raftWriteTimeout = 5 * time.Second
@@ -79,11 +94,10 @@ const (
 // peer (its stream) and the ticker. Its goroutines (ticker, retention
 // pass, the peers' and their flushers) stop at close.
 type raftNet struct {
-	node     string
-	tick     time.Duration
-	maxFrame int  // the largest raft frame sent or accepted
-	batch    int  // message bytes after which a batch is sent as one frame
-	simplex  bool // one-way streams, as an earlier version's (Knobs.RaftSimplex)
+	node    string
+	tick    time.Duration
+	batch   int  // message bytes after which a batch is sent as one frame
+	simplex bool // one-way streams, as an earlier version's (Knobs.RaftSimplex)
 	// handBack, if set, says whether a round of preferOwners runs
 	// (Knobs.HandLeadersBack); set once by New.
 	handBack func() bool
@@ -143,7 +157,7 @@ type raftMember struct {
 }
 
 func newRaftNet(node string, tick time.Duration, electionTicks, entryBytes int, simplex bool, peers *peerPool, mapOf func() *shardmap.Map, log *slog.Logger) *raftNet {
-	n := &raftNet{node: node, tick: tick, batch: entryBytes, maxFrame: 4*entryBytes + 64<<10, simplex: simplex,
+	n := &raftNet{node: node, tick: tick, batch: entryBytes, simplex: simplex,
 		peers: peers, mapOf: mapOf, log: log,
 		start: time.Now(), silentAfter: time.Duration(electionTicks) * tick, silent: map[string]bool{}, since: map[string]int64{}}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
@@ -568,7 +582,7 @@ func (b *Broker) serveRaft(s *quic.Stream, r *transport.Reader, first *transport
 		b.refuse(s, transport.Errorf(transport.CodeUnauthorized, "raft messages come from brokers only"))
 		return
 	}
-	r.SetMaxFrame(b.raft.maxFrame)
+	r.SetMaxFrame(raftFrameLimit)
 	var p *raftPeer
 	var back *frameWriter
 	if first.Duplex && !b.raft.simplex && first.From == from.peerID && from.peerID < b.raft.node {

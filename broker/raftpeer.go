@@ -273,7 +273,7 @@ func (p *raftPeer) release(w *frameWriter) {
 // sends nothing. A peer that breaks the protocol loses the stream.
 func (p *raftPeer) read(s *quic.Stream, w *frameWriter) {
 	defer p.n.wg.Done()
-	if err := p.n.receive(p.id, transport.NewReader(s, p.n.maxFrame), nil); err != nil {
+	if err := p.n.receive(p.id, transport.NewReader(s, raftFrameLimit), nil); err != nil {
 		p.n.refuse(p.id, "raft stream broken by its peer", shardmap.ShardID{}, err)
 		s.CancelRead(quic.StreamErrorCode(transport.CodeUnexpectedFrame))
 		p.failed(w)

@@ -260,7 +260,7 @@ func (n *raftNet) askAdmit(ctx context.Context, to string, id shardmap.ShardID, 
 		return nil, err
 	}
 	_ = s.Close()
-	f, err := transport.NewReader(s, n.maxFrame).Read()
+	f, err := transport.NewReader(s, 0).Read() // a Response of one ReplicaState, or an Error
 	if err != nil {
 		return nil, err
 	}

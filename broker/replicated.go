@@ -171,7 +171,11 @@ const freshFile = ".fresh"
 
 // entryBytes is the largest raft entry of a replicated shard: room for
 // one record of MaxPayload and its framing.
-func entryBytes(cfg Config) int { return max(1<<20, cfg.MaxPayload+64<<10) }
+func entryBytes(cfg Config) int { return max(1<<20, cfg.MaxPayload+entryFraming) }
+
+// entryFraming is what an entry holds besides its records' bytes, with
+// room to spare.
+const entryFraming = 64 << 10
 
 // openGroup opens this broker's replica of the replicated shard of e in
 // dir and registers it for raft messages.

@@ -50,7 +50,8 @@ func TestLogMemoryBudget(t *testing.T) {
 
 // TestConfigRefusesWhatBreaksTheBroker: a lease too short to heartbeat
 // (LeaseTTL/3 of 0 panicked the broker's ticker once it registered), a
-// negative record limit (every publish refused) and a raft tick under a
+// negative record limit (every publish refused), one over the ceiling
+// (its raft entries larger than its peers take) and a raft tick under a
 // millisecond (every group ticking without pause) are refused by New.
 func TestConfigRefusesWhatBreaksTheBroker(t *testing.T) {
 	for _, tc := range []struct {
@@ -61,6 +62,7 @@ func TestConfigRefusesWhatBreaksTheBroker(t *testing.T) {
 		{"lease of 2ns", Config{LeaseTTL: 2}, "LeaseTTL 2ns is under 30ms"},
 		{"negative lease", Config{LeaseTTL: -time.Second}, "LeaseTTL -1s is under 30ms"},
 		{"negative record limit", Config{MaxPayload: -5}, "MaxPayload -5 is negative"},
+		{"record limit over the ceiling", Config{MaxPayload: MaxPayloadCeiling + 1}, "MaxPayload 33554433 is over MaxPayloadCeiling"},
 		{"raft tick of 1ns", Config{RaftTick: 1}, "RaftTick 1ns is under 1ms"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

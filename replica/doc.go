@@ -71,9 +71,11 @@
 // What waits for the group's goroutine is bounded too: while it is held
 // up (a slow fdatasync), a peer's message that would take the waiting
 // ones past four times Config.MaxInflightBytes is dropped as a lost one
-// and logged once per peer. They are counted by their data and 64 bytes
-// per entry and 256 per message; decoded, they hold at most about twice
-// that (entries with no data). So a peer can make a replica hold about
+// and logged once per peer (one that arrives when none waits is taken
+// whatever its size: the append of a leader configured for larger
+// entries). They are counted by their data and 64 bytes per entry and
+// 256 per message; decoded, they hold at most about twice that (entries
+// with no data). So a peer can make a replica hold about
 // 16 MiB waiting with 1 MiB entries (32 MiB with empty entries), and as
 // much again in the Ready its goroutine is writing. A correct leader of
 // the same configuration keeps at most MaxInflightBytes of entries' data

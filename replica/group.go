@@ -212,7 +212,8 @@ type Group struct {
 		ends  []int  // where each record of buf ends
 		dones []func(offset uint64, ts int64, err error)
 		msgs  []*pb.Message
-		// msgBytes is what msgs hold (stepCost), at most stepQueueBytes.
+		// msgBytes is what msgs hold (stepCost), at most stepQueueBytes
+		// or one message alone (Step).
 		msgBytes int
 		ticks    int
 		// term is the term the records in buf were handed over in: they
@@ -417,12 +418,17 @@ func (g *Group) refusal() error {
 // times Config.MaxInflightBytes (stepCost: about what they hold decoded)
 // is dropped, as a network may lose it, and logged once per peer; Step
 // returns nil. Raft sends again what is lost (the next append or
-// heartbeat finds this replica behind). A correct leader has at most
-// MaxInflightBytes of entries' data and one append in flight to it,
-// which with the smallest entries (a batch of one record, 38 bytes)
-// counts under three times that, so only a peer that ignores the bound,
-// or the appends of a leader that probes this replica while its earlier
-// ones still wait, can lose messages here.
+// heartbeat finds this replica behind). A message is taken whatever its
+// size when nothing waits: a leader configured for larger entries than
+// this replica (brokers' record limits changed one at a time) sends
+// appends over the bound, which would otherwise be dropped every time
+// and never committed; what it costs is bounded by the caller's frame
+// limit. A correct leader has at most MaxInflightBytes of entries' data
+// and one append in flight to it, which with the smallest entries (a
+// batch of one record, 38 bytes) counts under three times that, so only
+// a peer that ignores the bound, or the appends of a leader that probes
+// this replica while its earlier ones still wait, can lose messages
+// here.
 func (g *Group) Step(m *pb.Message) error {
 	if err := checkMessage(m, g.cfg.ID); err != nil {
 		return fmt.Errorf("replica: group %q: %w", g.cfg.Name, err)
@@ -433,7 +439,7 @@ func (g *Group) Step(m *pb.Message) error {
 		g.in.Unlock()
 		return err
 	}
-	if g.in.msgBytes+cost > g.stepQueueBytes() {
+	if g.in.msgBytes > 0 && g.in.msgBytes+cost > g.stepQueueBytes() {
 		queued := g.in.msgBytes
 		g.in.Unlock()
 		g.overflows.Add(1)

@@ -158,3 +158,38 @@ func TestFollowerCatchesUpAfterStepDrops(t *testing.T) {
 		}
 	}
 }
+
+// TestFollowerTakesAnAppendOverItsBound: followers configured for
+// smaller entries than their leader's (brokers whose record limits are
+// changed one at a time) take an append larger than their whole Step
+// bound, when nothing else waits: the record is committed and every
+// replica holds it. Step dropped such an append every time the leader
+// sent it again, so it was never committed.
+func TestFollowerTakesAnAppendOverItsBound(t *testing.T) {
+	const leader = 1
+	c := newCluster(t, 3, 47, func(cfg *Config) {
+		cfg.MaxEntryBytes, cfg.ElectionTicks = 2<<20, 20
+		if cfg.ID != leader {
+			// Step takes 256 KiB waiting, and one message alone; never
+			// the leader here.
+			cfg.MaxEntryBytes, cfg.MaxInflightBytes, cfg.ElectionTicks = 64<<10, 64<<10, 500
+		}
+	})
+	lead := c.waitLeader()
+	if lead.ID() != leader {
+		t.Fatalf("replica %d leads, want %d", lead.ID(), leader)
+	}
+	big := bytes.Repeat([]byte("x"), 1<<20)
+	select {
+	case r := <-appendTo(lead, big):
+		if r.err != nil {
+			t.Fatalf("the %d-byte record: %v", len(big), r.err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the %d-byte record was not committed within 20s", len(big))
+	}
+	next := c.waitConverged(1)
+	if recs := c.checkSame(next); !bytes.Equal(recs[next-1].Value, big) {
+		t.Fatalf("the last record holds %d bytes, want the %d-byte one", len(recs[next-1].Value), len(big))
+	}
+}

@@ -22,6 +22,7 @@ const (
 type Reader struct {
 	r        io.Reader
 	maxFrame int
+	maxSkip  int // the largest Publish frame skipped, not refused at once; 0: skipFactor times maxFrame
 	buf      []byte
 	start    int // first unconsumed byte in buf
 	end      int // end of valid data in buf
@@ -93,9 +94,27 @@ func (r *Reader) SetMaxFrame(n int) {
 	r.maxFrame = n
 }
 
-// skipFactor bounds the Publish frames a Reader skips: up to skipFactor
-// times its maximum.
+// skipFactor bounds the Publish frames a Reader skips by default: up to
+// skipFactor times its maximum.
 const skipFactor = 4
+
+// SetMaxSkip sets the largest frame length N of a [Publish] over the
+// frame limit that the Reader skips (see [Reader.Read]) rather than
+// refuse at once; n <= 0 means 4 times the frame limit, the default.
+// Skipping holds no memory (the body is dropped as it arrives), so a
+// server may skip more for a sender it trusts to be bounded otherwise: a
+// broker skips whatever a peer broker forwards, which its own record
+// limit let through.
+func (r *Reader) SetMaxSkip(n int) { r.maxSkip = max(n, 0) }
+
+// skips reports whether a Publish frame of length n, over the frame
+// limit, is skipped.
+func (r *Reader) skips(n int) bool {
+	if r.maxSkip > 0 {
+		return n <= r.maxSkip
+	}
+	return n/skipFactor <= r.maxFrame
+}
 
 // ErrSkipped is wrapped by the error [Reader.Read] returns for a frame it
 // refused and skipped whole: the stream is still at a frame boundary and
@@ -119,8 +138,8 @@ var ErrSkipped = errors.New("transport: frame skipped; the stream is still usabl
 // buffered), and Read returns a [CodePayloadTooLarge] error carrying the
 // frame's Seq and wrapping [ErrSkipped]. The stream stays usable: answer
 // that publish and read on. A Publish frame more than 4 times over the
-// maximum is refused at once with the same code, as a framing error (its
-// body is not read).
+// maximum (or over what [Reader.SetMaxSkip] set) is refused at once with
+// the same code, as a framing error (its body is not read).
 func (r *Reader) Read() (Frame, error) {
 	typ, body, err := r.ReadRaw()
 	if err != nil {
@@ -201,7 +220,7 @@ func (r *Reader) oversized(n int) error {
 	if FrameType(r.buf[r.start+4]) != FramePublish {
 		return &Error{Code: CodeFrameTooLarge, Message: fmt.Sprintf("frame of %d bytes, limit %d", n, r.maxFrame)}
 	}
-	if n/skipFactor > r.maxFrame {
+	if !r.skips(n) {
 		// Far over: refused at once, with the code a skipped one gets.
 		return &Error{Code: CodePayloadTooLarge,
 			Message: fmt.Sprintf("publish frame of %d bytes is far over the limit of %d; the stream is closed", n, r.maxFrame)}
@@ -282,7 +301,7 @@ func (r *Reader) Ready() bool {
 	// An oversized frame is refused at once, except a Publish not far
 	// over, which is skipped as it arrives.
 	return n > r.maxFrame && r.end-r.start >= frameHeaderLen &&
-		(FrameType(r.buf[r.start+4]) != FramePublish || n/skipFactor > r.maxFrame)
+		(FrameType(r.buf[r.start+4]) != FramePublish || !r.skips(n))
 }
 
 // fill reads until at least need bytes are buffered from r.start. The

@@ -413,8 +413,33 @@ func TestReaderSkipsOversizedPublish(t *testing.T) {
 			t.Fatalf("publish after the skipped one: %v, %v", f, err)
 		}
 	}
+	// SetMaxSkip skips further: a publish 16 times over, refused at once
+	// by default, is skipped up to the length set, and the stream goes on.
+	big := frame(FramePublish, body(&Publish{Seq: 5, Stream: "s", Value: make([]byte, 16*max)}))
+	in := append(big, frame(FramePublish, body(&Publish{Seq: 6, Stream: "s"}))...)
+	if _, err := NewReader(bytes.NewReader(in), max).Read(); !errors.Is(err, ErrPayloadTooLarge) || errors.Is(err, ErrSkipped) {
+		t.Fatalf("16 times over, by default: Read = %v, want payload_too_large, not skipped", err)
+	}
+	for _, skip := range []int{len(big) - 5, len(big) - 4} {
+		r := NewReader(iotest.HalfReader(bytes.NewReader(in)), max)
+		r.SetMaxSkip(skip)
+		_, err := r.Read()
+		if skip < len(big)-4 {
+			if errors.Is(err, ErrSkipped) {
+				t.Fatalf("a frame of %d bytes skipped past SetMaxSkip(%d)", len(big)-4, skip)
+			}
+			continue
+		}
+		var werr *Error
+		if !errors.As(err, &werr) || werr.Seq != 5 || !errors.Is(err, ErrSkipped) {
+			t.Fatalf("16 times over, SetMaxSkip(%d): Read = %v, want payload_too_large for Seq 5, skipped", skip, err)
+		}
+		if f, err := r.Read(); err != nil || f.(*Publish).Seq != 6 {
+			t.Fatalf("publish after the skipped one: %v, %v", f, err)
+		}
+	}
 	// A stream that ends inside the skipped body is malformed.
-	in := frame(FramePublish, body(&Publish{Seq: 9, Value: make([]byte, 2*max)}))[:max+100]
+	in = frame(FramePublish, body(&Publish{Seq: 9, Value: make([]byte, 2*max)}))[:max+100]
 	if _, err := NewReader(bytes.NewReader(in), max).Read(); !errors.Is(err, ErrMalformed) || !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Fatalf("truncated oversized publish: %v, want malformed (unexpected EOF)", err)
 	}

@@ -10,7 +10,7 @@ import (
 // fields of broker.Config of the same names for what each bounds). Their
 // defaults are broker's.
 type BrokerLimits struct {
-	MaxRecordBytes                int           `help:"Largest record (key, value, headers and producer id), in bytes; a larger one is refused with payload_too_large, whatever its frame size." default:"1048576" env:"FELIX_MAX_RECORD_BYTES"`
+	MaxRecordBytes                int           `help:"Largest record (key, value, headers and producer id), in bytes, at most 33554432 (32 MiB); a larger one is refused with payload_too_large, whatever its frame size." default:"1048576" env:"FELIX_MAX_RECORD_BYTES"`
 	MaxHeaders                    int           `help:"Most headers on one record (more: invalid)." default:"64" env:"FELIX_MAX_HEADERS"`
 	MaxHeaderBytes                int           `help:"Most bytes of header names and values on one record (more: payload_too_large)." default:"16384" env:"FELIX_MAX_HEADER_BYTES"`
 	MaxConns                      int           `help:"Most client connections to this broker (peers are not counted)." default:"4096" env:"FELIX_MAX_CONNS"`
