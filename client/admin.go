@@ -236,8 +236,11 @@ func (c *Client) checkMovable(ctx context.Context, stream string, shard int, fro
 // [ErrInvalid] that says why, a broker that is not a member, one that is
 // live (stop it first: a live broker registers again at once), one that
 // owns a shard of a stream of replication factor 1 (its shards would be
-// placed anew on other brokers with empty logs) and one that still holds
-// a replica of a replicated stream's shard. Removing a broker changes no
+// placed anew on other brokers with empty logs), one that still holds
+// a replica of a replicated stream's shard, and one whose replica's move
+// is still pending (the new replica not yet a voter in its place: the
+// shard's raft group may still count the broker's copy; the error names
+// the moves). Removing a broker changes no
 // shard's placement. Should it start again, it joins as a new member,
 // holding nothing.
 func (c *Client) RemoveBroker(ctx context.Context, id string) error {

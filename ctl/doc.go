@@ -64,8 +64,8 @@
 //
 // A node that registers becomes a member: membership is persisted, and
 // ends only when an operator removes a member lost for good, once it is
-// down and holds no shard or replica ([Server.RemoveBroker],
-// cluster.remove; see remove.go). A member whose lease runs out (no
+// down, holds no shard or replica, and no move of a replica from it is
+// pending ([Server.RemoveBroker], cluster.remove; see remove.go). A member whose lease runs out (no
 // heartbeat for LeaseTTL, rounded up to whole seconds, and to at least
 // 1.5 election timeouts of etcd) or whose registration stream ends is
 // marked not Live, but it KEEPS its shards: nothing is reassigned, and
@@ -214,7 +214,8 @@
 // [Server.MoveReplica]), map.get, cluster.status (which also lists
 // the ctl members, their roles and etcd health, in
 // [transport.Response].Ctl), cluster.remove (a broker that is down and
-// holds nothing, named by [transport.Request].NodeID: see remove.go and
+// holds nothing, no move from it pending, named by
+// [transport.Request].NodeID: see remove.go and
 // [Server.RemoveBroker]), and the acl requests.
 // Brokers make them for their clients, each request naming the client's
 // principal (a node certificate is no principal itself), and so does

@@ -537,13 +537,24 @@ func TestMoveReplicaThroughFollower(t *testing.T) {
 		t.Fatalf("the follower's map (epoch %d) lacks the move right after it answered: %v", follower.Map().Epoch, st.Placement)
 	}
 
-	// Its other replicas moved too, the broker is removed through the
+	// Its other replicas moved too, and the moves settled (refused
+	// before, as the leader says), the broker is removed through the
 	// follower, which answers holding the map without it.
 	for _, shard := range st.Placement.ReplicatedBy(from) {
 		if shard != 0 {
 			if err := follower.MoveReplica("orders", shard, from, ""); err != nil {
 				t.Fatal(err)
 			}
+		}
+	}
+	if _, err := admin.Request(ctx, &transport.Request{Op: OpClusterRemove, NodeID: from}); !errors.Is(err, transport.ErrInvalid) || !strings.Contains(err.Error(), "not yet settled") {
+		t.Fatalf("removing %s while the moves from it are pending: %v", from, err)
+	}
+	for _, shard := range st.Placement.ReplicatedBy(from) {
+		to, move := srvPlacement(leader).Pending(shard)
+		settled := &transport.Request{Op: OpReplicaSettled, Stream: shardmap.StreamConfig{Name: "orders"}, Move: &transport.ReplicaMove{Shard: shard, To: to, ID: move}}
+		if _, err := members[to].Request(ctx, settled); err != nil {
+			t.Fatal(err)
 		}
 	}
 	if _, err := admin.Request(ctx, &transport.Request{Op: OpClusterRemove, NodeID: from}); err != nil {

@@ -16,7 +16,7 @@ import (
 
 // drained returns a member of s (built by moveFixture) that owns no
 // shard of the stream "one" (replication factor 1), taken down and with
-// its replicas of "orders" moved to other members.
+// its replicas of "orders" moved to other members, the moves settled.
 func drained(t *testing.T, s *state) string {
 	t.Helper()
 	one, _ := s.Map().Stream("one")
@@ -32,7 +32,12 @@ func drained(t *testing.T, s *state) string {
 	}
 	down(t, s, id)
 	for _, shard := range placementOf(s, "orders").ReplicatedBy(id) {
-		if _, err := s.moveReplica("orders", shard, id, ""); err != nil {
+		to, err := s.moveReplica("orders", shard, id, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, move := placementOf(s, "orders").Pending(shard)
+		if err := s.settleMove("orders", shard, to, move); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -248,6 +253,17 @@ func TestRemoveBrokerServer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Refused until each move settles, as its target says (no broker
+	// here to say it: the test does).
+	if err := srv.RemoveBroker(from); !errors.As(err, new(*MovesPendingError)) || !strings.Contains(err.Error(), "not yet settled") {
+		t.Fatalf("removing a broker whose moves are pending: %v", err)
+	}
+	for _, shard := range st.Placement.ReplicatedBy(from) {
+		to, move := srvPlacement(srv).Pending(shard)
+		if err := srv.settleMove("orders", shard, to, move); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
@@ -302,4 +318,72 @@ func TestRemoveBrokerServer(t *testing.T) {
 		t.Errorf("%s holds %v after joining again, want nothing", from, held)
 	}
 	samePlacements(t, "after it joined again", mp, before)
+}
+
+// TestRemoveMemberWhileAMoveFromItIsPending: a member whose replica of a
+// shard moved away is not removed while that move is pending (its target
+// not yet a voter in its place): the shard's raft group may still count
+// its copy, which its broker keeps until the move settles. Nor is an
+// earlier target of the pending move (lost too, the slot moved on from
+// it), for the same reason. The refusal names the moves and says what to
+// do; once the move settles, both are removed.
+func TestRemoveMemberWhileAMoveFromItIsPending(t *testing.T) {
+	s := moveFixture(t, 5, 1)
+	if err := s.deleteStream("one"); err != nil { // nothing of factor 1 to refuse the removal for
+		t.Fatal(err)
+	}
+	a := placementOf(s, "orders").Replicas(0)[1]
+	down(t, s, a)
+	d, err := s.moveReplica("orders", 0, a, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down(t, s, d) // lost too: the move goes on to e
+	e, err := s.moveReplica("orders", 0, d, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	to, move := placementOf(s, "orders").Pending(0)
+	if to != e {
+		t.Fatalf("orders/0's pending move goes to %q, want %s", to, e)
+	}
+
+	for _, id := range []string{a, d} {
+		before, members := s.Map(), len(s.members)
+		err := s.removeMember(id)
+		if err == nil {
+			_, listed := s.Map().Node(id)
+			pn, _ := placementOf(s, "orders").Pending(0)
+			t.Fatalf("removed %s while orders/0's move from it was pending: the map of epoch %d lists %s: %v, yet holds the move to %q pending, "+
+				"and the shard's raft group may count %s's copy until that move settles", id, s.Map().Epoch, id, listed, pn, id)
+		}
+		var pe *MovesPendingError
+		if !errors.Is(err, ErrInvalid) || !errors.As(wireError(err), &pe) {
+			t.Fatalf("removing %s: %v, want ErrInvalid, a *MovesPendingError", id, err)
+		}
+		if want := []PendingMove{{Shard: shardmap.ShardID{Stream: "orders", Shard: 0}, To: e, ID: move}}; pe.Node != id || !slices.Equal(pe.Moves, want) {
+			t.Errorf("removing %s: refused for %s's moves %v, want %v", id, pe.Node, pe.Moves, want)
+		}
+		for _, w := range []string{"remove " + id + ": ", "orders/0 to " + e, "not yet a voter",
+			"felixctl stream info orders", "felixctl stream move orders --shard 0 --from " + e} {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("removing %s: error %q does not say %q", id, err, w)
+			}
+		}
+		if we := wireError(err); we.Code != transport.CodeInvalid {
+			t.Errorf("on the wire: %v", we)
+		}
+		if s.Map() != before || len(s.members) != members {
+			t.Errorf("a refused removal changed the state (epoch %d to %d)", before.Epoch, s.Map().Epoch)
+		}
+	}
+
+	if err := s.settleMove("orders", 0, e, move); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{a, d} {
+		if err := s.removeMember(id); err != nil {
+			t.Fatalf("removing %s once the move settled: %v", id, err)
+		}
+	}
 }

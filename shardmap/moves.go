@@ -122,13 +122,19 @@ func (p Placement) Pending(shard int) (node string, id uint64) {
 // MayMoveTo reports whether a move of shard's pending slot (or, with no
 // move pending, of any slot) may go to node, as far as the pending move
 // is concerned: not back to its source nor to an earlier target of it
-// (see Move). It does not check node's other replicas.
-func (p Placement) MayMoveTo(shard int, node string) bool {
-	if shard < 0 || shard >= len(p.moved) || p.moved[shard].pending == 0 {
-		return true
+// (PendingFrom; see Move). It does not check node's other replicas.
+func (p Placement) MayMoveTo(shard int, node string) bool { return !p.PendingFrom(shard, node) }
+
+// PendingFrom reports whether shard's pending move is from node: node is
+// its source, or an earlier target of it (replaced while the move was
+// pending). Until the move settles, the group may still count node's
+// copy of the shard.
+func (p Placement) PendingFrom(shard int, node string) bool {
+	if shard < 0 || shard >= len(p.moved) || p.moved[shard].pending == 0 || node == "" {
+		return false
 	}
 	m := p.moved[shard]
-	return node != m.pendingFrom && !slices.Contains(m.pendingAlso, node)
+	return node == m.pendingFrom || slices.Contains(m.pendingAlso, node)
 }
 
 // Settle returns p with shard's pending move id settled: its node is a

@@ -62,8 +62,17 @@ func TestMoveKeepsOtherSlots(t *testing.T) {
 		t.Errorf("a second retarget to a new node: %v", err)
 	} else if w := third.movedWire(); !slices.Equal(w.PendingAlso[0], []string{"e", "g"}) || w.PendingFrom[0] != "c" {
 		t.Errorf("after two retargets: source %q, earlier targets %q; want c, [e g]", w.PendingFrom[0], w.PendingAlso[0])
-	} else if done := third.Settle(0, 10); done.movedWire().PendingAlso != nil {
-		t.Errorf("settled, earlier targets kept: %v", done.movedWire().PendingAlso)
+	} else if from := func(p Placement) (out []string) {
+		for _, n := range []string{"a", "b", "c", "d", "e", "f", "g", "h", ""} {
+			if p.PendingFrom(0, n) || p.PendingFrom(1, n) {
+				out = append(out, n)
+			}
+		}
+		return out
+	}; !slices.Equal(from(third), []string{"c", "e", "g"}) {
+		t.Errorf("the pending move is from %q, want its source and earlier targets, [c e g]", from(third))
+	} else if done := third.Settle(0, 10); done.movedWire().PendingAlso != nil || from(done) != nil {
+		t.Errorf("settled, earlier targets kept: %v; the move still from %q", done.movedWire().PendingAlso, from(done))
 	} else if _, err := done.Move(0, "h", "e", 11); err != nil {
 		t.Errorf("settled, the slot may move to an earlier target: %v", err)
 	}

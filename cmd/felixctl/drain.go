@@ -25,7 +25,7 @@ type clusterDrainCmd struct {
 // clusterRemoveCmd removes a broker lost for good from the members
 // (client.RemoveBroker).
 type clusterRemoveCmd struct {
-	Broker string `arg:"" help:"Broker to remove: one that is down, lost for good, and holds no replica (move them first with felixctl cluster drain)."`
+	Broker string `arg:"" help:"Broker to remove: one that is down, lost for good, holds no replica (move them first with felixctl cluster drain), and whose replicas' moves have settled (each new replica a voter)."`
 }
 
 func (s *clusterRemoveCmd) Run(a *app) error {
