@@ -261,11 +261,11 @@ func (b *Broker) Readiness() error {
 		return fmt.Errorf("%w: not registered with the control plane at %s", ErrNotReady, b.cfg.CtlAddr)
 	case b.joined.Load().Map() == nil:
 		return fmt.Errorf("%w: no shard map yet", ErrNotReady)
-	case b.joined.Load().Unlinked() > b.cfg.LeaseTTL:
+	case b.joined.Load().Unlinked() > b.joined.Load().LeaseTTL():
 		// Its lease has run out: the control plane shows it down, and
 		// no other broker forwards to it.
 		return fmt.Errorf("%w: no link to the control plane for %v, longer than the lease (%v)", ErrNotReady,
-			b.joined.Load().Unlinked().Round(time.Millisecond), b.cfg.LeaseTTL)
+			b.joined.Load().Unlinked().Round(time.Millisecond), b.joined.Load().LeaseTTL())
 	case !b.ready.Load():
 		return fmt.Errorf("%w: shard logs not recovered yet", ErrNotReady)
 	}

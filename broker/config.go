@@ -74,7 +74,10 @@ type Config struct {
 	// answered timeout, the outcome unknown, and the entry keeps its
 	// chance to be committed. Default 10s.
 	CommitTimeout time.Duration
-	// LeaseTTL is the control plane lease; default 3s.
+	// LeaseTTL is the control plane lease the broker heartbeats by until
+	// the control plane says its own, which it then goes by, with a
+	// warning if they differ (ctlclient.MemberConfig.LeaseTTL); set it as
+	// the control plane's. Default 3s, the control plane's default.
 	LeaseTTL time.Duration
 	// SegmentSize is the shard logs' segment size; default the wal default.
 	SegmentSize int
@@ -421,7 +424,7 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.LeaseTTL < minLeaseTTL {
 		// Heartbeats go every LeaseTTL/3: 0 there panics a ticker.
-		return c, fmt.Errorf("broker: config: LeaseTTL %v is under %v (it must match the control plane's, 3s by default)", c.LeaseTTL, minLeaseTTL)
+		return c, fmt.Errorf("broker: config: LeaseTTL %v is under %v (set it as the control plane's, 3s by default)", c.LeaseTTL, minLeaseTTL)
 	}
 	if c.MaxPayload < 0 {
 		return c, fmt.Errorf("broker: config: MaxPayload %d is negative (0 means the default, 1 MiB)", c.MaxPayload)

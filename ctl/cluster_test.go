@@ -116,6 +116,42 @@ func TestLeaseExpiresWithoutHeartbeats(t *testing.T) {
 	}
 }
 
+// TestMemberWithALongerLease: a broker configured with a longer lease
+// than the control plane's (--lease-ttl 3s against ctl's 300ms here)
+// takes ctl's, which ctl sends with its maps, and stays live and
+// registered. With its own, it heartbeat every second, past half of
+// ctl's lease (when ctl hands a registration it could not renew over)
+// and about when etcd's lease (1s) ran out: ctl declared it down or
+// handed it over between its heartbeats, and it registered again, over
+// and over.
+func TestMemberWithALongerLease(t *testing.T) {
+	p := newPKI(t)
+	srv := startCtl(t, p, t.TempDir(), "127.0.0.1:0")
+	m := joinConfig(t, p, srv.Addr(), "b0", func(c *ctlclient.MemberConfig) { c.LeaseTTL = 10 * shortTTL })
+	waitMap(t, m, "b0 live", func(mp *shardmap.Map) bool { n, _ := mp.Node("b0"); return n.Live })
+	if got := m.LeaseTTL(); got != shortTTL {
+		t.Errorf("b0 goes by a lease of %v, want ctl's, %v", got, shortTTL)
+	}
+	sessions := func() uint64 {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return srv.mu.nextSession
+	}
+	first, epoch := sessions(), srv.Map().Epoch
+	var downs []string
+	for start, wasLive := time.Now(), true; time.Since(start) < 3*time.Second; time.Sleep(5 * time.Millisecond) {
+		n, _ := srv.Map().Node("b0")
+		if wasLive && !n.Live {
+			downs = append(downs, time.Since(start).Round(time.Millisecond).String())
+		}
+		wasLive = n.Live
+	}
+	if len(downs) > 0 || sessions() != first || srv.Map().Epoch != epoch {
+		t.Fatalf("over 3s, ctl (lease %v) took %d registrations again from b0 (lease %v), its map went from epoch %d to %d, and it was seen showing b0 down at %v",
+			shortTTL, sessions()-first, 10*shortTTL, epoch, srv.Map().Epoch, downs)
+	}
+}
+
 func TestCtlRestart(t *testing.T) {
 	p := newPKI(t)
 	dataDir := t.TempDir()

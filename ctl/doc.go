@@ -22,7 +22,11 @@
 // goroutines. ctl answers with a [transport.MapUpdate]
 // holding the current map, then sends one whenever the map changes; the
 // broker sends a [transport.Heartbeat] every LeaseTTL/3 (which ctl
-// answers: see below), with a report of
+// answers: see below), by ctl's LeaseTTL, which each MapUpdate says
+// ([transport.MapUpdate].LeaseTTL; a broker configured with another
+// goes by ctl's and warns: one with a longer lease would heartbeat past
+// the time ctl gives it, and be shown down and register again over and
+// over), with a report of
 // which of its replicas are not working voters of their groups
 // ([transport.ReplicaReport], also sent at once after each map it
 // applies), which the ctl holding the registration keeps in the broker's

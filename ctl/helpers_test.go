@@ -130,16 +130,24 @@ func join(t *testing.T, p *testPKI, addr, id string) *ctlclient.Member {
 // broker does; empty: none, as a broker of an earlier version).
 func joinWith(t *testing.T, p *testPKI, addr, id string, features []string) *ctlclient.Member {
 	t.Helper()
+	return joinConfig(t, p, addr, id, func(c *ctlclient.MemberConfig) { c.Node.Features = features })
+}
+
+// joinConfig is join with the member's config changed by tweak.
+func joinConfig(t *testing.T, p *testPKI, addr, id string, tweak func(*ctlclient.MemberConfig)) *ctlclient.Member {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	m, err := ctlclient.Join(ctx, ctlclient.MemberConfig{
+	cfg := ctlclient.MemberConfig{
 		CtlAddr:    addr,
 		TLS:        p.clientTLS(t, id),
-		Node:       transport.Register{NodeID: id, Addr: "127.0.0.1:74" + id[1:], Admin: "127.0.0.1:94" + id[1:], Features: features},
+		Node:       transport.Register{NodeID: id, Addr: "127.0.0.1:74" + id[1:], Admin: "127.0.0.1:94" + id[1:]},
 		LeaseTTL:   shortTTL,
 		MaxBackoff: 100 * time.Millisecond,
 		Logger:     testLogger(t),
-	})
+	}
+	tweak(&cfg)
+	m, err := ctlclient.Join(ctx, cfg)
 	if err != nil {
 		t.Fatalf("join %s: %v", id, err)
 	}

@@ -111,11 +111,12 @@ func (z *mapSizer) frameBytes(m *shardmap.Map) (int, error) {
 		superusers, grants = m.ACL.Superusers, m.ACL.Grants
 	}
 	if !z.valid || !sameSlice(z.nodes, m.Nodes) || !sameSlice(z.streams, m.Streams) || !slices.Equal(z.superusers, superusers) || z.cluster != m.Cluster {
-		// The longest epoch, and a policy with no grants (a nil slice,
-		// one byte), whose bytes grantsBytes replaces. A map with no
-		// policy (omitted) is counted as one with an empty policy.
+		// The longest epoch and lease, and a policy with no grants (a
+		// nil slice, one byte), whose bytes grantsBytes replaces. A map
+		// with no policy (omitted) is counted as one with an empty
+		// policy.
 		probe := &shardmap.Map{Epoch: math.MaxUint64, Nodes: m.Nodes, Streams: m.Streams, ACL: &auth.Policy{Superusers: superusers}, Cluster: m.Cluster}
-		b, err := transport.AppendFrame(nil, &transport.MapUpdate{Map: probe, Features: transport.Features()})
+		b, err := transport.AppendFrame(nil, &transport.MapUpdate{Map: probe, Features: transport.Features(), LeaseTTL: math.MaxInt64})
 		if err != nil {
 			return 0, err
 		}

@@ -368,8 +368,10 @@ type encodedMap struct {
 	err   error
 }
 
-// mapFrameOf returns m's MapUpdate frame, with this ctl's features,
-// encoded once for all the writers that send m. The cache holds the newest map only: a
+// mapFrameOf returns m's MapUpdate frame, with this ctl's features and
+// broker lease (which the broker follows: see
+// ctlclient.MemberConfig.LeaseTTL), encoded once for all the writers
+// that send m. The cache holds the newest map only: a
 // writer still behind with an older map encodes it for itself.
 func (s *Server) mapFrameOf(m *shardmap.Map) ([]byte, error) {
 	e := s.mapFrame.Load()
@@ -386,7 +388,7 @@ func (s *Server) mapFrameOf(m *shardmap.Map) ([]byte, error) {
 		e = s.mapFrame.Load()
 	}
 	e.once.Do(func() {
-		e.frame, e.err = transport.AppendFrame(nil, &transport.MapUpdate{Map: m, Features: transport.Features()})
+		e.frame, e.err = transport.AppendFrame(nil, &transport.MapUpdate{Map: m, Features: transport.Features(), LeaseTTL: s.cfg.LeaseTTL})
 	})
 	return e.frame, e.err
 }

@@ -47,7 +47,9 @@ type Config struct {
 	// Transport tunes QUIC; zero means transport's defaults.
 	Transport transport.Config
 	// LeaseTTL is how long a broker stays Live without a heartbeat.
-	// Default 3s; brokers heartbeat every LeaseTTL/3.
+	// Default 3s; brokers heartbeat every LeaseTTL/3: ctl says it with
+	// the maps of each registration (transport.MapUpdate.LeaseTTL), and
+	// a broker goes by it whatever its own (ctlclient.MemberConfig.LeaseTTL).
 	LeaseTTL time.Duration
 	// Superusers are the client principals (certificate common names)
 	// authorized for everything, as Kafka's super.users: the operators who

@@ -1,35 +1,17 @@
 package replica
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	pb "go.etcd.io/raft/v3/raftpb"
+
+	"github.com/felix-broker/felix/internal/syncbuf"
 )
-
-// lockedBuffer is a log destination shared by goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
 
 // failure returns why g stopped, or nil.
 func failure(g *Group) error {
@@ -187,9 +169,9 @@ func TestStepRefusesWhatNoPeerSends(t *testing.T) {
 
 // loggedCluster starts three replicas that log into logs, commits three
 // records and returns the leader.
-func loggedCluster(t *testing.T, seed uint64, opts func(*Config)) (c *cluster, lead *Group, logs *lockedBuffer) {
+func loggedCluster(t *testing.T, seed uint64, opts func(*Config)) (c *cluster, lead *Group, logs *syncbuf.Buffer) {
 	t.Helper()
-	logs = &lockedBuffer{}
+	logs = &syncbuf.Buffer{}
 	c = newCluster(t, 3, seed, func(cfg *Config) {
 		cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 		if opts != nil {

@@ -6,11 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"reflect"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"testing/iotest"
+	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -702,7 +705,7 @@ func TestRequestMoveFields(t *testing.T) {
 // without it has the single field of earlier versions, an earlier
 // decoder (one field required, the rest skipped) reads one with it as
 // the same map, a sender of one field decodes with Features nil, and a
-// newer sender's third field is skipped.
+// newer sender's fourth field is skipped.
 func TestMapUpdateFeaturesField(t *testing.T) {
 	mp := &shardmap.Map{Epoch: 7, Nodes: []shardmap.Node{{ID: "n1", Addr: "a", Live: true}}}
 	if b := body(&MapUpdate{Map: mp}); b[0] != 0x91 {
@@ -727,9 +730,43 @@ func TestMapUpdateFeaturesField(t *testing.T) {
 	if got, err := DecodeFrame(FrameMap, one); err != nil || got.(*MapUpdate).Features != nil || got.(*MapUpdate).Map.Epoch != 7 {
 		t.Fatalf("one field decoded as %#v, %v", got, err)
 	}
-	three := append(append([]byte{0x93}, b[1:]...), 0xa3, 'n', 'e', 'w')
-	if got, err := DecodeFrame(FrameMap, three); err != nil || !reflect.DeepEqual(got, with) {
-		t.Fatalf("three fields: %#v, %v; want %#v", got, err, with)
+	four := append(append([]byte{0x94}, b[1:]...), 0x00, 0xa3, 'n', 'e', 'w') // LeaseTTL 0, then a field of a later version
+	if got, err := DecodeFrame(FrameMap, four); err != nil || !reflect.DeepEqual(got, with) {
+		t.Fatalf("four fields: %#v, %v; want %#v", got, err, with)
+	}
+}
+
+// TestMapUpdateLeaseTTLField: a MapUpdate's LeaseTTL (the sending ctl's
+// broker lease) is a trailing field after Features, sent only when set
+// (Features then as an empty list if there are none): a MapUpdate
+// without it encodes as before, an earlier decoder (the map and
+// Features read, the rest skipped) reads one with it as the same map and
+// features, and it decodes back exactly.
+func TestMapUpdateLeaseTTLField(t *testing.T) {
+	mp := &shardmap.Map{Epoch: 7, Nodes: []shardmap.Node{{ID: "n1", Addr: "a", Live: true}}}
+	if b := body(&MapUpdate{Map: mp, Features: []string{FeatureHeartbeatAcks}}); b[0] != 0x92 {
+		t.Fatalf("a MapUpdate with Features and no LeaseTTL starts 0x%02x, want 0x92 (2 elements)", b[0])
+	}
+	for _, with := range []*MapUpdate{
+		{Map: mp, Features: []string{FeatureHeartbeatAcks}, LeaseTTL: 3 * time.Second},
+		{Map: mp, LeaseTTL: 300 * time.Millisecond}, // no features: an empty list before it
+		{Map: mp, LeaseTTL: math.MaxInt64},
+	} {
+		b := body(with)
+		if b[0] != 0x93 {
+			t.Fatalf("a MapUpdate with LeaseTTL %v starts 0x%02x, want 0x93 (3 elements)", with.LeaseTTL, b[0])
+		}
+		d := &decoder{b: b}
+		n := d.arrayHeader(1)
+		var old *shardmap.Map
+		d.msgpack(&old)
+		features := d.strs()
+		if d.skipN(n - 2); d.err != nil || d.off != len(b) || old.Epoch != 7 || !slices.Equal(features, with.Features) && len(features)+len(with.Features) > 0 {
+			t.Fatalf("an earlier decoder read %+v, features %q, %v at %d of %d", old, features, d.err, d.off, len(b))
+		}
+		if got, err := DecodeFrame(FrameMap, b); err != nil || !reflect.DeepEqual(got, with) {
+			t.Fatalf("decoded %#v, %v; want %#v", got, err, with)
+		}
 	}
 }
 

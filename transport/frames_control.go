@@ -3,6 +3,7 @@ package transport
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/felix-broker/felix/auth"
 	"github.com/felix-broker/felix/shardmap"
@@ -305,15 +306,24 @@ type MapUpdate struct {
 	// Features are what the sending ctl's build supports (see
 	// [Features]), on a broker's registration stream: a broker expects
 	// answers to its heartbeats only from a ctl with
-	// FeatureHeartbeatAcks. Sent only when not empty: an earlier ctl
-	// sends none, and an earlier broker skips the field.
+	// FeatureHeartbeatAcks. Sent only when not empty (or when LeaseTTL
+	// is sent): an earlier ctl sends none, and an earlier broker skips
+	// the field.
 	Features []string
+	// LeaseTTL is the broker lease of the sending ctl (ctl.Config.LeaseTTL,
+	// felix ctl --lease-ttl), on a broker's registration stream: the
+	// broker heartbeats by it instead of its own (see
+	// ctlclient.MemberConfig.LeaseTTL). Sent only when set: an earlier
+	// ctl sends none (the broker keeps its own), and an earlier broker
+	// skips the field.
+	LeaseTTL time.Duration
 }
 
 // mapUpdateFields is the number of fields this version decodes; Features
-// is sent only when set, so a MapUpdate without it encodes as the one
-// field of earlier versions, which every decoder requires.
-const mapUpdateFields = 2
+// and LeaseTTL are sent only when set, so a MapUpdate without them
+// encodes as the one field of earlier versions, which every decoder
+// requires.
+const mapUpdateFields = 3
 
 // Type implements [Frame].
 func (*MapUpdate) Type() FrameType { return FrameMap }
@@ -323,15 +333,21 @@ func (m *MapUpdate) appendBody(b []byte) ([]byte, error) {
 		return b, errNilFrame(FrameMap)
 	}
 	fields := mapUpdateFields
-	if len(m.Features) == 0 {
+	if m.LeaseTTL == 0 {
 		fields--
+		if len(m.Features) == 0 {
+			fields--
+		}
 	}
 	b = appendArrayHeader(b, fields)
 	b, err := appendMsgpack(b, FrameMap, m.Map)
 	if err != nil || fields < 2 {
 		return b, err
 	}
-	return appendStrs(b, m.Features), nil
+	if b = appendStrs(b, m.Features); fields < 3 {
+		return b, nil
+	}
+	return appendInt(b, int64(m.LeaseTTL)), nil
 }
 
 func (m *MapUpdate) decode(d *decoder) {
@@ -341,6 +357,10 @@ func (m *MapUpdate) decode(d *decoder) {
 	if n >= 2 {
 		m.Features = d.strs()
 		read = 2
+	}
+	if n >= 3 {
+		m.LeaseTTL = time.Duration(d.int64())
+		read = 3
 	}
 	d.skipN(n - read)
 	// appendBody leaves out an empty Features, which then decodes as nil:

@@ -82,6 +82,8 @@ func sampleFrames() []namedFrame {
 		{"map/full", &MapUpdate{Map: m}},
 		{"map/empty", &MapUpdate{Map: &shardmap.Map{Epoch: 1}}},
 		{"map/features", &MapUpdate{Map: m, Features: Features()}},
+		{"map/lease", &MapUpdate{Map: m, Features: Features(), LeaseTTL: 3 * time.Second}},
+		{"map/lease-only", &MapUpdate{Map: &shardmap.Map{Epoch: 1}, LeaseTTL: 1}},
 		{"register/zero", &Register{}},
 		{"register/full", &Register{NodeID: "n1", Addr: "10.0.0.1:7400", Admin: "10.0.0.1:8400"}},
 		{"register/features", &Register{NodeID: "n1", Addr: "10.0.0.1:7400", Features: Features()}},

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/felix-broker/felix/internal/syncbuf"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -121,4 +124,46 @@ func mustEncode(t *testing.T, f transport.Frame) []byte {
 		t.Fatal(err)
 	}
 	return b.Bytes()
+}
+
+// TestMemberGoesByTheCtlsLease: a member goes by the broker lease its
+// ctl says it holds (transport.MapUpdate.LeaseTTL), heartbeating every
+// third of it, and warns, naming both, when it differs from its own; it
+// keeps its own with a ctl of an earlier version (none said) and with a
+// lease too short to heartbeat by.
+func TestMemberGoesByTheCtlsLease(t *testing.T) {
+	const own, wait = 300 * time.Millisecond, time.Second
+	for _, tc := range []struct {
+		name         string
+		ctl, want    time.Duration
+		minHB, maxHB int64 // heartbeats in wait
+		warns        string
+	}{
+		{"earlier ctl", 0, own, 6, 12, ""},
+		{"the same", own, own, 6, 12, ""},
+		{"longer", 1500 * time.Millisecond, 1500 * time.Millisecond, 1, 3, "ctl_lease_ttl=1.5s lease_ttl=300ms"},
+		{"shorter", 60 * time.Millisecond, 60 * time.Millisecond, 15, 60, "ctl_lease_ttl=60ms lease_ttl=300ms"},
+		{"too short", time.Microsecond, own, 6, 12, "too short to heartbeat by; keeping this one"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := startFakeCtl(t, transport.Features()...)
+			f.answer.Store(true)
+			f.lease.Store(int64(tc.ctl))
+			var logs syncbuf.Buffer
+			f.logger = slog.New(slog.NewTextHandler(&logs, nil))
+			m := f.join(t)
+			if got := m.LeaseTTL(); got != tc.want {
+				t.Fatalf("the member goes by a lease of %v with a ctl saying %v, want %v", got, tc.ctl, tc.want)
+			}
+			time.Sleep(wait)
+			hbs, regs := f.heartbeats.Load(), f.registrations.Load()
+			if hbs < tc.minHB || hbs > tc.maxHB || regs != 1 {
+				t.Errorf("%d heartbeats in %v (%d registrations), want %d to %d (a third of %v each), one registration", hbs, wait, regs, tc.minHB, tc.maxHB, tc.want)
+			}
+			warned := strings.Contains(logs.String(), "level=WARN")
+			if tc.warns == "" && warned || tc.warns != "" && !strings.Contains(logs.String(), tc.warns) {
+				t.Errorf("logs %q, want a warning saying %q", logs.String(), tc.warns)
+			}
+		})
+	}
 }

@@ -8,7 +8,8 @@
 // It owns the broker's end of the registration protocol described in
 // package ctl: dialing a ctl (moving to the next of CtlAddrs when one
 // fails), the long-lived registration stream, heartbeats every LeaseTTL/3
-// (and, from a ctl that answers them, transport.FeatureHeartbeatAcks,
+// (the lease the ctl says it holds, with the maps of the registration,
+// or MemberConfig.LeaseTTL from a ctl that says none) (and, from a ctl that answers them, transport.FeatureHeartbeatAcks,
 // dropping a registration on which ctl sent nothing, no answer and no
 // bytes of a map, for half a lease, at least 500ms, for the next ctl (a
 // map that takes longer to arrive is not nothing): a ctl whose

@@ -1,6 +1,7 @@
 package ctlclient
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -38,6 +39,11 @@ type fakeCtl struct {
 	endRegistrations atomic.Bool
 	// features are advertised with its maps (none: an earlier ctl's).
 	features []string
+	// lease is the broker lease said with its maps (0: none, as an
+	// earlier ctl).
+	lease atomic.Int64
+	// logger is the joined member's (nil: none).
+	logger *slog.Logger
 	// withholdMaps makes it answer no registration, as a ctl whose
 	// registration handling is stuck.
 	withholdMaps atomic.Bool
@@ -108,7 +114,7 @@ func (f *fakeCtl) join(t *testing.T) *Member {
 		Node:       transport.Register{NodeID: "b0", Addr: "127.0.0.1:7400"},
 		LeaseTTL:   300 * time.Millisecond,
 		MaxBackoff: 100 * time.Millisecond,
-		Logger:     slog.New(slog.DiscardHandler),
+		Logger:     cmp.Or(f.logger, slog.New(slog.DiscardHandler)),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +160,7 @@ func (f *fakeCtl) serveStream(str *quic.Stream) {
 	case *transport.Register:
 		f.registrations.Add(1)
 		if !f.withholdMaps.Load() {
-			if w.Write(&transport.MapUpdate{Map: f.mp.Load(), Features: f.features}) != nil || f.endRegistrations.Load() {
+			if w.Write(f.mapUpdate(f.mp.Load())) != nil || f.endRegistrations.Load() {
 				return
 			}
 		}
@@ -167,7 +173,7 @@ func (f *fakeCtl) serveStream(str *quic.Stream) {
 			}
 			f.heartbeats.Add(1)
 			if mp := f.slowMap.Swap(nil); mp != nil {
-				if transport.NewWriter(slowWriter{str, f.slowChunk, f.slowEvery}).Write(&transport.MapUpdate{Map: mp, Features: f.features}) != nil {
+				if transport.NewWriter(slowWriter{str, f.slowChunk, f.slowEvery}).Write(f.mapUpdate(mp)) != nil {
 					return
 				}
 				continue
@@ -176,7 +182,7 @@ func (f *fakeCtl) serveStream(str *quic.Stream) {
 			switch {
 			case f.withholdMaps.Load():
 			case f.answerWithMaps.Load():
-				answer = &transport.MapUpdate{Map: f.mp.Load(), Features: f.features}
+				answer = f.mapUpdate(f.mp.Load())
 			case f.answer.Load():
 				answer = &transport.Heartbeat{NodeID: "b0", Epoch: f.mp.Load().Epoch}
 			}
@@ -185,6 +191,11 @@ func (f *fakeCtl) serveStream(str *quic.Stream) {
 			}
 		}
 	}
+}
+
+// mapUpdate is mp as f pushes it, with its features and lease.
+func (f *fakeCtl) mapUpdate(mp *shardmap.Map) *transport.MapUpdate {
+	return &transport.MapUpdate{Map: mp, Features: f.features, LeaseTTL: time.Duration(f.lease.Load())}
 }
 
 // handedOver reports whether err, which ended the reads of a

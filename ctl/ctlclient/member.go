@@ -43,11 +43,19 @@ type MemberConfig struct {
 	// earlier version could not take (such as a replica move); a non-nil
 	// empty list advertises none, as a broker of an earlier version.
 	Node transport.Register
-	// LeaseTTL must match the control plane's; heartbeats are sent every
-	// LeaseTTL/3, and a ctl that answers heartbeats but sent nothing (no
-	// answer, no map) for LeaseTTL/2 (at least 500ms), or sends no first
-	// map within as long, is left for the next, which adopts the lease.
-	// Default 3s.
+	// LeaseTTL is the broker lease the member starts with: heartbeats
+	// are sent every LeaseTTL/3, and a ctl that answers heartbeats but
+	// sent nothing (no answer, no map) for LeaseTTL/2 (at least 500ms),
+	// or sends no first map within as long, is left for the next, which
+	// adopts the lease. The lease is the control plane's (etcd holds it
+	// for the ctl, which marks the broker down when it runs out), and a
+	// ctl says its own with the maps of a registration
+	// (transport.MapUpdate.LeaseTTL): the member then goes by that one
+	// instead ([Member.LeaseTTL]), logging a warning when it differs from
+	// this one. A longer lease than the ctl's would have the member
+	// heartbeat past the time ctl gives it, shown down and registering
+	// again over and over. A ctl of an earlier version says none: this
+	// one is kept. Default 3s, the control plane's default.
 	LeaseTTL time.Duration
 	// MaxBackoff caps the delay between connection attempts, which starts
 	// at 50ms and doubles (with jitter) after every round of the ctls
@@ -104,6 +112,10 @@ const DefaultLeaseTTL = 3 * time.Second
 const MaxMapFrame = transport.MaxMapFrame
 
 const minBackoff = 50 * time.Millisecond
+
+// minLeaseTTL is the shortest lease a member goes by: heartbeats are sent
+// every LeaseTTL/3.
+const minLeaseTTL = 3 * time.Millisecond
 
 // opMapGet is the admin request for the current map (ctl.OpMapGet).
 const opMapGet = "map.get"
@@ -193,6 +205,10 @@ type Member struct {
 
 	report chan struct{} // capacity 1: a report to send now (Report)
 
+	// lease is the broker lease the member goes by (a time.Duration):
+	// MemberConfig.LeaseTTL until a ctl says its own (followLease).
+	lease atomic.Int64
+
 	ctx       context.Context // canceled by Close
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup // the run goroutine and its heartbeat goroutine
@@ -256,7 +272,7 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 		return nil, errors.New("ctl: join: MemberConfig.TLS is required")
 	case cfg.Node.NodeID == "" || cfg.Node.Addr == "":
 		return nil, fmt.Errorf("ctl: join: MemberConfig.Node needs NodeID and Addr (got %q, %q)", cfg.Node.NodeID, cfg.Node.Addr)
-	case cfg.LeaseTTL < 3*time.Millisecond: // heartbeats every LeaseTTL/3
+	case cfg.LeaseTTL < minLeaseTTL:
 		return nil, fmt.Errorf("ctl: join: MemberConfig.LeaseTTL %v is too short", cfg.LeaseTTL)
 	}
 	// Only a control plane certificate will do: a broker's or a client's
@@ -267,6 +283,7 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	m.mu.connected = make(chan struct{})
 	m.mu.cluster = cfg.Cluster
 	m.report = make(chan struct{}, 1)
+	m.lease.Store(int64(cfg.LeaseTTL))
 	m.backoff = minBackoff
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	link, err := m.connect(ctx, true)
@@ -288,6 +305,31 @@ func (m *Member) ctlAddr() string {
 // NodeID returns the node id the member registered as.
 func (m *Member) NodeID() string { return m.cfg.Node.NodeID }
 
+// LeaseTTL returns the broker lease the member goes by: the one the ctl
+// it registered with last says it holds, or, until one says so (a ctl of
+// an earlier version says nothing), MemberConfig.LeaseTTL.
+func (m *Member) LeaseTTL() time.Duration { return time.Duration(m.lease.Load()) }
+
+// followLease makes ttl, the lease a ctl says it holds, the member's,
+// logging a warning when it changes to one other than
+// MemberConfig.LeaseTTL. 0 (a ctl of an earlier version) changes
+// nothing, nor does a lease too short to heartbeat by.
+func (m *Member) followLease(ttl time.Duration) {
+	switch was := m.LeaseTTL(); {
+	case ttl == 0 || ttl == was:
+	case ttl < minLeaseTTL:
+		m.log.Warn("the control plane's broker lease is too short to heartbeat by; keeping this one", "ctl", m.ctlAddr(), "ctl_lease_ttl", ttl, "lease_ttl", was)
+	default:
+		m.lease.Store(int64(ttl))
+		if ttl != m.cfg.LeaseTTL {
+			m.log.Warn("the control plane's broker lease differs from this broker's (--lease-ttl): going by the control plane's, which holds the lease; set both alike",
+				"ctl", m.ctlAddr(), "ctl_lease_ttl", ttl, "lease_ttl", m.cfg.LeaseTTL)
+		} else {
+			m.log.Info("the control plane's broker lease is this broker's again", "ctl", m.ctlAddr(), "lease_ttl", ttl)
+		}
+	}
+}
+
 // Map returns the latest map. It is immutable; share it freely.
 func (m *Member) Map() *shardmap.Map { return m.cur.Load() }
 
@@ -307,7 +349,7 @@ func (m *Member) Changed() <-chan struct{} {
 // transport.FeatureMemberMapGet (MemberConfig.Node.Features nil
 // advertises it); refused, Refresh waits for a push.
 func (m *Member) Refresh(ctx context.Context, minEpoch uint64) (*shardmap.Map, error) {
-	poll := m.cfg.LeaseTTL / 3
+	poll := m.LeaseTTL() / 3
 	for {
 		if cur := m.Map(); cur.Epoch >= minEpoch {
 			return cur, nil
@@ -499,7 +541,7 @@ func (m *Member) sleepBackoff(ctx context.Context) error {
 // 5s, longer than the default lease.)
 func (m *Member) ctlTransport() transport.Config {
 	tc := m.cfg.Transport
-	idle := max(m.cfg.LeaseTTL/2, time.Second)
+	idle := max(m.LeaseTTL()/2, time.Second)
 	if tc.MaxIdleTimeout <= 0 || tc.MaxIdleTimeout > idle {
 		tc.MaxIdleTimeout = idle
 	}
@@ -519,7 +561,7 @@ func (m *Member) ctlTransport() transport.Config {
 // before it runs out; at least half a second (etcd holds leases in whole
 // seconds, and a loaded machine may be late by a heartbeat).
 func (m *Member) answerTimeout() time.Duration {
-	return max(m.cfg.LeaseTTL/2, 500*time.Millisecond)
+	return max(m.LeaseTTL()/2, 500*time.Millisecond)
 }
 
 // register makes one attempt: dial, open the registration stream, send
@@ -578,6 +620,7 @@ func (m *Member) register(ctx context.Context) (link *ctlLink, err error) {
 		if _, err := m.adopt(f.Map); err != nil {
 			return nil, err
 		}
+		m.followLease(f.LeaseTTL)
 		link.acks = slices.Contains(reg.Features, transport.FeatureHeartbeatAcks) && slices.Contains(f.Features, transport.FeatureHeartbeatAcks)
 	case *transport.Error:
 		return nil, f
@@ -609,14 +652,14 @@ func (m *Member) run(link *ctlLink) {
 			m.backoff = m.cfg.MaxBackoff
 			m.log.Error("registration replaced by another process registering as this node; stop the one that should not run. Registering again after the longest backoff",
 				"ctl", m.ctlAddr(), "backoff", m.backoff, "err", err)
-		case lasted >= m.cfg.LeaseTTL:
+		case lasted >= m.LeaseTTL():
 			m.backoff = minBackoff
 			m.log.Warn("ctl connection lost; reconnecting", "ctl", m.ctlAddr(), "err", err)
 		default:
 			m.log.Warn("ctl connection lost soon after registering; reconnecting after a backoff", "ctl", m.ctlAddr(), "lasted", lasted.Round(time.Millisecond), "err", err)
 		}
 		m.next.Add(1) // a ctl that failed is tried last
-		if lasted < m.cfg.LeaseTTL || errors.Is(err, transport.ErrReplaced) {
+		if lasted < m.LeaseTTL() || errors.Is(err, transport.ErrReplaced) {
 			if m.sleepBackoff(m.ctx) != nil {
 				return // Close was called
 			}
@@ -695,13 +738,14 @@ func handOver(link *ctlLink) {
 	link.conn.CloseWithError(connCodeHandOver, "member registers with another ctl")
 }
 
-// heartbeat sends a Heartbeat every LeaseTTL/3 until stop closes, and,
+// heartbeat sends a Heartbeat every LeaseTTL/3 (the lease the member
+// goes by when the link is served) until stop closes, and,
 // with MemberConfig.Report, one at once and on Report when the report
 // changed. A failed write ends the link's reads too.
 func (m *Member) heartbeat(link *ctlLink, stop <-chan struct{}, done chan<- struct{}) {
 	defer m.wg.Done()
 	defer close(done)
-	t := time.NewTicker(m.cfg.LeaseTTL / 3)
+	t := time.NewTicker(m.LeaseTTL() / 3)
 	defer t.Stop()
 	var sent *transport.ReplicaReport
 	send := func(always bool) bool {

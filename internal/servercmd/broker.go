@@ -25,7 +25,7 @@ type Broker struct {
 	Ctl       string        `help:"Control plane QUIC address; several, comma-separated, for a control plane of several members (any will do)." default:"127.0.0.1:7000" env:"FELIX_CTL"`
 	Data      string        `help:"Data directory for the shard logs." required:"" type:"path" env:"FELIX_DATA"`
 	Certs     string        `help:"Directory with ca.crt and <id>.crt/<id>.key." required:"" type:"existingdir" env:"FELIX_CERTS"`
-	LeaseTTL  time.Duration `help:"Control plane lease." default:"3s" env:"FELIX_LEASE_TTL"`
+	LeaseTTL  time.Duration `help:"Control plane lease, until the control plane says its own: the broker then goes by that one, with a warning if it differs. Set it as felix ctl's --lease-ttl." default:"3s" env:"FELIX_LEASE_TTL"`
 	Admin     string        `help:"HTTP admin address serving /metrics, /healthz and /readyz, registered in the shard map (empty: none)." default:"127.0.0.1:0" env:"FELIX_ADMIN"`
 	Pprof     bool          `help:"Also serve /debug/pprof/ on the admin listener (it has no authentication: keep it on loopback or an operator network)." env:"FELIX_PPROF"`
 	// AdminAdvertise is to --admin what --advertise is to --listen.

@@ -28,7 +28,7 @@ type Ctl struct {
 	Advertise string        `help:"QUIC address other ctl members reach this one at (default: the bound address)." env:"FELIX_ADVERTISE"`
 	Data      string        `help:"State directory." required:"" type:"path" env:"FELIX_DATA"`
 	Certs     string        `help:"Directory with ca.crt and this member's certificate: NAME.crt/NAME.key for --etcd-name NAME when present, else ctl.crt/ctl.key. It also secures the embedded etcd's https:// URLs, and this ctl's connection to it." required:"" type:"existingdir" env:"FELIX_CERTS"`
-	LeaseTTL  time.Duration `help:"Broker lease: a broker silent this long is marked down." default:"3s" env:"FELIX_LEASE_TTL"`
+	LeaseTTL  time.Duration `help:"Broker lease: a broker silent this long is marked down. Brokers registered with this ctl heartbeat by it, whatever their own --lease-ttl." default:"3s" env:"FELIX_LEASE_TTL"`
 	Superuser []string      `help:"Client principal (certificate common name) authorized for everything, who grants the others their permissions (repeatable)." env:"FELIX_SUPERUSERS" placeholder:"NAME"`
 	Admin     string        `help:"HTTP admin address serving /metrics, /healthz and /readyz (empty: none)." default:"127.0.0.1:0" env:"FELIX_ADMIN"`
 	Pprof     bool          `help:"Also serve /debug/pprof/ on the admin listener (it has no authentication: keep it on loopback or an operator network)." env:"FELIX_PPROF"`

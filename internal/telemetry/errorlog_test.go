@@ -1,38 +1,20 @@
 package telemetry
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/felix-broker/felix/internal/syncbuf"
 )
-
-// syncBuffer is a bytes.Buffer safe for the exporters' goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestNewRoutesOTelErrorsToSlog: what the OpenTelemetry SDK reports goes
 // to the process's logger, in its format (JSON here), not to the standard
@@ -40,7 +22,7 @@ func (s *syncBuffer) String() string {
 func TestNewRoutesOTelErrorsToSlog(t *testing.T) {
 	prev := otel.GetErrorHandler()
 	t.Cleanup(func() { otel.SetErrorHandler(prev) })
-	var buf syncBuffer
+	var buf syncbuf.Buffer
 	log := slog.New(slog.NewJSONHandler(&buf, nil))
 	p, err := New(context.Background(), Options{Service: "felix-test", Instance: "n1", Logger: log,
 		Getenv: func(string) string { return "" }})
@@ -62,7 +44,7 @@ func TestNewRoutesOTelErrorsToSlog(t *testing.T) {
 }
 
 func TestErrorLogSuppressesRepeats(t *testing.T) {
-	var buf syncBuffer
+	var buf syncbuf.Buffer
 	h := newErrorLog(slog.New(slog.NewTextHandler(&buf, nil)), 50*time.Millisecond)
 	for range 3 {
 		h.Handle(errors.New("collector down"))
@@ -75,7 +57,7 @@ func TestErrorLogSuppressesRepeats(t *testing.T) {
 		strings.Contains(lines[1], "repeated") || !strings.Contains(lines[2], "another") {
 		t.Errorf("logged:\n%s", buf.String())
 	}
-	buf = syncBuffer{}
+	buf = syncbuf.Buffer{}
 	h = newErrorLog(slog.New(slog.NewTextHandler(&buf, nil)), 50*time.Millisecond)
 	for range 3 {
 		h.Handle(errors.New("collector down"))
@@ -93,7 +75,7 @@ func TestErrorLogSuppressesRepeats(t *testing.T) {
 // logged every time: two lines a second for as long as the collector was
 // down).
 func TestErrorLogSuppressesInterleavedKinds(t *testing.T) {
-	var buf syncBuffer
+	var buf syncbuf.Buffer
 	h := newErrorLog(slog.New(slog.NewTextHandler(&buf, nil)), time.Minute)
 	for i := range 100 {
 		h.Handle(errors.New(`telemetry: exporting spans: Post "http://127.0.0.1:4318/v1/traces": connection refused`))
