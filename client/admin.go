@@ -496,10 +496,11 @@ func (c *Client) request(ctx context.Context, b *brokerConn, req *transport.Requ
 // roundTrip is request, also reporting whether req was written whole
 // (the broker may have acted on it, whatever the error).
 func (c *Client) roundTrip(ctx context.Context, b *brokerConn, req *transport.Request) (_ *transport.Response, sent bool, _ error) {
-	l, err := b.get(ctx)
+	l, err := b.hold(ctx)
 	if err != nil {
 		return nil, false, err
 	}
+	defer b.release()
 	str, err := l.conn.OpenStreamSync(ctx)
 	if err != nil {
 		if ctx.Err() != nil {

@@ -35,6 +35,9 @@ type Client struct {
 	// the shard map is fetched before the next publisher picks a shard by
 	// it (catchUpMap).
 	mapNamed atomic.Uint64
+	// mapTaken wakes idleCloser when a new shard map is taken
+	// (idleconns.go). Capacity one.
+	mapTaken chan struct{}
 
 	// pub carries Client.Publish and Client.PublishAsync.
 	pub *Publisher
@@ -51,7 +54,7 @@ type Client struct {
 		retired map[string]ConnStats
 	}
 	// wg counts the client's goroutines: a reader and a flusher per
-	// publish stream, and one per subscribed shard.
+	// publish stream, one per subscribed shard, and idleCloser.
 	wg sync.WaitGroup
 }
 
@@ -104,6 +107,9 @@ func Connect(ctx context.Context, addr string, opts ...Opt) (*Client, error) {
 	c.mu.subs = map[*Subscription]struct{}{}
 	c.mu.extra = map[*brokerConn]struct{}{}
 	c.mu.retired = map[string]ConnStats{}
+	c.mapTaken = make(chan struct{}, 1)
+	c.wg.Add(1)
+	go c.idleCloser()
 	home, _ := c.conn(addr)
 	c.home.Store(home)
 	c.pub = newPublisher(c, "")
@@ -211,6 +217,7 @@ func (c *Client) storeMap(m *shardmap.Map) *shardmap.Map {
 			return old
 		}
 		if c.shardMap.CompareAndSwap(old, m) {
+			c.tookMap()
 			return m
 		}
 	}

@@ -59,7 +59,8 @@ func connect(t *testing.T, fc *fakeCluster, broker int, opts ...Opt) *Client {
 func TestConfigDefaults(t *testing.T) {
 	c := newConfig(nil)
 	if c.maxInFlight != DefaultMaxInFlight || !c.blockOnFull || c.dialTimeout != DefaultDialTimeout ||
-		c.backoffMin != DefaultBackoffMin || c.backoffMax != DefaultBackoffMax || c.logger == nil || c.insecure {
+		c.backoffMin != DefaultBackoffMin || c.backoffMax != DefaultBackoffMax || c.logger == nil || c.insecure ||
+		c.connIdleTimeout != DefaultConnIdleTimeout {
 		t.Fatalf("defaults: %+v", c)
 	}
 	c = newConfig([]Opt{WithMaxInFlight(7), WithBlockOnFull(false), WithReconnect(time.Second, time.Millisecond), WithServerName("x")})

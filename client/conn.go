@@ -23,6 +23,11 @@ import (
 // shard subscriptions, requests) notice its death on their own streams and
 // come back for a new one.
 //
+// Its users hold the connection while they use it (hold and release: a
+// request in flight, a publisher stream open), so that the client's
+// closer of idle connections (idleconns.go) closes it only while no one
+// does.
+//
 // A completed handshake is not yet a working connection: a broker refuses
 // a client's connection by closing it right after the handshake, with
 // limit_exceeded (the principal has MaxConnsPerPrincipal connections to
@@ -49,9 +54,14 @@ type brokerConn struct {
 		missedAt time.Time
 		retryAt  time.Time // no dial before this (backoff)
 		lastErr  error     // error of the last failed dial (not a *DialError: dial wraps it)
-		dialed   bool      // a connection was established before
+		dialed   bool      // a connection was established before (and not closed as idle since)
 		dials    int       // connections established
 		past     ConnStats // the counters of the connections before link
+		// users counts those holding the connection (hold): requests in
+		// flight and publisher streams open, on link or an earlier one;
+		// idleSince is when the last let go, or link was dialed.
+		users     int
+		idleSince time.Time
 	}
 }
 
@@ -129,7 +139,27 @@ func (l *link) failure(err error) error {
 // get returns a live connection to the broker, dialing if there is none.
 // A dial after a failed one first waits out the backoff (or ctx). It makes
 // at most one dial attempt: callers that retry (subscriptions) loop.
-func (b *brokerConn) get(ctx context.Context) (*link, error) {
+func (b *brokerConn) get(ctx context.Context) (*link, error) { return b.connect(ctx, false) }
+
+// hold is get for a user of one of the client's pooled connections (a
+// request, a publisher stream): the connection it returns is held, and
+// not closed as idle, until the caller calls release once. It is counted
+// under the lock that hands the connection out, the one the closer of
+// idle connections takes to close it: a connection is either closed
+// before hold finds it (hold dials again) or held before it is judged.
+func (b *brokerConn) hold(ctx context.Context) (*link, error) { return b.connect(ctx, true) }
+
+// release lets go of a connection hold returned.
+func (b *brokerConn) release() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.mu.users--
+	if b.mu.users == 0 {
+		b.mu.idleSince = time.Now()
+	}
+}
+
+func (b *brokerConn) connect(ctx context.Context, hold bool) (*link, error) {
 	for {
 		b.mu.Lock()
 		if b.c.closed.Load() {
@@ -138,6 +168,9 @@ func (b *brokerConn) get(ctx context.Context) (*link, error) {
 		}
 		if l := b.mu.link; l != nil {
 			if l.conn.Context().Err() == nil {
+				if hold {
+					b.mu.users++
+				}
 				b.mu.Unlock()
 				return l, nil
 			}
@@ -190,6 +223,10 @@ func (b *brokerConn) get(ctx context.Context) (*link, error) {
 			b.mu.link, b.mu.dialed = l, true
 			b.mu.missed = 0
 			b.mu.dials++
+			b.mu.idleSince = l.at
+			if hold {
+				b.mu.users++
+			}
 			b.mu.Unlock()
 			if redial {
 				b.c.cfg.logger.Info("client: reconnected to broker", "broker", b.addr)
@@ -313,15 +350,40 @@ func (b *brokerConn) current() *quic.Conn {
 // new connection is stored after this.
 func (b *brokerConn) close() {
 	b.mu.Lock()
+	l := b.takeLinkLocked()
+	b.mu.Unlock()
+	if l != nil {
+		_ = l.conn.CloseWithError(0, "client closed")
+	}
+}
+
+// closeIdle closes the connection if no one has held it (hold) for idle
+// by now, and reports whether it did; the next user dials again. A
+// connection already dead is left to its next user, who accounts for
+// its end (ended).
+func (b *brokerConn) closeIdle(now time.Time, idle time.Duration) bool {
+	b.mu.Lock()
+	l := b.mu.link
+	if l == nil || b.mu.users > 0 || now.Sub(b.mu.idleSince) < idle || l.conn.Context().Err() != nil {
+		b.mu.Unlock()
+		return false
+	}
+	b.takeLinkLocked()
+	b.mu.dialed = false // the next dial is no reconnection
+	b.mu.Unlock()
+	_ = l.conn.CloseWithError(0, "idle")
+	return true
+}
+
+// takeLinkLocked removes the current connection, keeping its counters,
+// and returns it. b.mu is held.
+func (b *brokerConn) takeLinkLocked() *link {
 	l := b.mu.link
 	b.mu.link = nil
 	if l != nil {
 		b.mu.past.add(l.conn.ConnectionStats())
 	}
-	b.mu.Unlock()
-	if l != nil {
-		_ = l.conn.CloseWithError(0, "client closed")
-	}
+	return l
 }
 
 // conn returns the pool entry for addr, creating it.

@@ -3,7 +3,8 @@
 //
 // It owns the client side of the broker protocol: one QUIC connection per
 // broker for publishes and requests, redialed with capped exponential
-// backoff; publish streams with a bounded window of records in flight;
+// backoff, and closed once unused for [WithConnIdleTimeout] or once its
+// broker leaves the shard map (the home broker's is kept); publish streams with a bounded window of records in flight;
 // one subscription stream per shard, attached to the shard's owner as the
 // shard map says, over connections of the subscription's own (so that
 // records it has not taken yet hold back no one else: subconns.go); and

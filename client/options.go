@@ -65,6 +65,11 @@ type config struct {
 	// home to another live broker (home.go); negative: never. Default
 	// DefaultHomeFailover.
 	homeFailover time.Duration
+
+	// connIdleTimeout is how long a pooled connection to a broker other
+	// than the home may go unused before the client closes it
+	// (idleconns.go); negative: never. Default DefaultConnIdleTimeout.
+	connIdleTimeout time.Duration
 }
 
 // Defaults of the options.
@@ -77,6 +82,10 @@ const (
 	// DefaultHomeFailover is how long the home broker may fail every
 	// dial before the client moves its home (see [WithHomeFailover]).
 	DefaultHomeFailover = 10 * time.Second
+	// DefaultConnIdleTimeout is how long a connection to a broker other
+	// than the home may go unused before the client closes it (see
+	// [WithConnIdleTimeout]); franz-go's ConnIdleTimeout is the same.
+	DefaultConnIdleTimeout = 20 * time.Second
 )
 
 // DefaultRequestTimeout is how long the client waits for a broker to
@@ -116,6 +125,9 @@ func newConfig(opts []Opt) config {
 	}
 	if c.homeFailover == 0 {
 		c.homeFailover = DefaultHomeFailover
+	}
+	if c.connIdleTimeout == 0 {
+		c.connIdleTimeout = DefaultConnIdleTimeout
 	}
 	return c
 }
@@ -222,6 +234,22 @@ func WithReconnect(min, max time.Duration) Opt {
 // [DefaultHomeFailover]; d < 0 keeps the home for the client's life.
 func WithHomeFailover(d time.Duration) Opt {
 	return optFunc(func(c *config) { c.homeFailover = d })
+}
+
+// WithConnIdleTimeout sets how long the client keeps a connection to a
+// broker other than its home once nothing uses it: no request in flight
+// on it and no publisher stream open on it. Such connections are made
+// for [Client.ReplicaStatus], for a shard map the home did not give, or
+// were the home before it moved ([WithHomeFailover]). One unused for d is
+// closed (within d/2 more), and the broker is dialed again when next
+// needed; one to a broker that is no longer in the shard map is closed as
+// soon as nothing uses it, whatever d. The home broker's connection is
+// kept for the client's life, and a subscription closes each of its own
+// connections once no shard of it reads over it. Default
+// [DefaultConnIdleTimeout], as franz-go's ConnIdleTimeout; d < 0 keeps
+// unused connections open until Close.
+func WithConnIdleTimeout(d time.Duration) Opt {
+	return optFunc(func(c *config) { c.connIdleTimeout = d })
 }
 
 // WithIdempotence makes every publisher of the client idempotent: it

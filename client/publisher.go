@@ -372,18 +372,25 @@ func (p *Publisher) session(ctx context.Context) (*pubSession, error) {
 // reader. The caller holds the opening slot.
 func (p *Publisher) openStream(ctx context.Context, ready bool) (*pubSession, error) {
 	home := p.c.homeConn()
-	l, err := home.get(ctx)
+	l, err := home.hold(ctx)
 	if err != nil && ctx.Err() == nil {
 		// A failed dial may have moved the home (moveHome): nothing was
 		// sent, so the new home is tried at once.
 		if next := p.c.homeConn(); next != home {
 			home = next
-			l, err = home.get(ctx)
+			l, err = home.hold(ctx)
 		}
 	}
 	if err != nil {
 		return nil, err
 	}
+	// The session holds the connection until its reader ends.
+	held := true
+	defer func() {
+		if held {
+			home.release()
+		}
+	}()
 	str, err := l.conn.OpenStreamSync(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -413,8 +420,10 @@ func (p *Publisher) openStream(ctx context.Context, ready bool) (*pubSession, er
 	p.mu.sess, p.mu.ready = s, ready
 	// Add under mu: shutdown takes mu before Close waits on wg.
 	p.c.wg.Add(2)
+	held = false
 	go func() {
 		defer p.c.wg.Done()
+		defer home.release()
 		s.readLoop()
 		p.mu.Lock()
 		delete(p.mu.draining, s)
