@@ -27,8 +27,21 @@ type Client struct {
 	cancel context.CancelFunc
 	closed atomic.Bool
 
-	// shardMap is the newest shard map seen, nil before the first.
+	// shardMap is the newest shard map seen, nil before the first; only
+	// storeMap sets it.
 	shardMap atomic.Pointer[shardmap.Map]
+	// maps serializes storeMap, so that two maps of different clusters
+	// arriving at once cannot undo each other's judgment.
+	maps struct {
+		sync.Mutex
+		left map[string]bool // the clusters whose maps the client replaced by another cluster's
+	}
+	// connsEnded counts the connections to brokers that ended other than
+	// by the client's choice (watchEnd); mapFetched is its count when the
+	// shard map was last fetched after one ended. While they differ, the
+	// map is fetched before the next publisher picks a shard by it
+	// (catchUpMap): a broker lost may have come back with another map.
+	connsEnded, mapFetched atomic.Uint64
 	// mapNamed is the newest map epoch a broker named in refusing a
 	// record of a stream it does not hold as this client does (deleted,
 	// or created again), or in the ack of a record it placed by that map:
@@ -208,31 +221,78 @@ func (c *Client) untrack(p *Publisher, s *Subscription) {
 // cachedMap returns the newest shard map seen, or nil.
 func (c *Client) cachedMap() *shardmap.Map { return c.shardMap.Load() }
 
-// storeMap keeps m if it is newer than the cached map, and returns the
-// newest map.
+// storeMap keeps m if it supersedes the cached map (supersedes), and
+// returns the map the client has then.
 func (c *Client) storeMap(m *shardmap.Map) *shardmap.Map {
-	for {
-		old := c.shardMap.Load()
-		if m == nil || !m.NewerThan(old) && old != nil {
-			return old
-		}
-		if c.shardMap.CompareAndSwap(old, m) {
-			c.tookMap()
-			return m
-		}
+	if m == nil {
+		return c.cachedMap()
 	}
+	c.maps.Lock()
+	defer c.maps.Unlock()
+	old := c.shardMap.Load()
+	if !supersedes(m, old, c.maps.left) {
+		return old
+	}
+	if otherCluster(m, old) {
+		if c.maps.left == nil {
+			c.maps.left = map[string]bool{}
+		}
+		c.maps.left[old.Cluster] = true
+		c.cfg.logger.Warn("client: the brokers serve the shard map of another cluster than the one this client knew (was the cluster rebuilt, its control plane's state lost?); following it, and never the old cluster's again",
+			"cluster", m.Cluster, "epoch", m.Epoch, "was_cluster", old.Cluster, "was_epoch", old.Epoch)
+	}
+	c.shardMap.Store(m)
+	c.tookMap()
+	return m
+}
+
+// supersedes reports whether the client takes m in place of old, its
+// cached map (nil before the first). Within one cluster the epoch
+// decides: only a newer map replaces the cached one, so a replayed or
+// lagging broker's map never rolls the client back. A map of another
+// cluster than old's (both name theirs, and the names differ) is taken
+// whatever its epoch: the cluster was rebuilt (its control plane lost its
+// state, made a new ID, and starts its epochs over), or the brokers the
+// client reaches now serve another cluster; the cached map's epoch says
+// nothing of its. But never a map of a cluster the client has left
+// (left): a broker still serving the old cluster's maps does not take it
+// back. A map that names no cluster (from a control plane older than
+// cluster IDs) is judged by its epoch alone, as is any map compared with
+// one that names none.
+func supersedes(m, old *shardmap.Map, left map[string]bool) bool {
+	switch {
+	case old == nil:
+		return true
+	case m.Cluster != "" && left[m.Cluster]:
+		return false
+	case otherCluster(m, old):
+		return true
+	}
+	return m.NewerThan(old)
+}
+
+// otherCluster reports whether m and old both name their cluster, and
+// not the same one.
+func otherCluster(m, old *shardmap.Map) bool {
+	return old != nil && m.Cluster != "" && old.Cluster != "" && m.Cluster != old.Cluster
 }
 
 // catchUpMap fetches the shard map once if a broker named a newer one
-// than the cached map (mapNamed). A failure leaves the cached map: the
-// broker judges the record by its own, and refuses it again if need be.
+// than the cached map (mapNamed), and until a fetch succeeds after a
+// connection to a broker ended (connsEnded): the cluster may have been
+// rebuilt meanwhile, its new map of a lower epoch than the cached one
+// (supersedes), and nothing else would fetch it. A failure leaves the
+// cached map: the broker judges the record by its own, and refuses it
+// again if need be.
 func (c *Client) catchUpMap(ctx context.Context) {
-	named := c.mapNamed.Load()
-	if named == 0 {
+	named, ended := c.mapNamed.Load(), c.connsEnded.Load()
+	if named == 0 && ended == c.mapFetched.Load() {
 		return
 	}
-	if m := c.cachedMap(); m == nil || m.Epoch < named {
-		_, _ = c.refreshMap(ctx)
+	if m := c.cachedMap(); m == nil || m.Epoch < named || ended != c.mapFetched.Load() {
+		if _, err := c.refreshMap(ctx); err == nil {
+			raise(&c.mapFetched, ended)
+		}
 	}
 	c.mapNamed.CompareAndSwap(named, 0)
 }

@@ -73,6 +73,16 @@ type link struct {
 	// answered: a frame of the broker's arrived on one of the
 	// connection's streams, so the broker accepted the connection.
 	answered atomic.Bool
+	// unwatch stops watchEnd's count of the connection's end, for a
+	// connection the client closes itself.
+	unwatch func() bool
+}
+
+// watchEnd counts l's connection in Client.connsEnded when it ends other
+// than by the client's closing it (takeLinkLocked stops the count first).
+func (l *link) watchEnd() {
+	c := l.b.c
+	l.unwatch = context.AfterFunc(l.conn.Context(), func() { c.connsEnded.Add(1) })
 }
 
 // answer records that a frame of the broker's arrived on one of l's
@@ -220,6 +230,7 @@ func (b *brokerConn) connect(ctx context.Context, hold bool) (*link, error) {
 			// failures is kept until the connection proves itself
 			// (ended, link.answer).
 			l := &link{b: b, conn: conn, at: time.Now()}
+			l.watchEnd()
 			b.mu.link, b.mu.dialed = l, true
 			b.mu.missed = 0
 			b.mu.dials++
@@ -381,6 +392,7 @@ func (b *brokerConn) takeLinkLocked() *link {
 	l := b.mu.link
 	b.mu.link = nil
 	if l != nil {
+		l.unwatch()
 		b.mu.past.add(l.conn.ConnectionStats())
 	}
 	return l

@@ -91,6 +91,18 @@
 // the same address within that time stays the home; the client does not
 // move back. [Client.Addr] says which broker is the home.
 //
+// # The shard map
+//
+// The client keeps the newest shard map it has seen, and takes a newer
+// one (of a higher epoch) from any broker's answer; an older one never
+// replaces it. After a connection to a broker ended other than by the
+// client's closing it, the map is fetched again before a publisher next
+// picks a shard by it (a record with no key, an idempotent publisher's
+// record). A map of another cluster than the one cached (its cluster ID
+// differs: the cluster was rebuilt, its control plane's state lost and
+// its epochs started over) is taken whatever its epoch, with a warning,
+// and the client never takes a map of the cluster it left again.
+//
 // # Idempotent publishing
 //
 // With [WithIdempotence], every Publisher numbers its records (a random
