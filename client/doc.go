@@ -73,7 +73,13 @@
 // A record with few others in flight on its stream is written at once,
 // on the caller's goroutine; records published while many are in flight
 // are buffered and written together by the stream's flusher goroutine,
-// many to a QUIC packet (as the NATS client's flusher does).
+// many to a QUIC packet (as the NATS client's flusher does). So are
+// records the stream's flow-control window cannot take at once (a broker
+// that reads slowly, or not at all): a publish never waits on the
+// network to send its record, only for its turn at the stream (while
+// the flusher's write is blocked), and that wait ends with its context:
+// the record was not sent (nor numbered, by an idempotent client).
+// Publish and PublishAsync then fail with the context's error.
 //
 // # The home broker
 //

@@ -29,7 +29,14 @@ package client
 // unknown_producer (it forgot the id: expiry, eviction, a restart) was not
 // written, nor was anything after it under that id: it and they are sent
 // again under a fresh id. A record that did not encode (too large for a
-// frame) gives its sequence back.
+// frame) gives its sequence back. A record is numbered only once it holds
+// its stream's writer (pubSession.send), in the order records go on the
+// wire: one whose publish's context ended while it waited for the writer
+// (held by a write blocked on flow control) was not sent and took no
+// sequence, so the next record of its shard takes the one it would have,
+// and no gap is left. A record of unknown outcome, already numbered, is
+// never dropped so: one that a publish (or the resender) did not get to
+// send again before its context ended stays unresolved, for the resender.
 //
 // A record refused out_of_order_sequence again and again, with no ack in
 // between (a gap that sending again does not close), is sent again after
@@ -223,11 +230,21 @@ func (st *idemState) unresolve(pending map[uint64]*Future, cause error) {
 		st.mu.unresolved = append(st.mu.unresolved, f)
 	}
 	slices.SortFunc(st.mu.unresolved, byOrder)
-	start := !st.mu.resending
-	st.mu.resending = true
+	st.unlockResending()
+}
+
+// unlockResending unlocks st.mu, first making sure the resender runs if
+// unresolved records wait. st.mu is held. The caller is a counted
+// goroutine (a session's reader), or holds the publisher's opening slot
+// with a session's goroutines running, so Close waits for the resender.
+func (st *idemState) unlockResending() {
+	start := !st.mu.resending && len(st.mu.unresolved) > 0
+	if start {
+		st.mu.resending = true
+	}
 	st.mu.Unlock()
 	if start {
-		st.p.c.wg.Add(1) // the caller is a counted goroutine (a session's reader), or holds the publisher's opening slot
+		st.p.c.wg.Add(1)
 		go st.p.resendLoop()
 	}
 }
@@ -264,12 +281,13 @@ func (st *idemState) takeUnresolved() []*Future {
 	return fs
 }
 
-// putBack returns records taken by takeUnresolved and not sent.
+// putBack returns records taken by takeUnresolved and not sent, for the
+// resender to send (it may have stopped once takeUnresolved took them).
 func (st *idemState) putBack(fs []*Future) {
 	st.mu.Lock()
 	st.mu.unresolved = append(fs, st.mu.unresolved...)
 	slices.SortFunc(st.mu.unresolved, byOrder)
-	st.mu.Unlock()
+	st.unlockResending()
 }
 
 // hasUnresolved reports whether records wait to be sent again.
@@ -365,7 +383,12 @@ func (p *Publisher) resendLoop() {
 
 // openIdem opens a new stream for an idempotent publisher and sends the
 // unresolved records on it, in order, before anyone else may use it. The
-// caller holds the opening slot.
+// caller holds the opening slot. Each record waits for the stream's
+// writer no longer than ctx allows (the caller's publish, or the
+// resender's retry deadline): if ctx ends first, the records not sent
+// yet go back to the resender, and the stream is left not ready, so the
+// next opener abandons it and sends them all again, those sent on it
+// too, on a stream of its own.
 func (p *Publisher) openIdem(ctx context.Context) (*pubSession, error) {
 	p.mu.Lock()
 	old := p.mu.sess
@@ -382,7 +405,7 @@ func (p *Publisher) openIdem(ctx context.Context) (*pubSession, error) {
 
 	fs := p.idem.takeUnresolved()
 	for i, f := range fs {
-		if err := s.send(p.c.ctx, f, f.idem.frame); err != nil {
+		if err := s.send(ctx, f, f.idem.frame); err != nil {
 			p.idem.putBack(fs[i:])
 			return nil, fmt.Errorf("sending records of unknown outcome again to %s: %w", p.c.Addr(), err)
 		}

@@ -1,11 +1,17 @@
 package client
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/quic-go/quic-go"
+
 	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
 )
 
 // TestIdempotentGapBacksOff: a record that the owner keeps refusing
@@ -48,4 +54,146 @@ func TestIdempotentPublishToAStreamOfNoShards(t *testing.T) {
 	if _, err := c.Publish(testCtx(t), "z", []byte("k"), []byte("v")); err == nil {
 		t.Fatal("a publish to a stream of 0 shards was acked")
 	}
+}
+
+// TestIdempotentPublishHonorsCtxWhenStreamBlocked: an idempotent
+// client's PublishAsync on a stream the broker does not read (its
+// flow-control window full) returns its context's error, as a plain
+// client's does (TestPublishHonorsCtxWhenStreamBlocked); it waited for
+// the stream's writer as long as the client lived, and a record larger
+// than the window blocked its own sender in the write, whatever the
+// client. The record that gave up was not sent and took no sequence:
+// once the broker reads again, the records sent and the next one are
+// committed once each, in order, under sequences 1, 2, 3, ... of one
+// producer id, with no gap.
+func TestIdempotentPublishHonorsCtxWhenStreamBlocked(t *testing.T) {
+	for _, size := range []int{300, 4 << 10} {
+		t.Run(fmt.Sprintf("%dB", size), func(t *testing.T) { idempotentPublishWhenStreamBlocked(t, size) })
+	}
+}
+
+func idempotentPublishWhenStreamBlocked(t *testing.T, size int) {
+	fc := newFakeClusterWith(t, 1, transport.Config{InitialStreamWindow: 1 << 10, MaxStreamWindow: 1 << 10})
+	b := fc.brokers[0]
+	release := make(chan struct{})
+	stall := pubHook(func(str *quic.Stream, first *transport.Publish, r *transport.Reader, w *transport.Writer) bool {
+		// Read nothing more until released: the client's writes block
+		// once the window is full.
+		select {
+		case <-release:
+		case <-str.Context().Done():
+			return true
+		}
+		b.servePublish(first, r, w)
+		return true
+	})
+	b.publishHook.Store(&stall)
+	// A window that takes many records buffered while the flusher waits
+	// for a CPU, so that the stream's writer blocks first.
+	c := connect(t, fc, 0, WithIdempotence(), WithMaxInFlight(1<<14), WithBlockOnFull(false))
+	ctx := testCtx(t)
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var sent []*Future
+	err := wantDeadline(t, publishUntilFailed(ctx, c, size, &sent), "idempotent PublishAsync on a stream the broker does not read")
+	if perr := (*PublishError)(nil); !errors.As(err, &perr) || perr.Stream != "s" {
+		t.Fatalf("PublishAsync failed with %v, want a PublishError of stream s", err)
+	}
+	t.Logf("%d records sent before", len(sent))
+
+	close(release)
+	next, err := c.Publish(ctx, "s", nil, []byte("next"))
+	if err != nil {
+		t.Fatalf("the record after the one that gave up: %v", err)
+	}
+	for i, f := range sent {
+		if ack, err := f.Wait(ctx); err != nil || ack.Offset != uint64(i) || ack.Duplicate {
+			t.Fatalf("record %d sent before the stream blocked: %+v, %v", i, ack, err)
+		}
+	}
+	if next.Offset != uint64(len(sent)) {
+		t.Fatalf("the record after the one that gave up is at offset %d, want %d", next.Offset, len(sent))
+	}
+	checkSequences(t, fc, len(sent)+1)
+}
+
+// checkSequences checks that shard s/0 holds n records, of one producer
+// id, numbered 1 to n in offset order.
+func checkSequences(t *testing.T, fc *fakeCluster, n int) {
+	t.Helper()
+	fc.mu.Lock()
+	log := fc.mu.logs[shardmap.ShardID{Stream: "s"}]
+	fc.mu.Unlock()
+	if len(log) != n {
+		t.Fatalf("%d records committed, want %d", len(log), n)
+	}
+	for i, rec := range log {
+		if rec.ProducerID != log[0].ProducerID || rec.ProducerSeq != uint64(i+1) {
+			t.Fatalf("record %d committed as producer %q sequence %d; want %q sequence %d", i, rec.ProducerID, rec.ProducerSeq, log[0].ProducerID, i+1)
+		}
+	}
+}
+
+// TestIdempotentResendHonorsCtx: whoever opens an idempotent publisher's
+// next stream sends the records of unknown outcome again on it first
+// (openIdem). If the broker does not read that stream, a publish doing
+// so still returns with its context's error; it waited as long as the
+// client lived. The records it did not get out go back to the
+// publisher's resender, which sends them all again once the broker
+// reads: each is committed once, in order.
+func TestIdempotentResendHonorsCtx(t *testing.T) {
+	fc := newFakeClusterWith(t, 1, transport.Config{InitialStreamWindow: 1 << 10, MaxStreamWindow: 1 << 10})
+	b := fc.brokers[0]
+	var streams atomic.Int32
+	hook := pubHook(func(str *quic.Stream, _ *transport.Publish, r *transport.Reader, _ *transport.Writer) bool {
+		switch streams.Add(1) {
+		case 1: // read every record, commit and answer none
+			for {
+				if _, err := r.Read(); err != nil {
+					return true
+				}
+			}
+		case 2: // the stream of the first resend: read nothing
+			<-str.Context().Done()
+			return true
+		}
+		return false // served
+	})
+	b.publishHook.Store(&hook)
+	c := connect(t, fc, 0, WithIdempotence())
+	ctx := testCtx(t)
+	p := streamPublisher(t, c, ctx)
+	const n = 100
+	var fs []*Future
+	for range n {
+		f, err := p.PublishAsync(ctx, nil, make([]byte, 4<<10)) // 400 KiB in all: more than the stream's buffers take
+		if err != nil {
+			t.Fatal(err)
+		}
+		fs = append(fs, f)
+	}
+	// The stream fails with the records in flight, their outcome unknown,
+	// while this test holds the publisher's opening slot: the resender
+	// waits for it, and the test opens the next stream, as a publish does.
+	p.opening <- struct{}{}
+	p.mu.Lock()
+	first := p.mu.sess
+	p.mu.Unlock()
+	first.fail(lost(errTest))
+	opened := make(chan error, 1)
+	go func() {
+		octx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		_, err := p.openIdem(octx)
+		opened <- err
+	}()
+	wantDeadline(t, opened, "sending records of unknown outcome again on a stream the broker does not read")
+	<-p.opening
+	for i, f := range fs {
+		if ack, err := f.Wait(ctx); err != nil || ack.Offset != uint64(i) {
+			t.Fatalf("record %d of unknown outcome, sent again: %+v, %v", i, ack, err)
+		}
+	}
+	checkSequences(t, fc, n)
 }

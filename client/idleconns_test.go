@@ -123,13 +123,7 @@ func TestIdleConnInUseKept(t *testing.T) {
 	const idle = 50 * time.Millisecond
 	c := connect(t, fc, 0, WithConnIdleTimeout(idle))
 	ctx := testCtx(t)
-	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
-		t.Fatal(err)
-	}
-	p, err := c.Publisher(ctx, "s")
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := streamPublisher(t, c, ctx)
 	if _, err := p.Publish(ctx, nil, []byte("x")); err != nil {
 		t.Fatal(err)
 	}
@@ -205,6 +199,21 @@ func TestIdleConnHandoff(t *testing.T) {
 		t.Fatalf("broker-1 dialed %d times: the idle timeout closed none of its connections between the requests, so the test tested nothing", st.Dials)
 	}
 	t.Logf("broker-1 dialed %d times", st.Dials)
+}
+
+// streamPublisher creates the stream "s" of one shard and returns a
+// Publisher of it, closed when the test ends.
+func streamPublisher(t *testing.T, c *Client, ctx context.Context) *Publisher {
+	t.Helper()
+	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := c.Publisher(ctx, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
 }
 
 // mustConn is c.conn for tests.

@@ -210,10 +210,12 @@ type pubSession struct {
 
 	// writer, a lock of capacity one, serializes writers: it is held
 	// from choosing a record's Seq to writing it, so Seqs go on the wire
-	// in order, and never while waiting for an answer. A write may block
-	// on flow control (a broker that stops reading) while holding it: a
-	// sender waits for it with its context (lockWriter), so a publish
-	// still ends when its context does. Lock order: writer, then mu.
+	// in order, and never while waiting for an answer. A sender writes
+	// only what the stream takes at once (TryFlush); only flushLoop's
+	// write blocks on flow control (a broker that stops reading) while
+	// holding it, and a sender waits for it with its context
+	// (lockWriter), so a publish still ends when its context does. Lock
+	// order: writer, then mu.
 	writer chan struct{}
 	w      *transport.Writer
 	// buffered says records wait in w for flushLoop, which has been
@@ -315,10 +317,12 @@ func (s *pubSession) lockWriter(ctx context.Context) error {
 
 func (s *pubSession) unlockWriter() { <-s.writer }
 
-// send writes p, whose outcome f will carry. It returns errStaleSession if
-// the session failed before p was sent, or ctx's error if ctx ended while
-// another write held the stream (p was not sent and f is untouched); any
-// other failure resolves f.
+// send writes p, whose outcome f will carry, or buffers it for flushLoop
+// (when many are in flight, or the stream's window is full). It returns
+// errStaleSession if the session failed before p was sent, or ctx's error
+// if ctx ended while another write held the stream (p was not sent and f
+// is untouched: an idempotent publisher's p took no sequence); any other
+// failure resolves f.
 func (s *pubSession) send(ctx context.Context, f *Future, p *transport.Publish) error {
 	if err := s.lockWriter(ctx); err != nil {
 		return err
@@ -368,20 +372,24 @@ func (s *pubSession) send(ctx context.Context, f *Future, p *transport.Publish) 
 	if inFlight > inlineInFlight {
 		// Many are in flight: flushLoop writes this one with whatever
 		// else is buffered by the time it runs.
-		if !s.buffered {
-			s.buffered = true
-			select {
-			case s.kick <- struct{}{}:
-			default:
-			}
-		}
+		s.kickFlush()
 		return nil
 	}
-	s.buffered = false // written now, with anything buffered before it
-	if err := s.w.Flush(); err != nil {
+	// Written now, with anything buffered before it, if the stream takes
+	// it at once; a sender never waits on flow control itself.
+	written, err := s.w.TryFlush()
+	if err != nil {
 		s.writeFailed(s.connErr(err)) // f is answered with the rest, by the reader
 		return nil
 	}
+	if !written {
+		// The stream's window is full (a broker that reads slowly, or
+		// not at all): flushLoop writes it once the window opens, and
+		// senders wait for the writer meanwhile with their contexts.
+		s.kickFlush()
+		return nil
+	}
+	s.buffered = false
 	if inFlight == 1 && f.obs != nil {
 		// The only record in flight on the stream, as in a closed loop:
 		// the telemetry of the records before it is built while it is on
@@ -419,7 +427,13 @@ const inlineInFlight = 4
 // alternated pairs of runs: 280–299k acked records/s against 236–244k,
 // closed-loop direct and forwarded p50 unchanged (one record in flight
 // is written at once, as before). A stream blocked by flow control
-// blocks only its own loop.
+// blocks only its own loop: a sender writes only what the stream takes
+// at once (TryFlush), and leaves the rest to this loop too.
+//
+// A record is written by its sender, or buffered for this loop, while
+// its sender holds the writer; either way it is on its way once send
+// returns (pending), and its Future carries its outcome. Its sender never
+// waits on flow control: only for the writer, with its context.
 func (s *pubSession) flushLoop() {
 	defer close(s.flushed)
 	for {
@@ -430,6 +444,19 @@ func (s *pubSession) flushLoop() {
 		case <-s.done:
 			return
 		}
+	}
+}
+
+// kickFlush has flushLoop write what is buffered, unless it was kicked
+// already. The writer is held.
+func (s *pubSession) kickFlush() {
+	if s.buffered {
+		return
+	}
+	s.buffered = true
+	select {
+	case s.kick <- struct{}{}:
+	default:
 	}
 }
 

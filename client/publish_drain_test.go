@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -160,8 +161,15 @@ func TestFlushWaitsForFailingSession(t *testing.T) {
 // TestPublishHonorsCtxWhenStreamBlocked: a broker that stops reading a
 // publish stream (its flow-control window full) does not make Publish or
 // PublishAsync ignore their context: they waited for the writer a blocked
-// write held, until the stream died.
+// write held, until the stream died; and a record larger than the window
+// blocked its own sender, in its write.
 func TestPublishHonorsCtxWhenStreamBlocked(t *testing.T) {
+	for _, size := range []int{300, 4 << 10} {
+		t.Run(fmt.Sprintf("%dB", size), func(t *testing.T) { publishWhenStreamBlocked(t, size) })
+	}
+}
+
+func publishWhenStreamBlocked(t *testing.T, size int) {
 	fc := newFakeClusterWith(t, 1, transport.Config{InitialStreamWindow: 1 << 10, MaxStreamWindow: 1 << 10})
 	stall := pubHook(func(str *quic.Stream, _ *transport.Publish, _ *transport.Reader, _ *transport.Writer) bool {
 		// Read nothing more: the client's writes block once the window is full.
@@ -169,48 +177,61 @@ func TestPublishHonorsCtxWhenStreamBlocked(t *testing.T) {
 		return true
 	})
 	fc.brokers[0].publishHook.Store(&stall)
-	c := connect(t, fc, 0, WithMaxInFlight(1000), WithBlockOnFull(false))
+	// A window that takes many records buffered while the flusher waits
+	// for a CPU, so that the stream's writer blocks first.
+	c := connect(t, fc, 0, WithMaxInFlight(1<<14), WithBlockOnFull(false))
 	ctx := testCtx(t)
 	if err := c.CreateStream(ctx, shardmap.StreamConfig{Name: "s", Shards: 1}); err != nil {
 		t.Fatal(err)
 	}
+	wantDeadline(t, publishUntilFailed(ctx, c, size, nil), "PublishAsync (WithBlockOnFull(false)) on a stream the broker does not read")
+	pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { _, err := c.Publish(pctx, "s", nil, []byte("x")); done <- err }()
+	wantDeadline(t, done, "Publish on a stream the broker does not read")
+}
+
+// publishUntilFailed publishes records of size bytes to the stream "s"
+// with c.PublishAsync, each with a context of 200ms, on a goroutine of its
+// own, until one fails: its error comes on the channel returned, and the
+// futures of the records sent before it are then in *sent (if not nil).
+// It gives up, with nil, after 100,000 records: a stream's window of a
+// few KiB filled long before.
+func publishUntilFailed(ctx context.Context, c *Client, size int, sent *[]*Future) <-chan error {
 	returned := make(chan error, 1)
 	go func() {
-		for i := 0; ; i++ {
+		for range 100_000 {
 			cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-			_, err := c.PublishAsync(cctx, "s", nil, make([]byte, 300))
+			f, err := c.PublishAsync(cctx, "s", nil, make([]byte, size))
 			cancel()
 			if err != nil {
 				returned <- err
 				return
 			}
-			if i == 100_000 { // 30 MB: the stream's 1 KiB window filled long before
-				returned <- nil
-				return
+			if sent != nil {
+				*sent = append(*sent, f)
 			}
 		}
+		returned <- nil
 	}()
+	return returned
+}
+
+// wantDeadline waits up to 3s for the error of a call whose context had a
+// deadline of 200ms, what, and fails unless it is that deadline's (the
+// failure shows the client's goroutines, where the call blocks).
+func wantDeadline(t *testing.T, returned <-chan error, what string) error {
+	t.Helper()
 	select {
 	case err := <-returned:
 		if !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("PublishAsync on a stream the broker does not read: %v; want its context's deadline", err)
+			t.Fatalf("%s: %v; want its context's deadline", what, err)
 		}
-		t.Logf("PublishAsync returned: %v", err)
+		t.Logf("%s returned: %v", what, err)
+		return err
 	case <-time.After(3 * time.Second):
-		t.Fatalf("PublishAsync (WithBlockOnFull(false), ctx of 200ms) still blocked after 3s on a stream the broker does not read:\n%s", clientGoroutines())
-	}
-	start := time.Now()
-	pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { _, err := c.Publish(pctx, "s", nil, []byte("x")); done <- err }()
-	select {
-	case err := <-done:
-		if !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("Publish on a stream the broker does not read: %v; want its context's deadline", err)
-		}
-		t.Logf("Publish returned after %v: %v", time.Since(start), err)
-	case <-time.After(3 * time.Second):
-		t.Fatal("Publish with a 200ms ctx still blocked after 3s")
+		t.Fatalf("%s (ctx of 200ms) still blocked after 3s:\n%s", what, clientGoroutines())
+		return nil
 	}
 }

@@ -270,19 +270,16 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 	}
 	// A record waits for the stream's writer (held by a write blocked on
 	// flow control, say) no longer than ctx allows, and is then not sent.
-	// An idempotent publisher's is numbered on the wire, in order, and
-	// waits as long as the client lives.
-	sendCtx := ctx
-	if p.idem != nil {
-		sendCtx = p.c.ctx
-	}
+	// An idempotent publisher's too: it is numbered only once it holds
+	// the writer (pubSession.send), so one that gave up took no sequence,
+	// and the next record of its shard takes the one it would have.
 	// Retries are bounded from the first failure (read then: a clock read
 	// on every publish cost 1.6% of a publishing process's CPU).
 	var began time.Time
 	for attempt := 0; ; attempt++ {
 		s, err := p.session(ctx)
 		if err == nil {
-			err = s.send(sendCtx, f, frame)
+			err = s.send(ctx, f, frame)
 			if err == nil {
 				return f, nil
 			}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/quic-go/quic-go"
 )
 
 const (
@@ -456,6 +458,30 @@ func (w *Writer) Flush() error {
 		return nil
 	}
 	_, err := w.w.Write(w.buf)
+	return w.written(err)
+}
+
+// TryFlush writes the buffered frames in one underlying write if that
+// does not block, and reports whether it wrote them: on a QUIC stream
+// (the underlying writer has quic-go's TryWriteAll) they are written
+// only if the stream's flow-control window takes them all at once, and
+// are otherwise left buffered, for a Flush by a goroutine that may
+// block. Any other writer is flushed as by Flush. On error, as Flush.
+func (w *Writer) TryFlush() (bool, error) {
+	tw, ok := w.w.(interface{ TryWriteAll([]byte) error })
+	if !ok || len(w.buf) == 0 {
+		return true, w.Flush()
+	}
+	err := tw.TryWriteAll(w.buf)
+	if errors.Is(err, quic.ErrWouldBlock) {
+		return false, nil
+	}
+	return true, w.written(err)
+}
+
+// written empties the buffer after a write of its frames ended with err
+// (nil: they were written; else they are dropped, as Flush says).
+func (w *Writer) written(err error) error {
 	frames := w.frames
 	w.frames = 0
 	if cap(w.buf) > keepBufSize {

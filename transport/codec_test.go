@@ -15,6 +15,7 @@ import (
 	"testing/iotest"
 	"time"
 
+	"github.com/quic-go/quic-go"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/felix-broker/felix/shardmap"
@@ -257,6 +258,58 @@ func TestWriterError(t *testing.T) {
 	if w.Buffered() != 0 {
 		t.Fatalf("failed flush kept %d frames", w.Buffered())
 	}
+}
+
+// TestWriterTryFlush: TryFlush writes the buffered frames in one write
+// when a QUIC stream would take them at once, leaves them buffered for
+// Flush when it would block, and is Flush on any other writer.
+func TestWriterTryFlush(t *testing.T) {
+	tw := &tryWriter{block: true}
+	w := NewWriter(tw)
+	if err := w.Buffer(&Credit{Records: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Buffer(&Credit{Records: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := w.TryFlush(); ok || err != nil || w.Buffered() != 2 || len(tw.writes) != 0 {
+		t.Fatalf("TryFlush on a stream that would block = %v, %v; %d frames buffered, %d writes; want false, nil, 2, 0", ok, err, w.Buffered(), len(tw.writes))
+	}
+	tw.block = false
+	if ok, err := w.TryFlush(); !ok || err != nil || w.Buffered() != 0 || len(tw.writes) != 1 {
+		t.Fatalf("TryFlush on a stream that takes it = %v, %v; %d frames buffered, %d writes; want true, nil, 0, 1", ok, err, w.Buffered(), len(tw.writes))
+	}
+	r := NewReader(bytes.NewReader(tw.writes[0]), 0)
+	for want := uint32(1); want <= 2; want++ {
+		f, err := r.Read()
+		if c, ok := f.(*Credit); err != nil || !ok || c.Records != want {
+			t.Fatalf("frame %d written: %+v, %v", want, f, err)
+		}
+	}
+	var plain bytes.Buffer
+	w = NewWriter(&plain)
+	if err := w.Buffer(&Credit{Records: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := w.TryFlush(); !ok || err != nil || plain.Len() == 0 {
+		t.Fatalf("TryFlush on a plain writer = %v, %v, %d bytes written; want it flushed", ok, err, plain.Len())
+	}
+}
+
+// tryWriter has quic-go's TryWriteAll, which would block while block.
+type tryWriter struct {
+	block  bool
+	writes [][]byte
+}
+
+func (w *tryWriter) Write(p []byte) (int, error) { panic("a blocking write") }
+
+func (w *tryWriter) TryWriteAll(p []byte) error {
+	if w.block {
+		return quic.ErrWouldBlock
+	}
+	w.writes = append(w.writes, bytes.Clone(p))
+	return nil
 }
 
 type errWriter struct{ err error }
