@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -590,42 +589,16 @@ func heapInUse() uint64 {
 func TestHandshakesInFlightBounded(t *testing.T) {
 	const maxHS = 64
 	ip := startInprocWith(t, func(c *Config) { c.Transport.MaxHandshakes = maxHS }, 1)
-	b := ip.brokers[0]
-	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := &quic.Transport{Conn: udp}
-	defer func() { tr.Close(); udp.Close() }()
-	block := make(chan struct{})
 	ca, err := transport.LoadCA(filepath.Join(ip.dir, "certs", "ca.crt"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	conf := transport.ClientTLS(ca, nil, "localhost", transport.ALPNClient)
-	conf.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-		<-block // never sends the certificate nor Finished
-		return nil, errors.New("gave up")
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
 	const attempts = 2000
-	for range attempts {
-		wg.Go(func() {
-			conn, err := tr.Dial(ctx, b.Addr().(*net.UDPAddr), conf, transport.Config{}.QUIC())
-			if err == nil {
-				conn.CloseWithError(0, "")
-			}
-		})
+	conf := transport.ClientTLS(ca, nil, "localhost", transport.ALPNClient)
+	held, err := quictest.HeldHandshakes(ip.brokers[0].Addr().(*net.UDPAddr), conf, transport.Config{}.QUIC(), attempts, maxHS)
+	if err != nil {
+		t.Fatal(err)
 	}
-	defer func() { close(block); cancel(); wg.Wait() }()
-	// Until the broker holds its cap (or 3 s pass: a loaded machine may
-	// dial fewer), then a while longer for dials refused to get in.
-	for deadline := time.Now().Add(3 * time.Second); quictest.ServerHandshakes() < maxHS && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-	}
-	time.Sleep(500 * time.Millisecond)
-	held := quictest.ServerHandshakes()
 	t.Logf("server connections in handshake after %d never-finished dials: %d (MaxHandshakes %d)", attempts, held, maxHS)
 	if held > maxHS {
 		t.Errorf("the broker holds %d unfinished handshakes from one unauthenticated source; Transport.MaxHandshakes is %d", held, maxHS)

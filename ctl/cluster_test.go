@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/felix-broker/felix/ctl/ctlclient"
+	"github.com/felix-broker/felix/internal/quictest"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -208,16 +209,9 @@ func TestCloseWhileStartBinds(t *testing.T) {
 	addr := pc.LocalAddr().String()
 	pc.Close()
 	var srv *Server
-	srv, err = New(Config{
-		Addr:       addr,
-		DataDir:    t.TempDir(),
-		Etcd:       p.etcd(),
-		TLS:        transport.ServerTLS(p.cert(t, "ctl"), p.ca, transport.ALPNCtl),
-		LeaseTTL:   shortTTL,
-		Superusers: []string{transport.DevAdminName},
-		Logger:     testLogger(t),
-		Knobs:      Knobs{StartBound: func() { srv.Close() }},
-	})
+	cfg := p.ctlConfig(t, t.TempDir(), addr)
+	cfg.Knobs.StartBound = func() { srv.Close() }
+	srv, err = New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,6 +353,38 @@ func TestClientCertificateHoldsNoStreams(t *testing.T) {
 			t.Errorf("connection %d closed with %v, want unauthorized", i, context.Cause(c.conn.Context()))
 		}
 	}
+}
+
+// TestHandshakesInFlightBounded: clients that never finish the TLS
+// handshake (they never send their certificate) make ctl hold at most
+// Transport.MaxHandshakes connections in their handshake; the rest are
+// refused. ctl's listener is transport's, as a broker's is (see the
+// broker's test of the same name): without it ctl built its own
+// quic.Transport, which bounded nothing, and every client's first
+// packet made a server connection (two goroutines and TLS state) for up
+// to twice HandshakeTimeout.
+func TestHandshakesInFlightBounded(t *testing.T) {
+	const maxHS = 64
+	p := newPKI(t)
+	cfg := p.ctlConfig(t, t.TempDir(), "127.0.0.1:0")
+	cfg.Transport.MaxHandshakes = maxHS
+	srv := startConfig(t, cfg)
+	addr, err := net.ResolveUDPAddr("udp", srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const attempts = 2000
+	conf := transport.ClientTLS(p.ca, nil, "localhost", transport.ALPNCtl)
+	held, err := quictest.HeldHandshakes(addr, conf, transport.Config{}.QUIC(), attempts, maxHS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("server connections in handshake after %d never-finished dials: %d (MaxHandshakes %d)", attempts, held, maxHS)
+	if held > maxHS {
+		t.Errorf("ctl holds %d unfinished handshakes from one unauthenticated source; Transport.MaxHandshakes is %d", held, maxHS)
+	}
+	// ctl still serves a broker.
+	join(t, p, srv.Addr(), "b0")
 }
 
 func TestAdminRequests(t *testing.T) {

@@ -19,7 +19,10 @@
 // the connection of a client certificate is closed at once with
 // [transport.CodeUnauthorized] (a client's admin requests come relayed
 // by a broker), so it can neither register nor hold ctl's streams and
-// goroutines. ctl answers with a [transport.MapUpdate]
+// goroutines. Before that, connections in their handshake are bounded
+// as on a broker: ctl listens with [transport.Listen], whose
+// Config.Transport.MaxHandshakes and RetryHandshakes apply. ctl
+// answers with a [transport.MapUpdate]
 // holding the current map, then sends one whenever the map changes; the
 // broker sends a [transport.Heartbeat] every LeaseTTL/3 (which ctl
 // answers: see below), by ctl's LeaseTTL, which each MapUpdate says

@@ -96,15 +96,24 @@ func startCtl(t *testing.T, p *testPKI, dataDir, addr string) *Server {
 // startCtlLease is startCtl with a lease of its own.
 func startCtlLease(t *testing.T, p *testPKI, dataDir, addr string, lease time.Duration) *Server {
 	t.Helper()
-	return startConfig(t, Config{
+	cfg := p.ctlConfig(t, dataDir, addr)
+	cfg.LeaseTTL = lease
+	return startConfig(t, cfg)
+}
+
+// ctlConfig is the config of a ctl of this PKI on addr with state in
+// dataDir, as startCtl starts it.
+func (p *testPKI) ctlConfig(t *testing.T, dataDir, addr string) Config {
+	t.Helper()
+	return Config{
 		Addr:       addr,
 		DataDir:    dataDir,
 		Etcd:       p.etcd(),
 		TLS:        transport.ServerTLS(p.cert(t, "ctl"), p.ca, transport.ALPNCtl),
-		LeaseTTL:   lease,
+		LeaseTTL:   shortTTL,
 		Superusers: []string{transport.DevAdminName},
 		Logger:     testLogger(t),
-	})
+	}
 }
 
 // startConfig makes and starts a ctl of cfg, closed when the test ends.

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"slices"
 	"strconv"
@@ -44,7 +43,9 @@ type Config struct {
 	// TLS is the server TLS config, normally
 	// transport.ServerTLS(cert, ca, transport.ALPNCtl). Required by Start.
 	TLS *tls.Config
-	// Transport tunes QUIC; zero means transport's defaults.
+	// Transport tunes QUIC; zero means transport's defaults. Its
+	// MaxHandshakes and RetryHandshakes bound the connections in their
+	// handshake, as on a broker (see transport.Listen).
 	Transport transport.Config
 	// LeaseTTL is how long a broker stays Live without a heartbeat.
 	// Default 3s; brokers heartbeat every LeaseTTL/3: ctl says it with
@@ -258,11 +259,9 @@ type Server struct {
 
 	ctx    context.Context // canceled by Close; every goroutine watches it
 	cancel context.CancelFunc
-	wg     sync.WaitGroup  // every goroutine the server starts
-	udp    *net.UDPConn    // set by Start
-	tr     *quic.Transport // set by Start
-	ln     *quic.Listener  // set by Start
-	addrMu sync.Mutex      // guards addr, which Start sets while the election loop reads it
+	wg     sync.WaitGroup      // every goroutine the server starts
+	ln     *transport.Listener // set by Start
+	addrMu sync.Mutex          // guards addr, which Start sets while the election loop reads it
 	addr   string
 	// regToken tells this process's registrations from those of an
 	// earlier run of the same ctl.
@@ -433,24 +432,14 @@ func (s *Server) start() error {
 	if closed {
 		return errors.New("ctl: start: server closed")
 	}
-	// Not transport.Listen: with its single-use quic.Transport the UDP
-	// socket outlives Listener.Close while closed connections drain, so a
-	// ctl restarted in the same process could not bind its address again.
-	// Owning the socket lets Close release it before returning.
-	udpAddr, err := net.ResolveUDPAddr("udp", s.cfg.Addr)
+	// transport's listener, as a broker's: it bounds the connections in
+	// their handshake (Transport.MaxHandshakes, with a Retry past
+	// Transport.RetryHandshakes) and owns its socket, which its Close
+	// releases before returning, so a ctl restarted in the same process
+	// binds its address again.
+	ln, err := transport.Listen(s.cfg.Addr, s.cfg.TLS, s.cfg.Transport)
 	if err != nil {
-		return fmt.Errorf("ctl: start: resolve listen address %q: %w", s.cfg.Addr, err)
-	}
-	udp, err := net.ListenUDP("udp", udpAddr)
-	if err != nil {
-		return fmt.Errorf("ctl: start: listen on %s: %w", s.cfg.Addr, err)
-	}
-	tr := &quic.Transport{Conn: udp}
-	ln, err := tr.Listen(s.cfg.TLS, s.cfg.Transport.QUIC())
-	if err != nil {
-		tr.Close()
-		udp.Close()
-		return fmt.Errorf("ctl: start: listen on %s: %w", s.cfg.Addr, err)
+		return fmt.Errorf("ctl: start: %w", err)
 	}
 	if k := s.cfg.Knobs.StartBound; k != nil {
 		k()
@@ -461,11 +450,9 @@ func (s *Server) start() error {
 	if s.mu.closed {
 		s.mu.Unlock()
 		ln.Close()
-		tr.Close()
-		udp.Close()
 		return errors.New("ctl: start: server closed")
 	}
-	s.udp, s.tr, s.ln = udp, tr, ln
+	s.ln = ln
 	s.wg.Add(1) // before Close's Wait, which comes after closed is set
 	s.mu.Unlock()
 	s.addrMu.Lock()
@@ -957,16 +944,15 @@ func (s *Server) Close() error {
 		s.cancel()
 		s.mu.Lock()
 		s.mu.closed = true
-		ln, tr, udp := s.ln, s.tr, s.udp // a Start from now on closes its own
+		ln := s.ln // a Start from now on closes its own
 		s.mu.Unlock()
 		if ln != nil {
-			ln.Close()
+			ln.StopAccepting()
 		}
 		s.wg.Wait() // every connection is closed
 		s.fwd.close()
-		if tr != nil {
-			tr.Close()
-			udp.Close()
+		if ln != nil {
+			ln.Close() // and its socket
 		}
 		s.etcd.close()
 		s.lock.Release()

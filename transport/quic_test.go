@@ -2,14 +2,12 @@ package transport
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"reflect"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -309,41 +307,12 @@ func TestListenerBoundsHandshakes(t *testing.T) {
 		conn.CloseWithError(0, "")
 		return int(rc.retries.Load())
 	}
-	// stall starts n handshakes that never finish, from one socket,
-	// until release.
-	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	// The handshakes that never finish, from one socket, until Release.
+	stall, err := quictest.NewStaller(ctx, addr, clientTLS, cfg.QUIC())
 	if err != nil {
 		t.Fatal(err)
 	}
-	stallTr := &quic.Transport{Conn: udp}
-	block := make(chan struct{})
-	stallTLS := clientTLS.Clone()
-	stallTLS.Certificates = nil
-	stallTLS.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-		<-block
-		return nil, errors.New("gave up")
-	}
-	var stalled sync.WaitGroup
-	stall := func(n int) {
-		for range n {
-			stalled.Go(func() {
-				if conn, err := stallTr.Dial(ctx, addr, stallTLS, cfg.QUIC()); err == nil {
-					conn.CloseWithError(0, "")
-				}
-			})
-		}
-	}
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			close(block)
-			stalled.Wait()
-			stallTr.Close()
-			udp.Close()
-		}
-	}
-	defer release()
+	defer stall.Release()
 	waitHandshakes := func(want int64) {
 		t.Helper()
 		for deadline := time.Now().Add(20 * time.Second); ln.handshakes.Load() != want; time.Sleep(10 * time.Millisecond) {
@@ -356,14 +325,14 @@ func TestListenerBoundsHandshakes(t *testing.T) {
 	if n := dial(); n != 0 {
 		t.Errorf("with no handshake in flight a client was sent %d Retry packets; want none", n)
 	}
-	stall(2 * retryAt)
+	stall.Stall(2 * retryAt)
 	waitHandshakes(2 * retryAt)
 	if n := dial(); n == 0 {
 		// One per Initial packet of the client's first flight: a
 		// ClientHello with a post-quantum key share takes two.
 		t.Errorf("with %d handshakes in flight (RetryHandshakes %d) a client was sent no Retry", 2*retryAt, retryAt)
 	}
-	stall(200)
+	stall.Stall(200)
 	waitHandshakes(maxHS)
 	time.Sleep(500 * time.Millisecond) // the refused ones had time to get in
 	if n := ln.handshakes.Load(); n > maxHS {
@@ -372,7 +341,7 @@ func TestListenerBoundsHandshakes(t *testing.T) {
 	if n := quictest.ServerHandshakes(); n > maxHS {
 		t.Errorf("quic-go holds %d server connections in their handshake; MaxHandshakes is %d", n, maxHS)
 	}
-	release()
+	stall.Release()
 	waitHandshakes(0)
 	if n := dial(); n != 0 {
 		t.Errorf("once the handshakes in flight ended a client was sent %d Retry packets; want none", n)
