@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/felix-broker/felix/internal/atomicfile"
 )
 
 // DefaultClusterFile is the connection file `felix dev` writes in its
@@ -64,17 +66,18 @@ func LoadClusterFile(path string) (*ClusterFile, error) {
 	return &cf, nil
 }
 
-// Write writes the file atomically.
+// Write replaces the file at path whole (internal/atomicfile: through a
+// new temporary file beside it, never one at a name another user could
+// have placed a link at).
 func (cf *ClusterFile) Write(path string) error {
 	b, err := json.MarshalIndent(cf, "", "  ")
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+	if err := atomicfile.WriteFile(path, append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("client: write cluster file: %w", err)
 	}
-	return os.Rename(tmp, path)
+	return nil
 }
 
 // Broker returns the broker with id.

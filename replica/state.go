@@ -12,6 +12,7 @@ import (
 
 	pb "go.etcd.io/raft/v3/raftpb"
 
+	"github.com/felix-broker/felix/internal/atomicfile"
 	"github.com/felix-broker/felix/internal/tidseg"
 	"google.golang.org/protobuf/proto"
 )
@@ -150,20 +151,12 @@ func openState(dir string, initial persistent) (*stateFile, persistent, bool, er
 
 func createState(dir string, initial persistent) (*stateFile, error) {
 	path := filepath.Join(dir, stateFileName)
-	tmp := path + ".tmp"
 	b, err := initial.encode(nil, 1)
 	if err != nil {
 		return nil, fmt.Errorf("replica: create state %q: %w", path, err)
 	}
 	b = append(b, make([]byte, 2*stateSlot-len(b))...)
-	err = writeSynced(tmp, b)
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err == nil {
-		err = tidseg.SyncDir(dir)
-	}
-	if err != nil {
+	if err := atomicfile.WriteFile(path, b, 0o640); err != nil {
 		return nil, fmt.Errorf("replica: create state %q: %w", path, err)
 	}
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
@@ -196,21 +189,6 @@ func (s *stateFile) write(p *persistent, sync bool) error {
 func (s *stateFile) close() error {
 	err := tidseg.Fdatasync(s.f)
 	if cerr := s.f.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
-func writeSynced(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o640)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	return err

@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"testing"
 
 	pb "go.etcd.io/raft/v3/raftpb"
 
+	"github.com/felix-broker/felix/internal/linktest"
 	"github.com/felix-broker/felix/internal/tidseg"
 	"github.com/felix-broker/felix/wal"
 )
@@ -237,4 +239,20 @@ func FuzzDecodeBatch(f *testing.F) {
 		_, _, _, _ = decodeEntry(b, 1)
 		_, _, _ = decodeSlot(b)
 	})
+}
+
+// TestStateFileIgnoresPlantedLink: a link placed where createState used
+// to put its temporary file (raftstate.tmp) is not followed; the file it
+// points to is left as it was. createState used to write the new state
+// through it.
+func TestStateFileIgnoresPlantedLink(t *testing.T) {
+	dir := t.TempDir()
+	untouched := linktest.Plant(t, filepath.Join(dir, stateFileName+".tmp"), filepath.Join(t.TempDir(), "victim"))
+	sf, _, created, err := openState(dir, persistent{conf: &pb.ConfState{Voters: []uint64{1}}})
+	if err != nil || !created {
+		t.Fatalf("create: %v %v", created, err)
+	}
+	sf.close()
+	untouched()
+	linktest.Regular(t, filepath.Join(dir, stateFileName))
 }

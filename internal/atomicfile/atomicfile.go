@@ -1,64 +1,43 @@
 // Package atomicfile owns the one way Felix replaces a small file whole:
-// written beside its final name, fsynced, renamed over it, and the
-// directory fsynced, so that a reader (or a restart after a crash) sees
-// either the old content or the new, never a part, and the new content
-// survives a power loss once WriteFile returns.
+// written to a new temporary file beside its final name, fsynced,
+// renamed over it, and the directory fsynced, so that a reader (or a
+// restart after a crash) sees either the old content or the new, never a
+// part, and the new content survives a power loss once WriteFile
+// returns.
+//
+// The temporary file is created afresh (O_CREATE|O_EXCL, under a random
+// name): never a fixed name that another local user could have placed a
+// link at beforehand, which a write would follow to any file the process
+// can write.
 package atomicfile
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 )
 
 // WriteFile replaces path with data, with permissions perm. On failure
 // path is unchanged and the temporary file is removed.
-func WriteFile(path string, data []byte, perm os.FileMode) (err error) {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+func WriteFile(path string, data []byte, perm os.FileMode) error {
+	root, err := os.OpenRoot(filepath.Dir(path))
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if _, err := tmp.Write(data); err != nil {
-		return fmt.Errorf("write %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Chmod(perm); err != nil {
-		return fmt.Errorf("chmod %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", tmp.Name(), err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("rename %s: %w", tmp.Name(), err)
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("open dir %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync dir %s: %w", dir, err)
-	}
-	return nil
+	defer root.Close()
+	return WriteFileIn(root, filepath.Base(path), data, perm)
 }
 
 // WriteFileIn is WriteFile for a file named name inside root (a path
-// relative to it, resolved by the root so that it cannot lead out): the
-// temporary file is name + ".tmp" beside it.
+// relative to it, resolved by the root so that it cannot lead out).
 func WriteFileIn(root *os.Root, name string, data []byte, perm os.FileMode) (err error) {
-	tmp := name + ".tmp"
-	f, err := root.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, perm)
+	f, tmp, err := createTemp(root, name)
 	if err != nil {
-		return fmt.Errorf("create %s in %s: %w", tmp, root.Name(), err)
+		return fmt.Errorf("create a temporary file for %s in %s: %w", name, root.Name(), err)
 	}
 	defer func() {
 		if err != nil {
@@ -68,6 +47,9 @@ func WriteFileIn(root *os.Root, name string, data []byte, perm os.FileMode) (err
 	}()
 	if _, err := f.Write(data); err != nil {
 		return fmt.Errorf("write %s in %s: %w", tmp, root.Name(), err)
+	}
+	if err := f.Chmod(perm); err != nil {
+		return fmt.Errorf("chmod %s in %s: %w", tmp, root.Name(), err)
 	}
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("fsync %s in %s: %w", tmp, root.Name(), err)
@@ -87,4 +69,21 @@ func WriteFileIn(root *os.Root, name string, data []byte, perm os.FileMode) (err
 		return fmt.Errorf("fsync dir of %s in %s: %w", name, root.Name(), err)
 	}
 	return nil
+}
+
+// createTemp creates a new file beside name in root, ".<base>.tmp-<n>",
+// as os.CreateTemp does: O_EXCL, so that an existing file or link
+// (dangling or not) at the name chosen is never opened, and another
+// name is tried.
+func createTemp(root *os.Root, name string) (*os.File, string, error) {
+	prefix := filepath.Join(filepath.Dir(name), "."+filepath.Base(name)+".tmp-")
+	for range 100 {
+		tmp := prefix + strconv.FormatUint(uint64(rand.Uint32()), 10)
+		f, err := root.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		return f, tmp, err
+	}
+	return nil, "", fmt.Errorf("100 names like %s* taken", prefix)
 }

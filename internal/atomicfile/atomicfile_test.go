@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/felix-broker/felix/internal/linktest"
 )
 
 // WriteFile replaces the file whole with the permissions asked for, and
@@ -70,4 +72,26 @@ func TestWriteFileIn(t *testing.T) {
 	if err := WriteFileIn(root, "../escape", []byte("x"), 0o640); err == nil {
 		t.Fatal("WriteFileIn wrote outside its root")
 	}
+}
+
+// A link placed in a root where WriteFileIn used to put its temporary
+// file (name + ".tmp") is not followed, even to a file inside the root:
+// that file is left as it was and name is a file of its own. WriteFileIn
+// used to write through the link and rename the link over name.
+func TestWriteFileInIgnoresPlantedLink(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	untouched := linktest.Plant(t, filepath.Join(dir, "sub", "mark.tmp"), filepath.Join(dir, "victim"))
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	if err := WriteFileIn(root, filepath.Join("sub", "mark"), []byte("mark"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	untouched()
+	linktest.Regular(t, filepath.Join(dir, "sub", "mark"))
 }
