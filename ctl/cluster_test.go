@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"net"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"sync/atomic"
@@ -311,17 +310,7 @@ func TestClientCertificateRefused(t *testing.T) {
 func TestClientCertificateHoldsNoStreams(t *testing.T) {
 	p := newPKI(t)
 	srv := startCtl(t, p, t.TempDir(), "127.0.0.1:0")
-	ca, err := transport.LoadCAKeyPair(filepath.Join(p.dir, "ca.crt"), filepath.Join(p.dir, "ca.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := ca.Issue(transport.RoleClient, "nobody")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := transport.WriteKeyPair(cert, filepath.Join(p.dir, "nobody.crt"), filepath.Join(p.dir, "nobody.key")); err != nil {
-		t.Fatal(err)
-	}
+	p.issue(t, p.dir, transport.RoleClient, "nobody")
 	const conns, perConn = 3, 1500
 	var raws []*rawConn
 	for range conns {

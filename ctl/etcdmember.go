@@ -28,7 +28,7 @@ type EtcdMember struct {
 // member of a new cluster means once a majority of the members named in
 // InitialCluster are up. Its https URLs are secured as the embedded
 // member's are (EtcdConfig.CertFile, KeyFile and CAFile: peers must hold a
-// certificate of the cluster CA named after a member, clients a felix-ctl
+// ctl certificate of the cluster CA naming a member, clients a felix-ctl
 // certificate), and plaintext ones refused off loopback and between
 // members unless EtcdConfig.Insecure. Unlike ctl's embedded member, its
 // default URLs are http:// on loopback, and http:// loopback URLs are

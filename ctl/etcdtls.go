@@ -29,14 +29,18 @@ import (
 //
 //   - Peer URL, both ways (the listener checks the member dialing it, and
 //     a member dialing a peer checks the peer): the chain, and that the
-//     certificate's CN is a member's name (one of
+//     certificate is a ctl certificate of a member: that it names
+//     transport.CtlMemberHost of a member's name (one of
 //     EtcdConfig.InitialCluster's, or the CN of this member's own
-//     certificate, for members sharing one); the listener also checks
-//     that a SAN names the address the connection comes from. etcd has no
-//     hook on its peer connections for more: Felix's role (the
-//     certificate's OU) is not checked there, so a node or client
-//     certificate issued under a ctl member's name (or under the name of
-//     a shared ctl certificate) would pass. Never issue one.
+//     certificate, for members sharing one), a name transport.CA.Issue
+//     gives ctl certificates only; the listener also checks that a SAN
+//     names the address the connection comes from. etcd has no hook on
+//     its peer connections to check Felix's role (the certificate's OU)
+//     itself, only its names (AllowedHostnames); its CN (AllowedCNs, as
+//     before) a node or client certificate could carry too. A member whose
+//     own certificate lacks that name (issued by an earlier `felix
+//     certs`) would be refused by its peers: with peers, it does not
+//     start, saying to issue it again.
 //   - Client URL: the same chain check, then every gRPC request must come
 //     with a certificate of role felix-ctl (requireCtlRole); etcd's JSON
 //     gateway, which would relay requests under the member's own
@@ -171,8 +175,13 @@ func secureEmbedded(c *embed.Config, ec EtcdConfig, lg *zap.Logger) (*tls.Config
 	info.MinVersion = tls.VersionTLS13
 	info.Logger = lg
 	if peerTLS {
+		own := cert.Leaf.Subject.CommonName
+		if peers, _ := initialPeers(c.InitialCluster); len(peers) > 1 && cert.Leaf.VerifyHostname(transport.CtlMemberHost(own)) != nil {
+			return nil, fmt.Errorf("ctl: embedded etcd TLS: %s does not name %s, which the other members' etcd require of a ctl certificate on their peer port (only ctl certificates carry it; an earlier felix issued this one without): issue it again with `felix certs ctl %s` (and the same --host flags), for every member",
+				ec.CertFile, transport.CtlMemberHost(own), own)
+		}
 		c.PeerTLSInfo = info
-		c.PeerTLSInfo.AllowedCNs = memberCNs(c, cert.Leaf.Subject.CommonName)
+		c.PeerTLSInfo.AllowedHostnames = memberHosts(c, own)
 	}
 	if !clientTLS {
 		return nil, nil
@@ -238,17 +247,22 @@ func etcdClientTLS(cert tls.Certificate, ca *x509.CertPool) *tls.Config {
 	}
 }
 
-// memberCNs are the certificate names etcd's peer listener accepts: the
-// member names of the initial cluster and this member's, and own, the CN
-// of this member's certificate (members may share one certificate).
-func memberCNs(c *embed.Config, own string) []string {
-	cns := []string{c.Name, own}
+// memberHosts are the certificate names etcd's peer listener accepts:
+// transport.CtlMemberHost of the member names of the initial cluster
+// and this member's, and of own, the CN of this member's certificate
+// (members may share one certificate).
+func memberHosts(c *embed.Config, own string) []string {
+	names := []string{c.Name, own}
 	peers, _ := initialPeers(c.InitialCluster)
 	for _, p := range peers {
-		cns = append(cns, p.name)
+		names = append(names, p.name)
 	}
-	slices.Sort(cns)
-	return slices.Compact(cns)
+	hosts := make([]string, len(names))
+	for i, n := range names {
+		hosts[i] = transport.CtlMemberHost(n)
+	}
+	slices.Sort(hosts)
+	return slices.Compact(hosts)
 }
 
 // requireCtlRole fails a gRPC request on the embedded member's TLS client

@@ -2,10 +2,18 @@ package ctl
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/big"
+	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -73,6 +81,51 @@ func TestHAPlaintextPeersRefused(t *testing.T) {
 		PeerURL: "http://127.0.0.1:1", InitialCluster: "a=http://127.0.0.1:1,b=http://127.0.0.1:2,c=http://127.0.0.1:3"}})
 	if !errors.Is(err, errPlaintext) {
 		t.Fatalf("New with http peers: %v, want errPlaintext", err)
+	}
+}
+
+// TestEarlierCtlCertificate: a ctl certificate issued before ctl
+// certificates named their member in transport.CtlMemberDomain (which
+// the peers' etcd now require) keeps a single ctl starting, which has no
+// peer; a member of several does not start, saying to issue it again.
+func TestEarlierCtlCertificate(t *testing.T) {
+	p := newPKI(t)
+	ca, err := transport.LoadCAKeyPair(filepath.Join(p.dir, "ca.crt"), filepath.Join(p.dir, "ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "ctl", Organization: []string{"Felix"}, OrganizationalUnit: []string{string(transport.RoleCtl)}},
+		NotBefore:    time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
+		DNSNames:    []string{"ctl", "localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+	}, ca.Cert, key.Public(), ca.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	certFile, keyFile := filepath.Join(t.TempDir(), "ctl.crt"), filepath.Join(t.TempDir(), "ctl.key")
+	if err := transport.WriteKeyPair(old, certFile, keyFile); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := p.ctlConfig(t, t.TempDir(), "127.0.0.1:0")
+	cfg.Etcd.CertFile, cfg.Etcd.KeyFile = certFile, keyFile
+	startConfig(t, cfg)
+
+	cfg = planHA(t, p, 3)[0]
+	cfg.Etcd.CertFile, cfg.Etcd.KeyFile = certFile, keyFile
+	if srv, err := New(cfg); err == nil {
+		srv.Close()
+		t.Fatal("a member of three started with a ctl certificate its peers refuse")
+	} else if !strings.Contains(err.Error(), "felix certs ctl ctl") {
+		t.Fatalf("New: %v, want an error saying to issue the certificate again", err)
 	}
 }
 
@@ -217,8 +270,11 @@ func TestEmbeddedEtcdNeedsCertificates(t *testing.T) {
 // TestHARefusesIntruders starts two ctls of a three-member cluster over
 // TLS, a quorum, and puts an etcd member presenting a certificate that is
 // not a ctl member's in the third one's place: it must not join (never
-// ready, none of the state in its store); and an etcd client presenting
-// such a certificate must not read from a member's client URL.
+// ready, none of the state in its store); a member's peer port must not
+// answer such a certificate; and an etcd client presenting one must not
+// read from a member's client URL. Among them, certificates of the CA
+// of other roles under a member's name: the peer port checked names
+// only (the CN), and took them for the member.
 func TestHARefusesIntruders(t *testing.T) {
 	p := newPKI(t)
 	awaitPeerConnsClosed(t)
@@ -246,18 +302,36 @@ func TestHARefusesIntruders(t *testing.T) {
 	if err := transport.GenerateDevCerts(other, "ctl"); err != nil {
 		t.Fatal(err)
 	}
+	// Certificates of the cluster's CA named as the missing member
+	// (ctl-2), or as the ctl certificate the members share (ctl): a
+	// client's with no host names, as `felix certs client` issued them
+	// before it refused such names, and a broker's naming its host
+	// (issued here past that check, as a CA run by other tools would).
+	named := t.TempDir()
+	p.issue(t, named, transport.RoleClient, "ctl-2")
+	p.issue(t, named, transport.RoleNode, "ctl", "127.0.0.1")
 	intruders := []struct {
 		name, dir, cert string
 	}{
 		{"node certificate", p.dir, "b0"},
 		{"client certificate", p.dir, transport.DevAdminName},
 		{"ctl certificate of another CA", other, "ctl"},
+		{"node certificate named as the members' certificate", named, "ctl"},
+		{"client certificate named as the member", named, "ctl-2"},
 	}
 	for _, in := range intruders {
 		t.Run(in.name, func(t *testing.T) {
 			certFile, keyFile := filepath.Join(in.dir, in.cert+".crt"), filepath.Join(in.dir, in.cert+".key")
 			caFile := filepath.Join(in.dir, "ca.crt")
 
+			// As a peer asking ctl-0's peer port for the members.
+			if err := peerMembers(t, plan[0].Etcd.PeerURL, certFile, keyFile, caFile); err == nil {
+				t.Errorf("ctl-0's etcd peer port answered a %s", in.name)
+			} else {
+				t.Logf("peer port to a %s: %v", in.name, err)
+			}
+
+			// As a member in ctl-2's place.
 			e, stop := startIntruder(t, plan[2], certFile, keyFile, caFile)
 			select {
 			case <-e.Server.ReadyNotify():
@@ -283,10 +357,13 @@ func TestHARefusesIntruders(t *testing.T) {
 			}
 		})
 	}
-	// The same read with a ctl certificate succeeds: the refusals above
-	// are about the certificates.
+	// The same read and request with a ctl certificate succeed: the
+	// refusals above are about the certificates.
 	if err := readState(t, plan[0].Etcd.ClientURL, plan[0].Etcd.CertFile, plan[0].Etcd.KeyFile, plan[0].Etcd.CAFile); err != nil {
 		t.Fatalf("an etcd client with a ctl certificate: %v", err)
+	}
+	if err := peerMembers(t, plan[0].Etcd.PeerURL, plan[0].Etcd.CertFile, plan[0].Etcd.KeyFile, plan[0].Etcd.CAFile); err != nil {
+		t.Fatalf("ctl-0's etcd peer port to a ctl certificate: %v", err)
 	}
 	// And the two ctls still serve.
 	if _, ok := waitLeader(t, srvs, nil).Map().Stream("secret"); !ok {
@@ -330,17 +407,9 @@ func startIntruder(t *testing.T, cfg Config, certFile, keyFile, caFile string) (
 // readState reads ctl's keys from the etcd client URL u with an etcd
 // client presenting certFile and trusting caFile.
 func readState(t *testing.T, u, certFile, keyFile, caFile string) error {
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := transport.LoadCA(caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   []string{u},
-		TLS:         &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: ca, Certificates: []tls.Certificate{cert}},
+		TLS:         filesTLS(t, certFile, keyFile, caFile),
 		DialTimeout: 2 * time.Second,
 		Logger:      zap.NewNop(),
 	})
@@ -356,6 +425,37 @@ func readState(t *testing.T, u, certFile, keyFile, caFile string) error {
 	}
 	if len(r.Kvs) == 0 {
 		return fmt.Errorf("no keys under /felix/")
+	}
+	return nil
+}
+
+// filesTLS is client TLS presenting certFile and trusting caFile.
+func filesTLS(t *testing.T, certFile, keyFile, caFile string) *tls.Config {
+	t.Helper()
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := transport.LoadCA(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: ca, Certificates: []tls.Certificate{cert}}
+}
+
+// peerMembers asks the etcd peer port at u for its cluster's members
+// (GET /members), presenting certFile and trusting caFile.
+func peerMembers(t *testing.T, u, certFile, keyFile, caFile string) error {
+	tr := &http.Transport{TLSClientConfig: filesTLS(t, certFile, keyFile, caFile)}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 3 * time.Second}
+	resp, err := c.Get(u + "/members")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET /members: %s", resp.Status)
 	}
 	return nil
 }

@@ -61,6 +61,27 @@ func (p *testPKI) cert(t *testing.T, name string) tls.Certificate {
 	return c
 }
 
+// issue issues a certificate of role named name (with hosts) from the
+// PKI's CA, as it is: none of `felix certs`' checks of the name. It
+// writes name.crt, name.key and ca.crt into dir.
+func (p *testPKI) issue(t *testing.T, dir string, role transport.Role, name string, hosts ...string) {
+	t.Helper()
+	ca, err := transport.LoadCAKeyPair(filepath.Join(p.dir, "ca.crt"), filepath.Join(p.dir, "ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := ca.Issue(role, name, hosts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := transport.WriteKeyPair(cert, filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")); err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.WriteCert(filepath.Join(dir, "ca.crt")); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // etcd returns the embedded etcd config of a ctl of this PKI: its
 // certificate and the CA as files, which secure the member's https URLs.
 func (p *testPKI) etcd() EtcdConfig {

@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/felix-broker/felix/internal/atomicfile"
@@ -38,6 +39,29 @@ const (
 // serves reports whether certificates of role r are servers as well as
 // clients (ExtKeyUsage server and client, the name as a SAN).
 func (r Role) serves() bool { return r == RoleNode || r == RoleCtl }
+
+// CtlMemberDomain is the DNS domain in which every ctl certificate, and
+// no other, names its holder: [CA.Issue] gives a ctl certificate named
+// name the subject alternative name [CtlMemberHost](name), and refuses
+// any name or host in this domain otherwise. The control plane's etcd
+// peer port, which can check a certificate's names but not its role
+// (the OrganizationalUnit), accepts only the member host names of its
+// members: a node or client certificate under a member's name is not
+// one. ".invalid" never resolves (RFC 2606). Never change it: issued
+// certificates carry it.
+const CtlMemberDomain = "felix-ctl.invalid"
+
+// CtlMemberHost returns the host name a ctl certificate named name
+// carries: name + "." + [CtlMemberDomain].
+func CtlMemberHost(name string) string { return name + "." + CtlMemberDomain }
+
+// inCtlMemberDomain reports whether the host name h is, or would match
+// as a pattern, a name in CtlMemberDomain (compared as x509 compares
+// host names: without case or a trailing dot).
+func inCtlMemberDomain(h string) bool {
+	h = strings.TrimRight(strings.ToLower(h), ".")
+	return h == CtlMemberDomain || strings.HasSuffix(h, "."+CtlMemberDomain)
+}
 
 // Names in a development PKI (see [GenerateDevCerts]).
 const (
@@ -128,16 +152,24 @@ func (ca *CA) WriteCert(certFile string) error {
 }
 
 // Issue returns a new certificate signed by ca, with an ECDSA P-256 key,
-// for role with common name name (the node id for RoleNode). A node
-// certificate serves and connects (ExtKeyUsage server and client) and has
-// name and hosts as subject alternative names; a client certificate only
-// connects. hosts are DNS names or IP addresses.
+// for role with common name name (the node id for RoleNode). A node or
+// ctl certificate serves and connects (ExtKeyUsage server and client)
+// and has name and hosts as subject alternative names, a ctl
+// certificate [CtlMemberHost](name) last; a client certificate only
+// connects. hosts are DNS names or IP addresses; neither name nor a host
+// may be in [CtlMemberDomain], which only Issue gives, to ctl
+// certificates.
 func (ca *CA) Issue(role Role, name string, hosts ...string) (tls.Certificate, error) {
 	if role != RoleNode && role != RoleCtl && role != RoleClient {
 		return tls.Certificate{}, fmt.Errorf("transport: issuing certificate for %q: unknown role %q", name, role)
 	}
 	if name == "" {
 		return tls.Certificate{}, errors.New("transport: issuing certificate: empty name")
+	}
+	for _, h := range append([]string{name}, hosts...) {
+		if inCtlMemberDomain(h) {
+			return tls.Certificate{}, fmt.Errorf("transport: issuing certificate for %q: %q is in %s, reserved for the names Issue gives ctl certificates (their members' names for etcd's peer port)", name, h, CtlMemberDomain)
+		}
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -166,6 +198,12 @@ func (ca *CA) Issue(role Role, name string, hosts ...string) (tls.Certificate, e
 	if role.serves() {
 		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
 		hosts = append([]string{name}, hosts...)
+	}
+	if role == RoleCtl {
+		// Last: etcd's peer port looks the DNS names up in order to match
+		// the address a member connects from, and this one never
+		// resolves.
+		hosts = append(hosts, CtlMemberHost(name))
 	}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
@@ -210,7 +248,8 @@ func WriteKeyPair(cert tls.Certificate, certFile, keyFile string) error {
 // client, CN [DevAdminName]: the principal a development control plane
 // makes a superuser). Certificates already in dir that the CA verifies for
 // the same role and name, and that are not near expiry, are kept, so
-// running it again changes nothing. Node ids must be file-name safe and
+// running it again changes nothing (but a ctl certificate lacking its
+// [CtlMemberHost], of an earlier version, is issued again). Node ids must be file-name safe and
 // cannot be "ca" or "admin".
 //
 // It is for development and tests: it keeps the CA key beside the
@@ -284,6 +323,9 @@ func (ca *CA) issued(certFile, keyFile string, role Role, name string) bool {
 	_, err = pair.Leaf.Verify(x509.VerifyOptions{Roots: ca.Pool(), KeyUsages: []x509.ExtKeyUsage{usage}})
 	if err != nil || time.Until(pair.Leaf.NotAfter) < renewBefore {
 		return false
+	}
+	if role == RoleCtl && pair.Leaf.VerifyHostname(CtlMemberHost(name)) != nil {
+		return false // issued before ctl certificates named their member
 	}
 	id, err := identityOf(tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{pair.Leaf}}})
 	return err == nil && id == Identity{Role: role, Name: name}

@@ -364,3 +364,39 @@ func TestCertIdentityRefusesUnusableNames(t *testing.T) {
 		t.Errorf("a name of MaxNameLen bytes: %v", err)
 	}
 }
+
+// TestIssueCtlMemberHost: a ctl certificate, and no other, names its
+// member in CtlMemberDomain (last of its DNS names); no name or host in
+// that domain is issued to any role, whatever its case or trailing dot.
+func TestIssueCtlMemberHost(t *testing.T) {
+	ca, err := NewCA("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl, err := ca.Issue(RoleCtl, "ctl-0", "ctl-0.example.net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ctl.Leaf.DNSNames; !slices.Equal(got, []string{"ctl-0", "ctl-0.example.net", "ctl-0.felix-ctl.invalid"}) {
+		t.Errorf("ctl certificate's DNS names %v", got)
+	}
+	for _, role := range []Role{RoleNode, RoleClient} {
+		c, err := ca.Issue(role, "ctl-0", "10.0.0.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Leaf.VerifyHostname(CtlMemberHost("ctl-0")); err == nil {
+			t.Errorf("a %s certificate named ctl-0 names %s", role, CtlMemberHost("ctl-0"))
+		}
+	}
+	for _, h := range []string{"felix-ctl.invalid", "ctl-0.felix-ctl.invalid", "*.felix-ctl.invalid", "CTL-0.Felix-Ctl.Invalid.", "a.b.felix-ctl.invalid"} {
+		for _, role := range []Role{RoleNode, RoleCtl, RoleClient} {
+			if _, err := ca.Issue(role, "x", h); err == nil {
+				t.Errorf("a %s certificate with host %q issued", role, h)
+			}
+			if _, err := ca.Issue(role, h); err == nil {
+				t.Errorf("a %s certificate named %q issued", role, h)
+			}
+		}
+	}
+}

@@ -94,7 +94,7 @@ func (c *CertsNode) Run(log *slog.Logger) error {
 
 // CertsCtl issues the control plane's certificate.
 type CertsCtl struct {
-	Name string `arg:"" optional:"" default:"ctl" help:"Name of the control plane member: its --etcd-name in a control plane of several (felix ctl reads NAME.crt and NAME.key from its --certs), or the default ctl for a single one (ctl.crt, ctl.key); also a DNS name in the certificate, and the name the other members' etcd accepts."`
+	Name string `arg:"" optional:"" default:"ctl" help:"Name of the control plane member: its --etcd-name in a control plane of several (felix ctl reads NAME.crt and NAME.key from its --certs), or the default ctl for a single one (ctl.crt, ctl.key); also a DNS name in the certificate, with NAME.felix-ctl.invalid, the name the other members' etcd accepts (no other role's certificate carries one)."`
 	leafFlags
 	Host []string `help:"Another DNS name or IP address the member is reached by (repeatable): the host in the brokers' --ctl, in its --advertise and in its --etcd-peer-url and --etcd-client-url (e.g. felix-ctl-0.felix-ctl)." placeholder:"NAME"`
 }
@@ -105,7 +105,7 @@ func (c *CertsCtl) Run(log *slog.Logger) error {
 
 // CertsClient issues a client certificate.
 type CertsClient struct {
-	Name string `arg:"" help:"Principal name the certificate authenticates (what permissions and --superuser name)."`
+	Name string `arg:"" help:"Principal name the certificate authenticates (what permissions and --superuser name); not ctl, the control plane's default name."`
 	leafFlags
 }
 
@@ -118,6 +118,9 @@ func (c *CertsClient) Run(log *slog.Logger) error {
 func issueLeaf(f leafFlags, role transport.Role, name string, hosts []string) error {
 	if err := checkCertName(name); err != nil {
 		return err
+	}
+	if r, ok := reservedNames[name]; ok && r.role != role {
+		return fmt.Errorf("name %q: reserved for %s (a %s certificate); a %s certificate cannot carry it", name, r.what, r.role, role)
 	}
 	out := f.Out
 	if out == "" {
@@ -215,6 +218,18 @@ func (c *CertsDev) Run(log *slog.Logger) error {
 		c.Dir, c.Nodes, transport.DevAdminName)
 	fmt.Println("for development only: every process reading this directory holds the CA key (see `felix certs ca`)")
 	return nil
+}
+
+// reservedNames are the names issued under one role only. Names the
+// control plane's etcd checks are in transport.CtlMemberDomain, which
+// transport.CA.Issue gives ctl certificates alone; these are the
+// defaults a reader (or an ACL) takes for those roles.
+var reservedNames = map[string]struct {
+	role transport.Role
+	what string
+}{
+	transport.DevCtlName:   {transport.RoleCtl, "the control plane's default member"},
+	transport.DevAdminName: {transport.RoleClient, "the operator's principal, the default superuser"},
 }
 
 // checkCertName rejects names that are not safe as a file name in --out

@@ -3,6 +3,7 @@ package servercmd
 import (
 	"bytes"
 	"crypto/x509"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -215,6 +216,57 @@ func TestCertsOutNeverHoldsCAKey(t *testing.T) {
 	// No CA: a clear error, nothing written.
 	if err := certsCLI(t, "certs", "node", "n1", "--ca-dir", filepath.Join(root, "none"), "--out", filepath.Join(root, "n1")); err == nil {
 		t.Fatal("issued without a CA")
+	}
+}
+
+// TestCertsReservedNames: `felix certs` issues no node or client
+// certificate under the default control plane name (ctl), nor a ctl or
+// node certificate under the development superuser's (admin), and no
+// certificate of any role with a host in felix-ctl.invalid, where every
+// ctl certificate, and only one, names its member for the control
+// plane's etcd peer port (which checks that name, not the role). It used
+// to issue `felix certs client ctl`, which that port accepted as the
+// member ctl.
+func TestCertsReservedNames(t *testing.T) {
+	root := t.TempDir()
+	caDir := filepath.Join(root, "ca")
+	if err := certsCLI(t, "certs", "ca", "--ca-dir", caDir); err != nil {
+		t.Fatal(err)
+	}
+	for i, args := range [][]string{
+		{"client", "ctl"},
+		{"node", "ctl"},
+		{"ctl", "admin"},
+		{"node", "admin"},
+		{"node", "broker-0", "--host", "ctl-0.felix-ctl.invalid"},
+		{"node", "broker-0", "--host", "*.FELIX-CTL.invalid."},
+		{"ctl", "ctl-1", "--host", "ctl-0.felix-ctl.invalid"},
+		{"node", "ctl-0.felix-ctl.invalid"},
+	} {
+		out := filepath.Join(root, fmt.Sprint("refused-", i))
+		if err := certsCLI(t, append(append([]string{"certs"}, args...), "--ca-dir", caDir, "--out", out)...); err == nil {
+			t.Errorf("felix certs %v: issued", args)
+		} else {
+			t.Logf("felix certs %v: %v", args, err)
+		}
+		if _, err := os.Stat(out); err == nil {
+			t.Errorf("felix certs %v: refused, but created its --out", args)
+		}
+	}
+	// A ctl certificate names its member in felix-ctl.invalid, the
+	// default ctl too.
+	for _, name := range []string{"ctl-0", "ctl"} {
+		out := filepath.Join(root, name)
+		if err := certsCLI(t, "certs", "ctl", name, "--ca-dir", caDir, "--out", out); err != nil {
+			t.Fatal(err)
+		}
+		pair, err := transport.LoadKeyPair(filepath.Join(out, name+".crt"), filepath.Join(out, name+".key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pair.Leaf.VerifyHostname(name + ".felix-ctl.invalid"); err != nil {
+			t.Errorf("the ctl certificate of %s: %v", name, err)
+		}
 	}
 }
 

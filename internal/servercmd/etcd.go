@@ -16,9 +16,10 @@ import (
 // Etcd runs one member of an etcd cluster for `felix ctl --etcd-endpoints`,
 // from the etcd server built into felix (ctl.StartEtcdMember): an
 // external store where no etcd binary or image is at hand. With https://
-// URLs it is secured as ctl's embedded members are: a certificate of the
-// cluster CA named after the member (felix certs ctl NAME) in --certs, peers
-// holding one too, clients a felix-ctl certificate. Hidden from --help: in
+// URLs it is secured as ctl's embedded members are: a ctl certificate of
+// the cluster CA for the member (felix certs ctl NAME, which names it
+// NAME.felix-ctl.invalid) in --certs, peers holding one too, clients a
+// felix-ctl certificate. Hidden from --help: in
 // production, run etcd itself.
 type Etcd struct {
 	Data           string `help:"Data directory (the member's data in <data>/etcd)." required:"" type:"path" env:"FELIX_DATA"`
