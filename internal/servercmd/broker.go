@@ -26,7 +26,7 @@ type Broker struct {
 	Data      string        `help:"Data directory for the shard logs." required:"" type:"path" env:"FELIX_DATA"`
 	Certs     string        `help:"Directory with ca.crt and <id>.crt/<id>.key." required:"" type:"existingdir" env:"FELIX_CERTS"`
 	LeaseTTL  time.Duration `help:"Control plane lease, until the control plane says its own: the broker then goes by that one, with a warning if it differs. Set it as felix ctl's --lease-ttl." default:"3s" env:"FELIX_LEASE_TTL"`
-	Admin     string        `help:"HTTP admin address serving /metrics, /healthz and /readyz, registered in the shard map (empty: none)." default:"127.0.0.1:0" env:"FELIX_ADMIN"`
+	Admin     string        `help:"HTTP admin address serving /metrics, /healthz and /readyz, registered in the shard map (empty: none). It has no authentication, and /metrics names streams (stream names, per-shard sizes and offsets: --shard-metrics) and peer brokers: keep it on loopback or a network only operators and scrapers reach." default:"127.0.0.1:0" env:"FELIX_ADMIN"`
 	Pprof     bool          `help:"Also serve /debug/pprof/ on the admin listener (it has no authentication: keep it on loopback or an operator network)." env:"FELIX_PPROF"`
 	// AdminAdvertise is to --admin what --advertise is to --listen.
 	AdminAdvertise string `help:"Admin address registered in the shard map, for felixctl cluster stats and scrapers outside this host's network (a port published on the host, say) (default: the bound admin address, an unspecified host replaced by --advertise's)." env:"FELIX_ADMIN_ADVERTISE"`

@@ -30,7 +30,7 @@ type Ctl struct {
 	Certs     string        `help:"Directory with ca.crt and this member's certificate: NAME.crt/NAME.key for --etcd-name NAME when present, else ctl.crt/ctl.key. It also secures the embedded etcd's https:// URLs, and this ctl's connection to it." required:"" type:"existingdir" env:"FELIX_CERTS"`
 	LeaseTTL  time.Duration `help:"Broker lease: a broker silent this long is marked down. Brokers registered with this ctl heartbeat by it, whatever their own --lease-ttl." default:"3s" env:"FELIX_LEASE_TTL"`
 	Superuser []string      `help:"Client principal (certificate common name) authorized for everything, who grants the others their permissions (repeatable)." env:"FELIX_SUPERUSERS" placeholder:"NAME"`
-	Admin     string        `help:"HTTP admin address serving /metrics, /healthz and /readyz (empty: none)." default:"127.0.0.1:0" env:"FELIX_ADMIN"`
+	Admin     string        `help:"HTTP admin address serving /metrics, /healthz and /readyz (empty: none). It has no authentication: keep it on loopback or a network only operators and scrapers reach." default:"127.0.0.1:0" env:"FELIX_ADMIN"`
 	Pprof     bool          `help:"Also serve /debug/pprof/ on the admin listener (it has no authentication: keep it on loopback or an operator network)." env:"FELIX_PPROF"`
 
 	// Shard bound (see ctl.Config.MaxShardsTotal).

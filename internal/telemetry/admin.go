@@ -35,8 +35,9 @@ type AdminConfig struct {
 
 // Admin is a running admin listener: /metrics, /healthz (the process is
 // alive and serving HTTP), /readyz (the process is ready for traffic) and,
-// if configured, /debug/pprof/. It has no authentication: bind it to
-// loopback or an operator network.
+// if configured, /debug/pprof/. It has no authentication, and what the
+// metrics name (a broker's: its streams and peers) anyone who reaches it
+// reads: bind it to loopback or an operator network.
 type Admin struct {
 	ln   net.Listener
 	srv  *http.Server
