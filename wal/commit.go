@@ -40,9 +40,22 @@ type committer struct {
 	sizes  []int    // stored size of each entry of the batch
 	recs   []Record // the batch's records for the ring
 	next   uint64   // offset of the next record to commit
-	lastTS int64    // commit timestamps never go backwards
+	lastTS int64    // the last commit timestamp (see clockStep)
 	failed error
 }
+
+// clockStep is how far the wall clock may go back between commits before
+// the commit timestamps follow it. Commit timestamps come from the wall
+// clock and do not go down by less: an NTP correction of a clock that ran
+// a little fast holds them at the last stamp until the clock is past it.
+// A step back by more (a clock that was far ahead, put right) is
+// followed, logged once: holding the stamps at one taken while the clock
+// was ahead would stop retention by age until the clock got there. So
+// timestamps may go down across such a step, and at open a stored stamp
+// further ahead of the clock than this does not seed the clock
+// (log.go); nothing in the log relies on them never going down
+// (retention.go).
+const clockStep = time.Minute
 
 // Append commits r, waits until it is fsynced and returns its offset. If
 // ctx is done before r is queued it returns ctx.Err(); once queued, Append
@@ -267,9 +280,14 @@ func (l *Log) commit(reqs []*request, ps *parkedSync) {
 		complete(reqs, 0, 0, l.c.failed)
 		return
 	}
-	ts := time.Now().UnixNano()
+	ts := l.opts.Now().UnixNano()
 	if ts < l.c.lastTS {
-		ts = l.c.lastTS
+		if back := time.Duration(l.c.lastTS - ts); back <= clockStep {
+			ts = l.c.lastTS
+		} else {
+			l.logger.Warn("wal: the clock stepped back; commit timestamps follow it",
+				"shard", l.name, "back", back, "clock", time.Unix(0, ts).UTC())
+		}
 	}
 	size := 0
 	for _, q := range reqs {

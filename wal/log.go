@@ -223,12 +223,7 @@ func (l *Log) load() error {
 	l.next.Store(lastIndex)
 	l.c.next = lastIndex
 	l.ring.reset(l.opts.TailRecords, int64(l.opts.TailBytes), lastIndex)
-	// Seed the monotonic commit clock from the last record that verifies:
-	// a damaged header's timestamp (one far in the future would stamp
-	// every later record with it) is not trusted.
-	if ts, ok := l.newestTimestamp(firstIndex, lastIndex); ok {
-		l.c.lastTS = ts
-	}
+	l.seedCommitClock(firstIndex, lastIndex)
 	segs, _, err := listSegments(l.dir)
 	if err != nil {
 		return err
@@ -240,6 +235,41 @@ func (l *Log) load() error {
 		return err
 	}
 	return l.syncDir() // tidwall may have created or renamed files
+}
+
+// seedCommitClock seeds the commit clock (commit.go) from the newest
+// record that verifies: a damaged header's timestamp (one far in the
+// future would stamp every later record with it) is not trusted, nor one
+// more than clockStep ahead of the clock: it was stamped while the clock
+// was ahead (or the clock has since stepped back), and holding later
+// stamps at it would stop retention by age until the clock got there.
+func (l *Log) seedCommitClock(firstIndex, lastIndex uint64) {
+	ts, ok := l.newestTimestamp(firstIndex, lastIndex)
+	if !ok {
+		return
+	}
+	if now := l.opts.Now(); time.Duration(ts-now.UnixNano()) > clockStep {
+		l.logger.Warn("wal: the newest record's timestamp is ahead of the clock (stamped while the clock was ahead, or the clock stepped back); commits are stamped by the clock",
+			"shard", l.name, "newest", time.Unix(0, ts).UTC(), "clock", now.UTC())
+		ts = now.UnixNano()
+	}
+	l.c.lastTS = ts
+}
+
+// newestTimestamp returns the timestamp of the newest record that
+// verifies among the 64 newest of tidwall indexes from..to; ok is false
+// if none does (or to < from).
+func (l *Log) newestTimestamp(from, to uint64) (ts int64, ok bool) {
+	for i := to; i >= from && i > 0 && i+64 > to; i-- {
+		data, err := l.twRead(i)
+		if err != nil {
+			return 0, false
+		}
+		if rec, err := decodeRecord(l.name, data, i-1); err == nil {
+			return rec.Timestamp, true
+		}
+	}
+	return 0, false
 }
 
 // measure sets l.size from the segment files. Callers hold l.tail's lock

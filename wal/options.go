@@ -35,8 +35,11 @@ type Options struct {
 	// RetentionBytes drops whole oldest records while the log's files are
 	// larger than this. Default 0: unlimited.
 	RetentionBytes int64
-	// RetentionAge drops records whose commit timestamp is older than this.
-	// Default 0: unlimited.
+	// RetentionAge drops records whose commit timestamp is older than this,
+	// by the wall clock: a clock stepped forward drops records early (as
+	// Kafka's time retention does), and a record stamped while the clock
+	// was far ahead is dated by its segment file's last write
+	// (retention.go). Default 0: unlimited.
 	RetentionAge time.Duration
 	// RetentionCheck is how often the background retention pass runs.
 	// Default: 10s. The pass runs only if RetentionBytes or RetentionAge is
@@ -90,6 +93,10 @@ type Options struct {
 	// package performs itself (see FS for what it covers). Default nil:
 	// the OS. Production code never sets it.
 	FS FS
+	// Now is a testing knob: the wall clock commits are stamped with
+	// (read once per batch, never per record), for a clock that steps.
+	// Default nil: time.Now. Production code never sets it.
+	Now func() time.Time
 }
 
 // Commit describes one group commit, for Options.OnCommit.
@@ -133,6 +140,9 @@ func (o Options) withDefaults(dir string) Options {
 	}
 	if o.FS == nil {
 		o.FS = osFS{}
+	}
+	if o.Now == nil {
+		o.Now = time.Now
 	}
 	return o
 }

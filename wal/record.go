@@ -17,7 +17,7 @@ import (
 // publish's latency): an appender must not modify Headers afterwards.
 type Record struct {
 	Offset      uint64            // assigned by the log at commit; dense, from 0
-	Timestamp   int64             // commit time, unix nanoseconds, assigned by the log
+	Timestamp   int64             // commit time by the wall clock, unix nanoseconds, assigned by the log (see clockStep)
 	ProducerID  string            // optional publisher identity
 	ProducerSeq uint64            // optional publisher sequence
 	Headers     map[string]string // optional (trace context etc.)

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"slices"
-	"sort"
 	"time"
 )
 
@@ -85,19 +84,17 @@ func (l *Log) EnforceRetention(now time.Time) (dropped uint64, err error) {
 }
 
 // Expiry returns when retention by age will drop the log's oldest
-// segment whole: when the first record of the next segment that
-// verifies (no older than any record before it) is older than
-// RetentionAge; for a log of one segment, when its newest record that
-// verifies is, and every record has expired. ok is false when no pass
-// will drop anything by age until records are appended: the log has no
-// age limit, holds no records, or none that can be dated.
+// segment whole: its date (see ageCut: the newest timestamp of its
+// records that verify, capped by the file's last modification) plus
+// RetentionAge; for a log of one segment, when every record in it has
+// expired. ok is false when no pass will drop anything by age until
+// records are appended: the log has no age limit, or holds no records.
 //
 // It is for a caller that closes the log and must know when to open it
 // again for retention (the log's own passes stop with Close): whole
 // segments, so that a log holding a long history is opened about once a
-// segment rather than once a pass. It reads the start of one segment
-// file, or the newest records of the one segment, which tidwall holds in
-// memory.
+// segment rather than once a pass. It reads the oldest segment file
+// once, through a buffer.
 func (l *Log) Expiry() (at time.Time, ok bool, err error) {
 	if l.opts.RetentionAge <= 0 {
 		return time.Time{}, false, nil
@@ -117,43 +114,26 @@ func (l *Log) Expiry() (at time.Time, ok bool, err error) {
 	if err != nil {
 		return time.Time{}, false, err
 	}
-	var ts int64
-	if len(segs) > 1 {
-		ts, ok, err = l.firstTimestamp(segs[1])
-		if err != nil {
-			return time.Time{}, false, fmt.Errorf("wal: shard %q: %w", l.name, err)
-		}
+	if len(segs) == 0 {
+		return time.Time{}, false, nil
 	}
-	if !ok {
-		// One segment, or none after the first dates it: the newest
-		// record of the first (tidwall indexes first+1 up to the next
-		// segment's first; retention passes wait for us, and commits
-		// only add to the last segment).
-		last := next
-		if len(segs) > 1 && segs[1].Index-1 > first && segs[1].Index-1 < last {
-			last = segs[1].Index - 1
+	// Retention passes wait for us, and commits only add to the last
+	// segment: below next, what is read is what a pass would date.
+	s := segs[0]
+	date, dated := s.ModTime.Add(clockStep).UnixNano(), false // a segment no record of which verifies
+	err = l.scanRecords(s, next, func(_ uint64, rec *Record) bool {
+		if rec != nil {
+			ts := s.Dated(rec.Timestamp, clockStep)
+			if !dated || ts > date {
+				date, dated = ts, true
+			}
 		}
-		if ts, ok = l.newestTimestamp(first+1, last); !ok {
-			return time.Time{}, false, nil
-		}
+		return true
+	})
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("wal: shard %q: %w", l.name, err)
 	}
-	return time.Unix(0, ts).Add(l.opts.RetentionAge), true, nil
-}
-
-// newestTimestamp returns the timestamp of the newest record that
-// verifies among the 64 newest of tidwall indexes from..to; ok is false
-// if none does (or to < from).
-func (l *Log) newestTimestamp(from, to uint64) (ts int64, ok bool) {
-	for i := to; i >= from && i > 0 && i+64 > to; i-- {
-		data, err := l.twRead(i)
-		if err != nil {
-			return 0, false
-		}
-		if rec, err := decodeRecord(l.name, data, i-1); err == nil {
-			return rec.Timestamp, true
-		}
-	}
-	return 0, false
+	return time.Unix(0, date).Add(l.opts.RetentionAge), true, nil
 }
 
 // sizeCut returns the first offset to keep so the files hold at most
@@ -194,86 +174,96 @@ func (l *Log) sizeCut(segs []segmentFile, first, next uint64) (uint64, error) {
 	return min(cut, next), nil
 }
 
-// ageCut returns the first offset to keep: the first record whose
-// timestamp is at least minTS, or a damaged record that cannot be dated.
-// Commit timestamps never decrease with the offset, so a record that
-// verifies dates every record before it (damaged ones included) as no
-// newer, and segments are ordered by their first verified record. A
+// ageCut returns the first offset to keep: minTS is the oldest commit
+// timestamp kept. Whole segments go from the front while they are old: a
+// segment is dated by the newest timestamp of its records that verify,
+// each capped by the file's last modification, which the same wall clock
+// stamped (tidseg.Segment.Dated, allowing clockStep for the file times'
+// coarse clock). So a record stamped while the clock was far ahead for a
+// moment holds its segment only until the file is old, and the pass goes
+// on past it; a segment no record of which verifies is dated by its file
+// alone. In the first segment kept (the one being written included), the
+// records before its first one that verifies and is dated at least minTS
+// go, a damaged one among them with the record after it that verifies (a
 // damaged header's timestamp is never trusted: one zeroed once dated a
-// segment of fresh records as old, and they were dropped.
+// segment of fresh records as old, and they were dropped).
+//
+// Commit timestamps follow the wall clock back across a step (commit.go),
+// so they may go down with the offset: nothing here assumes they don't.
+// A segment is read only when its file is not old, and only up to its
+// first record that is not.
 func (l *Log) ageCut(segs []segmentFile, first, next uint64, minTS int64) (uint64, error) {
-	var ferr error
-	j := sort.Search(len(segs), func(i int) bool {
-		ts, ok, err := l.firstTimestamp(segs[i])
-		if err != nil {
-			ferr = err
+	cut := first
+	for i, s := range segs {
+		end := next // the first offset after the segment, below next
+		if i+1 < len(segs) {
+			end = min(segs[i+1].Index-1, next)
+		}
+		if s.ModTime.Add(clockStep).UnixNano() < minTS {
+			cut = max(cut, end) // written before minTS: every record in it is older
+			continue
+		}
+		young, kept := false, s.Index-1 // kept: after the last old record that verifies
+		err := l.scanRecords(s, next, func(off uint64, rec *Record) bool {
+			switch {
+			case rec == nil:
+			case s.Dated(rec.Timestamp, clockStep) >= minTS:
+				young = true
+				return false
+			default:
+				kept = off + 1
+			}
 			return true
-		}
-		return !ok || ts >= minTS // a segment with no record that verifies holds nothing known to be old
-	})
-	if ferr != nil {
-		return first, fmt.Errorf("wal: shard %q: retention by age: %w", l.name, ferr)
-	}
-	if j == 0 {
-		return first, nil
-	}
-	// Every record before segment j-1's first verified one is older than
-	// minTS; find the cut in j-1.
-	s := segs[j-1]
-	data, err := os.ReadFile(s.Path)
-	if err != nil {
-		return first, fmt.Errorf("wal: shard %q: read segment %q: %w", l.name, s.Path, err)
-	}
-	cut := s.Index - 1
-	off := s.Index - 1
-	for pos := 0; off < next; off++ {
-		entry, n, ok := nextEntry(data[pos:])
-		if !ok {
-			break
-		}
-		pos += n
-		rec, err := decodeRecord(l.name, entry, off)
+		})
 		if err != nil {
-			continue // dated by the next record that verifies, if it is old
+			return cut, fmt.Errorf("wal: shard %q: retention by age: %w", l.name, err)
 		}
-		if rec.Timestamp >= minTS {
-			break
+		if !young && kept > s.Index-1 && i+1 < len(segs) {
+			cut = max(cut, end) // its newest record that verifies is old
+			continue
 		}
-		cut = off + 1
+		return min(max(cut, kept), next), nil
 	}
-	return min(max(cut, first), next), nil
+	return min(cut, next), nil
 }
 
-// firstTimestamp returns the timestamp of the first record of segment s
-// whose checksum verifies; ok is false if none does.
-func (l *Log) firstTimestamp(s segmentFile) (ts int64, ok bool, err error) {
+// scanRecords calls fn with each record of segment s below offset next,
+// oldest first, until fn returns false; rec is nil for a record that does
+// not verify. It reads the file through a buffer (the records fn gets
+// alias it), and stops at the end of s.Size or at a length no record has.
+func (l *Log) scanRecords(s segmentFile, next uint64, fn func(off uint64, rec *Record) bool) error {
 	f, err := os.Open(s.Path)
 	if err != nil {
-		return 0, false, err
+		return err
 	}
 	defer f.Close()
 	r := bufio.NewReader(f)
 	var buf []byte
-	for off, left := s.Index-1, s.Size; ; off++ {
+	for off, left := s.Index-1, s.Size; off < next; off++ {
 		size, err := binary.ReadUvarint(r)
 		if size > uint64(left) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			return 0, false, nil // the end, or a length no record has
+			return nil // the end, or a length no record has
 		}
 		if err != nil {
-			return 0, false, fmt.Errorf("read segment %q: %w", s.Path, err)
+			return fmt.Errorf("read segment %q: %w", s.Path, err)
 		}
 		buf = slices.Grow(buf[:0], int(size))[:size]
 		if _, err := io.ReadFull(r, buf); err != nil {
 			if errors.Is(err, io.ErrUnexpectedEOF) {
-				return 0, false, nil
+				return nil
 			}
-			return 0, false, fmt.Errorf("read segment %q: %w", s.Path, err)
+			return fmt.Errorf("read segment %q: %w", s.Path, err)
 		}
+		left -= int64(uvarintLen(int(size))) + int64(size)
+		var p *Record
 		if rec, err := decodeRecord(l.name, buf, off); err == nil {
-			return rec.Timestamp, true, nil
+			p = &rec
 		}
-		left -= int64(size)
+		if !fn(off, p) {
+			return nil
+		}
 	}
+	return nil
 }
 
 // truncateFront drops the records before offset cut.

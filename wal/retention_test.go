@@ -252,9 +252,8 @@ func TestRetentionAtOpen(t *testing.T) {
 	}
 }
 
-// TestExpiry: Expiry dates the oldest segment by the first record of the
-// next (the log's only segment by its newest record), and a pass past
-// that time drops that segment whole; a pass before the oldest record's
+// TestExpiry: Expiry dates the oldest segment by its newest record, and a pass past that time
+// drops that segment whole; a pass before the oldest record's
 // expiry drops nothing; a log without an age limit, or empty, has none.
 func TestExpiry(t *testing.T) {
 	const age = time.Hour
@@ -273,17 +272,16 @@ func TestExpiry(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		end, dating := uint64(100), uint64(99) // one past the oldest segment; the record dating it
+		end := uint64(100) // one past the oldest segment
 		if len(segs) > 1 {
 			end = segs[1].Index - 1
-			dating = end
 		}
-		recs, err := l.Read(dating, 1, 0)
+		recs, err := l.Read(end-1, 1, 0) // its newest record
 		if err != nil {
 			t.Fatal(err)
 		}
 		if want := time.Unix(0, recs[0].Timestamp).Add(age); !at.Equal(want) {
-			t.Fatalf("segment %d: Expiry %v, want %v (offset %d's timestamp plus the age)", seg, at, want, dating)
+			t.Fatalf("segment %d: Expiry %v, want %v (offset %d's timestamp plus the age)", seg, at, want, end-1)
 		}
 		oldest, err := l.Read(0, 1, 0)
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	tidwall "github.com/tidwall/wal"
 )
@@ -18,9 +19,24 @@ import (
 
 // Segment is one complete segment file found in a log directory.
 type Segment struct {
-	Index uint64 // tidwall index of its first entry
-	Path  string
-	Size  int64
+	Index   uint64 // tidwall index of its first entry
+	Path    string
+	Size    int64
+	ModTime time.Time // the file's last modification, by the local wall clock
+}
+
+// Dated returns ts, the timestamp (unix ns) of a record in segment s, as
+// retention by age may date the record: ts, unless it is later than the
+// file's last modification plus skew, then the modification time. The
+// file was written after the record, by the local clock: a timestamp
+// that far ahead was taken by a clock that was ahead then (or the local
+// one has stepped back since), and trusting it would keep the segment
+// until that clock's time came.
+func (s Segment) Dated(ts int64, skew time.Duration) int64 {
+	if m := s.ModTime.UnixNano(); ts > m+int64(skew) {
+		return m
+	}
+	return ts
 }
 
 // Name returns the file name of the segment whose first entry is index.
@@ -48,7 +64,7 @@ func List(dir string) (segs []Segment, pending bool, err error) {
 			if err != nil {
 				return nil, false, fmt.Errorf("stat segment %q: %w", name, err)
 			}
-			segs = append(segs, Segment{Index: index, Path: filepath.Join(dir, name), Size: info.Size()})
+			segs = append(segs, Segment{Index: index, Path: filepath.Join(dir, name), Size: info.Size(), ModTime: info.ModTime()})
 		case strings.HasSuffix(name, ".START") || strings.HasSuffix(name, ".END"):
 			pending = true
 		}
