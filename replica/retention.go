@@ -3,7 +3,6 @@ package replica
 import (
 	"context"
 	"fmt"
-	"os"
 	"time"
 
 	"go.etcd.io/raft/v3"
@@ -26,7 +25,12 @@ import (
 // one every replica stores) and by this replica's own clock: the segment
 // file was last written before then too. The proposer's stamp alone
 // would let a leader whose clock is behind have every replica drop
-// records as soon as they are written. So a log holds at least RetentionBytes once
+// records as soon as they are written. A stamp later than the file's
+// last write plus clockSkew is not trusted, and the file's time dates
+// the segment instead: a leader whose clock was ahead, even for one
+// entry, would otherwise keep that segment, and every one after it (a
+// pass stops at the first segment it keeps), until its clock's time came.
+// So a log holds at least RetentionBytes once
 // it has grown that far, and less than RetentionBytes plus its oldest
 // segment (about Config.SegmentSize, more if one entry is larger); a
 // record lives at least RetentionAge, and until its segment is complete.
@@ -116,14 +120,11 @@ func (g *Group) retain(l *loop, now time.Time) (dropped uint64, err, fatal error
 			if err != nil {
 				return 0, err, nil
 			}
-			drop = !ok || ts < minTS // a segment without records holds nothing to keep
-			if drop && ok {
-				fi, err := os.Stat(segs[i].Path)
-				if err != nil {
-					return 0, fmt.Errorf("replica: group %q: retention: %w", g.cfg.Name, err), nil
-				}
-				drop = fi.ModTime().UnixNano() < minTS // written here that long ago too
-			}
+			// A segment without records holds nothing to keep; one with
+			// records goes once its newest is old by its stamp, unless
+			// the stamp is past the file's last write here (then by
+			// that), and once the file was written that long ago too.
+			drop = !ok || segs[i].Dated(ts, clockSkew) < minTS && segs[i].ModTime.UnixNano() < minTS
 		}
 		if !drop {
 			break
@@ -175,6 +176,13 @@ func (g *Group) newestRecord(l *loop, from, to uint64) (ts int64, ok bool, err e
 	l.segTS[from] = ts
 	return ts, ts != noRecords, nil
 }
+
+// clockSkew is how far a proposer's stamp may be past the time this
+// replica last wrote the segment file holding it and still date the
+// segment (retention by age): clocks of a cluster's brokers agree to well
+// within it, and a stamp further ahead was taken by a clock that was
+// wrong.
+const clockSkew = time.Minute
 
 // noRecords marks a segment without records in loop.segTS.
 const noRecords = -1 << 63
