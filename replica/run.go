@@ -19,7 +19,7 @@ type waiter struct {
 	seq         uint64
 	index, term uint64 // where the entry is in the log, once a Ready has shown it
 	dones       []func(offset uint64, ts int64, err error)
-	proposed    time.Time // for Config.CommitTimeout
+	proposed    time.Time // for Config.CommitTimeout: time.Now, with its monotonic reading
 	timedOut    bool      // told ErrCommitTimeout; told its fate again later
 }
 
@@ -307,7 +307,10 @@ func (g *Group) propose(l *loop, term uint64, buf []byte, ends []int, dones []fu
 	if g.cfg.Knobs.Now != nil {
 		now = g.cfg.Knobs.Now
 	}
-	ts := now().UnixNano()
+	// The stamp is the proposer's wall clock; CommitTimeout is measured
+	// from proposed, on the monotonic clock, so that a step of the wall
+	// clock neither stretches nor cuts it.
+	ts, proposed := now().UnixNano(), time.Now()
 	start, first := 0, 0
 	var dropped error
 	for i := range ends {
@@ -315,7 +318,7 @@ func (g *Group) propose(l *loop, term uint64, buf []byte, ends []int, dones []fu
 			continue // the next record fits too
 		}
 		l.seq++
-		w := &waiter{seq: l.seq, dones: dones[first : i+1], proposed: time.Unix(0, ts)}
+		w := &waiter{seq: l.seq, dones: dones[first : i+1], proposed: proposed}
 		if dropped != nil {
 			w.fail(dropped)
 			start, first = ends[i], i+1
