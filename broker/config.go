@@ -516,4 +516,11 @@ type Knobs struct {
 	// ticks); false skips the round. A test holds a moved leadership
 	// where it moved. Default nil: every round runs.
 	HandLeadersBack func() bool
+	// Now, if set, is the broker's wall clock: what shard logs and
+	// replicas stamp records with (wal.Options.Now, replica.Knobs.Now),
+	// and what the idempotent producer tables date those stamps by
+	// (producers.go). Durations the broker measures (routing deadlines,
+	// producer expiry) are on the monotonic clock and never read it.
+	// Default nil: time.Now.
+	Now func() time.Time
 }

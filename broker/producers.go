@@ -70,8 +70,8 @@ package broker
 // The table is not persisted: when a shard's log is opened (at start, or
 // again after the open-log budget closed it), the table is rebuilt by
 // reading the log backwards from its end (wal.Log.Read, a chunk at a
-// time), newest record first, until it reaches a record older than
-// ProducerExpiry, has read Config.ProducerRebuildBytes of records (keys,
+// time), newest record first, until it reaches a record ProducerExpiry
+// older than the newest (see "Clocks"), has read Config.ProducerRebuildBytes of records (keys,
 // values, headers, producer ids), knows MaxProducers producers, or reaches
 // the log's first record. Memory is bounded by one chunk of record
 // headers; time by the bytes read. A producer whose last record lies
@@ -91,9 +91,9 @@ package broker
 // applies its whole committed log again (before replica.Open returns),
 // which refills the table (bounded
 // by MaxProducers and ProducerWindow as always; producers whose last
-// record is older than ProducerExpiry are forgotten on their next use or
-// when room is needed). So whichever replica becomes leader has the
-// table. A replica that installs a snapshot (it was behind a retention
+// record is ProducerExpiry older than the newest, see "Clocks", are
+// forgotten on their next use or when room is needed). So whichever
+// replica becomes leader has the table. A replica that installs a snapshot (it was behind a retention
 // pass of the leader's, see package replica) never applied the records
 // it skipped: it takes the leader's table, which the snapshot carries
 // (producers_snapshot.go). The leader alone admits (accepted, enqueuing, waiters are its
@@ -112,10 +112,39 @@ package broker
 // committed, without s (the retry gets out_of_order_sequence). Nothing is
 // written twice. Records handed to the group together are never split
 // this way: after a drop it proposes none of the rest of them.
+//
+// # Clocks
+//
+// A producer's last use and its expiry are measured on the table's
+// monotonic clock (producerTable.clock): a step of the wall clock neither
+// forgets a producer used a moment ago (its retry would be refused
+// unknown_producer, and the SDK would write the record again under a new
+// producer id) nor keeps one for ever. A replica that applies a
+// producer's record as it commits counts that as a use, when it applies
+// it: never by the leader's stamp, whose clock may be skewed from this
+// one's by more than ProducerExpiry.
+//
+// Record stamps (the wall clock of the owner, or of the leader) date a
+// producer only where the table learns it from records rather than
+// seeing it used: the rebuild from the log, a replica's replay of its log
+// at open (replaying, replayed), and a snapshot's state. There, as Kafka
+// restores producer state from its log, a producer was last used at its
+// newest record's stamp; but that is dated against the newest stamp among
+// the records read (on a replica, among its producers' records), or the
+// wall clock if that is earlier, not against the wall clock alone. So a
+// stamp in the future (a clock that was ahead) counts as a use at the
+// open, not later: unused, the producer expires ProducerExpiry after the
+// open, not once the clock gets there; and a wall clock stepped forward
+// since the records were stamped does not expire every producer at the
+// open. The price: time the log lay closed, or the broker was down, does
+// not count toward expiry, so after a restart a producer may be
+// remembered up to ProducerExpiry longer than Kafka would (never shorter;
+// bounded by MaxProducers as always).
 
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"time"
@@ -158,7 +187,7 @@ type producer struct {
 	// oldest at acks[head]; it grows up to the window, then wraps.
 	acks      []seqAck
 	head, n   int
-	seen      int64 // last use, unix ns
+	seen      int64 // last use, on the table's monotonic clock (producerTable.clock)
 	enqueuing bool  // a record accepted is being queued for the log
 	// waiters are publishes of in-flight sequences waiting for the
 	// outcome of the record queued with that sequence.
@@ -208,23 +237,46 @@ func (p *producer) ackOf(seq uint64) (seqAck, bool) {
 type producerTable struct {
 	shard string
 	lim   producerLimits
-	now   func() time.Time
+	// wall is the broker's wall clock (Config.Knobs.Now): it dates
+	// record stamps and a snapshot's last uses (see "Clocks"), never an
+	// expiry.
+	wall func() time.Time
+	// born is the origin of the table's monotonic clock (clock).
+	born time.Time
 
 	mu struct {
 		sync.Mutex
 		byID map[string]*producer
 		lru  producer   // sentinel of the recency list
 		cond *sync.Cond // signalled when a producer stops enqueuing
+		// replay, while a replica applies its log again at open
+		// (replaying to replayed), holds the newest record stamp of
+		// each producer it learns; nil otherwise.
+		replay map[*producer]int64
 	}
 }
 
-func newProducerTable(shard string, lim producerLimits) *producerTable {
-	t := &producerTable{shard: shard, lim: lim, now: time.Now}
+// newProducerTable returns an empty table; wall nil means time.Now.
+func newProducerTable(shard string, lim producerLimits, wall func() time.Time) *producerTable {
+	if wall == nil {
+		wall = time.Now
+	}
+	t := &producerTable{shard: shard, lim: lim, wall: wall, born: time.Now()}
 	t.mu.byID = map[string]*producer{}
 	t.mu.lru.next, t.mu.lru.prev = &t.mu.lru, &t.mu.lru
 	t.mu.cond = sync.NewCond(&t.mu.Mutex)
 	return t
 }
+
+// clock is the table's monotonic clock, in nanoseconds since it was
+// made: producers' last uses and their expiry are measured on it.
+func (t *producerTable) clock() int64 { return int64(time.Since(t.born)) }
+
+// lastUse dates, on the table's clock at now, the last use of a producer
+// learnt from a record stamped ts rather than seen in use (see "Clocks"):
+// ref is the newest stamp of those records, or the wall clock if that is
+// earlier.
+func lastUse(now, ref, ts int64) int64 { return now - max(0, ref-ts) }
 
 // admitKind is what to do with an idempotent publish.
 type admitKind int
@@ -255,7 +307,7 @@ type admission struct {
 func (t *producerTable) admit(id string, seq uint64) admission {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	now := t.now().UnixNano()
+	now := t.clock()
 	p := t.mu.byID[id]
 	for p != nil && p.enqueuing {
 		t.mu.cond.Wait()
@@ -366,13 +418,16 @@ func (t *producerTable) settleLocked(p *producer, seq uint64, a seqAck, err erro
 // with timestamp ts: on every replica of a replicated shard, as the
 // record's entry applies (replica.Config.OnSequenced), in log order. It
 // learns the producer if the table does not know it, and hands the ack
-// to the publishes waiting for it.
+// to the publishes waiting for it. The producer was last used when the
+// entry applied here, or, while the replica replays its log at open, as
+// its stamp dates it (replayed).
 func (t *producerTable) applied(id []byte, seq, offset uint64, ts int64) {
 	a := seqAck{offset: offset, ts: ts}
+	now := t.clock()
 	t.mu.Lock()
 	p := t.mu.byID[string(id)]
 	if p == nil {
-		t.makeRoomLocked(t.now().UnixNano())
+		t.makeRoomLocked(now)
 		p = &producer{id: string(id), floor: seq - 1, committed: seq - 1, accepted: seq - 1}
 		t.mu.byID[p.id] = p
 		t.pushFrontLocked(p)
@@ -380,11 +435,45 @@ func (t *producerTable) applied(id []byte, seq, offset uint64, ts int64) {
 		t.unlinkLocked(p)
 		t.pushFrontLocked(p)
 	}
-	p.seen = max(p.seen, ts)
+	p.seen = now
+	if t.mu.replay != nil {
+		t.mu.replay[p] = max(t.mu.replay[p], ts)
+	}
 	waiting := t.settleLocked(p, seq, a, nil)
 	t.mu.Unlock()
 	for _, w := range waiting {
 		w(a, nil)
+	}
+}
+
+// replaying says a replica is about to apply its committed log again
+// (it is opening): until replayed, applied notes the stamps of the
+// producers it learns.
+func (t *producerTable) replaying() {
+	t.mu.Lock()
+	t.mu.replay = map[*producer]int64{}
+	t.mu.Unlock()
+}
+
+// replayed says the replay begun by replaying is over: the producers it
+// learnt are dated by their newest stamps (see "Clocks"), not by when
+// the replay applied them.
+func (t *producerTable) replayed() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	stamps := t.mu.replay
+	t.mu.replay = nil
+	if len(stamps) == 0 {
+		return
+	}
+	ref := t.wall().UnixNano()
+	newest := int64(math.MinInt64)
+	for _, ts := range stamps {
+		newest = max(newest, ts)
+	}
+	ref, now := min(ref, newest), t.clock()
+	for p, ts := range stamps {
+		p.seen = lastUse(now, ref, ts)
 	}
 }
 
@@ -436,6 +525,7 @@ func idle(p *producer) bool {
 
 func (t *producerTable) removeLocked(p *producer) {
 	delete(t.mu.byID, p.id)
+	delete(t.mu.replay, p)
 	t.unlinkLocked(p)
 }
 
@@ -494,7 +584,10 @@ func (t *producerTable) rebuild(l rebuildLog) (rebuildStats, error) {
 		acks []seqAck // newest first
 		done bool     // the run of consecutive sequences has ended
 	}
-	oldest := t.now().Add(-t.lim.expiry).UnixNano()
+	// Producers are dated by their newest records against ref: the
+	// newest record read, or the wall clock if that is earlier (see
+	// "Clocks").
+	ref, dated, now := t.wall().UnixNano(), false, t.clock()
 	found := map[string]*learnt{}
 	var order []*learnt // newest producer first
 	var st rebuildStats
@@ -555,7 +648,10 @@ scan:
 		}
 		for i := len(chunk) - 1; i >= 0; i-- {
 			r := chunk[i]
-			if r.ack.ts < oldest {
+			if !dated {
+				ref, dated = min(ref, r.ack.ts), true
+			}
+			if r.ack.ts < ref-int64(t.lim.expiry) {
 				st.from = r.ack.offset + 1
 				st.stop = "reached ProducerExpiry"
 				break scan
@@ -568,7 +664,7 @@ scan:
 				if len(found) >= t.lim.max {
 					continue
 				}
-				lp = &learnt{p: &producer{id: strings.Clone(r.id), committed: r.seq, accepted: r.seq, seen: r.ack.ts}}
+				lp = &learnt{p: &producer{id: strings.Clone(r.id), committed: r.seq, accepted: r.seq, seen: lastUse(now, ref, r.ack.ts)}}
 				found[lp.p.id] = lp
 				order = append(order, lp)
 				lp.acks = append(lp.acks, r.ack)
@@ -607,7 +703,7 @@ scan:
 // rebuilt from the log. A failed rebuild leaves what it learnt before the
 // failure and is logged; the shard serves all the same.
 func (s *shardSet) openProducers(e *shardEntry) {
-	t := newProducerTable(e.id.String(), s.producerLimits)
+	t := newProducerTable(e.id.String(), s.producerLimits, s.wallClock)
 	began := time.Now()
 	st, err := t.rebuild(e.log)
 	e.producers = t

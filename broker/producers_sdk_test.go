@@ -132,7 +132,7 @@ func TestProducerIDBounded(t *testing.T) {
 // retries again once it led.
 func TestProducerStateSkipsWhatDoesNotFit(t *testing.T) {
 	lim := producerLimits{max: 100, expiry: time.Hour, window: 8}
-	leader := newProducerTable("s/0", lim)
+	leader := newProducerTable("s/0", lim, nil)
 	commit := func(id string, off uint64) {
 		a := leader.admit(id, 1)
 		leader.enqueued(a.p)
@@ -141,7 +141,7 @@ func TestProducerStateSkipsWhatDoesNotFit(t *testing.T) {
 	commit("legit", 0)
 	commit(strings.Repeat("h", 600), 1) // the most recently used, and too long for what is left
 	state := leader.snapshotState(400)
-	follower := newProducerTable("s/0", lim)
+	follower := newProducerTable("s/0", lim, nil)
 	if err := follower.restoreState(state); err != nil {
 		t.Fatal(err)
 	}

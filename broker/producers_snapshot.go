@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 )
 
 // # The producer table in a snapshot
@@ -22,7 +23,15 @@ import (
 // this replica once it leads.
 //
 // Only what commits decide is carried (floor, committed, the remembered
-// acks, last use), never what a leader has in flight. The state is
+// acks, last use), never what a leader has in flight. Last use is on the
+// leader's monotonic clock, which means nothing to another process: it
+// is carried as the leader's wall-clock time of it as the state is
+// taken, and the follower dates each producer by how long before the
+// state's most recent producer it was last used (or before its own
+// wall clock, if that is earlier), so that a skew between the two
+// clocks neither expires the producers at once nor keeps them longer
+// than ProducerExpiry past the state's time (see "Clocks" in
+// producers.go). The state is
 // bounded by bytes (an entry's, MaxEntryBytes): producers most recently
 // used first, each with its last ack, then each with as many more of its
 // most recent acks as the budget leaves.
@@ -35,7 +44,8 @@ import (
 //
 // Format (version 1): the version byte, then per producer, most recently
 // used first: uvarint len(id), id, uvarint floor, uvarint committed,
-// varint last use (unix ns), uvarint n, then the acks of sequences
+// varint last use (unix ns, by the sender's wall clock), uvarint n, then
+// the acks of sequences
 // committed-n+1 .. committed, oldest first: uvarint offset, varint commit
 // time (unix ns).
 
@@ -68,6 +78,7 @@ func (t *producerTable) snapshotState(budget int) []byte {
 	}
 	b := make([]byte, 0, budget-left)
 	b = append(b, producerStateVersion)
+	wall, now := t.wall().UnixNano(), t.clock()
 	for _, p := range carried {
 		n := min(p.n, 1+left/producerAckMax)
 		left -= (n - min(n, 1)) * producerAckMax
@@ -75,7 +86,7 @@ func (t *producerTable) snapshotState(budget int) []byte {
 		b = append(b, p.id...)
 		b = binary.AppendUvarint(b, p.floor)
 		b = binary.AppendUvarint(b, p.committed)
-		b = binary.AppendVarint(b, p.seen)
+		b = binary.AppendVarint(b, wall-(now-p.seen))
 		b = binary.AppendUvarint(b, uint64(n))
 		for i := p.n - n; i < p.n; i++ {
 			a := p.acks[(p.head+i)%len(p.acks)]
@@ -147,6 +158,16 @@ func (t *producerTable) restoreState(state []byte) error {
 	}
 	if d.err != nil {
 		return d.err
+	}
+	// p.seen holds the sender's wall-clock time of the last use: dated
+	// against the most recent one's, or this broker's wall clock.
+	newest := int64(math.MinInt64)
+	for _, p := range ps {
+		newest = max(newest, p.seen)
+	}
+	ref, now := min(t.wall().UnixNano(), newest), t.clock()
+	for _, p := range ps {
+		p.seen = lastUse(now, ref, p.seen)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()

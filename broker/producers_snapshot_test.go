@@ -10,7 +10,7 @@ import (
 // filledTable returns a table that applied, per producer, the sequences
 // given: producer k's sequence s at offset 1000*k+s.
 func filledTable(lim producerLimits, seqs map[string][2]uint64) *producerTable {
-	tab := newProducerTable("s/0", lim)
+	tab := newProducerTable("s/0", lim, nil)
 	now := time.Now().UnixNano()
 	for id, r := range seqs {
 		for s := r[0]; s <= r[1]; s++ {
@@ -32,7 +32,7 @@ func TestProducerStateRoundTrip(t *testing.T) {
 	leader := filledTable(lim, map[string][2]uint64{"a": {1, 9}, "b": {5, 6}, "c": {1, 1}})
 	state := leader.snapshotState(1 << 20)
 
-	tab := newProducerTable("s/0", lim)
+	tab := newProducerTable("s/0", lim, nil)
 	tab.applied([]byte("stale"), 1, 1, time.Now().UnixNano()) // replaced by the restore
 	if err := tab.restoreState(state); err != nil {
 		t.Fatal(err)
@@ -84,7 +84,7 @@ func TestProducerStateBudget(t *testing.T) {
 		if len(state) > budget {
 			t.Fatalf("budget %d: state of %d bytes", budget, len(state))
 		}
-		tab := newProducerTable("s/0", lim)
+		tab := newProducerTable("s/0", lim, nil)
 		if err := tab.restoreState(state); err != nil {
 			t.Fatalf("budget %d: %v", budget, err)
 		}
@@ -121,7 +121,7 @@ func TestProducerStateBadInput(t *testing.T) {
 		}
 	}
 	for _, b := range bad {
-		tab := newProducerTable("s/0", lim)
+		tab := newProducerTable("s/0", lim, nil)
 		tab.applied([]byte("known"), 1, 1, 0)
 		err := tab.restoreState(b)
 		if !errors.Is(err, errProducerState) {
@@ -136,7 +136,7 @@ func TestProducerStateBadInput(t *testing.T) {
 // decodesWhole reports whether cut happens to end on a producer's
 // boundary (a shorter state that is still well formed).
 func decodesWhole(cut []byte) bool {
-	return newProducerTable("s/0", producerLimits{max: 10, window: 4}).restoreState(cut) == nil
+	return newProducerTable("s/0", producerLimits{max: 10, window: 4}, nil).restoreState(cut) == nil
 }
 
 func FuzzProducerState(f *testing.F) {
@@ -144,7 +144,7 @@ func FuzzProducerState(f *testing.F) {
 	f.Add(filledTable(lim, map[string][2]uint64{"a": {1, 9}, "b": {5, 6}}).snapshotState(1 << 20))
 	f.Add([]byte{1, 1, 'a', 0, 3, 0, 2, 1, 1, 2, 2})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		tab := newProducerTable("s/0", lim)
+		tab := newProducerTable("s/0", lim, nil)
 		if err := tab.restoreState(b); err != nil {
 			if tab.size() != 0 {
 				t.Fatalf("%d producers after %v", tab.size(), err)
@@ -155,7 +155,7 @@ func FuzzProducerState(f *testing.F) {
 			t.Fatalf("%d producers, bound %d", tab.size(), lim.max)
 		}
 		// What was restored encodes and restores to the same.
-		again := newProducerTable("s/0", lim)
+		again := newProducerTable("s/0", lim, nil)
 		if err := again.restoreState(tab.snapshotState(1 << 20)); err != nil || again.size() != tab.size() {
 			t.Fatalf("re-encoding: %v, %d producers, want %d", err, again.size(), tab.size())
 		}

@@ -165,7 +165,7 @@ func TestIdempotentPublishAfterRestart(t *testing.T) {
 // record, success or failure (after which the sequence may be sent
 // again).
 func TestProducerTableInFlight(t *testing.T) {
-	tab := newProducerTable("s/0", producerLimits{max: 2, expiry: time.Minute, window: 4})
+	tab := newProducerTable("s/0", producerLimits{max: 2, expiry: time.Minute, window: 4}, nil)
 	a := tab.admit("p", 1)
 	if a.kind != admitAppend {
 		t.Fatalf("first: %v", a.kind)
@@ -233,7 +233,7 @@ func TestProducerTableInFlight(t *testing.T) {
 // flight, and any client could make others' retries duplicates by making
 // new producers.
 func TestProducerInFlightNeverEvicted(t *testing.T) {
-	tab := newProducerTable("s/0", producerLimits{max: 2, expiry: time.Hour, window: 8})
+	tab := newProducerTable("s/0", producerLimits{max: 2, expiry: time.Hour, window: 8}, nil)
 	victim := tab.admit("victim", 1)
 	tab.enqueued(victim.p)
 	for i := range 3 {
@@ -257,7 +257,7 @@ func TestProducerInFlightNeverEvicted(t *testing.T) {
 // records up to 7 it skipped, is not one whose next record is out of
 // order; a record in flight still completes.
 func TestProducerTableForget(t *testing.T) {
-	tab := newProducerTable("s/0", producerLimits{max: 10, expiry: time.Minute, window: 4})
+	tab := newProducerTable("s/0", producerLimits{max: 10, expiry: time.Minute, window: 4}, nil)
 	tab.applied([]byte("p"), 3, 30, time.Now().UnixNano())
 	inflight := tab.admit("q", 1)
 	tab.enqueued(inflight.p)
@@ -425,7 +425,7 @@ func TestProducerRebuildRacingRetention(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	tab := newProducerTable("s/0", producerLimits{max: 100, expiry: time.Hour, window: 8, rebuildBytes: 1 << 30})
+	tab := newProducerTable("s/0", producerLimits{max: 100, expiry: time.Hour, window: 8, rebuildBytes: 1 << 30}, nil)
 	st, err := tab.rebuild(&retainingLog{Log: l, t: t, cut: 1})
 	if err != nil || l.FirstOffset() == 0 {
 		t.Fatalf("rebuild: %v (stopped: %s); first offset %d", err, st.stop, l.FirstOffset())

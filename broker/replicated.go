@@ -229,13 +229,14 @@ func (s *shardSet) setAside(id shardmap.ShardID) (string, error) {
 	return filepath.Join(s.root.Name(), name), nil
 }
 
-// replicaKnobs passes Config.Knobs.ReplicaBeforeSync to shard id's
-// replica.
-func replicaKnobs(id shardmap.ShardID, beforeSync func(shardmap.ShardID, uint64) error) replica.Knobs {
-	if beforeSync == nil {
-		return replica.Knobs{}
+// replicaKnobs passes Config.Knobs.ReplicaBeforeSync and Now to shard
+// id's replica.
+func (s *shardSet) replicaKnobs(id shardmap.ShardID) replica.Knobs {
+	k := replica.Knobs{Now: s.wallClock}
+	if s.beforeSync != nil {
+		k.BeforeSync = func(last uint64) error { return s.beforeSync(id, last) }
 	}
-	return replica.Knobs{BeforeSync: func(last uint64) error { return beforeSync(id, last) }}
+	return k
 }
 
 // replaceEvery bounds how often one shard's failed replica is replaced.
@@ -387,7 +388,7 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 		RetentionBytes: st.RetentionBytes,
 		RetentionAge:   st.RetentionAge,
 		OnSequenced:    e.producers.applied, // see producers.go
-		Knobs:          replicaKnobs(e.id, s.beforeSync),
+		Knobs:          s.replicaKnobs(e.id),
 		// A snapshot carries the producer table (producers_snapshot.go),
 		// in at most an entry's bytes: the raft frame takes four.
 		SnapshotState: func() []byte { return e.producers.snapshotState(s.entryBytes) },
@@ -401,6 +402,7 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 	if err != nil {
 		return err
 	}
+	e.producers.replayed() // Open applied the committed log again
 	e.group, e.sl = g, g
 	// A replica that was joining when the broker stopped asks again.
 	// So does a replica moved here whose move the control plane has not

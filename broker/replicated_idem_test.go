@@ -228,7 +228,7 @@ func TestReplicatedIdempotentAfterRestart(t *testing.T) {
 // still have committed from another leader's log and applied here; giving
 // its sequence back must not let it be written again.
 func TestProducerTableAppliedAfterGiveBack(t *testing.T) {
-	tab := newProducerTable("s/0", producerLimits{max: 4, expiry: time.Minute, window: 4})
+	tab := newProducerTable("s/0", producerLimits{max: 4, expiry: time.Minute, window: 4}, nil)
 	a := tab.admit("p", 1)
 	if a.kind != admitAppend {
 		t.Fatalf("first: %v", a.kind)
@@ -246,7 +246,7 @@ func TestProducerTableAppliedAfterGiveBack(t *testing.T) {
 	// A follower learns producers from what applies alone, and a record
 	// applied after a gap (a leader that forgot the producer) starts a
 	// new run.
-	f := newProducerTable("s/0", producerLimits{max: 4, expiry: time.Minute, window: 4})
+	f := newProducerTable("s/0", producerLimits{max: 4, expiry: time.Minute, window: 4}, nil)
 	now := time.Now().UnixNano()
 	for s := uint64(5); s <= 7; s++ {
 		f.applied([]byte("q"), s, s*10, now)

@@ -129,6 +129,7 @@ type shardSet struct {
 	walFS          wal.FS                               // Config.Knobs.WALFS
 	noQuiesce      bool                                 // Config.Knobs.NoQuiesce
 	beforeSync     func(shardmap.ShardID, uint64) error // Config.Knobs.ReplicaBeforeSync
+	wallClock      func() time.Time                     // Config.Knobs.Now
 	acceptLoss     map[string]bool                      // Config.AcceptLoss, by ShardID.String()
 
 	producerLimits producerLimits // of every shard's producer table
@@ -275,7 +276,7 @@ func newShardSet(cfg Config, log *slog.Logger, tel *telemetry) (*shardSet, error
 		root: root, node: cfg.NodeID, segmentSize: cfg.SegmentSize, commitTimeout: cfg.CommitTimeout, parkedSync: cfg.ParkedSync, syncGroup: wal.NewSyncGroup(parkAtBusyLogs), tailBytes: cfg.TailBytes, retentionCheck: cfg.RetentionCheck,
 		maxOpen: cfg.MaxOpenShards, maxShards: cfg.MaxShards,
 		logger: log, tel: tel,
-		walFS: cfg.Knobs.WALFS, noQuiesce: cfg.Knobs.NoQuiesce, beforeSync: cfg.Knobs.ReplicaBeforeSync, acceptLoss: map[string]bool{},
+		walFS: cfg.Knobs.WALFS, noQuiesce: cfg.Knobs.NoQuiesce, beforeSync: cfg.Knobs.ReplicaBeforeSync, wallClock: cfg.Knobs.Now, acceptLoss: map[string]bool{},
 	}
 	for _, id := range cfg.AcceptLoss {
 		s.acceptLoss[id] = true
@@ -669,8 +670,10 @@ func (s *shardSet) open(e *shardEntry, st *shardmap.Stream) {
 	cfg := st.StreamConfig
 	dir, err := s.shardDir(e.id)
 	if err == nil && e.pinned {
-		// Filled as the replica applies its committed log (producers.go).
-		e.producers = newProducerTable(e.id.String(), s.producerLimits)
+		// Filled as the replica applies its committed log (producers.go),
+		// first all of it again as it opens (replaying to replayed).
+		e.producers = newProducerTable(e.id.String(), s.producerLimits, s.wallClock)
+		e.producers.replaying()
 		err = s.openGroup(e, dir, st)
 	} else if err == nil {
 		e.log, err = wal.Open(dir, wal.Options{
@@ -687,6 +690,7 @@ func (s *shardSet) open(e *shardEntry, st *shardmap.Stream) {
 			ParkedSync:     s.parkedSync,
 			SyncGroup:      s.syncGroup,
 			FS:             s.walFS,
+			Now:            s.wallClock,
 		})
 		if err == nil {
 			e.sl = e.log
