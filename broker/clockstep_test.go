@@ -36,6 +36,33 @@ func (sc steppedClocks) set(d time.Duration, except ...*Broker) {
 	}
 }
 
+// TestUnavailableBoundAcrossClockStepBack:
+// TestForwarderFailsUnavailableWhenNoReplicaKnowsALeader with the outside
+// broker's wall clock (Config.Knobs.Now) an hour ahead when the publish
+// arrives and is routed, and stepped back just after (NTP). The publish
+// still fails unavailable about ForwardTimeout (1s) after it arrived: its
+// deadline is on the monotonic clock. As wall-clock unix nanoseconds, it
+// waited for the wall clock to pass it: an hour more.
+func TestUnavailableBoundAcrossClockStepBack(t *testing.T) {
+	clocks := steppedClocks{}
+	ip, outside := startLeaderless(t, clocks.tweak)
+	clock := clocks[outside.NodeID()]
+	clock.Store(int64(time.Hour)) // the clock before the step
+	ws := openStream(t, ip.dial(outside))
+	defer ws.s.Close()
+	ws.s.SetReadDeadline(time.Now().Add(10 * time.Second))
+	start := time.Now()
+	ws.send(&transport.Publish{Seq: 3, Stream: "r3", Shard: 0, Value: []byte("via the outside broker")})
+	time.Sleep(300 * time.Millisecond)
+	clock.Store(0) // NTP steps the clock back an hour
+	fr, err := ws.r.Read()
+	if err != nil {
+		t.Fatalf("no answer %v after the publish (ForwardTimeout 1s): %v", time.Since(start).Round(time.Millisecond), err)
+	}
+	e := wantError(t, fr, transport.ErrUnavailable)
+	t.Logf("answered after %v: %v", time.Since(start).Round(time.Millisecond), e)
+}
+
 // TestReplicatedIdempotentFailoverWithSkew: TestReplicatedIdempotentFailover
 // where the new leader's clock is 20 minutes ahead of the old leader's (a
 // skew beyond ProducerExpiry, 15 minutes by default). The new leader

@@ -156,7 +156,7 @@ type inbound struct {
 	// its spans and metrics from it once it is answered.
 	ev pubEvents
 
-	// deadline is set (unix ns) when a record of a replicated shard is
+	// deadline is set (monoNow) when a record of a replicated shard is
 	// first routed (replicated.go): when it stops waiting for a leader.
 	// Zero for replication factor 1, which pays nothing more per record.
 	deadline int64
@@ -184,7 +184,17 @@ type inbound struct {
 func (in *inbound) replicated() bool { return in.deadline != 0 }
 
 // expired reports whether a replicated record is past its deadline.
-func (in *inbound) expired() bool { return time.Now().UnixNano() > in.deadline }
+func (in *inbound) expired() bool { return monoNow() > in.deadline }
+
+// monoStart is the origin of monoNow, set once as the package loads.
+var monoStart = time.Now()
+
+// monoNow is the time since monoStart in nanoseconds, on the monotonic
+// clock: routing deadlines are measured on it, so that a step of the
+// wall clock neither stretches nor cuts "fails unavailable within
+// ForwardTimeout". It reads no wall clock (cheaper than time.Now), and an
+// int64 keeps inbound small.
+func monoNow() int64 { return int64(time.Since(monoStart)) }
 
 // rerouted returns in as a goroutine other than the reader (the retrier)
 // dispatches it again: queued, never committed inline, whatever was

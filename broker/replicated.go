@@ -575,7 +575,7 @@ func live(m *shardmap.Map, node string) bool {
 func (p *pubSession) dispatchReplicated(in inbound, m *shardmap.Map, st *shardmap.Stream, shard, attempt int) {
 	b, pub := p.b, in.pub
 	if !in.replicated() {
-		in.deadline = time.Now().Add(b.cfg.ForwardTimeout).UnixNano()
+		in.deadline = max(monoNow()+int64(b.cfg.ForwardTimeout), 1) // never 0: replicated()
 	}
 	id := shardmap.ShardID{Stream: pub.Stream, Shard: shard}
 	set := st.Placement.Replicas(shard)

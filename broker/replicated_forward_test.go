@@ -153,16 +153,19 @@ func TestForwarderTriesOtherReplicasWhenOwnerKnowsNoLeader(t *testing.T) {
 	}
 }
 
-// TestForwarderFailsUnavailableWhenNoReplicaKnowsALeader: on four
-// brokers, two of a shard's three replicas fail, so the third cannot
-// elect a leader. A publish through the broker outside the replica set,
-// which every replica refuses knowing no leader, fails unavailable after
-// ForwardTimeout, nothing written: never not_owner, which would name no
-// owner for the client to go to.
-func TestForwarderFailsUnavailableWhenNoReplicaKnowsALeader(t *testing.T) {
+// startLeaderless starts four brokers (ForwardTimeout 1s, and tweak if
+// not nil) with stream r3 of one shard and three replicas, has a record
+// published through the broker outside the replica set, then fails two
+// of the replicas, so that the third cannot elect a leader. It returns
+// the cluster and the outside broker; the next publish's Seq is 3.
+func startLeaderless(t *testing.T, tweak func(*Config)) (*inproc, *Broker) {
+	t.Helper()
 	var f failingSyncs
 	ip := startInprocWith(t, func(c *Config) {
 		f.tweak(c)
+		if tweak != nil {
+			tweak(c)
+		}
 		c.ForwardTimeout = time.Second
 	}, 4, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
 	id := shardmap.ShardID{Stream: "r3", Shard: 0}
@@ -174,7 +177,17 @@ func TestForwarderFailsUnavailableWhenNoReplicaKnowsALeader(t *testing.T) {
 	f.fail(owner.NodeID(), replicas[k].NodeID())
 	_ = publishVia(t, ip, owner, "r3", 0, 2, "fails two replicas") // answered or not
 	waitFailed(t, id, owner, replicas[k])
+	return ip, outside
+}
 
+// TestForwarderFailsUnavailableWhenNoReplicaKnowsALeader: on four
+// brokers, two of a shard's three replicas fail, so the third cannot
+// elect a leader. A publish through the broker outside the replica set,
+// which every replica refuses knowing no leader, fails unavailable after
+// ForwardTimeout, nothing written: never not_owner, which would name no
+// owner for the client to go to.
+func TestForwarderFailsUnavailableWhenNoReplicaKnowsALeader(t *testing.T) {
+	ip, outside := startLeaderless(t, nil)
 	start := time.Now()
 	e := wantError(t, publishVia(t, ip, outside, "r3", 0, 3, "via the outside broker"), transport.ErrUnavailable)
 	if d := time.Since(start); d < time.Second {
