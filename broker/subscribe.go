@@ -44,16 +44,20 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 	}
 	mapChanged := b.member.Changed()
 	m := b.member.Map()
-	if sub.Created > m.Epoch {
-		// The subscriber read a newer incarnation of the stream than this
-		// broker's map holds: catch up before judging it, and judge it by
-		// the map it is then served by. One refused by the broker's map
-		// (its grant may be in the newer one) shares one catch-up with the
-		// others so refused (deniedCatchUp).
+	if newer := max(sub.Created, sub.Epoch); newer > m.Epoch {
+		// The subscriber read a newer map than this broker holds: one
+		// the broker's map refuses (its grant may be in the newer one,
+		// which may be newer than the stream's incarnation) catches up
+		// to the subscriber's map, sharing one catch-up with the others
+		// so refused (deniedCatchUp); one of a newer incarnation of the
+		// stream catches up to that. Each is judged by the map it is
+		// then served by.
 		if from.principal != "" && m.ACL.Check(from.principal, auth.Subscribe, sub.Stream) != nil {
-			m = b.catchUpDenied(sub.Created)
-		} else if nm, err := b.catchUp(b.ctx, sub.Created); err == nil {
-			m = nm
+			m = b.catchUpDenied(newer)
+		} else if sub.Created > m.Epoch {
+			if nm, err := b.catchUp(b.ctx, sub.Created); err == nil {
+				m = nm
+			}
 		}
 	}
 	if err := b.authorize(m, from, auth.Subscribe, sub.Stream); err != nil {

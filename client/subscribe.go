@@ -616,6 +616,11 @@ func (sh *shardSub) attach(ctx context.Context, addr string) (progressed bool, e
 	}()
 
 	sub := &transport.Subscribe{Stream: s.stream, Shard: int32(sh.shard), Start: sh.startKind, Offset: sh.startOff, Created: s.created}
+	if m := c.cachedMap(); m != nil {
+		// A broker behind it that refuses the subscription catches up to
+		// it first: the grant may be in it.
+		sub.Epoch = m.Epoch
+	}
 	if sh.received {
 		sub.Start, sub.Offset = transport.StartOffset, sh.nextRecv
 	}

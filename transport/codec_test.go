@@ -672,6 +672,14 @@ func TestVersionTolerance(t *testing.T) {
 	if b := body(&Subscribe{Stream: "s"}); b[0] != 0x95 {
 		t.Fatalf("a Subscribe without Created starts 0x%02x, want 0x95 (5 elements)", b[0])
 	}
+	// One with Epoch sends Created too, even if 0 (seven fields); one
+	// with Created alone, six.
+	if b := body(&Subscribe{Stream: "s", Epoch: 3}); b[0] != 0x97 || b[len(b)-2] != 0 || b[len(b)-1] != 3 {
+		t.Fatalf("a Subscribe with Epoch alone: % x, want 7 elements ending 0, 3", b)
+	}
+	if b := body(&Subscribe{Stream: "s", Created: 3}); b[0] != 0x96 {
+		t.Fatalf("a Subscribe with Created alone starts 0x%02x, want 0x96 (6 elements)", b[0])
+	}
 	// A Raft frame has two fields unless it opens a duplex stream; an
 	// earlier broker reads a duplex one as a plain one.
 	if b := body(&Raft{From: "n1"}); b[0] != 0x92 {

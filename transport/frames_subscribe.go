@@ -32,12 +32,18 @@ type Subscribe struct {
 	// subscription as of an unknown stream, rather than serve the new
 	// stream from the old one's offsets.
 	Created uint64
+	// Epoch is the epoch of the map the subscriber holds, 0 if none: a
+	// broker whose map is older and refuses the subscription catches up
+	// to it before it judges again (the grant may be in that map, and a
+	// map at Created may predate it).
+	Epoch uint64
 }
 
 // subscribeFields is the fields a Subscribe is sent with; one without
-// Created (from a client of an earlier version) has subscribeFieldsMin.
+// Created and Epoch (from a client of an earlier version) has
+// subscribeFieldsMin, one without Epoch one more.
 const (
-	subscribeFields    = 6
+	subscribeFields    = 7
 	subscribeFieldsMin = 5
 )
 
@@ -49,8 +55,11 @@ func (s *Subscribe) appendBody(b []byte) ([]byte, error) {
 		return b, errNilFrame(FrameSubscribe)
 	}
 	fields := subscribeFieldsMin
-	if s.Created != 0 {
+	switch {
+	case s.Epoch != 0:
 		fields = subscribeFields
+	case s.Created != 0:
+		fields = subscribeFieldsMin + 1
 	}
 	b = appendArrayHeader(b, fields)
 	b = appendStr(b, s.Stream)
@@ -58,8 +67,11 @@ func (s *Subscribe) appendBody(b []byte) ([]byte, error) {
 	b = appendUint(b, uint64(s.Start))
 	b = appendUint(b, s.Offset)
 	b = appendUint(b, uint64(s.Credit))
-	if s.Created != 0 {
+	if fields > subscribeFieldsMin {
 		b = appendUint(b, s.Created)
+	}
+	if fields > subscribeFieldsMin+1 {
+		b = appendUint(b, s.Epoch)
 	}
 	return b, nil
 }
@@ -71,9 +83,13 @@ func (s *Subscribe) decode(d *decoder) {
 	s.Start = StartKind(d.uint8())
 	s.Offset = d.uint64()
 	s.Credit = d.uint32()
-	s.Created = 0
+	s.Created, s.Epoch = 0, 0
 	if n > subscribeFieldsMin {
 		s.Created = d.uint64()
+		n--
+	}
+	if n > subscribeFieldsMin {
+		s.Epoch = d.uint64()
 		n--
 	}
 	d.skipN(n - subscribeFieldsMin)
