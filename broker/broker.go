@@ -51,6 +51,11 @@ type Broker struct {
 	// Close. Both are read by health checks from any goroutine.
 	joined atomic.Pointer[ctlclient.Member]
 	ready  atomic.Bool
+	// started is when Start set ready; replicasSettled is set once
+	// readiness stops waiting for the hosted replicas to catch up
+	// (replicahealth.go).
+	started         time.Time
+	replicasSettled atomic.Bool
 	// lock keeps other processes off the data directory until Close.
 	lock *dirlock.Lock
 	// applied is the last map applyMap applied, whose replicas the
@@ -214,6 +219,8 @@ func (b *Broker) Start(ctx context.Context) error {
 		return fmt.Errorf("broker %s: closed while starting: %w", b.cfg.NodeID, ErrClosed)
 	}
 	b.ln, b.member = ln, member
+	b.started = time.Now()
+	b.replicasSettled.Store(b.cfg.ReadyReplicaWait < 0)
 	b.ready.Store(true)
 	b.wg.Add(3)
 	b.mu.Unlock()
@@ -240,7 +247,9 @@ func (b *Broker) routingMap() *shardmap.Map {
 func (b *Broker) Map() *shardmap.Map { return b.member.Map() }
 
 // Ready reports whether the broker is registered with the control plane,
-// holds a map and has opened (recovered) the logs of its shards; see
+// holds a map, has opened (recovered) the logs of its shards and, since
+// Start, its replicas of replicated shards have caught up with their
+// leaders (see "Replica health" in replicahealth.go); see
 // [Broker.Readiness] for why not. Safe to call from any goroutine.
 func (b *Broker) Ready() bool { return b.Readiness() == nil }
 
@@ -269,7 +278,7 @@ func (b *Broker) Readiness() error {
 	case !b.ready.Load():
 		return fmt.Errorf("%w: shard logs not recovered yet", ErrNotReady)
 	}
-	return nil
+	return b.replicasCaughtUp()
 }
 
 // currentMap returns the map held, or nil before Start has joined.

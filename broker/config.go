@@ -255,6 +255,12 @@ type Config struct {
 	// that): with the defaults a leader lost is replaced within 1 to 2 s
 	// plus an election round trip. Default 10.
 	RaftElectionTicks int
+	// ReadyReplicaWait bounds how long after Start readiness waits for
+	// the replicas this broker hosts to catch up with their leaders (see
+	// "Replica health" in replicahealth.go): past it the broker is ready
+	// however far behind they are. Negative: readiness does not wait for
+	// them. Default DefaultReadyReplicaWait (2m).
+	ReadyReplicaWait time.Duration
 
 	// Idempotent publish: what each shard's owner remembers of the
 	// producers publishing to it with a ProducerID and a ProducerSeq, to
@@ -468,6 +474,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.RaftElectionTicks <= 0 {
 		c.RaftElectionTicks = 10
+	}
+	if c.ReadyReplicaWait == 0 {
+		c.ReadyReplicaWait = DefaultReadyReplicaWait
 	}
 	return c, nil
 }

@@ -186,6 +186,12 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 	raftGroups, err := m.Int64ObservableGauge("felix.raft.groups", metric.WithUnit("{group}"),
 		metric.WithDescription("Raft groups (replicas of replicated shards) hosted here, by state: quiet (idle: no ticks, no heartbeats) or active."))
 	must(err)
+	replicaLeaderless, err := m.Int64ObservableGauge("felix.replica.leaderless", metric.WithUnit("{group}"),
+		metric.WithDescription("Raft groups hosted here whose replica knows no leader (an election under way, or a group that lost its quorum)."))
+	must(err)
+	replicaBehind, err := m.Int64ObservableGauge("felix.replica.behind", metric.WithUnit("{group}"),
+		metric.WithDescription("Raft groups hosted here where this replica is not a caught-up voter: a follower behind its leader's commit, a learner or joining replica, or a failed one. Zero on every broker: every replica counts towards its group's quorum (Kafka's under-replicated partitions)."))
+	must(err)
 	raftSilences, err := m.Int64ObservableCounter("felix.raft.peer.silences", metric.WithUnit("{silence}"),
 		metric.WithDescription("Times a peer sharing raft groups with this broker went unheard for an election timeout; its groups here were woken, to elect where it led."))
 	must(err)
@@ -278,9 +284,12 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 			o.ObserveInt64(raftGroups, int64(quiet), t.quietGroups)
 			o.ObserveInt64(raftGroups, int64(active), t.activeGroups)
 			o.ObserveInt64(raftSilences, int64(b.raft.silences.Load()))
+			h := b.ReplicaHealth()
+			o.ObserveInt64(replicaLeaderless, int64(h.Leaderless))
+			o.ObserveInt64(replicaBehind, int64(h.Behind))
 		}
 		return nil
-	}, recordsIn, bytesIn, forwards, shardsOwned, epoch, lag, shardBytes, shardNext, shardRecords, shardOmitted, raftGroups, raftSilences, parkedSyncs, quicSent, quicLost, diskFree)
+	}, recordsIn, bytesIn, forwards, shardsOwned, epoch, lag, shardBytes, shardNext, shardRecords, shardOmitted, raftGroups, replicaLeaderless, replicaBehind, raftSilences, parkedSyncs, quicSent, quicLost, diskFree)
 	if err != nil {
 		return nil, err
 	}

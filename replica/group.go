@@ -238,6 +238,8 @@ type Group struct {
 	leader atomic.Uint64 // leader known to this replica, 0 if none
 	quiet  atomic.Bool   // the run goroutine's loop.quiet, for Quiesced
 	term   atomic.Uint64
+	// catch is where the replica stands against its leader (CatchUp).
+	catch catchUp
 	// appliedTerm is the term of the last entry applied (LeaderTerm).
 	appliedTerm atomic.Uint64
 

@@ -55,6 +55,12 @@ type loop struct {
 	// disk's; math.MaxUint64 when none was, and raft's log is the disk's
 	// plus what the pending Ready appends.
 	cut uint64
+	// leadID and leadTerm are the leader and term whose messages set
+	// leadCommit, the highest commit index that leader told this replica;
+	// caughtSince is the value of ticks since when the replica has been
+	// caught up, noTick if it is not (health.go).
+	leadID, leadTerm, leadCommit uint64
+	caughtSince                  uint64
 }
 
 // run owns the RawNode and the storage: it takes the work handed in, and
@@ -66,7 +72,7 @@ type loop struct {
 // goes on.
 func (g *Group) run() {
 	defer close(g.done)
-	l := &loop{seq: rand.Uint64() >> 1, unindexed: map[uint64]*waiter{}, byIndex: map[uint64]*waiter{}, heard: map[uint64]uint64{}, segTS: map[uint64]int64{}, cut: math.MaxUint64}
+	l := &loop{seq: rand.Uint64() >> 1, unindexed: map[uint64]*waiter{}, byIndex: map[uint64]*waiter{}, heard: map[uint64]uint64{}, segTS: map[uint64]int64{}, cut: math.MaxUint64, caughtSince: noTick}
 	defer g.drain(l)
 	defer g.contain(l)
 	// Replay the committed log first (offsets, configuration changes),
@@ -167,6 +173,7 @@ func (g *Group) run() {
 		case ticks > 0:
 			g.maybeQuiesce(l)
 		}
+		g.noteCatchUp(l)
 		g.st.settle()
 		g.rounds.Add(1)
 	}
@@ -249,6 +256,7 @@ func (g *Group) step(l *loop, m *pb.Message) error {
 	}
 	l.stepping = nil
 	noteCut(l, m)
+	g.leaderTold(l, m)
 	return nil
 }
 
