@@ -45,8 +45,8 @@ type ReplicaHealth struct {
 	// Behind is the groups where this replica is not a caught-up voter:
 	// a follower more than a few entries behind its leader's commit, a
 	// learner, a replica not yet admitted, or one that failed. A group
-	// with no leader is Behind too unless its replica was caught up when
-	// the leader was lost.
+	// with no leader is Behind too (no leader, nothing to be caught up
+	// with).
 	Behind int
 	// LeaderlessShards and BehindShards name the first few of each.
 	LeaderlessShards, BehindShards []shardmap.ShardID
