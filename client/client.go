@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
@@ -51,6 +52,13 @@ type Client struct {
 	// mapTaken wakes idleCloser when a new shard map is taken
 	// (idleconns.go). Capacity one.
 	mapTaken chan struct{}
+
+	// leaving guards until: the brokers that said they are shutting
+	// down, and until when they are skipped (brokerLeaving, home.go).
+	leaving struct {
+		sync.Mutex
+		until map[string]time.Time
+	}
 
 	// pub carries Client.Publish and Client.PublishAsync.
 	pub *Publisher

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -135,12 +136,17 @@ func (l *link) refusal(err error) error {
 // carrying the broker's refusal if it refused the connection (see
 // refusal), else an error wrapping [ErrConnectionLost] and the broker's
 // reason for closing the connection, typed, if it gave one
-// (errors.Is(err, ErrShuttingDown)), or err.
+// (errors.Is(err, ErrShuttingDown)), or err. A broker that closed it with
+// shutting_down is noted as leaving, which moves the home off it
+// (brokerLeaving).
 func (l *link) failure(err error) error {
 	if rerr := l.refusal(err); rerr != nil {
 		return rerr
 	}
 	if reason := l.closeReason(err); reason != nil {
+		if reason.Code == transport.CodeShuttingDown {
+			l.b.c.brokerLeaving(l.b.addr, reason)
+		}
 		return lost(reason)
 	}
 	return lost(err)
@@ -196,6 +202,15 @@ func (b *brokerConn) connect(ctx context.Context, hold bool) (*link, error) {
 				b.c.cfg.logger.Info("client: connection to broker closed before it carried an answer; will redial after backoff", "broker", b.addr, "failures", failures, "cause", cause)
 			default:
 				b.c.cfg.logger.Info("client: connection to broker lost; will redial", "broker", b.addr, "cause", cause)
+			}
+			if shuttingDown(cause) {
+				// Going away: the home moves off it at once, and the caller,
+				// who had it as the home, goes to the new one (nothing was
+				// sent) rather than wait out a dial of a broker that is gone.
+				b.c.brokerLeaving(b.addr, cause)
+				if b.c.homeConn() != b {
+					return nil, fmt.Errorf("client: broker %s is shutting down: %w", b.addr, l.closeReason(cause))
+				}
 			}
 			continue
 		}

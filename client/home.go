@@ -2,17 +2,26 @@ package client
 
 import (
 	"context"
+	"errors"
 	"time"
+
+	"github.com/quic-go/quic-go"
 
 	"github.com/felix-broker/felix/transport"
 )
 
 // The home broker is the one publisher streams and admin requests go
 // through: the one given to Connect until it has failed every dial for
-// WithHomeFailover, when the client moves its home to another live broker
-// of the cached map (moveHome). brokerConn.get calls moveHome after a
-// failed dial; it owns no goroutine and adds none: a home that nobody
-// dials is not moved.
+// WithHomeFailover, or said it is shutting down, when the client moves
+// its home to another live broker of the cached map (moveHome,
+// brokerLeaving). brokerConn.get calls moveHome after a failed dial; it
+// owns no goroutine and adds none: a home that nobody dials is not moved.
+//
+// A broker that said it is shutting down (it closed a connection, or
+// stopped reading a publish stream, with shutting_down) is "leaving" for
+// the failover delay: no home moves to it, so that clients of two brokers
+// restarted one after the other do not move back and forth between them,
+// and a subscription reads from another replica while there is one.
 
 // homeFailoverDials is the fewest dials of the home broker in a row that
 // got no connection (brokerConn.mu.missed) that move the home, the last
@@ -47,8 +56,77 @@ func (c *Client) moveHome(b *brokerConn, missed int, since time.Time, err error)
 	}
 }
 
+// brokerLeaving notes that the broker at addr said it is shutting down
+// (shuttingDown(err)): it is skipped as a new home (nextHome) and by
+// subscriptions choosing a replica (isLeaving) for the failover delay, and
+// if it is the home, the home moves at once to another live broker of
+// the cached map, as after WithHomeFailover of failed dials: a broker
+// going away gracefully asked to be published through another, and
+// waiting for its dials to fail only stalled the client. Called with no
+// lock held.
+func (c *Client) brokerLeaving(addr string, err error) {
+	d := c.cfg.homeFailover
+	if d < 0 {
+		d = DefaultHomeFailover // the home stays; subscriptions still skip it
+	}
+	c.leaving.Lock()
+	if c.leaving.until == nil {
+		c.leaving.until = map[string]time.Time{}
+	}
+	now := time.Now()
+	for a, t := range c.leaving.until {
+		if now.After(t) {
+			delete(c.leaving.until, a)
+		}
+	}
+	_, known := c.leaving.until[addr]
+	c.leaving.until[addr] = now.Add(d)
+	c.leaving.Unlock()
+	if !known {
+		c.cfg.logger.Info("client: broker is shutting down; it is not chosen as home or replica to read from for a while", "broker", addr, "for", d, "err", err)
+	}
+	b := c.homeConn()
+	if c.cfg.homeFailover < 0 || b.addr != addr || c.closed.Load() {
+		return
+	}
+	next := c.nextHome(addr)
+	if next == nil {
+		c.cfg.logger.Debug("client: home broker is shutting down, and the shard map shows no other live broker to move to", "broker", addr)
+		return
+	}
+	if c.home.CompareAndSwap(b, next) {
+		c.cfg.logger.Info("client: home broker is shutting down; publishes and requests go through another broker from now on", "from", addr, "to", next.addr)
+	}
+}
+
+// leaving reports whether the broker at addr said it is shutting down
+// within the failover delay (brokerLeaving).
+func (c *Client) isLeaving(addr string) bool {
+	c.leaving.Lock()
+	defer c.leaving.Unlock()
+	t, ok := c.leaving.until[addr]
+	return ok && time.Now().Before(t)
+}
+
+// shuttingDown reports whether err says its broker is going away: the
+// connection was closed, or the stream's read side cancelled
+// (STOP_SENDING), by the broker with shutting_down. A shutting_down error
+// frame alone does not say it: a broker relays the one of a shard's owner
+// that is shutting down.
+func shuttingDown(err error) bool {
+	if err == nil {
+		return false
+	}
+	if reason := transport.ClosedWith(err); reason != nil {
+		return reason.Code == transport.CodeShuttingDown
+	}
+	var se *quic.StreamError
+	return errors.As(err, &se) && se.Remote && se.ErrorCode == quic.StreamErrorCode(transport.CodeShuttingDown)
+}
+
 // nextHome returns the broker to move the home to from failed: of the
-// live brokers of the cached map other than failed, the first one the
+// live brokers of the cached map other than failed and those leaving
+// (brokerLeaving), the first one the
 // client has a live connection to, else the first, both in the map's
 // order starting after failed (so that clients that lost the same broker
 // do not all pick the same one, and a client whose new home fails too
@@ -67,7 +145,7 @@ func (c *Client) nextHome(failed string) *brokerConn {
 	var addrs []string
 	for i := range m.Nodes {
 		n := m.Nodes[(start+i)%len(m.Nodes)]
-		if n.Live && n.Addr != "" && n.Addr != failed {
+		if n.Live && n.Addr != "" && n.Addr != failed && !c.isLeaving(n.Addr) {
 			addrs = append(addrs, n.Addr)
 		}
 	}

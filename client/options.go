@@ -230,7 +230,11 @@ func WithReconnect(min, max time.Duration) Opt {
 // request whose dial made it goes to the new home at once. Publisher
 // streams opened after the move, and admin requests, go to the new home;
 // one already open stays where it is until it fails, as any does when its
-// broker is lost. The client does not move back. Default
+// broker is lost. The client does not move back. A home that says it is
+// shutting down (it closes the connection, or refuses or stops reading a
+// publish stream, with shutting_down) is left at once, without waiting
+// for d; for d it is not chosen as a new home, nor as the replica a
+// subscription reads from while another is live. Default
 // [DefaultHomeFailover]; d < 0 keeps the home for the client's life.
 func WithHomeFailover(d time.Duration) Opt {
 	return optFunc(func(c *config) { c.homeFailover = d })

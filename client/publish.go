@@ -284,6 +284,7 @@ func (s *pubSession) draining() bool {
 // sends the records of unknown outcome again, in order, and the broker
 // answers those it has as duplicates.
 func (s *pubSession) writeFailed(cause error) {
+	s.noteLeaving(cause)
 	if s.idem != nil {
 		s.fail(cause)
 		return
@@ -294,6 +295,17 @@ func (s *pubSession) writeFailed(cause error) {
 	}
 	s.mu.Unlock()
 	s.str.CancelWrite(0)
+}
+
+// noteLeaving notes the session's broker as shutting down
+// (brokerLeaving, which moves the home off it) if err, the end of the
+// stream's write side or of its connection, says it is going away: a
+// broker shutting down stops reading its publish streams, and refuses
+// new ones, with shutting_down.
+func (s *pubSession) noteLeaving(err error) {
+	if s.link != nil && shuttingDown(err) {
+		s.link.b.c.brokerLeaving(s.addr, err)
+	}
 }
 
 // lockWriter takes the writer, waiting at most until ctx ends (nothing
@@ -558,6 +570,7 @@ func (s *pubSession) readLoop() {
 	for {
 		f, err := r.Read()
 		if err != nil {
+			s.noteLeaving(context.Cause(s.str.Context()))
 			s.fail(s.connErr(fmt.Errorf("reading acks from %s: %w", s.addr, err)))
 			return
 		}
@@ -581,6 +594,14 @@ func (s *pubSession) readLoop() {
 				fut.finishLater()
 			}
 		case *transport.Error:
+			if f.Code == transport.CodeShuttingDown {
+				// From the broker itself if it also stopped reading the
+				// stream (a relayed refusal of an owner does not): the home
+				// moves before the record's publish learns of its refusal,
+				// so that it can go again through the new home
+				// (publishSync), as idempotent records do.
+				s.noteLeaving(context.Cause(s.str.Context()))
+			}
 			if f.Code == transport.CodeUnknownStream {
 				raise(s.mapNamed, f.Epoch) // the next publish picks its shard by that map
 			}

@@ -91,12 +91,14 @@ func (c *Client) Publisher(ctx context.Context, stream string) (*Publisher, erro
 // given; records without a key go to one shard picked per client. If ctx
 // ends first Publish returns ctx's error, and the record may still be
 // written.
+//
+// A record refused by a broker that is shutting down (an error matching
+// [ErrShuttingDown] and not [ErrConnectionLost]) was not written; if that
+// broker was the client's home, the home has moved to another live broker
+// (see [WithHomeFailover]) and Publish sends the record again through it.
+// An [OnResolved] function sees each attempt.
 func (c *Client) Publish(ctx context.Context, stream string, key, value []byte, opts ...PublishOpt) (Ack, error) {
-	f, err := c.pub.publish(ctx, stream, key, value, opts, true)
-	if err != nil {
-		return Ack{}, err
-	}
-	return f.Wait(ctx)
+	return c.pub.publishSync(ctx, stream, key, value, opts)
 }
 
 // PublishAsync sends one record to stream without waiting for its ack and
@@ -112,11 +114,43 @@ func (c *Client) PublishAsync(ctx context.Context, stream string, key, value []b
 // Publish publishes one record and waits until it is durable; see
 // [Client.Publish].
 func (p *Publisher) Publish(ctx context.Context, key, value []byte, opts ...PublishOpt) (Ack, error) {
-	f, err := p.publish(ctx, p.stream, key, value, opts, true)
-	if err != nil {
-		return Ack{}, err
+	return p.publishSync(ctx, p.stream, key, value, opts)
+}
+
+// publishSync publishes one record and waits for its outcome. A record
+// refused by the home broker because it is shutting down, which moved the
+// home (refusedByLeaving), was not written: it is published again through
+// the new home, at most maxLeavingResends times.
+func (p *Publisher) publishSync(ctx context.Context, stream string, key, value []byte, opts []PublishOpt) (Ack, error) {
+	for resent := 0; ; resent++ {
+		f, err := p.publish(ctx, stream, key, value, opts, true)
+		if err != nil {
+			return Ack{}, err
+		}
+		ack, err := f.Wait(ctx)
+		if err == nil || resent >= maxLeavingResends || !p.c.refusedByLeaving(err) {
+			return ack, err
+		}
 	}
-	return f.Wait(ctx)
+}
+
+// maxLeavingResends bounds how many times publishSync sends a record
+// again after brokers shutting down refused it: each refusal moved the
+// home to another broker, and the cluster rarely restarts more at once.
+const maxLeavingResends = 2
+
+// refusedByLeaving reports whether err, a publish's, is a refusal with
+// shutting_down (the record was not written: a broker answers it only
+// for records it did not take in, or whose log or raft group was closed
+// before they were appended or proposed) by a broker the client noted as
+// leaving and no longer its home. A record of unknown outcome (its
+// connection lost) is not one.
+func (c *Client) refusedByLeaving(err error) bool {
+	var perr *PublishError
+	var werr *transport.Error
+	return errors.As(err, &perr) && !errors.Is(err, ErrConnectionLost) &&
+		errors.As(err, &werr) && werr.Code == transport.CodeShuttingDown &&
+		perr.Broker != c.Addr() && c.isLeaving(perr.Broker)
 }
 
 // PublishAsync sends one record without waiting for its ack; see

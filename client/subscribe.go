@@ -467,6 +467,12 @@ func (sh *shardSub) run() {
 		}
 		var werr *transport.Error
 		isWire := !errors.Is(err, ErrConnectionLost) && errors.As(err, &werr)
+		if isWire && werr.Code == transport.CodeShuttingDown {
+			// The broker read from is going away (one that closed the
+			// connection so was noted by link.failure): the next attempt
+			// goes to another replica, if the shard has one.
+			c.brokerLeaving(addr, err)
+		}
 		switch {
 		case isWire && werr.Code == transport.CodeNotOwner:
 			redirects++
@@ -547,7 +553,8 @@ func (sh *shardSub) replicas() int {
 // committed records only, at the same offsets): it returns a live one,
 // the owner first, the next ones after failures attaching.
 func (sh *shardSub) ownerAddr(ctx context.Context, failures int) (string, error) {
-	m, st, err := sh.s.c.mapWith(ctx, sh.s.stream)
+	c := sh.s.c
+	m, st, err := c.mapWith(ctx, sh.s.stream)
 	if err != nil {
 		return "", err
 	}
@@ -556,9 +563,13 @@ func (sh *shardSub) ownerAddr(ctx context.Context, failures int) (string, error)
 			sh.s.stream, &transport.Error{Code: transport.CodeUnknownStream, Message: "deleted"}, shardmap.ErrUnknownStream, sh.s.created, st.Created)
 	}
 	if set := st.Placement.Replicas(sh.shard); len(set) > 1 {
-		for i := range set {
-			if n, ok := m.Node(set[(failures+i)%len(set)]); ok && n.Live && n.Addr != "" {
-				return n.Addr, nil
+		// One that said it is shutting down (isLeaving) only if no
+		// other is live: the map may show it live for a while yet.
+		for _, skipLeaving := range []bool{true, false} {
+			for i := range set {
+				if n, ok := m.Node(set[(failures+i)%len(set)]); ok && n.Live && n.Addr != "" && !(skipLeaving && c.isLeaving(n.Addr)) {
+					return n.Addr, nil
+				}
 			}
 		}
 	}
