@@ -586,7 +586,16 @@ const (
 	closePeerWait = 5 * time.Second
 )
 
-// Close shuts the broker down gracefully: it stops accepting, stops reading
+// resignWait bounds the wait at Close for the hand-over of the
+// leaderships this broker holds: two election timeouts, for all groups
+// at once (raft abandons a transfer that does not end within one, and the
+// group tries another voter).
+func resignWait(cfg Config) time.Duration {
+	return 2 * time.Duration(cfg.RaftElectionTicks) * cfg.RaftTick
+}
+
+// Close shuts the broker down gracefully: it hands over the leaderships
+// of its replicated shards, stops accepting, stops reading
 // new publishes, commits and acknowledges what was already received, then
 // closes connections, leaves the control plane and closes every log.
 // A Close while another runs waits for it and returns its error.
@@ -607,6 +616,15 @@ func (b *Broker) Close() error {
 	}
 	b.mu.Unlock()
 
+	// Hand over the leadership of every replicated shard this broker
+	// leads first, while it still takes publishes: the records proposed
+	// before the hand-over are committed by the new leader (acked here),
+	// those that arrive during it are routed to the new leader. A group
+	// whose transfer does not end in time is closed below as before, and
+	// its followers elect a leader once it falls silent.
+	if n := b.raft.resign(resignWait(b.cfg)); n > 0 {
+		b.log.Warn("shutdown: still leading replicated shards after handing them over; their followers elect a leader once this broker is gone", "shards", n)
+	}
 	if ln != nil {
 		ln.StopAccepting()
 	}

@@ -429,6 +429,39 @@ func (n *raftNet) preferOwners() {
 	}
 }
 
+// resign asks every hosted group to give its leadership away for good
+// (replica.Group.Resign: to the voter that answers and holds the most of
+// the log), as a broker that shuts down does before it drains, so that
+// the other replicas take over at once instead of waiting out an
+// election timeout of silence. It waits, for all groups at once and for
+// at most wait, until none leads or has a voter to hand over to, and
+// returns how many still lead.
+func (n *raftNet) resign(wait time.Duration) (leading int) {
+	gs := n.members(nil)
+	if len(gs) == 0 {
+		return 0
+	}
+	timeout := time.NewTimer(wait)
+	defer timeout.Stop()
+	resigned := make([]<-chan struct{}, len(gs))
+	for i, m := range gs {
+		resigned[i] = m.g.Resign()
+	}
+	for i, ch := range resigned {
+		select {
+		case <-ch:
+		case <-timeout.C:
+			for _, m := range gs[i:] {
+				if m.g.IsLeader() {
+					leading++
+				}
+			}
+			return leading
+		}
+	}
+	return 0
+}
+
 // groupTransport is one group's replica.Transport: it marshals each
 // message and writes it on its peer's raft stream (raftPeer.send).
 type groupTransport struct {

@@ -222,6 +222,12 @@ type Group struct {
 		// transfer is the replica TransferLeadership last asked to hand
 		// the leadership to, 0 for none.
 		transfer uint64
+		// resign is set by Resign, until the run goroutine takes it;
+		// resigned is the channel Resign returned, closed (and set to
+		// nil) once the replica does not lead or has no voter to hand
+		// the leadership to (see handOff).
+		resign   bool
+		resigned chan struct{}
 		admits   []admitRequest
 		retains  []retainRequest
 		wake     bool   // Wake was called
@@ -539,6 +545,42 @@ func (g *Group) TransferLeadership(to uint64) {
 	g.in.transfer = to
 	g.in.Unlock()
 	g.signal()
+}
+
+// Resign makes the replica give the leadership away for good, as a
+// replica about to be closed does: while it leads, it hands the
+// leadership to the voter that answers and holds the most of the log
+// (raft's leader transfer, as TransferLeadership), and hands it on again
+// whenever it comes back (an election won, a peer handing it back),
+// until Close. Proposals made during a transfer are dropped (ErrDropped);
+// those proposed before it keep their fate: the new leader commits them
+// or replaces them (NotLeaderError with Replaced), so a record is never
+// acked falsely. It never blocks. The channel returned is closed once the
+// replica does not lead, or leads with no voter that answers to take
+// over, or is closed.
+func (g *Group) Resign() <-chan struct{} {
+	g.in.Lock()
+	defer g.in.Unlock()
+	if g.in.resigned == nil {
+		g.in.resigned = make(chan struct{})
+	}
+	ch := g.in.resigned
+	if g.in.closed || g.in.err != nil {
+		g.resignedLocked()
+	} else {
+		g.in.resign = true
+		g.signal()
+	}
+	return ch
+}
+
+// resignedLocked closes the channel Resign last returned, if still open;
+// g.in is held.
+func (g *Group) resignedLocked() {
+	if g.in.resigned != nil {
+		close(g.in.resigned)
+		g.in.resigned = nil
+	}
 }
 
 // Err returns why the group takes no more work (it failed: ErrFailed; or

@@ -45,7 +45,10 @@ type loop struct {
 	// last proposed (or the replica last woke).
 	quiet      bool
 	lastActive uint64
-	woke       uint64 // the value of ticks when the replica last woke
+	// resigning is whether Resign was called: the replica hands its
+	// leadership away whenever it has it (handOff).
+	resigning bool
+	woke      uint64 // the value of ticks when the replica last woke
 	// segTS is, per complete segment (by its first index), the timestamp
 	// of its newest record, read once for retention by age.
 	segTS map[uint64]int64
@@ -93,10 +96,13 @@ func (g *Group) run() {
 		g.in.buf, g.in.ends, g.in.dones, g.in.msgs, g.in.msgBytes, g.in.ticks = nil, nil, nil, nil, 0, 0
 		transfer, admits, wake, silent, retains := g.in.transfer, g.in.admits, g.in.wake, g.in.silent, g.in.retains
 		g.in.transfer, g.in.admits, g.in.wake, g.in.silent, g.in.retains = 0, nil, false, 0, nil
+		resign := g.in.resign
+		g.in.resign = false
 		g.in.Unlock()
 
 		l.taken = dones // to be failed by drain if raft panics before they are proposed
-		work := len(dones) > 0 || transfer != 0 || len(admits) > 0
+		l.resigning = l.resigning || resign
+		work := len(dones) > 0 || transfer != 0 || len(admits) > 0 || resign
 		if l.quiet {
 			woken, byLeader := wake || work, false
 			for _, m := range msgs {
@@ -148,6 +154,13 @@ func (g *Group) run() {
 		if len(dones) > 0 {
 			g.propose(l, term, buf, ends, dones)
 		}
+		// After the proposals taken with it: raft sends them to the
+		// replica it hands over to before that one campaigns.
+		if l.resigning && g.handOff(l) {
+			g.in.Lock()
+			g.resignedLocked()
+			g.in.Unlock()
+		}
 		l.taken = nil
 		if err := g.handleReadies(l); err != nil {
 			g.fail(err)
@@ -166,7 +179,7 @@ func (g *Group) run() {
 			req.reply <- retainReply{dropped, err}
 		}
 		switch {
-		case l.quiet || work || wake:
+		case l.quiet || work || wake || l.resigning: // a resigning leader hands over; it does not go quiet
 		case quiesceBy != nil && g.followerQuiesces(quiesceBy):
 			l.quiet = true
 			g.quiet.Store(true)
@@ -289,12 +302,47 @@ func (g *Group) contain(l *loop) {
 // time once in phase with it, and never hand over.
 func (g *Group) transfer(l *loop, to uint64) {
 	st := g.rn.Status()
-	h, heard := l.heard[to]
-	answers := heard && l.ticks-h <= uint64(g.cfg.ElectionTicks)
-	if pr, ok := st.Progress[to]; ok && answers && pr.Match >= st.GetCommit() {
+	if pr, ok := st.Progress[to]; ok && g.answers(l, to) && pr.Match >= st.GetCommit() {
 		g.logger.Info("replica: handing the leadership over", "to", to)
 		g.rn.TransferLeader(to)
 	}
+}
+
+// answers reports whether a message from replica id was stepped within
+// the last election timeout (see transfer).
+func (g *Group) answers(l *loop, id uint64) bool {
+	h, heard := l.heard[id]
+	return heard && l.ticks-h <= uint64(g.cfg.ElectionTicks)
+}
+
+// handOff, while the replica resigns (Resign), starts a leader transfer
+// to the voter that answers and holds the most of the log (raft sends it
+// what it lacks first, then has it campaign), unless one is under way.
+// It reports whether the resignation is done for now: the replica does
+// not lead, or leads with no voter that answers to take over.
+func (g *Group) handOff(l *loop) bool {
+	st := g.rn.Status()
+	if st.RaftState != raft.StateLeader {
+		return true
+	}
+	if st.LeadTransferee != 0 {
+		return false // raft abandons it after an election timeout; then another is tried
+	}
+	var to, match uint64
+	for id, pr := range st.Progress {
+		if id == g.cfg.ID || pr.IsLearner || !g.answers(l, id) {
+			continue
+		}
+		if to == 0 || pr.Match > match || pr.Match == match && id < to { // ties: the same choice on every run
+			to, match = id, pr.Match
+		}
+	}
+	if to == 0 {
+		return true
+	}
+	g.logger.Info("replica: resigning; handing the leadership over", "to", to, "match", match, "commit", st.GetCommit())
+	g.rn.TransferLeader(to)
+	return false
 }
 
 // propose turns the waiting records, handed over in term, into entries of
@@ -653,4 +701,7 @@ func (g *Group) drain(l *loop) {
 		w.fail(unknown)
 	}
 	g.leader.Store(0)
+	g.in.Lock()
+	g.resignedLocked()
+	g.in.Unlock()
 }

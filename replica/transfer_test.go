@@ -1,6 +1,8 @@
 package replica
 
 import (
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -158,4 +160,59 @@ func waitLeads(t *testing.T, g *Group, what string) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// TestResignHandsOverAndKeepsOutcomes: a leader that resigns hands the
+// leadership to a caught-up voter and its channel closes; every record
+// appended to it meanwhile gets a true outcome (acked at the offset the
+// group holds it at, or refused as never committed), and a leadership
+// handed back to it is handed on again.
+func TestResignHandsOverAndKeepsOutcomes(t *testing.T) {
+	c := newCluster(t, 3, 1, nil)
+	leader := c.waitLeader()
+	commitOn(t, c, leader, "before")
+	var results []<-chan result
+	for i := range 50 {
+		results = append(results, appendTo(leader, fmt.Appendf(nil, "r%d", i)))
+	}
+	select {
+	case <-leader.Resign():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the resigning leader's channel did not close within 10s")
+	}
+	if leader.IsLeader() {
+		t.Fatal("the channel closed while the replica still leads")
+	}
+	acked := map[uint64]string{}
+	for i, ch := range results {
+		r := <-ch
+		switch {
+		case r.err == nil:
+			acked[r.offset] = fmt.Sprintf("r%d", i)
+		case errors.Is(r.err, ErrNotLeader), errors.Is(r.err, ErrDropped):
+		default:
+			t.Fatalf("record %d: %v, want an ack or a refusal that says it was never committed", i, r.err)
+		}
+	}
+	next := c.waitConverged(1)
+	recs := c.checkSame(next)
+	for off, v := range acked {
+		if string(recs[off].Value) != v {
+			t.Fatalf("acked %q at offset %d, which holds %q", v, off, recs[off].Value)
+		}
+	}
+	// Handed back, the leadership is handed on again.
+	now := c.waitLeader(leader.ID())
+	commitOn(t, c, now, "after")
+	term := now.term.Load()
+	now.TransferLeadership(leader.ID())
+	// Its term: term+1 once it takes it, term+2 once another took it from it.
+	deadline := time.Now().Add(10 * time.Second)
+	for l := c.leader(); l == nil || l == leader || l.term.Load() < term+2; l = c.leader() {
+		if time.Now().After(deadline) {
+			t.Fatalf("a resigning replica kept the leadership handed back to it (leader %v, term %d then)", l, term)
+		}
+		time.Sleep(tickEvery)
+	}
+	t.Logf("%d of %d records acked through the transfer", len(acked), len(results))
 }
