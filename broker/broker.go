@@ -597,7 +597,7 @@ func resignWait(cfg Config) time.Duration {
 // Close shuts the broker down gracefully: it hands over the leaderships
 // of its replicated shards, stops accepting, stops reading
 // new publishes, commits and acknowledges what was already received, then
-// closes connections, leaves the control plane and closes every log.
+// leaves the control plane, closes connections and closes every log.
 // A Close while another runs waits for it and returns its error.
 func (b *Broker) Close() error {
 	b.mu.Lock()
@@ -652,6 +652,15 @@ func (b *Broker) Close() error {
 	}
 	b.ready.Store(false)
 	b.cancel()
+	var errs []error
+	// Leave the control plane before closing the connections: the map
+	// then marks this broker down, so peers route around it (and give up
+	// their dials to it, dropDown) instead of redialing a broker the map
+	// still shows live. Everything taken in is answered by now, and the
+	// groups (followers since resign) stay open until the end.
+	if member != nil {
+		errs = append(errs, member.Close())
+	}
 	b.mu.Lock()
 	for c := range b.mu.conns {
 		c.CloseWithError(quic.ApplicationErrorCode(transport.CodeShuttingDown), "broker shutting down")
@@ -660,10 +669,6 @@ func (b *Broker) Close() error {
 	b.peers.close()
 	if ln != nil {
 		ln.Close()
-	}
-	var errs []error
-	if member != nil {
-		errs = append(errs, member.Close())
 	}
 	b.wg.Wait()
 	<-drained // every session has returned, so this is immediate

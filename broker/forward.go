@@ -37,6 +37,7 @@ type peerPool struct {
 	// others that wait for the same connection.
 	ctx    context.Context
 	cancel context.CancelFunc
+	dials  sync.WaitGroup // dials in flight, some no longer in conns (dropDown)
 
 	// mu guards conns; dialing happens outside it, one dial per peer at a
 	// time through the entry's ready channel.
@@ -53,6 +54,8 @@ type peerConn struct {
 	ready chan struct{} // closed once conn or err is set
 	conn  *quic.Conn
 	err   error
+	// stopDial ends the dial in flight (dropDown); set before it starts.
+	stopDial context.CancelFunc
 
 	// Guarded by the pool's mu: the forwarding lanes on conn, and whether
 	// the peer ended one cleanly (see release).
@@ -149,10 +152,13 @@ func (p *peerPool) get(ctx context.Context, node shardmap.Node) (*peerConn, erro
 	}
 	if pc == nil {
 		pc = &peerConn{id: node.ID, addr: node.Addr, ready: make(chan struct{})}
+		ctx, cancel := context.WithTimeout(p.ctx, dialTimeout)
+		pc.stopDial = cancel
 		p.mu.conns[node.ID] = pc
+		p.dials.Add(1)
 		p.mu.Unlock()
-		// Ends within dialTimeout; close waits for ready.
-		go p.dial(pc, node)
+		// Ends within dialTimeout; close waits for it.
+		go p.dial(ctx, pc, node)
 	} else {
 		p.mu.Unlock()
 	}
@@ -170,21 +176,38 @@ func (p *peerPool) get(ctx context.Context, node shardmap.Node) (*peerConn, erro
 	return pc, nil
 }
 
-// dial connects pc to node and closes pc.ready.
-func (p *peerPool) dial(pc *peerConn, node shardmap.Node) {
+// dial connects pc to node, within ctx (dialTimeout; dropDown or close
+// cancel it), and closes pc.ready.
+func (p *peerPool) dial(ctx context.Context, pc *peerConn, node shardmap.Node) {
+	defer p.dials.Done()
 	defer close(pc.ready)
-	ctx, cancel := context.WithTimeout(p.ctx, dialTimeout)
-	defer cancel()
+	defer pc.stopDial()
 	// Only node.ID's own node certificate will do: an address taken over
 	// by another node, or by a client, is refused.
-	pc.conn, pc.err = transport.Dial(ctx, node.Addr, transport.VerifyPeer(p.tls, transport.RoleNode, node.ID), p.cfg)
-	if pc.err == nil {
-		p.acct.watch(pc.conn, kindPeer)
+	conn, err := transport.Dial(ctx, node.Addr, transport.VerifyPeer(p.tls, transport.RoleNode, node.ID), p.cfg)
+	if err == nil {
+		p.mu.Lock()
+		dropped := !p.mu.closed && p.mu.conns[pc.id] != pc
+		p.mu.Unlock()
+		if dropped { // dropDown gave up this dial as it ended
+			conn.CloseWithError(quic.ApplicationErrorCode(transport.CodeUnavailable), "peer is down in the shard map")
+			conn, err = nil, fmt.Errorf("dial %s: %w", node.ID, errPeerDown)
+		}
+	}
+	pc.conn, pc.err = conn, err
+	if err == nil {
+		p.acct.watch(conn, kindPeer)
 	}
 }
 
+// errPeerDown ends a dial to a peer that the map marked down meanwhile.
+var errPeerDown = errors.New("broker: peer is down in the shard map")
+
 // dropDown closes connections to peers the map says are down, so forwards
-// waiting on them fail now rather than at the QUIC idle timeout.
+// waiting on them fail now rather than at the QUIC idle timeout, and gives
+// up dials to them in flight, so that the lanes waiting for those route
+// their records again now rather than after dialTimeout (a broker that
+// shut down is marked down while its peers may still be redialing it).
 func (p *peerPool) dropDown(m *shardmap.Map) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -200,6 +223,9 @@ func (p *peerPool) dropDown(m *shardmap.Map) {
 			}
 			delete(p.mu.conns, id)
 		default:
+			pc.stopDial()
+			delete(p.mu.conns, id)
+			p.log.Info("peer down in the shard map; dial to it given up", "peer", id, "epoch", m.Epoch)
 		}
 	}
 }
@@ -217,6 +243,7 @@ func (p *peerPool) close() {
 			pc.conn.CloseWithError(0, "broker shutting down")
 		}
 	}
+	p.dials.Wait() // those dropDown gave up too
 }
 
 // lane carries the records one publisher stream forwards to one owner, on

@@ -22,15 +22,7 @@ import (
 // outcome. The dial once ran under the first caller's context, and every
 // lane waiting on it failed with "context canceled".
 func TestPeerDialOutlivesItsFirstCaller(t *testing.T) {
-	// A peer that never answers: the dial runs until dialTimeout.
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	pool := newPeerPool(&tls.Config{NextProtos: []string{transport.ALPNPeer}, ServerName: "broker-9"}, transport.Config{}, quiet(), &quicAccount{})
-	defer pool.close()
-	node := shardmap.Node{ID: "broker-9", Addr: pc.LocalAddr().String()}
+	pool, node := poolWithSilentPeer(t)
 
 	first, cancel := context.WithCancel(context.Background())
 	firstErr := make(chan error, 1)
@@ -49,7 +41,7 @@ func TestPeerDialOutlivesItsFirstCaller(t *testing.T) {
 	if err := <-firstErr; !errors.Is(err, context.Canceled) {
 		t.Fatalf("first caller, cancelled: %v", err)
 	}
-	err = <-secondErr
+	err := <-secondErr
 	if err == nil || errors.Is(err, context.Canceled) {
 		t.Fatalf("second caller after the first one's end: %v; want the dial's own failure", err)
 	}
@@ -127,4 +119,45 @@ func TestMovedPeerOldConnectionClosed(t *testing.T) {
 	if !closedSoon(toB) {
 		t.Error("the connection to B, with no lane, still open after the peer moved")
 	}
+}
+
+// TestPeerDownEndsDialInFlight: a map that marks a peer down ends a dial
+// to it in flight, so the lanes waiting on it route their records again
+// at once. dropDown used to skip dials in flight, and a record queued on
+// a lane to a broker that had just shut down waited out dialTimeout (3 s).
+func TestPeerDownEndsDialInFlight(t *testing.T) {
+	pool, node := poolWithSilentPeer(t)
+	dialed := make(chan error, 1)
+	go func() {
+		_, err := pool.conn(context.Background(), node)
+		dialed <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // the dial is in flight
+	start := time.Now()
+	pool.dropDown(shardmap.Build(2, []shardmap.Node{node}, nil)) // broker-9 not live
+	select {
+	case err := <-dialed:
+		if err == nil {
+			t.Fatal("the dial to a peer marked down succeeded")
+		}
+		if took := time.Since(start); took > dialTimeout/3 {
+			t.Fatalf("the dial ended %v after the map marked its peer down; want at once", took)
+		}
+	case <-time.After(dialTimeout + time.Second):
+		t.Fatal("the dial to a peer marked down did not end")
+	}
+}
+
+// poolWithSilentPeer returns a peer pool and a peer, broker-9, that never
+// answers: a dial to it runs until dialTimeout. Both are closed when t
+// ends.
+func poolWithSilentPeer(t *testing.T) (*peerPool, shardmap.Node) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	pool := newPeerPool(&tls.Config{NextProtos: []string{transport.ALPNPeer}, ServerName: "broker-9"}, transport.Config{}, quiet(), &quicAccount{})
+	t.Cleanup(pool.close)
+	return pool, shardmap.Node{ID: "broker-9", Addr: pc.LocalAddr().String()}
 }
