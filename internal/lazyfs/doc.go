@@ -51,6 +51,16 @@
 // of it is lost, which is legal and the one most likely to find a missing
 // fsync, and never tears or reorders.
 //
+// The crash happens at Cut (which Crash calls if the test did not): a
+// sync that has not returned by then, or is called after, fails with EIO
+// and makes nothing durable. Without it, a sync in flight when its
+// process is killed would complete durably after the kill, since the
+// kernel holds a killed process until the filesystem answers the request
+// it is in. A sync returns at once unless SetSyncDelay makes it take a
+// random time, as a disk's flush does, so that a cut can land while one
+// is in flight; different delays on different mounts make one machine's
+// disk faster than another's.
+//
 // # How
 //
 // Before the first change of a range of a file since the file's last
@@ -77,7 +87,10 @@
 //
 //	fsys, err := lazyfs.Mount(backing, dataDir) // as root (mount(2)), else fusermount3
 //	if errors.Is(err, lazyfs.ErrUnavailable) { t.Skip(err) }
-//	... run processes on dataDir, kill -9 them ...
+//	fsys.SetSyncDelay(2 * time.Millisecond) // optional
+//	... run processes on dataDir ...
+//	fsys.Cut() // the power goes
+//	... kill -9 them ...
 //	err = fsys.Crash() // dataDir now holds only what was durable
 //	... restart them on dataDir ...
 //	err = fsys.Unmount() // a clean shutdown: everything written is kept

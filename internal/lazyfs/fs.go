@@ -5,11 +5,13 @@ package lazyfs
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -39,11 +41,13 @@ const ReleaseWait = 10 * time.Second
 // FS is a mounted lazyfs.
 type FS struct {
 	backing, mountpoint string
+	syncDelay           atomic.Int64 // the most a sync takes, in ns (SetSyncDelay)
 
-	// mu guards the model and the open handles. Each change is made to
-	// the backing directory under it, together with its undo record.
+	// mu guards the model, the open handles and cut. Each change is made
+	// to the backing directory under it, together with its undo record.
 	mu     sync.Mutex
 	m      *model
+	cut    bool           // since Cut, until Crash: no sync makes anything durable
 	open   map[any]string // open file and directory handles -> path at open
 	server *fuse.Server   // nil while not mounted
 }
@@ -145,12 +149,29 @@ func (f *FS) unmount() error {
 	return nil
 }
 
-// Crash cuts the power: it unmounts, reverts the backing directory to
-// what was durable (see the package doc), and mounts it again at the same
-// mountpoint. No process may have a file open on the mount (kill every
-// process using it first): Crash waits up to ReleaseWait for the releases
-// of files still open, and refuses, naming them, if some stay open.
+// Cut is the instant the power goes: from now until Crash, nothing
+// becomes durable. A sync not returned by then (still in its delay: see
+// SetSyncDelay), or called after, fails with EIO and makes nothing
+// durable; writes and entry changes go on, to be undone by Crash. Call
+// Cut, then kill the processes using the mount, then Crash: a process
+// killed in a sync the filesystem has already taken is held by the
+// kernel until the filesystem answers, so without Cut the sync would
+// complete, durably, after the kill.
+func (f *FS) Cut() {
+	f.mu.Lock()
+	f.cut = true
+	f.mu.Unlock()
+}
+
+// Crash completes a power cut (it calls Cut if that was not called): it
+// unmounts, reverts the backing directory to what was durable (see the
+// package doc), and mounts it again at the same mountpoint, powered
+// again. No process may have a file open on the mount (kill every
+// process using it first): Crash waits up to ReleaseWait for the
+// releases of files still open, and refuses, naming them, if some stay
+// open.
 func (f *FS) Crash() error {
+	f.Cut()
 	deadline := time.Now().Add(ReleaseWait)
 	for {
 		f.mu.Lock()
@@ -173,6 +194,7 @@ func (f *FS) Crash() error {
 	}
 	m := f.lock()
 	err := m.crash()
+	f.cut = false
 	f.unlock()
 	if err != nil {
 		return fmt.Errorf("lazyfs: crash: revert %s: %w", f.backing, err)
@@ -195,6 +217,24 @@ func (f *FS) Unmount() error {
 	m.renames = nil
 	f.unlock()
 	return os.RemoveAll(filepath.Join(f.backing, hiddenName))
+}
+
+// SetSyncDelay makes every fsync, fdatasync and directory fsync from now
+// on take a random time up to most (uniform), as a disk's flushes do,
+// instead of returning at once (a sync through the mount flushes no
+// disk). What a sync makes durable becomes durable at its end: a crash
+// during it loses it. Without a delay, what a process does between
+// handing a sync to the disk and the sync's return (a reply sent before
+// its own fdatasync has returned, say) is hardly ever caught by a crash;
+// with disks of different delays, a process on a fast disk that counts
+// on one on a slow disk can be. Default 0.
+func (f *FS) SetSyncDelay(most time.Duration) { f.syncDelay.Store(int64(most)) }
+
+// syncing waits as long as a sync takes (SetSyncDelay).
+func (f *FS) syncing() {
+	if most := f.syncDelay.Load(); most > 0 {
+		time.Sleep(time.Duration(rand.Int64N(most + 1)))
+	}
 }
 
 // lock locks the model and returns it.

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
@@ -433,5 +434,46 @@ func TestHiddenDirectory(t *testing.T) {
 	durable(t, mnt+"/f", "x")
 	if got := tree(t, mnt); !slices.Equal(got, []string{"f=x"}) {
 		t.Errorf("listing: %q", got)
+	}
+}
+
+// TestCut checks that nothing becomes durable between Cut and Crash: a
+// sync then fails with EIO, and the crash takes back what it synced.
+func TestCut(t *testing.T) {
+	fsys, mnt := mount(t)
+	durable(t, mnt+"/f", "before")
+	fsys.Cut()
+	writeAt(t, mnt+"/f", 0, "after!")
+	f, err := os.OpenFile(mnt+"/f", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fdatasync(int(f.Fd())); !errors.Is(err, unix.EIO) {
+		t.Errorf("fdatasync after Cut: %v, want EIO", err)
+	}
+	f.Close()
+	if err := fsys.Crash(); err != nil {
+		t.Fatal(err)
+	}
+	if got := tree(t, mnt); !slices.Equal(got, []string{"f=before"}) {
+		t.Errorf("after Crash: %q, want the content synced before Cut", got)
+	}
+	durable(t, mnt+"/f", "powered again") // fails the test if a sync fails
+}
+
+// TestSyncDelay checks that syncs take time with SetSyncDelay.
+func TestSyncDelay(t *testing.T) {
+	fsys, mnt := mount(t)
+	const most, syncs = 20 * time.Millisecond, 10
+	write(t, mnt+"/f", "x")
+	fsys.SetSyncDelay(most)
+	began := time.Now()
+	for range syncs {
+		fdatasync(t, mnt+"/f")
+	}
+	// Uniform up to most: 10 take most*5 on average; less than most in
+	// all is a chance of about 1 in 4 million.
+	if took := time.Since(began); took < most || took > 2*syncs*most {
+		t.Errorf("%d fdatasyncs of up to %v each took %v", syncs, most, took)
 	}
 }

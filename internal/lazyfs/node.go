@@ -413,12 +413,18 @@ func (h *handle) Writev(ctx context.Context, data [][]byte, off int64) (uint32, 
 	return h.lf.Writev(ctx, data, off)
 }
 
-// Fsync makes the file's content durable, fsync and fdatasync alike. It
+// Fsync makes the file's content durable, fsync and fdatasync alike, at
+// the end of the sync delay (the kernel holds the file's lock meanwhile:
+// no write comes in between), unless the power was cut by then (EIO). It
 // does not fsync the backing file: durability is the model's, not the
 // backing disk's.
 func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	h.fsys.syncing()
 	m := h.fsys.lock()
 	defer h.fsys.unlock()
+	if h.fsys.cut {
+		return syscall.EIO
+	}
 	m.fileSynced(h.ino)
 	return 0
 }
@@ -520,10 +526,16 @@ func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 	d.dir.Close()
 }
 
-// Fsyncdir makes the directory's entries durable. It does not fsync the
-// backing directory.
+// Fsyncdir makes the directory's entries durable, at the end of the sync
+// delay (the kernel holds the directory's lock meanwhile: no entry
+// changes in between), unless the power was cut by then (EIO). It does
+// not fsync the backing directory.
 func (d *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
+	d.fsys.syncing()
 	m := d.fsys.lock()
 	defer d.fsys.unlock()
+	if d.fsys.cut {
+		return syscall.EIO
+	}
 	return fs.ToErrno(m.dirSynced(d.ino, fmt.Sprintf("/proc/self/fd/%d", d.dir.Fd())))
 }
