@@ -97,13 +97,14 @@ func TestKillLoop(t *testing.T) {
 }
 
 // readBack publishes one marker per shard of stream through cl, last, as
-// publisher id of rec, and reads every shard up to it: all of it. It
-// returns the markers' offsets and the shards.
+// publisher id of rec (its values name id, so that a test that reads back
+// more than once gives each read its own id), and reads every shard up
+// to it: all of it. It returns the markers' offsets and the shards.
 func readBack(t *testing.T, ctx context.Context, cl *client.Client, stream string, shards, id int, rec *history.Recorder) ([]uint64, [][]history.Entry) {
 	t.Helper()
 	ends := make([]uint64, shards)
 	for s := range shards {
-		ack, err := workload.Record(ctx, cl, rec, id, stream, s, fmt.Sprintf("end-%d", s), time.Minute)
+		ack, err := workload.Record(ctx, cl, rec, id, stream, s, fmt.Sprintf("end-%d-%d", id, s), time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
