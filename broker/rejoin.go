@@ -119,7 +119,7 @@ func readIDFile(dir, name, what string) (id uint64, ok bool, err error) {
 
 // writeIDFile stores id in dir's file name, durably.
 func writeIDFile(dir, name, what string, id uint64) error {
-	if err := os.MkdirAll(dir, 0o750); err != nil {
+	if err := atomicfile.MkdirAll(dir, 0o750); err != nil {
 		return err
 	}
 	err := atomicfile.WriteFile(filepath.Join(dir, name), []byte(strconv.FormatUint(id, 10)+"\n"), 0o640)

@@ -265,7 +265,7 @@ func newShardSet(cfg Config, log *slog.Logger, tel *telemetry) (*shardSet, error
 	dir := filepath.Join(cfg.DataDir, "streams")
 	_, statErr := os.Stat(dir)
 	fresh := errors.Is(statErr, fs.ErrNotExist)
-	if err := os.MkdirAll(dir, 0o750); err != nil {
+	if err := atomicfile.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("create shard data dir: %w", err)
 	}
 	root, err := os.OpenRoot(dir)
@@ -369,8 +369,8 @@ func (s *shardSet) claimDir(st *shardmap.Stream, epoch uint64) error {
 			return err
 		}
 	}
-	if err := s.root.Mkdir(st.Name, 0o750); err != nil && !errors.Is(err, fs.ErrExist) {
-		return fmt.Errorf("create %q in %s: %w", st.Name, s.root.Name(), err)
+	if _, err := atomicfile.MkdirIn(s.root, st.Name, 0o750); err != nil {
+		return err
 	}
 	return atomicfile.WriteFileIn(s.root, filepath.Join(st.Name, createdFile), []byte(strconv.FormatUint(st.Created, 10)+"\n"), 0o640)
 }
@@ -394,8 +394,10 @@ func (s *shardSet) createdMark(name string) (created uint64, marked bool, err er
 	return created, true, nil
 }
 
-// shardDir creates the directory of shard id through the root, checks that
-// it is a real directory inside it, and returns its path.
+// shardDir creates the directory of shard id through the root, durably
+// (a power loss loses a new directory whose parent was not fsynced, with
+// every file under it), checks that it is a real directory inside it,
+// and returns its path.
 func (s *shardSet) shardDir(id shardmap.ShardID) (string, error) {
 	if err := shardmap.ValidateStreamName(id.Stream); err != nil {
 		return "", err // never reaches the disk
@@ -405,8 +407,8 @@ func (s *shardSet) shardDir(id shardmap.ShardID) (string, error) {
 	}
 	shard := strconv.Itoa(id.Shard)
 	for _, rel := range []string{id.Stream, filepath.Join(id.Stream, shard)} {
-		if err := s.root.Mkdir(rel, 0o750); err != nil && !errors.Is(err, fs.ErrExist) {
-			return "", fmt.Errorf("create %q in %s: %w", rel, s.root.Name(), err)
+		if _, err := atomicfile.MkdirIn(s.root, rel, 0o750); err != nil {
+			return "", err
 		}
 		fi, err := s.root.Lstat(rel)
 		if err != nil {

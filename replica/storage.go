@@ -16,6 +16,7 @@ import (
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/felix-broker/felix/internal/atomicfile"
 	"github.com/felix-broker/felix/internal/tidseg"
 	"github.com/felix-broker/felix/wal"
 )
@@ -84,7 +85,7 @@ type termRun struct{ index, term uint64 }
 // openStorage opens or creates the log in dir. voters is the group's
 // configuration for a new log; an existing one keeps its own.
 func openStorage(dir, name string, voters []uint64, segSize int, logger *slog.Logger) (*storage, error) {
-	if err := os.MkdirAll(dir, 0o750); err != nil {
+	if err := atomicfile.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("replica: group %q: create dir: %w", name, err)
 	}
 	st, p, _, err := openState(dir, persistent{conf: &pb.ConfState{Voters: voters}})
@@ -108,6 +109,13 @@ func (s *storage) open() error {
 		return fmt.Errorf("replica: group %q: open log %q: %w", s.name, s.dir, err)
 	}
 	s.tw = tw
+	// tidwall creates the first segment of a new log: without a sync of
+	// the directory, a power loss before the segment rolls empties the
+	// log, whose state file still holds the term and vote (and the
+	// replica then answers as one that never had the entries it acked).
+	if err := tidseg.SyncDir(s.dir); err != nil {
+		return fmt.Errorf("replica: group %q: %w", s.name, err)
+	}
 	if err := s.reconcile(); err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 
 	tidwall "github.com/tidwall/wal"
 
+	"github.com/felix-broker/felix/internal/atomicfile"
 	"github.com/felix-broker/felix/internal/tidseg"
 )
 
@@ -122,7 +123,7 @@ func Open(dir string, opts Options) (*Log, error) {
 		committerDone: make(chan struct{}),
 		quit:          make(chan struct{}),
 	}
-	if err := os.MkdirAll(dir, 0o750); err != nil {
+	if err := atomicfile.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("wal: create dir %q: %w", dir, err)
 	}
 	hwm, mark, state, err := openHWM(l.fs, dir)

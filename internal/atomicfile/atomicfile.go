@@ -3,7 +3,11 @@
 // renamed over it, and the directory fsynced, so that a reader (or a
 // restart after a crash) sees either the old content or the new, never a
 // part, and the new content survives a power loss once WriteFile
-// returns.
+// returns. It also owns the way Felix creates a directory that must
+// survive a power loss (MkdirAll, MkdirIn): the parent of every
+// directory created is fsynced, without which the new name, and
+// everything written under it, may be gone after the power comes back,
+// however often the files under it were fsynced.
 //
 // The temporary file is created afresh (O_CREATE|O_EXCL, under a random
 // name): never a fixed name that another local user could have placed a
@@ -19,6 +23,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 )
 
 // WriteFile replaces path with data, with permissions perm. On failure
@@ -60,13 +65,74 @@ func WriteFileIn(root *os.Root, name string, data []byte, perm os.FileMode) (err
 	if err := root.Rename(tmp, name); err != nil {
 		return fmt.Errorf("rename %s in %s: %w", tmp, root.Name(), err)
 	}
-	d, err := root.Open(filepath.Dir(name))
+	return syncDirIn(root, filepath.Dir(name))
+}
+
+// syncDirIn fsyncs the directory dir of root.
+func syncDirIn(root *os.Root, dir string) error {
+	d, err := root.Open(dir)
 	if err != nil {
-		return fmt.Errorf("open dir of %s in %s: %w", name, root.Name(), err)
+		return fmt.Errorf("open dir %s in %s: %w", dir, root.Name(), err)
 	}
 	defer d.Close()
 	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync dir of %s in %s: %w", name, root.Name(), err)
+		return fmt.Errorf("fsync dir %s in %s: %w", dir, root.Name(), err)
+	}
+	return nil
+}
+
+// MkdirIn creates the directory name in root (its parent must exist),
+// with permissions perm, and fsyncs its parent, so that it survives a
+// power loss. It reports whether it created it: an existing directory
+// (or other file: the caller checks what it is) is no error.
+func MkdirIn(root *os.Root, name string, perm os.FileMode) (created bool, err error) {
+	if err := root.Mkdir(name, perm); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return false, nil
+		}
+		return false, fmt.Errorf("create %q in %s: %w", name, root.Name(), err)
+	}
+	return true, syncDirIn(root, filepath.Dir(name))
+}
+
+// MkdirAll is os.MkdirAll that fsyncs the parent of every directory it
+// creates, the first one's included, so that path survives a power loss
+// once it returns.
+func MkdirAll(path string, perm os.FileMode) error {
+	path = filepath.Clean(path)
+	if fi, err := os.Stat(path); err == nil {
+		if !fi.IsDir() {
+			return &fs.PathError{Op: "mkdir", Path: path, Err: syscall.ENOTDIR}
+		}
+		return nil
+	}
+	if parent := filepath.Dir(path); parent != path {
+		if err := MkdirAll(parent, perm); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(path, perm); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return nil // made meanwhile, by someone who syncs it
+		}
+		return err
+	}
+	return SyncDir(filepath.Dir(path))
+}
+
+// SyncDir fsyncs directory dir, so that the names of files created,
+// renamed or removed in it survive a power loss.
+func SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open dir %q for sync: %w", dir, err)
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("sync dir %q: %w", dir, err)
 	}
 	return nil
 }

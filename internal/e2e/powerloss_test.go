@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -56,18 +55,7 @@ func lazyDisk(t *testing.T, dir string) *lazyfs.FS {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	fsys, err := lazyfs.Mount(t.TempDir(), dir)
-	if errors.Is(err, lazyfs.ErrUnavailable) {
-		t.Skipf("no lazyfs for the brokers' data: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := fsys.Unmount(); err != nil {
-			t.Errorf("unmount the lazyfs at %s: %v", dir, err)
-		}
-	})
+	fsys := lazyfs.MountForTest(t, dir)
 	fsys.SetSyncDelay(powerSyncDelay)
 	return fsys
 }

@@ -24,20 +24,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // where FUSE cannot be used, saying why.
 func mount(t *testing.T) (*lazyfs.FS, string) {
 	t.Helper()
-	backing, mnt := t.TempDir(), t.TempDir()
-	fsys, err := lazyfs.Mount(backing, mnt)
-	if errors.Is(err, lazyfs.ErrUnavailable) {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := fsys.Unmount(); err != nil {
-			t.Error(err)
-		}
-	})
-	return fsys, mnt
+	mnt := t.TempDir()
+	return lazyfs.MountForTest(t, mnt), mnt
 }
 
 // write creates or truncates the file at path and writes data to it, with

@@ -2,27 +2,15 @@ package tidseg
 
 import (
 	"fmt"
+	"github.com/felix-broker/felix/internal/atomicfile"
 	"os"
 	"path/filepath"
 	"strconv"
 )
 
 // SyncDir fsyncs directory dir, so that the names of files created,
-// renamed or removed in it survive a crash.
-func SyncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("open dir %q for sync: %w", dir, err)
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("sync dir %q: %w", dir, err)
-	}
-	return nil
-}
+// renamed or removed in it survive a crash (atomicfile.SyncDir).
+func SyncDir(dir string) error { return atomicfile.SyncDir(dir) }
 
 // Reset empties the log in dir so that its next entry is index: every
 // segment (and any file of an interrupted truncation) is removed and one
