@@ -319,6 +319,8 @@ type fakeBroker struct {
 	// it reports false to fall back to the normal service.
 	publishHook atomic.Pointer[pubHook]
 	subs        atomic.Int64 // subscribe frames received
+	// subErr, when set, answers every subscription with it.
+	subErr atomic.Pointer[transport.Error]
 	// rawAnswer, when set, is written as the answer to every request
 	// instead, and the stream closed.
 	rawAnswer atomic.Pointer[[]byte]
@@ -580,6 +582,10 @@ func (b *fakeBroker) serveRequest(req *transport.Request) transport.Frame {
 
 func (b *fakeBroker) serveSubscribe(conn *quic.Conn, sub *transport.Subscribe, r *transport.Reader, w *transport.Writer) {
 	b.subs.Add(1)
+	if e := b.subErr.Load(); e != nil {
+		_ = w.Write(e)
+		return
+	}
 	if name := b.fc.revoked.Load(); name != nil && *name == sub.Stream {
 		_ = w.Write(&transport.Error{Code: transport.CodeUnauthorized, Message: "principal admin may not subscribe to " + sub.Stream})
 		return

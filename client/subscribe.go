@@ -467,10 +467,14 @@ func (sh *shardSub) run() {
 		}
 		var werr *transport.Error
 		isWire := !errors.Is(err, ErrConnectionLost) && errors.As(err, &werr)
-		if isWire && werr.Code == transport.CodeShuttingDown {
-			// The broker read from is going away (one that closed the
-			// connection so was noted by link.failure): the next attempt
-			// goes to another replica, if the shard has one.
+		if shuttingDown(err) {
+			// The broker read from is going away (it closed the
+			// connection or the stream so; one that closed the
+			// connection was noted by link.failure too): the next
+			// attempt goes to another replica, if the shard has one. A
+			// shutting_down error frame alone does not say so: a broker
+			// sends one when the shard's log or replica is closed under
+			// a read (moved away, replaced), and the broker stays.
 			c.brokerLeaving(addr, err)
 		}
 		switch {
