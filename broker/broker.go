@@ -134,7 +134,7 @@ func newBroker(cfg Config) (*Broker, error) {
 		b.tel.close() // its metrics callback holds b
 		return nil, fmt.Errorf("broker %s: %w", cfg.NodeID, err)
 	}
-	b.raft = newRaftNet(cfg.NodeID, cfg.RaftTick, cfg.RaftElectionTicks, entryBytes(cfg), cfg.Knobs.RaftSimplex, b.peers, b.currentMap, b.log)
+	b.raft = newRaftNet(cfg.NodeID, cfg.RaftTick, cfg.RaftElectionTicks, entryBytes(cfg), cfg.Knobs.RaftSimplex, closeTakes(cfg), b.peers, b.currentMap, b.log)
 	b.raft.handBack = cfg.Knobs.HandLeadersBack
 	b.shards.raft = b.raft
 	b.raft.diskFull = &b.disk.low
@@ -346,6 +346,7 @@ func (b *Broker) applyMap(m *shardmap.Map) error {
 		mb.Report() // the replicas of m, opened
 	}
 	b.peers.dropDown(m)
+	b.raft.noteDown(m)
 	if len(r.deleted) > 0 {
 		b.log.Info("streams deleted; their data removed", "epoch", m.Epoch, "streams", firstFew(r.deleted))
 	}
@@ -585,6 +586,14 @@ const (
 	closeLinger   = 50 * time.Millisecond
 	closePeerWait = 5 * time.Second
 )
+
+// closeTakes bounds how long a Close takes from its hand-over of the
+// leaderships until it leaves the map (resignWait, the drain, and the
+// wait for peers), with room to spare: a leadership handed over by a
+// closing broker is not handed back to it before then (preferOwners).
+func closeTakes(cfg Config) time.Duration {
+	return resignWait(cfg) + cfg.ForwardTimeout + closeLinger + closePeerWait + 10*time.Second
+}
 
 // resignWait bounds the wait at Close for the hand-over of the
 // leaderships this broker holds: two election timeouts, for all groups

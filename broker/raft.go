@@ -101,9 +101,12 @@ type raftNet struct {
 	// handBack, if set, says whether a round of preferOwners runs
 	// (Knobs.HandLeadersBack); set once by New.
 	handBack func() bool
-	log      *slog.Logger
-	peers    *peerPool
-	mapOf    func() *shardmap.Map // the broker's current map, nil before Start
+	// handBackPause is how long a leadership handed over by a replica is
+	// not handed back to it (preferOwners): closeTakes.
+	handBackPause time.Duration
+	log           *slog.Logger
+	peers         *peerPool
+	mapOf         func() *shardmap.Map // the broker's current map, nil before Start
 	// failed, called by the retention pass with a hosted group that has
 	// failed (replica.ErrFailed), replaces it (shardSet.replaceFailed).
 	// Set once before the first pass runs.
@@ -143,6 +146,10 @@ type raftNet struct {
 		closed bool
 		groups map[shardmap.ShardID]*raftMember
 		peers  map[string]*raftPeer
+		// downAt is, per broker, when a map applied last showed it
+		// down (noteDown): one that handed a leadership over and has
+		// been down since has restarted, and may have it back.
+		downAt map[string]time.Time
 	}
 }
 
@@ -156,13 +163,14 @@ type raftMember struct {
 	stop  chan struct{}
 }
 
-func newRaftNet(node string, tick time.Duration, electionTicks, entryBytes int, simplex bool, peers *peerPool, mapOf func() *shardmap.Map, log *slog.Logger) *raftNet {
-	n := &raftNet{node: node, tick: tick, batch: entryBytes, simplex: simplex,
+func newRaftNet(node string, tick time.Duration, electionTicks, entryBytes int, simplex bool, handBackPause time.Duration, peers *peerPool, mapOf func() *shardmap.Map, log *slog.Logger) *raftNet {
+	n := &raftNet{node: node, tick: tick, batch: entryBytes, simplex: simplex, handBackPause: handBackPause,
 		peers: peers, mapOf: mapOf, log: log,
 		start: time.Now(), silentAfter: time.Duration(electionTicks) * tick, silent: map[string]bool{}, since: map[string]int64{}}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.mu.groups = map[shardmap.ShardID]*raftMember{}
 	n.mu.peers = map[string]*raftPeer{}
+	n.mu.downAt = map[string]time.Time{}
 	n.wg.Add(1)
 	go n.runTicker()
 	return n
@@ -406,25 +414,55 @@ func (n *raftNet) lastHeard(peer string) int64 {
 // is another broker live in the map, to hand the leadership back to it:
 // after a failover the leaders would otherwise stay where they moved, and
 // a broker that restarts would lead nothing. The group hands it over only
-// to an owner that answers and has every committed entry.
+// to an owner that answers and has every committed entry, and not to an
+// owner that handed it this leadership less than handBackPause ago: that
+// one resigned because it is closing (Broker.Close), still live in the
+// map while it drains, and a leadership handed back bounced between
+// them, each time leaving the closing broker leader for a moment, which
+// refused what it was forwarded. An owner a map has shown down since it
+// handed the leadership over (it closed and started again) has it back
+// at once.
 func (n *raftNet) preferOwners() {
 	m := n.mapOf()
 	if m == nil {
 		return
 	}
-	var moves []*raftMember
+	type move struct {
+		gm     *raftMember
+		downAt time.Time // when a map last showed the owner down
+	}
+	var moves []move
 	n.mu.RLock()
 	for _, gm := range n.mu.groups {
 		if owner := gm.slots.owner(); owner != n.node && gm.g.IsLeader() && live(m, owner) {
-			moves = append(moves, gm)
+			moves = append(moves, move{gm, n.mu.downAt[owner]})
 		}
 	}
 	n.mu.RUnlock()
-	for _, gm := range moves {
+	for _, mv := range moves {
 		// The voter in the owner's slot: a transfer to one that does not
 		// answer or lags (a moved replica not yet replaced) does nothing.
-		if to := memberAt(gm.g, slotOf(gm.slots.idOf(gm.slots.owner()))); to != 0 {
-			gm.g.TransferLeadership(to)
+		gm := mv.gm
+		to := memberAt(gm.g, slotOf(gm.slots.idOf(gm.slots.owner())))
+		if to == 0 {
+			continue
+		}
+		if by, at := gm.g.HandedOverBy(); by == to && time.Since(at) < n.handBackPause && !mv.downAt.After(at) {
+			continue // it resigned, closing, and has not been down since
+		}
+		gm.g.TransferLeadership(to)
+	}
+}
+
+// noteDown records when m, being applied, shows brokers down (see
+// preferOwners).
+func (n *raftNet) noteDown(m *shardmap.Map) {
+	now := time.Now()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, node := range m.Nodes {
+		if !node.Live {
+			n.mu.downAt[node.ID] = now
 		}
 	}
 }

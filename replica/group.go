@@ -222,6 +222,11 @@ type Group struct {
 		// transfer is the replica TransferLeadership last asked to hand
 		// the leadership to, 0 for none.
 		transfer uint64
+		// handedBy is the replica whose MsgTimeoutNow (its leadership
+		// handed over to this one) was last stepped, handedAt when; see
+		// HandedOverBy.
+		handedBy uint64
+		handedAt time.Time
 		// resign is set by Resign, until the run goroutine takes it;
 		// resigned is the channel Resign returned, closed (and set to
 		// nil) once the replica does not lead or has no voter to hand
@@ -545,6 +550,18 @@ func (g *Group) TransferLeadership(to uint64) {
 	g.in.transfer = to
 	g.in.Unlock()
 	g.signal()
+}
+
+// HandedOverBy returns the replica that last handed this one its
+// leadership (raft's leader transfer: its MsgTimeoutNow), and when; 0 if
+// none has. A replica hands its leadership over when it resigns (Resign:
+// it is closing), so a caller that hands leaderships back to a preferred
+// replica waits a while before it hands one back to the replica that
+// gave it away.
+func (g *Group) HandedOverBy() (id uint64, at time.Time) {
+	g.in.Lock()
+	defer g.in.Unlock()
+	return g.in.handedBy, g.in.handedAt
 }
 
 // Resign makes the replica give the leadership away for good, as a

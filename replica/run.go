@@ -226,6 +226,9 @@ func (g *Group) step(l *loop, m *pb.Message) error {
 			}
 			return nil
 		}
+		g.in.Lock()
+		g.in.handedBy, g.in.handedAt = m.GetFrom(), time.Now()
+		g.in.Unlock()
 	}
 	if !g.cfg.Knobs.UncheckedStep {
 		why := g.checkAgainstLog(l, m)
