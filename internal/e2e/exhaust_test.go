@@ -78,7 +78,10 @@ func TestHostileResources(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // the grants reach the broker
 
 	good := clustertest.Connect(t, c, b.ID)
-	baseline := measure(t, ctx, c, b, good, func(context.Context) string { return "" })
+	// No attack, for as long as an attack runs: an attack that ends ends
+	// the measurement, and one that returned at once could end it before
+	// the first publish (the test failed so, "published nothing").
+	baseline := measure(t, ctx, c, b, good, func(ctx context.Context) string { <-ctx.Done(); return "" })
 	t.Logf("no attack: publish p50 %v, peak RSS %d MiB, fds %d", baseline.p50, baseline.rss>>20, baseline.fds)
 
 	for _, tc := range []struct {
