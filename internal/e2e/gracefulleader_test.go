@@ -33,6 +33,8 @@ func TestGracefulStopHandsOverLeadership(t *testing.T) {
 			leader = ack.Owner
 		case ctx.Err() != nil:
 			t.Fatalf("no ack from r3/0 to find its leader: %v", err)
+		default:
+			time.Sleep(50 * time.Millisecond) // no leader yet: ask again, not at once
 		}
 	}
 	var via string
