@@ -104,7 +104,11 @@ func TestRebuiltClusterKeylessPublish(t *testing.T) {
 		t.Fatalf("publish before the rebuild: %+v, %v", ack, err)
 	}
 	fc.rebuild(t, "REBUILT", shardmap.StreamConfig{Name: "s", Shards: 1})
-	until(t, func() bool { return !connStats(c, fc.brokers[0].addr).Connected }, "the client to see its connection closed by the restart")
+	// The client counts a connection's end from the connection's context
+	// (watchEnd, a context.AfterFunc: its own goroutine), a moment after
+	// the context is done; ConnStats.Connected reads the context itself,
+	// so it can turn false first. Wait for the count the client acts on.
+	until(t, func() bool { return c.connsEnded.Load() > 0 }, "the client to count its connection closed by the restart")
 	ack, err := c.Publish(ctx, "s", nil, []byte("after"))
 	if err != nil || ack.Shard != 0 {
 		m, _ := c.Map(ctx)
