@@ -12,7 +12,9 @@
 // The temporary file is created afresh (O_CREATE|O_EXCL, under a random
 // name): never a fixed name that another local user could have placed a
 // link at beforehand, which a write would follow to any file the process
-// can write.
+// can write. A process killed between creating it and renaming it leaves
+// it behind; the next write of the same name removes such files once
+// they are a minute old.
 package atomicfile
 
 import (
@@ -23,7 +25,9 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
+	"time"
 )
 
 // WriteFile replaces path with data, with permissions perm. On failure
@@ -65,7 +69,46 @@ func WriteFileIn(root *os.Root, name string, data []byte, perm os.FileMode) (err
 	if err := root.Rename(tmp, name); err != nil {
 		return fmt.Errorf("rename %s in %s: %w", tmp, root.Name(), err)
 	}
+	removeStaleTemps(root, name, time.Now())
 	return syncDirIn(root, filepath.Dir(name))
+}
+
+// staleTempAge is how old another temporary file of the same name must
+// be before WriteFileIn removes it: a write in progress (another writer
+// of the same name, between its create and its rename) takes far less.
+const staleTempAge = time.Minute
+
+// removeStaleTemps removes the temporary files of name that a process
+// killed between creating one and renaming it left behind (createTemp's
+// names: ".<base>.tmp-<n>"), once they are staleTempAge old, so that
+// crashes do not pile them up. It is best effort: a file it cannot read
+// or remove stays, and the write that called it has succeeded anyway.
+// The directory is fsynced afterwards by the caller, with the rename.
+func removeStaleTemps(root *os.Root, name string, now time.Time) {
+	dir := filepath.Dir(name)
+	d, err := root.Open(dir)
+	if err != nil {
+		return
+	}
+	entries, err := d.ReadDir(-1)
+	d.Close()
+	if err != nil {
+		return
+	}
+	prefix := "." + filepath.Base(name) + ".tmp-"
+	for _, e := range entries {
+		n, ok := strings.CutPrefix(e.Name(), prefix)
+		if !ok || !e.Type().IsRegular() {
+			continue
+		}
+		if _, err := strconv.ParseUint(n, 10, 32); err != nil {
+			continue // not one of createTemp's names
+		}
+		if fi, err := e.Info(); err != nil || now.Sub(fi.ModTime()) < staleTempAge {
+			continue
+		}
+		_ = root.Remove(filepath.Join(dir, e.Name()))
+	}
 }
 
 // syncDirIn fsyncs the directory dir of root.

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/felix-broker/felix/internal/linktest"
 )
@@ -94,4 +95,46 @@ func TestWriteFileInIgnoresPlantedLink(t *testing.T) {
 	}
 	untouched()
 	linktest.Regular(t, filepath.Join(dir, "sub", "mark"))
+}
+
+// A write removes the temporary files of its name that a process killed
+// before its rename left behind, once they are old enough that no write
+// in progress can own them; a recent one, other names' and files not
+// named as createTemp names them stay.
+func TestWriteFileRemovesStaleTemps(t *testing.T) {
+	dir := t.TempDir()
+	old := time.Now().Add(-2 * staleTempAge)
+	file := func(name string, mtime time.Time) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("partial"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+		return name
+	}
+	stale := []string{file(".mark.tmp-12345", old), file(".mark.tmp-4294967295", old)}
+	kept := []string{
+		file(".mark.tmp-777", time.Now()), // a write in progress
+		file(".other.tmp-12345", old),     // another file's
+		file(".mark.tmp-x1", old),         // not createTemp's name
+		file(".markx.tmp-1", old),
+	}
+	if err := WriteFile(filepath.Join(dir, "mark"), []byte("mark"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range stale {
+		if _, err := os.Lstat(filepath.Join(dir, n)); !os.IsNotExist(err) {
+			t.Errorf("stale temporary file %s: still there (%v)", n, err)
+		}
+	}
+	for _, n := range kept {
+		if _, err := os.Lstat(filepath.Join(dir, n)); err != nil {
+			t.Errorf("%s: removed (%v), want it kept", n, err)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "mark")); err != nil || string(b) != "mark" {
+		t.Errorf("mark: %q, %v", b, err)
+	}
 }
