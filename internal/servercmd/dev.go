@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -39,7 +40,7 @@ type Dev struct {
 	BasePort int      `help:"Port of broker-0; broker-N listens on BasePort+N (0: any free ports)." default:"7100"`
 	Stream   []string `help:"Streams to create if missing, as NAME:SHARDS." default:"orders:1"`
 	ConnFile string   `help:"Connection file felixctl and the SDK read when run from this directory." default:"${conn_file}" type:"path"`
-	Admin    string   `help:"HTTP admin address of this process: the control plane's /metrics, /healthz and /readyz, and the supervisor's POST /restart?broker=ID (felixctl dev restart). Loopback: it has no authentication." default:"127.0.0.1:0"`
+	Admin    string   `help:"HTTP admin address of this process: the control plane's /metrics, /healthz and /readyz, and the supervisor's POST /restart?broker=ID (felixctl dev restart, served to loopback clients only). Keep it on loopback: it has no authentication." default:"127.0.0.1:0"`
 	Pprof    bool     `help:"Serve /debug/pprof/ on each broker's admin listener (loopback)."`
 }
 
@@ -98,7 +99,7 @@ func (c *Dev) Run(log *slog.Logger) error {
 		}
 		return nil
 	}, map[string]http.Handler{
-		"POST /restart": http.HandlerFunc(sup.restart),
+		"POST /restart": localOnly(http.HandlerFunc(sup.restart)),
 		"GET /brokers":  http.HandlerFunc(sup.brokers),
 	}, log)
 	if err != nil {
@@ -351,6 +352,27 @@ func (s *supervisor) restart(w http.ResponseWriter, r *http.Request) {
 	d.WasRunning = was
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(d)
+}
+
+// localOnly serves h only to requests from a loopback address that no
+// browser made on a web page's behalf (one names its Origin, or says
+// Sec-Fetch-Site: cross-site): the admin listener has no authentication,
+// and --admin may bind it beyond loopback, where restarting brokers is
+// not for anyone who can reach it; nor for a page open in the
+// developer's browser, which could POST to it. Others get 403.
+func localOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, err := net.SplitHostPort(r.RemoteAddr)
+		ip := net.ParseIP(host)
+		switch {
+		case err != nil || ip == nil || !ip.IsLoopback():
+			http.Error(w, "broker restarts are served to loopback clients only (the admin listener has no authentication)", http.StatusForbidden)
+		case r.Header.Get("Origin") != "" || r.Header.Get("Sec-Fetch-Site") == "cross-site":
+			http.Error(w, "broker restarts are not served to requests a browser makes for a web page", http.StatusForbidden)
+		default:
+			h.ServeHTTP(w, r)
+		}
+	})
 }
 
 // parseStreamSpec parses NAME:SHARDS (SHARDS defaults to 1).
