@@ -272,7 +272,7 @@ func (c *Cluster) startBroker(i int) error {
 	cmd.Env = append(cmd.Env, b.env...)
 	out := c.opts.BrokerOutput
 	if out == nil {
-		f, err := os.OpenFile(filepath.Join(c.opts.Dir, b.ID+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		f, err := openLog(filepath.Join(c.opts.Dir, b.ID+".log"))
 		if err != nil {
 			return fmt.Errorf("cluster: open log of %s: %w", b.ID, err)
 		}
@@ -537,4 +537,11 @@ func (c *Cluster) Close() error {
 		return s.Close()
 	}
 	return nil
+}
+
+// openLog opens a broker's log file to append to, creating it; never
+// through a link planted at its name (O_NOFOLLOW: the directory may be
+// one that other local users can write, and the process may be root).
+func openLog(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW, 0o644)
 }
