@@ -179,6 +179,53 @@ func TestReplicatedTargets(t *testing.T) {
 	}
 }
 
+// TestUnreplicatedTargetsSkipR3Rows: the targets of replication factor 1
+// (direct, the hop, e2e, throughput, light load, load 50%) never read a
+// row of factor 3, whichever order --replicas names them in: with
+// --replicas 3 alone, or 3 before 1, the first direct row is R=3's, and
+// it was checked against the R=1 bounds under the name "direct p50".
+func TestUnreplicatedTargetsSkipR3Rows(t *testing.T) {
+	floors := Floors{RTT: Percentiles{Count: 1, P50: 200, P99: 400}, Fsync: Percentiles{Count: 1, P50: 300, P99: 600}}
+	r3 := func() []*Result {
+		return []*Result{
+			{Scenario: Direct, Mode: ModeClosed, P50: 900, P99: 2000, Replicas: 3},
+			{Scenario: Direct, Mode: ModeOpen, P50: 950, RatePerSec: 1000, Replicas: 3},
+			{Scenario: Forwarded, Mode: ModeClosed, P50: 1100, Replicas: 3},
+			{Scenario: E2E, Mode: ModeClosed, P50: 950, Replicas: 3},
+			{Scenario: Throughput, Mode: ModePipelined, ThroughputMsgsPerS: 40000, Publishers: 64, Shards: 6, Replicas: 3},
+			{Scenario: Load, Mode: ModeOpen, LoadPct: 50, P99: 9000, Replicas: 3},
+		}
+	}
+	r1 := []*Result{
+		{Scenario: Direct, Mode: ModeClosed, P50: 500, P99: 1000},
+		{Scenario: Direct, Mode: ModeOpen, P50: 520, RatePerSec: 1000},
+		{Scenario: Forwarded, Mode: ModeClosed, P50: 650},
+		{Scenario: E2E, Mode: ModeClosed, P50: 520},
+		{Scenario: Throughput, Mode: ModePipelined, ThroughputMsgsPerS: 100000, Publishers: 64, Shards: 6},
+		{Scenario: Load, Mode: ModeOpen, LoadPct: 50, P99: 2500},
+	}
+	// R=3 alone: no R=1 target at all.
+	rep := &Report{Floors: floors, Scenarios: r3()}
+	rep.checkTargets()
+	for _, tg := range rep.Targets {
+		if !strings.HasPrefix(tg.Name, "R=3") {
+			t.Errorf("--replicas 3 alone checked the R=1 target %q against an R=3 row: %+v", tg.Name, tg)
+		}
+	}
+	// 3 before 1: the R=1 targets read the R=1 rows.
+	rep = &Report{Floors: floors, Scenarios: append(r3(), r1...)}
+	rep.checkTargets()
+	want := map[string]float64{"direct p50": 500, "direct p99": 1000, "forwarded hop": 150, "e2e p50": 520, "light load p50": 520, "load 50% p99": 2500}
+	for _, tg := range rep.Targets {
+		if v, ok := want[tg.Name]; ok && tg.Value != v {
+			t.Errorf("target %q read %v, want the R=1 row's %v", tg.Name, tg.Value, v)
+		}
+		if tg.Name == "throughput" && tg.Value != round1(100000.0/6/(1e6/300)) {
+			t.Errorf("throughput target read %v, want the R=1 row's", tg.Value)
+		}
+	}
+}
+
 // The shared-disk floor runs real write+fdatasyncs of three files at
 // once and times the second to finish: each file grows by one payload
 // per sample, and a write error is reported, not timed.
