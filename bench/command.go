@@ -256,6 +256,7 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 	watch := &procWatch{names: []string{selfName}, pids: []int{os.Getpid()}}
 	dataDir := c.Dir
 	ownsCluster := false
+	echoProcs := 0 // the RTT floor's echo process runs as the brokers do
 	switch {
 	case c.Local:
 		dir := c.Dir
@@ -278,7 +279,8 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 		}
 		defer cl.Close()
 		if n := cl.BrokerProcs(); n > 0 {
-			rep.Notes = append(rep.Notes, fmt.Sprintf("the %d brokers ran with GOMAXPROCS=%d (%d CPUs)", c.Brokers, n, runtime.NumCPU()))
+			echoProcs = n
+			rep.Notes = append(rep.Notes, fmt.Sprintf("the %d brokers and the echo process of the RTT floor ran with GOMAXPROCS=%d (%d CPUs)", c.Brokers, n, runtime.NumCPU()))
 		}
 		for _, b := range cl.Brokers() {
 			pid, err := findBrokerPid(b.ID, b.DataDir)
@@ -347,7 +349,7 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 	if c.Rate > 0 {
 		idleGap = time.Second / time.Duration(c.Rate)
 	}
-	floors, err := startFloors(ctx, binary, workDir, dataDir, c.Size, idleGap, slices.Contains(c.factors(), 3))
+	floors, err := startFloors(ctx, binary, workDir, dataDir, c.Size, idleGap, slices.Contains(c.factors(), 3), echoProcs)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -34,7 +35,8 @@ type Floors struct {
 	// targets use Fsync, the plain append.
 	FsyncPrealloc Percentiles `json:"fsync_prealloc"`
 	// RTT is the echo of one payload-sized frame over QUIC between the
-	// bench and an echo process (two processes, as client and broker are).
+	// bench and an echo process (two processes, as client and broker are;
+	// on a local cluster the echo runs at the brokers' GOMAXPROCS).
 	RTT Percentiles `json:"rtt"`
 	// RTTIdle is the same echo sent after IdleGapUS with nothing sent
 	// (the gap between records of the open-loop rows): what waking idle
@@ -96,8 +98,10 @@ const (
 // startFloors opens the fsync file in dataDir and starts the echo process
 // (binary's hidden `echo` command) with a certificate made in workDir;
 // the idle round trips are taken idleGap apart. With shared, it also
-// opens the shared-disk floor's files.
-func startFloors(ctx context.Context, binary, workDir, dataDir string, size int, idleGap time.Duration, shared bool) (_ *floorMeter, err error) {
+// opens the shared-disk floor's files. procs is the GOMAXPROCS the echo
+// process runs with, that of the brokers whose round trip it stands for
+// (0: the bench's environment decides, as for the brokers).
+func startFloors(ctx context.Context, binary, workDir, dataDir string, size int, idleGap time.Duration, shared bool, procs int) (_ *floorMeter, err error) {
 	m := &floorMeter{dir: dataDir, payload: make([]byte, size), fsync: newHist(), fsyncPre: newHist(), fsyncIdle: newHist(), rtt: newHist(), rttIdle: newHist(), idleGap: idleGap}
 	defer func() {
 		if err != nil {
@@ -138,7 +142,7 @@ func startFloors(ctx context.Context, binary, workDir, dataDir string, size int,
 	if err != nil {
 		return nil, fmt.Errorf("bench: RTT floor: %w", err)
 	}
-	addr, err := m.startEcho(ctx, binary, certDir)
+	addr, err := m.startEcho(ctx, binary, certDir, procs)
 	if err != nil {
 		return nil, err
 	}
@@ -157,10 +161,14 @@ func startFloors(ctx context.Context, binary, workDir, dataDir string, size int,
 	return m, nil
 }
 
-// startEcho starts `binary echo` and returns the address it printed.
-func (m *floorMeter) startEcho(ctx context.Context, binary, certDir string) (string, error) {
+// startEcho starts `binary echo`, at GOMAXPROCS procs when above 0, and
+// returns the address it printed.
+func (m *floorMeter) startEcho(ctx context.Context, binary, certDir string, procs int) (string, error) {
 	cmd := exec.Command(binary, "echo", "--certs", certDir, "--id", "echo", "--listen", "127.0.0.1:0")
 	cmd.SysProcAttr = dieWithParent()
+	if procs > 0 {
+		cmd.Env = append(os.Environ(), "GOMAXPROCS="+strconv.Itoa(procs))
+	}
 	m.stderr = &capped{max: 4096}
 	cmd.Stderr = m.stderr
 	stdout, err := cmd.StdoutPipe()

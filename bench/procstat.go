@@ -230,18 +230,23 @@ func parseCPUs(raw string) (cpuSample, error) {
 
 // processGodebug returns the GODEBUG setting the process pid runs with,
 // as /proc/PID/environ shows it: "" when it has none or cannot be read.
-func processGodebug(pid int) string {
+func processGodebug(pid int) string { return processEnv(pid, "GODEBUG") }
+
+// processEnv returns the value of the environment variable name in the
+// process pid, as /proc/PID/environ shows it: "" when it has none or
+// cannot be read.
+func processEnv(pid int, name string) string {
 	raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
 	if err != nil {
 		return ""
 	}
-	godebug := ""
+	value := ""
 	for kv := range strings.SplitSeq(string(raw), "\x00") {
-		if v, ok := strings.CutPrefix(kv, "GODEBUG="); ok {
-			godebug = v // the last one counts, as for Go
+		if v, ok := strings.CutPrefix(kv, name+"="); ok {
+			value = v // the last one counts, as for Go
 		}
 	}
-	return godebug
+	return value
 }
 
 // sysmonNote says how the Go runtime's sysmon ran in the brokers, from a
