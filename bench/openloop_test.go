@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -177,5 +178,26 @@ func TestOpenLoopSendWaitIncludesItsOwnBlock(t *testing.T) {
 	}
 	if raw.Max > usOf(block)/2 {
 		t.Errorf("uncorrected latency max %v µs holds the %v its send blocked before the record went out", raw.Max, block)
+	}
+}
+
+// TestOpenLoopChecksThePath: the open-loop direct and forwarded rows
+// check every ack's path as the closed-loop rows do; a record that went
+// another way (forwarded where direct was meant, another owner) stops
+// the row with an error instead of being counted in it.
+func TestOpenLoopChecksThePath(t *testing.T) {
+	i := 0
+	send := func(_ context.Context, then func(client.Ack, error)) error {
+		ack := client.Ack{Owner: "b1", Via: "b1", Stream: "s", Timestamp: time.Now()}
+		if i == 4 { // the map changed: the record was forwarded to b2
+			ack.Owner, ack.Forwarded = "b2", true
+		}
+		i++
+		go then(ack, nil)
+		return nil
+	}
+	_, _, err := openLoop(t.Context(), 500, 1, 8, []sendFunc{checkedSend(send, pathCheck("direct open", "b1", "b1", false))}, nil)
+	if err == nil || !strings.Contains(err.Error(), "took the path b1 -> b2 (forwarded true), expected b1 -> b1") {
+		t.Fatalf("open loop with a forwarded record in a direct row: err %v", err)
 	}
 }

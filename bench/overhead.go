@@ -250,9 +250,8 @@ func (s *overheadSide) publish(ctx context.Context) (time.Duration, error) {
 	if err != nil {
 		return 0, fmt.Errorf("bench: %s, side %s: publish: %w", s.scenario, s.name, err)
 	}
-	if ack.Forwarded != s.forwarded || ack.Owner != s.owner {
-		return 0, fmt.Errorf("bench: %s, side %s: record took the path %s -> %s (forwarded %v), expected %s -> %s: did the shard map change during the run?",
-			s.scenario, s.name, ack.Via, ack.Owner, ack.Forwarded, s.via, s.owner)
+	if err := pathCheck(s.scenario+", side "+s.name, s.via, s.owner, s.forwarded)(ack); err != nil {
+		return 0, err
 	}
 	return d, nil
 }

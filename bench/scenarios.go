@@ -99,13 +99,7 @@ func (e *env) runPublish(ctx context.Context, scenario string) (*Result, error) 
 	}
 	defer pub.Close()
 	value := make([]byte, e.cfg.size)
-	check := func(ack client.Ack) error {
-		if ack.Forwarded != forwarded || ack.Owner != owner {
-			return fmt.Errorf("bench: %s: record took the path %s -> %s (forwarded %v), expected %s -> %s: did the shard map change during the run?",
-				scenario, ack.Via, ack.Owner, ack.Forwarded, via, owner)
-		}
-		return nil
-	}
+	check := pathCheck(scenario, via, owner, forwarded)
 
 	var trials []trial
 	for t := range e.cfg.trials {
@@ -140,6 +134,35 @@ func (e *env) runPublish(ctx context.Context, scenario string) (*Result, error) 
 	return res, nil
 }
 
+// pathCheck returns a check that an ack came the path the scenario is
+// named for: from owner (the shard's owner, or its raft leader), and
+// through another broker exactly when forwarded. Every record of the
+// direct and forwarded rows is checked, so that a row never reports
+// records that went another way.
+func pathCheck(scenario, via, owner string, forwarded bool) func(client.Ack) error {
+	return func(ack client.Ack) error {
+		if ack.Forwarded != forwarded || ack.Owner != owner {
+			return fmt.Errorf("bench: %s: record took the path %s -> %s (forwarded %v), expected %s -> %s: did the shard map change during the run?",
+				scenario, ack.Via, ack.Owner, ack.Forwarded, via, owner)
+		}
+		return nil
+	}
+}
+
+// checkedSend returns send with check applied to each ack: an ack that
+// fails it resolves the record with check's error, which stops the open
+// loop as a failed publish does.
+func checkedSend(send sendFunc, check func(client.Ack) error) sendFunc {
+	return func(ctx context.Context, then func(client.Ack, error)) error {
+		return send(ctx, func(ack client.Ack, err error) {
+			if err == nil {
+				err = check(ack)
+			}
+			then(ack, err)
+		})
+	}
+}
+
 // runOpen is the direct or forwarded scenario in open loop: records sent
 // at cfg.rate per second whatever the acks do, latency measured from each
 // record's intended send time (or the generator's wake-up, when its timer
@@ -154,10 +177,10 @@ func (e *env) runOpen(ctx context.Context, scenario string) (*Result, error) {
 	n := max(1, int(float64(e.cfg.rate)*e.cfg.openDuration.Seconds()))
 	warmup := max(1, e.cfg.rate/4) // a quarter of a second
 	shard := client.WithShard(0)
-	send := func(ctx context.Context, then func(client.Ack, error)) error {
+	send := checkedSend(func(ctx context.Context, then func(client.Ack, error)) error {
 		_, err := pub.PublishAsync(ctx, nil, value, shard, client.OnResolved(then))
 		return err
-	}
+	}, pathCheck(scenario+" open", via, owner, scenario == Forwarded))
 
 	var trials []trial
 	for t := range e.cfg.trials {
