@@ -142,14 +142,16 @@ const maxLeavingResends = 2
 // refusedByLeaving reports whether err, a publish's, is a refusal with
 // shutting_down (the record was not written: a broker answers it only
 // for records it did not take in, or whose log or raft group was closed
-// before they were appended or proposed) by a broker the client noted as
-// leaving and no longer its home. A record of unknown outcome (its
-// connection lost) is not one.
+// before they were appended or proposed), or the refusal of its
+// connection by a broker that serves nothing yet (unserving: nothing on
+// it was read), by a broker the client noted as leaving or unserving and
+// no longer its home. A record of unknown outcome (its connection lost)
+// is not one.
 func (c *Client) refusedByLeaving(err error) bool {
 	var perr *PublishError
 	var werr *transport.Error
 	return errors.As(err, &perr) && !errors.Is(err, ErrConnectionLost) &&
-		errors.As(err, &werr) && werr.Code == transport.CodeShuttingDown &&
+		errors.As(err, &werr) && (werr.Code == transport.CodeShuttingDown || unserving(err)) &&
 		perr.Broker != c.Addr() && c.isLeaving(perr.Broker)
 }
 
