@@ -6,9 +6,14 @@
 // closed loop (one record in flight), open loop at a fixed rate, and open
 // loop at fractions of the throughput measured in the same run (latency
 // under load); measuring the machine's floors in the same run
-// (write+fdatasync of one record on the brokers' disk, and a QUIC round
-// trip to an echo process); and reporting every latency next to those
-// floors, as a table, as JSON and as a percentile plot. It never changes a
+// (write+fdatasync of one record on the brokers' disk, appended and over
+// zeros written beforehand, and a QUIC round trip to an echo process); and
+// reporting every latency next to those floors, as a table, as JSON and
+// as a percentile plot. The targets' fsync floor is write+fdatasync over
+// preallocated zeros, what a shard log and a replica pay (package wal,
+// internal/tidseg), and the plain append only when that was not measured:
+// the append also writes the inode and costs more, and a floor Felix
+// beats is no floor. It never changes a
 // cluster beyond the bench streams it creates (and deletes again), and it
 // never reaches into a broker: what it reports is what a client sees, what
 // /proc says of the broker processes it started, and what the brokers'

@@ -69,7 +69,7 @@ func writePlot(path string, rep *Report) error {
 	for i, f := range []struct {
 		name string
 		h    *hdrhistogram.Histogram
-	}{{"floor: write+fdatasync", fl.fsyncHist}, {"floor: QUIC RTT (2 processes)", fl.rttHist}} {
+	}{{fsyncCurveName(fl), fl.fsyncHist}, {"floor: QUIC RTT (2 processes)", fl.rttHist}} {
 		if f.h == nil || f.h.TotalCount() == 0 {
 			continue
 		}
@@ -158,4 +158,12 @@ func (percentileTicks) Ticks(lo, hi float64) []plot.Tick {
 		}
 	}
 	return ticks
+}
+
+// fsyncCurveName names the plot's fsync floor curve: the targets' floor.
+func fsyncCurveName(fl Floors) string {
+	if _, name := fl.targetFsync(); name == "fsync_prealloc" {
+		return "floor: write+fdatasync over zeros"
+	}
+	return "floor: write+fdatasync"
 }

@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"bytes"
+	"fmt"
 	"os"
 	"slices"
 	"strconv"
@@ -228,8 +230,10 @@ func TestUnreplicatedTargetsSkipR3Rows(t *testing.T) {
 }
 
 // The shared-disk floor runs real write+fdatasyncs of three files at
-// once and times the second to finish: each file grows by one payload
-// per sample, and a write error is reported, not timed.
+// once and times the second to finish. They write over zeros written
+// beforehand, as replicas do (each file's size never changes while it is
+// sampled; they were appended to, which also made each fdatasync write
+// the inode), and a write error is reported, not timed.
 func TestSharedFsyncFloor(t *testing.T) {
 	dir := t.TempDir()
 	m := &floorMeter{payload: make([]byte, 64)}
@@ -240,22 +244,98 @@ func TestSharedFsyncFloor(t *testing.T) {
 		}
 		m.shared = append(m.shared, f)
 	}
-	for range 5 {
-		d, err := m.syncShared()
+	if err := m.preallocShared(5); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		d, err := m.syncShared(int64(i * 64))
 		if err != nil || d <= 0 {
 			t.Fatalf("syncShared = %v, %v", d, err)
 		}
-	}
-	for _, f := range m.shared {
-		if fi, err := f.Stat(); err != nil || fi.Size() != 5*64 {
-			t.Errorf("%s: %v bytes (%v), want 5 payloads", f.Name(), fi.Size(), err)
+		for _, f := range m.shared {
+			if fi, err := f.Stat(); err != nil || fi.Size() != 5*64 {
+				t.Fatalf("sample %d: %s has %v bytes (%v), want the 5 payloads' zeros written beforehand", i, f.Name(), fi.Size(), err)
+			}
 		}
 	}
 	m.shared[1].Close()
-	if _, err := m.syncShared(); err == nil {
+	if _, err := m.syncShared(0); err == nil {
 		t.Error("a closed file's write went unreported")
 	}
 }
+
+// TestTargetsUsePreallocatedFsync: the targets' fsync floor is the one a
+// shard log and a replica pay, write+fdatasync over preallocated zeros,
+// wherever a target or a floor ratio uses fsync; the plain append (which
+// also writes the inode, and costs more) only when the other was not
+// measured. Against the append, one run's direct p50 was 0.94x its
+// "floor".
+func TestTargetsUsePreallocatedFsync(t *testing.T) {
+	floors := Floors{
+		Fsync:         Percentiles{Count: 1000, P50: 110, P99: 400},
+		FsyncPrealloc: Percentiles{Count: 1000, P50: 76, P99: 290},
+		RTT:           Percentiles{Count: 1000, P50: 100, P99: 200},
+		FsyncShared:   &Percentiles{Count: 1000, P50: 250},
+	}
+	scenarios := func() []*Result {
+		return []*Result{
+			{Scenario: Direct, Mode: ModeClosed, P50: 200, P99: 700},
+			{Scenario: Throughput, Mode: ModePipelined, ThroughputMsgsPerS: 6 * 1e6 / 76 * 4, Publishers: 64, Shards: 6},
+			{Scenario: Direct, Mode: ModeClosed, P50: 500, P99: 900, Replicas: 3},
+		}
+	}
+	targets := func(rep *Report) map[string]Target {
+		got := map[string]Target{}
+		for _, tg := range rep.Targets {
+			got[tg.Name] = tg
+		}
+		return got
+	}
+	for _, tc := range []struct {
+		name           string
+		floors         Floors
+		fsync          Percentiles
+		want           string
+		p50, p99, tput float64
+	}{
+		{"measured", floors, floors.FsyncPrealloc, "fsync_prealloc", round1(1.2 * 176), round1(1.5 * 490), 4},
+		{"not measured", Floors{Fsync: floors.Fsync, RTT: floors.RTT, FsyncShared: floors.FsyncShared}, floors.Fsync, "fsync", round1(1.2 * 210), round1(1.5 * 600), round1(4 * 110.0 / 76)},
+	} {
+		rep := &Report{Scenarios: scenarios()}
+		rep.setFloors(tc.floors)
+		rep.checkTargets()
+		got := targets(rep)
+		if rep.Floors.TargetFsync != tc.want {
+			t.Errorf("%s: target_fsync %q, want %q", tc.name, rep.Floors.TargetFsync, tc.want)
+		}
+		if d := got["direct p50"]; d.Limit != tc.p50 || !strings.Contains(d.Rule, tc.want+" p50") {
+			t.Errorf("%s: direct p50 target %+v, want bound %v from %s", tc.name, d, tc.p50, tc.want)
+		}
+		if d := got["direct p99"]; d.Limit != tc.p99 {
+			t.Errorf("%s: direct p99 target %+v, want bound %v", tc.name, d, tc.p99)
+		}
+		if tp := got["throughput"]; tp.Value != tc.tput {
+			t.Errorf("%s: throughput target %+v, want %v x 1/fsync", tc.name, tp, tc.tput)
+		}
+		r := rep.Scenarios[0]
+		if r.FsyncP50 != tc.fsync.P50 || r.FsyncP99 != tc.fsync.P99 || r.P50FloorRatio != round2(200/(tc.fsync.P50+100)) {
+			t.Errorf("%s: the row's floor fsync p50 %v p99 %v ratio %v, want %v %v %v", tc.name, r.FsyncP50, r.FsyncP99, r.P50FloorRatio,
+				tc.fsync.P50, tc.fsync.P99, round2(200/(tc.fsync.P50+100)))
+		}
+		if !slices.ContainsFunc(rep.Notes, func(n string) bool { return strings.Contains(n, fmt.Sprintf("one alone %s", fmtUS(tc.fsync.P50))) }) {
+			t.Errorf("%s: the R=3 note does not set the shared floor against the targets' fsync floor: %q", tc.name, rep.Notes)
+		}
+		var buf bytes.Buffer
+		if err := rep.writeScenarios(&buf); err != nil {
+			t.Fatal(err)
+		}
+		if tc.want == "fsync_prealloc" && !strings.Contains(buf.String(), "the targets' fsync floor is write+fdatasync over preallocated zeros") {
+			t.Errorf("%s: the report does not say which fsync floor the targets use:\n%s", tc.name, buf.String())
+		}
+	}
+}
+
+func round2(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
 
 // TestCPUPerRecord: the brokers' CPU (every broker's, not the bench's)
 // and the machine's per acked record, the median over the trials.
