@@ -25,8 +25,12 @@
 // digits). Each scenario runs several trials after a warm-up that is not
 // recorded; the reported percentiles are the median over the trials, the
 // max is the largest seen, and the spread of p50 and p99 over the trials is
-// reported with them. Closed loop measures service time: a record is sent
-// when the previous one is acked.
+// reported with them. The floors are sampled half before the scenarios
+// and half after, and their percentiles are taken the same way: the
+// median over batches of 250 samples in the order taken (8 batches with
+// the default --floor-count), so that one bad stretch raises one batch's
+// p99 and not the bound a target derives from it. Closed loop measures
+// service time: a record is sent when the previous one is acked.
 //
 // Open loop sends at a fixed rate whatever the acks do. One generator
 // goroutine sleeps on a timer until each record is due (pacer); it never

@@ -23,7 +23,10 @@ import (
 )
 
 // Floors are the machine's floors, measured in the same run as the
-// scenarios: what a durable publish cannot beat on this machine.
+// scenarios: what a durable publish cannot beat on this machine. Each
+// floor's percentiles are the median over batches of floorBatch samples
+// (Max the largest sample, Count all), as a scenario's are the median
+// over its trials.
 type Floors struct {
 	// Fsync is write+fdatasync of one payload appended to a file on the
 	// brokers' data filesystem.
@@ -86,6 +89,51 @@ func (f Floors) targetFsync() (Percentiles, string) {
 	return f.Fsync, "fsync"
 }
 
+// floorBatch is the samples in a batch of a floor: a floor's percentiles
+// are each the median over its batches' (Max the largest sample, Count
+// all of them), as a scenario's are the median over its trials, so that
+// one bad stretch of a few hundred samples raises one batch's p99 and not
+// the floor's. With the default --floor-count of 2000, 8 batches: 4 taken
+// before the scenarios and 4 after. A batch's p99 is its third largest
+// sample (a trial's of 2000 records, its 20th).
+const floorBatch = 250
+
+// floorSamples are one floor's samples, in the order they were taken.
+type floorSamples struct {
+	d []time.Duration
+}
+
+func (s *floorSamples) add(d time.Duration) { s.d = append(s.d, d) }
+
+// percentiles cuts the samples, in the order taken, into max(1,
+// n/floorBatch) batches of (nearly) equal size and returns the median
+// over the batches of each percentile (see floorBatch).
+func (s *floorSamples) percentiles() Percentiles {
+	n := len(s.d)
+	if n == 0 {
+		return Percentiles{}
+	}
+	k := max(1, n/floorBatch)
+	batches := make([]Percentiles, k)
+	for j := range k {
+		h := newHist()
+		for _, d := range s.d[j*n/k : (j+1)*n/k] {
+			record(h, d)
+		}
+		batches[j] = percentilesOf(h)
+	}
+	return medianPercentiles(batches)
+}
+
+// hist returns every sample in one histogram (the plot's floor curves).
+func (s *floorSamples) hist() *hdrhistogram.Histogram {
+	h := newHist()
+	for _, d := range s.d {
+		record(h, d)
+	}
+	return h
+}
+
 // floorMeter measures the floors. It holds an open file on the data disk
 // and an echo process with a connection to it, so the floors can be
 // sampled more than once in a run (before and after the scenarios).
@@ -105,7 +153,7 @@ type floorMeter struct {
 	w       *transport.Writer
 	pubEcho *transport.Publish
 
-	fsync, fsyncPre, fsyncIdle, rtt, rttIdle, fsyncShared *hdrhistogram.Histogram
+	fsync, fsyncPre, fsyncIdle, rtt, rttIdle, fsyncShared *floorSamples
 	idleGap                                               time.Duration // before each sample of rttIdle
 }
 
@@ -123,7 +171,8 @@ const (
 // process runs with, that of the brokers whose round trip it stands for
 // (0: the bench's environment decides, as for the brokers).
 func startFloors(ctx context.Context, binary, workDir, dataDir string, size int, idleGap time.Duration, shared bool, procs int) (_ *floorMeter, err error) {
-	m := &floorMeter{dir: dataDir, payload: make([]byte, size), fsync: newHist(), fsyncPre: newHist(), fsyncIdle: newHist(), rtt: newHist(), rttIdle: newHist(), idleGap: idleGap}
+	m := &floorMeter{dir: dataDir, payload: make([]byte, size), fsync: &floorSamples{}, fsyncPre: &floorSamples{}, fsyncIdle: &floorSamples{},
+		rtt: &floorSamples{}, rttIdle: &floorSamples{}, idleGap: idleGap}
 	defer func() {
 		if err != nil {
 			m.close()
@@ -138,7 +187,7 @@ func startFloors(ctx context.Context, binary, workDir, dataDir string, size int,
 		return nil, fmt.Errorf("bench: fsync floor: create a file in %s: %w", dataDir, err)
 	}
 	if shared {
-		m.fsyncShared = newHist()
+		m.fsyncShared = &floorSamples{}
 		for range sharedReplicas {
 			f, err := os.CreateTemp(dataDir, "felix-bench-fsync-shared-*")
 			if err != nil {
@@ -260,7 +309,7 @@ func (m *floorMeter) measure(warmup, n int, prog *progress) error {
 				return err
 			}
 			if i >= warmup {
-				record(m.fsyncShared, d)
+				m.fsyncShared.add(d)
 			}
 			prog.add(1)
 		}
@@ -286,7 +335,7 @@ func (m *floorMeter) measure(warmup, n int, prog *progress) error {
 // writeSyncs times warmup+n writes of the payload to f, each followed by
 // an fdatasync, into h (all but the warmup): appended, or, with over,
 // written over what f holds at the payload's place.
-func (m *floorMeter) writeSyncs(f *os.File, h *hdrhistogram.Histogram, warmup, n int, prog *progress, over bool) error {
+func (m *floorMeter) writeSyncs(f *os.File, h *floorSamples, warmup, n int, prog *progress, over bool) error {
 	for i := range warmup + n {
 		at := int64(-1)
 		if over {
@@ -306,7 +355,7 @@ func (m *floorMeter) writeSyncs(f *os.File, h *hdrhistogram.Histogram, warmup, n
 
 // writeSync times one write of the payload to f and its fdatasync, into
 // h unless it is nil: appended when at < 0, else written at at.
-func (m *floorMeter) writeSync(f *os.File, h *hdrhistogram.Histogram, at int64) error {
+func (m *floorMeter) writeSync(f *os.File, h *floorSamples, at int64) error {
 	t0 := time.Now()
 	var err error
 	if at >= 0 {
@@ -321,7 +370,7 @@ func (m *floorMeter) writeSync(f *os.File, h *hdrhistogram.Histogram, at int64) 
 		return fmt.Errorf("bench: fsync floor: fdatasync %s: %w", f.Name(), err)
 	}
 	if h != nil {
-		record(h, time.Since(t0))
+		h.add(time.Since(t0))
 	}
 	return nil
 }
@@ -375,7 +424,7 @@ func (m *floorMeter) syncShared(at int64) (time.Duration, error) {
 }
 
 // echo1 takes one round trip to the echo process, into h if keep.
-func (m *floorMeter) echo1(h *hdrhistogram.Histogram, keep bool) error {
+func (m *floorMeter) echo1(h *floorSamples, keep bool) error {
 	t0 := time.Now()
 	if err := m.w.Write(m.pubEcho); err != nil {
 		return fmt.Errorf("bench: RTT floor: write to the echo process: %w", err)
@@ -384,7 +433,7 @@ func (m *floorMeter) echo1(h *hdrhistogram.Histogram, keep bool) error {
 		return fmt.Errorf("bench: RTT floor: read from the echo process: %w", err)
 	}
 	if keep {
-		record(h, time.Since(t0))
+		h.add(time.Since(t0))
 	}
 	return nil
 }
@@ -392,16 +441,16 @@ func (m *floorMeter) echo1(h *hdrhistogram.Histogram, keep bool) error {
 // floors returns what was measured so far.
 func (m *floorMeter) floors() Floors {
 	f := Floors{
-		Fsync: percentilesOf(m.fsync), FsyncPrealloc: percentilesOf(m.fsyncPre), FsyncIdle: percentilesOf(m.fsyncIdle), RTT: percentilesOf(m.rtt),
-		RTTIdle: percentilesOf(m.rttIdle), IdleGapUS: float64(m.idleGap.Microseconds()),
+		Fsync: m.fsync.percentiles(), FsyncPrealloc: m.fsyncPre.percentiles(), FsyncIdle: m.fsyncIdle.percentiles(), RTT: m.rtt.percentiles(),
+		RTTIdle: m.rttIdle.percentiles(), IdleGapUS: float64(m.idleGap.Microseconds()),
 		FsyncDir: m.dir, FsyncFS: fsType(m.dir),
-		fsyncHist: m.fsync, rttHist: m.rtt,
+		fsyncHist: m.fsync.hist(), rttHist: m.rtt.hist(),
 	}
-	if m.fsyncPre.TotalCount() > 0 { // the targets' fsync floor
-		f.fsyncHist = m.fsyncPre
+	if len(m.fsyncPre.d) > 0 { // the targets' fsync floor
+		f.fsyncHist = m.fsyncPre.hist()
 	}
 	if m.fsyncShared != nil {
-		shared := percentilesOf(m.fsyncShared)
+		shared := m.fsyncShared.percentiles()
 		f.FsyncShared = &shared
 	}
 	return f

@@ -484,3 +484,41 @@ func TestEchoRunsLikeTheBrokers(t *testing.T) {
 		}
 	}
 }
+
+// TestFloorsAreMediansOfBatches: a floor's percentiles are taken as a
+// scenario's are, the median over batches (floorBatch samples each), not
+// over one pool of every sample: one bad stretch of 200 fdatasyncs at
+// 7 ms among 2,000 at 100 µs made the pooled p99 7 ms, and the direct p99
+// bound 1.5 x that. The bad stretch still shows in Max.
+func TestFloorsAreMediansOfBatches(t *testing.T) {
+	m := &floorMeter{fsync: &floorSamples{}, fsyncPre: &floorSamples{}, fsyncIdle: &floorSamples{}, rtt: &floorSamples{}, rttIdle: &floorSamples{}}
+	for i := range 2000 {
+		d := 100 * time.Microsecond
+		if i >= 300 && i < 500 {
+			d = 7 * time.Millisecond
+		}
+		m.fsyncPre.add(d)
+		m.rtt.add(80 * time.Microsecond)
+	}
+	f := m.floors()
+	if p := f.FsyncPrealloc; p.P99 != 100 || p.P50 != 100 || p.Max < 6990 || p.Max > 7010 || p.Count != 2000 {
+		t.Errorf("floor %+v, want p50 and p99 100 µs (median over batches), max 7 ms, 2000 samples", p)
+	}
+	if pooled := percentilesOf(m.fsyncPre.hist()); pooled.P99 < 6990 {
+		t.Errorf("the plot's curve %+v lost the bad stretch", pooled)
+	}
+	rep := &Report{Scenarios: []*Result{{Scenario: Direct, Mode: ModeClosed, P50: 300, P99: 500}}}
+	rep.setFloors(f)
+	rep.checkTargets()
+	if i := slices.IndexFunc(rep.Targets, func(tg Target) bool { return tg.Name == "direct p99" }); i < 0 || rep.Targets[i].Limit != 270 {
+		t.Errorf("targets %+v, want the direct p99 bound 1.5 x (100 + 80) µs", rep.Targets)
+	}
+	// Fewer samples than a batch: one batch of all of them.
+	small := &floorSamples{}
+	for i := range 10 {
+		small.add(time.Duration(i+1) * time.Millisecond)
+	}
+	if p := small.percentiles(); p.Count != 10 || p.P50 < 4990 || p.P50 > 5010 || p.Max < 9990 || p.Max > 10010 {
+		t.Errorf("10 samples: %+v", p)
+	}
+}
