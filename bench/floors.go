@@ -61,12 +61,19 @@ type Floors struct {
 	// disk's floor for a replicated commit: write+fdatasync of one payload
 	// over zeros written beforehand (as replicas write, see FsyncPrealloc)
 	// in each of three files of the data filesystem at once (one
-	// goroutine each, as the three brokers of a local cluster do), until
-	// the second is done, as a commit needs the leader's and one
+	// goroutine each, as the three brokers of a local cluster do, all
+	// released together), from the first write until the second
+	// fdatasync is done, as a commit needs the leader's and one
 	// follower's. Its excess over the targets' fsync floor is what
 	// sharing one disk (and one filesystem journal) costs a replicated
 	// record here; machines of their own would overlap the fdatasyncs.
 	FsyncShared *Percentiles `json:"fsync_shared,omitempty"`
+	// FsyncSharedSkew is how far apart FsyncShared's three writes
+	// started (the last start minus the first): how nearly "at once"
+	// they were. On 2 CPUs three threads cannot all run at once; at the
+	// bench's GOMAXPROCS of 2 the third once started 200-275 µs after
+	// the first (see sharedSyncer).
+	FsyncSharedSkew *Percentiles `json:"fsync_shared_start_skew,omitempty"`
 	// FsyncDir and FsyncFS say where the fsync floor was measured.
 	FsyncDir string `json:"fsync_dir"`
 	FsyncFS  string `json:"fsync_fs"`
@@ -153,16 +160,10 @@ type floorMeter struct {
 	w       *transport.Writer
 	pubEcho *transport.Publish
 
-	fsync, fsyncPre, fsyncIdle, rtt, rttIdle, fsyncShared *floorSamples
-	idleGap                                               time.Duration // before each sample of rttIdle
+	fsync, fsyncPre, fsyncIdle, rtt, rttIdle *floorSamples
+	fsyncShared, sharedSkew                  *floorSamples // nil unless shared
+	idleGap                                  time.Duration // before each sample of rttIdle
 }
-
-// sharedReplicas is the replicas whose fdatasyncs the shared-disk floor
-// runs at once, and sharedQuorum the ones a commit waits for.
-const (
-	sharedReplicas = 3
-	sharedQuorum   = 2
-)
 
 // startFloors opens the fsync file in dataDir and starts the echo process
 // (binary's hidden `echo` command) with a certificate made in workDir;
@@ -187,7 +188,7 @@ func startFloors(ctx context.Context, binary, workDir, dataDir string, size int,
 		return nil, fmt.Errorf("bench: fsync floor: create a file in %s: %w", dataDir, err)
 	}
 	if shared {
-		m.fsyncShared = &floorSamples{}
+		m.fsyncShared, m.sharedSkew = &floorSamples{}, &floorSamples{}
 		for range sharedReplicas {
 			f, err := os.CreateTemp(dataDir, "felix-bench-fsync-shared-*")
 			if err != nil {
@@ -299,19 +300,8 @@ func (m *floorMeter) measure(warmup, n int, prog *progress) error {
 		prog.add(1)
 	}
 	if len(m.shared) > 0 {
-		prog.phase(fmt.Sprintf("floor: %d write+fdatasyncs over zeros at once", len(m.shared)), warmup+n)
-		if err := m.preallocShared(warmup + n); err != nil {
+		if err := m.measureShared(warmup, n, prog); err != nil {
 			return err
-		}
-		for i := range warmup + n {
-			d, err := m.syncShared(int64(i * len(m.payload)))
-			if err != nil {
-				return err
-			}
-			if i >= warmup {
-				m.fsyncShared.add(d)
-			}
-			prog.add(1)
 		}
 	}
 	prog.phase("floor: QUIC round trip", warmup+n)
@@ -375,54 +365,6 @@ func (m *floorMeter) writeSync(f *os.File, h *floorSamples, at int64) error {
 	return nil
 }
 
-// preallocShared writes zeros for n payloads at the start of each shared
-// file and fdatasyncs them, so that the samples write over them, as a
-// replica's log does.
-func (m *floorMeter) preallocShared(n int) error {
-	zeros := make([]byte, n*len(m.payload))
-	for _, f := range m.shared {
-		if _, err := f.WriteAt(zeros, 0); err != nil {
-			return fmt.Errorf("bench: shared-disk fsync floor: preallocate %s: %w", f.Name(), err)
-		}
-		if err := fdatasync(f); err != nil {
-			return fmt.Errorf("bench: shared-disk fsync floor: fdatasync %s: %w", f.Name(), err)
-		}
-	}
-	return nil
-}
-
-// syncShared writes the payload at at in each shared file (over the
-// zeros preallocShared wrote) and fdatasyncs it, all at once, and returns
-// the time until sharedQuorum of them are done (it waits for the rest
-// before it returns).
-func (m *floorMeter) syncShared(at int64) (time.Duration, error) {
-	done := make(chan error, len(m.shared))
-	t0 := time.Now()
-	for _, f := range m.shared {
-		go func() {
-			_, err := f.WriteAt(m.payload, at)
-			if err == nil {
-				err = fdatasync(f)
-			}
-			done <- err
-		}()
-	}
-	var quorum time.Duration
-	var errs []error
-	for i := range m.shared {
-		if err := <-done; err != nil {
-			errs = append(errs, err)
-		}
-		if i+1 == sharedQuorum {
-			quorum = time.Since(t0)
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return 0, fmt.Errorf("bench: shared-disk fsync floor: %w", err)
-	}
-	return quorum, nil
-}
-
 // echo1 takes one round trip to the echo process, into h if keep.
 func (m *floorMeter) echo1(h *floorSamples, keep bool) error {
 	t0 := time.Now()
@@ -450,8 +392,8 @@ func (m *floorMeter) floors() Floors {
 		f.fsyncHist = m.fsyncPre.hist()
 	}
 	if m.fsyncShared != nil {
-		shared := m.fsyncShared.percentiles()
-		f.FsyncShared = &shared
+		shared, skew := m.fsyncShared.percentiles(), m.sharedSkew.percentiles()
+		f.FsyncShared, f.FsyncSharedSkew = &shared, &skew
 	}
 	return f
 }

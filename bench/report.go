@@ -528,7 +528,10 @@ func (rep *Report) writeScenarios(w io.Writer) error {
 		fmt.Fprintf(w, ", after %s idle p50 %s p99 %s", fmtUS(f.IdleGapUS), fmtUS(f.RTTIdle.P50), fmtUS(f.RTTIdle.P99))
 	}
 	if fs := f.FsyncShared; fs != nil && fs.Count > 0 {
-		fmt.Fprintf(w, "; %d write+fdatasyncs at once, %d done p50 %s p99 %s", sharedReplicas, sharedQuorum, fmtUS(fs.P50), fmtUS(fs.P99))
+		fmt.Fprintf(w, "; %d write+fdatasyncs over zeros at once, %d done p50 %s p99 %s", sharedReplicas, sharedQuorum, fmtUS(fs.P50), fmtUS(fs.P99))
+		if sk := f.FsyncSharedSkew; sk != nil && sk.Count > 0 {
+			fmt.Fprintf(w, " (the last started %s after the first, p50)", fmtUS(sk.P50))
+		}
 	}
 	fmt.Fprintln(w)
 	fsync, name := f.targetFsync()

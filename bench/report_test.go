@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -247,10 +248,12 @@ func TestSharedFsyncFloor(t *testing.T) {
 	if err := m.preallocShared(5); err != nil {
 		t.Fatal(err)
 	}
+	s := startSharedSyncer(m.shared, m.payload)
+	defer s.stop()
 	for i := range 5 {
-		d, err := m.syncShared(int64(i * 64))
-		if err != nil || d <= 0 {
-			t.Fatalf("syncShared = %v, %v", d, err)
+		d, skew, err := s.sample(int64(i * 64))
+		if err != nil || d <= 0 || skew < 0 || skew > d {
+			t.Fatalf("sample = %v, skew %v, %v", d, skew, err)
 		}
 		for _, f := range m.shared {
 			if fi, err := f.Stat(); err != nil || fi.Size() != 5*64 {
@@ -259,9 +262,63 @@ func TestSharedFsyncFloor(t *testing.T) {
 		}
 	}
 	m.shared[1].Close()
-	if _, err := m.syncShared(0); err == nil {
+	if _, _, err := s.sample(0); err == nil {
 		t.Error("a closed file's write went unreported")
 	}
+}
+
+// TestSharedFloorStartsTogether: the shared-disk floor's three
+// write+fdatasyncs start together, the last within a lone
+// write+fdatasync of the first, even when the bench runs at GOMAXPROCS 1
+// (three brokers on 2 CPUs run at 1; the bench runs at 2). A goroutine
+// per write started per sample waited for a P, which a goroutine in its
+// fdatasync keeps: at GOMAXPROCS 2 the third started 200-275 µs after
+// the first, about two lone fdatasyncs at 1. GOMAXPROCS is restored
+// afterwards. A timing test: it passes if one of three attempts does.
+func TestSharedFloorStartsTogether(t *testing.T) {
+	dir := t.TempDir()
+	if fsType(dir) == "tmpfs" {
+		t.Skip("fdatasync costs nothing on tmpfs: no lone fdatasync to start within")
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	m := &floorMeter{payload: make([]byte, 128), fsyncPre: &floorSamples{}, fsyncShared: &floorSamples{}, sharedSkew: &floorSamples{}}
+	for range sharedReplicas {
+		f, err := os.CreateTemp(dir, "shared-*")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		m.shared = append(m.shared, f)
+	}
+	var err error
+	if m.pre, err = os.CreateTemp(dir, "lone-*"); err != nil {
+		t.Fatal(err)
+	}
+	defer m.pre.Close()
+	const n = 40
+	if _, err := m.pre.WriteAt(make([]byte, 3*n*len(m.payload)), 0); err != nil {
+		t.Fatal(err)
+	}
+	var skew, lone Percentiles
+	for attempt := range 3 {
+		if err := m.writeSyncs(m.pre, m.fsyncPre, 0, n, nil, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.measureShared(5, n, nil); err != nil {
+			t.Fatal(err)
+		}
+		if p := runtime.GOMAXPROCS(0); p != 1 {
+			t.Fatalf("GOMAXPROCS %d after the shared floor, want 1 again", p)
+		}
+		skew, lone = m.sharedSkew.percentiles(), m.fsyncPre.percentiles()
+		if skew.P50 < lone.P50 {
+			t.Logf("start skew p50 %v µs, a lone write+fdatasync p50 %v µs", skew.P50, lone.P50)
+			return
+		}
+		t.Logf("attempt %d: start skew p50 %v µs, a lone write+fdatasync p50 %v µs", attempt+1, skew.P50, lone.P50)
+		m.fsyncPre, m.sharedSkew = &floorSamples{}, &floorSamples{}
+	}
+	t.Errorf("the three writes started %v µs apart at the median, a lone write+fdatasync took %v: not at once", skew.P50, lone.P50)
 }
 
 // TestTargetsUsePreallocatedFsync: the targets' fsync floor is the one a
@@ -272,10 +329,11 @@ func TestSharedFsyncFloor(t *testing.T) {
 // "floor".
 func TestTargetsUsePreallocatedFsync(t *testing.T) {
 	floors := Floors{
-		Fsync:         Percentiles{Count: 1000, P50: 110, P99: 400},
-		FsyncPrealloc: Percentiles{Count: 1000, P50: 76, P99: 290},
-		RTT:           Percentiles{Count: 1000, P50: 100, P99: 200},
-		FsyncShared:   &Percentiles{Count: 1000, P50: 250},
+		Fsync:           Percentiles{Count: 1000, P50: 110, P99: 400},
+		FsyncPrealloc:   Percentiles{Count: 1000, P50: 76, P99: 290},
+		RTT:             Percentiles{Count: 1000, P50: 100, P99: 200},
+		FsyncShared:     &Percentiles{Count: 1000, P50: 250},
+		FsyncSharedSkew: &Percentiles{Count: 1000, P50: 40},
 	}
 	scenarios := func() []*Result {
 		return []*Result{
@@ -331,6 +389,9 @@ func TestTargetsUsePreallocatedFsync(t *testing.T) {
 		}
 		if tc.want == "fsync_prealloc" && !strings.Contains(buf.String(), "the targets' fsync floor is write+fdatasync over preallocated zeros") {
 			t.Errorf("%s: the report does not say which fsync floor the targets use:\n%s", tc.name, buf.String())
+		}
+		if tc.want == "fsync_prealloc" && !strings.Contains(buf.String(), "2 done p50 250µs p99 0µs (the last started 40µs after the first, p50)") {
+			t.Errorf("%s: the report does not give the shared floor's start skew:\n%s", tc.name, buf.String())
 		}
 	}
 }

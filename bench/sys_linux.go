@@ -4,8 +4,11 @@ package bench
 
 import (
 	"fmt"
+	"math"
 	"os"
+	"sync/atomic"
 	"syscall"
+	"unsafe"
 )
 
 // fdatasync makes f's data durable, as the wal does (fdatasync on Linux).
@@ -39,3 +42,23 @@ func fsType(path string) string {
 func dieWithParent() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
+
+// futexWait parks the calling thread in the kernel while *addr is val
+// (it may return early, spuriously). A goroutine parked on a channel is
+// made runnable by Go's scheduler one at a time, each through another
+// thread's wake-up; threads parked on one futex are all made runnable by
+// one futexWakeAll, in the kernel (see sharedSyncer).
+func futexWait(addr *atomic.Uint32, val uint32) {
+	syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), linuxFutexWaitPrivate, uintptr(val), 0, 0, 0)
+}
+
+// futexWakeAll wakes every thread parked in futexWait on addr.
+func futexWakeAll(addr *atomic.Uint32) {
+	syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), linuxFutexWakePrivate, math.MaxInt32, 0, 0, 0)
+}
+
+// FUTEX_WAIT and FUTEX_WAKE with FUTEX_PRIVATE_FLAG (linux/futex.h).
+const (
+	linuxFutexWaitPrivate = 0 | 128
+	linuxFutexWakePrivate = 1 | 128
+)
