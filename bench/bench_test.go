@@ -115,6 +115,15 @@ func TestLocalEveryScenario(t *testing.T) {
 			if num(s, "generator_lag_p99_us") < 0 || num(s, "send_wait_p99_us") < 0 || num(s, "rate_per_s") != float64(c.Rate) {
 				t.Errorf("%s: open-loop fields %v %v %v", key, s["generator_lag_p99_us"], s["send_wait_p99_us"], s["rate_per_s"])
 			}
+		}
+		if s["mode"] == ModeOpen {
+			// Nothing excused: at least the row's own figures, which
+			// excuse the generator's lag.
+			if num(s, "from_intended_p50_us") < p50 || num(s, "from_intended_p99_us") < p99 {
+				t.Errorf("%s: from the intended send time p50 %v p99 %v, below the row's %v %v", key, s["from_intended_p50_us"], s["from_intended_p99_us"], p50, p99)
+			}
+		}
+		switch key {
 		case "load/open", "throughput/pipelined":
 			// Every record left in a QUIC packet: the counts come from the
 			// bench's connections over the row, not from zero values.
@@ -160,7 +169,10 @@ func TestLocalEveryScenario(t *testing.T) {
 			t.Errorf("no result for %s", k)
 		}
 	}
-	for _, k := range []string{"fsync", "fsync_idle", "rtt", "rtt_idle"} {
+	if doc.Floors["target_fsync"] != "fsync_prealloc" {
+		t.Errorf("target_fsync %v, want fsync_prealloc (measured)", doc.Floors["target_fsync"])
+	}
+	for _, k := range []string{"fsync", "fsync_prealloc", "fsync_idle", "rtt", "rtt_idle"} {
 		p, _ := doc.Floors[k].(map[string]any)
 		if p == nil || p["count"].(float64) != float64(c.FloorCount) || p["p50_us"].(float64) <= 0 {
 			t.Errorf("floor %s: %v", k, doc.Floors[k])
@@ -198,7 +210,7 @@ func TestLocalEveryScenario(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range []string{"floors (same run)", "direct open 400/s", "throughput 6x4 (6 shards)", "throughput 6x4 (12 shards)",
-		"load 50%", "generator lag (not charged)", "shards sweep:", "IDLE/SHARD", "fanout x3", "targets:"} {
+		"load 50%", "generator lag (not charged)", "with nothing excused", "shards sweep:", "IDLE/SHARD", "fanout x3", "targets:"} {
 		if !strings.Contains(table.String(), s) {
 			t.Errorf("table lacks %q:\n%s", s, table.String())
 		}

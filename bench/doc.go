@@ -43,8 +43,14 @@
 // charged from its wake-up, and the overshoot is reported as the
 // generator's lag beside the row. Whatever the system makes a send wait
 // for after that (a full window, a blocked write, the sends before it in
-// the same burst) is charged, and reported as the send wait. One
-// collector goroutine per publisher timestamps its acks in send order.
+// the same burst) is charged, and reported as the send wait. Under load
+// the generator's lag is not only its timer's coarseness: it also waits
+// for CPUs the brokers hold, and a stall that delays its wake-up would be
+// excused with it. So each open-loop row also gives its percentiles from
+// the intended send time with nothing excused (from_intended_p50_us to
+// from_intended_p999_us, median over the trials), beside the row's own;
+// the targets keep the row's. Each ack is timestamped as its publisher's
+// ack reader reads it.
 // On a local cluster (the brokers share the bench's clock) each row is
 // also split at the stamp the owner put on the record's batch before its
 // write and fsync, which the ack carries: the way in (due -> stamp) and

@@ -81,6 +81,7 @@ func (p *pacer) stop() { p.timer.Stop() }
 // its lag and not charged.
 type coRecorder struct {
 	lat  *hdrhistogram.Histogram // done - charged: what open loop reports
+	full *hdrhistogram.Histogram // done - intended: nothing excused, the generator's lag included
 	raw  *hdrhistogram.Histogram // done - sent: what a naive harness reports
 	lag  *hdrhistogram.Histogram // charged - intended: the generator's timer overshoot
 	wait *hdrhistogram.Histogram // sent - charged: what the send waited for (charged)
@@ -96,7 +97,7 @@ type coRecorder struct {
 }
 
 func newCORecorder() *coRecorder {
-	return &coRecorder{lat: newHist(), raw: newHist(), lag: newHist(), wait: newHist(), toBatch: newHist(), fromBatch: newHist()}
+	return &coRecorder{lat: newHist(), full: newHist(), raw: newHist(), lag: newHist(), wait: newHist(), toBatch: newHist(), fromBatch: newHist()}
 }
 
 // Record adds one record meant to be sent at intended, charged from
@@ -104,6 +105,7 @@ func newCORecorder() *coRecorder {
 // written in the batch the owner stamped stamp, whose ack arrived at done.
 func (r *coRecorder) Record(intended, charged, sent, stamp, done time.Time) {
 	record(r.lat, done.Sub(charged))
+	record(r.full, done.Sub(intended))
 	record(r.raw, done.Sub(sent))
 	record(r.lag, charged.Sub(intended))
 	record(r.wait, sent.Sub(charged))
@@ -120,6 +122,7 @@ func (r *coRecorder) Record(intended, charged, sent, stamp, done time.Time) {
 // merge adds o's records to r.
 func (r *coRecorder) merge(o *coRecorder) {
 	r.lat.Merge(o.lat)
+	r.full.Merge(o.full)
 	r.raw.Merge(o.raw)
 	r.lag.Merge(o.lag)
 	r.wait.Merge(o.wait)
@@ -136,7 +139,7 @@ func (r *coRecorder) merge(o *coRecorder) {
 // trial returns what the recorder saw as one trial; the split at the
 // batch stamp only when sameClock (the owners' clock is this process's).
 func (r *coRecorder) trial(acks *ackGroups, sameClock bool) trial {
-	t := trial{hist: r.lat, lag: r.lag, raw: r.raw, wait: r.wait, acks: acks,
+	t := trial{hist: r.lat, fromIntended: r.full, lag: r.lag, raw: r.raw, wait: r.wait, acks: acks,
 		count: r.lat.TotalCount(), elapsed: r.last.Sub(r.first)}
 	if sameClock {
 		t.toBatch, t.fromBatch = r.toBatch, r.fromBatch

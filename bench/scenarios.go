@@ -45,6 +45,9 @@ type trial struct {
 	lag  *hdrhistogram.Histogram // open loop: the generator's lag (timer overshoot), not charged
 	wait *hdrhistogram.Histogram // open loop: what the send waited for (a full window), charged
 	raw  *hdrhistogram.Histogram // open loop: latency from the actual send
+	// open loop: latency from the intended send time with nothing
+	// excused, the generator's lag included (hist excuses it)
+	fromIntended *hdrhistogram.Histogram
 	// open loop on a local cluster: latency split at the owner's batch
 	// stamp (see coRecorder)
 	toBatch, fromBatch *hdrhistogram.Histogram
