@@ -76,7 +76,12 @@
 // time divided the same way (the bench's publishers included). When the
 // CPUs are what bound throughput, that, not records/s, is what a change to
 // the path moves; it still moves with batching (fewer records per fsync
-// cost more each), so compare it within one run (A/B).
+// cost more each), so compare it within one run (A/B). The throughput and
+// load rows give the largest broker's RSS at the end and its peak RSS
+// while the row was measured: VmHWM, which the kernel keeps over a
+// process's life, is reset at the start of each measured window (/proc/
+// PID/clear_refs), so a row never carries an earlier row's peak; where the
+// reset fails, the report says the peak is the lifetime's.
 //
 // # Shards sweep
 //

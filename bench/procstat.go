@@ -113,9 +113,12 @@ type ProcUsage struct {
 	// both cores of a 2-core machine).
 	CPUPct float64 `json:"cpu_pct"`
 	// RSSMiB is the resident set at the end of the interval, PeakRSSMiB
-	// the highest since the process started.
-	RSSMiB     float64 `json:"rss_mib"`
-	PeakRSSMiB float64 `json:"peak_rss_mib"`
+	// the highest during it (VmHWM, reset at its start), or, with
+	// PeakLifetime, the highest since the process started: the reset
+	// failed, and the peak may be an earlier interval's.
+	RSSMiB       float64 `json:"rss_mib"`
+	PeakRSSMiB   float64 `json:"peak_rss_mib"`
+	PeakLifetime bool    `json:"peak_rss_lifetime,omitempty"`
 }
 
 // procWatch measures a set of processes, and the machine, over an
@@ -125,23 +128,38 @@ type procWatch struct {
 	pids   []int
 	before []procSample
 	read   []bool    // before[i] was read
+	reset  []bool    // pids[i]'s peak RSS was reset at begin
 	cpus   cpuSample // the machine's at begin
 }
 
-// begin samples every process at the start of the interval. A process
-// that cannot be read is left out of the result.
+// begin resets every process's peak RSS and samples it at the start of
+// the interval. A process that cannot be read is left out of the result.
 func (w *procWatch) begin() {
 	if w == nil {
 		return
 	}
 	w.before = make([]procSample, len(w.pids))
 	w.read = make([]bool, len(w.pids))
+	w.reset = make([]bool, len(w.pids))
 	for i, pid := range w.pids {
+		w.reset[i] = resetPeakRSS(pid) == nil
 		var err error
 		w.before[i], err = readProc(pid)
 		w.read[i] = err == nil
 	}
 	w.cpus, _ = readCPUs()
+}
+
+// resetPeakRSS sets the peak RSS (VmHWM) of process pid to its RSS now,
+// so that the next reading is the peak since: "5" to /proc/PID/clear_refs
+// (Linux 4.0 and later), allowed for a process of the same user, or as
+// root. VmHWM is otherwise the peak over the process's life, and every
+// row would carry the peaks of the rows before it.
+func resetPeakRSS(pid int) error {
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0); err != nil {
+		return fmt.Errorf("bench: reset the peak RSS of process %d: %w", pid, err)
+	}
+	return nil
 }
 
 // end samples them again and returns their usage over wall seconds, the
@@ -162,11 +180,12 @@ func (w *procWatch) end(wallSeconds float64) []ProcUsage {
 		}
 		cpu := float64(after.cpuTicks-w.before[i].cpuTicks) / clockTicks
 		out = append(out, ProcUsage{
-			Name:       w.names[i],
-			Pid:        pid,
-			CPUPct:     round1(cpu / wallSeconds * 100),
-			RSSMiB:     round1(float64(after.rssKiB) / 1024),
-			PeakRSSMiB: round1(float64(after.hwmKiB) / 1024),
+			Name:         w.names[i],
+			Pid:          pid,
+			CPUPct:       round1(cpu / wallSeconds * 100),
+			RSSMiB:       round1(float64(after.rssKiB) / 1024),
+			PeakRSSMiB:   round1(float64(after.hwmKiB) / 1024),
+			PeakLifetime: !w.reset[i],
 		})
 	}
 	return out

@@ -170,8 +170,12 @@ type Result struct {
 	BrokerCPUPct     *float64       `json:"broker_cpu_pct,omitempty"`      // throughput, load: all brokers, % of one core
 	MachineCPUPct    *float64       `json:"machine_cpu_pct,omitempty"`     // throughput, load: every CPU's busy time, % of one core
 	BrokerRSSMiB     *float64       `json:"broker_rss_mib,omitempty"`      // throughput: largest broker RSS at the end
-	BrokerPeakRSSMiB *float64       `json:"broker_peak_rss_mib,omitempty"` // throughput: largest broker peak RSS
-	ClientCPUPct     *float64       `json:"client_cpu_pct,omitempty"`      // throughput, load: this process
+	BrokerPeakRSSMiB *float64       `json:"broker_peak_rss_mib,omitempty"` // throughput, load: largest broker peak RSS during the row's measured windows (VmHWM, reset at each one's start)
+	// BrokerPeakRSSLifetime says a broker's peak RSS could not be reset
+	// (resetPeakRSS): BrokerPeakRSSMiB is then over the broker's life so
+	// far, earlier rows included.
+	BrokerPeakRSSLifetime bool     `json:"broker_peak_rss_lifetime,omitempty"`
+	ClientCPUPct          *float64 `json:"client_cpu_pct,omitempty"` // throughput, load: this process
 	// QUICPacketsSent and QUICPacketsLost are the packets the bench's QUIC
 	// connections sent to the brokers over the row's trials (throughput:
 	// the measured part; load: warm-up included), and those quic-go
@@ -238,6 +242,7 @@ func summarize(scenario, mode string, trials []trial) *Result {
 	var hists, lags, raws, waits, tos, froms []*hdrhistogram.Histogram
 	acks := newAckGroups()
 	var cpu, clientCPU, machineCPU, cpuPerRec, machinePerRec []float64
+	peakAll := 0.0 // over every trial's window
 	for _, t := range trials {
 		p := percentilesOf(t.hist)
 		pcts = append(pcts, p)
@@ -280,7 +285,9 @@ func summarize(scenario, mode string, trials []trial) *Result {
 				}
 				sum += u.CPUPct
 				rss, peak = max(rss, u.RSSMiB), max(peak, u.PeakRSSMiB)
+				r.BrokerPeakRSSLifetime = r.BrokerPeakRSSLifetime || u.PeakLifetime
 			}
+			peakAll = max(peakAll, peak)
 			cpu = append(cpu, sum)
 			if tp > 0 {
 				cpuPerRec = append(cpuPerRec, perRecord(sum, tp))
@@ -288,7 +295,7 @@ func summarize(scenario, mode string, trials []trial) *Result {
 					machinePerRec = append(machinePerRec, perRecord(machine, tp))
 				}
 			}
-			r.BrokerRSSMiB, r.BrokerPeakRSSMiB = ptr(rss), ptr(peak)
+			r.BrokerRSSMiB, r.BrokerPeakRSSMiB = ptr(rss), ptr(peakAll)
 			r.Processes = t.usage
 		}
 	}
@@ -319,7 +326,7 @@ func summarize(scenario, mode string, trials []trial) *Result {
 	if len(cpu) > 0 && brokersWatched(r.Processes) {
 		r.BrokerCPUPct = ptr(round1(median(cpu)))
 	} else {
-		r.BrokerRSSMiB, r.BrokerPeakRSSMiB = nil, nil
+		r.BrokerRSSMiB, r.BrokerPeakRSSMiB, r.BrokerPeakRSSLifetime = nil, nil, false
 	}
 	if len(clientCPU) > 0 {
 		r.ClientCPUPct = ptr(round1(median(clientCPU)))
@@ -589,8 +596,8 @@ func (rep *Report) writeScenarios(w io.Writer) error {
 				r.Label(), fmtUS(*r.ToBatchP50), fmtUS(*r.ToBatchP99), fmtUS(*r.FromBatchP50), fmtUS(*r.FromBatchP99))
 		}
 		if r.BrokerCPUPct != nil {
-			fmt.Fprintf(w, "%s: brokers used %.0f%% CPU (of one core), largest broker RSS %.1f MiB (peak %.1f MiB); the bench itself %.0f%% CPU%s\n",
-				r.Label(), *r.BrokerCPUPct, *r.BrokerRSSMiB, *r.BrokerPeakRSSMiB, deref(r.ClientCPUPct), machineBusy(r.MachineCPUPct))
+			fmt.Fprintf(w, "%s: brokers used %.0f%% CPU (of one core), largest broker RSS %.1f MiB (%s); the bench itself %.0f%% CPU%s\n",
+				r.Label(), *r.BrokerCPUPct, *r.BrokerRSSMiB, peakRSS(*r.BrokerPeakRSSMiB, r.BrokerPeakRSSLifetime), deref(r.ClientCPUPct), machineBusy(r.MachineCPUPct))
 		}
 		if r.QUICPacketsSent != nil {
 			fmt.Fprintf(w, "%s: the bench's QUIC connections sent %d packets, %d of them declared lost and sent again\n", r.Label(), *r.QUICPacketsSent, *r.QUICPacketsLost)
@@ -678,6 +685,15 @@ func (r *Report) write(w io.Writer, asJSON bool) error {
 		return fmt.Errorf("bench: write the report: %w", err)
 	}
 	return nil
+}
+
+// peakRSS says what a peak RSS of mib covers: the row's measured
+// windows, or the process's life when it could not be reset.
+func peakRSS(mib float64, lifetime bool) string {
+	if lifetime {
+		return fmt.Sprintf("lifetime peak %.1f MiB, earlier rows included: resetting it failed", mib)
+	}
+	return fmt.Sprintf("peak %.1f MiB while measured", mib)
 }
 
 // machineBusy says how busy the machine's CPUs were, if measured.

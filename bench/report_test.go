@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -581,5 +582,58 @@ func TestFloorsAreMediansOfBatches(t *testing.T) {
 	}
 	if p := small.percentiles(); p.Count != 10 || p.P50 < 4990 || p.P50 > 5010 || p.Max < 9990 || p.Max > 10010 {
 		t.Errorf("10 samples: %+v", p)
+	}
+}
+
+// TestPeakRSSIsTheWindows: a row's peak RSS is the peak during its
+// measured window, not over the process's life (VmHWM), which carried
+// the peaks of every earlier row (sweep steps, load rows, R=3 rows) into
+// later ones. Here this process touches 128 MiB and gives it back before
+// the window: its lifetime peak holds it, the window's must not.
+func TestPeakRSSIsTheWindows(t *testing.T) {
+	big := make([]byte, 128<<20)
+	for i := 0; i < len(big); i += 4096 {
+		big[i] = 1
+	}
+	runtime.KeepAlive(big)
+	big = nil
+	runtime.GC()
+	debug.FreeOSMemory()
+	before, err := readProc(os.Getpid())
+	if err != nil {
+		t.Skip(err) // no /proc
+	}
+	if before.hwmKiB < before.rssKiB+100<<10 {
+		t.Skipf("RSS %d KiB did not fall 100 MiB below its peak %d KiB after freeing", before.rssKiB, before.hwmKiB)
+	}
+	w := &procWatch{names: []string{"broker-0"}, pids: []int{os.Getpid()}}
+	w.begin()
+	usage := w.end(1)
+	var u ProcUsage
+	for _, x := range usage {
+		if x.Name == "broker-0" {
+			u = x
+		}
+	}
+	if u.PeakLifetime || u.PeakRSSMiB > float64(before.hwmKiB)/1024-64 {
+		t.Errorf("peak RSS %v MiB (lifetime %v) over a window that allocated nothing, lifetime peak %v MiB, RSS %v MiB",
+			u.PeakRSSMiB, u.PeakLifetime, before.hwmKiB/1024, before.rssKiB/1024)
+	}
+
+	// Where the reset fails, the report says the peak is the lifetime's.
+	tr := func(peak float64, lifetime bool) trial {
+		return trial{hist: newHist(), acks: newAckGroups(), count: 1, elapsed: time.Second, usage: []ProcUsage{
+			{Name: "broker-0", CPUPct: 50, RSSMiB: 40, PeakRSSMiB: peak, PeakLifetime: lifetime}}}
+	}
+	r := summarize(Throughput, ModePipelined, []trial{tr(70, false), tr(60, true)})
+	if r.BrokerPeakRSSMiB == nil || *r.BrokerPeakRSSMiB != 70 || !r.BrokerPeakRSSLifetime {
+		t.Errorf("peak %v lifetime %v, want the largest of the trials' 70 MiB, marked lifetime", fmtOpt(r.BrokerPeakRSSMiB), r.BrokerPeakRSSLifetime)
+	}
+	var buf bytes.Buffer
+	if err := (&Report{Scenarios: []*Result{r}}).writeScenarios(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "lifetime peak 70.0 MiB, earlier rows included") {
+		t.Errorf("the report does not say the peak is the lifetime's:\n%s", buf.String())
 	}
 }
