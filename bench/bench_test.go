@@ -169,6 +169,18 @@ func TestLocalEveryScenario(t *testing.T) {
 			t.Errorf("no result for %s", k)
 		}
 	}
+	// Light load against a lone record: the open-loop row runs on the
+	// closed loop's stream, shard and owner (it had a stream of its own,
+	// whose owner could be another broker).
+	streams := map[string]any{}
+	for _, s := range doc.Scenarios {
+		streams[s["scenario"].(string)+"/"+s["mode"].(string)] = s["stream"]
+	}
+	for _, sc := range []string{Direct, Forwarded} {
+		if st := streams[sc+"/closed"]; st == nil || st == "" || streams[sc+"/open"] != st {
+			t.Errorf("%s: closed loop on stream %v, open loop on %v: want the same", sc, st, streams[sc+"/open"])
+		}
+	}
 	if doc.Floors["target_fsync"] != "fsync_prealloc" {
 		t.Errorf("target_fsync %v, want fsync_prealloc (measured)", doc.Floors["target_fsync"])
 	}

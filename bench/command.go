@@ -64,7 +64,7 @@ type Command struct {
 	LoadDuration time.Duration `help:"Latency under load: length of each trial at each percentage." default:"2s"`
 
 	Subscribers int   `help:"Fanout: subscribers of the one stream." default:"8"`
-	Replicas    []int `help:"Replication factors of the bench streams, each 1 or 3 (each shard a raft group on three brokers; direct then publishes to the shard's raft leader, forwarded through a follower). Every scenario runs at the first; direct, forwarded and throughput run again at each other one, next to it, with their targets (3 is skipped, with a note, on fewer than three brokers)." default:"1,3" sep:","`
+	Replicas    []int `help:"Replication factors of the bench streams, each 1 or 3 (each shard a raft group on three brokers; direct then publishes to the shard's raft leader, forwarded through a follower). Every scenario runs at the first; at each other one direct and forwarded run again in closed loop, and throughput over the first --shards with its load rows (--load), next to the first's rows, with their targets (3 is skipped, with a note, on fewer than three brokers)." default:"1,3" sep:","`
 	FloorCount  int   `help:"Samples of each floor (fsync, QUIC round trip back to back and after the open-loop gap idle; with replication factor 3, three fsyncs at once), taken half before and half after the scenarios; each percentile is the median over batches of 250 samples, as a scenario's is over its trials." default:"2000"`
 
 	AB    string `name:"ab" help:"With --local: compare this build with another felixctl (or felix) executable (cluster A runs this build, cluster B runs FELIX), side by side in one run: direct and forwarded closed loop with records alternating between them, throughput in alternating trials; every figure as the ratio B/A. Give a felixctl built like this one: on identical code a felix executable's brokers measured 5% slower (code layout)." type:"path" placeholder:"FELIX"`
@@ -283,9 +283,9 @@ func (c *Command) Execute(ctx context.Context, log *slog.Logger, out io.Writer) 
 			rep.Notes = append(rep.Notes, fmt.Sprintf("the %d brokers and the echo process of the RTT floor ran with GOMAXPROCS=%d (%d CPUs)", c.Brokers, n, runtime.NumCPU()))
 		}
 		for _, b := range cl.Brokers() {
-			pid, err := findBrokerPid(b.ID, b.DataDir)
-			if err != nil {
-				rep.Notes = append(rep.Notes, fmt.Sprintf("no CPU and RSS of %s: %v", b.ID, err))
+			pid := b.Pid() // a broker re-executes itself (package sysmon): same pid
+			if pid == 0 {
+				rep.Notes = append(rep.Notes, fmt.Sprintf("no CPU and RSS of %s: its process is not running", b.ID))
 				continue
 			}
 			watch.names, watch.pids = append(watch.names, b.ID), append(watch.pids, pid)
@@ -438,7 +438,8 @@ func (c *Command) memoryProbes(brokers int) []memKey {
 }
 
 // againScenarios are those run again at each replication factor after
-// the first.
+// the first: direct and forwarded in closed loop, throughput over the
+// first shard count with its load rows.
 var againScenarios = []string{Direct, Forwarded, Throughput}
 
 // factors returns the replication factors to run, 1 if none is named.
@@ -455,13 +456,18 @@ func (c *Command) factors() []int {
 func (c *Command) runScenario(ctx context.Context, e *env, s string, first bool) ([]*Result, error) {
 	switch s {
 	case Direct, Forwarded:
-		closed, err := e.runPublish(ctx, s)
+		p, err := e.pathFor(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		defer p.pub.Close()
+		closed, err := e.runPublish(ctx, s, p)
 		if err != nil {
 			return nil, err
 		}
 		out := []*Result{closed}
-		if c.Rate > 0 && first {
-			open, err := e.runOpen(ctx, s)
+		if c.Rate > 0 && first { // on the same stream, shard and owner
+			open, err := e.runOpen(ctx, s, p)
 			if err != nil {
 				return nil, err
 			}

@@ -56,6 +56,11 @@
 // write and fsync, which the ack carries: the way in (due -> stamp) and
 // the write, fsync and way back (stamp -> ack).
 //
+// With --replicas 1,3 (the default) every scenario runs on streams of
+// replication factor 1, and then, on streams of factor 3 (rows marked
+// R=3), direct and forwarded again in closed loop and throughput over the
+// first --shards with its load rows.
+//
 // Latency under load (the load rows, --load) is open loop over the
 // throughput scenario's publishers and stream at fractions (10%, 50%, 80%
 // by default) of the acked records/s that scenario measured just before,

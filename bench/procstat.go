@@ -17,43 +17,6 @@ import (
 // 100 on every Linux architecture Go supports.
 const clockTicks = 100
 
-// findBrokerPid finds the process of a broker started by the cluster
-// harness from its command line (`... broker --id ID ... --data DIR ...`):
-// internal/cluster does not expose the pids of the processes it starts.
-func findBrokerPid(id, dataDir string) (int, error) {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0, fmt.Errorf("bench: find the process of %s: %w", id, err)
-	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue // gone, or not ours to read
-		}
-		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-		if len(args) > 1 && args[1] == "broker" && flagValue(args, "--id") == id && flagValue(args, "--data") == dataDir {
-			return pid, nil
-		}
-	}
-	return 0, fmt.Errorf("bench: no process of %s (broker --id %s --data %s) in /proc", id, id, dataDir)
-}
-
-func flagValue(args []string, name string) string {
-	for i, a := range args {
-		if a == name && i+1 < len(args) {
-			return args[i+1]
-		}
-		if v, ok := strings.CutPrefix(a, name+"="); ok {
-			return v
-		}
-	}
-	return ""
-}
-
 // procSample is a process's CPU time so far and its memory.
 type procSample struct {
 	cpuTicks uint64 // utime + stime

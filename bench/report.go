@@ -102,9 +102,12 @@ func readTrimmed(path string) string {
 // measured over all trials (acks; for e2e and fanout, deliveries: one per
 // record and subscriber).
 type Result struct {
-	Scenario     string  `json:"scenario"`
-	Mode         string  `json:"mode"`
-	Path         string  `json:"path"`
+	Scenario string `json:"scenario"`
+	Mode     string `json:"mode"`
+	Path     string `json:"path"`
+	// Stream is the bench stream of a direct or forwarded row: its closed
+	// and open-loop rows share it (one shard, one owner).
+	Stream       string  `json:"stream,omitempty"`
 	Count        int64   `json:"count"`
 	PayloadBytes int     `json:"payload_bytes"`
 	P50          float64 `json:"p50_us"`
@@ -464,7 +467,7 @@ func (rep *Report) checkTargets() {
 		}
 	}
 	if open := rep.find(Direct, ModeOpen); open != nil && direct != nil {
-		le("light load p50", fmt.Sprintf("direct open loop %d/s p50 <= direct closed p50 (light load costs no more than a lone record)", open.RatePerSec),
+		le("light load p50", fmt.Sprintf("direct open loop %d/s p50 <= direct closed p50 (light load costs no more than a lone record; same stream, shard and owner)", open.RatePerSec),
 			open.P50, direct.P50, "us")
 		if f.RTTIdle.Count > 0 {
 			note := fmt.Sprintf("light load: direct open loop p50 - direct closed p50 = %s; the QUIC echo floor alone, after %s idle - back to back = %s",

@@ -81,19 +81,6 @@ func TestReadProcSelf(t *testing.T) {
 	}
 }
 
-func TestFlagValue(t *testing.T) {
-	args := []string{"felix", "broker", "--id", "broker-1", "--data=/d/broker-1"}
-	if got := flagValue(args, "--id"); got != "broker-1" {
-		t.Errorf("--id = %q", got)
-	}
-	if got := flagValue(args, "--data"); got != "/d/broker-1" {
-		t.Errorf("--data = %q", got)
-	}
-	if got := flagValue(args, "--ctl"); got != "" {
-		t.Errorf("--ctl = %q", got)
-	}
-}
-
 // TestKongMount parses a command line the way felixctl does, with
 // Command mounted as a subcommand.
 func TestKongMount(t *testing.T) {

@@ -91,16 +91,32 @@ func (e *env) publisherOn(ctx context.Context, scenario, name string) (pub *clie
 	return pub, owner, via, nil
 }
 
-// runPublish is the direct and forwarded scenarios, closed loop: one
-// Publisher on the owner (or on another broker when forwarded), each
-// record sent when the previous one is acked.
-func (e *env) runPublish(ctx context.Context, scenario string) (*Result, error) {
-	forwarded := scenario == Forwarded
+// onePath is a Publisher on a one-shard bench stream and the path its
+// records take: through via to the shard's owner (its raft leader at
+// replication factor 3). The closed-loop and open-loop rows of direct
+// (and of forwarded) run on the same one, so that "light load costs no
+// more than a lone record" compares one stream, shard and owner.
+type onePath struct {
+	pub                *client.Publisher
+	stream, owner, via string
+}
+
+// pathFor creates scenario's stream (direct or forwarded) and returns a
+// Publisher on it, which the caller closes.
+func (e *env) pathFor(ctx context.Context, scenario string) (*onePath, error) {
 	pub, owner, via, err := e.publisherOn(ctx, scenario, scenario)
 	if err != nil {
 		return nil, err
 	}
-	defer pub.Close()
+	return &onePath{pub: pub, stream: e.names[scenario], owner: owner, via: via}, nil
+}
+
+// runPublish is the direct and forwarded scenarios, closed loop: one
+// Publisher on the owner (or on another broker when forwarded), each
+// record sent when the previous one is acked.
+func (e *env) runPublish(ctx context.Context, scenario string, p *onePath) (*Result, error) {
+	forwarded := scenario == Forwarded
+	pub, owner, via := p.pub, p.owner, p.via
 	value := make([]byte, e.cfg.size)
 	check := pathCheck(scenario, via, owner, forwarded)
 
@@ -133,7 +149,7 @@ func (e *env) runPublish(ctx context.Context, scenario string) (*Result, error) 
 		trials = append(trials, tr)
 	}
 	res := summarize(scenario, ModeClosed, trials)
-	res.Path = fmt.Sprintf("%s -> %s", via, owner)
+	res.Path, res.Stream = fmt.Sprintf("%s -> %s", via, owner), p.stream
 	return res, nil
 }
 
@@ -169,13 +185,9 @@ func checkedSend(send sendFunc, check func(client.Ack) error) sendFunc {
 // runOpen is the direct or forwarded scenario in open loop: records sent
 // at cfg.rate per second whatever the acks do, latency measured from each
 // record's intended send time (or the generator's wake-up, when its timer
-// overshot).
-func (e *env) runOpen(ctx context.Context, scenario string) (*Result, error) {
-	pub, owner, via, err := e.publisherOn(ctx, scenario, scenario+"-open")
-	if err != nil {
-		return nil, err
-	}
-	defer pub.Close()
+// overshot), on the closed loop's path p.
+func (e *env) runOpen(ctx context.Context, scenario string, p *onePath) (*Result, error) {
+	pub, owner, via := p.pub, p.owner, p.via
 	value := make([]byte, e.cfg.size) // never modified: safe to share between records in flight
 	n := max(1, int(float64(e.cfg.rate)*e.cfg.openDuration.Seconds()))
 	warmup := max(1, e.cfg.rate/4) // a quarter of a second
@@ -195,7 +207,7 @@ func (e *env) runOpen(ctx context.Context, scenario string) (*Result, error) {
 		trials = append(trials, rec.trial(acks, e.sameClock()))
 	}
 	res := summarize(scenario, ModeOpen, trials)
-	res.Path = fmt.Sprintf("%s -> %s", via, owner)
+	res.Path, res.Stream = fmt.Sprintf("%s -> %s", via, owner), p.stream
 	res.RatePerSec = e.cfg.rate
 	return res, nil
 }
