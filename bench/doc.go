@@ -13,11 +13,11 @@
 // preallocated zeros, what a shard log and a replica pay (package wal,
 // internal/tidseg), and the plain append only when that was not measured:
 // the append also writes the inode and costs more, and a floor Felix
-// beats is no floor. It never changes a
-// cluster beyond the bench streams it creates (and deletes again), and it
-// never reaches into a broker: what it reports is what a client sees, what
-// /proc says of the broker processes it started, and what the brokers'
-// /metrics say of their WAL batches.
+// beats is no floor. It never changes a cluster beyond the bench streams
+// it creates (and deletes again), and it never reaches into a broker:
+// what it reports is what a client sees, what /proc says of the broker
+// processes it started, and what the brokers' /metrics say of their WAL
+// batches.
 //
 // # Method
 //
@@ -84,9 +84,9 @@
 // cost more each), so compare it within one run (A/B). The throughput and
 // load rows give the largest broker's RSS at the end and its peak RSS
 // while the row was measured: VmHWM, which the kernel keeps over a
-// process's life, is reset at the start of each measured window (/proc/
-// PID/clear_refs), so a row never carries an earlier row's peak; where the
-// reset fails, the report says the peak is the lifetime's.
+// process's life, is reset at the start of each measured window
+// (/proc/PID/clear_refs), so a row never carries an earlier row's peak;
+// where the reset fails, the report says the peak is the lifetime's.
 //
 // # Shards sweep
 //
