@@ -24,7 +24,9 @@ import (
 // matching [ErrConnectionLost] (outcome unknown), and the next publish opens
 // a new stream, redialing the broker if needed: order holds within one
 // stream, so a caller that retries failed records should expect them after
-// records sent since.
+// records sent since. A broker stopping gracefully does not lose the
+// stream's order: the records it refused are sent again first on the
+// next stream (see the package doc, "Graceful broker stops").
 type Publisher struct {
 	c      *Client
 	stream string // "" for the client's own publisher, which takes it per call
@@ -52,6 +54,13 @@ type Publisher struct {
 		// while their readers still resolve what they carried
 		// (pubSession.writeFailed); each leaves when its reader ends.
 		draining map[*pubSession]struct{}
+		// leaving are the sessions whose broker said it is shutting
+		// down, until their readers end; refused are the records those
+		// brokers did not write, in send order, until they are sent
+		// again; resending: resendRefused runs (leaving.go).
+		leaving   map[*pubSession]struct{}
+		refused   []refusedRecord
+		resending bool
 	}
 }
 
@@ -92,11 +101,13 @@ func (c *Client) Publisher(ctx context.Context, stream string) (*Publisher, erro
 // ends first Publish returns ctx's error, and the record may still be
 // written.
 //
-// A record refused by a broker that is shutting down (an error matching
-// [ErrShuttingDown] and not [ErrConnectionLost]) was not written; if that
-// broker was the client's home, the home has moved to another live broker
-// (see [WithHomeFailover]) and Publish sends the record again through it.
-// An [OnResolved] function sees each attempt.
+// A record the client's home broker refused because it is shutting down
+// was not written: the home moves to another live broker and the record
+// is sent again through it, as are those published behind it (see the
+// package doc, "Graceful broker stops"). A record that still fails with
+// an error matching [ErrShuttingDown] and not [ErrConnectionLost] was not
+// written: a shard owner shutting down refused it, or brokers refused it
+// more often than the client sends a record again.
 func (c *Client) Publish(ctx context.Context, stream string, key, value []byte, opts ...PublishOpt) (Ack, error) {
 	return c.pub.publishSync(ctx, stream, key, value, opts)
 }
@@ -106,7 +117,9 @@ func (c *Client) Publish(ctx context.Context, stream string, key, value []byte, 
 // the window is full PublishAsync blocks until a slot frees or ctx ends, or
 // fails with [ErrWindowFull] under WithBlockOnFull(false). Records
 // published with PublishAsync from one goroutine are committed in that
-// order within each shard.
+// order within each shard. Records refused by a home broker shutting down
+// are sent again as by [Client.Publish], in order; so the key, value and
+// headers passed must not be modified until the Future resolves.
 func (c *Client) PublishAsync(ctx context.Context, stream string, key, value []byte, opts ...PublishOpt) (*Future, error) {
 	return c.pub.publish(ctx, stream, key, value, opts, c.cfg.blockOnFull)
 }
@@ -117,41 +130,36 @@ func (p *Publisher) Publish(ctx context.Context, key, value []byte, opts ...Publ
 	return p.publishSync(ctx, p.stream, key, value, opts)
 }
 
-// publishSync publishes one record and waits for its outcome. A record
-// refused by the home broker because it is shutting down, which moved the
-// home (refusedByLeaving), was not written: it is published again through
-// the new home, at most maxLeavingResends times.
+// publishSync publishes one record and waits for its outcome.
 func (p *Publisher) publishSync(ctx context.Context, stream string, key, value []byte, opts []PublishOpt) (Ack, error) {
-	for resent := 0; ; resent++ {
-		f, err := p.publish(ctx, stream, key, value, opts, true)
-		if err != nil {
+	f, err := p.publish(ctx, stream, key, value, opts, true)
+	if err != nil {
+		return Ack{}, err
+	}
+	ack, err := f.Wait(ctx)
+	for resent := 0; err != nil && resent < maxUnservingResends && p.c.refusedByUnserving(err); resent++ {
+		if f, err = p.publish(ctx, stream, key, value, opts, true); err != nil {
 			return Ack{}, err
 		}
-		ack, err := f.Wait(ctx)
-		if err == nil || resent >= maxLeavingResends || !p.c.refusedByLeaving(err) {
-			return ack, err
-		}
+		ack, err = f.Wait(ctx)
 	}
+	return ack, err
 }
 
-// maxLeavingResends bounds how many times publishSync sends a record
-// again after brokers shutting down refused it: each refusal moved the
-// home to another broker, and the cluster rarely restarts more at once.
-const maxLeavingResends = 2
+// maxUnservingResends bounds how many times publishSync sends a record
+// again after brokers that serve nothing yet refused its connection:
+// each refusal moved the home to another broker.
+const maxUnservingResends = 2
 
-// refusedByLeaving reports whether err, a publish's, is a refusal with
-// shutting_down (the record was not written: a broker answers it only
-// for records it did not take in, or whose log or raft group was closed
-// before they were appended or proposed), or the refusal of its
-// connection by a broker that serves nothing yet (unserving: nothing on
-// it was read), by a broker the client noted as leaving or unserving and
-// no longer its home. A record of unknown outcome (its connection lost)
-// is not one.
-func (c *Client) refusedByLeaving(err error) bool {
+// refusedByUnserving reports whether err, a publish's, is the refusal of
+// its connection by a broker that serves nothing yet (unserving: it
+// started while the control plane was out of its reach, and nothing on
+// the connection was read, so the record was not written), a broker the
+// client noted as such and no longer its home. Records a broker shutting
+// down refused are sent again otherwise (leaving.go).
+func (c *Client) refusedByUnserving(err error) bool {
 	var perr *PublishError
-	var werr *transport.Error
-	return errors.As(err, &perr) && !errors.Is(err, ErrConnectionLost) &&
-		errors.As(err, &werr) && (werr.Code == transport.CodeShuttingDown || unserving(err)) &&
+	return errors.As(err, &perr) && !errors.Is(err, ErrConnectionLost) && unserving(err) &&
 		perr.Broker != c.Addr() && c.isLeaving(perr.Broker)
 }
 
@@ -172,11 +180,15 @@ func (p *Publisher) Flush(ctx context.Context) error {
 	for s := range p.mu.draining {
 		sessions = append(sessions, s)
 	}
+	for s := range p.mu.leaving {
+		sessions = append(sessions, s)
+	}
 	p.mu.Unlock()
 	var futures []*Future
 	for _, s := range sessions {
 		futures = append(futures, s.inFlight()...)
 	}
+	futures = append(futures, p.refusedFutures()...)
 	if p.idem != nil {
 		futures = append(futures, p.idem.unresolvedFutures()...)
 	}
@@ -213,6 +225,9 @@ func (p *Publisher) shutdown() {
 	for s := range p.mu.draining {
 		sessions = append(sessions, s)
 	}
+	for s := range p.mu.leaving {
+		sessions = append(sessions, s)
+	}
 	p.mu.sess = nil
 	p.mu.Unlock()
 	for _, s := range sessions {
@@ -220,6 +235,11 @@ func (p *Publisher) shutdown() {
 		<-s.done
 		<-s.flushed
 	}
+	p.mu.Lock()
+	refused := p.mu.refused
+	p.mu.refused = nil
+	p.mu.Unlock()
+	failRefused(refused, p.c.Addr(), errClosedRefused)
 	if p.idem != nil {
 		p.idem.abandon(func(*Future) error { return errClosedInFlight }, false)
 	}
@@ -275,17 +295,12 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 			f.obs.start = time.Now()
 		}
 	}
-	var frame *transport.Publish
-	if p.idem != nil {
-		frame = new(transport.Publish) // kept until acked (idemRecord)
-	} else {
-		// Encoded by send, not kept: reused (a frame per record was 140
-		// bytes allocated per publish).
-		frame = publishFrames.Get().(*transport.Publish)
-		defer func() {
-			*frame = transport.Publish{}
-			publishFrames.Put(frame)
-		}()
+	// Kept until the record resolves: an idempotent record's to send it
+	// again if its outcome is unknown (idemRecord), a plain one's if a
+	// broker shutting down refuses it (leaving.go).
+	frame := new(transport.Publish)
+	if p.idem == nil {
+		f.frame = frame
 	}
 	*frame = transport.Publish{
 		Stream:      stream,
@@ -342,9 +357,6 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 	}
 }
 
-// publishFrames are the frames of plain publishes, reused once sent.
-var publishFrames = sync.Pool{New: func() any { return new(transport.Publish) }}
-
 // acquire takes a window slot, waiting for one if block.
 func (p *Publisher) acquire(ctx context.Context, block bool) error {
 	select {
@@ -397,6 +409,12 @@ func (p *Publisher) session(ctx context.Context) (*pubSession, error) {
 	if p.idem != nil {
 		return p.openIdem(ctx)
 	}
+	p.mu.Lock()
+	resend := p.resendingLocked()
+	p.mu.Unlock()
+	if resend {
+		return p.openResending(ctx)
+	}
 	return p.openStream(ctx, true)
 }
 
@@ -436,7 +454,7 @@ func (p *Publisher) openStream(ctx context.Context, ready bool) (*pubSession, er
 		return nil, fmt.Errorf("opening publish stream to %s: %w", home.addr, errors.Join(errStaleSession, err))
 	}
 	s := newPubSession(home.addr, str, p.c.maxFrame(), &p.c.tel.later, &p.c.mapNamed)
-	s.idem, s.link = p.idem, l
+	s.idem, s.link, s.pub = p.idem, l, p
 
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -475,7 +493,7 @@ func (p *Publisher) current() (*pubSession, error) {
 	if p.mu.closed {
 		return nil, ErrClosed
 	}
-	if s := p.mu.sess; s != nil && p.mu.ready && s.alive() && (p.idem == nil || !p.idem.hasUnresolved()) {
+	if s := p.mu.sess; s != nil && p.mu.ready && s.alive() && (p.idem == nil || !p.idem.hasUnresolved()) && !p.resendingLocked() {
 		return s, nil
 	}
 	return nil, nil
