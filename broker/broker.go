@@ -56,11 +56,6 @@ type Broker struct {
 	// (replicahealth.go).
 	started         time.Time
 	replicasSettled atomic.Bool
-	// startEnded is closed when Start returns, having set ready or
-	// failed: connections accepted while it opens the first map's logs
-	// wait for it (awaitStart).
-	startEnded     chan struct{}
-	startEndedOnce sync.Once
 	// lock keeps other processes off the data directory until Close.
 	lock *dirlock.Lock
 	// applied is the last map applyMap applied, whose replicas the
@@ -126,7 +121,6 @@ func newBroker(cfg Config) (*Broker, error) {
 	b.disk.free.Store(-1)
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.closed = make(chan struct{})
-	b.startEnded = make(chan struct{})
 	b.peers = newPeerPool(cfg.PeerTLS, cfg.Transport, b.log, &b.quic)
 	b.mu.conns = map[*quic.Conn]struct{}{}
 	b.mu.pubs = map[*pubSession]struct{}{}
@@ -172,7 +166,6 @@ func (b *Broker) Start(ctx context.Context) error {
 	b.wg.Add(1) // Close waits for Start, as for the goroutines it starts
 	b.mu.Unlock()
 	defer b.wg.Done()
-	defer b.startEndedOnce.Do(func() { close(b.startEnded) })
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(b.ctx, cancel)() // Close cancels b.ctx
@@ -502,7 +495,6 @@ func (b *Broker) serveConn(conn *quic.Conn) {
 		return
 	}
 	from.conn = conn
-	b.awaitStart()
 	if werr := b.notServing(); werr != nil {
 		// Nothing on it is read: the client (or peer) may go elsewhere
 		// or retry, and knows that nothing it sent was processed.
@@ -544,38 +536,15 @@ func (b *Broker) serveConn(conn *quic.Conn) {
 	}
 }
 
-// awaitStart holds a connection accepted while Start, through to the
-// control plane, opens the logs of its first map, until Start has ended
-// (or Close, or ForwardTimeout): those logs open within moments, and the
-// map the control plane pushes already shows this broker live, so that
-// forwarders and clients are sent here meanwhile; refused, their
-// records would fail where waiting serves them. A broker not through to
-// the control plane has no map and no idea when it will: its
-// connections are refused at once (notServing).
-func (b *Broker) awaitStart() {
-	if b.ready.Load() || b.joined.Load() == nil {
-		return
-	}
-	t := time.NewTimer(b.cfg.ForwardTimeout)
-	defer t.Stop()
-	select {
-	case <-b.startEnded:
-	case <-b.ctx.Done():
-	case <-t.C:
-	}
-}
-
 // notServing returns why the broker refuses a connection it accepted
 // before it serves, nil once it does. From Start's listen until it has
-// its first map (which waits for the control plane, for as long as that
-// is out of reach) a connection is refused unavailable as it is
-// accepted: the broker cannot route, authorize or answer anything
-// without a map, and a connection left unanswered made every publish,
-// request and forward to it wait out its caller's deadline. Once it has
-// the map, a connection waits for the logs to open (awaitStart), and is
-// refused unavailable only if Start failed or took longer than
-// ForwardTimeout. A broker that stops serving (Close) refuses with
-// shutting_down.
+// applied its first map (which waits for the control plane, for as long
+// as that is out of reach, then opens the shard logs) a connection is
+// refused unavailable as it is accepted: the broker cannot route,
+// authorize or answer anything without a map, and a connection left
+// unanswered made every publish, request and forward to it wait out
+// its caller's deadline. A broker that stops serving (Close) refuses
+// with shutting_down.
 func (b *Broker) notServing() *transport.Error {
 	if b.ready.Load() {
 		return nil
@@ -590,7 +559,7 @@ func (b *Broker) notServing() *transport.Error {
 		return transport.Errorf(transport.CodeUnavailable, "%w: %s has not reached the control plane (%s) since it started; "+
 			"use another broker, or retry once the control plane is back", errNoMap, b.cfg.NodeID, b.cfg.CtlAddr)
 	default:
-		return transport.Errorf(transport.CodeUnavailable, "%s has not opened the shard logs of its first map since start within %v; retry shortly", b.cfg.NodeID, b.cfg.ForwardTimeout)
+		return transport.Errorf(transport.CodeUnavailable, "%s is opening the shard logs of its first map since start; retry shortly", b.cfg.NodeID)
 	}
 }
 

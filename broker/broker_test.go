@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,7 +21,6 @@ import (
 	"github.com/felix-broker/felix/internal/dirlock"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
-	"github.com/felix-broker/felix/wal"
 )
 
 func publish(seq uint64, stream, value string) *transport.Publish {
@@ -485,55 +483,5 @@ func TestFailedNewUnregistersMetrics(t *testing.T) {
 	eachMetric(t, reader, func(m metricdata.Metrics) { names = append(names, m.Name) })
 	if len(names) > 0 {
 		t.Errorf("after New failed 3 times, the provider still observes the failed brokers: %v", names)
-	}
-}
-
-// TestConnectionWaitsForFirstMapLogs: a restarted broker through to its
-// control plane, still opening the logs of its first map, holds a
-// connection accepted meanwhile until they are open, then serves it: a
-// publish sent then is acked. Refused unavailable, as a broker with no
-// map refuses (TestRefusesConnectionsWithoutAMap), it would have failed,
-// though the map the control plane pushes already shows the broker live
-// and others send it records.
-func TestConnectionWaitsForFirstMapLogs(t *testing.T) {
-	var hold atomic.Bool
-	release := make(chan struct{})
-	fs := &wal.FaultFS{Inject: func(op wal.Op, path string) bool {
-		if op == wal.OpOpen && hold.Load() {
-			<-release
-		}
-		return false
-	}}
-	ip := startInprocWith(t, func(c *Config) { c.Knobs.WALFS = fs }, 1, shardmap.StreamConfig{Name: "s", Shards: 1})
-	addr := ip.brokers[0].Addr().String()
-	ip.brokers[0].Close()
-	cfg := ip.brokerConfig(0)
-	cfg.Listen = addr
-	b, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ip.brokers[0] = b // ip's cleanup closes it
-	hold.Store(true)
-	started := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), waitFor)
-		defer cancel()
-		started <- b.Start(ctx)
-	}()
-	for deadline := time.Now().Add(waitFor); b.joined.Load() == nil; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the restarted broker did not reach the control plane")
-		}
-	}
-	ws := openStream(t, ip.dial(b))
-	ws.send(&transport.Publish{Seq: 1, Stream: "s", Shard: 0, Value: []byte("while the logs open")})
-	time.AfterFunc(300*time.Millisecond, func() {
-		hold.Store(false)
-		close(release)
-	})
-	wantAck(t, ws.recv(), 1)
-	if err := <-started; err != nil {
-		t.Fatal(err)
 	}
 }
