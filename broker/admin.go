@@ -1,14 +1,14 @@
 package broker
 
 import (
+	"github.com/felix-broker/felix/auth"
+
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/quic-go/quic-go"
 
-	"github.com/felix-broker/felix/auth"
 	"github.com/felix-broker/felix/transport"
 )
 
@@ -62,15 +62,6 @@ func (b *Broker) adminAnswer(req *transport.Request, from caller) transport.Fram
 		return &transport.Response{Replicas: b.replicaStates(req.Stream.Name)}
 	}
 	req.Principal = from.principal
-	if d, lease := b.member.Unlinked(), b.member.LeaseTTL(); d > lease {
-		// The control plane has been out of reach for longer than a
-		// failover of its leader takes (the member registers with another
-		// ctl within a lease): an outage. Waiting ForwardTimeout for it
-		// would hold the request for nothing.
-		return &transport.Error{Code: transport.CodeUnavailable,
-			Message: fmt.Sprintf("%s has had no link to the control plane for %v (longer than its lease, %v): %s was not relayed; retry once the control plane is back",
-				b.cfg.NodeID, d.Round(time.Millisecond), lease, req.Op)}
-	}
 	ctx, cancel := context.WithTimeout(b.ctx, b.cfg.ForwardTimeout)
 	defer cancel()
 	resp, err := b.member.Request(ctx, req)

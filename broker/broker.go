@@ -174,39 +174,13 @@ func (b *Broker) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("broker %s: listen on %s: %w", b.cfg.NodeID, b.cfg.Listen, err)
 	}
-	// Accept from now on: until the first map is applied, every
-	// connection is refused unavailable at once (serveConn), instead of
-	// waiting unanswered in the listener's queue for as long as the
-	// control plane is out of reach. Close takes ln to close from here.
-	b.mu.Lock()
-	if b.mu.closing {
-		b.mu.Unlock()
-		ln.Close()
-		return ErrClosed
-	}
-	b.ln = ln
-	b.wg.Add(1)
-	b.mu.Unlock()
-	go b.acceptLoop(ln)
-	failed := func() {
-		// ln is Close's to close once closing is set; else Start's.
-		b.mu.Lock()
-		closing := b.mu.closing
-		if !closing {
-			b.ln = nil
-		}
-		b.mu.Unlock()
-		if !closing {
-			ln.Close() // acceptLoop returns
-		}
-	}
 	advertise := b.cfg.Advertise
 	if advertise == "" {
 		advertise = ln.Addr().String()
 	}
 	clusterID, err := readClusterID(b.cfg.DataDir)
 	if err != nil {
-		failed()
+		ln.Close()
 		return fmt.Errorf("broker %s: %w", b.cfg.NodeID, err)
 	}
 	member, err := ctlclient.Join(ctx, ctlclient.MemberConfig{
@@ -221,7 +195,7 @@ func (b *Broker) Start(ctx context.Context) error {
 		Report:    b.replicaReport,
 	})
 	if err != nil {
-		failed()
+		ln.Close()
 		if b.ctx.Err() != nil {
 			return fmt.Errorf("broker %s: closed while joining the control plane: %w", b.cfg.NodeID, ErrClosed)
 		}
@@ -230,26 +204,28 @@ func (b *Broker) Start(ctx context.Context) error {
 	b.joined.Store(member)
 	if err := b.applyMap(member.Map()); err != nil {
 		member.Close()
-		failed()
+		ln.Close()
 		return err
 	}
 	b.checkDisk() // before the first publish
 
-	// Close takes member to close once it has set closing; until then it
-	// is Start's to close.
+	// Close takes ln and member to close once it has set closing; until
+	// then they are Start's to close.
 	b.mu.Lock()
 	if b.mu.closing {
 		b.mu.Unlock()
 		member.Close()
+		ln.Close()
 		return fmt.Errorf("broker %s: closed while starting: %w", b.cfg.NodeID, ErrClosed)
 	}
-	b.member = member
+	b.ln, b.member = ln, member
 	b.started = time.Now()
 	b.replicasSettled.Store(b.cfg.ReadyReplicaWait < 0)
-	b.ready.Store(true) // after member: serveConn reads it once ready
-	b.wg.Add(2)
+	b.ready.Store(true)
+	b.wg.Add(3)
 	b.mu.Unlock()
 	b.log.Info("broker serving", "addr", advertise, "epoch", member.Map().Epoch)
+	go b.acceptLoop()
 	go b.mapLoop()
 	go b.watchDisk()
 	return nil
@@ -270,10 +246,10 @@ func (b *Broker) routingMap() *shardmap.Map {
 // Map returns the latest shard map the broker holds.
 func (b *Broker) Map() *shardmap.Map { return b.member.Map() }
 
-// Ready reports whether the broker can serve: it holds a shard map that
-// names it a member, has opened (recovered) the logs of its shards and,
-// since Start, its replicas of replicated shards have caught up with
-// their leaders (see "Replica health" in replicahealth.go); see
+// Ready reports whether the broker is registered with the control plane,
+// holds a map, has opened (recovered) the logs of its shards and, since
+// Start, its replicas of replicated shards have caught up with their
+// leaders (see "Replica health" in replicahealth.go); see
 // [Broker.Readiness] for why not. Safe to call from any goroutine.
 func (b *Broker) Ready() bool { return b.Readiness() == nil }
 
@@ -283,49 +259,26 @@ var ErrNotReady = errors.New("broker: not ready")
 // Readiness returns nil when the broker is ready to serve (a readiness
 // probe), or an error saying what it waits for. Safe to call from any
 // goroutine.
-//
-// # Readiness and the control plane
-//
-// Ready means the broker serves the shards it holds by the newest map it
-// has. It does not follow the broker's link to the control plane: a
-// broker whose lease ran out because the control plane is down (or out
-// of its reach) serves as before, by the map it holds, and stays ready;
-// had it turned unready, a control plane outage would take every broker
-// out of service at once (each one's lease runs out alike), though they
-// go on publishing. Readiness gates no publish: what keeps a broker that
-// is cut off from the control plane from serving what it no longer owns
-// is the data path's fencing (the shard map's ownership, which a
-// missed lease never changes, the epoch every forward carries, and raft
-// terms and quorums for replicated shards: see the package doc), not a
-// probe. A broker with no map (started and not yet through to the
-// control plane: it refuses every connection unavailable meanwhile, see
-// notServing) is not ready, nor is one whose map does not name it a
-// member (the control plane removed it).
 func (b *Broker) Readiness() error {
 	b.mu.Lock()
 	closing := b.mu.closing // from Close's first step: it no longer accepts, and drains
 	b.mu.Unlock()
-	var m *shardmap.Map
-	if mb := b.joined.Load(); mb != nil {
-		m = mb.Map()
-	}
 	switch {
 	case closing || b.ctx.Err() != nil:
 		return fmt.Errorf("%w: shutting down", ErrNotReady)
-	case m == nil:
-		return fmt.Errorf("%w: no shard map: not through to the control plane at %s since start", ErrNotReady, b.cfg.CtlAddr)
-	case !isMember(m, b.cfg.NodeID):
-		return fmt.Errorf("%w: not a member of the cluster in the shard map (epoch %d): the control plane removed it", ErrNotReady, m.Epoch)
+	case b.joined.Load() == nil:
+		return fmt.Errorf("%w: not registered with the control plane at %s", ErrNotReady, b.cfg.CtlAddr)
+	case b.joined.Load().Map() == nil:
+		return fmt.Errorf("%w: no shard map yet", ErrNotReady)
+	case b.joined.Load().Unlinked() > b.joined.Load().LeaseTTL():
+		// Its lease has run out: the control plane shows it down, and
+		// no other broker forwards to it.
+		return fmt.Errorf("%w: no link to the control plane for %v, longer than the lease (%v)", ErrNotReady,
+			b.joined.Load().Unlinked().Round(time.Millisecond), b.joined.Load().LeaseTTL())
 	case !b.ready.Load():
 		return fmt.Errorf("%w: shard logs not recovered yet", ErrNotReady)
 	}
 	return b.replicasCaughtUp()
-}
-
-// isMember reports whether m names node a member.
-func isMember(m *shardmap.Map, node string) bool {
-	_, ok := m.Node(node)
-	return ok
 }
 
 // currentMap returns the map held, or nil before Start has joined.
@@ -339,14 +292,12 @@ func (b *Broker) currentMap() *shardmap.Map {
 // NodeID returns the broker's node id.
 func (b *Broker) NodeID() string { return b.cfg.NodeID }
 
-// acceptLoop accepts connections on ln until Close, or until Start fails
-// and closes ln.
-func (b *Broker) acceptLoop(ln *transport.Listener) {
+func (b *Broker) acceptLoop() {
 	defer b.wg.Done()
 	for {
-		conn, err := ln.Accept(b.ctx)
+		conn, err := b.ln.Accept(b.ctx)
 		if err != nil {
-			if b.ctx.Err() == nil && !errors.Is(err, quic.ErrServerClosed) {
+			if b.ctx.Err() == nil {
 				b.log.Error("accept failed; broker stops accepting", "err", err)
 			}
 			return
@@ -495,12 +446,6 @@ func (b *Broker) serveConn(conn *quic.Conn) {
 		return
 	}
 	from.conn = conn
-	if werr := b.notServing(); werr != nil {
-		// Nothing on it is read: the client (or peer) may go elsewhere
-		// or retry, and knows that nothing it sent was processed.
-		conn.CloseWithError(quic.ApplicationErrorCode(werr.Code), werr.Message)
-		return
-	}
 	peerID := from.peerID
 	if peerID == "" { // peers count against no client limit
 		use, lerr := b.limits.admitConn(from.principal)
@@ -533,33 +478,6 @@ func (b *Broker) serveConn(conn *quic.Conn) {
 		}
 		b.wg.Add(1)
 		go b.serveStream(s, from)
-	}
-}
-
-// notServing returns why the broker refuses a connection it accepted
-// before it serves, nil once it does. From Start's listen until it has
-// applied its first map (which waits for the control plane, for as long
-// as that is out of reach, then opens the shard logs) a connection is
-// refused unavailable as it is accepted: the broker cannot route,
-// authorize or answer anything without a map, and a connection left
-// unanswered made every publish, request and forward to it wait out
-// its caller's deadline. A broker that stops serving (Close) refuses
-// with shutting_down.
-func (b *Broker) notServing() *transport.Error {
-	if b.ready.Load() {
-		return nil
-	}
-	b.mu.Lock()
-	closing := b.mu.closing
-	b.mu.Unlock()
-	switch {
-	case closing || b.ctx.Err() != nil:
-		return &transport.Error{Code: transport.CodeShuttingDown, Message: "broker shutting down"}
-	case b.joined.Load() == nil:
-		return transport.Errorf(transport.CodeUnavailable, "%w: %s has not reached the control plane (%s) since it started; "+
-			"use another broker, or retry once the control plane is back", errNoMap, b.cfg.NodeID, b.cfg.CtlAddr)
-	default:
-		return transport.Errorf(transport.CodeUnavailable, "%s is opening the shard logs of its first map since start; retry shortly", b.cfg.NodeID)
 	}
 }
 

@@ -325,7 +325,7 @@ func (c *Client) refreshMap(ctx context.Context) (*shardmap.Map, error) {
 		return c.storeMap(m), nil
 	}
 	var werr *transport.Error
-	if errors.As(err, &werr) && !unserving(err) || ctx.Err() != nil || c.closed.Load() {
+	if errors.As(err, &werr) || ctx.Err() != nil || c.closed.Load() {
 		return nil, err
 	}
 	if cached := c.cachedMap(); cached != nil {

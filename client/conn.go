@@ -112,28 +112,23 @@ func (l *link) closeReason(err error) *transport.Error {
 }
 
 // refusal returns the error of a broker that refused l's connection, or
-// nil: it closed the connection with unauthorized, limit_exceeded or
-// unavailable (it serves nothing yet: no shard map) and nothing was
-// answered on it. A broker closes a connection with those codes only as
-// it accepts it, before it reads any stream (broker serveConn), so
-// nothing sent on it was processed: records sent on it were not written,
-// and their publishes fail with this error rather than as of unknown
-// outcome. A connection closed with shutting_down is not a refusal: a
-// broker going away closes connections whose records it may have
-// written.
+// nil: it closed the connection with unauthorized or limit_exceeded and
+// nothing was answered on it. A broker closes a connection with those
+// codes only as it accepts it, before it reads any stream (broker
+// serveConn), so nothing sent on it was processed: records sent on it
+// were not written, and their publishes fail with this error rather than
+// as of unknown outcome. A connection closed with shutting_down is not a
+// refusal: a broker going away closes connections whose records it may
+// have written.
 func (l *link) refusal(err error) error {
 	if l.answered.Load() {
 		return nil
 	}
 	reason := l.closeReason(err)
-	if reason == nil {
+	if reason == nil || reason.Code != transport.CodeUnauthorized && reason.Code != transport.CodeLimitExceeded {
 		return nil
 	}
-	switch reason.Code {
-	case transport.CodeUnauthorized, transport.CodeLimitExceeded, transport.CodeUnavailable:
-		return &DialError{Addr: l.b.addr, Err: reason}
-	}
-	return nil
+	return &DialError{Addr: l.b.addr, Err: reason}
 }
 
 // failure returns the error of an operation on one of l's streams that
@@ -146,9 +141,6 @@ func (l *link) refusal(err error) error {
 // (brokerLeaving).
 func (l *link) failure(err error) error {
 	if rerr := l.refusal(err); rerr != nil {
-		if unserving(rerr) {
-			l.b.c.brokerUnserving(l.b.addr, rerr)
-		}
 		return rerr
 	}
 	if reason := l.closeReason(err); reason != nil {
@@ -204,8 +196,6 @@ func (b *brokerConn) connect(ctx context.Context, hold bool) (*link, error) {
 			b.mu.Unlock()
 			cause := context.Cause(l.conn.Context())
 			switch {
-			case refused != nil && unserving(refused):
-				b.c.brokerUnserving(b.addr, refused)
 			case refused != nil:
 				b.c.cfg.logger.Warn("client: broker refused the connection; will redial after backoff", "broker", b.addr, "failures", failures, "err", refused)
 			case failures > 0:

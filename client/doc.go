@@ -95,11 +95,7 @@
 // records in flight fail as of unknown outcome, or are sent again by an
 // idempotent client, on a stream to the new home. A broker restarting at
 // the same address within that time stays the home; the client does not
-// move back. A home that refuses the connection unavailable (a broker
-// that started while the control plane was out of its reach, and serves
-// nothing until it has a shard map) is left at once, as one shutting
-// down is: map reads go to another live broker, and Publish sends a
-// record it refused (never written) again through the new home. [Client.Addr] says which broker is the home.
+// move back. [Client.Addr] says which broker is the home.
 //
 // # Graceful broker stops
 //

@@ -101,11 +101,7 @@ func (e *PublishError) Unwrap() error { return e.Err }
 // to the broker as it allows (MaxConnsPerPrincipal, 64 by default; every
 // [Client] holds one to its broker, and each subscription holds its own:
 // see [Client.Subscribe]) or the broker has its most (MaxConns), and
-// [ErrUnauthorized] for a certificate that is not a client's, and
-// [ErrUnavailable] from a broker that serves nothing yet: it started
-// while the control plane was out of its reach and has no shard map. A
-// client whose home refuses it so moves its home to another live broker
-// of its map at once (see "The home broker" in the package doc). Nothing
+// [ErrUnauthorized] for a certificate that is not a client's. Nothing
 // sent on a refused connection was processed: a publish that fails with
 // it was not written (errors.Is(err, ErrConnectionLost) is false).
 type DialError struct {

@@ -67,23 +67,6 @@ func (c *Client) moveHome(b *brokerConn, missed int, since time.Time, err error)
 // waiting for its dials to fail only stalled the client. Called with no
 // lock held.
 func (c *Client) brokerLeaving(addr string, err error) {
-	c.avoid(addr, err, "is shutting down")
-}
-
-// brokerUnserving notes that the broker at addr refused a connection
-// unavailable (unserving(err)): it serves nothing yet (a broker that
-// started while the control plane was out of its reach has no shard
-// map). It is avoided as a leaving broker is (brokerLeaving): whatever
-// it is asked fails at once, while other brokers of the map may serve.
-func (c *Client) brokerUnserving(addr string, err error) {
-	c.avoid(addr, err, "serves nothing yet (no shard map)")
-}
-
-// avoid is brokerLeaving and brokerUnserving: the broker at addr is
-// skipped as a new home and a replica to read from for the failover
-// delay, and the home moves off it at once; why says what the broker
-// said, for the log.
-func (c *Client) avoid(addr string, err error, why string) {
 	d := c.cfg.homeFailover
 	if d < 0 {
 		d = DefaultHomeFailover // the home stays; subscriptions still skip it
@@ -102,7 +85,7 @@ func (c *Client) avoid(addr string, err error, why string) {
 	c.leaving.until[addr] = now.Add(d)
 	c.leaving.Unlock()
 	if !known {
-		c.cfg.logger.Info("client: broker "+why+"; it is not chosen as home or replica to read from for a while", "broker", addr, "for", d, "err", err)
+		c.cfg.logger.Info("client: broker is shutting down; it is not chosen as home or replica to read from for a while", "broker", addr, "for", d, "err", err)
 	}
 	b := c.homeConn()
 	if c.cfg.homeFailover < 0 || b.addr != addr || c.closed.Load() {
@@ -110,17 +93,16 @@ func (c *Client) avoid(addr string, err error, why string) {
 	}
 	next := c.nextHome(addr)
 	if next == nil {
-		c.cfg.logger.Debug("client: home broker "+why+", and the shard map shows no other live broker to move to", "broker", addr)
+		c.cfg.logger.Debug("client: home broker is shutting down, and the shard map shows no other live broker to move to", "broker", addr)
 		return
 	}
 	if c.home.CompareAndSwap(b, next) {
-		c.cfg.logger.Info("client: home broker "+why+"; publishes and requests go through another broker from now on", "from", addr, "to", next.addr)
+		c.cfg.logger.Info("client: home broker is shutting down; publishes and requests go through another broker from now on", "from", addr, "to", next.addr)
 	}
 }
 
-// leaving reports whether the broker at addr said it is shutting down,
-// or refused a connection unavailable, within the failover delay
-// (brokerLeaving, brokerUnserving).
+// leaving reports whether the broker at addr said it is shutting down
+// within the failover delay (brokerLeaving).
 func (c *Client) isLeaving(addr string) bool {
 	_, ok := c.leavingUntil(addr)
 	return ok
@@ -149,14 +131,6 @@ func shuttingDown(err error) bool {
 	}
 	var se *quic.StreamError
 	return errors.As(err, &se) && se.Remote && se.ErrorCode == quic.StreamErrorCode(transport.CodeShuttingDown)
-}
-
-// unserving reports whether err, a connection refusal (link.refusal),
-// is a broker's unavailable: it serves nothing yet (brokerUnserving).
-func unserving(err error) bool {
-	var derr *DialError
-	var werr *transport.Error
-	return errors.As(err, &derr) && errors.As(derr.Err, &werr) && werr.Code == transport.CodeUnavailable
 }
 
 // nextHome returns the broker to move the home to from failed: of the

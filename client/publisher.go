@@ -137,7 +137,7 @@ func (p *Publisher) publishSync(ctx context.Context, stream string, key, value [
 		return Ack{}, err
 	}
 	ack, err := f.Wait(ctx)
-	for resent := 0; err != nil && resent < maxUnservingResends && p.c.refusedByUnserving(err); resent++ {
+	for resent := 0; err != nil && resent < maxLeavingResends && p.c.refusedByLeaving(err); resent++ {
 		if f, err = p.publish(ctx, stream, key, value, opts, true); err != nil {
 			return Ack{}, err
 		}
@@ -146,20 +146,18 @@ func (p *Publisher) publishSync(ctx context.Context, stream string, key, value [
 	return ack, err
 }
 
-// maxUnservingResends bounds how many times publishSync sends a record
-// again after brokers that serve nothing yet refused its connection:
-// each refusal moved the home to another broker.
-const maxUnservingResends = 2
-
-// refusedByUnserving reports whether err, a publish's, is the refusal of
-// its connection by a broker that serves nothing yet (unserving: it
-// started while the control plane was out of its reach, and nothing on
-// the connection was read, so the record was not written), a broker the
-// client noted as such and no longer its home. Records a broker shutting
-// down refused are sent again otherwise (leaving.go).
-func (c *Client) refusedByUnserving(err error) bool {
+// refusedByLeaving reports whether err, a publish's, says the record
+// never went to a broker shutting down: its connection was found closed
+// shutting_down before the record went on it (brokerConn.connect), by a
+// broker the client noted as leaving and no longer its home. A record of
+// unknown outcome (its connection lost) is not one. Records a broker
+// shutting down refused on their stream are sent again by their session
+// (leaving.go); at most maxLeavingResends times either way.
+func (c *Client) refusedByLeaving(err error) bool {
 	var perr *PublishError
-	return errors.As(err, &perr) && !errors.Is(err, ErrConnectionLost) && unserving(err) &&
+	var werr *transport.Error
+	return errors.As(err, &perr) && !errors.Is(err, ErrConnectionLost) &&
+		errors.As(err, &werr) && werr.Code == transport.CodeShuttingDown &&
 		perr.Broker != c.Addr() && c.isLeaving(perr.Broker)
 }
 

@@ -69,11 +69,6 @@ type Broker struct {
 	ID      string
 	Addr    string
 	DataDir string
-	// Admin is the broker's HTTP admin address (/metrics, /healthz,
-	// /readyz), the same across restarts: a port free when the cluster
-	// started, so that a test reaches a restarted broker's admin listener
-	// while the control plane, whose map names it, is down.
-	Admin string
 
 	mu     sync.Mutex // guards the running process and env
 	env    []string   // added to this broker's environment after Options.BrokerEnv
@@ -133,16 +128,10 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			}
 			port = p
 		}
-		admin, err := freeTCPPort(opts.Host)
-		if err != nil {
-			c.Close()
-			return nil, err
-		}
 		c.brokers = append(c.brokers, &Broker{
 			ID:      BrokerID(i),
 			Addr:    net.JoinHostPort(opts.Host, strconv.Itoa(port)),
 			DataDir: filepath.Join(opts.Dir, BrokerID(i)),
-			Admin:   net.JoinHostPort(opts.Host, strconv.Itoa(admin)),
 		})
 	}
 	for i := range c.brokers {
@@ -221,16 +210,6 @@ func FreePort(host string) (int, error) {
 	return pc.LocalAddr().(*net.UDPAddr).Port, nil
 }
 
-// freeTCPPort returns a TCP port on host that was free a moment ago.
-func freeTCPPort(host string) (int, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return 0, fmt.Errorf("cluster: find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func (c *Cluster) startCtl() error {
 	tlsConf, err := CtlServerTLS(c.certDir)
 	if err != nil {
@@ -282,7 +261,7 @@ func (c *Cluster) startBroker(i int) error {
 		"--data", b.DataDir,
 		"--certs", c.certDir,
 		"--lease-ttl", c.opts.LeaseTTL.String(),
-		"--admin", b.Admin,
+		"--admin", net.JoinHostPort(c.opts.Host, "0"),
 	)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Env = os.Environ()
@@ -347,10 +326,12 @@ func (b *Broker) Pid() int {
 }
 
 // AdminAddr returns the HTTP admin address (/metrics, /healthz, /readyz)
-// of broker id (Broker.Admin), or "" if there is no such broker.
+// broker id registered in the control plane's map, or "" if it has none.
 func (c *Cluster) AdminAddr(id string) string {
-	if b := c.Broker(id); b != nil {
-		return b.Admin
+	if m := c.Ctl().Map(); m != nil {
+		if n, ok := m.Node(id); ok {
+			return n.Admin
+		}
 	}
 	return ""
 }
@@ -501,26 +482,18 @@ func (c *Cluster) signal(id string, sig syscall.Signal) error {
 // Stop, or its process dying on its own, and waits until it is live in the
 // map. It fails if the broker is running.
 func (c *Cluster) Restart(ctx context.Context, id string) error {
-	if err := c.StartBroker(id); err != nil {
-		return err
-	}
-	_, err := c.WaitMap(ctx, func(m *shardmap.Map) bool {
-		n, ok := m.Node(id)
-		return ok && n.Live
-	})
-	return err
-}
-
-// StartBroker starts broker id's process again (same id, address and
-// data) after Kill, Stop, or its process dying on its own, and returns
-// without waiting for it to join the control plane: Restart without the
-// wait, for a broker restarted while the control plane is down. It fails
-// if the broker is running.
-func (c *Cluster) StartBroker(id string) error {
 	for i, b := range c.brokers {
-		if b.ID == id {
-			return c.startBroker(i)
+		if b.ID != id {
+			continue
 		}
+		if err := c.startBroker(i); err != nil {
+			return err
+		}
+		_, err := c.WaitMap(ctx, func(m *shardmap.Map) bool {
+			n, ok := m.Node(id)
+			return ok && n.Live
+		})
+		return err
 	}
 	return fmt.Errorf("cluster: no broker %q", id)
 }
@@ -542,25 +515,11 @@ func (c *Cluster) RestartWithEnv(ctx context.Context, id string, env ...string) 
 // RestartCtl closes the control plane and starts a new one on the same
 // address and state directory.
 func (c *Cluster) RestartCtl() error {
-	if err := c.StopCtl(); err != nil {
-		return err
-	}
-	return c.StartCtl()
-}
-
-// StopCtl closes the control plane, which stays down (an outage) until
-// StartCtl; the brokers keep running. Ctl returns the closed server
-// meanwhile, whose Map is the last it held.
-func (c *Cluster) StopCtl() error {
 	if err := c.Ctl().Close(); err != nil {
 		return fmt.Errorf("cluster: close control plane: %w", err)
 	}
-	return nil
+	return c.startCtl()
 }
-
-// StartCtl starts the control plane again after StopCtl, on the same
-// address and state directory.
-func (c *Cluster) StartCtl() error { return c.startCtl() }
 
 // Close stops every broker (SIGTERM, then SIGKILL after a grace period) and
 // the control plane.
