@@ -29,17 +29,15 @@ import (
 //     stream-level error), and goes on reading and refusing until the
 //     client ends the stream's write side (the SDK does on that frame, or
 //     on the first refusal naming its broker): every record the client
-//     sent is read and answered (a client that has not within
-//     goAwayWait is stopped reading, as a peer's session);
+//     sent is read and answered;
 //   - stops reading every peer's session at once (STOP_SENDING
 //     shutting_down): a forwarder's lane knows what follows (below);
 //
-// and every session ends once it has answered what it took in. The
-// waits share the one bound Close had before, ForwardTimeout, and add at
-// most goAwayWait to a Close that ends within it: a client that goes on
-// sending to a closing broker is stopped reading then, and while it
-// sends, each record it has unanswered holds a slot and its bytes as any
-// record does (PublishInFlight, PublishBytesPerPrincipal).
+// and every session ends once it has answered what it took in. Both waits
+// share the one bound Close had before, ForwardTimeout: a client that
+// goes on sending to a closing broker is stopped reading at it, and while
+// it sends, each record it has unanswered holds a slot and its bytes as
+// any record does (PublishInFlight, PublishBytesPerPrincipal).
 //
 // A session ends its stream (FIN) only once it has answered every record
 // it took in (finish): a record unanswered when the stream ends was never
@@ -140,34 +138,16 @@ func (b *Broker) drainPublishers(pubs []*pubSession) <-chan struct{} {
 		}
 	}
 	idle := all(pubs, (*pubSession).waitIdle)
-	goAway := time.NewTimer(goAwayWait)
-	defer goAway.Stop()
-	select {
-	case <-idle:
-		return idle
-	case <-goAway.C:
-	case <-bound.C:
-	}
-	// Clients that did not end their streams yet are stopped reading:
-	// what they send from now on is not taken in, and they know it once
-	// the stream ends.
-	for _, p := range pubs {
-		p.stopReading()
-	}
 	select {
 	case <-idle:
 	case <-bound.C:
+		b.log.Warn("shutdown: publishers told to go elsewhere did not end their streams; stopped reading them", "sessions", len(pubs))
+		for _, p := range pubs {
+			p.stopReading()
+		}
 	}
 	return idle
 }
-
-// goAwayWait bounds Close's wait for the clients told to go away (goAway)
-// to end their streams: an SDK does within a round trip of the go-away.
-// One that has not by then is stopped reading (what it sent after is not
-// written, and it learns so when the stream ends: see above), so that a
-// client that ignores the go-away, or is slow to act on it, adds no more
-// than this to Close.
-const goAwayWait = 50 * time.Millisecond
 
 // all returns a channel closed once wait has returned for every session,
 // waited for one after the other by one goroutine.

@@ -97,34 +97,6 @@
 // the same address within that time stays the home; the client does not
 // move back. [Client.Addr] says which broker is the home.
 //
-// # Graceful broker stops
-//
-// A broker stopped gracefully (SIGTERM) answers every record it reads:
-// it commits and acknowledges those it took in before its stop began,
-// and refuses those it reads after with shutting_down, naming itself;
-// nothing of those is written. The client then moves its home at once to
-// another live broker (as after [WithHomeFailover]) and sends the refused
-// records again through it, before any record published since, so
-// [Client.Publish], [Client.PublishAsync] and a [Publisher] keep their
-// order and their records are written once, with no error for the
-// caller. A record is sent again this way at most twice (brokers rarely
-// stop more at once); one still refused fails with an error matching
-// [ErrShuttingDown], not [ErrConnectionLost]: it was not written. The
-// same holds for records sent before the broker stopped reading the
-// stream and left unanswered when it ended it: a broker ends a publish
-// stream only once it has answered everything it took in.
-//
-// What a broker stop cannot hide is a shard whose only replica is on the
-// stopped broker (replication factor 1): until it is back, its records
-// fail typed, without being written: shutting_down, relayed from the
-// owner while it stops, or unavailable once it is down. A replicated
-// shard's leadership moves first, and its records go on.
-//
-// Only a connection lost before the answer (a broker that crashed, or
-// one whose stop outlasted its bound, ForwardTimeout) leaves records of
-// unknown outcome ([ErrConnectionLost]), as does an idempotent client's
-// retry timeout.
-//
 // # The shard map
 //
 // The client keeps the newest shard map it has seen, and takes a newer
@@ -227,11 +199,9 @@
 // limit is not lifted by waiting, but by ending other connections of the
 // principal or raising the limit. A refused connection counts as a
 // failed dial, so redials of that broker back off ([WithReconnect]). A
-// connection that worked and is then closed before its records were
-// answered leaves them of unknown outcome: [ErrConnectionLost], with the
-// broker's code in the chain (errors.Is(err, ErrShuttingDown) for a
-// broker shutting down). A graceful stop answers first (see "Graceful
-// broker stops").
+// connection that worked and is then closed (a broker shutting down)
+// leaves the records in flight of unknown outcome: [ErrConnectionLost],
+// with the broker's code in the chain (errors.Is(err, ErrShuttingDown)).
 //
 // # Security
 //

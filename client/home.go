@@ -18,9 +18,7 @@ import (
 // owns no goroutine and adds none: a home that nobody dials is not moved.
 //
 // A broker that said it is shutting down (it closed a connection, or
-// stopped reading a publish stream, with shutting_down, or refused a
-// record or told a publish stream to go away naming itself: see
-// leaving.go) is "leaving" for
+// stopped reading a publish stream, with shutting_down) is "leaving" for
 // the failover delay: no home moves to it, so that clients of two brokers
 // restarted one after the other do not move back and forth between them,
 // and a subscription reads from another replica while there is one.
@@ -114,7 +112,7 @@ func (c *Client) isLeaving(addr string) bool {
 // connection was closed, or the stream's read side cancelled
 // (STOP_SENDING), by the broker with shutting_down. A shutting_down error
 // frame alone does not say it: a broker relays the one of a shard's owner
-// that is shutting down (pubSession.saysLeaving tells them apart).
+// that is shutting down.
 func shuttingDown(err error) bool {
 	if err == nil {
 		return false

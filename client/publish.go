@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"runtime"
 	"slices"
 	"sync"
@@ -62,12 +61,6 @@ type Future struct {
 	window chan struct{}
 
 	then func(Ack, error) // OnResolved's, if any
-
-	// frame is a plain record's, kept until it resolves to be sent again
-	// if a broker shutting down refuses it (leaving.go), and resent how
-	// many times it was. An idempotent record's is its idem.frame.
-	frame  *transport.Publish
-	resent uint8
 
 	// obs is the publish's telemetry, set when the client traces or
 	// records metrics; idem is set for an idempotent publisher's record.
@@ -151,7 +144,6 @@ func (f *Future) resolve(ack Ack, err error) {
 		o.end = time.Now()
 	}
 	f.ack, f.err = ack, err
-	f.frame = nil
 	<-f.window
 	if p := f.done.Swap(closedDone); p != nil {
 		close(*p) // a waiter made it
@@ -211,8 +203,7 @@ var errClosedInFlight = fmt.Errorf("%w before the ack arrived; outcome unknown (
 // A session that fails stays failed; its publisher opens a new one.
 type pubSession struct {
 	addr     string
-	link     *link      // the connection str is on; nil in tests
-	pub      *Publisher // a plain publisher's, which sends again what a broker shutting down refused; nil in tests
+	link     *link // the connection str is on; nil in tests
 	str      *quic.Stream
 	maxFrame int
 	idem     *idemState // non-nil for an idempotent publisher
@@ -246,10 +237,6 @@ type pubSession struct {
 		// failing are the futures fail took from pending and is still
 		// resolving: Flush waits for them too.
 		failing map[uint64]*Future
-		// leaving: the broker said it is shutting down (leave); refused
-		// are the records it did not write, to be sent again (leaving.go).
-		leaving bool
-		refused []refusedRecord
 	}
 	done    chan struct{} // closed when the reader has exited
 	flushed chan struct{} // closed when flushLoop has exited
@@ -286,20 +273,17 @@ func (s *pubSession) draining() bool {
 }
 
 // writeFailed handles the failure of the stream's write side. The read
-// side may still carry the answers to what the broker read. A broker
-// shutting down stopped reading (STOP_SENDING shutting_down): the session
-// leaves it (leave), and what it did not answer is sent again
-// (leaving.go). Otherwise the session takes no more records (the
-// publisher opens another), and its reader goes on resolving those in
-// flight until the broker ends the stream; what is unanswered then fails
-// as of unknown outcome. An idempotent publisher's session fails at once:
-// it sends the records of unknown outcome again, in order, and the broker
+// side may still carry the answers to what the broker read: a broker
+// shutting down gracefully stops reading (STOP_SENDING), then commits and
+// acknowledges everything it took in. So the session takes no more
+// records (the publisher opens another), and its reader goes on resolving
+// those in flight until the broker ends the stream; what is unanswered
+// then fails as of unknown outcome. Failing them all at once answered
+// "may or may not have been written" for records the broker had committed
+// and acknowledged. An idempotent publisher's session fails at once: it
+// sends the records of unknown outcome again, in order, and the broker
 // answers those it has as duplicates.
 func (s *pubSession) writeFailed(cause error) {
-	if s.idem == nil && shuttingDown(cause) {
-		s.leave(cause)
-		return
-	}
 	s.noteLeaving(cause)
 	if s.idem != nil {
 		s.fail(cause)
@@ -567,12 +551,9 @@ func (s *pubSession) publishErr(f *Future, err error) error {
 func (s *pubSession) inFlight() []*Future {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]*Future, 0, len(s.mu.pending)+len(s.mu.failing)+len(s.mu.refused))
+	out := make([]*Future, 0, len(s.mu.pending)+len(s.mu.failing))
 	for _, f := range s.mu.failing {
 		out = append(out, f)
-	}
-	for _, r := range s.mu.refused {
-		out = append(out, r.f)
 	}
 	for _, f := range s.mu.pending {
 		out = append(out, f)
@@ -589,14 +570,8 @@ func (s *pubSession) readLoop() {
 	for {
 		f, err := r.Read()
 		if err != nil {
-			if cause := context.Cause(s.str.Context()); shuttingDown(cause) {
-				s.leave(cause)
-			}
-			if errors.Is(err, io.EOF) && s.isLeaving() {
-				s.unread() // not taken in: sent again
-			}
+			s.noteLeaving(context.Cause(s.str.Context()))
 			s.fail(s.connErr(fmt.Errorf("reading acks from %s: %w", s.addr, err)))
-			s.handOff()
 			return
 		}
 		if !answered && s.link != nil {
@@ -619,23 +594,13 @@ func (s *pubSession) readLoop() {
 				fut.finishLater()
 			}
 		case *transport.Error:
-			if s.saysLeaving(f) {
-				// The broker itself is shutting down (a refusal it relays
-				// from a shard's owner names the owner): the home moves
-				// before the record's publish learns of its refusal. A
-				// plain publisher sends the records it refused again
-				// through the new home once the stream ends
-				// (leaving.go); an idempotent one as it does the records
-				// of unknown outcome.
-				s.leave(f)
-				if s.pub != nil && s.idem == nil {
-					if f.Seq != 0 {
-						if fut := s.take(f.Seq); fut != nil {
-							s.refused(f.Seq, fut, f)
-						}
-					}
-					continue
-				}
+			if f.Code == transport.CodeShuttingDown {
+				// From the broker itself if it also stopped reading the
+				// stream (a relayed refusal of an owner does not): the home
+				// moves before the record's publish learns of its refusal,
+				// so that it can go again through the new home
+				// (publishSync), as idempotent records do.
+				s.noteLeaving(context.Cause(s.str.Context()))
 			}
 			if f.Code == transport.CodeUnknownStream {
 				raise(s.mapNamed, f.Epoch) // the next publish picks its shard by that map

@@ -24,9 +24,7 @@ import (
 // matching [ErrConnectionLost] (outcome unknown), and the next publish opens
 // a new stream, redialing the broker if needed: order holds within one
 // stream, so a caller that retries failed records should expect them after
-// records sent since. A broker stopping gracefully does not lose the
-// stream's order: the records it refused are sent again first on the
-// next stream (see the package doc, "Graceful broker stops").
+// records sent since.
 type Publisher struct {
 	c      *Client
 	stream string // "" for the client's own publisher, which takes it per call
@@ -54,13 +52,6 @@ type Publisher struct {
 		// while their readers still resolve what they carried
 		// (pubSession.writeFailed); each leaves when its reader ends.
 		draining map[*pubSession]struct{}
-		// leaving are the sessions whose broker said it is shutting
-		// down, until their readers end; refused are the records those
-		// brokers did not write, in send order, until they are sent
-		// again; resending: resendRefused runs (leaving.go).
-		leaving   map[*pubSession]struct{}
-		refused   []refusedRecord
-		resending bool
 	}
 }
 
@@ -101,13 +92,11 @@ func (c *Client) Publisher(ctx context.Context, stream string) (*Publisher, erro
 // ends first Publish returns ctx's error, and the record may still be
 // written.
 //
-// A record the client's home broker refused because it is shutting down
-// was not written: the home moves to another live broker and the record
-// is sent again through it, as are those published behind it (see the
-// package doc, "Graceful broker stops"). A record that still fails with
-// an error matching [ErrShuttingDown] and not [ErrConnectionLost] was not
-// written: a shard owner shutting down refused it, or brokers refused it
-// more often than the client sends a record again.
+// A record refused by a broker that is shutting down (an error matching
+// [ErrShuttingDown] and not [ErrConnectionLost]) was not written; if that
+// broker was the client's home, the home has moved to another live broker
+// (see [WithHomeFailover]) and Publish sends the record again through it.
+// An [OnResolved] function sees each attempt.
 func (c *Client) Publish(ctx context.Context, stream string, key, value []byte, opts ...PublishOpt) (Ack, error) {
 	return c.pub.publishSync(ctx, stream, key, value, opts)
 }
@@ -117,9 +106,7 @@ func (c *Client) Publish(ctx context.Context, stream string, key, value []byte, 
 // the window is full PublishAsync blocks until a slot frees or ctx ends, or
 // fails with [ErrWindowFull] under WithBlockOnFull(false). Records
 // published with PublishAsync from one goroutine are committed in that
-// order within each shard. Records refused by a home broker shutting down
-// are sent again as by [Client.Publish], in order; so the key, value and
-// headers passed must not be modified until the Future resolves.
+// order within each shard.
 func (c *Client) PublishAsync(ctx context.Context, stream string, key, value []byte, opts ...PublishOpt) (*Future, error) {
 	return c.pub.publish(ctx, stream, key, value, opts, c.cfg.blockOnFull)
 }
@@ -130,29 +117,34 @@ func (p *Publisher) Publish(ctx context.Context, key, value []byte, opts ...Publ
 	return p.publishSync(ctx, p.stream, key, value, opts)
 }
 
-// publishSync publishes one record and waits for its outcome.
+// publishSync publishes one record and waits for its outcome. A record
+// refused by the home broker because it is shutting down, which moved the
+// home (refusedByLeaving), was not written: it is published again through
+// the new home, at most maxLeavingResends times.
 func (p *Publisher) publishSync(ctx context.Context, stream string, key, value []byte, opts []PublishOpt) (Ack, error) {
-	f, err := p.publish(ctx, stream, key, value, opts, true)
-	if err != nil {
-		return Ack{}, err
-	}
-	ack, err := f.Wait(ctx)
-	for resent := 0; err != nil && resent < maxLeavingResends && p.c.refusedByLeaving(err); resent++ {
-		if f, err = p.publish(ctx, stream, key, value, opts, true); err != nil {
+	for resent := 0; ; resent++ {
+		f, err := p.publish(ctx, stream, key, value, opts, true)
+		if err != nil {
 			return Ack{}, err
 		}
-		ack, err = f.Wait(ctx)
+		ack, err := f.Wait(ctx)
+		if err == nil || resent >= maxLeavingResends || !p.c.refusedByLeaving(err) {
+			return ack, err
+		}
 	}
-	return ack, err
 }
 
-// refusedByLeaving reports whether err, a publish's, says the record
-// never went to a broker shutting down: its connection was found closed
-// shutting_down before the record went on it (brokerConn.connect), by a
-// broker the client noted as leaving and no longer its home. A record of
-// unknown outcome (its connection lost) is not one. Records a broker
-// shutting down refused on their stream are sent again by their session
-// (leaving.go); at most maxLeavingResends times either way.
+// maxLeavingResends bounds how many times publishSync sends a record
+// again after brokers shutting down refused it: each refusal moved the
+// home to another broker, and the cluster rarely restarts more at once.
+const maxLeavingResends = 2
+
+// refusedByLeaving reports whether err, a publish's, is a refusal with
+// shutting_down (the record was not written: a broker answers it only
+// for records it did not take in, or whose log or raft group was closed
+// before they were appended or proposed) by a broker the client noted as
+// leaving and no longer its home. A record of unknown outcome (its
+// connection lost) is not one.
 func (c *Client) refusedByLeaving(err error) bool {
 	var perr *PublishError
 	var werr *transport.Error
@@ -178,15 +170,11 @@ func (p *Publisher) Flush(ctx context.Context) error {
 	for s := range p.mu.draining {
 		sessions = append(sessions, s)
 	}
-	for s := range p.mu.leaving {
-		sessions = append(sessions, s)
-	}
 	p.mu.Unlock()
 	var futures []*Future
 	for _, s := range sessions {
 		futures = append(futures, s.inFlight()...)
 	}
-	futures = append(futures, p.refusedFutures()...)
 	if p.idem != nil {
 		futures = append(futures, p.idem.unresolvedFutures()...)
 	}
@@ -223,9 +211,6 @@ func (p *Publisher) shutdown() {
 	for s := range p.mu.draining {
 		sessions = append(sessions, s)
 	}
-	for s := range p.mu.leaving {
-		sessions = append(sessions, s)
-	}
 	p.mu.sess = nil
 	p.mu.Unlock()
 	for _, s := range sessions {
@@ -233,11 +218,6 @@ func (p *Publisher) shutdown() {
 		<-s.done
 		<-s.flushed
 	}
-	p.mu.Lock()
-	refused := p.mu.refused
-	p.mu.refused = nil
-	p.mu.Unlock()
-	failRefused(refused, p.c.Addr(), errClosedRefused)
 	if p.idem != nil {
 		p.idem.abandon(func(*Future) error { return errClosedInFlight }, false)
 	}
@@ -293,12 +273,17 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 			f.obs.start = time.Now()
 		}
 	}
-	// Kept until the record resolves: an idempotent record's to send it
-	// again if its outcome is unknown (idemRecord), a plain one's if a
-	// broker shutting down refuses it (leaving.go).
-	frame := new(transport.Publish)
-	if p.idem == nil {
-		f.frame = frame
+	var frame *transport.Publish
+	if p.idem != nil {
+		frame = new(transport.Publish) // kept until acked (idemRecord)
+	} else {
+		// Encoded by send, not kept: reused (a frame per record was 140
+		// bytes allocated per publish).
+		frame = publishFrames.Get().(*transport.Publish)
+		defer func() {
+			*frame = transport.Publish{}
+			publishFrames.Put(frame)
+		}()
 	}
 	*frame = transport.Publish{
 		Stream:      stream,
@@ -355,6 +340,9 @@ func (p *Publisher) publish(ctx context.Context, stream string, key, value []byt
 	}
 }
 
+// publishFrames are the frames of plain publishes, reused once sent.
+var publishFrames = sync.Pool{New: func() any { return new(transport.Publish) }}
+
 // acquire takes a window slot, waiting for one if block.
 func (p *Publisher) acquire(ctx context.Context, block bool) error {
 	select {
@@ -407,12 +395,6 @@ func (p *Publisher) session(ctx context.Context) (*pubSession, error) {
 	if p.idem != nil {
 		return p.openIdem(ctx)
 	}
-	p.mu.Lock()
-	resend := p.resendingLocked()
-	p.mu.Unlock()
-	if resend {
-		return p.openResending(ctx)
-	}
 	return p.openStream(ctx, true)
 }
 
@@ -452,7 +434,7 @@ func (p *Publisher) openStream(ctx context.Context, ready bool) (*pubSession, er
 		return nil, fmt.Errorf("opening publish stream to %s: %w", home.addr, errors.Join(errStaleSession, err))
 	}
 	s := newPubSession(home.addr, str, p.c.maxFrame(), &p.c.tel.later, &p.c.mapNamed)
-	s.idem, s.link, s.pub = p.idem, l, p
+	s.idem, s.link = p.idem, l
 
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -491,7 +473,7 @@ func (p *Publisher) current() (*pubSession, error) {
 	if p.mu.closed {
 		return nil, ErrClosed
 	}
-	if s := p.mu.sess; s != nil && p.mu.ready && s.alive() && (p.idem == nil || !p.idem.hasUnresolved()) && !p.resendingLocked() {
+	if s := p.mu.sess; s != nil && p.mu.ready && s.alive() && (p.idem == nil || !p.idem.hasUnresolved()) {
 		return s, nil
 	}
 	return nil, nil

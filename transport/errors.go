@@ -134,7 +134,7 @@ type Error struct {
 	Code    ErrorCode
 	Message string
 	Epoch   uint64 // with CodeNotOwner: the refusing node's map epoch
-	Owner   string // with CodeNotOwner/CodeUnavailable: the owner node id if known; with CodeShuttingDown: the node shutting down (a broker relays its shard owner's as is)
+	Owner   string // with CodeNotOwner/CodeUnavailable: the owner node id if known
 	From    uint64 // with CodeCorrupt: the first damaged offset; with CodePayloadTooLarge ending a subscription: the record's offset
 	To      uint64 // with CodeCorrupt: the last damaged offset (inclusive); with CodePayloadTooLarge ending a subscription: From
 
