@@ -604,10 +604,9 @@ func resignWait(cfg Config) time.Duration {
 }
 
 // Close shuts the broker down gracefully: it hands over the leaderships
-// of its replicated shards, stops accepting, refuses new publishes
-// (shutting_down, nothing written) while it commits and acknowledges what
-// was already received (drain.go), then leaves the control plane, closes
-// connections and closes every log.
+// of its replicated shards, stops accepting, stops reading
+// new publishes, commits and acknowledges what was already received, then
+// leaves the control plane, closes connections and closes every log.
 // A Close while another runs waits for it and returns its error.
 func (b *Broker) Close() error {
 	b.mu.Lock()
@@ -638,10 +637,24 @@ func (b *Broker) Close() error {
 	if ln != nil {
 		ln.StopAccepting()
 	}
-	// Refuse what arrives from now on, and let each session finish what it
-	// took in: local appends are committed and acked, forwards answered
-	// or failed (drain.go).
-	drained := b.drainPublishers(pubs)
+	// Stop reading publishes, then let each session finish what it took in:
+	// local appends are committed and acked, forwards answered or failed.
+	for _, p := range pubs {
+		p.stopReading()
+	}
+	drained := make(chan struct{})
+	go func() {
+		for _, p := range pubs {
+			p.waitIdle()
+		}
+		close(drained)
+	}()
+	select {
+	case <-drained:
+	case <-time.After(b.cfg.ForwardTimeout):
+		b.log.Warn("shutdown: gave up waiting for in-flight publishes; records a raft group has not committed fail with an unknown outcome", "sessions", len(pubs))
+		b.shards.stopGroups() // so that no session waits on a group that cannot commit
+	}
 
 	if len(pubs) > 0 {
 		b.lingerForAnswers(pubs)
@@ -667,7 +680,7 @@ func (b *Broker) Close() error {
 		ln.Close()
 	}
 	b.wg.Wait()
-	<-drained // every session has returned, so this is immediate (on time)
+	<-drained // every session has returned, so this is immediate
 	b.raft.close()
 	errs = append(errs, b.shards.close())
 	b.tel.close()

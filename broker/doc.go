@@ -18,13 +18,7 @@
 //     shard are committed in the order sent, also through a forwarding hop.
 //     A Publish frame over the record limit, the first included, is skipped
 //     and refused payload_too_large alone; from a forwarding peer (whose
-//     limit may be larger) whatever its size. The broker ends the stream
-//     only once it has answered every record it took in: a record still
-//     unanswered at the stream's end (FIN) was not taken in, so not
-//     written. A broker closing gracefully refuses what it reads
-//     shutting_down (nothing written) and tells each client to go away
-//     (an Error of Seq 0, shutting_down, naming itself in Owner); see
-//     drain.go.
+//     limit may be larger) whatever its size.
 //   - Subscribe: one shard of one stream, from earliest, latest or an offset.
 //     A broker that does not own the shard answers NotOwner naming the owner
 //     (a redirect the SDK follows). It sends Records frames within the
@@ -83,16 +77,10 @@
 //     it) and opens the lane's stream while forwards
 //     routed meanwhile wait in its writer's backlog, in order; then it
 //     writes that backlog, starts the lane's reader, and ends. An owner
-//     shutting down refuses what it reads shutting_down (a replicated
-//     record is routed to another replica, as for a follower's refusal;
-//     others are answered with it: nothing was written), then stops
-//     reading, which makes the lane drain: it takes no more forwards, and
-//     its reader relays the owner's answers until the owner ends the
-//     stream (a timer, counted with the session's workers, ends the drain
-//     after ForwardTimeout). What the owner ended the stream without
-//     answering it did not take in: those forwards fail shutting_down
-//     (or are routed again, replicated), not "may or may not have been
-//     written". A lane leases its
+//     that stops reading as it shuts down makes the lane drain: it takes
+//     no more forwards, and its reader relays the owner's answers until
+//     the owner ends the stream (a timer, counted with the session's
+//     workers, ends the drain after ForwardTimeout). A lane leases its
 //     pooled connection (peerPool.lease, under the pool's mutex, never
 //     across a dial) and gives it back when it ends; one that read to the
 //     end of the owner's stream retires the connection, and the last such

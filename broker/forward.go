@@ -493,17 +493,11 @@ func (l *lane) read(s *quic.Stream) {
 // the publisher. It never blocks.
 func (p *pubSession) answer(fw forwarded, e *transport.Error, by string) {
 	id := shardmap.ShardID{Stream: fw.in.pub.Stream, Shard: fw.in.ev.shard}
-	if (e.Code == transport.CodeNotOwner || e.Code == transport.CodeShuttingDown) && fw.in.replicated() {
+	if e.Code == transport.CodeNotOwner && fw.in.replicated() {
 		// A replica that is not the leader: it names the leader, if it
 		// knows one; if not, the other replicas are tried first
-		// (noteRefusal). Routed again until the record's deadline. A
-		// replica shutting down did not take the record in (drain.go)
-		// and knows no leader to name (Owner is itself): the same.
-		leader := e.Owner
-		if e.Code == transport.CodeShuttingDown {
-			leader = ""
-		}
-		p.b.noteRefusal(&fw.in, id, by, leader)
+		// (noteRefusal). Routed again until the record's deadline.
+		p.b.noteRefusal(&fw.in, id, by, e.Owner)
 		if fw.in.expired() {
 			// Unavailable, not this refusal: the publisher's map is not
 			// behind, and a replica that knows no leader names no owner
@@ -514,7 +508,7 @@ func (p *pubSession) answer(fw forwarded, e *transport.Error, by string) {
 		}
 		p.b.tel.rerouted(&fw.in.ev, e)
 		r := refused{in: fw.in, attempt: fw.attempt, epoch: e.Epoch, by: by}
-		if leader == "" {
+		if e.Owner == "" {
 			r.delay = p.b.cfg.leaderWait(fw.attempt)
 		}
 		p.requeue(r, id)
@@ -534,18 +528,12 @@ func (p *pubSession) answer(fw forwarded, e *transport.Error, by string) {
 // commits and answers what it read, so the lane drains; any other failure
 // kills it.
 func (l *lane) writeFailed(err error) {
-	if stoppedShuttingDown(err) {
+	var se *quic.StreamError
+	if errors.As(err, &se) && se.Remote && se.ErrorCode == quic.StreamErrorCode(transport.CodeShuttingDown) {
 		l.drain(err)
 		return
 	}
 	l.kill(fmt.Errorf("writing to %s: %w", l.owner, err))
-}
-
-// stoppedShuttingDown reports whether err is the peer's STOP_SENDING
-// with shutting_down: it stopped reading the stream as it shuts down.
-func stoppedShuttingDown(err error) bool {
-	var se *quic.StreamError
-	return errors.As(err, &se) && se.Remote && se.ErrorCode == quic.StreamErrorCode(transport.CodeShuttingDown)
 }
 
 // drain makes the lane take no more forwards (the session opens another
@@ -593,13 +581,8 @@ func (l *lane) kill(cause error) {
 	if pc != nil {
 		l.p.b.peers.release(pc, errors.Is(cause, io.EOF))
 	}
-	// A lane the owner ended (its FIN: io.EOF) got an answer to every
-	// forward the owner took in (drain.go): the rest were not taken in,
-	// so not written, as those never sent.
-	unread := s == nil || errors.Is(cause, io.EOF)
-	leaving := s != nil && stoppedShuttingDown(context.Cause(s.Context()))
 	for _, fw := range pending {
-		if unread && fw.in.replicated() && !fw.in.expired() && l.p.ctx.Err() == nil {
+		if s == nil && fw.in.replicated() && !fw.in.expired() && l.p.ctx.Err() == nil {
 			// Never sent, and a replicated shard has other replicas: one
 			// of them may lead by now, and is tried first.
 			id := shardmap.ShardID{Stream: fw.in.pub.Stream, Shard: fw.in.ev.shard}
@@ -609,16 +592,8 @@ func (l *lane) kill(cause error) {
 		}
 		e := &transport.Error{Code: transport.CodeUnavailable, Owner: l.owner,
 			Message: fmt.Sprintf("lost %s before it acknowledged; the record may or may not have been written (%v)", l.owner, cause)}
-		switch {
-		case s == nil: // never connected: nothing was sent
+		if s == nil { // never connected: nothing was sent
 			e.Message = fmt.Sprintf("%s (%s), the owner of %s/%d, is not reachable from %s: %v", l.owner, l.addr, fw.in.pub.Stream, fw.in.ev.shard, l.p.b.cfg.NodeID, cause)
-		case unread && leaving:
-			// The same refusal as the owner's own of what it read while
-			// shutting down (Broker.shuttingDown).
-			e.Code = transport.CodeShuttingDown
-			e.Message = fmt.Sprintf("%s is shutting down and did not take the record in; nothing was written", l.owner)
-		case unread:
-			e.Message = fmt.Sprintf("%s ended the stream without taking the record in; nothing was written", l.owner)
 		}
 		l.p.fail(fw.in, e)
 	}

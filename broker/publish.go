@@ -49,10 +49,6 @@ type pubSession struct {
 	stopped atomic.Bool    // Close asked the session to stop reading
 	idle    chan struct{}  // closed when the session has answered everything
 
-	// drain is Close's drain of the session (drain.go): from its start
-	// the reader refuses what it reads.
-	drain drainGate
-
 	// lanes are the session's forwarding lanes, by owner node id. The
 	// reader and the retrier route onto them; the mutex guards only the
 	// lookup or insertion (a lane is opened without waiting for it).
@@ -97,7 +93,7 @@ func (b *Broker) servePublish(s *quic.Stream, r *transport.Reader, first *transp
 		} else {
 			seq = skipped.Seq
 		}
-		b.refuse(s, b.shuttingDown(seq))
+		b.refuse(s, &transport.Error{Seq: seq, Code: transport.CodeShuttingDown, Message: "broker is shutting down; publish through another broker"})
 		return
 	}
 	b.mu.pubs[p] = struct{}{}
@@ -231,13 +227,8 @@ func (p *pubSession) handle(pub *transport.Publish) bool {
 		pid = producerName(pid)
 	}
 	size := len(pub.Key) + len(pub.Value) + hlen + len(pid)
-	ok, refuse := p.take(&in, size)
-	if !ok {
+	if !p.take(&in, size) {
 		return false
-	}
-	if refuse {
-		p.refuseDraining(&in)
-		return true
 	}
 	if err := p.authorize(pub); err != nil {
 		p.fail(in, err)
@@ -283,13 +274,8 @@ func (p *pubSession) authorize(pub *transport.Publish) *transport.Error {
 // take takes a slot and the principal's budget for a record of size bytes
 // (waiting for them: this is what stops reading a publisher that has too
 // much in flight or too many answers unwritten), and counts the record
-// pending. It returns ok false when the session is ending, and refuse
-// true when Close's drain has begun: the record is then not counted
-// pending, and the caller refuses it (refuseDraining), which gives back
-// its slot and charge once the refusal is written. A publisher that goes
-// on sending to a closing broker thus holds no more of it than one that
-// is answered.
-func (p *pubSession) take(in *inbound, size int) (ok, refuse bool) {
+// pending. It returns false when the session is ending.
+func (p *pubSession) take(in *inbound, size int) bool {
 	select {
 	case p.slots <- struct{}{}:
 	default:
@@ -297,7 +283,7 @@ func (p *pubSession) take(in *inbound, size int) (ok, refuse bool) {
 		select {
 		case p.slots <- struct{}{}:
 		case <-p.ctx.Done():
-			return false, false
+			return false
 		}
 	}
 	if p.budget != nil {
@@ -306,13 +292,13 @@ func (p *pubSession) take(in *inbound, size int) (ok, refuse bool) {
 			p.held(limitPublishBytes, "the principal's publisher streams hold %d bytes in flight or in unwritten answers (PublishBytesPerPrincipal)", p.budget.max)
 			if !p.budget.acquire(in.charge, p.ctx.Done(), nil) {
 				<-p.slots
-				return false, false
+				return false
 			}
 		}
 	}
-	refuse = !p.drain.count(&p.pending)
+	p.pending.Add(1)
 	p.b.tel.taken(&in.ev)
-	return true, refuse
+	return true
 }
 
 // held counts a limit that holds the publisher back (it is not refused:
@@ -344,13 +330,8 @@ func (p *pubSession) release(records, bytes int64) {
 func (p *pubSession) refuseSkipped(werr *transport.Error) bool {
 	pub := &transport.Publish{Seq: werr.Seq}
 	in := inbound{pub: pub, ev: p.b.tel.untraced(pub, p.peerID)}
-	ok, refuse := p.take(&in, 0)
-	if !ok {
+	if !p.take(&in, 0) {
 		return false
-	}
-	if refuse {
-		p.refuseDraining(&in)
-		return true
 	}
 	p.b.limits.hit(limitRecordBytes, p.from.principal+p.peerID, werr.Message)
 	p.fail(in, p.b.tooLarge(0))
@@ -671,10 +652,7 @@ func (p *pubSession) fail(in inbound, err *transport.Error) {
 // reply writes in's answer, f (an *transport.Ack or a *transport.Error),
 // counts the record answered, and hands its events to telemetry. The
 // record's slot and charge are released when the answer is written.
-func (p *pubSession) reply(in *inbound, f transport.Frame) { p.respond(in, f, true) }
-
-// respond is reply, for a record counted pending (take) if counted.
-func (p *pubSession) respond(in *inbound, f transport.Frame, counted bool) {
+func (p *pubSession) reply(in *inbound, f transport.Frame) {
 	t := p.b.tel
 	t.stampAnswered(&in.ev)
 	_, acked := f.(*transport.Ack)
@@ -687,9 +665,7 @@ func (p *pubSession) respond(in *inbound, f transport.Frame, counted bool) {
 		in.ev.err = f
 	}
 	p.acks.answer(f, in.charge)
-	if counted {
-		p.done()
-	}
+	p.done()
 	t.observe(&in.ev)
 }
 
@@ -736,3 +712,13 @@ func (p *pubSession) closeLanes() {
 		l.close()
 	}
 }
+
+// stopReading makes the session stop taking in publishes; what it already
+// took in is still answered.
+func (p *pubSession) stopReading() {
+	p.stopped.Store(true)
+	p.s.CancelRead(quic.StreamErrorCode(transport.CodeShuttingDown))
+}
+
+// waitIdle returns once the session has answered everything it took in.
+func (p *pubSession) waitIdle() { <-p.idle }
