@@ -587,6 +587,14 @@ const (
 	closePeerWait = 5 * time.Second
 )
 
+// closeDrainReads bounds how long Close reads on the publisher streams of
+// clients that have not ended their side, refusing what it reads
+// (pubSession.drain), within the drain's bound (ForwardTimeout): a client
+// told its broker is leaving ends its side at once; one that is not
+// publishing, or an older SDK, never does, and Close stops reading it
+// after this.
+const closeDrainReads = 500 * time.Millisecond
+
 // closeTakes bounds how long a Close takes from its hand-over of the
 // leaderships until it leaves the map (resignWait, the drain, and the
 // wait for peers), with room to spare: a leadership handed over by a
@@ -604,8 +612,9 @@ func resignWait(cfg Config) time.Duration {
 }
 
 // Close shuts the broker down gracefully: it hands over the leaderships
-// of its replicated shards, stops accepting, stops reading
-// new publishes, commits and acknowledges what was already received, then
+// of its replicated shards, stops accepting, refuses new publishes
+// (shutting_down, not written) until their clients end their streams or
+// closeDrainReads passes, commits and acknowledges what was already received, then
 // leaves the control plane, closes connections and closes every log.
 // A Close while another runs waits for it and returns its error.
 func (b *Broker) Close() error {
@@ -637,10 +646,12 @@ func (b *Broker) Close() error {
 	if ln != nil {
 		ln.StopAccepting()
 	}
-	// Stop reading publishes, then let each session finish what it took in:
-	// local appends are committed and acked, forwards answered or failed.
+	// Drain the publisher sessions: each finishes what it took in (local
+	// appends are committed and acked, forwards answered or failed) and
+	// refuses what it reads from now on, until its client ends its side
+	// or, after closeDrainReads, it stops reading (pubSession.drain).
 	for _, p := range pubs {
-		p.stopReading()
+		p.drain()
 	}
 	drained := make(chan struct{})
 	go func() {
@@ -649,11 +660,20 @@ func (b *Broker) Close() error {
 		}
 		close(drained)
 	}()
+	drainBound := time.NewTimer(b.cfg.ForwardTimeout)
+	defer drainBound.Stop()
 	select {
 	case <-drained:
-	case <-time.After(b.cfg.ForwardTimeout):
-		b.log.Warn("shutdown: gave up waiting for in-flight publishes; records a raft group has not committed fail with an unknown outcome", "sessions", len(pubs))
-		b.shards.stopGroups() // so that no session waits on a group that cannot commit
+	case <-time.After(min(closeDrainReads, b.cfg.ForwardTimeout)):
+		for _, p := range pubs {
+			p.stopReading()
+		}
+		select {
+		case <-drained:
+		case <-drainBound.C:
+			b.log.Warn("shutdown: gave up waiting for in-flight publishes; records a raft group has not committed fail with an unknown outcome", "sessions", len(pubs))
+			b.shards.stopGroups() // so that no session waits on a group that cannot commit
+		}
 	}
 
 	if len(pubs) > 0 {

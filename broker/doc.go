@@ -80,7 +80,10 @@
 //     that stops reading as it shuts down makes the lane drain: it takes
 //     no more forwards, and its reader relays the owner's answers until
 //     the owner ends the stream (a timer, counted with the session's
-//     workers, ends the drain after ForwardTimeout). A lane leases its
+//     workers, ends the drain after ForwardTimeout); the forwards still
+//     unanswered when the owner ends its stream (its FIN, written only
+//     once it answered all it took in) were never read, and fail
+//     shutting_down, not written. A lane leases its
 //     pooled connection (peerPool.lease, under the pool's mutex, never
 //     across a dial) and gives it back when it ends; one that read to the
 //     end of the owner's stream retires the connection, and the last such

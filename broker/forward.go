@@ -528,12 +528,18 @@ func (p *pubSession) answer(fw forwarded, e *transport.Error, by string) {
 // commits and answers what it read, so the lane drains; any other failure
 // kills it.
 func (l *lane) writeFailed(err error) {
-	var se *quic.StreamError
-	if errors.As(err, &se) && se.Remote && se.ErrorCode == quic.StreamErrorCode(transport.CodeShuttingDown) {
+	if stoppedShuttingDown(err) {
 		l.drain(err)
 		return
 	}
 	l.kill(fmt.Errorf("writing to %s: %w", l.owner, err))
+}
+
+// stoppedShuttingDown reports whether err is the peer's STOP_SENDING
+// with shutting_down: it stopped reading the stream as it shuts down.
+func stoppedShuttingDown(err error) bool {
+	var se *quic.StreamError
+	return errors.As(err, &se) && se.Remote && se.ErrorCode == quic.StreamErrorCode(transport.CodeShuttingDown)
 }
 
 // drain makes the lane take no more forwards (the session opens another
@@ -581,8 +587,16 @@ func (l *lane) kill(cause error) {
 	if pc != nil {
 		l.p.b.peers.release(pc, errors.Is(cause, io.EOF))
 	}
+	// An owner ends the stream (its FIN: io.EOF) only once it has answered
+	// every forward it took in (pubSession.finish): those still pending
+	// were never read, so not written, as those never sent. An owner
+	// shutting down stops reading its peers' streams at once
+	// (pubSession.drain), and what it left unread is refused as it
+	// refuses what it reads while it drains.
+	unread := s == nil || errors.Is(cause, io.EOF)
+	leaving := s != nil && errors.Is(cause, io.EOF) && stoppedShuttingDown(context.Cause(s.Context()))
 	for _, fw := range pending {
-		if s == nil && fw.in.replicated() && !fw.in.expired() && l.p.ctx.Err() == nil {
+		if unread && fw.in.replicated() && !fw.in.expired() && l.p.ctx.Err() == nil {
 			// Never sent, and a replicated shard has other replicas: one
 			// of them may lead by now, and is tried first.
 			id := shardmap.ShardID{Stream: fw.in.pub.Stream, Shard: fw.in.ev.shard}
@@ -592,8 +606,13 @@ func (l *lane) kill(cause error) {
 		}
 		e := &transport.Error{Code: transport.CodeUnavailable, Owner: l.owner,
 			Message: fmt.Sprintf("lost %s before it acknowledged; the record may or may not have been written (%v)", l.owner, cause)}
-		if s == nil { // never connected: nothing was sent
+		switch {
+		case s == nil: // never connected: nothing was sent
 			e.Message = fmt.Sprintf("%s (%s), the owner of %s/%d, is not reachable from %s: %v", l.owner, l.addr, fw.in.pub.Stream, fw.in.ev.shard, l.p.b.cfg.NodeID, cause)
+		case leaving:
+			e = leavingRefusal(l.owner)
+		case unread:
+			e.Message = fmt.Sprintf("%s ended the stream without taking the record in; nothing was written", l.owner)
 		}
 		l.p.fail(fw.in, e)
 	}

@@ -47,7 +47,11 @@ type pubSession struct {
 	pending sync.WaitGroup // records in flight
 	workers sync.WaitGroup // lane connectors and readers, the retrier, the writers' flushers
 	stopped atomic.Bool    // Close asked the session to stop reading
-	idle    chan struct{}  // closed when the session has answered everything
+	// draining: Close began the drain (drain). The reader reads on, until
+	// the client ends its side or Close stops it reading, and refuses
+	// every record it reads from then on, not taking it in.
+	draining atomic.Bool
+	idle     chan struct{} // closed when the session has answered everything
 
 	// lanes are the session's forwarding lanes, by owner node id. The
 	// reader and the retrier route onto them; the mutex guards only the
@@ -93,7 +97,9 @@ func (b *Broker) servePublish(s *quic.Stream, r *transport.Reader, first *transp
 		} else {
 			seq = skipped.Seq
 		}
-		b.refuse(s, &transport.Error{Seq: seq, Code: transport.CodeShuttingDown, Message: "broker is shutting down; publish through another broker"})
+		werr := b.leavingRefusal()
+		werr.Seq = seq
+		b.refuse(s, werr)
 		return
 	}
 	b.mu.pubs[p] = struct{}{}
@@ -209,6 +215,9 @@ func (p *pubSession) handle(pub *transport.Publish) bool {
 	// received takes the hop context off the headers, traced or not.
 	p.received++
 	in := inbound{pub: pub, last: !p.r.Ready(), ev: p.b.tel.received(pub, p.peerID), n: p.received}
+	if p.draining.Load() {
+		return p.refuseLeaving(in)
+	}
 	if p.peerID == "" {
 		// Only a forwarding peer may speak for an epoch or another broker;
 		// a client's Created says which incarnation it picked Shard by.
@@ -711,6 +720,51 @@ func (p *pubSession) closeLanes() {
 	for _, l := range lanes {
 		l.close()
 	}
+}
+
+// drain begins the session's drain as its broker closes. A client's
+// session reads on and refuses what it reads (refuseLeaving) until the
+// client, told by the first refusal that its broker is leaving (Owner),
+// ends its side, or Close stops it reading (stopReading): a record the
+// client had written before it learnt of the drain is answered "not
+// written", where one left unread was of unknown outcome to the client.
+// A forwarding peer's session stops reading at once: its lane answers
+// what the owner never read, once the owner ends the stream, as not
+// written (lane.kill). What either took in before is committed and
+// answered as before.
+func (p *pubSession) drain() {
+	if p.peerID != "" {
+		p.stopReading()
+		return
+	}
+	p.draining.Store(true)
+}
+
+// refuseLeaving refuses in, read after the session's drain began: it is
+// not taken in: its bytes are let go at once, and it holds only a slot
+// and its answer's reserve (ackReserve) until its refusal is written, so
+// a client sending on during the drain makes the broker hold no more
+// than PublishInFlight answers. It returns false when the session is ending.
+func (p *pubSession) refuseLeaving(in inbound) bool {
+	if !p.take(&in, 0) {
+		return false
+	}
+	p.fail(in, p.b.leavingRefusal())
+	return true
+}
+
+// leavingRefusal is the answer to a record this broker did not take in
+// because it is shutting down: nothing was written. Owner names this
+// broker, so that a client can tell its own broker leaving (it then ends
+// its side of the stream and publishes through another) from the owner
+// of a shard it forwards to leaving (a relayed refusal names the owner).
+func (b *Broker) leavingRefusal() *transport.Error { return leavingRefusal(b.cfg.NodeID) }
+
+// leavingRefusal is the refusal of a record node, shutting down, did not
+// take in.
+func leavingRefusal(node string) *transport.Error {
+	return &transport.Error{Code: transport.CodeShuttingDown, Owner: node,
+		Message: fmt.Sprintf("%s is shutting down and did not take the record in; nothing was written", node)}
 }
 
 // stopReading makes the session stop taking in publishes; what it already
