@@ -199,9 +199,24 @@
 // limit is not lifted by waiting, but by ending other connections of the
 // principal or raising the limit. A refused connection counts as a
 // failed dial, so redials of that broker back off ([WithReconnect]). A
-// connection that worked and is then closed (a broker shutting down)
-// leaves the records in flight of unknown outcome: [ErrConnectionLost],
-// with the broker's code in the chain (errors.Is(err, ErrShuttingDown)).
+// connection that worked and is then closed leaves the records in flight
+// of unknown outcome: [ErrConnectionLost], with the broker's code in the
+// chain (errors.Is(err, ErrShuttingDown) if it was shutting down).
+//
+// A broker stopped gracefully (SIGTERM) commits and acknowledges what it
+// took in, and for a moment (about 500 ms) reads on and refuses what it
+// reads, shutting_down naming itself, nothing written. On the first such
+// refusal the client moves its home off it, the publisher stream takes
+// no more records (the next go on a new stream, at the new home), and the
+// client ends its side of the stream, so that the broker answers every
+// record sent on it. Each record refused so fails with an error matching
+// [ErrShuttingDown] and not [ErrConnectionLost]: not written, safe to
+// publish again. [Client.Publish] sends it again once through the new
+// home; a [Future] of [Client.PublishAsync] fails with it, and the
+// caller may publish the record again (after records sent since, as any
+// retried record). A shutting_down refusal relayed from the owner of a
+// shard that is shutting down (a broker other than the home) also says
+// not written; the home stays.
 //
 // # Security
 //

@@ -102,10 +102,17 @@ func (c *Client) brokerLeaving(addr string, err error) {
 // leaving reports whether the broker at addr said it is shutting down
 // within the failover delay (brokerLeaving).
 func (c *Client) isLeaving(addr string) bool {
+	_, ok := c.leavingUntil(addr)
+	return ok
+}
+
+// leavingUntil returns until when the broker at addr counts as leaving
+// (brokerLeaving), and whether it does now.
+func (c *Client) leavingUntil(addr string) (time.Time, bool) {
 	c.leaving.Lock()
 	defer c.leaving.Unlock()
 	t, ok := c.leaving.until[addr]
-	return ok && time.Now().Before(t)
+	return t, ok && time.Now().Before(t)
 }
 
 // shuttingDown reports whether err says its broker is going away: the
@@ -130,7 +137,11 @@ func shuttingDown(err error) bool {
 // client has a live connection to, else the first, both in the map's
 // order starting after failed (so that clients that lost the same broker
 // do not all pick the same one, and a client whose new home fails too
-// goes on to the next); nil if there is none.
+// goes on to the next). If every other live broker is leaving, the one
+// that said so longest ago: in a rolling restart it is back first, and a
+// client that stayed on the broker stopping after it had every record
+// refused until that broker closed the connection under them. nil if
+// there is none.
 func (c *Client) nextHome(failed string) *brokerConn {
 	m := c.cachedMap()
 	if m == nil {
@@ -143,11 +154,20 @@ func (c *Client) nextHome(failed string) *brokerConn {
 		}
 	}
 	var addrs []string
+	oldest, since := "", time.Time{}
 	for i := range m.Nodes {
 		n := m.Nodes[(start+i)%len(m.Nodes)]
-		if n.Live && n.Addr != "" && n.Addr != failed && !c.isLeaving(n.Addr) {
-			addrs = append(addrs, n.Addr)
+		if !n.Live || n.Addr == "" || n.Addr == failed {
+			continue
 		}
+		if until, leaving := c.leavingUntil(n.Addr); !leaving {
+			addrs = append(addrs, n.Addr)
+		} else if oldest == "" || until.Before(since) {
+			oldest, since = n.Addr, until
+		}
+	}
+	if len(addrs) == 0 && oldest != "" {
+		addrs = []string{oldest}
 	}
 	if len(addrs) == 0 {
 		return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"runtime"
 	"slices"
 	"sync"
@@ -237,9 +238,21 @@ type pubSession struct {
 		// failing are the futures fail took from pending and is still
 		// resolving: Flush waits for them too.
 		failing map[uint64]*Future
+		// leftAt is the Seq of the first record the broker refused
+		// saying it is leaving (leaving); 0 if none. It took in no
+		// record after that one: those still pending when the session
+		// fails were not written, whatever ended it.
+		leftAt uint64
 	}
 	done    chan struct{} // closed when the reader has exited
 	flushed chan struct{} // closed when flushLoop has exited
+
+	// left: the session's broker refused a record saying it is shutting
+	// down (leaving). Set by the reader; flushLoop then ends the stream's
+	// write side (FIN) once what was buffered is written, and sendEnded
+	// (guarded by writer) says it has.
+	left      atomic.Bool
+	sendEnded bool
 
 	later *msgtrace.Deferred // the client's, for OnResolved functions (notifyLater)
 
@@ -472,19 +485,87 @@ func (s *pubSession) kickFlush() {
 	}
 }
 
-// flushBuffered writes the records buffered for flushLoop, if any.
+// flushBuffered writes the records buffered for flushLoop, if any, and
+// ends the stream's write side once its broker is leaving.
 func (s *pubSession) flushBuffered() {
 	if s.lockWriter(context.Background()) != nil {
 		return // the session failed
 	}
 	defer s.unlockWriter()
-	if !s.buffered {
+	if s.buffered {
+		s.buffered = false
+		if err := s.w.Flush(); err != nil {
+			s.writeFailed(s.connErr(err))
+			return
+		}
+	}
+	if s.left.Load() && !s.sendEnded {
+		// Every record sent on the stream is on the wire: the broker,
+		// reading on while it drains, answers each and then ends the
+		// stream, without waiting out its bound.
+		s.sendEnded = true
+		s.str.Close()
+	}
+}
+
+// leaving handles a refusal, e, by which the session's broker said it is
+// shutting down and takes no more records: the broker is noted leaving
+// (which moves the home off it), the session takes no more records (the
+// publisher opens a new one, at the new home, for the next), and
+// flushLoop ends its write side once what was sent is on the wire; the
+// reader goes on resolving what is in flight, which the broker answers,
+// each record refused so as not written, until it ends the stream. An
+// idempotent publisher's session fails instead: it sends again what it
+// carried, in order, on a new stream (as for any retriable refusal).
+func (s *pubSession) leaving(e *transport.Error) {
+	s.link.b.c.brokerLeaving(s.addr, e)
+	if s.idem != nil || s.left.Swap(true) {
 		return
 	}
-	s.buffered = false
-	if err := s.w.Flush(); err != nil {
-		s.writeFailed(s.connErr(err))
+	s.mu.Lock()
+	s.mu.leftAt = e.Seq
+	if s.mu.err == nil && s.mu.writeErr == nil {
+		s.mu.writeErr = e
 	}
+	s.mu.Unlock()
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// ownBroker reports whether node is the node id of the session's broker,
+// by the client's cached map.
+func (s *pubSession) ownBroker(node string) bool {
+	if node == "" || s.link == nil {
+		return false
+	}
+	m := s.link.b.c.cachedMap()
+	if m == nil {
+		return false
+	}
+	n, ok := m.Node(node)
+	return ok && n.Addr == s.addr
+}
+
+// unread is the error of the records still unanswered when the broker
+// ended the stream (its FIN) after saying it is shutting down (a refusal
+// naming it, or STOP_SENDING with shutting_down): a broker ends a
+// publish stream only once it has answered every record it took in, so
+// these were not taken in, and not written. nil if the broker did not say
+// so: they are then of unknown outcome, as on any lost stream.
+func (s *pubSession) unread(err error) error {
+	if !errors.Is(err, io.EOF) || !s.left.Load() && !shuttingDown(context.Cause(s.str.Context())) {
+		return nil
+	}
+	return s.notTakenIn()
+}
+
+// notTakenIn is the error of a record the session's broker, shutting
+// down, did not take in.
+func (s *pubSession) notTakenIn() error {
+	return &transport.Error{Code: transport.CodeShuttingDown,
+		Message: fmt.Sprintf("broker %s is shutting down and ended the stream without taking the record in; nothing was written", s.addr)}
 }
 
 // take removes and returns the future waiting for seq, or nil.
@@ -509,6 +590,7 @@ func (s *pubSession) fail(cause error) {
 	s.mu.err = cause
 	pending := s.mu.pending
 	s.mu.pending, s.mu.failing = nil, pending
+	leftAt := s.mu.leftAt
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
@@ -522,8 +604,18 @@ func (s *pubSession) fail(cause error) {
 		return
 	}
 	fs := make([]*Future, 0, len(pending))
-	for _, f := range pending {
-		f.resolve(Ack{}, s.publishErr(f, cause))
+	var unread error
+	for seq, f := range pending {
+		err := cause
+		if leftAt != 0 && seq > leftAt {
+			// Sent after a record the broker refused as it was leaving:
+			// not taken in either (leftAt), whatever ended the session.
+			if unread == nil {
+				unread = s.notTakenIn()
+			}
+			err = unread
+		}
+		f.resolve(Ack{}, s.publishErr(f, err))
 		fs = append(fs, f)
 	}
 	notifyLater(s.later, fs) // fail may run holding the writer (from send)
@@ -571,6 +663,10 @@ func (s *pubSession) readLoop() {
 		f, err := r.Read()
 		if err != nil {
 			s.noteLeaving(context.Cause(s.str.Context()))
+			if uerr := s.unread(err); uerr != nil {
+				s.fail(uerr)
+				return
+			}
 			s.fail(s.connErr(fmt.Errorf("reading acks from %s: %w", s.addr, err)))
 			return
 		}
@@ -595,11 +691,15 @@ func (s *pubSession) readLoop() {
 			}
 		case *transport.Error:
 			if f.Code == transport.CodeShuttingDown {
-				// From the broker itself if it also stopped reading the
-				// stream (a relayed refusal of an owner does not): the home
-				// moves before the record's publish learns of its refusal,
-				// so that it can go again through the new home
-				// (publishSync), as idempotent records do.
+				// From the broker itself if it names itself (Owner) or also
+				// stopped reading the stream (a relayed refusal of an owner
+				// names the owner): the home moves before the record's
+				// publish learns of its refusal, so that it can go again
+				// through the new home (publishSync), as idempotent
+				// records do.
+				if s.ownBroker(f.Owner) {
+					s.leaving(f)
+				}
 				s.noteLeaving(context.Cause(s.str.Context()))
 			}
 			if f.Code == transport.CodeUnknownStream {

@@ -107,6 +107,11 @@ func (c *Client) Publish(ctx context.Context, stream string, key, value []byte, 
 // fails with [ErrWindowFull] under WithBlockOnFull(false). Records
 // published with PublishAsync from one goroutine are committed in that
 // order within each shard.
+//
+// A record refused by a broker that is shutting down is not sent again:
+// its Future fails with an error matching [ErrShuttingDown] and not
+// [ErrConnectionLost]; it was not written, and is safe to publish again
+// (after the records published since, as any retried record).
 func (c *Client) PublishAsync(ctx context.Context, stream string, key, value []byte, opts ...PublishOpt) (*Future, error) {
 	return c.pub.publish(ctx, stream, key, value, opts, c.cfg.blockOnFull)
 }
