@@ -86,6 +86,12 @@ type MemberConfig struct {
 	// advertises transport.FeatureReplicaReports; one without, nothing
 	// to report, does not.
 	Report func() *transport.ReplicaReport
+	// JoinRoundFailed, when set, is called by [Join], with the last
+	// attempt's error, each time a full round of CtlAddrs has failed
+	// without a registration (before its backoff): the control plane is
+	// out of reach, not merely slow to answer one address. Join goes on
+	// retrying as without it. It is not called once Join has returned.
+	JoinRoundFailed func(err error)
 }
 
 // ErrOtherCluster is matched by the error refusing a map of another
@@ -286,7 +292,7 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	m.lease.Store(int64(cfg.LeaseTTL))
 	m.backoff = minBackoff
 	m.ctx, m.cancel = context.WithCancel(context.Background())
-	link, err := m.connect(ctx, true)
+	link, err := m.connect(ctx, true, cfg.JoinRoundFailed)
 	if err != nil {
 		m.cancel()
 		return nil, fmt.Errorf("ctl: join %s as %s: %w", strings.Join(cfg.CtlAddrs, ","), cfg.Node.NodeID, err)
@@ -490,7 +496,8 @@ func (m *Member) Unlinked() time.Duration {
 // connect dials and registers until it succeeds or ctx ends, trying each
 // ctl in turn and sleeping the backoff after each round. With
 // stopOnRefusal, a refusal retrying cannot fix ends it at once.
-func (m *Member) connect(ctx context.Context, stopOnRefusal bool) (*ctlLink, error) {
+// roundFailed, if not nil, is called after each round that failed.
+func (m *Member) connect(ctx context.Context, stopOnRefusal bool, roundFailed func(error)) (*ctlLink, error) {
 	for attempt := 1; ; attempt++ {
 		link, err := m.register(ctx)
 		if err == nil {
@@ -510,6 +517,9 @@ func (m *Member) connect(ctx context.Context, stopOnRefusal bool) (*ctlLink, err
 		m.next.Add(1)
 		if int(m.next.Load())%len(m.cfg.CtlAddrs) != 0 {
 			continue // try the next ctl at once; back off after a full round
+		}
+		if roundFailed != nil {
+			roundFailed(err)
 		}
 		if m.sleepBackoff(ctx) != nil {
 			return nil, fmt.Errorf("%w (after %d attempts; last: %v)", ctx.Err(), attempt, err)
@@ -664,7 +674,7 @@ func (m *Member) run(link *ctlLink) {
 				return // Close was called
 			}
 		}
-		if link, err = m.connect(m.ctx, false); err != nil {
+		if link, err = m.connect(m.ctx, false, nil); err != nil {
 			return // only when Close was called
 		}
 		m.log.Info("re-registered with ctl", "ctl", m.ctlAddr(), "epoch", m.Map().Epoch)

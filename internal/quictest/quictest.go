@@ -14,6 +14,7 @@ import (
 	"runtime/pprof"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -122,4 +123,18 @@ func HeldHandshakes(addr *net.UDPAddr, conf *tls.Config, qconf *quic.Config, n, 
 	}
 	time.Sleep(500 * time.Millisecond)
 	return ServerHandshakes(), nil
+}
+
+// SilentAddr returns a UDP address on loopback that takes datagrams and
+// answers none until the test ends: a QUIC peer whose host is up and whose
+// process is stuck (or a firewall dropping its packets). A dial of it
+// fails only after the dialer's handshake timeout.
+func SilentAddr(t testing.TB) string {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	return pc.LocalAddr().String()
 }
