@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,6 +57,9 @@ type Broker struct {
 	// (replicahealth.go).
 	started         time.Time
 	replicasSettled atomic.Bool
+	// gate holds the connections accepted before Start serves
+	// (awaitServing).
+	gate startGate
 	// lock keeps other processes off the data directory until Close.
 	lock *dirlock.Lock
 	// applied is the last map applyMap applied, whose replicas the
@@ -121,6 +125,7 @@ func newBroker(cfg Config) (*Broker, error) {
 	b.disk.free.Store(-1)
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.closed = make(chan struct{})
+	b.gate = startGate{ended: make(chan struct{}), outage: make(chan struct{})}
 	b.peers = newPeerPool(cfg.PeerTLS, cfg.Transport, b.log, &b.quic)
 	b.mu.conns = map[*quic.Conn]struct{}{}
 	b.mu.pubs = map[*pubSession]struct{}{}
@@ -166,6 +171,7 @@ func (b *Broker) Start(ctx context.Context) error {
 	b.wg.Add(1) // Close waits for Start, as for the goroutines it starts
 	b.mu.Unlock()
 	defer b.wg.Done()
+	defer b.gate.end() // after ready is set, or not at all
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(b.ctx, cancel)() // Close cancels b.ctx
@@ -174,13 +180,39 @@ func (b *Broker) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("broker %s: listen on %s: %w", b.cfg.NodeID, b.cfg.Listen, err)
 	}
+	// Accept from now on: a connection accepted before the broker serves
+	// waits for it (awaitServing) instead of sitting unanswered in the
+	// listener's queue for as long as the control plane is out of reach.
+	// Close takes ln to close from here.
+	b.mu.Lock()
+	if b.mu.closing {
+		b.mu.Unlock()
+		ln.Close()
+		return ErrClosed
+	}
+	b.ln = ln
+	b.wg.Add(1)
+	b.mu.Unlock()
+	go b.acceptLoop(ln)
+	failed := func() {
+		// ln is Close's to close once closing is set; else Start's.
+		b.mu.Lock()
+		closing := b.mu.closing
+		if !closing {
+			b.ln = nil
+		}
+		b.mu.Unlock()
+		if !closing {
+			ln.Close() // acceptLoop returns
+		}
+	}
 	advertise := b.cfg.Advertise
 	if advertise == "" {
 		advertise = ln.Addr().String()
 	}
 	clusterID, err := readClusterID(b.cfg.DataDir)
 	if err != nil {
-		ln.Close()
+		failed()
 		return fmt.Errorf("broker %s: %w", b.cfg.NodeID, err)
 	}
 	member, err := ctlclient.Join(ctx, ctlclient.MemberConfig{
@@ -193,9 +225,12 @@ func (b *Broker) Start(ctx context.Context) error {
 		Cluster:   clusterID,
 		OnCluster: func(id string) error { return writeClusterID(b.cfg.DataDir, id) },
 		Report:    b.replicaReport,
+		// An outage, not a slow first address: connections waiting for
+		// the broker to serve are refused from now until it has a map.
+		JoinRoundFailed: b.gate.ctlOutage,
 	})
 	if err != nil {
-		ln.Close()
+		failed()
 		if b.ctx.Err() != nil {
 			return fmt.Errorf("broker %s: closed while joining the control plane: %w", b.cfg.NodeID, ErrClosed)
 		}
@@ -204,28 +239,26 @@ func (b *Broker) Start(ctx context.Context) error {
 	b.joined.Store(member)
 	if err := b.applyMap(member.Map()); err != nil {
 		member.Close()
-		ln.Close()
+		failed()
 		return err
 	}
 	b.checkDisk() // before the first publish
 
-	// Close takes ln and member to close once it has set closing; until
-	// then they are Start's to close.
+	// Close takes member to close once it has set closing; until then it
+	// is Start's to close.
 	b.mu.Lock()
 	if b.mu.closing {
 		b.mu.Unlock()
 		member.Close()
-		ln.Close()
 		return fmt.Errorf("broker %s: closed while starting: %w", b.cfg.NodeID, ErrClosed)
 	}
-	b.ln, b.member = ln, member
+	b.member = member
 	b.started = time.Now()
 	b.replicasSettled.Store(b.cfg.ReadyReplicaWait < 0)
-	b.ready.Store(true)
-	b.wg.Add(3)
+	b.ready.Store(true) // after member: serveConn reads it once ready
+	b.wg.Add(2)
 	b.mu.Unlock()
 	b.log.Info("broker serving", "addr", advertise, "epoch", member.Map().Epoch)
-	go b.acceptLoop()
 	go b.mapLoop()
 	go b.watchDisk()
 	return nil
@@ -292,12 +325,14 @@ func (b *Broker) currentMap() *shardmap.Map {
 // NodeID returns the broker's node id.
 func (b *Broker) NodeID() string { return b.cfg.NodeID }
 
-func (b *Broker) acceptLoop() {
+// acceptLoop accepts connections on ln until Close, or until Start fails
+// and closes ln.
+func (b *Broker) acceptLoop(ln *transport.Listener) {
 	defer b.wg.Done()
 	for {
-		conn, err := b.ln.Accept(b.ctx)
+		conn, err := ln.Accept(b.ctx)
 		if err != nil {
-			if b.ctx.Err() == nil {
+			if b.ctx.Err() == nil && !errors.Is(err, quic.ErrServerClosed) {
 				b.log.Error("accept failed; broker stops accepting", "err", err)
 			}
 			return
@@ -446,6 +481,12 @@ func (b *Broker) serveConn(conn *quic.Conn) {
 		return
 	}
 	from.conn = conn
+	if werr := b.awaitServing(conn); werr != nil {
+		// Nothing on it was read: the client (or peer) knows that
+		// nothing it sent was processed.
+		conn.CloseWithError(quic.ApplicationErrorCode(werr.Code), werr.Message)
+		return
+	}
 	peerID := from.peerID
 	if peerID == "" { // peers count against no client limit
 		use, lerr := b.limits.admitConn(from.principal)
@@ -478,6 +519,98 @@ func (b *Broker) serveConn(conn *quic.Conn) {
 		}
 		b.wg.Add(1)
 		go b.serveStream(s, from)
+	}
+}
+
+// startGate is what a connection accepted before the broker serves waits
+// on (awaitServing): Start's end, and the control plane found out of
+// reach while Start joins it.
+type startGate struct {
+	ended     chan struct{} // closed when Start returns
+	endOnce   sync.Once
+	outage    chan struct{} // closed once Join has failed a full round of ctl addresses
+	outageErr error         // that round's last error; set before outage is closed
+	once      sync.Once
+}
+
+// end marks Start's return.
+func (g *startGate) end() { g.endOnce.Do(func() { close(g.ended) }) }
+
+// ctlOutage is Join's JoinRoundFailed: every configured ctl address failed
+// in a round.
+func (g *startGate) ctlOutage(err error) {
+	g.once.Do(func() {
+		g.outageErr = err
+		close(g.outage)
+	})
+}
+
+// awaitServing returns nil once the broker serves conn, accepted as it
+// starts, or why it refuses it. A broker accepts from Start's listen, but
+// serves only once it has joined the control plane and applied its
+// first map (opened its logs): until then it cannot route, authorize or
+// answer anything. A connection accepted meanwhile waits, for at most
+// ForwardTimeout, and is served once Start completes: a broker restarted
+// (kill -9) while the control plane is up joins within milliseconds (up
+// to a ctl handshake timeout when its first ctl address is down), and
+// the forwards and publishes its peers and clients send meanwhile are
+// answered, not refused. Once Join has failed a full round of the ctl
+// addresses (an outage), and until it has joined, a connection is
+// refused unavailable at once, and those waiting are released so: the
+// broker has no map for as long as the control plane is out of reach,
+// and a connection left unanswered made every publish, request and
+// forward to it wait out its caller's deadline. Nothing on a refused
+// connection is read, so its caller knows nothing it sent was
+// processed. A broker closing refuses with shutting_down.
+func (b *Broker) awaitServing(conn *quic.Conn) *transport.Error {
+	if b.ready.Load() {
+		return nil
+	}
+	bound := time.NewTimer(b.cfg.ForwardTimeout)
+	defer bound.Stop()
+	outage := b.gate.outage
+	for waiting := true; waiting; {
+		if b.joined.Load() != nil {
+			outage = nil // through to the control plane: opening its first map's logs
+		}
+		select {
+		case <-outage:
+			waiting = b.joined.Load() != nil
+		case <-b.gate.ended:
+			waiting = false
+		case <-b.ctx.Done():
+			waiting = false
+		case <-conn.Context().Done():
+			waiting = false
+		case <-bound.C:
+			waiting = false
+		}
+	}
+	b.mu.Lock()
+	closing := b.mu.closing
+	b.mu.Unlock()
+	switch {
+	case closing || b.ctx.Err() != nil:
+		return &transport.Error{Code: transport.CodeShuttingDown, Message: "broker shutting down"}
+	case b.ready.Load():
+		return nil
+	case b.joined.Load() == nil && isClosed(b.gate.outage):
+		return transport.Errorf(transport.CodeUnavailable, "no shard map: not through to the control plane since start: "+
+			"%s reached none of its control plane addresses (%s; last: %v); nothing was read; "+
+			"use another broker, or retry once the control plane is back", b.cfg.NodeID, strings.Join(b.cfg.ctlAddrs(), ","), b.gate.outageErr)
+	case isClosed(b.gate.ended):
+		return transport.Errorf(transport.CodeUnavailable, "%s failed to start; nothing was read", b.cfg.NodeID)
+	}
+	return transport.Errorf(transport.CodeUnavailable, "%s is still starting after %v (ForwardTimeout); nothing was read; retry shortly", b.cfg.NodeID, b.cfg.ForwardTimeout)
+}
+
+// isClosed reports whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 

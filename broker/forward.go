@@ -56,6 +56,9 @@ type peerConn struct {
 	err   error
 	// stopDial ends the dial in flight (dropDown); set before it starts.
 	stopDial context.CancelFunc
+	// answered is set once a lane on conn read a frame of the peer's: the
+	// peer took the connection (see refusedAtAccept).
+	answered atomic.Bool
 
 	// Guarded by the pool's mu: the forwarding lanes on conn, and whether
 	// the peer ended one cleanly (see release).
@@ -391,7 +394,7 @@ func (l *lane) connect(node shardmap.Node) {
 	l.mu.Unlock()
 	l.w.attach(s)
 	l.p.workers.Add(1)
-	go l.read(s)
+	go l.read(s, pc)
 	l.w.flush()
 }
 
@@ -440,13 +443,14 @@ func (l *lane) take(seq uint64) (forwarded, bool) {
 	return f, ok
 }
 
-// read relays the owner's answers to the publisher until the lane ends.
+// read relays the owner's answers on s, a stream on pc, to the publisher
+// until the lane ends.
 // It never waits for anything but the owner: refusals to re-route go to
 // the session's retrier. While more answers are buffered it corks the
 // publisher's stream, so answers that arrived together go out in one
 // write (as a commit's acks do on the owner); it never waits in Read
 // while corked (Ready: the next frame is buffered).
-func (l *lane) read(s *quic.Stream) {
+func (l *lane) read(s *quic.Stream, pc *peerConn) {
 	defer l.p.workers.Done()
 	r := transport.NewReader(s, l.p.b.cfg.Transport.MaxFrame)
 	corked := false
@@ -464,6 +468,9 @@ func (l *lane) read(s *quic.Stream) {
 		if err != nil {
 			l.kill(err)
 			return
+		}
+		if !pc.answered.Load() {
+			pc.answered.Store(true)
 		}
 		if !corked && r.Ready() {
 			l.p.acks.cork()
@@ -563,6 +570,17 @@ func (l *lane) drain(cause error) {
 	})
 }
 
+// refusedAtAccept reports whether cause, a lane's end on pc, is the owner
+// closing pc unavailable before any answer on it: a broker refuses so
+// only as it accepts a connection, before it reads any stream (starting
+// with the control plane out of reach, broker awaitServing), so nothing
+// sent on pc was read.
+func refusedAtAccept(cause error, pc *peerConn) bool {
+	var ae *quic.ApplicationError
+	return pc != nil && !pc.answered.Load() && errors.As(cause, &ae) && ae.Remote &&
+		ae.ErrorCode == quic.ApplicationErrorCode(transport.CodeUnavailable)
+}
+
 // kill ends the lane and fails every forward still waiting on it: the owner
 // may or may not have written them, and the publisher must be told so.
 func (l *lane) kill(cause error) {
@@ -593,7 +611,10 @@ func (l *lane) kill(cause error) {
 	// shutting down stops reading its peers' streams at once
 	// (pubSession.drain), and what it left unread is refused as it
 	// refuses what it reads while it drains.
-	unread := s == nil || errors.Is(cause, io.EOF)
+	// So were the forwards on a connection the owner refused as it
+	// accepted it.
+	atAccept := s != nil && refusedAtAccept(cause, pc)
+	unread := s == nil || errors.Is(cause, io.EOF) || atAccept
 	leaving := s != nil && errors.Is(cause, io.EOF) && stoppedShuttingDown(context.Cause(s.Context()))
 	for _, fw := range pending {
 		if unread && fw.in.replicated() && !fw.in.expired() && l.p.ctx.Err() == nil {
@@ -611,6 +632,8 @@ func (l *lane) kill(cause error) {
 			e.Message = fmt.Sprintf("%s (%s), the owner of %s/%d, is not reachable from %s: %v", l.owner, l.addr, fw.in.pub.Stream, fw.in.ev.shard, l.p.b.cfg.NodeID, cause)
 		case leaving:
 			e = leavingRefusal(l.owner)
+		case atAccept:
+			e.Message = fmt.Sprintf("%s refused the connection before reading anything; nothing was written (%v)", l.owner, cause)
 		case unread:
 			e.Message = fmt.Sprintf("%s ended the stream without taking the record in; nothing was written", l.owner)
 		}

@@ -486,6 +486,13 @@ func TestOneRecordSizeLimit(t *testing.T) {
 
 // dialAsWith is dialAs with a transport config of the client's own.
 func (ip *inproc) dialAsWith(b *Broker, name string, cfg transport.Config) *quic.Conn {
+	ip.t.Helper()
+	return ip.dialAddrAs(b.Addr().String(), name, cfg)
+}
+
+// dialAddrAs opens a client connection to the broker at addr as principal
+// name.
+func (ip *inproc) dialAddrAs(addr, name string, cfg transport.Config) *quic.Conn {
 	t := ip.t
 	t.Helper()
 	ca, err := transport.LoadCA(filepath.Join(ip.dir, "certs", "ca.crt"))
@@ -495,7 +502,7 @@ func (ip *inproc) dialAsWith(b *Broker, name string, cfg transport.Config) *quic
 	cert := ip.clientCert(name)
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	conn, err := transport.Dial(ctx, b.Addr().String(), transport.ClientTLS(ca, &cert, "", transport.ALPNClient), cfg)
+	conn, err := transport.Dial(ctx, addr, transport.ClientTLS(ca, &cert, "", transport.ALPNClient), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -112,12 +112,15 @@ func (l *link) closeReason(err error) *transport.Error {
 }
 
 // refusal returns the error of a broker that refused l's connection, or
-// nil: it closed the connection with unauthorized or limit_exceeded and
-// nothing was answered on it. A broker closes a connection with those
-// codes only as it accepts it, before it reads any stream (broker
-// serveConn), so nothing sent on it was processed: records sent on it
-// were not written, and their publishes fail with this error rather than
-// as of unknown outcome. A connection closed with shutting_down is not a
+// nil: it closed the connection with unauthorized, limit_exceeded or
+// unavailable (it serves nothing yet: started while the control plane is
+// out of reach, it has no shard map) and nothing was answered on it. A
+// broker closes a connection with those codes only as it accepts it,
+// before it reads any stream (broker serveConn), so nothing sent on it
+// was processed: records sent on it were not written, and their
+// publishes fail with this error rather than as of unknown outcome. Like
+// any refusal it counts as a failed dial (ended): the home does not move
+// off a broker for one. A connection closed with shutting_down is not a
 // refusal: a broker going away closes connections whose records it may
 // have written.
 func (l *link) refusal(err error) error {
@@ -125,10 +128,14 @@ func (l *link) refusal(err error) error {
 		return nil
 	}
 	reason := l.closeReason(err)
-	if reason == nil || reason.Code != transport.CodeUnauthorized && reason.Code != transport.CodeLimitExceeded {
+	if reason == nil {
 		return nil
 	}
-	return &DialError{Addr: l.b.addr, Err: reason}
+	switch reason.Code {
+	case transport.CodeUnauthorized, transport.CodeLimitExceeded, transport.CodeUnavailable:
+		return &DialError{Addr: l.b.addr, Err: reason}
+	}
+	return nil
 }
 
 // failure returns the error of an operation on one of l's streams that

@@ -191,8 +191,11 @@
 // connections to it as it allows (MaxConnsPerPrincipal, 64 by default:
 // each Client holds one to its broker and each subscription its own to
 // every broker it reads from), unauthorized for a certificate that is
-// not a client's. The SDK reads that code: [Connect] fails with a
-// [*DialError] matching [ErrLimitExceeded] or [ErrUnauthorized];
+// not a client's, unavailable from a broker started while the control
+// plane is out of reach (it has no shard map, and serves nothing until it
+// reaches the control plane). The SDK reads that code: [Connect] fails
+// with a [*DialError] matching [ErrLimitExceeded], [ErrUnauthorized] or
+// [ErrUnavailable];
 // publishes sent on a refused connection fail with it too, and were not
 // written (it does not match [ErrConnectionLost]); a subscription ends
 // with it, as it does when a broker answers that code on its stream: the

@@ -27,8 +27,8 @@ var (
 	// cause: the broker's reason for closing the connection when it gave
 	// one, as a [*BrokerError] (errors.Is(err, ErrShuttingDown)).
 	// Publishes after the connection is back work normally. A connection
-	// the broker refused (a [*DialError] carrying ErrLimitExceeded or
-	// ErrUnauthorized) is not lost: nothing sent on it was processed.
+	// the broker refused (a [*DialError] carrying ErrLimitExceeded,
+	// ErrUnauthorized or ErrUnavailable) is not lost: nothing sent on it was processed.
 	ErrConnectionLost = errors.New("client: connection lost, outcome unknown (the record may or may not have been written)")
 
 	// ErrCorrupt matches every [*CorruptError]: a subscription reached
@@ -101,7 +101,10 @@ func (e *PublishError) Unwrap() error { return e.Err }
 // to the broker as it allows (MaxConnsPerPrincipal, 64 by default; every
 // [Client] holds one to its broker, and each subscription holds its own:
 // see [Client.Subscribe]) or the broker has its most (MaxConns), and
-// [ErrUnauthorized] for a certificate that is not a client's. Nothing
+// [ErrUnauthorized] for a certificate that is not a client's, and
+// [ErrUnavailable] from a broker that has no shard map (started while
+// the control plane is out of reach; the home stays, and redials back
+// off as after any refusal). Nothing
 // sent on a refused connection was processed: a publish that fails with
 // it was not written (errors.Is(err, ErrConnectionLost) is false).
 type DialError struct {

@@ -66,6 +66,7 @@ func TestRefusedConnectionIsTyped(t *testing.T) {
 	}{
 		{transport.CodeLimitExceeded, ErrLimitExceeded},
 		{transport.CodeUnauthorized, ErrUnauthorized},
+		{transport.CodeUnavailable, ErrUnavailable}, // a broker with no shard map (started during a ctl outage)
 	} {
 		t.Run(tc.code.String(), func(t *testing.T) {
 			fc := newFakeCluster(t, 1)
@@ -97,8 +98,23 @@ func TestRefusedConnectionIsTyped(t *testing.T) {
 // handshake reset the dial backoff, so a loop of publishes redialed with
 // no delay at all (757 publishes made 107 connections in 1 s). A refused
 // connection counts as a failed dial; and its publishes fail with the
-// refusal, not as of unknown outcome (nothing was written).
+// refusal, not as of unknown outcome (nothing was written). So for a
+// broker that refuses unavailable (no shard map: started while the
+// control plane is out of reach), whose refusal was taken for a lost
+// connection (ErrConnectionLost, outcome unknown).
 func TestRefusedConnectionBacksOff(t *testing.T) {
+	for _, tc := range []struct {
+		code transport.ErrorCode
+		want error
+	}{
+		{transport.CodeLimitExceeded, ErrLimitExceeded},
+		{transport.CodeUnavailable, ErrUnavailable},
+	} {
+		t.Run(tc.code.String(), func(t *testing.T) { testRefusedConnectionBacksOff(t, tc.code, tc.want) })
+	}
+}
+
+func testRefusedConnectionBacksOff(t *testing.T, code transport.ErrorCode, want error) {
 	fc := newFakeCluster(t, 1)
 	addr := fc.brokers[0].addr
 	ctx := testCtx(t)
@@ -114,7 +130,7 @@ func TestRefusedConnectionBacksOff(t *testing.T) {
 			t.Fatal("the client did not see its broker stop")
 		}
 	}
-	_, refused := refusingListener(t, fc, addr, transport.CodeLimitExceeded)
+	_, refused := refusingListener(t, fc, addr, code)
 
 	end := time.Now().Add(time.Second)
 	calls, typed, untyped := 0, 0, 0
@@ -132,7 +148,7 @@ func TestRefusedConnectionBacksOff(t *testing.T) {
 		case errors.Is(err, ErrConnectionLost):
 			untyped++
 			last = err
-		case errors.Is(err, ErrLimitExceeded):
+		case errors.Is(err, want):
 			typed++
 		case !cut:
 			untyped++
@@ -145,7 +161,7 @@ func TestRefusedConnectionBacksOff(t *testing.T) {
 		t.Errorf("%d connections in 1s to a broker refusing every one: no backoff (100ms doubling allows 4)", n)
 	}
 	if untyped > 0 || typed == 0 {
-		t.Errorf("%d of %d publishes over a refused connection did not fail with ErrLimitExceeded alone (%d did); the last: %v", untyped, calls, typed, last)
+		t.Errorf("%d of %d publishes over a refused connection did not fail with %v alone (%d did); the last: %v", untyped, calls, want, typed, last)
 	}
 }
 

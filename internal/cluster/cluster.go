@@ -482,18 +482,26 @@ func (c *Cluster) signal(id string, sig syscall.Signal) error {
 // Stop, or its process dying on its own, and waits until it is live in the
 // map. It fails if the broker is running.
 func (c *Cluster) Restart(ctx context.Context, id string) error {
-	for i, b := range c.brokers {
-		if b.ID != id {
-			continue
-		}
-		if err := c.startBroker(i); err != nil {
-			return err
-		}
-		_, err := c.WaitMap(ctx, func(m *shardmap.Map) bool {
-			n, ok := m.Node(id)
-			return ok && n.Live
-		})
+	if err := c.StartBroker(id); err != nil {
 		return err
+	}
+	_, err := c.WaitMap(ctx, func(m *shardmap.Map) bool {
+		n, ok := m.Node(id)
+		return ok && n.Live
+	})
+	return err
+}
+
+// StartBroker starts broker id's process again (same id, address and
+// data) after Kill, Stop, or its process dying on its own, and returns
+// without waiting for it to join the control plane: Restart without the
+// wait, for a broker restarted while the control plane is down. It fails
+// if the broker is running.
+func (c *Cluster) StartBroker(id string) error {
+	for i, b := range c.brokers {
+		if b.ID == id {
+			return c.startBroker(i)
+		}
 	}
 	return fmt.Errorf("cluster: no broker %q", id)
 }
@@ -515,11 +523,25 @@ func (c *Cluster) RestartWithEnv(ctx context.Context, id string, env ...string) 
 // RestartCtl closes the control plane and starts a new one on the same
 // address and state directory.
 func (c *Cluster) RestartCtl() error {
+	if err := c.StopCtl(); err != nil {
+		return err
+	}
+	return c.StartCtl()
+}
+
+// StopCtl closes the control plane, which stays down (an outage) until
+// StartCtl; the brokers keep running. Ctl returns the closed server
+// meanwhile, whose Map is the last it held.
+func (c *Cluster) StopCtl() error {
 	if err := c.Ctl().Close(); err != nil {
 		return fmt.Errorf("cluster: close control plane: %w", err)
 	}
-	return c.startCtl()
+	return nil
 }
+
+// StartCtl starts the control plane again after StopCtl, on the same
+// address and state directory.
+func (c *Cluster) StartCtl() error { return c.startCtl() }
 
 // Close stops every broker (SIGTERM, then SIGKILL after a grace period) and
 // the control plane.
