@@ -531,6 +531,7 @@ type startGate struct {
 	outage    chan struct{} // closed once Join has failed a full round of ctl addresses
 	outageErr error         // that round's last error; set before outage is closed
 	once      sync.Once
+	held      atomic.Int64 // connections awaitServing holds now
 }
 
 // end marks Start's return.
@@ -566,6 +567,14 @@ func (b *Broker) awaitServing(conn *quic.Conn) *transport.Error {
 	if b.ready.Load() {
 		return nil
 	}
+	// Held connections count against no limit yet (admitConn comes once
+	// served), and the listener's bound on handshakes no longer covers
+	// them once accepted: at most MaxConns are held, the rest refused.
+	if n := b.gate.held.Add(1); n > int64(b.cfg.MaxConns) {
+		b.gate.held.Add(-1)
+		return transport.Errorf(transport.CodeUnavailable, "%s is starting and already holds %d connections until it serves (MaxConns); nothing was read; retry shortly", b.cfg.NodeID, b.cfg.MaxConns)
+	}
+	defer b.gate.held.Add(-1)
 	bound := time.NewTimer(b.cfg.ForwardTimeout)
 	defer bound.Stop()
 	outage := b.gate.outage

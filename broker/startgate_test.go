@@ -178,3 +178,53 @@ func TestForwardRefusedAtAcceptIsNotWritten(t *testing.T) {
 	}
 	t.Logf("forward refused at accept: %v", e)
 }
+
+// TestHeldConnectionsBounded: a starting broker holds at most MaxConns
+// connections until it serves (held ones count against no other limit
+// yet, nor against the listener's bound on handshakes once accepted); the
+// next is refused unavailable at once, nothing read.
+func TestHeldConnectionsBounded(t *testing.T) {
+	cfg := unjoinedConfig(t)
+	cfg.CtlAddr = quictest.SilentAddr(t) + "," + quictest.SilentAddr(t) // a round fails after about 2 s
+	cfg.MaxConns = 2
+	port, err := cluster.FreePort("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Listen = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	startInBackground(t, b, time.Minute)
+	caFile := filepath.Join(filepath.Dir(cfg.DataDir), "certs", "ca.crt")
+	connect := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		c, err := client.Connect(ctx, cfg.Listen, client.WithCAFile(caFile), adminCert(caFile), client.WithLogger(quiet()))
+		if c != nil {
+			c.Close()
+			return errors.New("connected to a broker with no map")
+		}
+		return err
+	}
+	held := make(chan error, 2)
+	for range 2 {
+		go func() { held <- connect() }()
+	}
+	for deadline := time.Now().Add(5 * time.Second); b.gate.held.Load() < 2; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the broker holds %d connections, want 2", b.gate.held.Load())
+		}
+	}
+	err = connect()
+	var derr *client.DialError
+	if !errors.As(err, &derr) || !errors.Is(err, client.ErrUnavailable) || !strings.Contains(err.Error(), "MaxConns") {
+		t.Fatalf("a third connection while two are held: %v; want a *DialError matching ErrUnavailable naming MaxConns", err)
+	}
+	for range 2 {
+		if err := <-held; !errors.Is(err, client.ErrUnavailable) {
+			t.Errorf("a held connection: %v, want it refused unavailable once the ctl round failed", err)
+		}
+	}
+}
