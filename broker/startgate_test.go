@@ -36,6 +36,28 @@ func startInBackground(t *testing.T, b *Broker, timeout time.Duration) <-chan er
 	return started
 }
 
+// outageBroker returns a broker, not started, on a free port, whose two
+// control plane addresses never answer (a round of them fails after
+// about 2 s), with tweak applied to its config.
+func outageBroker(t *testing.T, tweak func(*Config)) (*Broker, Config) {
+	t.Helper()
+	cfg := unjoinedConfig(t)
+	cfg.CtlAddr = quictest.SilentAddr(t) + "," + quictest.SilentAddr(t)
+	port, err := cluster.FreePort("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Listen = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, cfg
+}
+
 // TestRefusesConnectionsInACtlOutage: a broker started while none of its
 // control plane addresses answers holds a connection accepted before Join
 // has failed a round of them, then refuses it unavailable ("no shard
@@ -45,17 +67,7 @@ func startInBackground(t *testing.T, b *Broker, timeout time.Duration) <-chan er
 // queue for as long as the control plane was out of reach, and every
 // request with them until its caller's deadline.
 func TestRefusesConnectionsInACtlOutage(t *testing.T) {
-	cfg := unjoinedConfig(t)
-	cfg.CtlAddr = quictest.SilentAddr(t) + "," + quictest.SilentAddr(t) // a round fails after about 2 s
-	port, err := cluster.FreePort("127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Listen = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	b, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, cfg := outageBroker(t, nil)
 	began := time.Now()
 	startInBackground(t, b, time.Minute)
 	caFile := filepath.Join(filepath.Dir(cfg.DataDir), "certs", "ca.crt")
@@ -184,18 +196,7 @@ func TestForwardRefusedAtAcceptIsNotWritten(t *testing.T) {
 // yet, nor against the listener's bound on handshakes once accepted); the
 // next is refused unavailable at once, nothing read.
 func TestHeldConnectionsBounded(t *testing.T) {
-	cfg := unjoinedConfig(t)
-	cfg.CtlAddr = quictest.SilentAddr(t) + "," + quictest.SilentAddr(t) // a round fails after about 2 s
-	cfg.MaxConns = 2
-	port, err := cluster.FreePort("127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Listen = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	b, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, cfg := outageBroker(t, func(c *Config) { c.MaxConns = 2 })
 	startInBackground(t, b, time.Minute)
 	caFile := filepath.Join(filepath.Dir(cfg.DataDir), "certs", "ca.crt")
 	connect := func() error {
@@ -217,7 +218,7 @@ func TestHeldConnectionsBounded(t *testing.T) {
 			t.Fatalf("the broker holds %d connections, want 2", b.gate.held.Load())
 		}
 	}
-	err = connect()
+	err := connect()
 	var derr *client.DialError
 	if !errors.As(err, &derr) || !errors.Is(err, client.ErrUnavailable) || !strings.Contains(err.Error(), "MaxConns") {
 		t.Fatalf("a third connection while two are held: %v; want a *DialError matching ErrUnavailable naming MaxConns", err)
