@@ -629,7 +629,7 @@ func (l *lane) kill(cause error) {
 			Message: fmt.Sprintf("lost %s before it acknowledged; the record may or may not have been written (%v)", l.owner, cause)}
 		switch {
 		case s == nil: // never connected: nothing was sent
-			e.Message = fmt.Sprintf("%s (%s), the owner of %s/%d, is not reachable from %s: %v", l.owner, l.addr, fw.in.pub.Stream, fw.in.ev.shard, l.p.b.cfg.NodeID, cause)
+			e.Message = fmt.Sprintf("%s (%s), the owner of %s/%d, is not reachable from %s: %v; nothing was sent to it, so nothing was written", l.owner, l.addr, fw.in.pub.Stream, fw.in.ev.shard, l.p.b.cfg.NodeID, cause)
 		case leaving:
 			e = leavingRefusal(l.owner)
 		case atAccept:
