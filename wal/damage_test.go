@@ -106,13 +106,14 @@ func editFile(t *testing.T, path string, edit func([]byte) []byte) {
 	}
 }
 
-// readAround reads the whole log from 0 the way a subscriber that skips
-// damage would: on a *CorruptError it notes the range and goes on at To+1.
-func readAround(t *testing.T, l *Log) (got map[uint64]Record, damaged [][2]uint64) {
+// readAround reads the whole log from 0 with read, n records a time, the
+// way a subscriber that skips damage would: on a *CorruptError it notes
+// the range and goes on at To+1.
+func readAround(t *testing.T, l *Log, read readFunc, n int) (got map[uint64]Record, damaged [][2]uint64) {
 	t.Helper()
 	got = map[uint64]Record{}
 	for from := uint64(0); from < l.NextOffset(); {
-		recs, err := l.Read(from, 13, 0)
+		recs, err := read(from, n, 0)
 		var ce *CorruptError
 		switch {
 		case errors.As(err, &ce):
@@ -139,12 +140,26 @@ func readAround(t *testing.T, l *Log) (got map[uint64]Record, damaged [][2]uint6
 }
 
 // checkServed asserts that every record outside the damaged ranges was
-// served, right, and that the damaged ranges are exactly want.
+// served, right, and that the damaged ranges are exactly want: read
+// through a Reader (by file position) one record a time and 13, and
+// through Log.Read; the first meets the damage itself (the wal's parsed
+// segments then serve the damaged ones to all).
 func checkServed(t *testing.T, l *Log, want [][2]uint64) {
 	t.Helper()
-	got, damaged := readAround(t, l)
+	for _, r := range []struct {
+		name string
+		read readFunc
+		n    int
+	}{{"Reader", l.NewReader().Read, 1}, {"Reader", l.NewReader().Read, 13}, {"Log.Read", l.Read, 13}} {
+		checkServedBy(t, l, want, r.read, r.n, r.name)
+	}
+}
+
+func checkServedBy(t *testing.T, l *Log, want [][2]uint64, read readFunc, n int, name string) {
+	t.Helper()
+	got, damaged := readAround(t, l, read, n)
 	if !slices.Equal(damaged, want) {
-		t.Fatalf("damaged ranges %v, want %v", damaged, want)
+		t.Fatalf("%s, %d records a read: damaged ranges %v, want %v", name, n, damaged, want)
 	}
 	in := func(o uint64) bool {
 		for _, r := range want {
@@ -158,12 +173,12 @@ func checkServed(t *testing.T, l *Log, want [][2]uint64) {
 		r, ok := got[o]
 		switch {
 		case in(o) && ok:
-			t.Fatalf("damaged offset %d was served", o)
+			t.Fatalf("%s, %d records a read: damaged offset %d was served", name, n, o)
 		case !in(o) && !ok:
-			t.Fatalf("intact offset %d was not served", o)
+			t.Fatalf("%s, %d records a read: intact offset %d was not served", name, n, o)
 		case ok:
 			if err := sameRecord(r, rec(int(o))); err != nil {
-				t.Fatalf("offset %d: %v", o, err)
+				t.Fatalf("%s, %d records a read: offset %d: %v", name, n, o, err)
 			}
 		}
 	}

@@ -19,11 +19,12 @@ import (
 //   - the directory fsync after a segment roll and after Open;
 //   - the high-water-mark file (hwm): opening it, its write after each
 //     commit (WriteAt), its fdatasync on Open and Close;
-//   - repair on Open: reading the tail segment, cutting it and syncing it.
+//   - repair on Open: reading the tail segment, cutting it and syncing it;
+//   - the reads of segment files by Readers (opening them and ReadAt).
 //
 // What it cannot cover: everything tidwall/wal does with its own *os.File
 // values — writing batches into segments, creating segments on a roll,
-// reading segments for Read, the rewrites of TruncateFront — and the
+// reading segments for Log.Read, the rewrites of TruncateFront — and the
 // retention pass's own reads. A test that needs a segment write to fail
 // makes the write of the hwm file fail instead: it is written after the
 // batch's fsync and before the batch is acked, and its failure fails the

@@ -54,6 +54,7 @@ type Log struct {
 	ring   ring       // recent committed records
 	readMu sync.Mutex // serialises tidwall reads: tidwall mutates its segment cache under its read lock
 	scans  scanCache  // damaged segments parsed by the wal itself (damage.go)
+	files  segFiles   // segment files kept open for Readers (cursor.go)
 
 	first  atomic.Uint64 // first retained offset
 	next   atomic.Uint64 // one past the last committed offset; stored under watch's lock
@@ -432,6 +433,7 @@ func (l *Log) close() error {
 	if err := l.hwm.f.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("wal: shard %q: close %s: %w", l.name, hwmName, err))
 	}
+	l.files.drop(true)
 	l.readMu.Lock()
 	if err := l.tw.Close(); err != nil && !errors.Is(err, tidwall.ErrCorrupt) {
 		errs = append(errs, fmt.Errorf("wal: shard %q: close log: %w", l.name, err))

@@ -72,6 +72,35 @@ func List(dir string) (segs []Segment, pending bool, err error) {
 	return segs, pending, nil
 }
 
+// Holding returns the first index of the segment file of dir that holds
+// index (the one named by the greatest index not above it), 0 if none
+// does, and the first index of the file after it, 0 if it is the last.
+// It reads the directory's names only, stats no file, and ignores
+// transient files.
+func Holding(dir string, index uint64) (first, after uint64, err error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, 0, fmt.Errorf("list segments in %q: %w", dir, err)
+	}
+	for _, e := range ents { // sorted by name, so by index
+		name := e.Name()
+		if len(name) != 20 || e.IsDir() {
+			continue
+		}
+		i, perr := strconv.ParseUint(name, 10, 64)
+		switch {
+		case perr != nil || i == 0:
+		case i <= index:
+			first = i
+		case first != 0:
+			return first, i, nil
+		default:
+			return 0, 0, nil
+		}
+	}
+	return first, 0, nil
+}
+
 // Total is the size of segs' files.
 func Total(segs []Segment) int64 {
 	var n int64
