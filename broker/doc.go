@@ -283,6 +283,22 @@
 // the frame limit derived from it), the in-memory tail per shard, and
 // shard logs open at once and owned (open logs capped by count and by
 // the bytes they hold: Config.LogMemory).
+//
+// A subscription behind its shard's in-memory tail reads the segment
+// files by position (wal.Reader, on a log of replication factor 1): about
+// the bytes it is sent, whatever its credit, however many subscriptions
+// catch up in other parts of the log at once. (Log.Read loads a whole 1
+// MiB segment into a cache of two: four subscriptions at credit 1 in
+// different old segments cost a segment read per record.) Between reads
+// it holds its position only, 80 bytes (the Reader and its method
+// value); during one, what the read returns
+// (charged to SubscriptionBytesPerPrincipal) and at most one partial
+// entry per 64 KiB read; finding its place in a segment (a new
+// subscription, or one the tail left behind) reads the segment up to it
+// once, through a 64 KiB buffer. So a broker's subscriptions hold at most
+// MaxConns x MaxSubsPerConn x 80 bytes between reads (40 MiB at the
+// defaults), one principal's MaxConnsPerPrincipal x MaxSubsPerConn x 80
+// (640 KiB), and each shard log two open files for them.
 // Past a bound the client gets a typed error or flow control holds it
 // back; each hit is counted in felix_limit_hits_total{limit} and logged
 // once per principal and limit. Peers count against none of them: what a

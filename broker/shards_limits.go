@@ -45,10 +45,11 @@ func openByMemory(budget int64, segmentSize, tailBytes int) int {
 // fdsPerShard is what one open shard log holds: tidwall's tail segment,
 // the broker's own handle on it for fdatasync, the high-water-mark file and,
 // once its committer has parked an fdatasync (Config.ParkedSync, or many
-// busy logs: parkAtBusyLogs), that fdatasync's eventfd (package wal), with
-// room for the files a segment roll or a retention
+// busy logs: parkAtBusyLogs), that fdatasync's eventfd (package wal), the
+// segment files its subscriptions read, kept open (two: wal's
+// segFilesOpen), with room for the files a segment roll or a retention
 // pass opens for a moment.
-const fdsPerShard = 6
+const fdsPerShard = 8
 
 // parkAtBusyLogs is how many of a broker's shard logs must have records
 // to commit at once before their committers park their fdatasyncs instead

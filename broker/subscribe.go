@@ -133,6 +133,15 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 		}
 	}
 	log := e.sl
+	// A subscription reads a shard log by position (wal.Reader): one
+	// behind the log's in-memory tail reads about the bytes it is sent
+	// from the segment files, whatever its credit and however many others
+	// catch up elsewhere in the log. It holds its position only between
+	// reads.
+	var read func(from uint64, maxRecords, maxBytes int) ([]wal.Record, error) = log.Read
+	if e.log != nil {
+		read = e.log.NewReader().Read
+	}
 	next := log.FirstOffset()
 	switch sub.Start {
 	case transport.StartLatest:
@@ -253,7 +262,7 @@ loop:
 		}
 		charged = hold
 		_, changed := log.Watch()
-		recs, err := log.Read(next, n, b.cfg.SubscriptionBytes)
+		recs, err := read(next, n, b.cfg.SubscriptionBytes)
 		if err != nil {
 			e := readError(b.cfg.NodeID, id, next, err)
 			w.Write(e)
