@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -49,9 +51,16 @@ func TestReaderAcrossRetention(t *testing.T) {
 		readOnTo(t, readers[k].Read, next[k], next[k]+1, 1)
 		next[k]++
 	}
+	// The first segment's file is kept open for readers now; retention
+	// removes it, and the Log closes it.
+	readOnTo(t, readers[0].Read, next[0], next[0]+1, 1)
+	next[0]++
 	dropped, err := l.EnforceRetention(time.Now())
 	if err != nil || dropped == 0 {
 		t.Fatalf("EnforceRetention dropped %d records: %v", dropped, err)
+	}
+	if held := deletedHeld(t, l.dir); len(held) > 0 {
+		t.Fatalf("after retention the process holds removed segment files open: %v", held)
 	}
 	first, end := l.FirstOffset(), l.NextOffset()
 	rewritten := false // a reader is placed in the segment cut inside, past the cut
@@ -146,4 +155,51 @@ func TestReaderLargeRecords(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestReaderFilesClosedOnClose: the segment files a Log keeps open for
+// its Readers are closed by Close, and a read after Close opens none.
+func TestReaderFilesClosedOnClose(t *testing.T) {
+	if _, err := os.ReadDir("/proc/self/fd"); err != nil {
+		t.Skip("no /proc/self/fd here")
+	}
+	dir := t.TempDir()
+	l, _ := testLog(t, dir, Options{SegmentSize: 16 << 10, TailRecords: 16})
+	starts := fillCatchUp(t, l, 4)
+	a, b := l.NewReader(), l.NewReader()
+	readOnTo(t, a.Read, starts[0], starts[0]+3, 1)
+	readOnTo(t, b.Read, starts[2], starts[2]+3, 1)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Read(starts[0]+3, 1, 0); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Read after Close: %v, want ErrClosed", err)
+	}
+	if held := heldUnder(dir, ""); len(held) > 0 {
+		t.Fatalf("after Close the process holds files of the log open: %v", held)
+	}
+}
+
+// deletedHeld returns the files of dir that this process holds open and
+// that were removed (Linux: /proc/self/fd), nil elsewhere.
+func deletedHeld(t *testing.T, dir string) []string {
+	t.Helper()
+	return heldUnder(dir, " (deleted)")
+}
+
+// heldUnder returns the files of dir this process holds open whose
+// /proc/self/fd link ends with suffix (Linux), nil elsewhere.
+func heldUnder(dir, suffix string) []string {
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return nil
+	}
+	var held []string
+	for _, fd := range fds {
+		p, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name()))
+		if err == nil && strings.HasPrefix(p, dir) && strings.HasSuffix(p, suffix) {
+			held = append(held, p)
+		}
+	}
+	return held
 }
