@@ -153,7 +153,7 @@ func TestCatchUpReadersInterleaved(t *testing.T) {
 	perRecord := (r1 - r0) / n
 	t.Logf("%d records, %d bytes read per record", n, perRecord)
 	if perRecord > 64<<10 {
-		t.Fatalf("%d readers interleaved read %d bytes of segment files per record delivered (about %d records' worth), want under 64 KiB", len(at), perRecord, perRecord/180)
+		t.Fatalf("%d readers interleaved read %d bytes of segment files per record delivered (about %d records' worth), want under 64 KiB", len(at), perRecord, perRecord/163)
 	}
 }
 
