@@ -78,6 +78,13 @@ type Config struct {
 	// Default DefaultMaxFrame (4 MiB). A server that bounds records derives
 	// it from its record limit with [PublishFrameLimit].
 	MaxFrame int
+	// Revocations, when set, is the revocation list a [Listener] and
+	// [Dial] enforce: a connection whose verified peer certificate it
+	// lists is closed with CodeUnauthorized right after its handshake,
+	// and a live one when a reload lists it (see [WatchCRL]). Nil: no
+	// certificate is revoked. It is checked at handshakes only, never
+	// per frame.
+	Revocations *Revocations
 }
 
 // Defaults of Config, as documented on its fields.

@@ -43,6 +43,7 @@ type Listener struct {
 	udp *net.UDPConn
 	tr  *quic.Transport
 	ln  *quic.Listener
+	rev *Revocations // nil: none revoked
 
 	// handshakes counts the connections quic-go made for the listener
 	// that are neither accepted nor closed (see Listen).
@@ -80,7 +81,7 @@ func Listen(addr string, tlsConf *tls.Config, cfg Config) (*Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transport: listen on %q: %w", addr, err)
 	}
-	l := &Listener{udp: udp}
+	l := &Listener{udp: udp, rev: cfg.Revocations}
 	l.mu.conns = map[*quic.Conn]struct{}{}
 	l.tr = &quic.Transport{
 		Conn:              udp,
@@ -136,15 +137,24 @@ func (l *Listener) handshakeStarts(ctx context.Context, limit int64) (context.Co
 
 // Accept waits for the next connection whose handshake is complete. After
 // [Listener.StopAccepting] or [Listener.Close] it returns
-// quic.ErrServerClosed.
+// quic.ErrServerClosed. A connection whose client certificate
+// Config.Revocations lists is closed with CodeUnauthorized (saying whose
+// certificate was revoked) and not returned.
 func (l *Listener) Accept(ctx context.Context) (*quic.Conn, error) {
 	conn, err := l.ln.Accept(ctx)
+	for err == nil && l.rev != nil {
+		rerr := l.rev.admit(conn)
+		if rerr == nil {
+			break
+		}
+		l.handshakeDone(conn)
+		refuse(conn, rerr)
+		conn, err = l.ln.Accept(ctx)
+	}
 	if err != nil {
 		return nil, err
 	}
-	if h, ok := conn.Context().Value(handshakeKey{}).(*handshake); ok {
-		h.done()
-	}
+	l.handshakeDone(conn)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.mu.closed {
@@ -158,6 +168,13 @@ func (l *Listener) Accept(ctx context.Context) (*quic.Conn, error) {
 		l.mu.Unlock()
 	})
 	return conn, nil
+}
+
+// handshakeDone counts conn's handshake done (see handshake).
+func (l *Listener) handshakeDone(conn *quic.Conn) {
+	if h, ok := conn.Context().Value(handshakeKey{}).(*handshake); ok {
+		h.done()
+	}
 }
 
 // Addr returns the address the listener is bound to.
@@ -203,6 +220,10 @@ func (l *Listener) Close() error {
 // checked the client's certificate: a server that rejects the certificate
 // closes the connection right after, and the first stream operation
 // fails.
+//
+// A server certificate cfg.Revocations lists fails the dial with a
+// [CodeUnauthorized] error wrapping [ErrRevoked], after the connection is
+// closed with it.
 func Dial(ctx context.Context, addr string, tlsConf *tls.Config, cfg Config) (*quic.Conn, error) {
 	if err := checkTLS(tlsConf); err != nil {
 		return nil, fmt.Errorf("transport: dial %s: %w", addr, err)
@@ -236,6 +257,13 @@ func Dial(ctx context.Context, addr string, tlsConf *tls.Config, cfg Config) (*q
 	if err != nil {
 		release()
 		return nil, fmt.Errorf("transport: dial %s: %w", addr, err)
+	}
+	if cfg.Revocations != nil {
+		if rerr := cfg.Revocations.admit(conn); rerr != nil {
+			refuse(conn, rerr)
+			release()
+			return nil, fmt.Errorf("transport: dial %s: %w", addr, rerr)
+		}
 	}
 	context.AfterFunc(conn.Context(), release)
 	return conn, nil

@@ -3,6 +3,7 @@ package cluster
 import (
 	"crypto/tls"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -80,4 +81,17 @@ func CtlEtcd(certDir, name string) ctl.EtcdConfig {
 	ec.CertFile, ec.KeyFile = CtlCertFiles(certDir, name)
 	ec.CAFile = filepath.Join(certDir, "ca.crt")
 	return ec
+}
+
+// WatchCRL enforces the certificate revocation list of certDir
+// (transport.CRLFile, beside ca.crt): it must be signed by the cluster
+// CA in ca.crt, and is re-read when it changes until the returned
+// Revocations is closed. With no such file nothing is revoked until one
+// appears. Set it as the node's transport.Config.Revocations.
+func WatchCRL(certDir string, log *slog.Logger) (*transport.Revocations, error) {
+	rev, err := transport.WatchCRL(filepath.Join(certDir, transport.CRLFile), filepath.Join(certDir, "ca.crt"), transport.RevocationsConfig{Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("load the certificate revocation list of %s: %w", certDir, err)
+	}
+	return rev, nil
 }
