@@ -33,6 +33,8 @@ type inproc struct {
 	ctl     *ctl.Server
 	brokers []*Broker
 	tweak   func(*Config) // applied to each broker's config, if set
+	// ctlTweak is applied to the control plane's config, if set.
+	ctlTweak func(*ctl.Config)
 }
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
@@ -48,6 +50,13 @@ func startInproc(t *testing.T, n int, streams ...shardmap.StreamConfig) *inproc 
 // config (providers, say).
 func startInprocWith(t testing.TB, tweak func(*Config), n int, streams ...shardmap.StreamConfig) *inproc {
 	t.Helper()
+	return startInprocTweaked(t, tweak, nil, n, streams...)
+}
+
+// startInprocTweaked is startInprocWith with ctlTweak applied to the
+// control plane's config too.
+func startInprocTweaked(t testing.TB, tweak func(*Config), ctlTweak func(*ctl.Config), n int, streams ...shardmap.StreamConfig) *inproc {
+	t.Helper()
 	dir := t.TempDir()
 	ids := []string{"ctl"}
 	for i := range n + 2 { // spares for brokers a test adds later
@@ -56,7 +65,7 @@ func startInprocWith(t testing.TB, tweak func(*Config), n int, streams ...shardm
 	if err := transport.GenerateDevCerts(filepath.Join(dir, "certs"), ids...); err != nil {
 		t.Fatal(err)
 	}
-	ip := &inproc{t: t, dir: dir, tweak: tweak}
+	ip := &inproc{t: t, dir: dir, tweak: tweak, ctlTweak: ctlTweak}
 	c := ip.startCtl("ctl")
 	t.Cleanup(ip.close)
 	for i := range n {
@@ -82,8 +91,12 @@ func (ip *inproc) startCtl(sub string) *ctl.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := ctl.New(ctl.Config{Addr: "127.0.0.1:0", DataDir: filepath.Join(ip.dir, sub), TLS: ctlTLS, Etcd: cluster.CtlEtcd(filepath.Join(ip.dir, "certs"), ""), LeaseTTL: time.Second,
-		Superusers: []string{transport.DevAdminName}, Logger: quiet()})
+	cfg := ctl.Config{Addr: "127.0.0.1:0", DataDir: filepath.Join(ip.dir, sub), TLS: ctlTLS, Etcd: cluster.CtlEtcd(filepath.Join(ip.dir, "certs"), ""), LeaseTTL: time.Second,
+		Superusers: []string{transport.DevAdminName}, Logger: quiet()}
+	if ip.ctlTweak != nil {
+		ip.ctlTweak(&cfg)
+	}
+	c, err := ctl.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
+
+	"github.com/felix-broker/felix/internal/logonce"
 )
 
 // CRLFile is the name of the cluster's certificate revocation list: in
@@ -36,8 +38,10 @@ const crlPEMType = "X509 CRL"
 // (with the time they were revoked), its Number is the previous one's
 // plus one (1 for a new file), its ThisUpdate now and its NextUpdate
 // [CRLValidity] later. Serials already on the list are not added twice;
-// when every serial is, the file is left as it was and added is 0. A
-// CRL in file that ca did not sign is an error, and is left alone.
+// when every serial given is, the file is left as it was and added is
+// 0. With no serials the list is signed again as it is: renewed, with
+// the next number and dates (created empty when there is none). A CRL
+// in file that ca did not sign is an error, and is left alone.
 func (ca *CA) Revoke(file string, serials ...*big.Int) (crl *x509.RevocationList, added int, err error) {
 	var entries []x509.RevocationListEntry
 	number := big.NewInt(1)
@@ -71,7 +75,7 @@ func (ca *CA) Revoke(file string, serials ...*big.Int) (crl *x509.RevocationList
 		entries = append(entries, x509.RevocationListEntry{SerialNumber: new(big.Int).Set(s), RevocationTime: now})
 		added++
 	}
-	if added == 0 && old != nil {
+	if added == 0 && old != nil && len(serials) > 0 {
 		return old, 0, nil
 	}
 	der, err := x509.CreateRevocationList(rand.Reader, &x509.RevocationList{
@@ -152,6 +156,10 @@ type Revocations struct {
 	done chan struct{}
 	once sync.Once
 
+	// refused remembers the serials whose refusal was logged, so that a
+	// revoked client redialing logs one line, not one per attempt.
+	refused logonce.Set
+
 	// seen is the modification time and size of the file last looked
 	// at; only the polling goroutine (and WatchCRL before it) uses it.
 	seen fileStamp
@@ -212,7 +220,7 @@ func WatchCRL(crlFile, caFile string, cfg RevocationsConfig) (*Revocations, erro
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		r.seen = fileStamp{err: err.Error()}
-		r.log.Info("no certificate revocation list: none revoked until the file appears")
+		r.log.Debug("no certificate revocation list: none revoked until the file appears")
 	case err != nil:
 		return nil, fmt.Errorf("transport: CRL %q: %w", crlFile, err)
 	default:
@@ -394,7 +402,11 @@ func (r *Revocations) admit(conn *quic.Conn) *Error {
 	r.mu.Lock()
 	if r.mu.list.revoked(cert) {
 		r.mu.Unlock()
-		return r.errRevoked(cert)
+		err := r.errRevoked(cert)
+		if r.refused.First(string(cert.SerialNumber.Bytes())) {
+			r.log.Warn("refused a connection: its peer's certificate is revoked (logged once per certificate)", "remote", conn.RemoteAddr(), "err", err)
+		}
+		return err
 	}
 	r.mu.conns[conn] = cert
 	r.mu.Unlock()

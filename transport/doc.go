@@ -7,6 +7,19 @@
 // ownership or routing: those belong to wal, shardmap and broker. A frame
 // here is a value that crosses a stream; what it means is decided elsewhere.
 //
+// # Revocation
+//
+// [CA.Revoke] keeps the cluster's certificate revocation list, an X.509
+// CRL signed by the CA ([CRLFile], crl.pem). A node enforces it with
+// [WatchCRL] set as [Config.Revocations]: its [Listener] closes a
+// connection whose client certificate is listed with [CodeUnauthorized]
+// right after the handshake (the client sees a typed refusal, not a
+// handshake failure), [Dial] refuses a listed server certificate, and a
+// reload of the file that lists the certificate of a live connection
+// closes it the same way. The check is a map lookup per handshake and
+// per live connection at a reload, never per frame. Certificates
+// themselves are not reloaded.
+//
 // # Wire format
 //
 // A frame on a stream is a 4-byte big-endian length N of what follows, one

@@ -15,6 +15,7 @@ import (
 
 	"github.com/felix-broker/felix/broker"
 	"github.com/felix-broker/felix/internal/cluster"
+	"github.com/felix-broker/felix/transport"
 )
 
 // Broker runs one broker until SIGINT or SIGTERM, then shuts it down
@@ -25,7 +26,7 @@ type Broker struct {
 	Advertise string        `help:"Address clients and peers use to reach this broker (default: the bound address)." env:"FELIX_ADVERTISE"`
 	Ctl       string        `help:"Control plane QUIC address; several, comma-separated, for a control plane of several members (any will do)." default:"127.0.0.1:7000" env:"FELIX_CTL"`
 	Data      string        `help:"Data directory for the shard logs." required:"" type:"path" env:"FELIX_DATA"`
-	Certs     string        `help:"Directory with ca.crt and <id>.crt/<id>.key." required:"" type:"existingdir" env:"FELIX_CERTS"`
+	Certs     string        `help:"Directory with ca.crt and <id>.crt/<id>.key, and crl.pem when certificates are revoked (see felix certs revoke; re-read when it changes)." required:"" type:"existingdir" env:"FELIX_CERTS"`
 	LeaseTTL  time.Duration `help:"Control plane lease, until the control plane says its own: the broker then goes by that one, with a warning if it differs. Set it as felix ctl's --lease-ttl." default:"3s" env:"FELIX_LEASE_TTL"`
 	Admin     string        `help:"HTTP admin address serving /metrics, /healthz and /readyz, registered in the shard map (empty: none). It has no authentication, and /metrics names streams (stream names, per-shard sizes and offsets: --shard-metrics) and peer brokers: keep it on loopback or a network only operators and scrapers reach." default:"127.0.0.1:0" env:"FELIX_ADMIN"`
 	// ReadyReplicaWait is broker.Config.ReadyReplicaWait.
@@ -50,6 +51,11 @@ func (c *Broker) Run(log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	crl, err := cluster.WatchCRL(c.Certs, log)
+	if err != nil {
+		return err
+	}
+	defer crl.Close()
 	sw := watchShutdown(log, "broker")
 	defer sw.end()
 	var started atomic.Pointer[broker.Broker]
@@ -83,6 +89,7 @@ func (c *Broker) Run(log *slog.Logger) error {
 		DataDir:          c.Data,
 		ServerTLS:        tlsConf.Server,
 		PeerTLS:          tlsConf.Peer,
+		Transport:        transport.Config{Revocations: crl},
 		CtlAddr:          c.Ctl,
 		CtlTLS:           tlsConf.Ctl,
 		LeaseTTL:         c.LeaseTTL,

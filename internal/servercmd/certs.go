@@ -1,14 +1,18 @@
 package servercmd
 
 import (
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math/big"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/felix-broker/felix/transport"
 )
@@ -18,13 +22,17 @@ import (
 // its key, then issue one certificate per broker, control plane and client
 // principal, each into a directory of its own holding NAME.crt, NAME.key
 // and a copy of ca.crt, never ca.key. Ship each such directory to the one
-// process it is for. Dev writes everything, the CA key included, into one
-// directory, for development only.
+// process it is for. Revoke adds certificates to the CA's revocation
+// list (crl.pem in the CA directory), which the operator copies next to
+// ca.crt into every broker's and control plane's directory, where they
+// re-read it. Dev writes everything, the CA key included, into one
+// directory, for development only, and needs no CRL.
 type Certs struct {
 	CA     CertsCA     `cmd:"" name:"ca" help:"Create the cluster CA (ca.crt and ca.key) in --ca-dir. Keep this directory offline: ca.key signs every identity in the cluster."`
 	Node   CertsNode   `cmd:"" help:"Issue a broker's certificate (role node, CN = node id) into --out."`
 	Ctl    CertsCtl    `cmd:"" help:"Issue the control plane's certificate (role ctl) into --out."`
 	Client CertsClient `cmd:"" help:"Issue a client certificate (role client, CN = principal name) into --out."`
+	Revoke CertsRevoke `cmd:"" help:"Revoke certificates: add them to the CRL (crl.pem) in --ca-dir, signed by the CA. Copy crl.pem next to ca.crt into every broker's and control plane's --certs directory: they re-read it within seconds, refuse the revoked certificates' connections and close those already up. The list says it is current for a year (its next update; --renew signs it again)."`
 	Dev    CertsDev    `cmd:"" help:"Write a development PKI into one directory: the CA with its key beside every node's key and an admin client certificate. Not for production."`
 }
 
@@ -167,6 +175,79 @@ func issueLeaf(f leafFlags, role transport.Role, name string, hosts []string) er
 		fmt.Printf("wrote %s.crt (%s %q), %s.key and ca.crt to %s\n", name, role, name, name, out)
 	}
 	return nil
+}
+
+// CertsRevoke adds certificates to the cluster's revocation list.
+type CertsRevoke struct {
+	caFlags
+	Certs  []string `arg:"" optional:"" help:"PEM certificate files to revoke (each NAME.crt as issued; the CA must have issued them)." type:"existingfile" placeholder:"CERT.pem"`
+	Serial []string `help:"Serial number of a certificate to revoke, in hex (as openssl x509 -serial prints it; colons allowed), for one whose file is no longer at hand (repeatable)." placeholder:"HEX"`
+	Renew  bool     `help:"Sign the list again as it is, with a new number and a next update a year ahead (a CRL is valid for a year; brokers warn past it), or write an empty one if there is none."`
+}
+
+func (c *CertsRevoke) Run(log *slog.Logger) error {
+	if len(c.Certs) == 0 && len(c.Serial) == 0 && !c.Renew {
+		return errors.New("nothing to revoke: name certificate files, or serials with --serial (or --renew the list)")
+	}
+	caCert, caKey := c.files()
+	ca, err := transport.LoadCAKeyPair(caCert, caKey)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("no CA in %s (the CRL is signed with ca.key): %w", c.CADir, err)
+		}
+		return err
+	}
+	var serials []*big.Int
+	for _, f := range c.Certs {
+		cert, err := readCertFile(f)
+		if err != nil {
+			return err
+		}
+		if err := cert.CheckSignatureFrom(ca.Cert); err != nil {
+			return fmt.Errorf("%s was not issued by the CA in %s: %w", f, c.CADir, err)
+		}
+		serials = append(serials, cert.SerialNumber)
+	}
+	for _, h := range c.Serial {
+		s, ok := new(big.Int).SetString(strings.ReplaceAll(strings.TrimPrefix(strings.ToLower(h), "0x"), ":", ""), 16)
+		if !ok || s.Sign() <= 0 {
+			return fmt.Errorf("--serial %q: want a positive hexadecimal number", h)
+		}
+		serials = append(serials, s)
+	}
+	file := filepath.Join(c.CADir, transport.CRLFile)
+	crl, added, err := ca.Revoke(file, serials...)
+	if err != nil {
+		return err
+	}
+	if added == 0 && len(serials) > 0 {
+		fmt.Printf("%s already revokes every certificate named (number %v, %d revoked); left as it was\n", file, crl.Number, len(crl.RevokedCertificateEntries))
+		return nil
+	}
+	fmt.Printf("wrote %s (number %v, %d revoked, %d new; next update %s)\n", file, crl.Number, len(crl.RevokedCertificateEntries), added, crl.NextUpdate.Format(time.DateOnly))
+	fmt.Printf("copy it next to ca.crt into every broker's and control plane's --certs directory (as %s): they load it within seconds\n", transport.CRLFile)
+	return nil
+}
+
+// readCertFile reads the first PEM certificate in file.
+func readCertFile(file string) (*x509.Certificate, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		var block *pem.Block
+		if block, data = pem.Decode(data); block == nil {
+			return nil, fmt.Errorf("%s: no PEM certificate in it", file)
+		}
+		if block.Type == "CERTIFICATE" {
+			cert, err := x509.ParseCertificate(block.Bytes)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", file, err)
+			}
+			return cert, nil
+		}
+	}
 }
 
 // CertsDev writes a development PKI: today's `felix dev` layout.

@@ -3,15 +3,20 @@ package servercmd
 import (
 	"bytes"
 	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"log/slog"
+	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/alecthomas/kong"
 
@@ -343,4 +348,149 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// TestCertsRevoke: `felix certs revoke` of a certificate file, then of a
+// serial, writes crl.pem in the CA directory signed by the CA, with both
+// serials and a higher Number the second time; revoking the first again
+// changes nothing; --renew signs the same list again with a higher
+// number; a certificate of another CA is refused.
+func TestCertsRevoke(t *testing.T) {
+	root := t.TempDir()
+	caDir := filepath.Join(root, "ca")
+	if err := certsCLI(t, "certs", "ca", "--ca-dir", caDir); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"alice", "bob"} {
+		if err := certsCLI(t, "certs", "client", name, "--ca-dir", caDir, "--out", filepath.Join(root, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	alice, err := readCertFile(filepath.Join(root, "alice", "alice.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bob, err := readCertFile(filepath.Join(root, "bob", "bob.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	crlFile := filepath.Join(caDir, transport.CRLFile)
+	readCRL := func() *x509.RevocationList {
+		t.Helper()
+		data, err := os.ReadFile(crlFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		block, _ := pem.Decode(data)
+		if block == nil {
+			t.Fatalf("%s: no PEM block", crlFile)
+		}
+		crl, err := x509.ParseRevocationList(block.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return crl
+	}
+
+	if err := certsCLI(t, "certs", "revoke", "--ca-dir", caDir, filepath.Join(root, "alice", "alice.crt")); err != nil {
+		t.Fatal(err)
+	}
+	first := readCRL()
+	// bob's serial as openssl prints it: upper case, here with colons.
+	hex := strings.ToUpper(bob.SerialNumber.Text(16))
+	if len(hex)%2 == 1 {
+		hex = "0" + hex
+	}
+	var colons []string
+	for i := 0; i < len(hex); i += 2 {
+		colons = append(colons, hex[i:i+2])
+	}
+	if err := certsCLI(t, "certs", "revoke", "--ca-dir", caDir, "--serial", strings.Join(colons, ":")); err != nil {
+		t.Fatal(err)
+	}
+	second := readCRL()
+	if second.Number.Cmp(first.Number) <= 0 {
+		t.Errorf("CRL number %v after %v; want it to increase", second.Number, first.Number)
+	}
+	ca, err := transport.LoadCAKeyPair(filepath.Join(caDir, "ca.crt"), filepath.Join(caDir, "ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := second.CheckSignatureFrom(ca.Cert); err != nil {
+		t.Fatalf("CRL signature: %v", err)
+	}
+	var got []string
+	for _, e := range second.RevokedCertificateEntries {
+		got = append(got, e.SerialNumber.Text(16))
+	}
+	if want := []string{alice.SerialNumber.Text(16), bob.SerialNumber.Text(16)}; !slices.Equal(got, want) {
+		t.Fatalf("revoked serials %v, want %v", got, want)
+	}
+
+	before, _ := os.ReadFile(crlFile)
+	if err := certsCLI(t, "certs", "revoke", "--ca-dir", caDir, filepath.Join(root, "alice", "alice.crt")); err != nil {
+		t.Fatalf("revoking alice again: %v", err)
+	}
+	if after, _ := os.ReadFile(crlFile); !bytes.Equal(before, after) {
+		t.Error("revoking alice again changed crl.pem")
+	}
+
+	if err := certsCLI(t, "certs", "revoke", "--ca-dir", caDir, "--renew"); err != nil {
+		t.Fatal(err)
+	}
+	if renewed := readCRL(); renewed.Number.Cmp(second.Number) <= 0 || len(renewed.RevokedCertificateEntries) != 2 || renewed.NextUpdate.Before(second.NextUpdate) {
+		t.Errorf("--renew: number %v (was %v), %d entries, next update %v (was %v); want a higher number, the 2 entries, a next update no earlier",
+			renewed.Number, second.Number, len(renewed.RevokedCertificateEntries), renewed.NextUpdate, second.NextUpdate)
+	}
+
+	otherDir := filepath.Join(root, "other")
+	if err := certsCLI(t, "certs", "ca", "--ca-dir", otherDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := certsCLI(t, "certs", "client", "mallory", "--ca-dir", otherDir, "--out", filepath.Join(root, "mallory")); err != nil {
+		t.Fatal(err)
+	}
+	if err := certsCLI(t, "certs", "revoke", "--ca-dir", caDir, filepath.Join(root, "mallory", "mallory.crt")); err == nil ||
+		!strings.Contains(err.Error(), "not issued by the CA") {
+		t.Errorf("revoking another CA's certificate: %v; want refused", err)
+	}
+	if err := certsCLI(t, "certs", "revoke", "--ca-dir", caDir); err == nil {
+		t.Error("revoke with nothing named succeeded")
+	}
+}
+
+// TestServersRefuseAnotherCAsCRL: felix broker and felix ctl whose
+// --certs holds a crl.pem the cluster CA did not sign fail to start,
+// naming the file.
+func TestServersRefuseAnotherCAsCRL(t *testing.T) {
+	dir := t.TempDir()
+	certs := filepath.Join(dir, "certs")
+	if err := transport.GenerateDevCerts(certs, "ctl", "broker-0"); err != nil {
+		t.Fatal(err)
+	}
+	other, err := transport.NewCA("other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	crlFile := filepath.Join(certs, transport.CRLFile)
+	if _, _, err := other.Revoke(crlFile, big.NewInt(42)); err != nil {
+		t.Fatal(err)
+	}
+	// On a busy port, so that a Run that does not check the CRL fails
+	// too (for another reason) instead of serving.
+	busy, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	b := &Broker{ID: "broker-0", Listen: busy.LocalAddr().String(), Ctl: "127.0.0.1:1", Data: filepath.Join(dir, "b0"), Certs: certs, LeaseTTL: time.Second}
+	if err := b.Run(quietLog); err == nil || !strings.Contains(err.Error(), crlFile) || !strings.Contains(err.Error(), "not signed by the cluster CA") {
+		t.Errorf("felix broker with another CA's CRL: %v; want an error naming %s", err, crlFile)
+	}
+	c := &Ctl{Listen: busy.LocalAddr().String(), Data: filepath.Join(dir, "ctl"), Certs: certs, LeaseTTL: time.Second, MaxShardsTotal: 16384, MaxGrants: 16384}
+	c.Etcd.Cluster = "default"
+	c.Etcd.StartTimeout = 30 * time.Second
+	if err := c.Run(quietLog); err == nil || !strings.Contains(err.Error(), crlFile) || !strings.Contains(err.Error(), "not signed by the cluster CA") {
+		t.Errorf("felix ctl with another CA's CRL: %v; want an error naming %s", err, crlFile)
+	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/felix-broker/felix/ctl"
 	"github.com/felix-broker/felix/internal/cluster"
 	"github.com/felix-broker/felix/internal/msgtrace"
+	"github.com/felix-broker/felix/transport"
 )
 
 // Ctl runs the control plane until SIGINT or SIGTERM.
@@ -27,7 +28,7 @@ type Ctl struct {
 	Listen    string        `help:"QUIC address to listen on." default:"127.0.0.1:7000" env:"FELIX_LISTEN"`
 	Advertise string        `help:"QUIC address other ctl members reach this one at (default: the bound address)." env:"FELIX_ADVERTISE"`
 	Data      string        `help:"State directory." required:"" type:"path" env:"FELIX_DATA"`
-	Certs     string        `help:"Directory with ca.crt and this member's certificate: NAME.crt/NAME.key for --etcd-name NAME when present, else ctl.crt/ctl.key. It also secures the embedded etcd's https:// URLs, and this ctl's connection to it." required:"" type:"existingdir" env:"FELIX_CERTS"`
+	Certs     string        `help:"Directory with ca.crt and this member's certificate: NAME.crt/NAME.key for --etcd-name NAME when present, else ctl.crt/ctl.key; and crl.pem when certificates are revoked (see felix certs revoke; re-read when it changes). It also secures the embedded etcd's https:// URLs, and this ctl's connection to it." required:"" type:"existingdir" env:"FELIX_CERTS"`
 	LeaseTTL  time.Duration `help:"Broker lease: a broker silent this long is marked down. Brokers registered with this ctl heartbeat by it, whatever their own --lease-ttl." default:"3s" env:"FELIX_LEASE_TTL"`
 	Superuser []string      `help:"Client principal (certificate common name) authorized for everything, who grants the others their permissions (repeatable)." env:"FELIX_SUPERUSERS" placeholder:"NAME"`
 	Admin     string        `help:"HTTP admin address serving /metrics, /healthz and /readyz (empty: none). It has no authentication: keep it on loopback or a network only operators and scrapers reach." default:"127.0.0.1:0" env:"FELIX_ADMIN"`
@@ -101,6 +102,11 @@ func (c *Ctl) Run(log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	crl, err := cluster.WatchCRL(c.Certs, log)
+	if err != nil {
+		return err
+	}
+	defer crl.Close()
 	sw := watchShutdown(log, "ctl")
 	defer sw.end()
 	var started atomic.Pointer[ctl.Server]
@@ -130,7 +136,7 @@ func (c *Ctl) Run(log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	s, err := ctl.New(ctl.Config{Addr: c.Listen, Advertise: c.Advertise, DataDir: c.Data, TLS: tlsConf, LeaseTTL: c.LeaseTTL,
+	s, err := ctl.New(ctl.Config{Addr: c.Listen, Advertise: c.Advertise, DataDir: c.Data, TLS: tlsConf, Transport: transport.Config{Revocations: crl}, LeaseTTL: c.LeaseTTL,
 		Superusers: c.Superuser, MaxShardsTotal: c.MaxShardsTotal, MaxGrants: c.MaxGrants, Etcd: ec, Name: c.Etcd.Name, OnEtcdRoundTrip: rtt, Logger: log})
 	if err != nil {
 		return err
