@@ -203,7 +203,7 @@ type fileStamp struct {
 // crlFile revokes nothing until it appears. A CRL the CA did not sign,
 // or one that cannot be parsed, is an error naming the file.
 func WatchCRL(crlFile, caFile string, cfg RevocationsConfig) (*Revocations, error) {
-	cas, err := loadCACerts(caFile)
+	cas, err := ReadCertificates(caFile)
 	if err != nil {
 		return nil, err
 	}
@@ -234,11 +234,12 @@ func WatchCRL(crlFile, caFile string, cfg RevocationsConfig) (*Revocations, erro
 	return r, nil
 }
 
-// loadCACerts reads the PEM certificates in file.
-func loadCACerts(file string) ([]*x509.Certificate, error) {
+// ReadCertificates reads the PEM certificates in file (a CA's, a
+// node's), in order; a file with none is an error.
+func ReadCertificates(file string) ([]*x509.Certificate, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
-		return nil, fmt.Errorf("transport: loading CA: %w", err)
+		return nil, fmt.Errorf("transport: reading certificates: %w", err)
 	}
 	var cas []*x509.Certificate
 	for {
@@ -252,12 +253,12 @@ func loadCACerts(file string) ([]*x509.Certificate, error) {
 		}
 		c, err := x509.ParseCertificate(block.Bytes)
 		if err != nil {
-			return nil, fmt.Errorf("transport: loading CA %q: %w", file, err)
+			return nil, fmt.Errorf("transport: reading certificates of %q: %w", file, err)
 		}
 		cas = append(cas, c)
 	}
 	if len(cas) == 0 {
-		return nil, fmt.Errorf("transport: loading CA %q: no PEM certificate in it", file)
+		return nil, fmt.Errorf("transport: reading certificates of %q: no PEM certificate in it", file)
 	}
 	return cas, nil
 }

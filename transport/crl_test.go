@@ -3,7 +3,6 @@ package transport
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"errors"
 	"log/slog"
 	"math/big"
@@ -100,33 +99,6 @@ func TestWatchCRLRefusesAnotherCAsList(t *testing.T) {
 	}
 }
 
-// revokingServer listens on ALPNPeer with n1's certificate, enforcing
-// rev, and hands accepted connections to the test.
-func revokingServer(t *testing.T, p *pki, cert tls.Certificate, rev *Revocations) (addr string, accepted <-chan *quic.Conn) {
-	t.Helper()
-	ln, err := Listen("127.0.0.1:0", ServerTLS(cert, p.ca, ALPNPeer), Config{Revocations: rev})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch := make(chan *quic.Conn, 4)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			conn, err := ln.Accept(context.Background())
-			if err != nil {
-				return
-			}
-			ch <- conn
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		<-done
-	})
-	return ln.Addr().String(), ch
-}
-
 // closedWith waits for conn to close and returns the peer's reason.
 func closedWith(t *testing.T, conn *quic.Conn) *Error {
 	t.Helper()
@@ -158,7 +130,7 @@ func TestRevokedPeerCertificate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rev.Close()
-	addr, accepted := revokingServer(t, p, p.nodes["n1"], rev)
+	addr, accepted := certServer(t, p, p.nodes["n1"], Config{Revocations: rev})
 
 	// n2 is not revoked: its connection is accepted.
 	live := dial(t, addr, ClientTLS(p.ca, &n2, "n1", ALPNPeer), Config{})
@@ -201,7 +173,7 @@ func TestRevokedPeerCertificate(t *testing.T) {
 	}
 
 	// Dialing a server whose certificate is revoked fails, typed.
-	addr3, _ := revokingServer(t, p, n3, nil)
+	addr3, _ := certServer(t, p, n3, Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	n1 := p.nodes["n1"]

@@ -24,7 +24,13 @@ import (
 // accepted connections to the test.
 func peerServer(t *testing.T, p *pki) (addr string, accepted <-chan *quic.Conn) {
 	t.Helper()
-	ln, err := Listen("127.0.0.1:0", ServerTLS(p.nodes["n1"], p.ca, ALPNPeer, ALPNCtl), Config{})
+	return certServer(t, p, p.nodes["n1"], Config{})
+}
+
+// certServer is peerServer presenting cert, with cfg.
+func certServer(t *testing.T, p *pki, cert tls.Certificate, cfg Config) (addr string, accepted <-chan *quic.Conn) {
+	t.Helper()
+	ln, err := Listen("127.0.0.1:0", ServerTLS(cert, p.ca, ALPNPeer, ALPNCtl), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package servercmd
 
 import (
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -231,23 +230,11 @@ func (c *CertsRevoke) Run(log *slog.Logger) error {
 
 // readCertFile reads the first PEM certificate in file.
 func readCertFile(file string) (*x509.Certificate, error) {
-	data, err := os.ReadFile(file)
+	certs, err := transport.ReadCertificates(file)
 	if err != nil {
 		return nil, err
 	}
-	for {
-		var block *pem.Block
-		if block, data = pem.Decode(data); block == nil {
-			return nil, fmt.Errorf("%s: no PEM certificate in it", file)
-		}
-		if block.Type == "CERTIFICATE" {
-			cert, err := x509.ParseCertificate(block.Bytes)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", file, err)
-			}
-			return cert, nil
-		}
-	}
+	return certs[0], nil
 }
 
 // CertsDev writes a development PKI: today's `felix dev` layout.
