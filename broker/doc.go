@@ -270,6 +270,15 @@
 // authorized, so what a denial keeps, logs and answers holds at most
 // shardmap.MaxStreamName bytes of a name.
 //
+// A certificate on the cluster's revocation list (Config.Transport.Revocations,
+// which `felix broker` sets from crl.pem in its --certs directory, see
+// transport.WatchCRL) is refused by the listener right after its
+// handshake with unauthorized, before the broker sees the connection; a
+// client's, a peer's and the control plane's alike, and so are the
+// brokers and control planes this broker dials. A connection up when a
+// reload of the list revokes its certificate is closed with
+// unauthorized.
+//
 // # Limits
 //
 // What one client can make a broker hold is bounded (see the limit

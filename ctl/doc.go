@@ -21,7 +21,11 @@
 // by a broker), so it can neither register nor hold ctl's streams and
 // goroutines. Before that, connections in their handshake are bounded
 // as on a broker: ctl listens with [transport.Listen], whose
-// Config.Transport.MaxHandshakes and RetryHandshakes apply. ctl
+// Config.Transport.MaxHandshakes and RetryHandshakes apply, and so does
+// Config.Transport.Revocations: a node (or any) certificate on the
+// cluster's revocation list is refused unauthorized before it
+// registers, and a registration it holds is closed when a reload lists
+// it (`felix ctl` enforces crl.pem of its --certs). ctl
 // answers with a [transport.MapUpdate]
 // holding the current map, then sends one whenever the map changes; the
 // broker sends a [transport.Heartbeat] every LeaseTTL/3 (which ctl
