@@ -188,3 +188,34 @@ func TestRevokedPeerCertificate(t *testing.T) {
 }
 
 func quietLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// BenchmarkRevocationsCheck is the cost a handshake pays for the
+// revocation check against a list of 10,000 revoked certificates (not
+// the peer's).
+func BenchmarkRevocationsCheck(b *testing.B) {
+	p := newPKI(b, "n1")
+	ca, err := LoadCAKeyPair(filepath.Join(p.dir, "ca.crt"), filepath.Join(p.dir, "ca.key"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	file := filepath.Join(p.dir, CRLFile)
+	serials := make([]*big.Int, 10000)
+	for i := range serials {
+		serials[i] = big.NewInt(int64(i + 1))
+	}
+	if _, _, err := ca.Revoke(file, serials...); err != nil {
+		b.Fatal(err)
+	}
+	rev, err := WatchCRL(file, filepath.Join(p.dir, "ca.crt"), RevocationsConfig{Interval: time.Hour, Logger: quietLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rev.Close()
+	leaf := p.nodes["n1"].Leaf
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := rev.Check(leaf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
