@@ -101,7 +101,8 @@ func (e *PublishError) Unwrap() error { return e.Err }
 // to the broker as it allows (MaxConnsPerPrincipal, 64 by default; every
 // [Client] holds one to its broker, and each subscription holds its own:
 // see [Client.Subscribe]) or the broker has its most (MaxConns), and
-// [ErrUnauthorized] for a certificate that is not a client's, and
+// [ErrUnauthorized] for a certificate that is not a client's or that the
+// cluster revoked (its message says "certificate revoked"), and
 // [ErrUnavailable] from a broker that has no shard map (started while
 // the control plane is out of reach; the home stays, and redials back
 // off as after any refusal). Nothing
