@@ -62,12 +62,14 @@ func (ip *inproc) revoke(certs ...tls.Certificate) {
 // TestRevokedClientCertificate: a client whose certificate the CRL comes
 // to list loses its live connection (the broker closes it as the new
 // list is loaded): its next publish fails with client.ErrUnauthorized,
-// saying the certificate was revoked, and so does a new Connect. Other
-// principals are not affected.
+// saying the certificate was revoked, its subscription ends with it, and
+// a new Connect fails with it. Other principals are not affected.
 func TestRevokedClientCertificate(t *testing.T) {
 	ip := startRevoking(t, 1, shardmap.StreamConfig{Name: "orders", Shards: 1})
-	if err := ip.ctl.Grant(auth.Grant{Principal: "alice", Action: auth.Publish, Pattern: "orders"}); err != nil {
-		t.Fatal(err)
+	for _, a := range []auth.Action{auth.Publish, auth.Subscribe} {
+		if err := ip.ctl.Grant(auth.Grant{Principal: "alice", Action: a, Pattern: "orders"}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ip.waitEpoch(ip.ctl.Map().Epoch)
 	b := ip.brokers[0]
@@ -86,6 +88,23 @@ func TestRevokedClientCertificate(t *testing.T) {
 	if _, err := c.Publish(ctx, "orders", nil, []byte("before")); err != nil {
 		t.Fatal(err)
 	}
+	sub, err := c.Subscribe(ctx, "orders", client.Earliest())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Stop()
+	records := make(chan error, 1)
+	go func() {
+		// Records published before the revocation took effect are read;
+		// then the subscription must end, typed.
+		for _, err := range sub.Records(ctx) {
+			if err != nil {
+				records <- err
+				return
+			}
+		}
+		records <- errors.New("the iterator ended with no error")
+	}()
 
 	ip.revoke(alice)
 	deadline := time.Now().Add(waitFor)
@@ -104,6 +123,15 @@ func TestRevokedClientCertificate(t *testing.T) {
 			t.Fatalf("alice still publishes %v after her certificate was revoked", waitFor)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+
+	select {
+	case err := <-records:
+		if !errors.Is(err, client.ErrUnauthorized) || !strings.Contains(err.Error(), "revoked") {
+			t.Errorf("alice's subscription after her certificate was revoked ended with %v; want ErrUnauthorized, revoked", err)
+		}
+	case <-time.After(waitFor):
+		t.Errorf("alice's subscription still runs %v after her certificate was revoked", waitFor)
 	}
 
 	cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
