@@ -219,7 +219,8 @@ func plainError(err error) string {
 	return internalPrefix.ReplaceAllString(err.Error(), "")
 }
 
-// explainDial says that broker b could not be reached, and why: TLS, a
+// explainDial says that broker b could not be reached, and why: the
+// broker refused the connection (a revoked certificate, say), TLS, a
 // name that does not resolve here, the broker down while the others
 // answer, or nothing answering at all.
 func explainDial(b *brokerError) string {
@@ -228,6 +229,19 @@ func explainDial(b *brokerError) string {
 		// Nothing was dialed: the client could not be set up (a CA file
 		// that is not a certificate, say).
 		return fmt.Sprintf("cannot connect to %s: %s", b.name(), plainError(b.Err))
+	}
+	var refusal *transport.Error
+	if errors.As(dialErr.Err, &refusal) {
+		// The broker answered, and refused the connection: a revoked
+		// certificate or one of another role, a limit, no map yet.
+		msg := refusal.Message
+		if msg == "" {
+			msg = refusal.Code.String()
+		}
+		if refusal.Code == transport.CodeUnauthorized {
+			return fmt.Sprintf("%s refused the connection: %s: authenticate with a client certificate of the cluster that is not revoked (--cert, --cert-key; `felix certs client` issues one)", b.name(), msg)
+		}
+		return fmt.Sprintf("%s refused the connection: %s", b.name(), msg)
 	}
 	if tlsProblem(b) {
 		return fmt.Sprintf("%s did not pass TLS verification: is the CA (--ca, or the connection file's) the one that signed this cluster's certificates?", b.name())
