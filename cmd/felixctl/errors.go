@@ -161,7 +161,9 @@ func explain(err error) (string, int) {
 	case errors.Is(err, client.ErrNoClusterFile):
 		return "no cluster to talk to: " + plainError(err), exitFailure
 	case errors.As(err, &noBroker):
-		if len(noBroker.errs) == 1 {
+		if len(noBroker.errs) == 1 || refusedAll(noBroker.errs) {
+			// Every broker refused alike (a revoked certificate): the
+			// first says why.
 			return explainDial(noBroker.errs[0]), exitFailure
 		}
 		if tlsProblem(err) {
@@ -230,10 +232,7 @@ func explainDial(b *brokerError) string {
 		// that is not a certificate, say).
 		return fmt.Sprintf("cannot connect to %s: %s", b.name(), plainError(b.Err))
 	}
-	var refusal *transport.Error
-	if errors.As(dialErr.Err, &refusal) {
-		// The broker answered, and refused the connection: a revoked
-		// certificate or one of another role, a limit, no map yet.
+	if refusal := refusalOf(b); refusal != nil {
 		msg := refusal.Message
 		if msg == "" {
 			msg = refusal.Code.String()
@@ -260,6 +259,30 @@ func explainDial(b *brokerError) string {
 		return fmt.Sprintf("%s is not reachable: is it running, and is --broker right?", b.name())
 	}
 	return fmt.Sprintf("%s is not reachable: is `felix dev` running?", b.name())
+}
+
+// refusalOf returns the reason broker b gave for refusing the
+// connection (it answered, closing it with a wire code: a revoked
+// certificate or one of another role, a limit, no map yet), or nil.
+func refusalOf(b *brokerError) *transport.Error {
+	var dialErr *client.DialError
+	var refusal *transport.Error
+	if errors.As(b, &dialErr) && errors.As(dialErr.Err, &refusal) {
+		return refusal
+	}
+	return nil
+}
+
+// refusedAll reports whether every broker of errs refused the connection
+// with the same code.
+func refusedAll(errs []*brokerError) bool {
+	first := refusalOf(errs[0])
+	for _, b := range errs {
+		if r := refusalOf(b); r == nil || first == nil || r.Code != first.Code {
+			return false
+		}
+	}
+	return true
 }
 
 // tlsProblem reports whether err comes from certificate verification.

@@ -24,6 +24,10 @@ func TestExplainRefusedConnection(t *testing.T) {
 			[]string{"the broker at 127.0.0.1:7100 refused the connection: certificate revoked", `felix-client "alice"`, "--cert"}},
 		{"revoked, a broker by id", &brokerError{ID: "broker-1", Addr: "127.0.0.1:7101", Err: &client.DialError{Addr: "127.0.0.1:7101", Err: revoked}},
 			[]string{"broker-1 (127.0.0.1:7101) refused the connection: certificate revoked"}},
+		{"revoked, every broker", &noBrokerError{source: "felix-cluster.json", errs: []*brokerError{
+			{ID: "broker-0", Addr: "127.0.0.1:7100", Err: &client.DialError{Addr: "127.0.0.1:7100", Err: revoked}},
+			{ID: "broker-1", Addr: "127.0.0.1:7101", Err: &client.DialError{Addr: "127.0.0.1:7101", Err: revoked}}}},
+			[]string{"broker-0 (127.0.0.1:7100) refused the connection: certificate revoked"}},
 		{"over a limit", &client.DialError{Addr: "127.0.0.1:7100", Err: full},
 			[]string{"refused the connection: alice has 64 connections"}},
 	} {
