@@ -293,7 +293,7 @@ func (r *Revocations) load(cur *revokedSet) (*revokedSet, error) {
 		return nil, fmt.Errorf("transport: CRL %q has number %v, older than the one in force (%v): an older copy would undo revocations", r.file, crl.Number, cur.number)
 	}
 	if !crl.NextUpdate.IsZero() && time.Now().After(crl.NextUpdate) {
-		r.log.Warn("the certificate revocation list is past its next update; still enforcing it: renew it with felix certs revoke", "next_update", crl.NextUpdate)
+		r.log.Warn("the certificate revocation list is past its next update; still enforcing it: renew it with felix certs revoke --renew", "next_update", crl.NextUpdate)
 	}
 	list := &revokedSet{number: crl.Number, issuer: crl.RawIssuer, serials: make(map[string]struct{}, len(crl.RevokedCertificateEntries))}
 	for _, e := range crl.RevokedCertificateEntries {

@@ -114,14 +114,18 @@ func closedWith(t *testing.T, conn *quic.Conn) *Error {
 // enforcing a CRL refuses a revoked client certificate with
 // unauthorized (naming role, name and serial), closes a connection that
 // was up when a reload revoked its certificate, keeps the list in force
-// when a bad one replaces it, and a dial enforcing it refuses a revoked
-// server certificate.
+// when a bad or an older one replaces it, and a dial enforcing it
+// refuses a revoked server certificate.
 func TestRevokedPeerCertificate(t *testing.T) {
 	p := newPKI(t, "n1", "n2", "n3")
 	ca := devCA(t, p.dir)
 	file := filepath.Join(p.dir, CRLFile)
 	n2, n3 := p.nodes["n2"], p.nodes["n3"]
 	if _, _, err := ca.Revoke(file, n3.Leaf.SerialNumber); err != nil {
+		t.Fatal(err)
+	}
+	older, err := os.ReadFile(file)
+	if err != nil {
 		t.Fatal(err)
 	}
 	// The test polls itself: an hour is never.
@@ -163,6 +167,16 @@ func TestRevokedPeerCertificate(t *testing.T) {
 	rev.poll()
 	if err := rev.Check(n2.Leaf); !errors.Is(err, ErrRevoked) || !errors.Is(err, ErrUnauthorized) {
 		t.Fatalf("after a bad CRL, Check(n2) = %v; want it still revoked", err)
+	}
+
+	// So is an older list (a lower number), which would undo n2's
+	// revocation.
+	if err := os.WriteFile(file, older, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rev.poll()
+	if err := rev.Check(n2.Leaf); !errors.Is(err, ErrRevoked) {
+		t.Fatalf("after an older CRL, Check(n2) = %v; want it still revoked", err)
 	}
 
 	// The admin client certificate still gets in, and is the next one
