@@ -25,6 +25,8 @@ import (
 	"go.etcd.io/etcd/server/v3/storage/wal"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/felix-broker/felix/transport"
 )
 
 // EtcdConfig says where ctl keeps its state. With no Endpoints, ctl runs
@@ -60,6 +62,13 @@ type EtcdConfig struct {
 	// its peers. Default https://127.0.0.1 on a free port, chosen and
 	// kept as ClientURL (a single member has no peers to reach it).
 	PeerURL string
+	// Revocations is the cluster's certificate revocation list (see
+	// transport.WatchCRL): the embedded member refuses every request
+	// from a ctl certificate it lists, on its client port, checked per
+	// request (a connection made before the revocation included). Nil:
+	// Config.Transport.Revocations. Its peer port (the other members)
+	// checks certificates at their handshake only, against no list.
+	Revocations *transport.Revocations
 	// InitialCluster lists every member of a new embedded cluster as
 	// name=peerURL,... (etcd's --initial-cluster). Default Name=PeerURL:
 	// a single-member cluster. A member with data keeps the membership
@@ -185,6 +194,9 @@ func stopEmbedded(e *embed.Etcd) {
 // key it would have deleted goes with its session's lease.
 func openEtcd(ctx context.Context, cfg Config, log *slog.Logger) (*etcdConn, error) {
 	ec := cfg.Etcd
+	if ec.Revocations == nil {
+		ec.Revocations = cfg.Transport.Revocations
+	}
 	ec.quotaBytes = cfg.Knobs.EtcdQuotaBytes
 	c := &etcdConn{quiet: new(atomic.Bool)}
 	if len(ec.Endpoints) > 0 {

@@ -42,7 +42,10 @@ import (
 //     certs`) would be refused by its peers: with peers, it does not
 //     start, saying to issue it again.
 //   - Client URL: the same chain check, then every gRPC request must come
-//     with a certificate of role felix-ctl (requireCtlRole); etcd's JSON
+//     with a certificate of role felix-ctl that the cluster's revocation
+//     list (EtcdConfig.Revocations) does not name (requireCtlRole, per
+//     request, so a revocation also ends what a connection made before
+//     it may do); etcd's JSON
 //     gateway, which would relay requests under the member's own
 //     certificate, is off. etcd's own authentication is off: the ctl
 //     certificate is the only credential.
@@ -192,13 +195,13 @@ func secureEmbedded(c *embed.Config, ec EtcdConfig, lg *zap.Logger) (*tls.Config
 	c.EnableGRPCGateway = false
 	c.GRPCAdditionalServerOptions = append(c.GRPCAdditionalServerOptions,
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-			if err := requireCtlRole(ctx); err != nil {
+			if err := requireCtlRole(ctx, ec.Revocations); err != nil {
 				return nil, err
 			}
 			return h(ctx, req)
 		}),
 		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-			if err := requireCtlRole(ss.Context()); err != nil {
+			if err := requireCtlRole(ss.Context(), ec.Revocations); err != nil {
 				return err
 			}
 			return h(srv, ss)
@@ -266,11 +269,12 @@ func memberHosts(c *embed.Config, own string) []string {
 }
 
 // requireCtlRole fails a gRPC request on the embedded member's TLS client
-// URL unless it came with a verified certificate of role felix-ctl. It
+// URL unless it came with a verified certificate of role felix-ctl that
+// rev (nil: none) does not list as revoked. It
 // guards https:// client URLs only (an http:// one, which only
 // EtcdConfig.Insecure allows, has no interceptor): a request with no TLS
 // is refused.
-func requireCtlRole(ctx context.Context) error {
+func requireCtlRole(ctx context.Context, rev *transport.Revocations) error {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
 		return status.Error(codes.Unauthenticated, "felix: no peer")
@@ -282,9 +286,15 @@ func requireCtlRole(ctx context.Context) error {
 	if len(ti.State.VerifiedChains) == 0 || len(ti.State.VerifiedChains[0]) == 0 {
 		return status.Error(codes.Unauthenticated, "felix: this etcd serves ctl members only: no verified certificate")
 	}
-	id, err := transport.CertIdentity(ti.State.VerifiedChains[0][0])
+	leaf := ti.State.VerifiedChains[0][0]
+	id, err := transport.CertIdentity(leaf)
 	if err != nil || id.Role != transport.RoleCtl {
 		return status.Errorf(codes.PermissionDenied, "felix: this etcd serves ctl members only, not %q (role %q)", id.Name, id.Role)
+	}
+	if rev != nil {
+		if err := rev.Check(leaf); err != nil {
+			return status.Error(codes.PermissionDenied, err.Error())
+		}
 	}
 	return nil
 }

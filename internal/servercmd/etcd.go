@@ -28,7 +28,7 @@ type Etcd struct {
 	PeerURL        string `help:"Where the member is reached by its peers, e.g. https://10.0.0.5:2380." required:"" env:"FELIX_ETCD_PEER_URL" placeholder:"URL"`
 	InitialCluster string `help:"Every member of a new cluster as name=peerURL,... (etcd's --initial-cluster). Once the member has data, the start is refused unless this names the members it has (a running cluster cannot grow). Default: this member alone." env:"FELIX_ETCD_INITIAL_CLUSTER" placeholder:"NAME=URL,..."`
 	Token          string `help:"Initial cluster token, the same on every member of one cluster." default:"felix-etcd" env:"FELIX_ETCD_TOKEN"`
-	Certs          string `help:"Directory with this member's certificate (NAME.crt/NAME.key, else ctl.crt/ctl.key) and the cluster CA (ca.crt), for https:// URLs." type:"path" env:"FELIX_CERTS"`
+	Certs          string `help:"Directory with this member's certificate (NAME.crt/NAME.key, else ctl.crt/ctl.key) and the cluster CA (ca.crt), for https:// URLs, and crl.pem when certificates are revoked (see felix certs revoke; re-read when it changes)." type:"path" env:"FELIX_CERTS"`
 	Insecure       bool   `help:"Allow http:// URLs off loopback and between members: the traffic carries all of ctl's state unencrypted and unauthenticated. Only for a network nothing else shares." env:"FELIX_ETCD_INSECURE"`
 	ElectionMs     uint   `help:"Election timeout in ms (heartbeat: a tenth). Default etcd's 1000 (100 for a single member)." env:"FELIX_ETCD_ELECTION_MS"`
 }
@@ -39,6 +39,14 @@ func (c *Etcd) Run(log *slog.Logger) error {
 	if c.Certs != "" {
 		ec.CertFile, ec.KeyFile = cluster.CtlCertFiles(c.Certs, c.Name)
 		ec.CAFile = filepath.Join(c.Certs, "ca.crt")
+		// A ctl certificate on the cluster's revocation list is refused
+		// on the client port, per request.
+		crl, err := cluster.WatchCRL(c.Certs, log)
+		if err != nil {
+			return err
+		}
+		defer crl.Close()
+		ec.Revocations = crl
 	}
 	if c.ElectionMs > 0 {
 		ec.ElectionMs, ec.TickMs = c.ElectionMs, max(1, c.ElectionMs/10)
