@@ -207,6 +207,7 @@ func (l *Log) readOn(c *cursor, next uint64, maxRecords, maxBytes int) ([]Record
 		buf    []byte // the file's bytes from c.pos on, as read
 		read   int64  // the bytes of the entries of out
 		rolled bool   // a file ended since the last record
+		short  bool   // the last read ended at the file's end
 	)
 	defer func() {
 		if len(out) > 0 {
@@ -234,7 +235,7 @@ func (l *Log) readOn(c *cursor, next uint64, maxRecords, maxBytes int) ([]Record
 			if err != nil && !errors.Is(err, io.EOF) {
 				return out, err
 			}
-			buf = buf[:n]
+			buf, short = buf[:n], n < want
 			size, h = uvarintPrefix(buf)
 		}
 		if len(buf) == 0 || buf[0] == 0 {
@@ -254,6 +255,12 @@ func (l *Log) readOn(c *cursor, next uint64, maxRecords, maxBytes int) ([]Record
 			continue
 		}
 		if h <= 0 || size > uint64(len(buf)-h) {
+			if h > 0 && !short {
+				// An entry larger than the read expected (records
+				// of mixed sizes): its length is known now, and the
+				// next read takes it whole.
+				continue
+			}
 			return out, errCursor // the file ends inside the entry
 		}
 		n := h + int(size)
