@@ -103,9 +103,14 @@ func readCRL(file string) (*x509.RevocationList, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transport: reading CRL: %w", err)
 	}
-	block, _ := pem.Decode(data)
+	block, rest := pem.Decode(data)
 	if block == nil || block.Type != crlPEMType {
 		return nil, fmt.Errorf("transport: CRL %q: no PEM %q block in it", file, crlPEMType)
+	}
+	if more, _ := pem.Decode(rest); more != nil {
+		// A list appended to another (cat >>) would otherwise be
+		// ignored without a word: the file holds one list, the CA's.
+		return nil, fmt.Errorf("transport: CRL %q holds more than one PEM block: it must hold one CRL, the latest felix certs revoke wrote", file)
 	}
 	crl, err := x509.ParseRevocationList(block.Bytes)
 	if err != nil {
@@ -144,9 +149,12 @@ const defaultCRLInterval = 3 * time.Second
 //
 // A goroutine polls the file (see [RevocationsConfig.Interval]) until
 // Close. A new CRL that cannot be read, is not signed by the CA, or has
-// a lower Number than the one in force (an older copy, which would undo
-// revocations) is logged and the one in force kept; so is a CRL file
-// that disappears.
+// a lower Number than the one in force of the same CA, or none (an older
+// copy, which would undo revocations) is logged and the one in force
+// kept; so is a CRL file that disappears, and one holding more than one
+// list. The file holds one CA's list: while ca.crt holds two CAs (a
+// rotation), the list in force is the last one loaded, so certificates
+// of the CA it is not from are not checked against any.
 type Revocations struct {
 	file string
 	cas  []*x509.Certificate
@@ -289,8 +297,12 @@ func (r *Revocations) load(cur *revokedSet) (*revokedSet, error) {
 	if !signed {
 		return nil, fmt.Errorf("transport: CRL %q is not signed by the cluster CA (%s): %w", r.file, r.cas[0].Subject.CommonName, sigErr)
 	}
-	if cur != nil && cur.number != nil && crl.Number != nil && crl.Number.Cmp(cur.number) < 0 {
-		return nil, fmt.Errorf("transport: CRL %q has number %v, older than the one in force (%v): an older copy would undo revocations", r.file, crl.Number, cur.number)
+	if cur != nil && cur.number != nil && string(crl.RawIssuer) == string(cur.issuer) {
+		// Numbers order the lists of one CA; a list of another (ca.crt
+		// holding two CAs during a rotation) starts its own count.
+		if crl.Number == nil || crl.Number.Cmp(cur.number) < 0 {
+			return nil, fmt.Errorf("transport: CRL %q has number %v, older than the one in force (%v): an older copy would undo revocations", r.file, crl.Number, cur.number)
+		}
 	}
 	if !crl.NextUpdate.IsZero() && time.Now().After(crl.NextUpdate) {
 		r.log.Warn("the certificate revocation list is past its next update; still enforcing it: renew it with felix certs revoke --renew", "next_update", crl.NextUpdate)
