@@ -51,10 +51,10 @@ type Log struct {
 		pad   tidseg.Padding // zeros written ahead of them (prealloc.go)
 	}
 
-	ring   ring       // recent committed records
-	readMu sync.Mutex // serialises tidwall reads: tidwall mutates its segment cache under its read lock
-	scans  scanCache  // damaged segments parsed by the wal itself (damage.go)
-	files  segFiles   // segment files kept open for Readers (cursor.go)
+	ring   ring         // recent committed records
+	readMu sync.Mutex   // serialises tidwall reads: tidwall mutates its segment cache under its read lock
+	scans  scanCache    // damaged segments parsed by the wal itself (damage.go)
+	files  tidseg.Files // segment files kept open for Readers (cursor.go)
 
 	first  atomic.Uint64 // first retained offset
 	next   atomic.Uint64 // one past the last committed offset; stored under watch's lock
@@ -124,6 +124,7 @@ func Open(dir string, opts Options) (*Log, error) {
 		committerDone: make(chan struct{}),
 		quit:          make(chan struct{}),
 	}
+	l.files.Init(dir, l.openSegment)
 	if err := atomicfile.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("wal: create dir %q: %w", dir, err)
 	}
@@ -433,7 +434,7 @@ func (l *Log) close() error {
 	if err := l.hwm.f.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("wal: shard %q: close %s: %w", l.name, hwmName, err))
 	}
-	l.files.drop(true)
+	l.files.Drop(true)
 	l.readMu.Lock()
 	if err := l.tw.Close(); err != nil && !errors.Is(err, tidwall.ErrCorrupt) {
 		errs = append(errs, fmt.Errorf("wal: shard %q: close log: %w", l.name, err))

@@ -7,6 +7,8 @@ import (
 	"unsafe"
 
 	tidwall "github.com/tidwall/wal"
+
+	"github.com/felix-broker/felix/internal/tidseg"
 )
 
 // ring holds the most recent committed records, so live readers never touch
@@ -233,7 +235,7 @@ func (l *Log) Read(from uint64, maxRecords int, maxBytes int) ([]Record, error) 
 }
 
 // read is Read; old records are read by c's position if c is not nil.
-func (l *Log) read(c *cursor, from uint64, maxRecords int, maxBytes int) ([]Record, error) {
+func (l *Log) read(c *tidseg.Cursor, from uint64, maxRecords int, maxBytes int) ([]Record, error) {
 	if l.closed.Load() {
 		return nil, ErrClosed
 	}

@@ -281,7 +281,7 @@ func (l *Log) truncateFront(cut uint64) error {
 	}
 	l.first.Store(cut)
 	l.scans.drop() // the segment files were rewritten
-	l.files.drop(false)
+	l.files.Drop(false)
 	if err := l.measure(); err != nil {
 		return err
 	}

@@ -5,16 +5,21 @@
 // tidwall with, the segment roll that tidwall's WriteBatch performs (so that
 // a caller fdatasyncs the right file itself instead of letting tidwall fsync
 // every write), the step of a tail repair that lets tidwall finish an
-// interrupted truncation, the scan and cut of a torn tail, and fdatasync
-// per platform.
+// interrupted truncation, the scan and cut of a torn tail, fdatasync per
+// platform, and the reading of entries by file position for readers that
+// read on from where they left off (Cursor, over a log's small cache of
+// open segment files, Files: cursor.go), which wal.Reader and
+// replica.Reader share.
 //
 // The layout and the roll rule are tidwall's internals, not its API:
 // segment_test.go checks them against the tidwall this module builds with,
 // so that an upgrade that changes them fails there, not in production.
 //
 // It must never know what an entry holds (records, raft entries, offsets,
-// checksums): callers pass a check for that. It never logs, holds no state
-// and starts no goroutine. It performs its file operations on the real OS
-// only; package wal's fault-injection seam (wal.FS) stays in wal, which
-// opens the files it must be able to fail itself and hands them here.
+// checksums): callers pass a check for that (a Cursor's Taker verifies
+// what it reads). It never logs and starts no goroutine; the only state
+// it holds is a Files' open files, owned by the caller's log. It performs
+// its file operations on the real OS only; package wal's fault-injection
+// seam (wal.FS) stays in wal, which opens the files it must be able to
+// fail itself and hands them here (Files.Init takes how to open one).
 package tidseg
