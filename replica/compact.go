@@ -134,6 +134,7 @@ func (s *storage) resetLog(index uint64) error {
 		return fmt.Errorf("replica: group %q: open log %q: %w", s.name, s.dir, err)
 	}
 	s.tw, s.last = tw, index-1
+	s.files.Drop(false)
 	return nil
 }
 
@@ -190,6 +191,7 @@ func (s *storage) truncateFront(cut uint64) error {
 	if err := s.tw.TruncateFront(cut); err != nil {
 		return fmt.Errorf("replica: group %q: drop entries before %d: %w", s.name, cut, err)
 	}
+	s.files.Drop(false) // tidwall removed segments and rewrote the one holding cut
 	if !written.IsZero() {
 		// Unchanged atime (the zero time); a failure only keeps the
 		// segment longer.

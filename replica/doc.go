@@ -146,6 +146,24 @@
 // them without tidwall; older entries are read from disk and decoded per
 // read.
 //
+// Read reads old entries through tidwall, which loads a whole segment (1
+// MiB) into a cache of two on a miss: readers catching up in three or
+// more old segments evict each other's, and each read costs a segment. A
+// Reader (NewReader; reader.go), for a reader that reads on from where
+// it left off such as a subscription, reads them by file position
+// instead (internal/tidseg's Cursor, shared with package wal): each entry
+// read costs about its own bytes, verified as Read verifies it, and at
+// anything unusual the entry is read through Read's path, with its
+// errors. Since an entry is read whole, a Reader keeps what its read
+// left of the entry it read last for its next read, at most 16 KiB, and
+// a group's Readers at most 1 MiB together (past it they keep nothing);
+// Close lets it go. The group keeps the two segment files Readers read
+// most recently open, and closes them when the files are rewritten
+// (truncation, compaction, a snapshot install) and on Close. Measured
+// with TestCatchUpReadersInterleaved: four readers at one record a read
+// in different old segments, entries of 64 records, read 170 bytes per
+// record through Readers, 1 MiB through Read.
+//
 // # Usage
 //
 //	g, err := replica.Open(replica.Config{ID: 1, Peers: []uint64{1, 2, 3}, Dir: dir, Transport: t})
@@ -154,4 +172,7 @@
 //	g.AppendAsync(&wal.Record{Value: v}, func(offset uint64, ts int64, err error) { ... })
 //	recs, err := g.Read(from, 100, 1<<20)
 //	next, changed := g.Watch()
+//	r := g.NewReader() // a subscription's: reads on by position
+//	defer r.Close()
+//	recs, err = r.Read(from, 100, 1<<20)
 package replica

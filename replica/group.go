@@ -203,6 +203,9 @@ type Group struct {
 	confs   []confAt
 	offs    offsetIndex
 	tail    *entryTail // recent committed entries, for Read
+	// readersHeld is what the group's Readers keep between reads, at
+	// most readersHold (reader.go).
+	readersHeld atomic.Int64
 
 	// in is the work handed to the run goroutine. Its own lock: appenders,
 	// the transport and the ticker only contend for a brief append here.
@@ -537,7 +540,7 @@ func (g *Group) Close() error {
 // their Key, Value and Headers may share memory with the Group and other
 // readers, so do not modify them.
 func (g *Group) Read(from uint64, max int, maxBytes int) ([]wal.Record, error) {
-	return g.offs.read(g.st, g.tail, g.cfg.Name, from, max, maxBytes)
+	return g.offs.read(g.tail, g.cfg.Name, diskEntries{g.st}, from, max, maxBytes)
 }
 
 // TransferLeadership asks this replica, if it leads, to hand the

@@ -126,8 +126,9 @@ func (o *offsetIndex) locate(off uint64) (index, base uint64, ok bool) {
 }
 
 // read decodes the records from offset from on out of the entries that
-// hold them: from tail if it holds the entry, else from disk.
-func (o *offsetIndex) read(st *storage, tail *entryTail, name string, from uint64, max, maxBytes int) ([]wal.Record, error) {
+// hold them: from what src kept, else from tail if it holds the entry,
+// else from disk through src.
+func (o *offsetIndex) read(tail *entryTail, name string, src entrySource, from uint64, max, maxBytes int) ([]wal.Record, error) {
 	if first := o.firstOffset(); from < first {
 		return nil, fmt.Errorf("replica: group %q: %w: offset %d is below the first retained offset %d", name, ErrOutOfRange, from, first)
 	}
@@ -141,14 +142,18 @@ func (o *offsetIndex) read(st *storage, tail *entryTail, name string, from uint6
 		if !ok {
 			break
 		}
-		recs, err := readRecords(st, tail, name, index, base, from)
-		if err != nil {
-			return out, err
+		recs := src.held(from)
+		if recs == nil {
+			all, err := readRecords(tail, name, src, index, base, from)
+			if err != nil {
+				return out, err
+			}
+			if from-base >= uint64(len(all)) {
+				return out, fmt.Errorf("replica: group %q: %w: entry %d holds %d records from offset %d, not offset %d", name, ErrCorrupt, index, len(all), base, from)
+			}
+			recs = all[from-base:]
 		}
-		if from-base >= uint64(len(recs)) {
-			return out, fmt.Errorf("replica: group %q: %w: entry %d holds %d records from offset %d, not offset %d", name, ErrCorrupt, index, len(recs), base, from)
-		}
-		for _, r := range recs[from-base:] {
+		for _, r := range recs {
 			// Headers and producer ids count too, as package wal counts
 			// them: a frame of records with large headers must fit.
 			size := wal.ReadSize(&r)
@@ -163,16 +168,30 @@ func (o *offsetIndex) read(st *storage, tail *entryTail, name string, from uint6
 	return out, nil
 }
 
+// entrySource gives offs.read the entries the tail does not hold: the
+// storage (Group.Read), or a Reader, which reads by position and keeps a
+// few records between reads.
+type entrySource interface {
+	// held returns the records from offset from on that the source
+	// kept, nil if it kept none from there.
+	held(from uint64) []wal.Record
+	// readEntry reads entry index from disk, verified as
+	// storage.readEntry verifies it, with its errors.
+	readEntry(index uint64) (pb.EntryType, []byte, error)
+	// decoded learns the records of entry index, read from disk.
+	decoded(index uint64, recs []wal.Record)
+}
+
 // readRecords returns the records of entry index, whose first offset is
 // base: from the tail, decoding them there once, or from disk.
-func readRecords(st *storage, tail *entryTail, name string, index, base, from uint64) ([]wal.Record, error) {
+func readRecords(tail *entryTail, name string, src entrySource, index, base, from uint64) ([]wal.Record, error) {
 	e, inTail := tail.get(index)
 	if inTail && e.recs != nil {
 		return e.recs, nil
 	}
 	data := e.data
 	if !inTail {
-		typ, _, d, err := st.readEntry(index)
+		typ, d, err := src.readEntry(index)
 		if err != nil {
 			return nil, err
 		}
@@ -187,6 +206,15 @@ func readRecords(st *storage, tail *entryTail, name string, index, base, from ui
 	}
 	if inTail {
 		tail.decoded(index, recs)
+	} else {
+		src.decoded(index, recs)
 	}
 	return recs, nil
+}
+
+// entries returns the index after the last entry added.
+func (o *offsetIndex) entries() uint64 {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	return o.firstIndex + uint64(len(o.bases))
 }

@@ -88,8 +88,8 @@ func TestReadCountsHeaders(t *testing.T) {
 
 // TestReplacedSuffixNeverRead: a leader cut off with entries it could
 // not commit rejoins and takes the new leader's committed entries in
-// their place; a reader of it meanwhile never reads one of its own,
-// never committed, records at a committed offset. It read them: the
+// their place; a reader of it meanwhile (Group.Read, or a Reader) never
+// reads one of its own, never committed, records at a committed offset. It read them: the
 // committed entries that raft handed over with the replacing ones were
 // applied before the write, and a reader woken by their offsets read the
 // old entries from disk.
@@ -109,11 +109,17 @@ func TestReplacedSuffixNeverRead(t *testing.T) {
 		var stale atomic.Int64
 		var wg sync.WaitGroup
 		wg.Go(func() {
+			// Through Group.Read and through a Reader (by position, from
+			// files that the replacement rewrote).
+			r := lead.NewReader()
+			defer r.Close()
 			for !stop.Load() {
 				for off := uint64(10); off < 60 && !stop.Load(); off++ {
-					recs, err := lead.Read(off, 1, 1<<20)
-					if err == nil && len(recs) > 0 && string(recs[0].Value) == "never committed" {
-						stale.Add(1)
+					for _, read := range []readFunc{lead.Read, r.Read} {
+						recs, err := read(off, 1, 1<<20)
+						if err == nil && len(recs) > 0 && string(recs[0].Value) == "never committed" {
+							stale.Add(1)
+						}
 					}
 				}
 			}
@@ -155,7 +161,7 @@ func TestReadRacingRetention(t *testing.T) {
 	if retain(t, g, time.Now()) == 0 {
 		t.Fatal("retention dropped nothing")
 	}
-	_, err := readRecords(g.st, g.tail, g.cfg.Name, index, base, 0)
+	_, err := readRecords(g.tail, g.cfg.Name, diskEntries{g.st}, index, base, 0)
 	if !errors.Is(err, ErrOutOfRange) {
 		t.Fatalf("read of entry %d after retention dropped it: %v, want ErrOutOfRange", index, err)
 	}

@@ -40,7 +40,8 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // storage is one replica's raft log and state on disk: it implements
 // raft.Storage for the group's RawNode. Its fields are owned by the group's
-// goroutine; only readEntry is called by readers too, under readMu.
+// goroutine; only readEntry is called by readers too, under readMu, and
+// files is used by Readers (its own lock).
 type storage struct {
 	dir, name string
 	logger    *slog.Logger
@@ -51,6 +52,13 @@ type storage struct {
 	// segment cache under its read lock, so two concurrent Reads can
 	// panic (tidwall/wal#34; package wal serializes its reads alike).
 	readMu sync.Mutex
+	// files keeps open the segment files Readers read by position
+	// (reader.go): two, closed when the log's files are rewritten
+	// (truncations, compactions, a snapshot install) and on close.
+	files tidseg.Files
+	// closed is set once close begins: Readers read through readEntry
+	// then, which says so.
+	closed atomic.Bool
 	tail   struct {
 		f     *os.File // the last segment, opened to fdatasync it (and preallocate it)
 		index uint64   // its first index
@@ -93,6 +101,7 @@ func openStorage(dir, name string, voters []uint64, segSize int, logger *slog.Lo
 		return nil, err
 	}
 	s := &storage{dir: dir, name: name, logger: logger, segSize: segSize, st: st, p: p}
+	s.files.Init(dir, tidseg.OSFile)
 	if err := s.open(); err != nil {
 		s.close()
 		return nil, err
@@ -286,6 +295,7 @@ func (s *storage) truncate(index uint64) error {
 	if err := s.tw.TruncateBack(index); err != nil {
 		return fmt.Errorf("replica: group %q: drop entries after %d: %w", s.name, index, err)
 	}
+	s.files.Drop(false) // tidwall rewrote the tail segment
 	if err := tidseg.SyncDir(s.dir); err != nil {
 		return fmt.Errorf("replica: group %q: %w", s.name, err)
 	}
@@ -348,6 +358,19 @@ func (s *storage) readEntry(index uint64) (pb.EntryType, uint64, []byte, error) 
 	}
 	return typ, term, data, nil
 }
+
+// diskEntries is the storage as Group.Read's entrySource: it keeps
+// nothing between reads.
+type diskEntries struct{ s *storage }
+
+func (diskEntries) held(uint64) []wal.Record { return nil }
+
+func (d diskEntries) readEntry(index uint64) (pb.EntryType, []byte, error) {
+	typ, _, data, err := d.s.readEntry(index)
+	return typ, data, err
+}
+
+func (diskEntries) decoded(uint64, []wal.Record) {}
 
 // setState records hs and cs (either may be nil: unchanged), durably if sync.
 func (s *storage) setState(hs *pb.HardState, cs *pb.ConfState, sync bool) error {
@@ -414,6 +437,7 @@ func (s *storage) LastIndex() (uint64, error) { return s.last, nil }
 func (s *storage) FirstIndex() (uint64, error) { return s.p.snapIndex + 1, nil }
 
 func (s *storage) close() error {
+	s.closed.Store(true)
 	var errs []error
 	errs = append(errs, s.unpad(s.tail.size))
 	s.readMu.Lock()
@@ -422,6 +446,7 @@ func (s *storage) close() error {
 		s.tw = nil
 	}
 	s.readMu.Unlock()
+	s.files.Drop(true)
 	if s.tail.f != nil {
 		errs = append(errs, s.tail.f.Close())
 	}

@@ -104,7 +104,7 @@ func TestReadFromTailMatchesDisk(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				disk, err := g.offs.read(g.st, newEntryTail(0), g.cfg.Name, from, 50, 1<<20)
+				disk, err := g.offs.read(newEntryTail(0), g.cfg.Name, diskEntries{g.st}, from, 50, 1<<20)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -89,7 +89,7 @@ func (r *ring) push(recs []Record, arena int) {
 			return
 		}
 		if int64(arena) > 2*kept {
-			compact(recs) // do not let a few records keep a big batch's buffer
+			Compact(recs) // do not let a few records keep a big batch's buffer
 		}
 	}
 	// Make room: the oldest records leave.
@@ -146,9 +146,10 @@ func (r *ring) resize(capacity int) {
 	r.buf, r.head = buf, 0
 }
 
-// compact copies the keys, values and producer ids of recs into one
-// buffer of their own.
-func compact(recs []Record) {
+// Compact copies the keys, values and producer ids of recs into one
+// buffer of their own, so that records kept long do not keep the larger
+// buffer they were read into (package replica's Readers use it too).
+func Compact(recs []Record) {
 	n := 0
 	for i := range recs {
 		n += len(recs[i].Key) + len(recs[i].Value) + len(recs[i].ProducerID)
