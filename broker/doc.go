@@ -308,6 +308,13 @@
 // MaxConns x MaxSubsPerConn x 80 bytes between reads (40 MiB at the
 // defaults), one principal's MaxConnsPerPrincipal x MaxSubsPerConn x 80
 // (640 KiB), and each shard log two open files for them.
+// A subscription of a replicated shard reads its replica's raft log alike
+// (replica.Reader): one entry (a group-commit batch) is read whole, and
+// the Reader keeps what the read left of it for the next read, at most 16
+// KiB per subscription and 1 MiB over all the subscriptions of a replica
+// (past it they keep nothing and read an entry again for each read of
+// it), beside its position (a Reader is 120 bytes, 144 with its method
+// value); each replica keeps two open segment files for them.
 // Past a bound the client gets a typed error or flow control holds it
 // back; each hit is counted in felix_limit_hits_total{limit} and logged
 // once per principal and limit. Peers count against none of them: what a

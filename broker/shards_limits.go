@@ -46,9 +46,9 @@ func openByMemory(budget int64, segmentSize, tailBytes int) int {
 // the broker's own handle on it for fdatasync, the high-water-mark file and,
 // once its committer has parked an fdatasync (Config.ParkedSync, or many
 // busy logs: parkAtBusyLogs), that fdatasync's eventfd (package wal), the
-// segment files its subscriptions read, kept open (two: wal's
-// segFilesOpen), with room for the files a segment roll or a retention
-// pass opens for a moment.
+// segment files its subscriptions read, kept open (two: tidseg.FilesOpen,
+// for a replica's raft log too), with room for the files a segment roll
+// or a retention pass opens for a moment.
 const fdsPerShard = 8
 
 // parkAtBusyLogs is how many of a broker's shard logs must have records

@@ -133,14 +133,20 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 		}
 	}
 	log := e.sl
-	// A subscription reads a shard log by position (wal.Reader): one
-	// behind the log's in-memory tail reads about the bytes it is sent
-	// from the segment files, whatever its credit and however many others
-	// catch up elsewhere in the log. It holds its position only between
-	// reads.
+	// A subscription reads a shard log by position (wal.Reader, or a
+	// replica's replica.Reader): one behind the log's in-memory tail
+	// reads about the bytes it is sent from the segment files, whatever
+	// its credit and however many others catch up elsewhere in the log.
+	// Between reads it holds its position (and, of a replica, at most 16
+	// KiB of records of the entry it read last: replica.Reader).
 	var read func(from uint64, maxRecords, maxBytes int) ([]wal.Record, error) = log.Read
-	if e.log != nil {
+	switch {
+	case e.log != nil:
 		read = e.log.NewReader().Read
+	case e.group != nil:
+		r := e.group.NewReader()
+		defer r.Close()
+		read = r.Read
 	}
 	next := log.FirstOffset()
 	switch sub.Start {
