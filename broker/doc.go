@@ -307,7 +307,8 @@
 // once, through a 64 KiB buffer. So a broker's subscriptions hold at most
 // MaxConns x MaxSubsPerConn x 80 bytes between reads (40 MiB at the
 // defaults), one principal's MaxConnsPerPrincipal x MaxSubsPerConn x 80
-// (640 KiB), and each shard log two open files for them.
+// (640 KiB), and each shard log at most three open files for them
+// (tidseg.FilesMax: a read that needs a fourth waits for one to close).
 // A subscription of a replicated shard reads its replica's raft log alike
 // (replica.Reader): one entry (a group-commit batch) is read whole, and
 // the Reader keeps what the read left of it for the next read, at most 16

@@ -46,10 +46,10 @@ func openByMemory(budget int64, segmentSize, tailBytes int) int {
 // the broker's own handle on it for fdatasync, the high-water-mark file and,
 // once its committer has parked an fdatasync (Config.ParkedSync, or many
 // busy logs: parkAtBusyLogs), that fdatasync's eventfd (package wal), the
-// segment files its subscriptions read, kept open (two: tidseg.FilesOpen,
-// for a replica's raft log too), with room for the files a segment roll
-// or a retention pass opens for a moment.
-const fdsPerShard = 8
+// segment files its subscriptions read (at most three at once:
+// tidseg.FilesMax, for a replica's raft log too), with room for the files
+// a segment roll or a retention pass opens for a moment.
+const fdsPerShard = 9
 
 // parkAtBusyLogs is how many of a broker's shard logs must have records
 // to commit at once before their committers park their fdatasyncs instead

@@ -158,7 +158,7 @@
 // left of the entry it read last for its next read, at most 16 KiB, and
 // a group's Readers at most 1 MiB together (past it they keep nothing);
 // Close lets it go. The group keeps the two segment files Readers read
-// most recently open, and closes them when the files are rewritten
+// most recently open, at most three at once (tidseg.FilesMax), and closes them when the files are rewritten
 // (truncation, compaction, a snapshot install) and on Close. Measured
 // with TestCatchUpReadersInterleaved: four readers at one record a read
 // in different old segments, entries of 64 records, read 170 bytes per

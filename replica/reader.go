@@ -50,7 +50,8 @@ const (
 // Between reads a Reader holds its position and at most readerHold (16
 // KiB) of records of the entry it read last, and a group's Readers hold
 // at most readersHold (1 MiB) of them at once; Close lets them go. The
-// group keeps the two segment files Readers read most recently open. A
+// group keeps the two segment files Readers read most recently open, at
+// most three at once (tidseg.FilesMax). A
 // Reader is not safe for concurrent use; many Readers may read one Group
 // at once.
 type Reader struct {

@@ -3,8 +3,6 @@ package wal
 import (
 	"bytes"
 	"encoding/binary"
-	"fmt"
-	"sync"
 	"testing"
 
 	"github.com/felix-broker/felix/internal/procio"
@@ -23,42 +21,6 @@ func mixedValue(i uint64) []byte {
 	return v
 }
 
-func fillMixed(tb testing.TB, l *Log, segs int) []uint64 {
-	for {
-		files, _, err := listSegments(l.dir)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		if len(files) >= segs {
-			starts := make([]uint64, len(files))
-			for i, f := range files {
-				starts[i] = f.Index - 1
-			}
-			return starts
-		}
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		var failed error
-		next := l.NextOffset()
-		for j := range 4096 {
-			r := &Record{Key: []byte("k"), Value: mixedValue(next + uint64(j))}
-			wg.Add(1)
-			l.AppendAsync(r, func(off uint64, _ int64, err error) {
-				defer wg.Done()
-				mu.Lock()
-				defer mu.Unlock()
-				if failed == nil && (err != nil || off != next+uint64(j)) {
-					failed = fmt.Errorf("record %d: offset %d, %v", next+uint64(j), off, err)
-				}
-			})
-		}
-		wg.Wait()
-		if failed != nil {
-			tb.Fatal(failed)
-		}
-	}
-}
-
 // TestCatchUpReadersMixedSizes: TestCatchUpReadersInterleaved with
 // records of two sizes (128 and 1,000 bytes) instead of one: an entry larger
 // than a read expected is read whole, not left to the whole-segment path
@@ -68,7 +30,7 @@ func TestCatchUpReadersMixedSizes(t *testing.T) {
 		t.Skip("no /proc/self/io")
 	}
 	l, _ := testLog(t, t.TempDir(), Options{Name: "mixed/0", TailRecords: 64})
-	starts := fillMixed(t, l, 12)
+	starts := fillValues(t, l, 12, mixedValue)
 	at := catchUpStarts(t, starts, 4)
 	readers := make([]*Reader, len(at))
 	for k := range readers {

@@ -42,6 +42,12 @@ func catchUpLog(tb testing.TB, dir string, segs int) (*Log, []uint64) {
 // first offset of each segment.
 func fillCatchUp(tb testing.TB, l *Log, segs int) []uint64 {
 	tb.Helper()
+	return fillValues(tb, l, segs, catchUpValue)
+}
+
+// fillValues is fillCatchUp with the value of each offset from value.
+func fillValues(tb testing.TB, l *Log, segs int, value func(uint64) []byte) []uint64 {
+	tb.Helper()
 	for {
 		files, _, err := listSegments(l.dir)
 		if err != nil {
@@ -64,7 +70,7 @@ func fillCatchUp(tb testing.TB, l *Log, segs int) []uint64 {
 		// Offsets are assigned in call order: one appender.
 		next := l.NextOffset()
 		for j, r := range recs {
-			r.Value = catchUpValue(next + uint64(j))
+			r.Value = value(next + uint64(j))
 			wg.Add(1)
 			l.AppendAsync(r, func(off uint64, _ int64, err error) {
 				defer wg.Done()

@@ -87,7 +87,8 @@
 // the tail left it behind) reads the segment holding its offset up to it
 // once, through a 64 KiB buffer dropped after the read. The Log keeps the
 // two segment files Readers read most recently open, shared by its
-// Readers, and closes them when retention rewrites the segments and on
+// Readers, has at most three open at once (a read that needs another
+// waits until one closes: tidseg.FilesMax), and closes them when retention rewrites the segments and on
 // Close. Every record a Reader returns is verified as Log.Read verifies
 // it; at anything unusual (a file gone, an entry that does not verify, a
 // segment the wal found damaged, a failed file operation) the read goes

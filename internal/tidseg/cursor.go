@@ -28,21 +28,30 @@ type File interface {
 	Size() (int64, error)
 }
 
-// FilesOpen is how many segment files a Files keeps open.
+// FilesOpen is how many segment files a Files keeps open between reads.
 const FilesOpen = 2
 
+// FilesMax bounds the segment files a Files has open at once: those it
+// keeps, and those that left it while a read still used them. A read
+// that needs another file waits, holding none, until one closes, so the
+// files a log's readers hold do not grow with their number (64 readers
+// in different segments of a slow disk held 64 files at once).
+const FilesMax = FilesOpen + 1
+
 // Files keeps open the segment files of one log directory that Cursors
-// read most recently, at most FilesOpen, shared by the log's Cursors. A
-// file leaves when others are read, on Drop (the log's files were
-// rewritten, or the log closes): it is closed then, or by the last read
-// using it. Init it before use.
+// read most recently, at most FilesOpen, shared by the log's Cursors, and
+// never more than FilesMax at once. A file leaves when others are read,
+// on Drop (the log's files were rewritten, or the log closes): it is
+// closed then, or by the last read using it. Init it before use.
 type Files struct {
 	dir  string
 	open func(path string) (File, error)
 	mu   struct {
 		sync.Mutex
 		open   []*openFile // most recently used first
+		opened int         // files open: those in open, and those left but in use
 		closed bool        // dropped for good: keep no file open
+		freed  *sync.Cond  // a file closed, or closed became true
 	}
 }
 
@@ -59,6 +68,7 @@ type openFile struct {
 // one (read-only).
 func (s *Files) Init(dir string, open func(path string) (File, error)) {
 	s.dir, s.open = dir, open
+	s.mu.freed = sync.NewCond(&s.mu.Mutex)
 }
 
 // OSFile opens a segment file read-only on the real OS.
@@ -81,22 +91,35 @@ func (f osFile) Size() (int64, error) {
 }
 
 // get returns the segment file whose first entry is seg, open, for one
-// read, which puts it back.
+// read, which puts it back. The caller holds no other file of s: get
+// waits while FilesMax are open and in use.
 func (s *Files) get(seg uint64) (*openFile, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i, of := range s.mu.open {
-		if of.seg == seg {
-			copy(s.mu.open[1:i+1], s.mu.open[:i])
-			s.mu.open[0] = of
-			of.refs++
-			return of, nil
+	for {
+		for i, of := range s.mu.open {
+			if of.seg == seg {
+				copy(s.mu.open[1:i+1], s.mu.open[:i])
+				s.mu.open[0] = of
+				of.refs++
+				return of, nil
+			}
 		}
+		if s.mu.closed || s.mu.opened < FilesMax {
+			break
+		}
+		if n := len(s.mu.open); n > 0 && s.mu.open[n-1].refs == 0 {
+			s.leave(s.mu.open[n-1]) // closes it: room for one
+			s.mu.open = s.mu.open[:n-1]
+			continue
+		}
+		s.mu.freed.Wait()
 	}
 	f, err := s.open(s.dir + string(os.PathSeparator) + Name(seg))
 	if err != nil {
 		return nil, err
 	}
+	s.mu.opened++
 	of := &openFile{seg: seg, f: f, refs: 1}
 	if s.mu.closed {
 		of.gone = true
@@ -115,7 +138,21 @@ func (s *Files) put(of *openFile) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if of.refs--; of.refs == 0 && of.gone {
-		_ = of.f.Close()
+		s.close(of)
+	}
+}
+
+// close closes of, out of the cache and unused; s.mu is held.
+func (s *Files) close(of *openFile) {
+	_ = of.f.Close()
+	s.mu.opened--
+	s.wake()
+}
+
+// wake wakes the reads waiting for room; s.mu is held.
+func (s *Files) wake() {
+	if s.mu.freed != nil { // nil before Init: nothing opened, none waits
+		s.mu.freed.Broadcast()
 	}
 }
 
@@ -123,7 +160,7 @@ func (s *Files) put(of *openFile) {
 func (s *Files) leave(of *openFile) {
 	of.gone = true
 	if of.refs == 0 {
-		_ = of.f.Close()
+		s.close(of)
 	}
 }
 
@@ -138,6 +175,7 @@ func (s *Files) Drop(final bool) {
 	clear(s.mu.open)
 	s.mu.open = s.mu.open[:0]
 	s.mu.closed = s.mu.closed || final
+	s.wake()
 }
 
 // Cursor is a position in a log's segment files: the entry of index
@@ -280,7 +318,11 @@ func (c *Cursor) ReadOn(s *Files, end uint64, t Taker) error {
 	if err != nil {
 		return err
 	}
-	defer func() { s.put(of) }()
+	defer func() {
+		if of != nil {
+			s.put(of)
+		}
+	}()
 	f := of.f
 	if c.entry == 0 {
 		c.entry = cursorEntry
@@ -332,11 +374,12 @@ func (c *Cursor) ReadOn(s *Files, end uint64, t Taker) error {
 			if rolled {
 				return ErrCursor
 			}
+			s.put(of) // before the next: get waits holding none
+			of = nil
 			nf, err := s.get(c.index)
 			if err != nil {
 				return ErrCursor
 			}
-			s.put(of)
 			of, f, rolled, buf = nf, nf.f, true, nil
 			c.seg, c.pos = c.index, 0
 			continue
