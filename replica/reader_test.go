@@ -50,7 +50,7 @@ func TestReadersInterleavedMatchRead(t *testing.T) {
 			if k < len(starts) {
 				next = starts[k] + uint64(k)
 			}
-			for range 1500 {
+			for range 300 { // each compared with Group.Read, which loads a segment a call
 				n := 1 + rng.IntN(100)
 				if rng.IntN(2) == 0 {
 					n = 1
