@@ -500,6 +500,14 @@ func (l *lane) read(s *quic.Stream, pc *peerConn) {
 // the publisher. It never blocks.
 func (p *pubSession) answer(fw forwarded, e *transport.Error, by string) {
 	id := shardmap.ShardID{Stream: fw.in.pub.Stream, Shard: fw.in.ev.shard}
+	if e.Code == transport.CodeShuttingDown && e.Owner == by && fw.in.replicated() {
+		// The replica this lane reached is closing and did not take the
+		// record in (its own refusal names it): nothing was written, and
+		// it resigns its leadership as it closes. Like a replica that
+		// knows no leader: the other replicas are tried, until the
+		// record's deadline.
+		e = &transport.Error{Code: transport.CodeNotOwner, Epoch: e.Epoch, Message: e.Message}
+	}
 	if e.Code == transport.CodeNotOwner && fw.in.replicated() {
 		// A replica that is not the leader: it names the leader, if it
 		// knows one; if not, the other replicas are tried first
