@@ -19,7 +19,9 @@ package broker
 // the first live replica, owner first (guessLeader). A replica that
 // refuses a record knowing no leader (an election, or its group failed,
 // or lost its quorum and stepped down while its broker stays live), or
-// that cannot be reached, is forgotten as the leader, and the record
+// refuses it shutting_down naming itself (it is closing, took nothing
+// in, and resigned its leadership: pubSession.answer), or that cannot
+// be reached, is forgotten as the leader, and the record
 // tries the other replicas before it comes back to that one: it carries
 // the replicas that passed on it so (inbound.passed, a bit per replica;
 // a replica named as the leader is taken out of it, and it is emptied
