@@ -139,13 +139,17 @@
 // quic-go loop → session reader, which appends and, with the log idle and
 // nothing more buffered, fsyncs and writes the ack itself → quic-go loop.
 // One Felix goroutine; under load the reader queues and the shard's
-// committer fsyncs and writes the ack: two. While four or more of the
-// broker's logs and replicas are busy (wal.SyncGroup, parkAtBusyLogs) a
-// committer's fdatasync is parked on the kernel, and its completion wakes
-// the committer again through Go's poller: no goroutine more, one wake-up
-// more per batch, and the P serves the network meanwhile; the group costs
-// an atomic load per batch and an atomic add when a log turns busy or
-// idle, no lock. Locks per record: the slot
+// committer fsyncs and writes the ack: two. The committer's fdatasync
+// hands its P to the rest of the broker for the call (the network input,
+// the other shards), as does the reader's inline one while another of the
+// broker's logs is busy; a lone record on an idle broker keeps the P
+// (wal's tailSync: handing it on costs a thread wake-up). While four or
+// more of the broker's logs and replicas are busy (wal.SyncGroup,
+// parkAtBusyLogs) a committer's fdatasync is parked on the kernel
+// instead, and its completion wakes the committer again through Go's
+// poller: no goroutine more, one wake-up more per batch, no thread
+// blocked; the group costs an atomic load per batch and an atomic add
+// when a log turns busy or idle, no lock. Locks per record: the slot
 // (a channel), the principal's budget, the shard index, the log's queue,
 // the ack writer. Before, the reader also took dispatchMu and swapped a
 // test seam's atomic pointer (a shared cache-line write) per record;

@@ -249,10 +249,13 @@ func (s *storage) append(ents []*pb.Entry) error {
 }
 
 // fdatasync syncs the tail segment: parked while the sync group says so
-// (many of the process's logs busy), blocking otherwise.
+// (many of the process's logs busy), otherwise blocking with the
+// goroutine's P handed to the rest of the process (a leader's fsync runs
+// while the broker reads its followers' answers and serves other groups;
+// see tidseg.FdatasyncHandOff).
 func (s *storage) fdatasync() error {
 	if !s.member.Park() {
-		return tidseg.Fdatasync(s.tail.f)
+		return tidseg.FdatasyncHandOff(s.tail.f)
 	}
 	s.member.Parking()
 	return s.parker.Fdatasync(s.tail.f)

@@ -42,6 +42,7 @@ type committer struct {
 	next   uint64   // offset of the next record to commit
 	lastTS int64    // the last commit timestamp (see clockStep)
 	failed error
+	parker tidseg.Parker // parks fdatasyncs (syncPark); closed by the committer goroutine
 }
 
 // clockStep is how far the wall clock may go back between commits before
@@ -82,7 +83,7 @@ func (l *Log) Append(ctx context.Context, r *Record) (uint64, error) {
 	}
 	if inline {
 		q.one[0] = q
-		l.commit(q.one[:], nil)
+		l.commit(q.one[:], l.inlineSync())
 		q.one[0] = nil
 		l.releaseCommit()
 	}
@@ -132,7 +133,7 @@ func (l *Log) AppendNow(r *Record, done func(offset uint64, ts int64, err error)
 		// complete returns q to the pool before calling done: q must not
 		// be touched after commit.
 		one := [1]*request{q}
-		l.commit(one[:], nil)
+		l.commit(one[:], l.inlineSync())
 		l.releaseCommit()
 	}
 }
@@ -164,6 +165,17 @@ func (l *Log) enqueue(q *request, mayInline bool) (inline bool, err error) {
 	return false, nil
 }
 
+// inlineSync is how an inline commit's fdatasync waits: holding its P
+// when the log's sync group has no busy log (a lone record on an idle
+// process: nothing else waits for the P, and handing it on would cost a
+// thread wake-up), handing it on otherwise (see tailSync).
+func (l *Log) inlineSync() tailSync {
+	if l.opts.SyncGroup.Busy() > 0 {
+		return syncHandOff
+	}
+	return syncHold
+}
+
 // releaseCommit gives up the commit role taken by an inline Append and
 // wakes the committer goroutine if records queued meanwhile (or Close is
 // waiting for the commit to end).
@@ -190,29 +202,24 @@ func (l *Log) signal() {
 // a lone record is written as soon as it arrives, and records that arrive
 // during an fsync share the next one.
 //
-// With Options.ParkedSync its fdatasyncs are parked (see parkedSync); with
+// Its fdatasyncs hand the goroutine's P on (see tailSync); with
+// Options.ParkedSync they are parked instead, and with
 // Options.SyncGroup, while enough of the group's logs are busy.
 func (l *Log) runCommitter() {
 	defer close(l.committerDone)
-	var ps *parkedSync
-	if l.opts.ParkedSync || l.opts.SyncGroup != nil {
-		ps = new(parkedSync)
-		defer ps.close()
-	}
+	defer func() { _ = l.c.parker.Close() }()
 	member := l.opts.SyncGroup.Member()
 	defer member.SetBusy(false)
 	for {
 		reqs, exit := l.take()
 		member.SetBusy(len(reqs) > 0)
 		if len(reqs) > 0 {
-			sync := ps
-			if !l.opts.ParkedSync && !member.Park() {
-				sync = nil
-			}
-			if sync != nil {
+			how := syncHandOff
+			if l.opts.ParkedSync || member.Park() {
+				how = syncPark
 				member.Parking()
 			}
-			l.commit(reqs, sync)
+			l.commit(reqs, how)
 			l.mu.Lock()
 			l.mu.committing = false
 			l.mu.Unlock()
@@ -272,10 +279,10 @@ func (l *Log) take() (reqs []*request, exit bool) {
 	return l.c.work, false
 }
 
-// commit writes reqs as one batch, fsyncs once (parked through ps, or
-// blocking when ps is nil), publishes the records and completes the
-// requests. The caller holds the commit role.
-func (l *Log) commit(reqs []*request, ps *parkedSync) {
+// commit writes reqs as one batch, fsyncs once (as how says), publishes
+// the records and completes the requests. The caller holds the commit
+// role.
+func (l *Log) commit(reqs []*request, how tailSync) {
 	if l.c.failed != nil {
 		complete(reqs, 0, 0, l.c.failed)
 		return
@@ -332,10 +339,10 @@ func (l *Log) commit(reqs []*request, ps *parkedSync) {
 	l.c.sizes, l.c.recs = sizes, recs
 
 	began := time.Now()
-	if ps != nil {
+	if how == syncPark {
 		l.stats.parked.Add(1)
 	}
-	err := l.writeAndSync(base+1, sizes, ps)
+	err := l.writeAndSync(base+1, sizes, how)
 	if err == nil {
 		// Into the page cache, before the acks: see hwm.go.
 		err = l.hwm.write(base + uint64(len(reqs)))
@@ -394,8 +401,8 @@ func complete(reqs []*request, base uint64, ts int64, err error) {
 
 // writeAndSync writes the prepared batch (first entry at index first, entry
 // sizes in sizes) and makes it durable with one fdatasync of the tail
-// segment, parked through ps unless ps is nil.
-func (l *Log) writeAndSync(first uint64, sizes []int, ps *parkedSync) error {
+// segment, waiting for it as how says.
+func (l *Log) writeAndSync(first uint64, sizes []int, how tailSync) error {
 	l.tail.Lock()
 	defer l.tail.Unlock()
 	if err := l.preallocate(sizes); err != nil {
@@ -428,7 +435,7 @@ func (l *Log) writeAndSync(first uint64, sizes []int, ps *parkedSync) error {
 		}
 		return l.syncFallback(err)
 	}
-	if err := ps.sync(l.tail.f); err != nil {
+	if err := l.syncTail(how); err != nil {
 		return fmt.Errorf("fdatasync %s: %w", segmentName(l.tail.index), err)
 	}
 	return nil

@@ -41,15 +41,22 @@
 // failure cannot be retried safely, so the shard must be reopened, which
 // re-reads what actually reached the disk.
 //
-// With Options.ParkedSync, or with Options.SyncGroup while enough of the
-// group's logs have records to commit at once, the committer goroutine's
-// fdatasync is parked on Linux (submitted to the kernel as AIO IOCB_CMD_FDSYNC, the goroutine
-// waiting on an eventfd in Go's poller; see tidseg.ParkedSyncer), so that
-// its P runs the rest of the process while the disk works and the fsyncs
-// of many logs overlap. A lone record on an idle log, committed inline by
-// Append or AppendNow, keeps the blocking call, which costs tens of
-// microseconds less when nothing else is waiting. Both are the same
-// fdatasync, with the same guarantee and the same failure handling.
+// The committer goroutine's fdatasync hands its P to the rest of the
+// process for the call (tidseg.FdatasyncHandOff: the runtime's own entry
+// for a blocking system call), so that the process reads its network and
+// commits its other logs while the disk works; an ordinary call would
+// keep the P until Go's sysmon saw it twice, which on a small VM it
+// seldom does. With Options.ParkedSync, or with Options.SyncGroup while
+// enough of the group's logs have records to commit at once, it is parked
+// on Linux instead (submitted to the kernel as AIO IOCB_CMD_FDSYNC, the
+// goroutine waiting on an eventfd in Go's poller; see
+// tidseg.ParkedSyncer), so that the fsyncs of hundreds of logs overlap
+// with no thread blocked for each. A lone record on an idle log,
+// committed inline by Append or AppendNow, keeps the ordinary call (and
+// its P) while no log of its SyncGroup is busy, which costs tens of
+// microseconds less when nothing else is waiting, and hands the P on
+// otherwise. Every way is the same fdatasync, with the same guarantee and
+// the same failure handling.
 //
 // The tail segment is preallocated (tidseg.Padding, prealloc.go): the
 // committer writes zeros ahead of tidwall's writes, so that a batch

@@ -99,26 +99,47 @@ func readFile(fs FS, name string) ([]byte, error) {
 	return data[:n], err
 }
 
-// parkedSync is the committer goroutine's fdatasync of the tail segment
-// with Options.ParkedSync: parked on the kernel (tidseg.ParkedSyncer), so
-// that while the disk works the goroutine's P runs the rest of the process
-// — the network input, the other shards' commits, whose fsyncs then
-// overlap instead of queueing. With GOMAXPROCS=1 (a local cluster's
-// brokers) a blocking fdatasync holds the only P for the whole call. A
-// nil *parkedSync (the option off, or a lone record committed inline on an
-// idle log, which is tens of microseconds faster blocking) syncs blocking.
-//
-// Only a real OS file is synced parked; a file of another FS (FaultFS in
-// tests) gets its own Sync. Where the kernel gives no AIO context (not
-// Linux, or fs.aio-max-nr reached), every fdatasync blocks.
-type parkedSync struct{ p tidseg.Parker }
+// tailSync is how a commit's fdatasync of the tail segment waits for the
+// disk. The guarantee and the failure handling are the same every way;
+// what differs is what the rest of the process can do meanwhile. A
+// goroutine in an ordinary system call keeps its P (with GOMAXPROCS=1, a
+// local cluster's brokers, the whole process) until sysmon happens to see
+// the call twice, so a broker holding it reads no packet, writes no ack
+// and starts no other shard's commit until the disk answers.
+type tailSync uint8
 
-func (p *parkedSync) sync(f File) error {
+const (
+	// syncHold blocks the thread and keeps the P: a lone record committed
+	// inline while no log of the process is busy, where nothing else
+	// waits for the P and each of the ways below costs tens of
+	// microseconds more (BenchmarkFdatasyncFiles, files=1).
+	syncHold tailSync = iota
+	// syncHandOff blocks the thread and hands the P to the rest of the
+	// process, as the runtime does for its own blocking calls
+	// (tidseg.FdatasyncHandOff): the committer goroutine's batches, and
+	// an inline commit while another log is busy.
+	syncHandOff
+	// syncPark submits the call to the kernel (Linux AIO,
+	// tidseg.Parker) and waits in Go's poller, no thread blocked: with
+	// Options.ParkedSync, or while the SyncGroup's threshold of logs are
+	// busy, so that hundreds of shards' fsyncs overlap without a thread
+	// each. Where the kernel gives no AIO context (not Linux, or
+	// fs.aio-max-nr reached) it blocks.
+	syncPark
+)
+
+// syncTail fdatasyncs the tail segment as how says. A file of another FS
+// (FaultFS in tests) gets its own Sync. The caller holds the commit role
+// and l.tail's lock.
+func (l *Log) syncTail(how tailSync) error {
+	f := l.tail.f
 	of, ok := f.(osFile)
-	if p == nil || !ok {
+	switch {
+	case !ok || how == syncHold:
 		return f.Sync()
+	case how == syncPark:
+		return l.c.parker.Fdatasync(of.File)
+	default:
+		return tidseg.FdatasyncHandOff(of.File)
 	}
-	return p.p.Fdatasync(of.File)
 }
-
-func (p *parkedSync) close() { _ = p.p.Close() }

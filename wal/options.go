@@ -72,15 +72,16 @@ type Options struct {
 	AcceptLoss bool
 
 	// ParkedSync parks the committer goroutine's fdatasyncs on the kernel
-	// (Linux AIO; see tidseg.ParkedSyncer) instead of blocking its thread,
-	// so that while the disk works the goroutine's P runs the rest of the
-	// process — its network input, other logs' commits, whose fsyncs then
-	// overlap. A lone record committed inline on an idle log (Append,
-	// AppendNow) always blocks: parked it costs tens of microseconds
-	// more. Off by default; measured on a 2-vCPU VM with brokers at
-	// GOMAXPROCS=1 (README, "Latency under load"), it helps many shards
-	// and moderate load and hurts a saturated CPU: each parked commit's
-	// completion waits for the scheduler to run its goroutine again.
+	// (Linux AIO; see tidseg.ParkedSyncer) instead of blocking its thread
+	// (with its P handed to the rest of the process, see tailSync), so
+	// that no thread waits for the disk. A lone record committed inline
+	// on an idle log (Append, AppendNow) never parks: parked it costs
+	// tens of microseconds more. Off by default; measured on a 2-vCPU VM
+	// with brokers at GOMAXPROCS=1 (README, "Latency under load"),
+	// against the blocking call when it still kept its P, it helped many
+	// shards and moderate load and hurt a saturated CPU: each parked
+	// commit's completion waits for the scheduler to run its goroutine
+	// again.
 	ParkedSync bool
 
 	// SyncGroup, shared by the logs of one process on one disk, parks

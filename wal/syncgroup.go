@@ -6,17 +6,20 @@ import "sync/atomic"
 // (a broker's shard logs, through Options.SyncGroup). It counts the logs
 // whose committer has records to commit, and while at least its threshold
 // of them have, their committers park their fdatasyncs (as with
-// Options.ParkedSync) instead of blocking.
+// Options.ParkedSync) instead of blocking; while any of them has, a lone
+// record committed inline hands its P on (see tailSync).
 //
-// Why: a blocking fdatasync keeps its goroutine's P for the whole call
-// (Go's monitor hands the P to another thread only after seeing the same
-// syscall twice, and its tick is too coarse on a small VM to see one of a
-// few hundred microseconds), so with few Ps the fdatasyncs of many busy
-// logs run one after another while the process's network input waits.
-// Parked, they overlap, and the P serves the network meanwhile. But a
-// parked commit's completion waits for the scheduler to run its goroutine
-// again, which costs a lone or saturated log more than it saves; so the
-// logs block while few of them are busy, and park when many are.
+// Why: an ordinary blocking fdatasync keeps its goroutine's P for the
+// whole call (Go's monitor hands the P to another thread only after seeing
+// the same syscall twice, and its tick is too coarse on a small VM to see
+// one of a few hundred microseconds), so with few Ps the fdatasyncs of
+// many busy logs would run one after another while the process's network
+// input waits. The committers' blocking fdatasyncs hand the P on, and
+// parked ones need no thread at all: with hundreds of busy logs, parking
+// keeps hundreds of threads from blocking in the kernel at once. A parked
+// commit's completion waits for the scheduler to run its goroutine again,
+// which costs a lone or saturated log more than it saves; so the logs
+// block while few of them are busy, and park when many are.
 // Measured on a 2-vCPU VM with brokers at GOMAXPROCS=1 (README, "Latency
 // under load"): 768 shards 113–121k acked records/s against 82–85k,
 // 6 shards (never 4 busy logs per broker) unchanged.
@@ -34,8 +37,14 @@ func NewSyncGroup(parkAt int) *SyncGroup {
 	return &SyncGroup{parkAt: int64(max(1, parkAt))}
 }
 
-// Busy returns how many of the group's logs have records to commit.
-func (g *SyncGroup) Busy() int { return int(g.busy.Load()) }
+// Busy returns how many of the group's logs have records to commit (a nil
+// group: none).
+func (g *SyncGroup) Busy() int {
+	if g == nil {
+		return 0
+	}
+	return int(g.busy.Load())
+}
 
 // Parked returns how many fdatasyncs the group's members have parked (a
 // nil group: none).

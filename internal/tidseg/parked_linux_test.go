@@ -85,13 +85,14 @@ func TestParkedSyncerErrors(t *testing.T) {
 }
 
 // BenchmarkFdatasyncFiles commits to several files at once, one goroutine
-// each (a broker's shards), with blocking and parked fdatasync. Run it with
-// -cpu 1 to see what a broker at GOMAXPROCS=1 gets: blocking, each fsync
-// holds the only P, so they queue; parked, they overlap in the kernel.
-// b.N counts commits across all files.
+// each (a broker's shards), with blocking, handed-off and parked
+// fdatasync. Run it with -cpu 1 to see what a broker at GOMAXPROCS=1 gets:
+// blocking, each fsync holds the only P until sysmon takes it back;
+// handed off, the P goes on to the next file's goroutine at once; parked,
+// they overlap in the kernel. b.N counts commits across all files.
 func BenchmarkFdatasyncFiles(b *testing.B) {
 	for _, files := range []int{1, 4, 16} {
-		for _, mode := range []string{"blocking", "parked"} {
+		for _, mode := range []string{"blocking", "handoff", "parked"} {
 			b.Run(fmt.Sprintf("files=%d/%s", files, mode), func(b *testing.B) {
 				dir := b.TempDir()
 				fs := make([]*os.File, files)
@@ -121,17 +122,7 @@ func BenchmarkFdatasyncFiles(b *testing.B) {
 					}
 					wg.Go(func() {
 						for take() {
-							if _, err := f.Write(rec); err != nil {
-								b.Error(err)
-								return
-							}
-							var err error
-							if s != nil {
-								err = s.Fdatasync(f)
-							} else {
-								err = Fdatasync(f)
-							}
-							if err != nil {
+							if err := commitBy(mode, s, f, rec); err != nil {
 								b.Error(err)
 								return
 							}
@@ -141,5 +132,22 @@ func BenchmarkFdatasyncFiles(b *testing.B) {
 				wg.Wait()
 			})
 		}
+	}
+}
+
+// commitBy appends rec to f and fdatasyncs it the way a benchmark's mode
+// names: "parked" through s, "handoff" handing the P on, otherwise
+// blocking with it.
+func commitBy(mode string, s *ParkedSyncer, f *os.File, rec []byte) error {
+	if _, err := f.Write(rec); err != nil {
+		return err
+	}
+	switch mode {
+	case "parked":
+		return s.Fdatasync(f)
+	case "handoff":
+		return FdatasyncHandOff(f)
+	default:
+		return Fdatasync(f)
 	}
 }

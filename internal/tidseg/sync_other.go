@@ -15,3 +15,7 @@ func FileSize(f *os.File) (int64, error) {
 	}
 	return fi.Size(), nil
 }
+
+// FdatasyncHandOff is Fdatasync where the runtime gives no way to hand the
+// P on for the call.
+func FdatasyncHandOff(f *os.File) error { return f.Sync() }
