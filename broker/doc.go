@@ -139,11 +139,13 @@
 // quic-go loop → session reader, which appends and, with the log idle and
 // nothing more buffered, fsyncs and writes the ack itself → quic-go loop.
 // One Felix goroutine; under load the reader queues and the shard's
-// committer fsyncs and writes the ack: two. The committer's fdatasync
-// hands its P to the rest of the broker for the call (the network input,
-// the other shards), as does the reader's inline one while another of the
-// broker's logs is busy; a lone record on an idle broker keeps the P
-// (wal's tailSync: handing it on costs a thread wake-up). While four or
+// committer fsyncs and writes the ack: two. The committer's fdatasync of
+// a batch of fewer than 16 records hands its P to the rest of the broker
+// for the call (the network input, the other shards), as does the
+// reader's inline one while another of the broker's logs is busy; a lone
+// record on an idle broker keeps the P (handing it on costs a thread
+// wake-up), and so does a larger batch (the broker is busy, and its acks
+// would wait for the P to come back; wal's tailSync). While four or
 // more of the broker's logs and replicas are busy (wal.SyncGroup,
 // parkAtBusyLogs) a committer's fdatasync is parked on the kernel
 // instead, and its completion wakes the committer again through Go's

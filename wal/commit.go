@@ -202,9 +202,10 @@ func (l *Log) signal() {
 // a lone record is written as soon as it arrives, and records that arrive
 // during an fsync share the next one.
 //
-// Its fdatasyncs hand the goroutine's P on (see tailSync); with
-// Options.ParkedSync they are parked instead, and with
-// Options.SyncGroup, while enough of the group's logs are busy.
+// Its fdatasyncs hand the goroutine's P on, or keep it for a batch of
+// holdFrom records or more (see tailSync); with Options.ParkedSync they
+// are parked instead, and with Options.SyncGroup, while enough of the
+// group's logs are busy.
 func (l *Log) runCommitter() {
 	defer close(l.committerDone)
 	defer func() { _ = l.c.parker.Close() }()
@@ -215,6 +216,9 @@ func (l *Log) runCommitter() {
 		member.SetBusy(len(reqs) > 0)
 		if len(reqs) > 0 {
 			how := syncHandOff
+			if len(reqs) >= holdFrom {
+				how = syncHold
+			}
 			if l.opts.ParkedSync || member.Park() {
 				how = syncPark
 				member.Parking()

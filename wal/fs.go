@@ -112,12 +112,14 @@ const (
 	// syncHold blocks the thread and keeps the P: a lone record committed
 	// inline while no log of the process is busy, where nothing else
 	// waits for the P and each of the ways below costs tens of
-	// microseconds more (BenchmarkFdatasyncFiles, files=1).
+	// microseconds more (BenchmarkFdatasyncFiles, files=1); and a
+	// committer's batch of holdFrom records or more.
 	syncHold tailSync = iota
 	// syncHandOff blocks the thread and hands the P to the rest of the
 	// process, as the runtime does for its own blocking calls
-	// (tidseg.FdatasyncHandOff): the committer goroutine's batches, and
-	// an inline commit while another log is busy.
+	// (tidseg.FdatasyncHandOff): the committer goroutine's batches of
+	// fewer than holdFrom records, and an inline commit while another
+	// log is busy.
 	syncHandOff
 	// syncPark submits the call to the kernel (Linux AIO,
 	// tidseg.Parker) and waits in Go's poller, no thread blocked: with
@@ -127,6 +129,19 @@ const (
 	// fs.aio-max-nr reached) it blocks.
 	syncPark
 )
+
+// holdFrom is the batch size from which the committer keeps its P
+// through the fdatasync (syncHold). A batch that large means records
+// arrive faster than the disk syncs them: the process has other work
+// for the P, and a committer that handed it on would, once the disk
+// answered, wait behind that work for a P before it could ack the batch.
+// Measured on a 2-vCPU VM (README, "Handing the P on"), brokers at
+// GOMAXPROCS=1: at half the maximum load (20 to 70 records a batch),
+// handing every batch on doubled the wait from the batch's stamp to its
+// ack and took the row's p99 from 37 to 53 ms (medians of nine runs
+// each); at a tenth (3 or 4 a batch) it halved the wait before the
+// stamp.
+const holdFrom = 16
 
 // syncTail fdatasyncs the tail segment as how says. A file of another FS
 // (FaultFS in tests) gets its own Sync. The caller holds the commit role
