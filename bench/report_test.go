@@ -240,7 +240,9 @@ func TestSharedFsyncFloor(t *testing.T) {
 	defer s.stop()
 	for i := range 5 {
 		d, skew, err := s.sample(int64(i * 64))
-		if err != nil || d <= 0 || skew < 0 || skew > d {
+		// The skew may pass the quorum time: on a busy machine the last
+		// writer can start after the first two are done.
+		if err != nil || d <= 0 || skew < 0 {
 			t.Fatalf("sample = %v, skew %v, %v", d, skew, err)
 		}
 		for _, f := range m.shared {
