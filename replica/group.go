@@ -536,7 +536,9 @@ func (g *Group) Close() error {
 // Read returns committed records from offset from on, at most max records
 // and about maxBytes of keys and values (at least one record if any).
 // It returns no records at NextOffset, and ErrOutOfRange below the first
-// retained offset. Recent records come from memory (Config.TailBytes):
+// retained offset. A read that meets an error (a damaged entry) after it
+// has records returns those, and the next read, from the record after
+// them, the error. Recent records come from memory (Config.TailBytes):
 // their Key, Value and Headers may share memory with the Group and other
 // readers, so do not modify them.
 func (g *Group) Read(from uint64, max int, maxBytes int) ([]wal.Record, error) {

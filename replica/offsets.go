@@ -145,11 +145,14 @@ func (o *offsetIndex) read(tail *entryTail, name string, src entrySource, from u
 		recs := src.held(from)
 		if recs == nil {
 			all, err := readRecords(tail, name, src, index, base, from)
-			if err != nil {
-				return out, err
+			if err == nil && from-base >= uint64(len(all)) {
+				err = fmt.Errorf("replica: group %q: %w: entry %d holds %d records from offset %d, not offset %d", name, ErrCorrupt, index, len(all), base, from)
 			}
-			if from-base >= uint64(len(all)) {
-				return out, fmt.Errorf("replica: group %q: %w: entry %d holds %d records from offset %d, not offset %d", name, ErrCorrupt, index, len(all), base, from)
+			if err != nil {
+				if len(out) > 0 {
+					return out, nil // the caller meets the error on its next read, as wal's
+				}
+				return nil, err
 			}
 			recs = all[from-base:]
 		}

@@ -270,6 +270,17 @@ func TestReaderDamageAsRead(t *testing.T) {
 	if !errors.Is(err, ErrCorrupt) || gerr == nil || err.Error() != gerr.Error() {
 		t.Fatalf("Read at the damaged entry: %v; Group.Read: %v", err, gerr)
 	}
+	// A read that reaches the damaged entry returns the records before it;
+	// the next read, from the damaged entry, the error.
+	for _, read := range []func(uint64, int, int) ([]wal.Record, error){g.NewReader().Read, g.Read} {
+		recs, err := read(base-2, 5, 1<<20)
+		if err != nil || len(recs) != 2 || recs[0].Offset != base-2 || recs[1].Offset != base-1 {
+			t.Fatalf("Read(%d, 5) up to the damaged entry at %d: %d records, %v", base-2, base, len(recs), err)
+		}
+		if recs, err := read(base, 5, 1<<20); !errors.Is(err, ErrCorrupt) || len(recs) != 0 {
+			t.Fatalf("Read at the damaged entry after a partial read: %d records, %v", len(recs), err)
+		}
+	}
 	after := g.offs.nextAfter(damaged)
 	recs, err := r.Read(after, 3, 1<<20)
 	if err != nil || len(recs) != 3 || recs[0].Offset != after || !bytes.Equal(recs[2].Value, catchUpValue(after+2)) {
