@@ -272,7 +272,9 @@ func TestReaderDamageAsRead(t *testing.T) {
 	}
 	// A read that reaches the damaged entry returns the records before it;
 	// the next read, from the damaged entry, the error.
-	for _, read := range []func(uint64, int, int) ([]wal.Record, error){g.NewReader().Read, g.Read} {
+	r2 := g.NewReader()
+	defer r2.Close()
+	for _, read := range []func(uint64, int, int) ([]wal.Record, error){r2.Read, g.Read} {
 		recs, err := read(base-2, 5, 1<<20)
 		if err != nil || len(recs) != 2 || recs[0].Offset != base-2 || recs[1].Offset != base-1 {
 			t.Fatalf("Read(%d, 5) up to the damaged entry at %d: %d records, %v", base-2, base, len(recs), err)

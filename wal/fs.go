@@ -119,7 +119,10 @@ const (
 	// process, as the runtime does for its own blocking calls
 	// (tidseg.FdatasyncHandOff): the committer goroutine's batches of
 	// fewer than holdFrom records, and an inline commit while another
-	// log is busy.
+	// log is busy. One commit runs per log at a time, so the threads
+	// blocked this way are at most the open logs (the broker bounds
+	// them, MaxOpenShards), as were the threads sysmon could leave
+	// blocked after taking their P.
 	syncHandOff
 	// syncPark submits the call to the kernel (Linux AIO,
 	// tidseg.Parker) and waits in Go's poller, no thread blocked: with

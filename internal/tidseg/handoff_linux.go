@@ -26,9 +26,11 @@ import (
 //
 // Handing the P on costs a thread wake-up when nothing else would poll the
 // network (the runtime starts a thread to do it), which a lone record on
-// an idle log pays for nothing: measured 2% on a closed loop's p50, so the
-// wal commits such a record with Fdatasync and its committer's batches
-// with this.
+// an idle process pays for nothing (measured 2% on a closed loop's p50),
+// and once the disk answers the caller waits for a P like any runnable
+// goroutine, which a busy process makes long: package wal chooses per
+// commit (its tailSync). Each call blocks a thread; a process has at most
+// one such call per file it syncs this way at a time.
 //
 // entersyscallblock and exitsyscall are the runtime's own entry and exit
 // for a system call known to block; the runtime keeps both reachable by
