@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"syscall"
@@ -78,6 +79,10 @@ type Command struct {
 	Output   string `short:"o" help:"Write the report to FILE instead of standard output." type:"path" placeholder:"FILE"`
 	Plot     string `help:"Draw latency percentile curves of the scenarios to FILE (.svg or .png)." type:"path" placeholder:"FILE"`
 	Progress bool   `help:"Show a progress bar on standard error (when it is a terminal)." default:"true" negatable:""`
+	// CPUProfile profiles the bench process alone: the brokers of a
+	// local cluster are processes of their own (FELIX_PPROF serves
+	// theirs on their admin listeners).
+	CPUProfile string `name:"cpu-profile" help:"Write the CPU profile of the bench process itself (its publishers and subscribers: the client side) to FILE, for go tool pprof." type:"path" placeholder:"FILE"`
 
 	// Binary is the felix executable run as brokers and as the echo
 	// process: default this executable (felixctl carries hidden `broker`
@@ -209,8 +214,32 @@ func (c *Command) Run(log *slog.Logger) error {
 		defer f.Close()
 		out = f
 	}
+	if c.CPUProfile != "" {
+		stopProfile, err := startCPUProfile(c.CPUProfile)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		defer stopProfile()
+	}
 	_, err := c.Execute(ctx, log, out)
 	return err
+}
+
+// startCPUProfile starts profiling this process's CPU into a new file at
+// path; the function it returns stops it and closes the file.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
 
 // Execute runs the bench, writes the report to out (a table, or JSON with
