@@ -231,6 +231,11 @@ func (s *storage) append(ents []*pb.Entry) error {
 		if err := tidseg.SyncDir(s.dir); err != nil { // the new segment's name must survive a crash
 			return fmt.Errorf("replica: group %q: %w", s.name, err)
 		}
+		// A log that filled a segment is expected to fill the next:
+		// tidwall's cache of it gets its room at once.
+		s.readMu.Lock()
+		tidseg.PresizeTail(s.tw, s.segSize+tidseg.TailSlack)
+		s.readMu.Unlock()
 	}
 	s.tail.size = size
 	if s.beforeSync != nil {

@@ -430,6 +430,7 @@ func (l *Log) writeAndSync(first uint64, sizes []int, how tailSync) error {
 		if err := l.syncDir(); err != nil { // the new segment's name must survive a crash
 			return err
 		}
+		l.presizeTail()
 	}
 	l.tail.size = size
 	l.size.Add(written)
@@ -443,6 +444,15 @@ func (l *Log) writeAndSync(first uint64, sizes []int, how tailSync) error {
 		return fmt.Errorf("fdatasync %s: %w", segmentName(l.tail.index), err)
 	}
 	return nil
+}
+
+// presizeTail gives tidwall's cache of the new tail segment the room the
+// segment will need (tidseg.PresizeTail): a log that filled a segment is
+// expected to fill the next. Callers hold l.tail's lock.
+func (l *Log) presizeTail() {
+	l.readMu.Lock() // tidwall reads the cache
+	tidseg.PresizeTail(l.tw, l.opts.SegmentSize+tidseg.TailSlack)
+	l.readMu.Unlock()
 }
 
 // syncFallback runs when our view of the tail segment disagrees with the

@@ -1,0 +1,76 @@
+package tidseg
+
+import (
+	"reflect"
+	"unsafe"
+
+	tidwall "github.com/tidwall/wal"
+)
+
+// tidwall keeps the tail segment's bytes in memory (its segment.ebuf, for
+// reads) and appends each entry to them, from nothing after a roll: a
+// tail that fills to a segment of 1 MiB grows that buffer a dozen times
+// by a quarter (Go's growth for large slices), copying it each time and
+// allocating about five times the segment in all. Each growth is a fresh
+// allocation the commit that makes it pays for, and on a VM its page
+// faults are slow: measured on a 2-vCPU nested VM, growths past 300 KiB
+// took 0.1–5.7 ms each, the worst commits of a log at 1,000 records/s
+// after the disk's own stalls (go test -bench TailCache
+// ./internal/tidseg shows them on a machine, as worst-µs). PresizeTail gives the tail's
+// cache its final capacity in one allocation instead.
+
+// TailSlack is the room past the segment size that PresizeTail callers
+// add: tidwall rolls once an entry takes the tail to the segment size, so
+// the tail holds up to one entry more (a larger entry grows it once).
+const TailSlack = 64 << 10
+
+// tailLayout is where tidwall v1.2.1 keeps a Log's segments and a
+// segment's cache, found by reflection once; ok is false if the fields
+// are not there as expected (another tidwall), and then PresizeTail does
+// nothing. TestTailLayout fails on such an upgrade.
+var tailLayout = func() (l struct {
+	ok                bool
+	segments, entries uintptr // offsets of Log.segments and segment.ebuf
+}) {
+	log := reflect.TypeFor[tidwall.Log]()
+	segs, ok := log.FieldByName("segments")
+	if !ok || segs.Type.Kind() != reflect.Slice || segs.Type.Elem().Kind() != reflect.Pointer ||
+		segs.Type.Elem().Elem().Kind() != reflect.Struct {
+		return l
+	}
+	ebuf, ok := segs.Type.Elem().Elem().FieldByName("ebuf")
+	if !ok || ebuf.Type != reflect.TypeFor[[]byte]() {
+		return l
+	}
+	l.ok, l.segments, l.entries = true, segs.Offset, ebuf.Offset
+	return l
+}()
+
+// PresizeTail gives the cache tidwall keeps of tw's tail segment room for
+// n bytes, with what it holds copied in, unless it has that room already;
+// it reports whether the cache has it now. A log's writer calls it after
+// the roll to a new tail, the start of a segment it expects to fill
+// (a log that filled one), with n the segment size and a batch's slack:
+// the tail of a log that fills its segments holds that much anyway by the
+// time it rolls, and each idle or new log keeps tidwall's growth.
+//
+// The caller must be the log's only writer and hold whatever serializes
+// its reads (tidwall reads the cache under its read lock); tw must be
+// open.
+func PresizeTail(tw *tidwall.Log, n int) bool {
+	if !tailLayout.ok {
+		return false
+	}
+	segs := *(*[]unsafe.Pointer)(unsafe.Add(unsafe.Pointer(tw), tailLayout.segments))
+	if len(segs) == 0 || segs[len(segs)-1] == nil {
+		return false
+	}
+	buf := (*[]byte)(unsafe.Add(segs[len(segs)-1], tailLayout.entries))
+	if cap(*buf) >= n {
+		return true
+	}
+	grown := make([]byte, len(*buf), n)
+	copy(grown, *buf)
+	*buf = grown
+	return true
+}
