@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strings"
 	"syscall"
@@ -83,6 +84,7 @@ type Command struct {
 	// local cluster are processes of their own (FELIX_PPROF serves
 	// theirs on their admin listeners).
 	CPUProfile string `name:"cpu-profile" help:"Write the CPU profile of the bench process itself (its publishers and subscribers: the client side) to FILE, for go tool pprof." type:"path" placeholder:"FILE"`
+	Trace      string `help:"Write a Go execution trace of the bench process itself to FILE, for go tool trace (a broker's is on its admin listener with FELIX_PPROF, /debug/pprof/trace; the timestamps of processes on one machine compare)." type:"path" placeholder:"FILE"`
 
 	// Binary is the felix executable run as brokers and as the echo
 	// process: default this executable (felixctl carries hidden `broker`
@@ -221,6 +223,13 @@ func (c *Command) Run(log *slog.Logger) error {
 		}
 		defer stopProfile()
 	}
+	if c.Trace != "" {
+		stopTrace, err := startTrace(c.Trace)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		defer stopTrace()
+	}
 	_, err := c.Execute(ctx, log, out)
 	return err
 }
@@ -238,6 +247,23 @@ func startCPUProfile(path string) (stop func(), err error) {
 	}
 	return func() {
 		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
+}
+
+// startTrace starts a Go execution trace of this process into a new file
+// at path; the function it returns stops it and closes the file.
+func startTrace(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := trace.Start(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("trace: %w", err)
+	}
+	return func() {
+		trace.Stop()
 		f.Close()
 	}, nil
 }

@@ -436,8 +436,17 @@ func (g *Group) handleReady(l *loop) error {
 		var later []*pb.Message
 		var early []*pb.Message
 		for _, m := range msgs {
-			switch m.GetType() {
-			case pb.MsgApp, pb.MsgHeartbeat:
+			switch {
+			case m.GetType() == pb.MsgApp && len(m.GetEntries()) == 0:
+				// Entries none: the leader telling a follower how far
+				// its log is committed (raft sends one to each
+				// follower once a round commits). It goes after this
+				// round's acks, which it would otherwise go before:
+				// measured at R=3 on a 2-vCPU VM, the acks' packets
+				// waited behind the two sends to the followers. Raft
+				// takes messages late and in any order.
+				later = append(later, m)
+			case m.GetType() == pb.MsgApp, m.GetType() == pb.MsgHeartbeat:
 				early = append(early, m)
 			default:
 				later = append(later, m)
@@ -495,6 +504,13 @@ func (g *Group) handleReady(l *loop) error {
 		}
 	}
 	if len(msgs) > 0 {
+		if stable > 0 && len(rd.Entries) == 0 {
+			// The acks just written wait to be sent (the connection
+			// loops they woke); the goroutines these messages wake
+			// would run first (the one woken last does). Yield, so
+			// that the acks go out first.
+			runtime.Gosched()
+		}
 		g.cfg.Transport.Send(msgs)
 	}
 	if err := g.apply(l, committed[stable:]); err != nil {
