@@ -217,14 +217,14 @@ func (c *Command) Run(log *slog.Logger) error {
 		out = f
 	}
 	if c.CPUProfile != "" {
-		stopProfile, err := startCPUProfile(c.CPUProfile)
+		stopProfile, err := startRecording(c.CPUProfile, pprof.StartCPUProfile, pprof.StopCPUProfile)
 		if err != nil {
 			return fmt.Errorf("bench: %w", err)
 		}
 		defer stopProfile()
 	}
 	if c.Trace != "" {
-		stopTrace, err := startTrace(c.Trace)
+		stopTrace, err := startRecording(c.Trace, trace.Start, trace.Stop)
 		if err != nil {
 			return fmt.Errorf("bench: %w", err)
 		}
@@ -234,36 +234,20 @@ func (c *Command) Run(log *slog.Logger) error {
 	return err
 }
 
-// startCPUProfile starts profiling this process's CPU into a new file at
-// path; the function it returns stops it and closes the file.
-func startCPUProfile(path string) (stop func(), err error) {
+// startRecording starts one of the runtime's recordings of this process
+// (pprof.StartCPUProfile, trace.Start) into a new file at path; the
+// function it returns stops it (with stop) and closes the file.
+func startRecording(path string, start func(io.Writer) error, stop func()) (func(), error) {
 	f, err := os.Create(path)
 	if err != nil {
 		return nil, err
 	}
-	if err := pprof.StartCPUProfile(f); err != nil {
+	if err := start(f); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("cpu profile: %w", err)
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
-	}, nil
-}
-
-// startTrace starts a Go execution trace of this process into a new file
-// at path; the function it returns stops it and closes the file.
-func startTrace(path string) (stop func(), err error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, err
-	}
-	if err := trace.Start(f); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("trace: %w", err)
-	}
-	return func() {
-		trace.Stop()
+		stop()
 		f.Close()
 	}, nil
 }
