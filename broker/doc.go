@@ -256,7 +256,12 @@
 // hand-off on the leader and on each follower per round. Through a
 // forwarder (or a follower) the forwarding hop of R=1 comes first. The
 // leader's own fsync runs in parallel with the followers' (raft's appends
-// are queued before the write, see package replica).
+// are queued before the write, see package replica). Once a round
+// commits, raft also tells each follower how far (an append without
+// entries): those go after the round's acks, and the group yields before
+// queuing them, so that on a broker with one P the acks' connection loop
+// sends first; before, the acks' packets waited behind the two sends to
+// the followers (R=3 direct p50 6.6% lower, forwarded 4.0%, A/B).
 //
 // # Identity and authorization
 //

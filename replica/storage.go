@@ -234,7 +234,7 @@ func (s *storage) append(ents []*pb.Entry) error {
 		// A log that filled a segment is expected to fill the next:
 		// tidwall's cache of it gets its room at once.
 		s.readMu.Lock()
-		tidseg.PresizeTail(s.tw, s.segSize+tidseg.TailSlack)
+		tidseg.PresizeTail(s.tw, tidseg.TailRoom(s.segSize))
 		s.readMu.Unlock()
 	}
 	s.tail.size = size

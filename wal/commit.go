@@ -451,7 +451,7 @@ func (l *Log) writeAndSync(first uint64, sizes []int, how tailSync) error {
 // expected to fill the next. Callers hold l.tail's lock.
 func (l *Log) presizeTail() {
 	l.readMu.Lock() // tidwall reads the cache
-	tidseg.PresizeTail(l.tw, l.opts.SegmentSize+tidseg.TailSlack)
+	tidseg.PresizeTail(l.tw, tidseg.TailRoom(l.opts.SegmentSize))
 	l.readMu.Unlock()
 }
 

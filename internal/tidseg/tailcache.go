@@ -19,10 +19,13 @@ import (
 // ./internal/tidseg shows them on a machine, as worst-µs). PresizeTail gives the tail's
 // cache its final capacity in one allocation instead.
 
-// TailSlack is the room past the segment size that PresizeTail callers
-// add: tidwall rolls once an entry takes the tail to the segment size, so
-// the tail holds up to one entry more (a larger entry grows it once).
-const TailSlack = 64 << 10
+// TailRoom is the capacity PresizeTail callers ask for, for logs of
+// segmentSize: tidwall rolls once an entry takes the tail to the segment
+// size, so the tail holds up to one entry more; room for 64 KiB more,
+// or a quarter of the segment if less, keeps the cache within the 5/4 of
+// the segment that Go's growth reached before, which the brokers' memory
+// budget counts (a larger entry grows it once, as before).
+func TailRoom(segmentSize int) int { return segmentSize + min(64<<10, segmentSize/4) }
 
 // tailLayout is where tidwall v1.2.1 keeps a Log's segments and a
 // segment's cache, found by reflection once; ok is false if the fields

@@ -43,12 +43,12 @@ func TestTailLayout(t *testing.T) {
 	for i := uint64(1); i <= 3; i++ {
 		write(i)
 	}
-	if !PresizeTail(tw, segSize+TailSlack) {
+	if !PresizeTail(tw, TailRoom(segSize)) {
 		t.Fatal("PresizeTail did not find the tail's cache")
 	}
 	cache := tailCache(t, tw)
-	if cap(cache) != segSize+TailSlack || len(cache) != 3*101 {
-		t.Fatalf("tail cache len %d cap %d, want len %d cap %d", len(cache), cap(cache), 3*101, segSize+TailSlack)
+	if cap(cache) != TailRoom(segSize) || len(cache) != 3*101 {
+		t.Fatalf("tail cache len %d cap %d, want len %d cap %d", len(cache), cap(cache), 3*101, TailRoom(segSize))
 	}
 	at := unsafe.SliceData(cache)
 	i := uint64(4)
@@ -96,7 +96,7 @@ func BenchmarkTailCache(b *testing.B) {
 					b.Fatal(err)
 				}
 				if presized {
-					PresizeTail(tw, segSize+TailSlack)
+					PresizeTail(tw, TailRoom(segSize))
 				}
 				b.StartTimer()
 				for i := uint64(1); i <= uint64(segSize/(len(data)+2)); i++ {
