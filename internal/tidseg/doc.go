@@ -9,11 +9,13 @@
 // platform, and the reading of entries by file position for readers that
 // read on from where they left off (Cursor, over a log's small cache of
 // open segment files, Files: cursor.go), which wal.Reader and
-// replica.Reader share.
+// replica.Reader share, and the room of tidwall's in-memory copy of the
+// tail segment (PresizeTail: tailcache.go).
 //
-// The layout and the roll rule are tidwall's internals, not its API:
-// segment_test.go checks them against the tidwall this module builds with,
-// so that an upgrade that changes them fails there, not in production.
+// The layout, the roll rule and where tidwall keeps the tail's copy are
+// its internals, not its API: segment_test.go and tailcache_test.go check
+// them against the tidwall this module builds with, so that an upgrade
+// that changes them fails there, not in production.
 //
 // It must never know what an entry holds (records, raft entries, offsets,
 // checksums): callers pass a check for that (a Cursor's Taker verifies

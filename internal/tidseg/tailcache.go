@@ -15,9 +15,9 @@ import (
 // allocation the commit that makes it pays for, and on a VM its page
 // faults are slow: measured on a 2-vCPU nested VM, growths past 300 KiB
 // took 0.1–5.7 ms each, the worst commits of a log at 1,000 records/s
-// after the disk's own stalls (go test -bench TailCache
-// ./internal/tidseg shows them on a machine, as worst-µs). PresizeTail gives the tail's
-// cache its final capacity in one allocation instead.
+// after the disk's own stalls (`go test -bench TailCache
+// ./internal/tidseg` shows them on a machine, as worst-µs). PresizeTail
+// gives the tail's cache its final capacity in one allocation instead.
 
 // TailRoom is the capacity PresizeTail callers ask for, for logs of
 // segmentSize: tidwall rolls once an entry takes the tail to the segment
