@@ -498,12 +498,16 @@ func (g *Group) handleReady(l *loop) error {
 			return err
 		}
 	}
-	if hs != nil {
-		if err := g.st.setState(hs, nil, termVote); err != nil {
-			return err
+	// The rest of the messages (answers to appends, commit-only appends,
+	// votes) go once the entries are durable, and before the hard state
+	// is written unless its term or vote changed: a commit index need
+	// not be durable before anyone hears of it (raft learns it again from
+	// the quorum), and a follower's answer, which the leader's commit
+	// waits for, no longer waits for that write as well.
+	send := func() {
+		if len(msgs) == 0 {
+			return
 		}
-	}
-	if len(msgs) > 0 {
 		if stable > 0 && len(rd.Entries) == 0 {
 			// The acks just written wait to be sent (the connection
 			// loops they woke); the goroutines these messages wake
@@ -512,6 +516,17 @@ func (g *Group) handleReady(l *loop) error {
 			runtime.Gosched()
 		}
 		g.cfg.Transport.Send(msgs)
+	}
+	if !termVote {
+		send()
+	}
+	if hs != nil {
+		if err := g.st.setState(hs, nil, termVote); err != nil {
+			return err
+		}
+	}
+	if termVote {
+		send()
 	}
 	if err := g.apply(l, committed[stable:]); err != nil {
 		return err
