@@ -215,12 +215,8 @@ func (l *Log) runCommitter() {
 		reqs, exit := l.take()
 		member.SetBusy(len(reqs) > 0)
 		if len(reqs) > 0 {
-			how := syncHandOff
-			if len(reqs) >= holdFrom {
-				how = syncHold
-			}
-			if l.opts.ParkedSync || member.Park() {
-				how = syncPark
+			how := committerSync(len(reqs), l.opts.ParkedSync || member.Park())
+			if how == syncPark {
 				member.Parking()
 			}
 			l.commit(reqs, how)
@@ -237,6 +233,20 @@ func (l *Log) runCommitter() {
 		}
 		<-l.wake
 	}
+}
+
+// committerSync is how the committer's fdatasync of a batch of n records
+// waits: parked when park says so (Options.ParkedSync, or the sync
+// group's rule), keeping the P for a batch of holdFrom records or more,
+// handing it on for a smaller one (see tailSync).
+func committerSync(n int, park bool) tailSync {
+	switch {
+	case park:
+		return syncPark
+	case n >= holdFrom:
+		return syncHold
+	}
+	return syncHandOff
 }
 
 // gather runs after a batch of more than one record: under load, it lets

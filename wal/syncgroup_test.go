@@ -112,3 +112,46 @@ func waitIdle(t *testing.T, g *SyncGroup) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestSyncWayOfEachCommit checks how each commit's fdatasync waits
+// (tailSync): the committer's batch hands its P on below holdFrom records
+// and keeps it from there, and parks whenever it is told to; an inline
+// commit keeps its P while no log of its sync group is busy (a lone
+// record on an idle broker) and hands it on while one is, and a log
+// without a group keeps it.
+func TestSyncWayOfEachCommit(t *testing.T) {
+	for _, c := range []struct {
+		n    int
+		park bool
+		want tailSync
+	}{
+		{1, false, syncHandOff},
+		{holdFrom - 1, false, syncHandOff},
+		{holdFrom, false, syncHold},
+		{1000, false, syncHold},
+		{1, true, syncPark},
+		{holdFrom, true, syncPark},
+	} {
+		if got := committerSync(c.n, c.park); got != c.want {
+			t.Errorf("batch of %d, park %v: way %d, want %d", c.n, c.park, got, c.want)
+		}
+	}
+
+	g := NewSyncGroup(4)
+	l := &Log{opts: Options{SyncGroup: g}}
+	if got := l.inlineSync(); got != syncHold {
+		t.Errorf("inline commit, no log busy: way %d, want syncHold", got)
+	}
+	other := g.Member()
+	other.SetBusy(true)
+	if got := l.inlineSync(); got != syncHandOff {
+		t.Errorf("inline commit, another log busy: way %d, want syncHandOff", got)
+	}
+	other.SetBusy(false)
+	if got := l.inlineSync(); got != syncHold {
+		t.Errorf("inline commit, the other log idle again: way %d, want syncHold", got)
+	}
+	if got := (&Log{}).inlineSync(); got != syncHold {
+		t.Errorf("inline commit, no sync group: way %d, want syncHold", got)
+	}
+}
