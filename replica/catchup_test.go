@@ -1,12 +1,10 @@
 package replica
 
 import (
-	"bytes"
-	"encoding/binary"
-	"fmt"
 	"runtime"
 	"testing"
 
+	"github.com/felix-broker/felix/internal/catchuptest"
 	"github.com/felix-broker/felix/internal/procio"
 	"github.com/felix-broker/felix/internal/tidseg"
 	"github.com/felix-broker/felix/wal"
@@ -21,11 +19,10 @@ import (
 
 // catchUpValue is the value of the record at offset off: 128 bytes naming
 // off.
-func catchUpValue(off uint64) []byte {
-	v := bytes.Repeat([]byte{byte('a' + off%26)}, 128)
-	binary.LittleEndian.PutUint64(v, off)
-	return v
-}
+var catchUpValue = catchuptest.Value
+
+// recordFields gives catchuptest a record's offset and value.
+func recordFields(r wal.Record) (uint64, []byte) { return r.Offset, r.Value }
 
 // catchUpEntry is how many records a catch-up log's entries hold: a
 // group-commit batch of a busy shard (about 9 KB of records).
@@ -79,45 +76,7 @@ func commitValues(tb testing.TB, g *Group, n int) {
 }
 
 // readFunc is a reader's Read.
-type readFunc func(from uint64, max, maxBytes int) ([]wal.Record, error)
-
-// interleave has the readers in reads deliver n records in all, one record
-// per Read, round-robin, reader k from offset at[k] on (back to at[k]
-// after span records), and checks every record.
-func interleave(tb testing.TB, reads []readFunc, at []uint64, span uint64, n int) {
-	tb.Helper()
-	next := append([]uint64(nil), at...)
-	for i := range n {
-		k := i % len(reads)
-		recs, err := reads[k](next[k], 1, 1<<20)
-		if err != nil {
-			tb.Fatalf("reader %d: Read(%d): %v", k, next[k], err)
-		}
-		if len(recs) != 1 {
-			tb.Fatalf("reader %d: Read(%d, 1) returned %d records", k, next[k], len(recs))
-		}
-		if r := recs[0]; r.Offset != next[k] || !bytes.Equal(r.Value, catchUpValue(next[k])) {
-			tb.Fatalf("reader %d: Read(%d) returned offset %d value %x", k, next[k], r.Offset, r.Value[:8])
-		}
-		if next[k]++; next[k] == at[k]+span {
-			next[k] = at[k]
-		}
-	}
-}
-
-// catchUpStarts returns where k readers start: in segments 1, 3, 5...
-// of starts (never the tail), a little into each.
-func catchUpStarts(tb testing.TB, starts []uint64, k int) []uint64 {
-	tb.Helper()
-	if 2*k >= len(starts) {
-		tb.Fatalf("%d segments are too few for %d readers", len(starts), k)
-	}
-	at := make([]uint64, k)
-	for i := range at {
-		at[i] = starts[1+2*i] + 17
-	}
-	return at
-}
+type readFunc = catchuptest.Read[wal.Record]
 
 // TestCatchUpReadersInterleaved: four readers of a replica catching up
 // from different old segments, one record per read, round-robin, read
@@ -129,13 +88,13 @@ func TestCatchUpReadersInterleaved(t *testing.T) {
 		t.Skip("no /proc/self/io here to count the bytes read")
 	}
 	g, starts := catchUpGroup(t, 12)
-	at := catchUpStarts(t, starts, 4)
+	at := catchuptest.Starts(t, starts, 4)
 	reads := make([]readFunc, len(at))
 	for k := range reads {
 		reads[k] = newCatchUpReader(t, g)
 	}
 	span := starts[2] - starts[1]
-	interleave(t, reads, at, span, len(reads))
+	catchuptest.Interleave(t, recordFields, reads, at, span, len(reads))
 	for k := range at {
 		at[k]++
 	}
@@ -143,7 +102,7 @@ func TestCatchUpReadersInterleaved(t *testing.T) {
 	runtime.ReadMemStats(&m0)
 	r0, _ := procio.Read()
 	const n = 800
-	interleave(t, reads, at, span, n)
+	catchuptest.Interleave(t, recordFields, reads, at, span, n)
 	r1, _ := procio.Read()
 	runtime.ReadMemStats(&m1)
 	perRecord := (r1 - r0) / n
@@ -162,66 +121,10 @@ func TestCatchUpReadersInterleaved(t *testing.T) {
 // bytes read from files per record (rchar of /proc/self/io).
 func BenchmarkCatchUpRead(b *testing.B) {
 	g, starts := catchUpGroup(b, 20)
-	paths := []struct {
-		name string
-		read func() readFunc
-	}{
-		{"Group.Read", func() readFunc { return g.Read }},
-		{"Reader", func() readFunc { return newCatchUpReader(b, g) }},
-	}
-	for _, path := range paths {
-		for _, k := range []int{1, 4, 8} {
-			b.Run(fmt.Sprintf("%s/readers=%d", path.name, k), func(b *testing.B) {
-				at := catchUpStarts(b, starts, k)
-				reads := make([]readFunc, k)
-				for i := range reads {
-					reads[i] = path.read()
-				}
-				span := starts[2] - starts[1]
-				interleave(b, reads, at, span, k)
-				for i := range at {
-					at[i]++
-				}
-				runtime.GC()
-				b.ReportAllocs()
-				r0, ok := procio.Read()
-				b.ResetTimer()
-				interleave(b, reads, at, span, b.N)
-				b.StopTimer()
-				if r1, _ := procio.Read(); ok {
-					b.ReportMetric(float64(r1-r0)/float64(b.N), "read-B/rec")
-				}
-			})
-		}
-		b.Run(path.name+"/batch=512", func(b *testing.B) {
-			read := path.read()
-			from, end := starts[1], starts[len(starts)-1]
-			runtime.GC()
-			b.ReportAllocs()
-			r0, ok := procio.Read()
-			b.ResetTimer()
-			for n := 0; n < b.N; {
-				if from == end {
-					from = starts[1]
-				}
-				recs, err := read(from, min(512, b.N-n, int(end-from)), 1<<20)
-				if err != nil || len(recs) == 0 {
-					b.Fatalf("Read(%d): %d records, %v", from, len(recs), err)
-				}
-				for _, r := range recs {
-					if r.Offset != from || !bytes.Equal(r.Value, catchUpValue(from)) {
-						b.Fatalf("Read returned offset %d, want %d", r.Offset, from)
-					}
-					from++
-				}
-				n += len(recs)
-			}
-			b.StopTimer()
-			if r1, _ := procio.Read(); ok {
-				b.ReportMetric(float64(r1-r0)/float64(b.N), "read-B/rec")
-			}
-		})
-	}
+	catchuptest.Bench(b, recordFields, []catchuptest.Path[wal.Record]{
+		{Name: "Group.Read", Read: func() readFunc { return g.Read }},
+		{Name: "Reader", Read: func() readFunc { return newCatchUpReader(b, g) }},
+	}, starts)
 }
 
 // newCatchUpReader returns what a subscriber reads a group with, closed

@@ -3,6 +3,7 @@ package wal
 import (
 	"bytes"
 	"encoding/binary"
+	"github.com/felix-broker/felix/internal/catchuptest"
 	"testing"
 
 	"github.com/felix-broker/felix/internal/procio"
@@ -31,7 +32,7 @@ func TestCatchUpReadersMixedSizes(t *testing.T) {
 	}
 	l, _ := testLog(t, t.TempDir(), Options{Name: "mixed/0", TailRecords: 64})
 	starts := fillValues(t, l, 12, mixedValue)
-	at := catchUpStarts(t, starts, 4)
+	at := catchuptest.Starts(t, starts, 4)
 	readers := make([]*Reader, len(at))
 	for k := range readers {
 		readers[k] = l.NewReader()

@@ -1,13 +1,11 @@
 package wal
 
 import (
-	"bytes"
-	"encoding/binary"
 	"fmt"
-	"runtime"
 	"sync"
 	"testing"
 
+	"github.com/felix-broker/felix/internal/catchuptest"
 	"github.com/felix-broker/felix/internal/procio"
 )
 
@@ -18,12 +16,10 @@ import (
 // credit 1), round-robin.
 
 // catchUpValue is record i's value in a catch-up log: 128 bytes naming i.
-func catchUpValue(i uint64) []byte {
-	v := make([]byte, 128)
-	binary.LittleEndian.PutUint64(v, i)
-	copy(v[8:], bytes.Repeat([]byte{byte('a' + i%26)}, 120))
-	return v
-}
+var catchUpValue = catchuptest.Value
+
+// recordFields gives catchuptest a record's offset and value.
+func recordFields(r Record) (uint64, []byte) { return r.Offset, r.Value }
 
 // catchUpLog opens a log of segs segments of small records in dir; its
 // tail ring holds none of the old ones.
@@ -92,44 +88,12 @@ func fillValues(tb testing.TB, l *Log, segs int, value func(uint64) []byte) []ui
 }
 
 // readFunc is a reader's Read: Log.Read, or a Reader's.
-type readFunc func(from uint64, maxRecords, maxBytes int) ([]Record, error)
+type readFunc = catchuptest.Read[Record]
 
-// interleave has the readers in reads deliver n records in all, one record
-// per Read, round-robin, reader k from offset at[k] on (back to at[k]
-// after span records), and checks every record.
+// interleave is catchuptest.Interleave of a log's records.
 func interleave(tb testing.TB, reads []readFunc, at []uint64, span uint64, n int) {
 	tb.Helper()
-	next := append([]uint64(nil), at...)
-	for i := range n {
-		k := i % len(reads)
-		recs, err := reads[k](next[k], 1, 1<<20)
-		if err != nil {
-			tb.Fatalf("reader %d: Read(%d): %v", k, next[k], err)
-		}
-		if len(recs) != 1 {
-			tb.Fatalf("reader %d: Read(%d, 1) returned %d records", k, next[k], len(recs))
-		}
-		if r := recs[0]; r.Offset != next[k] || !bytes.Equal(r.Value, catchUpValue(next[k])) {
-			tb.Fatalf("reader %d: Read(%d) returned offset %d value %x", k, next[k], r.Offset, r.Value[:8])
-		}
-		if next[k]++; next[k] == at[k]+span {
-			next[k] = at[k]
-		}
-	}
-}
-
-// catchUpStarts returns where k readers start: in segments 1, 3, 5...
-// of starts (never the tail), a little into each.
-func catchUpStarts(tb testing.TB, starts []uint64, k int) []uint64 {
-	tb.Helper()
-	if 2*k >= len(starts) {
-		tb.Fatalf("%d segments are too few for %d readers", len(starts), k)
-	}
-	at := make([]uint64, k)
-	for i := range at {
-		at[i] = starts[1+2*i] + 17
-	}
-	return at
+	catchuptest.Interleave(tb, recordFields, reads, at, span, n)
 }
 
 // TestCatchUpReadersInterleaved: four readers catching up from different
@@ -142,7 +106,7 @@ func TestCatchUpReadersInterleaved(t *testing.T) {
 		t.Skip("no /proc/self/io here to count the bytes read")
 	}
 	l, starts := catchUpLog(t, t.TempDir(), 12)
-	at := catchUpStarts(t, starts, 4)
+	at := catchuptest.Starts(t, starts, 4)
 	reads := make([]readFunc, len(at))
 	for k := range reads {
 		reads[k] = newCatchUpReader(l)
@@ -172,66 +136,10 @@ func TestCatchUpReadersInterleaved(t *testing.T) {
 // /proc/self/io).
 func BenchmarkCatchUpRead(b *testing.B) {
 	l, starts := catchUpLog(b, benchDir(b), 20)
-	paths := []struct {
-		name string
-		read func() readFunc
-	}{
-		{"Log.Read", func() readFunc { return l.Read }},
-		{"Reader", func() readFunc { return l.NewReader().Read }},
-	}
-	for _, path := range paths {
-		for _, k := range []int{1, 4, 8} {
-			b.Run(fmt.Sprintf("%s/readers=%d", path.name, k), func(b *testing.B) {
-				at := catchUpStarts(b, starts, k)
-				reads := make([]readFunc, k)
-				for i := range reads {
-					reads[i] = path.read()
-				}
-				span := starts[2] - starts[1]
-				interleave(b, reads, at, span, k)
-				for i := range at {
-					at[i]++
-				}
-				runtime.GC()
-				b.ReportAllocs()
-				r0, ok := procio.Read()
-				b.ResetTimer()
-				interleave(b, reads, at, span, b.N)
-				b.StopTimer()
-				if r1, _ := procio.Read(); ok {
-					b.ReportMetric(float64(r1-r0)/float64(b.N), "read-B/rec")
-				}
-			})
-		}
-		b.Run(path.name+"/batch=512", func(b *testing.B) {
-			read := path.read()
-			from, end := starts[1], starts[len(starts)-1]
-			runtime.GC()
-			b.ReportAllocs()
-			r0, ok := procio.Read()
-			b.ResetTimer()
-			for n := 0; n < b.N; {
-				if from == end {
-					from = starts[1]
-				}
-				recs, err := read(from, min(512, b.N-n, int(end-from)), 1<<20)
-				if err != nil || len(recs) == 0 {
-					b.Fatalf("Read(%d): %d records, %v", from, len(recs), err)
-				}
-				for _, r := range recs {
-					if r.Offset != from || !bytes.Equal(r.Value, catchUpValue(from)) {
-						b.Fatalf("Read returned offset %d, want %d", r.Offset, from)
-					}
-					from++
-				}
-				n += len(recs)
-			}
-			b.StopTimer()
-			if r1, _ := procio.Read(); ok {
-				b.ReportMetric(float64(r1-r0)/float64(b.N), "read-B/rec")
-			}
-		})
-	}
+	catchuptest.Bench(b, recordFields, []catchuptest.Path[Record]{
+		{Name: "Log.Read", Read: func() readFunc { return l.Read }},
+		{Name: "Reader", Read: func() readFunc { return l.NewReader().Read }},
+	}, starts)
 }
 
 // newCatchUpReader returns what a subscriber reads a log with.
