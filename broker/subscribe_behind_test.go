@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/felix-broker/felix/internal/catchuptest"
 	"github.com/felix-broker/felix/internal/procio"
 	"github.com/felix-broker/felix/replica"
 	"github.com/felix-broker/felix/shardmap"
@@ -17,12 +18,9 @@ import (
 )
 
 // behindValue is the value of the record at offset off in
-// TestSubscribersFarBehindAtCreditOne's log: 128 bytes naming off.
-func behindValue(off uint64) []byte {
-	v := bytes.Repeat([]byte{byte('a' + off%26)}, 128)
-	binary.LittleEndian.PutUint64(v, off)
-	return v
-}
+// TestSubscribersFarBehindAtCreditOne's log: 128 bytes naming off, as
+// in the wal's and replicas' catch-up tests.
+var behindValue = catchuptest.Value
 
 // TestSubscribersFarBehindAtCreditOne: four subscribers catching up from
 // different old segments of one shard, each granting one record at a
