@@ -10,6 +10,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	tidwall "github.com/tidwall/wal"
 	"go.etcd.io/raft/v3"
@@ -64,6 +65,9 @@ type storage struct {
 		index uint64   // its first index
 		size  int64
 		pad   tidseg.Padding // zeros written ahead of tidwall's writes
+		// presize says whether a new tail's tidwall cache gets its
+		// room at once (tidseg.PresizeTail).
+		presize tidseg.Presizer
 	}
 	st    *stateFile
 	p     persistent // last state written
@@ -231,11 +235,13 @@ func (s *storage) append(ents []*pb.Entry) error {
 		if err := tidseg.SyncDir(s.dir); err != nil { // the new segment's name must survive a crash
 			return fmt.Errorf("replica: group %q: %w", s.name, err)
 		}
-		// A log that filled a segment is expected to fill the next:
-		// tidwall's cache of it gets its room at once.
-		s.readMu.Lock()
-		tidseg.PresizeTail(s.tw, tidseg.TailRoom(s.segSize))
-		s.readMu.Unlock()
+		// A log that filled a segment fast is expected to fill the
+		// next: tidwall's cache of it gets its room at once.
+		if s.tail.presize.Rolled(time.Now()) {
+			s.readMu.Lock()
+			tidseg.PresizeTail(s.tw, tidseg.TailRoom(s.segSize))
+			s.readMu.Unlock()
+		}
 	}
 	s.tail.size = size
 	if s.beforeSync != nil {

@@ -440,7 +440,9 @@ func (l *Log) writeAndSync(first uint64, sizes []int, how tailSync) error {
 		if err := l.syncDir(); err != nil { // the new segment's name must survive a crash
 			return err
 		}
-		l.presizeTail()
+		if l.tail.presize.Rolled(time.Now()) {
+			l.presizeTail()
+		}
 	}
 	l.tail.size = size
 	l.size.Add(written)
@@ -457,8 +459,9 @@ func (l *Log) writeAndSync(first uint64, sizes []int, how tailSync) error {
 }
 
 // presizeTail gives tidwall's cache of the new tail segment the room the
-// segment will need (tidseg.PresizeTail): a log that filled a segment is
-// expected to fill the next. Callers hold l.tail's lock.
+// segment will need (tidseg.PresizeTail): a log that filled a segment
+// fast (tidseg.Presizer) is expected to fill the next. Callers hold
+// l.tail's lock.
 func (l *Log) presizeTail() {
 	l.readMu.Lock() // tidwall reads the cache
 	tidseg.PresizeTail(l.tw, tidseg.TailRoom(l.opts.SegmentSize))

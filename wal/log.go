@@ -49,6 +49,9 @@ type Log struct {
 		index uint64         // tidwall index of the file's first entry
 		size  int64          // bytes tidwall has written to it
 		pad   tidseg.Padding // zeros written ahead of them (prealloc.go)
+		// presize says whether a new tail's tidwall cache gets its
+		// room at once (presizeTail).
+		presize tidseg.Presizer
 	}
 
 	ring   ring         // recent committed records

@@ -114,3 +114,27 @@ func BenchmarkTailCache(b *testing.B) {
 		})
 	}
 }
+
+// TestPresizerPresizesFastLogsOnly: a log's first roll after it opens
+// keeps tidwall's growth, as does a roll more than PresizeWithin after
+// the one before (a slow log); a roll within it presizes.
+func TestPresizerPresizesFastLogsOnly(t *testing.T) {
+	var p Presizer
+	at := time.Now()
+	for i, c := range []struct {
+		after time.Duration
+		want  bool
+	}{
+		{0, false}, // the first roll: no segment filled in this run yet
+		{6 * time.Second, true},
+		{PresizeWithin - time.Millisecond, true},
+		{PresizeWithin + time.Millisecond, false},
+		{time.Second, true},
+		{time.Minute, false},
+	} {
+		at = at.Add(c.after)
+		if got := p.Rolled(at); got != c.want {
+			t.Errorf("roll %d, %v after the one before: presize %v, want %v", i, c.after, got, c.want)
+		}
+	}
+}
