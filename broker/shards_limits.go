@@ -21,10 +21,10 @@ const (
 // and tailBytes (0: the defaults) holds in memory: tidwall's copy of its
 // tail segment, a byte slice grown by append up to the segment size
 // (Go grows a large slice by a quarter, so its capacity reaches 5/4 of
-// it; from a log's first roll on, it gets its room at once instead,
-// within the same 5/4: tidseg.TailRoom), and its tail cache, whose
-// records may keep up to twice tailBytes of batch buffers alive
-// (wal.Options.TailBytes).
+// it; a log that fills its segments fast gets that room at once after
+// a roll instead, within the same 5/4: tidseg.Presizer), and its tail
+// cache, whose records may keep up to twice tailBytes of batch buffers
+// alive (wal.Options.TailBytes).
 func logMemory(segmentSize, tailBytes int) int64 {
 	if segmentSize <= 0 {
 		segmentSize = defaultSegmentSize

@@ -65,8 +65,8 @@ type storage struct {
 		index uint64   // its first index
 		size  int64
 		pad   tidseg.Padding // zeros written ahead of tidwall's writes
-		// presize says whether a new tail's tidwall cache gets its
-		// room at once (tidseg.PresizeTail).
+		// presize gives a new tail's tidwall cache its room at once
+		// when the log fills its segments fast (tidseg.Presizer).
 		presize tidseg.Presizer
 	}
 	st    *stateFile
@@ -235,13 +235,7 @@ func (s *storage) append(ents []*pb.Entry) error {
 		if err := tidseg.SyncDir(s.dir); err != nil { // the new segment's name must survive a crash
 			return fmt.Errorf("replica: group %q: %w", s.name, err)
 		}
-		// A log that filled a segment fast is expected to fill the
-		// next: tidwall's cache of it gets its room at once.
-		if s.tail.presize.Rolled(time.Now()) {
-			s.readMu.Lock()
-			tidseg.PresizeTail(s.tw, tidseg.TailRoom(s.segSize))
-			s.readMu.Unlock()
-		}
+		s.tail.presize.Roll(time.Now(), s.tw, s.segSize, &s.readMu)
 	}
 	s.tail.size = size
 	if s.beforeSync != nil {

@@ -440,9 +440,7 @@ func (l *Log) writeAndSync(first uint64, sizes []int, how tailSync) error {
 		if err := l.syncDir(); err != nil { // the new segment's name must survive a crash
 			return err
 		}
-		if l.tail.presize.Rolled(time.Now()) {
-			l.presizeTail()
-		}
+		l.tail.presize.Roll(time.Now(), l.tw, l.opts.SegmentSize, &l.readMu)
 	}
 	l.tail.size = size
 	l.size.Add(written)
@@ -456,16 +454,6 @@ func (l *Log) writeAndSync(first uint64, sizes []int, how tailSync) error {
 		return fmt.Errorf("fdatasync %s: %w", segmentName(l.tail.index), err)
 	}
 	return nil
-}
-
-// presizeTail gives tidwall's cache of the new tail segment the room the
-// segment will need (tidseg.PresizeTail): a log that filled a segment
-// fast (tidseg.Presizer) is expected to fill the next. Callers hold
-// l.tail's lock.
-func (l *Log) presizeTail() {
-	l.readMu.Lock() // tidwall reads the cache
-	tidseg.PresizeTail(l.tw, tidseg.TailRoom(l.opts.SegmentSize))
-	l.readMu.Unlock()
 }
 
 // syncFallback runs when our view of the tail segment disagrees with the

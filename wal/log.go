@@ -49,8 +49,8 @@ type Log struct {
 		index uint64         // tidwall index of the file's first entry
 		size  int64          // bytes tidwall has written to it
 		pad   tidseg.Padding // zeros written ahead of them (prealloc.go)
-		// presize says whether a new tail's tidwall cache gets its
-		// room at once (presizeTail).
+		// presize gives a new tail's tidwall cache its room at once
+		// when the log fills its segments fast (tidseg.Presizer).
 		presize tidseg.Presizer
 	}
 

@@ -2,6 +2,7 @@ package tidseg
 
 import (
 	"reflect"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -49,6 +50,19 @@ func (p *Presizer) Rolled(now time.Time) bool {
 	return fast
 }
 
+// Roll is what a log's writer calls after tidwall rolled tw to a new
+// tail segment, at now: if the segment before filled fast (Rolled), the
+// new tail's cache gets the room of a segment of segmentSize (TailRoom,
+// PresizeTail) while reads holds the log's tidwall reads off.
+func (p *Presizer) Roll(now time.Time, tw *tidwall.Log, segmentSize int, reads sync.Locker) {
+	if !p.Rolled(now) {
+		return
+	}
+	reads.Lock() // tidwall reads the cache
+	PresizeTail(tw, TailRoom(segmentSize))
+	reads.Unlock()
+}
+
 // TailRoom is the capacity PresizeTail callers ask for, for logs of
 // segmentSize: tidwall rolls once an entry takes the tail to the segment
 // size, so the tail holds up to one entry more; room for 64 KiB more,
@@ -81,11 +95,10 @@ var tailLayout = func() (l struct {
 
 // PresizeTail gives the cache tidwall keeps of tw's tail segment room for
 // n bytes, with what it holds copied in, unless it has that room already;
-// it reports whether the cache has it now. A log's writer calls it after
-// the roll to a new tail, the start of a segment it expects to fill
-// (a log that filled one), with n the segment size and a batch's slack:
-// the tail of a log that fills its segments holds that much anyway by the
-// time it rolls, and each idle or new log keeps tidwall's growth.
+// it reports whether the cache has it now. Presizer.Roll calls it after
+// the roll to a new tail of a log that filled its last segment fast, with
+// n the segment size and an entry's slack (TailRoom): the tail of such a
+// log holds that much anyway by the time it rolls.
 //
 // The caller must be the log's only writer and hold whatever serializes
 // its reads (tidwall reads the cache under its read lock); tw must be
