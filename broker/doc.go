@@ -133,7 +133,7 @@
 // spell: its sysmon parks when every P is idle, and the next syscall
 // wakes it. `felix broker` runs with sysmon kept awake (package sysmon),
 // which took the forwarding hop from 1.25-1.36 round trips to 0.41-0.76
-// (README, "Idle CPUs and the Go runtime's sysmon").
+// (docs/performance.md, "Idle CPUs and the Go runtime's sysmon").
 //
 // Direct (the client's broker owns the shard), before and after issue 13:
 // quic-go loop → session reader, which appends and, with the log idle and

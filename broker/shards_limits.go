@@ -58,8 +58,8 @@ const fdsPerShard = 9
 // of blocking (wal.SyncGroup): few busy logs block, which keeps a lone
 // record's and a saturated CPU's commits prompt; many park, so that their
 // fdatasyncs overlap and the broker reads the network meanwhile. Measured
-// with three brokers at GOMAXPROCS=1 on 2 vCPUs (README, "Latency under
-// load"): over 768 shards 113–121k acked records/s instead of 82–85k; over
+// with three brokers at GOMAXPROCS=1 on 2 vCPUs (docs/performance.md,
+// "Parked while many logs are busy"): over 768 shards 113–121k acked records/s instead of 82–85k; over
 // 6 shards (two per broker: never 4 busy) nothing changes.
 const parkAtBusyLogs = 4
 

@@ -138,8 +138,8 @@ const (
 // arrive faster than the disk syncs them: the process has other work
 // for the P, and a committer that handed it on would, once the disk
 // answered, wait behind that work for a P before it could ack the batch.
-// Measured on a 2-vCPU VM (README, "Handing the P on"), brokers at
-// GOMAXPROCS=1: at half the maximum load (20 to 70 records a batch),
+// Measured on a 2-vCPU VM (docs/performance.md, "Handing the P on"),
+// brokers at GOMAXPROCS=1: at half the maximum load (20 to 70 records a batch),
 // handing every batch on doubled the wait from the batch's stamp to its
 // ack and took the row's p99 from 37 to 53 ms (medians of nine runs
 // each); at a tenth (3 or 4 a batch) it halved the wait before the

@@ -77,8 +77,8 @@ type Options struct {
 	// that no thread waits for the disk. A lone record committed inline
 	// on an idle log (Append, AppendNow) never parks: parked it costs
 	// tens of microseconds more. Off by default; measured on a 2-vCPU VM
-	// with brokers at GOMAXPROCS=1 (README, "Latency under load"),
-	// against the blocking call when it still kept its P, it helped many
+	// with brokers at GOMAXPROCS=1 (docs/performance.md, "Always
+	// parked, an option"), against the blocking call when it still kept its P, it helped many
 	// shards and moderate load and hurt a saturated CPU: each parked
 	// commit's completion waits for the scheduler to run its goroutine
 	// again.

@@ -20,8 +20,8 @@ import "sync/atomic"
 // commit's completion waits for the scheduler to run its goroutine again,
 // which costs a lone or saturated log more than it saves; so the logs
 // block while few of them are busy, and park when many are.
-// Measured on a 2-vCPU VM with brokers at GOMAXPROCS=1 (README, "Latency
-// under load"): 768 shards 113–121k acked records/s against 82–85k,
+// Measured on a 2-vCPU VM with brokers at GOMAXPROCS=1
+// (docs/performance.md, "Parked while many logs are busy"): 768 shards 113–121k acked records/s against 82–85k,
 // 6 shards (never 4 busy logs per broker) unchanged.
 //
 // The zero value is not usable: make one with NewSyncGroup.

@@ -12,8 +12,8 @@
 // (recvmmsg, sendmsg, write, fdatasync): on a VM, where waking a thread
 // on an idle vCPU is an inter-processor interrupt and a VM exit, that
 // wake-up was the largest single cost on the path. Measured on a 2-vCPU
-// VM (README, "Idle CPUs and the Go runtime's sysmon"), three alternated
-// pairs of `felixctl bench --local` runs: the forwarding hop 69-90 µs
+// VM (docs/performance.md, "Idle CPUs and the Go runtime's sysmon"),
+// three alternated pairs of `felixctl bench --local` runs: the forwarding hop 69-90 µs
 // against 177-183 µs, replication factor 3 direct p50 489-521 µs against
 // 608-847 µs, light-load p50 over closed loop +21-84 µs against +76-184.
 //
