@@ -154,6 +154,11 @@ func TestLocalEveryScenario(t *testing.T) {
 			if num(s, "wal_records_per_fsync") < 1 {
 				t.Errorf("throughput: wal_records_per_fsync %v", s["wal_records_per_fsync"])
 			}
+			// The brokers' own fsync time over the row: a real
+			// fdatasync, never zero.
+			if num(s, "wal_fsync_mean_us") <= 0 {
+				t.Errorf("throughput: wal_fsync_mean_us %v", s["wal_fsync_mean_us"])
+			}
 			num(s, "idle_shard_kib")
 			num(s, "open_shard_kib")
 		case "direct/closed", "forwarded/closed":

@@ -75,7 +75,11 @@
 // carries other traffic it is a lower bound. The throughput rows add
 // wal_records_per_fsync, the brokers' own count (felix_wal_batch_records
 // between two scrapes of /metrics around the measured part), which also
-// sees one fsync shared by several shards. They also give the CPU per
+// sees one fsync shared by several shards, and wal_fsync_mean_us, the
+// brokers' fdatasyncs' mean duration over the same part
+// (felix_wal_fsync_duration_seconds): under load an fsync takes several
+// times the idle floor (the disk serves one flush at a time, and each
+// fdatasync needs CPU that the row keeps busy). They also give the CPU per
 // acked record: the brokers' CPU time (user and system, /proc) over the
 // measured part divided by the records acked in it, and the machine's busy
 // time divided the same way (the bench's publishers included). When the

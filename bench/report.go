@@ -199,6 +199,13 @@ type Result struct {
 	// RecordsPerFsync it sees a commit shared by several shards, and other
 	// traffic. Throughput only; absent when /metrics cannot be scraped.
 	WALRecordsPerFsync *float64 `json:"wal_records_per_fsync,omitempty"`
+	// WALFsyncMeanUS is how long the brokers' shard logs' fdatasyncs took
+	// on average over the measured part, in µs (felix_wal_fsync_duration_
+	// seconds, all brokers; logs of replication factor 1): beside the
+	// fsync floor, what the disk and the CPUs made of an fsync under the
+	// row's load. Throughput only; absent when /metrics cannot be
+	// scraped or no log of replication factor 1 synced.
+	WALFsyncMeanUS *float64 `json:"wal_fsync_mean_us,omitempty"`
 	// IdleShardKiB is the brokers' RSS growth (summed over them) from
 	// creating a stream of the row's shard count, divided by its shards:
 	// what a shard costs before its first record. OpenShardKiB is the
@@ -610,6 +617,9 @@ func (rep *Report) writeScenarios(w io.Writer) error {
 		}
 		if r.WALRecordsPerFsync != nil {
 			fmt.Fprintf(w, "%s: %.2f records per fsync as the brokers' WALs count them (felix_wal_batch_records)\n", r.Label(), *r.WALRecordsPerFsync)
+		}
+		if r.WALFsyncMeanUS != nil {
+			fmt.Fprintf(w, "%s: the brokers' fdatasyncs took %.0f µs on average (felix_wal_fsync_duration_seconds)\n", r.Label(), *r.WALFsyncMeanUS)
 		}
 		if r.IdleShardKiB != nil && len(rep.ShardSweep) == 0 {
 			fmt.Fprintf(w, "%s: memory per shard (brokers' RSS growth / %d shards) idle %.1f KiB, open %s KiB\n",

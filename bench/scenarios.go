@@ -12,7 +12,6 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 
 	"github.com/felix-broker/felix/client"
-	"github.com/felix-broker/felix/internal/stats"
 )
 
 // Scenario names.
@@ -55,8 +54,8 @@ type trial struct {
 	elapsed            time.Duration // wall time of the measured part
 	acks               *ackGroups
 	usage              []ProcUsage
-	wal                *stats.Histogram // throughput: the brokers' WAL batches over the measured part
-	quic               *quicCounts      // throughput, load: what the bench's QUIC connections sent and lost meanwhile
+	wal                *walHists   // throughput: the brokers' WAL batches and fsyncs over the measured part
+	quic               *quicCounts // throughput, load: what the bench's QUIC connections sent and lost meanwhile
 }
 
 // publisherOn creates a one-shard stream named after name and returns a

@@ -20,6 +20,7 @@ type ShardStep struct {
 	P99                float64  `json:"p99_us"`
 	RecordsPerFsync    *float64 `json:"records_per_fsync"`                  // from the acks: records per commit of one shard
 	WALRecordsPerFsync *float64 `json:"wal_records_per_fsync,omitempty"`    // from the brokers' felix_wal_batch_records
+	WALFsyncMeanUS     *float64 `json:"wal_fsync_mean_us,omitempty"`        // from the brokers' felix_wal_fsync_duration_seconds
 	BrokerRSSMiB       *float64 `json:"broker_rss_mib,omitempty"`           // largest broker, end of the last trial
 	BrokerPeakRSSMiB   *float64 `json:"broker_peak_rss_mib,omitempty"`      // largest broker peak during the step's measured windows (VmHWM, reset at each start)
 	PeakRSSLifetime    bool     `json:"broker_peak_rss_lifetime,omitempty"` // the reset failed: BrokerPeakRSSMiB is over the broker's life, earlier steps included
@@ -38,7 +39,7 @@ func shardSweep(results []*Result) []*ShardStep {
 		}
 		steps = append(steps, &ShardStep{
 			Shards: r.Shards, ThroughputMsgsPerS: r.ThroughputMsgsPerS, P50: r.P50, P99: r.P99,
-			RecordsPerFsync: r.RecordsPerFsync, WALRecordsPerFsync: r.WALRecordsPerFsync,
+			RecordsPerFsync: r.RecordsPerFsync, WALRecordsPerFsync: r.WALRecordsPerFsync, WALFsyncMeanUS: r.WALFsyncMeanUS,
 			BrokerRSSMiB: r.BrokerRSSMiB, BrokerPeakRSSMiB: r.BrokerPeakRSSMiB, PeakRSSLifetime: r.BrokerPeakRSSLifetime, BrokerCPUPct: r.BrokerCPUPct,
 			IdleShardKiB: r.IdleShardKiB, OpenShardKiB: r.OpenShardKiB,
 		})
@@ -86,7 +87,7 @@ func peakFormat(lifetime bool) string {
 func writeSweep(w io.Writer, steps []*ShardStep) error {
 	fmt.Fprintln(w, "\nshards sweep: the throughput scenario over each shard count (its own stream, deleted after); memory per shard = brokers' RSS growth / shards, idle (created) and open (one record each); peak RSS while the step was measured")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "SHARDS\tMSG/S\tVS FEWEST\tP50\tP99\tREC/FSYNC\tWAL REC/FSYNC\tBROKER CPU\tMAX RSS\tMAX PEAK RSS\tIDLE/SHARD\tOPEN/SHARD\t")
+	fmt.Fprintln(tw, "SHARDS\tMSG/S\tVS FEWEST\tP50\tP99\tREC/FSYNC\tWAL REC/FSYNC\tFSYNC MEAN\tBROKER CPU\tMAX RSS\tMAX PEAK RSS\tIDLE/SHARD\tOPEN/SHARD\t")
 	opt := func(f *float64, format string) string {
 		if f == nil {
 			return "n/a"
@@ -94,9 +95,9 @@ func writeSweep(w io.Writer, steps []*ShardStep) error {
 		return fmt.Sprintf(format, *f)
 	}
 	for _, s := range steps {
-		fmt.Fprintf(tw, "%d\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%d\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
 			s.Shards, s.ThroughputMsgsPerS, s.RatioToFewest, fmtUS(s.P50), fmtUS(s.P99),
-			opt(s.RecordsPerFsync, "%.2f"), opt(s.WALRecordsPerFsync, "%.2f"), opt(s.BrokerCPUPct, "%.0f%%"),
+			opt(s.RecordsPerFsync, "%.2f"), opt(s.WALRecordsPerFsync, "%.2f"), opt(s.WALFsyncMeanUS, "%.0fµs"), opt(s.BrokerCPUPct, "%.0f%%"),
 			opt(s.BrokerRSSMiB, "%.1fMiB"), opt(s.BrokerPeakRSSMiB, peakFormat(s.PeakRSSLifetime)),
 			opt(s.IdleShardKiB, "%.1fKiB"), opt(s.OpenShardKiB, "%.1fKiB"))
 	}

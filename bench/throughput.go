@@ -263,31 +263,44 @@ func (e *env) brokersRSS() (uint64, bool) {
 	return sum, n > 0
 }
 
-// walBatches returns the brokers' felix_wal_batch_records histogram,
-// merged over every broker: its Sum is records written, its Count fsyncs.
-// ok is false when any live broker's /metrics cannot be read.
-func (e *env) walBatches(ctx context.Context) (stats.Histogram, bool) {
+// walHists are the brokers' WAL histograms, each merged over every
+// broker: batches is felix_wal_batch_records (its Sum records written,
+// its Count fsyncs), fsyncs felix_wal_fsync_duration_seconds.
+type walHists struct {
+	batches, fsyncs stats.Histogram
+}
+
+// sub returns the observations between an earlier scrape and w.
+func (w walHists) sub(prev walHists) walHists {
+	return walHists{batches: w.batches.Sub(prev.batches), fsyncs: w.fsyncs.Sub(prev.fsyncs)}
+}
+
+// walStats scrapes the brokers' WAL histograms. ok is false when any live
+// broker's /metrics cannot be read.
+func (e *env) walStats(ctx context.Context) (walHists, bool) {
 	c, err := e.anyClient(ctx)
 	if err != nil {
-		return stats.Histogram{}, false
+		return walHists{}, false
 	}
 	m, err := c.Map(ctx)
 	if err != nil {
-		return stats.Histogram{}, false
+		return walHists{}, false
 	}
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	var out stats.Histogram
+	var out walHists
 	for _, s := range stats.ScrapeAll(sctx, &http.Client{}, m) {
 		if !s.Live {
 			continue
 		}
 		if s.Err != nil {
-			return stats.Histogram{}, false
+			return walHists{}, false
 		}
-		h := s.Fams.Histogram(stats.MetricBatchRecords)
-		out.Count += h.Count
-		out.Sum += h.Sum
+		b, f := s.Fams.Histogram(stats.MetricBatchRecords), s.Fams.Histogram(stats.MetricFsyncDuration)
+		out.batches.Count += b.Count
+		out.batches.Sum += b.Sum
+		out.fsyncs.Count += f.Count
+		out.fsyncs.Sum += f.Sum
 	}
 	return out, true
 }
@@ -314,17 +327,22 @@ func (e *env) throughputResult(ps *pubSet, trials []trial) *Result {
 	res.Publishers, res.Window, res.Shards = len(ps.pubs), e.cfg.window, ps.shards
 	res.ShardsPerBroker = ps.owned
 	res.Path = "publisher -> owner (each publisher on its shard's owner)"
-	var wal stats.Histogram
+	var batches, fsyncs stats.Histogram
 	walOK := true
 	for _, t := range trials {
 		walOK = walOK && t.wal != nil
 		if t.wal != nil {
-			wal.Count += t.wal.Count
-			wal.Sum += t.wal.Sum
+			batches.Count += t.wal.batches.Count
+			batches.Sum += t.wal.batches.Sum
+			fsyncs.Count += t.wal.fsyncs.Count
+			fsyncs.Sum += t.wal.fsyncs.Sum
 		}
 	}
-	if walOK && wal.Count > 0 {
-		res.WALRecordsPerFsync = ptr(float64(int64(wal.Mean()*100+0.5)) / 100)
+	if walOK && batches.Count > 0 {
+		res.WALRecordsPerFsync = ptr(float64(int64(batches.Mean()*100+0.5)) / 100)
+	}
+	if walOK && fsyncs.Count > 0 {
+		res.WALFsyncMeanUS = ptr(float64(int64(fsyncs.Mean()*1e7+0.5)) / 10)
 	}
 	return res
 }
@@ -346,15 +364,15 @@ func (e *env) throughputTrial(ctx context.Context, ps *pubSet, label string) (tr
 	time.Sleep(time.Until(mStart))
 	e.watch.begin()
 	quic := e.quicTotals()
-	walBefore, ok1 := e.walBatches(ctx)
+	walBefore, ok1 := e.walStats(ctx)
 	time.Sleep(time.Until(mEnd))
-	walAfter, ok2 := e.walBatches(ctx)
+	walAfter, ok2 := e.walStats(ctx)
 	usage := e.watch.end(time.Since(mStart).Seconds())
 	wg.Wait()
 
 	tr := trial{hist: newHist(), acks: newAckGroups(), elapsed: mEnd.Sub(mStart), usage: usage, quic: e.quicSince(quic)}
 	if ok1 && ok2 {
-		d := walAfter.Sub(walBefore)
+		d := walAfter.sub(walBefore)
 		tr.wal = &d
 	}
 	for p, w := range workers {
