@@ -347,10 +347,12 @@
 // With Config.MeterProvider set, a broker records (Prometheus names, as
 // served by `felix broker --admin`): felix_publish_duration_seconds{path}
 // (receipt to ack, local or forwarded), felix_forward_duration_seconds{peer},
-// felix_forwards_total{peer}, felix_wal_fsync_duration_seconds,
+// felix_forwards_total{peer}, felix_wal_fsync_duration_seconds (shard
+// logs' and replicas' fdatasyncs),
 // felix_wal_fsyncs_parked_total (fdatasyncs of logs and replicas parked,
 // wal.SyncGroup),
-// felix_wal_batch_records (records per fsync), felix_wal_written_bytes_total,
+// felix_wal_batch_records (records per fsync, shard logs of replication
+// factor 1), felix_wal_written_bytes_total (logs and replicas),
 // felix_records_in_total{source}, felix_payload_in_bytes_total{source},
 // felix_records_out_total, felix_payload_out_bytes_total,
 // felix_errors_total{code}, felix_limit_hits_total{limit},

@@ -390,6 +390,7 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 		RetentionBytes: st.RetentionBytes,
 		RetentionAge:   st.RetentionAge,
 		OnSequenced:    e.producers.applied, // see producers.go
+		OnSync:         s.tel.onReplicaSync(),
 		Knobs:          s.replicaKnobs(e.id),
 		// A snapshot carries the producer table (producers_snapshot.go),
 		// in at most an entry's bytes: the raft frame takes four.

@@ -124,7 +124,7 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 		metric.WithExplicitBucketBoundaries(latencyBuckets...))
 	must(err)
 	t.fsyncDur, err = m.Float64Histogram("felix.wal.fsync.duration", metric.WithUnit("s"),
-		metric.WithDescription("Time to write and fsync one group-commit batch of a shard log."),
+		metric.WithDescription("Time to write and fsync one group-commit batch of a shard log, or the entries of one append of a replica."),
 		metric.WithExplicitBucketBoundaries(latencyBuckets...))
 	must(err)
 	t.batchRecords, err = m.Int64Histogram("felix.wal.batch.records", metric.WithUnit("{record}"),
@@ -132,7 +132,7 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 		metric.WithExplicitBucketBoundaries(batchBuckets...))
 	must(err)
 	t.walBytes, err = m.Int64Counter("felix.wal.written", metric.WithUnit("By"),
-		metric.WithDescription("Bytes committed to shard logs."))
+		metric.WithDescription("Bytes committed to shard logs and replicas."))
 	must(err)
 	recordsIn, err := m.Int64ObservableCounter("felix.records.in", metric.WithUnit("{record}"),
 		metric.WithDescription("Publishes received, by source (client or a forwarding peer)."))
@@ -365,6 +365,24 @@ func (t *telemetry) onCommit(e *shardEntry) func(wal.Commit) {
 			t.fsyncDur.Record(ctx, c.Sync.Seconds())
 			t.batchRecords.Record(ctx, int64(c.Records))
 			t.walBytes.Add(ctx, int64(c.Bytes))
+		})
+	}
+}
+
+// onReplicaSync is a replica's replica.Config.OnSync: a replicated
+// shard's fdatasyncs count in felix_wal_fsync_duration_seconds and its
+// bytes in felix_wal_written_bytes_total like a shard log's (its batch
+// records are not counted: an entry carries a batch, and one fdatasync
+// several entries).
+func (t *telemetry) onReplicaSync() func(time.Duration, int64) {
+	if !t.timed {
+		return nil
+	}
+	return func(d time.Duration, bytes int64) {
+		t.later.Add(func() {
+			ctx := context.Background()
+			t.fsyncDur.Record(ctx, d.Seconds())
+			t.walBytes.Add(ctx, bytes)
 		})
 	}
 }

@@ -114,6 +114,14 @@ type Config struct {
 	// runs on the group's goroutine and must not block.
 	OnSequenced func(producerID []byte, producerSeq, offset uint64, ts int64)
 
+	// OnSync, if set, learns how long each write and fdatasync of
+	// appended entries took (a leader's own and a follower's, once the
+	// fdatasync succeeded) and how many bytes of entries they made
+	// durable: what package wal's OnCommit
+	// tells of a shard log of replication factor 1, for the owner's
+	// metrics. It runs on the group's goroutine and must not block.
+	OnSync func(d time.Duration, bytes int64)
+
 	// Knobs are for tests only.
 	Knobs Knobs
 }
@@ -288,6 +296,7 @@ func Open(cfg Config) (*Group, error) {
 		return nil, err
 	}
 	st.beforeSync = cfg.Knobs.BeforeSync
+	st.onSync = cfg.OnSync
 	st.afterSnapshotState = cfg.Knobs.AfterSnapshotState
 	if len(st.p.conf.GetVoters()) == 0 {
 		_ = st.close()

@@ -1,10 +1,12 @@
 package replica
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // The leader sends its appends before its own fdatasync: when it syncs
@@ -83,5 +85,76 @@ func TestSyncFailureStopsReplica(t *testing.T) {
 	recs := c.checkSame(c.waitConverged(20))
 	if len(recs) < 20 || len(recs) > 21 {
 		t.Fatalf("%d records, want 20 (or 21 if the unknown outcome committed)", len(recs))
+	}
+}
+
+// Every replica reports each fdatasync of appended entries to OnSync
+// (the leader's own and the followers'), with its duration and the bytes
+// it made durable, and only after the sync succeeded: a failed one is
+// not reported.
+func TestOnSyncReportsEveryReplicasSyncs(t *testing.T) {
+	type syncs struct{ n, bytes, zero atomic.Int64 }
+	var got [4]syncs // by replica id, 1..3
+	var failing atomic.Uint64
+	c := newCluster(t, 3, 10, func(cfg *Config) {
+		id := cfg.ID
+		cfg.OnSync = func(d time.Duration, bytes int64) {
+			s := &got[id]
+			s.n.Add(1)
+			s.bytes.Add(bytes)
+			if d <= 0 || bytes <= 0 {
+				s.zero.Add(1)
+			}
+		}
+		cfg.Knobs.BeforeSync = func(uint64) error {
+			if failing.Load() == id {
+				return errors.New("injected fdatasync failure")
+			}
+			return nil
+		}
+	})
+	c.waitLeader()
+	const records, size = 20, 100
+	value := bytes.Repeat([]byte{'v'}, size)
+	for range records {
+		c.commit(value)
+	}
+	for _, id := range c.ids {
+		s := &got[id]
+		// A follower may not have synced the last entry yet when the
+		// leader's commit returns: it has synced at least the ones
+		// before, each record an entry of its own.
+		if n := s.n.Load(); n < records/2 {
+			t.Errorf("replica %d: %d syncs reported for %d records committed one at a time", id, n, records)
+		}
+		if b := s.bytes.Load(); b < int64(records/2*size) {
+			t.Errorf("replica %d: %d bytes reported durable, fewer than the records' %d", id, b, records/2*size)
+		}
+		if z := s.zero.Load(); z > 0 {
+			t.Errorf("replica %d: %d syncs reported with no duration or no bytes", id, z)
+		}
+	}
+
+	// A failing sync is not reported: the replica stops.
+	f := c.ids[0]
+	if g := c.group(f); g != nil && g.IsLeader() {
+		f = c.ids[1]
+	}
+	// Let its syncs of what was committed settle first: a follower may
+	// still be syncing the last entry when the leader's commit returns.
+	before := got[f].n.Load()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		time.Sleep(200 * time.Millisecond)
+		n := got[f].n.Load()
+		if n == before {
+			break
+		}
+		before = n
+	}
+	failing.Store(f)
+	c.commit(value) // the others carry it
+	time.Sleep(100 * time.Millisecond)
+	if n := got[f].n.Load(); n != before {
+		t.Errorf("replica %d: %d syncs reported after its fdatasyncs began to fail (%d before)", f, n, before)
 	}
 }

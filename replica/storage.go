@@ -79,8 +79,9 @@ type storage struct {
 	// any goroutine).
 	bytes atomic.Int64
 
-	beforeSync         func(last uint64) error // Knobs.BeforeSync
-	afterSnapshotState func() error            // Knobs.AfterSnapshotState
+	beforeSync         func(last uint64) error    // Knobs.BeforeSync
+	onSync             func(time.Duration, int64) // Config.OnSync
+	afterSnapshotState func() error               // Knobs.AfterSnapshotState
 
 	// Parking fdatasyncs while the process's logs are busy (Config.SyncGroup):
 	// this replica's membership, busy from an append until a round of its
@@ -214,6 +215,7 @@ func (s *storage) append(ents []*pb.Entry) error {
 	if err := s.tail.pad.Extend(s.tail.f, s.tail.size, int64(s.segSize), sizes); err != nil {
 		return fmt.Errorf("replica: group %q: preallocate the tail segment: %w", s.name, err)
 	}
+	writeStart := time.Now() // OnSync's duration: the write and the fdatasync, as wal's Commit.Sync
 	if err := s.tw.WriteBatch(&s.batch); err != nil {
 		return fmt.Errorf("replica: group %q: write entries %d-%d: %w", s.name, first, first+uint64(len(ents))-1, err)
 	}
@@ -245,6 +247,9 @@ func (s *storage) append(ents []*pb.Entry) error {
 	}
 	if err := s.fdatasync(); err != nil {
 		return fmt.Errorf("replica: group %q: fdatasync entries %d-%d: %w", s.name, first, first+uint64(len(ents))-1, err)
+	}
+	if s.onSync != nil {
+		s.onSync(time.Since(writeStart), written)
 	}
 	for _, e := range ents {
 		s.noteTerm(e.GetIndex(), e.GetTerm())
