@@ -76,8 +76,9 @@
 // wal_records_per_fsync, the brokers' own count (felix_wal_batch_records
 // between two scrapes of /metrics around the measured part), which also
 // sees one fsync shared by several shards, and wal_fsync_mean_us, the
-// brokers' fdatasyncs' mean duration over the same part
-// (felix_wal_fsync_duration_seconds): under load an fsync takes several
+// mean duration of the brokers' writes and fdatasyncs (shard logs and
+// replicas) over the same part (felix_wal_fsync_duration_seconds): under
+// load an fsync takes several
 // times the idle floor (the disk serves one flush at a time, and each
 // fdatasync needs CPU that the row keeps busy). They also give the CPU per
 // acked record: the brokers' CPU time (user and system, /proc) over the

@@ -199,12 +199,12 @@ type Result struct {
 	// RecordsPerFsync it sees a commit shared by several shards, and other
 	// traffic. Throughput only; absent when /metrics cannot be scraped.
 	WALRecordsPerFsync *float64 `json:"wal_records_per_fsync,omitempty"`
-	// WALFsyncMeanUS is how long the brokers' shard logs' fdatasyncs took
-	// on average over the measured part, in µs (felix_wal_fsync_duration_
-	// seconds, all brokers; logs of replication factor 1): beside the
-	// fsync floor, what the disk and the CPUs made of an fsync under the
-	// row's load. Throughput only; absent when /metrics cannot be
-	// scraped or no log of replication factor 1 synced.
+	// WALFsyncMeanUS is how long the brokers' writes and fdatasyncs of
+	// their shard logs and replicas took on average over the measured
+	// part, in µs (felix_wal_fsync_duration_seconds, all brokers): beside
+	// the fsync floor, what the disk and the CPUs made of an fsync under
+	// the row's load. Throughput only; absent when /metrics cannot be
+	// scraped or nothing synced.
 	WALFsyncMeanUS *float64 `json:"wal_fsync_mean_us,omitempty"`
 	// IdleShardKiB is the brokers' RSS growth (summed over them) from
 	// creating a stream of the row's shard count, divided by its shards:
