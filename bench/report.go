@@ -197,7 +197,9 @@ type Result struct {
 	// WALRecordsPerFsync is records per fsync as the brokers count them
 	// (felix_wal_batch_records over the measured part, all brokers): unlike
 	// RecordsPerFsync it sees a commit shared by several shards, and other
-	// traffic. Throughput only; absent when /metrics cannot be scraped.
+	// traffic; at replication factor 3 it averages every replica's
+	// fdatasyncs, the followers' too. Throughput only; absent when
+	// /metrics cannot be scraped.
 	WALRecordsPerFsync *float64 `json:"wal_records_per_fsync,omitempty"`
 	// WALFsyncMeanUS is how long the brokers' writes and fdatasyncs of
 	// their shard logs and replicas took on average over the measured

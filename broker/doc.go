@@ -351,8 +351,8 @@
 // logs' and replicas' fdatasyncs),
 // felix_wal_fsyncs_parked_total (fdatasyncs of logs and replicas parked,
 // wal.SyncGroup),
-// felix_wal_batch_records (records per fsync, shard logs of replication
-// factor 1), felix_wal_written_bytes_total (logs and replicas),
+// felix_wal_batch_records (records per fsync, logs and replicas),
+// felix_wal_written_bytes_total (logs and replicas),
 // felix_records_in_total{source}, felix_payload_in_bytes_total{source},
 // felix_records_out_total, felix_payload_out_bytes_total,
 // felix_errors_total{code}, felix_limit_hits_total{limit},

@@ -370,18 +370,19 @@ func (t *telemetry) onCommit(e *shardEntry) func(wal.Commit) {
 }
 
 // onReplicaSync is a replica's replica.Config.OnSync: a replicated
-// shard's fdatasyncs count in felix_wal_fsync_duration_seconds and its
-// bytes in felix_wal_written_bytes_total like a shard log's (its batch
-// records are not counted: an entry carries a batch, and one fdatasync
-// several entries).
-func (t *telemetry) onReplicaSync() func(time.Duration, int64) {
+// shard's writes and fdatasyncs count in felix_wal_fsync_duration_seconds,
+// felix_wal_batch_records and felix_wal_written_bytes_total like a shard
+// log's commits (one fdatasync of a replica may cover several entries,
+// each a batch: the records of all of them).
+func (t *telemetry) onReplicaSync() func(time.Duration, int, int64) {
 	if !t.timed {
 		return nil
 	}
-	return func(d time.Duration, bytes int64) {
+	return func(d time.Duration, records int, bytes int64) {
 		t.later.Add(func() {
 			ctx := context.Background()
 			t.fsyncDur.Record(ctx, d.Seconds())
+			t.batchRecords.Record(ctx, int64(records))
 			t.walBytes.Add(ctx, bytes)
 		})
 	}

@@ -116,11 +116,11 @@ type Config struct {
 
 	// OnSync, if set, learns how long each write and fdatasync of
 	// appended entries took (a leader's own and a follower's, once the
-	// fdatasync succeeded) and how many bytes of entries they made
-	// durable: what package wal's OnCommit
-	// tells of a shard log of replication factor 1, for the owner's
-	// metrics. It runs on the group's goroutine and must not block.
-	OnSync func(d time.Duration, bytes int64)
+	// fdatasync succeeded), how many records the entries' batches held and
+	// how many bytes they made durable: what package wal's OnCommit tells
+	// of a shard log of replication factor 1, for the owner's metrics. It
+	// runs on the group's goroutine and must not block.
+	OnSync func(d time.Duration, records int, bytes int64)
 
 	// Knobs are for tests only.
 	Knobs Knobs

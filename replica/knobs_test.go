@@ -89,18 +89,19 @@ func TestSyncFailureStopsReplica(t *testing.T) {
 }
 
 // Every replica reports each fdatasync of appended entries to OnSync
-// (the leader's own and the followers'), with its duration and the bytes
-// it made durable, and only after the sync succeeded: a failed one is
-// not reported.
+// (the leader's own and the followers'), with its duration, the records
+// of its entries' batches and the bytes it made durable, and only after
+// the sync succeeded: a failed one is not reported.
 func TestOnSyncReportsEveryReplicasSyncs(t *testing.T) {
-	type syncs struct{ n, bytes, zero atomic.Int64 }
+	type syncs struct{ n, records, bytes, zero atomic.Int64 }
 	var got [4]syncs // by replica id, 1..3
 	var failing atomic.Uint64
 	c := newCluster(t, 3, 10, func(cfg *Config) {
 		id := cfg.ID
-		cfg.OnSync = func(d time.Duration, bytes int64) {
+		cfg.OnSync = func(d time.Duration, records int, bytes int64) {
 			s := &got[id]
 			s.n.Add(1)
+			s.records.Add(int64(records))
 			s.bytes.Add(bytes)
 			if d <= 0 || bytes <= 0 {
 				s.zero.Add(1)
@@ -118,6 +119,18 @@ func TestOnSyncReportsEveryReplicasSyncs(t *testing.T) {
 	value := bytes.Repeat([]byte{'v'}, size)
 	for range records {
 		c.commit(value)
+	}
+	// Every replica writes every record, each in some sync: the records
+	// reported reach the records committed (a follower's last one
+	// perhaps a moment after the leader's commit returned).
+	for _, id := range c.ids {
+		deadline := time.Now().Add(5 * time.Second)
+		for got[id].records.Load() < records && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if n := got[id].records.Load(); n < records {
+			t.Errorf("replica %d: syncs reported %d records, of %d committed", id, n, records)
+		}
 	}
 	for _, id := range c.ids {
 		s := &got[id]

@@ -79,9 +79,9 @@ type storage struct {
 	// any goroutine).
 	bytes atomic.Int64
 
-	beforeSync         func(last uint64) error    // Knobs.BeforeSync
-	onSync             func(time.Duration, int64) // Config.OnSync
-	afterSnapshotState func() error               // Knobs.AfterSnapshotState
+	beforeSync         func(last uint64) error         // Knobs.BeforeSync
+	onSync             func(time.Duration, int, int64) // Config.OnSync
+	afterSnapshotState func() error                    // Knobs.AfterSnapshotState
 
 	// Parking fdatasyncs while the process's logs are busy (Config.SyncGroup):
 	// this replica's membership, busy from an append until a round of its
@@ -207,7 +207,13 @@ func (s *storage) append(ents []*pb.Entry) error {
 	s.appended = true
 	s.batch.Clear()
 	sizes := make([]int, 0, len(ents))
+	records := 0 // for OnSync: the records of the batches among ents
 	for _, e := range ents {
+		if s.onSync != nil && e.GetType() == pb.EntryNormal && len(e.GetData()) > 0 {
+			if h, _, err := decodeBatchHeader(e.GetData()); err == nil {
+				records += h.count
+			}
+		}
 		s.buf = encodeEntry(s.buf[:0], e)
 		s.batch.Write(e.GetIndex(), s.buf)
 		sizes = append(sizes, tidseg.EntrySize(len(s.buf)))
@@ -249,7 +255,7 @@ func (s *storage) append(ents []*pb.Entry) error {
 		return fmt.Errorf("replica: group %q: fdatasync entries %d-%d: %w", s.name, first, first+uint64(len(ents))-1, err)
 	}
 	if s.onSync != nil {
-		s.onSync(time.Since(writeStart), written)
+		s.onSync(time.Since(writeStart), records, written)
 	}
 	for _, e := range ents {
 		s.noteTerm(e.GetIndex(), e.GetTerm())
