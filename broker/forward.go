@@ -35,10 +35,9 @@ type peerPool struct {
 	// ctx bounds the pool's dials: close cancels it. A dial is the
 	// pool's, not its first caller's: one lane's end must not fail the
 	// others that wait for the same connection.
-	ctx      context.Context
-	cancel   context.CancelFunc
-	dials    sync.WaitGroup // dials in flight, some no longer in conns (dropDown)
-	retiring sync.WaitGroup // connections to peers marked down, given downGrace (retire)
+	ctx    context.Context
+	cancel context.CancelFunc
+	dials  sync.WaitGroup // dials in flight, some no longer in conns (dropDown)
 
 	// mu guards conns; dialing happens outside it, one dial per peer at a
 	// time through the entry's ready channel.
@@ -207,13 +206,11 @@ func (p *peerPool) dial(ctx context.Context, pc *peerConn, node shardmap.Node) {
 // errPeerDown ends a dial to a peer that the map marked down meanwhile.
 var errPeerDown = errors.New("broker: peer is down in the shard map")
 
-// dropDown retires the connections to peers the map says are down, so
-// that forwards waiting on them fail within downGrace rather than at the
-// QUIC idle timeout, and gives up dials to them in flight, so that the
-// lanes waiting for those route their records again now rather than
-// after dialTimeout (a broker that shut down is marked down while its
-// peers may still be redialing it). No new forward goes on a retired
-// connection: the next one to the peer dials anew.
+// dropDown closes connections to peers the map says are down, so forwards
+// waiting on them fail now rather than at the QUIC idle timeout, and gives
+// up dials to them in flight, so that the lanes waiting for those route
+// their records again now rather than after dialTimeout (a broker that
+// shut down is marked down while its peers may still be redialing it).
 func (p *peerPool) dropDown(m *shardmap.Map) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -224,8 +221,8 @@ func (p *peerPool) dropDown(m *shardmap.Map) {
 		select {
 		case <-pc.ready:
 			if pc.conn != nil {
-				p.retiring.Add(1)
-				go p.retire(pc.conn, id, m.Epoch)
+				pc.conn.CloseWithError(quic.ApplicationErrorCode(transport.CodeUnavailable), "peer is down in the shard map")
+				p.log.Warn("peer down in the shard map; connection to it closed", "peer", id, "epoch", m.Epoch)
 			}
 			delete(p.mu.conns, id)
 		default:
@@ -234,35 +231,6 @@ func (p *peerPool) dropDown(m *shardmap.Map) {
 			p.log.Info("peer down in the shard map; dial to it given up", "peer", id, "epoch", m.Epoch)
 		}
 	}
-}
-
-// downGrace is how long a connection to a peer the map marks down stays
-// open for the answers to what was forwarded on it. A peer shutting down
-// gracefully answers everything it took in and then closes the connection
-// itself, within its drain; a live peer the control plane marked down
-// (its lease lapsed while the control plane stalled) answers as usual.
-// Closing at once made those answers lost and the records of unknown
-// outcome: seen once in TestRollingGracefulRestartLosesNoOutcome, 135
-// records, with the test's control plane starved of CPU for over 500 ms.
-// A peer that died answers nothing, and its forwards fail after
-// downGrace, well within the QUIC idle timeout (5 s).
-const downGrace = time.Second
-
-// retire closes conn, to a peer the map marked down, once the peer has
-// closed it, after downGrace, or when the pool closes, whichever comes
-// first.
-func (p *peerPool) retire(conn *quic.Conn, id string, epoch uint64) {
-	defer p.retiring.Done()
-	t := time.NewTimer(downGrace)
-	defer t.Stop()
-	select {
-	case <-conn.Context().Done():
-		return // the peer closed it, or it died
-	case <-t.C:
-	case <-p.ctx.Done():
-	}
-	conn.CloseWithError(quic.ApplicationErrorCode(transport.CodeUnavailable), "peer is down in the shard map")
-	p.log.Warn("peer down in the shard map; connection to it closed", "peer", id, "epoch", epoch, "after", downGrace)
 }
 
 func (p *peerPool) close() {
@@ -278,8 +246,7 @@ func (p *peerPool) close() {
 			pc.conn.CloseWithError(0, "broker shutting down")
 		}
 	}
-	p.dials.Wait()    // those dropDown gave up too
-	p.retiring.Wait() // closed by the cancel above, if not before
+	p.dials.Wait() // those dropDown gave up too
 }
 
 // lane carries the records one publisher stream forwards to one owner, on

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"io"
 	"net"
 	"sync"
 	"testing"
@@ -54,7 +53,18 @@ func TestPeerDialOutlivesItsFirstCaller(t *testing.T) {
 // none). The old connection used to be dropped from the pool unclosed,
 // and the pool's close never closed it.
 func TestMovedPeerOldConnectionClosed(t *testing.T) {
-	self, peer := nodeTLSPair(t)
+	dir := t.TempDir()
+	if err := transport.GenerateDevCerts(dir, "broker-0", "broker-9"); err != nil {
+		t.Fatal(err)
+	}
+	self, err := cluster.LoadNodeTLS(dir, "broker-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := cluster.LoadNodeTLS(dir, "broker-9")
+	if err != nil {
+		t.Fatal(err)
+	}
 	// broker-9 at two addresses, accepting and keeping connections
 	// until its listener closes them.
 	listen := func() shardmap.Node {
@@ -150,100 +160,4 @@ func poolWithSilentPeer(t *testing.T) (*peerPool, shardmap.Node) {
 	pool := newPeerPool(&tls.Config{NextProtos: []string{transport.ALPNPeer}, ServerName: "broker-9"}, transport.Config{}, quiet(), &quicAccount{})
 	t.Cleanup(pool.close)
 	return pool, shardmap.Node{ID: "broker-9", Addr: pc.LocalAddr().String()}
-}
-
-// nodeTLSPair returns the node TLS of broker-0, the pool's own, and of
-// broker-9, its peer, from one dev CA.
-func nodeTLSPair(t *testing.T) (self, peer cluster.NodeTLS) {
-	t.Helper()
-	dir := t.TempDir()
-	if err := transport.GenerateDevCerts(dir, "broker-0", "broker-9"); err != nil {
-		t.Fatal(err)
-	}
-	self, err := cluster.LoadNodeTLS(dir, "broker-0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer, err = cluster.LoadNodeTLS(dir, "broker-9")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return self, peer
-}
-
-// TestPeerDownConnectionGetsGrace: a map that marks a live peer down
-// (its lease lapsed while the control plane stalled) takes the connection
-// to it out of the pool at once, but leaves it open for downGrace, so
-// that the answer to what was in flight on it still arrives; then it is
-// closed, and the next forward to the peer dials anew.
-func TestPeerDownConnectionGetsGrace(t *testing.T) {
-	self, peer := nodeTLSPair(t)
-	ln, err := transport.Listen("127.0.0.1:0", peer.Server, transport.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// broker-9 answers each stream's 4 bytes 300 ms later.
-	var serving sync.WaitGroup
-	serving.Go(func() {
-		for {
-			conn, err := ln.Accept(context.Background())
-			if err != nil {
-				return
-			}
-			serving.Go(func() {
-				for {
-					s, err := conn.AcceptStream(context.Background())
-					if err != nil {
-						return
-					}
-					var b [4]byte
-					if _, err := io.ReadFull(s, b[:]); err != nil {
-						return
-					}
-					time.Sleep(300 * time.Millisecond)
-					s.Write([]byte("pong"))
-					s.Close()
-				}
-			})
-		}
-	})
-	t.Cleanup(func() { ln.Close(); serving.Wait() })
-	node := shardmap.Node{ID: "broker-9", Addr: ln.Addr().String()}
-	pool := newPeerPool(self.Peer, transport.Config{}, quiet(), &quicAccount{})
-	defer pool.close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-
-	conn, err := pool.conn(ctx, node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := conn.OpenStreamSync(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Write([]byte("ping")); err != nil {
-		t.Fatal(err)
-	}
-	marked := time.Now()
-	pool.dropDown(shardmap.Build(2, []shardmap.Node{node}, nil)) // broker-9 not live
-	answer, err := io.ReadAll(s)
-	if err != nil || string(answer) != "pong" {
-		t.Fatalf("the answer in flight when the map marked its peer down: %q, %v", answer, err)
-	}
-	select {
-	case <-conn.Context().Done():
-		if took := time.Since(marked); took < downGrace/2 {
-			t.Fatalf("the connection closed %v after its peer was marked down; want about %v", took, downGrace)
-		}
-	case <-time.After(downGrace + 2*time.Second):
-		t.Fatal("the connection to a peer marked down still open after its grace")
-	}
-	again, err := pool.conn(ctx, node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if again == conn {
-		t.Fatal("the pool handed out the retired connection again")
-	}
 }
