@@ -270,6 +270,15 @@ type walHists struct {
 	batches, fsyncs stats.Histogram
 }
 
+// add adds o's counts and sums to w's (buckets are not kept: the bench
+// reads means).
+func (w *walHists) add(o walHists) {
+	w.batches.Count += o.batches.Count
+	w.batches.Sum += o.batches.Sum
+	w.fsyncs.Count += o.fsyncs.Count
+	w.fsyncs.Sum += o.fsyncs.Sum
+}
+
 // sub returns the observations between an earlier scrape and w.
 func (w walHists) sub(prev walHists) walHists {
 	return walHists{batches: w.batches.Sub(prev.batches), fsyncs: w.fsyncs.Sub(prev.fsyncs)}
@@ -296,11 +305,7 @@ func (e *env) walStats(ctx context.Context) (walHists, bool) {
 		if s.Err != nil {
 			return walHists{}, false
 		}
-		b, f := s.Fams.Histogram(stats.MetricBatchRecords), s.Fams.Histogram(stats.MetricFsyncDuration)
-		out.batches.Count += b.Count
-		out.batches.Sum += b.Sum
-		out.fsyncs.Count += f.Count
-		out.fsyncs.Sum += f.Sum
+		out.add(walHists{batches: s.Fams.Histogram(stats.MetricBatchRecords), fsyncs: s.Fams.Histogram(stats.MetricFsyncDuration)})
 	}
 	return out, true
 }
@@ -327,22 +332,19 @@ func (e *env) throughputResult(ps *pubSet, trials []trial) *Result {
 	res.Publishers, res.Window, res.Shards = len(ps.pubs), e.cfg.window, ps.shards
 	res.ShardsPerBroker = ps.owned
 	res.Path = "publisher -> owner (each publisher on its shard's owner)"
-	var batches, fsyncs stats.Histogram
+	var wal walHists
 	walOK := true
 	for _, t := range trials {
 		walOK = walOK && t.wal != nil
 		if t.wal != nil {
-			batches.Count += t.wal.batches.Count
-			batches.Sum += t.wal.batches.Sum
-			fsyncs.Count += t.wal.fsyncs.Count
-			fsyncs.Sum += t.wal.fsyncs.Sum
+			wal.add(*t.wal)
 		}
 	}
-	if walOK && batches.Count > 0 {
-		res.WALRecordsPerFsync = ptr(float64(int64(batches.Mean()*100+0.5)) / 100)
+	if walOK && wal.batches.Count > 0 {
+		res.WALRecordsPerFsync = ptr(float64(int64(wal.batches.Mean()*100+0.5)) / 100)
 	}
-	if walOK && fsyncs.Count > 0 {
-		res.WALFsyncMeanUS = ptr(float64(int64(fsyncs.Mean()*1e7+0.5)) / 10)
+	if walOK && wal.fsyncs.Count > 0 {
+		res.WALFsyncMeanUS = ptr(float64(int64(wal.fsyncs.Mean()*1e7+0.5)) / 10)
 	}
 	return res
 }

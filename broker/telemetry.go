@@ -360,13 +360,17 @@ func (t *telemetry) onCommit(e *shardEntry) func(wal.Commit) {
 		if !t.timed {
 			return
 		}
-		t.later.Add(func() {
-			ctx := context.Background()
-			t.fsyncDur.Record(ctx, c.Sync.Seconds())
-			t.batchRecords.Record(ctx, int64(c.Records))
-			t.walBytes.Add(ctx, int64(c.Bytes))
-		})
+		t.later.Add(func() { t.recordCommit(c.Sync, c.Records, int64(c.Bytes)) })
 	}
+}
+
+// recordCommit records one write and fdatasync of a shard log or a
+// replica: how long it took, the records and the bytes it made durable.
+func (t *telemetry) recordCommit(d time.Duration, records int, bytes int64) {
+	ctx := context.Background()
+	t.fsyncDur.Record(ctx, d.Seconds())
+	t.batchRecords.Record(ctx, int64(records))
+	t.walBytes.Add(ctx, bytes)
 }
 
 // onReplicaSync is a replica's replica.Config.OnSync: a replicated
@@ -379,12 +383,7 @@ func (t *telemetry) onReplicaSync() func(time.Duration, int, int64) {
 		return nil
 	}
 	return func(d time.Duration, records int, bytes int64) {
-		t.later.Add(func() {
-			ctx := context.Background()
-			t.fsyncDur.Record(ctx, d.Seconds())
-			t.batchRecords.Record(ctx, int64(records))
-			t.walBytes.Add(ctx, bytes)
-		})
+		t.later.Add(func() { t.recordCommit(d, records, bytes) })
 	}
 }
 
