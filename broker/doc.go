@@ -407,4 +407,10 @@
 // the provider was built with TraceIDGenerator (its hop context in the
 // felix-hop-* headers carries the reserved client span ID); otherwise
 // the forward's server and client spans are started before it is sent.
+// A replica's write and fdatasync (a leader's or a follower's) is queued
+// for the same runner by the group's goroutine once the fdatasync has
+// succeeded (telemetry.onReplicaSync): after the append, never before
+// it; at light load the first one after an idle spell wakes the runner
+// (measured at R=3 against the build without it, A/B in one run: direct
+// p50 B/A 0.997, forwarded 1.006, CPU per record 12.07 against 11.95 µs).
 package broker
