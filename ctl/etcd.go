@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.etcd.io/etcd/client/pkg/v3/types"
@@ -26,6 +27,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/felix-broker/felix/internal/freeport"
 	"github.com/felix-broker/felix/transport"
 )
 
@@ -304,7 +306,11 @@ func startEmbedded(dir string, ec EtcdConfig, core slogCore, log *slog.Logger) (
 	existed := wal.Exist(filepath.Join(c.Dir, "member", "wal"))
 	e, err := embed.StartEtcd(c)
 	if err != nil {
-		return nil, nil, fmt.Errorf("ctl: start embedded etcd in %s (client %s, peer %s): %w", c.Dir, cu, pu, err)
+		err = fmt.Errorf("ctl: start embedded etcd in %s (client %s, peer %s): %w", c.Dir, cu, pu, err)
+		if errors.Is(err, syscall.EADDRINUSE) {
+			err = fmt.Errorf("%w (the ports unless set are those kept in %s since the first start: free the one taken)", err, filepath.Join(dir, etcdURLsFile))
+		}
+		return nil, nil, err
 	}
 	if existed && ec.InitialCluster != "" {
 		if err := checkMembership(c.Dir, e.Server.Cluster().Members(), ec.InitialCluster); err != nil {
@@ -474,18 +480,15 @@ func upgradeLoopback(raw string) string {
 	return u.String()
 }
 
-// freeTCPPorts returns n distinct free loopback ports: all n are held
-// open together while they are picked, so that two picks cannot return
-// the same port (the kernel may hand a port just closed out again).
+// freeTCPPorts returns n distinct free loopback ports, below the
+// kernel's ephemeral range (see package freeport): they are recorded and
+// listened on again at every start, and one of that range could be
+// taken meanwhile by any outgoing connection (felix dev killed -9 once
+// failed to start again so, its etcd client port taken).
 func freeTCPPorts(n int) ([]int, error) {
-	var ports []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("ctl: find a free port for etcd: %w", err)
-		}
-		defer ln.Close()
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	ports, err := freeport.TCP("127.0.0.1", n)
+	if err != nil {
+		return nil, fmt.Errorf("ctl: a port for etcd: %w", err)
 	}
 	return ports, nil
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	"github.com/felix-broker/felix/ctl"
+	"github.com/felix-broker/felix/internal/freeport"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -202,52 +202,11 @@ func lastLine(path string) string {
 func BrokerID(i int) string { return "broker-" + strconv.Itoa(i) }
 
 // FreePort returns a UDP port on host that was free a moment ago, below
-// the kernel's range of ephemeral ports where it can (ports from 10000
-// up): a broker restarted on its port after Kill finds it free again,
-// where a port of that range could meanwhile be taken by any socket that
-// binds none of its own (another test's QUIC client, say), and the
-// restart fail "address already in use" (TestPowerLoss did so once in a
-// full run of the tests). Outside Linux, or when the range leaves no room
-// below it, the kernel picks the port.
-func FreePort(host string) (int, error) {
-	if low := ephemeralLow(); low > minFreePort+1000 {
-		for range 200 {
-			port := minFreePort + rand.IntN(low-minFreePort)
-			pc, err := net.ListenPacket("udp", net.JoinHostPort(host, strconv.Itoa(port)))
-			if err == nil {
-				pc.Close()
-				return port, nil
-			}
-		}
-	}
-	pc, err := net.ListenPacket("udp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return 0, fmt.Errorf("cluster: find a free port: %w", err)
-	}
-	defer pc.Close()
-	return pc.LocalAddr().(*net.UDPAddr).Port, nil
-}
-
-// minFreePort is the lowest port FreePort picks itself.
-const minFreePort = 10000
-
-// ephemeralLow returns the first port of the kernel's ephemeral range
-// (Linux: net.ipv4.ip_local_port_range), 0 if it cannot tell.
-func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) != 2 {
-		return 0
-	}
-	low, err := strconv.Atoi(f[0])
-	if err != nil {
-		return 0
-	}
-	return low
-}
+// the kernel's range of ephemeral ports where it can (see package
+// freeport): a broker restarted on its port after Kill finds it free
+// again (TestPowerLoss once failed "address already in use" on a port
+// of that range, taken meanwhile by another test's QUIC client).
+func FreePort(host string) (int, error) { return freeport.UDP(host) }
 
 func (c *Cluster) startCtl() error {
 	tlsConf, err := CtlServerTLS(c.certDir)

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/felix-broker/felix/internal/cluster"
 	"github.com/felix-broker/felix/internal/clustertest"
+	"github.com/felix-broker/felix/internal/syncbuf"
 )
 
 // devRun is a `felix dev` process a test started.
@@ -45,6 +46,8 @@ func startDevIn(t *testing.T, dir string, args ...string) *devRun {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var stderr syncbuf.Buffer // where felix dev says why it did not start
+	d.cmd.Stderr = &stderr
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -73,7 +76,9 @@ func startDevIn(t *testing.T, dir string, args ...string) *devRun {
 		}
 	}()
 	if !up || d.admin == "" {
-		t.Fatalf("felix dev did not come up:\n%s", strings.Join(out, "\n"))
+		d.cmd.Process.Kill()
+		<-d.exited
+		t.Fatalf("felix dev did not come up:\n%s\n%s", strings.Join(out, "\n"), stderr.String())
 	}
 	return d
 }
@@ -138,14 +143,17 @@ func TestUsageErrorExitsTwo(t *testing.T) {
 // control plane's election key outlives it by its session lease, and
 // names the address the new one listens at: the new one forwarded the
 // creation of `orders` to itself, round after round, and gave up after
-// 10 s ("the control plane has no reachable leader"), every time.
+// 10 s ("the control plane has no reachable leader"), every time. And
+// the embedded etcd's ports, kept from the first start, were of the
+// kernel's ephemeral range: in a full test run another test's connection
+// took one meanwhile ("bind: address already in use"); they are now
+// below it (package freeport), as the control plane's port here is.
 func TestDevStartsAgainAfterKill(t *testing.T) {
-	ln, err := net.ListenPacket("udp", "127.0.0.1:0")
+	p, err := cluster.FreePort("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := strconv.Itoa(ln.LocalAddr().(*net.UDPAddr).Port)
-	ln.Close()
+	port := strconv.Itoa(p)
 	dir := t.TempDir()
 	args := []string{"dev", "--ctl-port", port, "--base-port", "0"}
 	d := startDevIn(t, dir, args...)
