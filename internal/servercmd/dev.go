@@ -112,7 +112,10 @@ func (c *Dev) Run(log *slog.Logger) error {
 	fmt.Printf("starting the control plane and %d brokers in %s ...\n", c.Brokers, c.Dir)
 	cl, err := cluster.Start(startCtx, opts)
 	if err != nil {
-		if strings.Contains(err.Error(), "address already in use") {
+		// The hint is for the fixed ports (a broker's error reaches here
+		// as the last line of its log, text); the embedded etcd's, kept
+		// from the first start, say so themselves.
+		if msg := err.Error(); strings.Contains(msg, "address already in use") && (c.CtlPort != 0 || c.BasePort != 0) && !strings.Contains(msg, "embedded etcd") {
 			err = fmt.Errorf("%w\nis another `felix dev` already running on these ports? try --ctl-port 0 --base-port 0", err)
 		}
 		return err

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -184,5 +185,40 @@ func TestDevLeavesAnotherDevsConnFile(t *testing.T) {
 	}
 	if after, err := os.ReadFile(conn); err != nil || string(after) != string(before) {
 		t.Fatalf("the first felix dev's connection file after the second was refused: %v\n%s", err, after)
+	}
+}
+
+// TestDevSaysWhichEtcdPortIsTaken: felix dev started again while another
+// program holds its embedded etcd's client port (kept from its first
+// start) fails naming the file that keeps the port, and does not tell a
+// user who already asked for free ports to ask for them.
+func TestDevSaysWhichEtcdPortIsTaken(t *testing.T) {
+	dir := t.TempDir()
+	args := []string{"dev", "--ctl-port", "0", "--base-port", "0"}
+	d := startDevIn(t, dir, args...)
+	syscall.Kill(-d.cmd.Process.Pid, syscall.SIGKILL)
+	<-d.exited
+	kept := filepath.Join(dir, "felix-dev", "ctl", "etcd-urls.json")
+	b, err := os.ReadFile(kept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var urls struct{ Client string }
+	if err := json.Unmarshal(b, &urls); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", strings.TrimPrefix(urls.Client, "https://"))
+	if err != nil {
+		t.Fatalf("holding the etcd client port %s: %v", urls.Client, err)
+	}
+	defer ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	again := exec.CommandContext(ctx, clustertest.Binary(t), args...)
+	again.Dir = dir
+	again.WaitDelay = time.Second
+	out, err := again.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), kept) || strings.Contains(string(out), "try --ctl-port 0") {
+		t.Fatalf("felix dev with its etcd client port taken: %v\n%s", err, out)
 	}
 }
