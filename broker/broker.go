@@ -80,9 +80,9 @@ type Broker struct {
 	member *ctlclient.Member
 	// missed is the last catch-up to a map epoch that failed (catchup.go).
 	missed catchUpMiss
-	// denied is the one catch-up at a time that subscriptions refused by
-	// the broker's map may start (catchup.go).
-	denied deniedCatchUp
+	// clients is the one catch-up at a time that what clients send may
+	// start (catchup.go).
+	clients clientCatchUp
 
 	// refusals and denials remember which certificate was refused on which
 	// protocol and which principal was denied what, so each is logged once.

@@ -29,10 +29,11 @@ type catchUpMiss struct {
 	waits atomic.Int64
 }
 
-// catchUp returns a map at least as new as epoch: the broker's own if it
-// is, else one asked from the control plane within ForwardTimeout, or an
-// error. An epoch at or past one that was missed less than ForwardTimeout
-// ago fails at once, unless the map has arrived since.
+// catchUp returns a map at least as new as epoch, an epoch a peer named
+// (a forward's, or an owner's refusal's): the broker's own if it is, else
+// one asked from the control plane within ForwardTimeout, or an error. An
+// epoch at or past one that was missed less than ForwardTimeout ago fails
+// at once, unless the map has arrived since.
 func (b *Broker) catchUp(ctx context.Context, epoch uint64) (*shardmap.Map, error) {
 	if m := b.routingMap(); m.Epoch >= epoch {
 		return m, nil
@@ -45,11 +46,8 @@ func (b *Broker) catchUp(ctx context.Context, epoch uint64) (*shardmap.Map, erro
 		return nil, fmt.Errorf("%w (an earlier wait for epoch %d failed less than %v ago)", err, miss.epoch, b.cfg.ForwardTimeout)
 	}
 	miss.mu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, b.cfg.ForwardTimeout)
-	defer cancel()
-	miss.waits.Add(1)
-	m, err := b.member.Refresh(ctx, epoch)
-	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+	m, ranOut, err := b.refresh(ctx, epoch)
+	if ranOut {
 		// Only a wait that ran its whole course says the control plane
 		// cannot give the epoch now; a caller that gave up says nothing.
 		miss.mu.Lock()
@@ -59,33 +57,52 @@ func (b *Broker) catchUp(ctx context.Context, epoch uint64) (*shardmap.Map, erro
 	return m, err
 }
 
-// deniedCatchUp bounds what subscriptions refused by the broker's map can
-// make it do. Such a subscription may name a newer map (Subscribe.Created)
-// that grants it, read from a broker ahead of this one; but any client
-// certificate can name any epoch, and each catch-up asks the control plane
-// for the whole map until it comes or ForwardTimeout passes. So one such
-// catch-up runs at a time per broker: the others wait for it, or for the
-// map to reach their epoch, whichever comes first, and are then judged by
-// the map the broker holds. A subscriber granted in a newer map whose
-// shards subscribe at once (the SDK's do) is served once that map comes,
-// however many of them wait.
-type deniedCatchUp struct {
+// refresh asks the control plane for a map at least as new as epoch,
+// within ForwardTimeout; ranOut says it waited all of it.
+func (b *Broker) refresh(ctx context.Context, epoch uint64) (m *shardmap.Map, ranOut bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.ForwardTimeout)
+	defer cancel()
+	b.missed.waits.Add(1)
+	m, err = b.member.Refresh(ctx, epoch)
+	return m, err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded), err
+}
+
+// clientCatchUp bounds what clients can make the broker ask of the
+// control plane. A client names a newer map than the broker holds when it
+// read one from a broker ahead of this one: the incarnation of a stream
+// it picked a record's shard or a subscription's by (Created), or the
+// map that grants a subscription this broker's map refuses. But any
+// client certificate can name any epoch, and each catch-up asks the
+// control plane for the whole map until it comes or ForwardTimeout
+// passes: one per publisher stream or subscription, thousands of a
+// principal's at once, asked it as often. So one such catch-up runs at a
+// time per broker: the others wait for it, or for the map to reach their
+// epoch, whichever comes first, and are then judged by the map the
+// broker holds. A client granted in, or publishing by, a newer map is
+// served once that map comes, however many of them wait. And a client's
+// miss is not remembered (catchUpMiss): an epoch no map holds, named by
+// a client, must not fail a peer's forward that needs the next real one.
+type clientCatchUp struct {
 	mu   sync.Mutex
 	done chan struct{} // closed when the catch-up in flight ends; nil if none
 }
 
-// catchUpDenied returns the map a subscription refused by the broker's
-// map, naming epoch, is judged by again: at least epoch if the control
-// plane gives it in time (see deniedCatchUp), else the broker's own.
-func (b *Broker) catchUpDenied(epoch uint64) *shardmap.Map {
-	d := &b.denied
+// catchUpForClient returns the map what a client sent, naming epoch, is
+// judged by: at least epoch if the control plane gives it in time (see
+// clientCatchUp), else the broker's own. ctx is the caller's: its end
+// ends the caller's wait, or the catch-up it runs for everyone.
+func (b *Broker) catchUpForClient(ctx context.Context, epoch uint64) *shardmap.Map {
+	if m := b.routingMap(); m.Epoch >= epoch {
+		return m
+	}
+	d := &b.clients
 	d.mu.Lock()
 	done := d.done
 	if done == nil {
 		done = make(chan struct{})
 		d.done = done
 		d.mu.Unlock()
-		m, err := b.catchUp(b.ctx, epoch)
+		m, _, err := b.refresh(ctx, epoch)
 		d.mu.Lock()
 		d.done = nil
 		d.mu.Unlock()
@@ -105,7 +122,7 @@ func (b *Broker) catchUpDenied(epoch uint64) *shardmap.Map {
 		case <-changed:
 		case <-done:
 			return b.routingMap()
-		case <-b.ctx.Done():
+		case <-ctx.Done():
 			return b.routingMap()
 		}
 	}

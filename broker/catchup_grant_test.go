@@ -91,7 +91,7 @@ func startRelayed(t *testing.T, ft time.Duration) (*inproc, *udpRelay) {
 // subscription in a map newer than the broker's subscribes to two shards
 // of a new stream at once (as the SDK does, one Subscribe per shard).
 // Both must be served once the newer map comes, though they share one
-// catch-up (deniedCatchUp). a2c823a let one wait and refused the other
+// catch-up (clientCatchUp). a2c823a let one wait and refused the other
 // unauthorized, which the SDK does not retry.
 func TestGrantInANewerMapServesEveryShard(t *testing.T) {
 	ip, relay := startRelayed(t, 0)
@@ -241,23 +241,57 @@ func TestDeniedSubscribersShareOneCatchUp(t *testing.T) {
 	b := ip.brokers[0]
 	nobody := ip.dialAs(b, "nobody") // no grants
 	epoch := b.Map().Epoch
+	wantOneCatchUp(t, b, ft, "denied subscriptions", func(i int) {
+		s := openStream(t, nobody)
+		s.send(&transport.Subscribe{Stream: "secret", Start: transport.StartEarliest, Credit: 1, Created: epoch + 1_000_000 - uint64(i)})
+		wantError(t, s.recv(), transport.ErrUnauthorized)
+	})
+}
+
+// wantOneCatchUp runs ask(i) for 8 clients at once, each naming an epoch
+// no map holds, and checks that b asked the control plane once for them
+// all, within about one ForwardTimeout (ft).
+func wantOneCatchUp(t *testing.T, b *Broker, ft time.Duration, what string, ask func(i int)) {
+	t.Helper()
 	const n = 8
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s := openStream(t, nobody)
-			s.send(&transport.Subscribe{Stream: "secret", Start: transport.StartEarliest, Credit: 1, Created: epoch + 1_000_000 - uint64(i)})
-			wantError(t, s.recv(), transport.ErrUnauthorized)
-		}()
+		wg.Go(func() { ask(i) })
 	}
 	wg.Wait()
 	if got := b.missed.waits.Load(); got != 1 {
-		t.Errorf("%d concurrent denied subscriptions started %d catch-ups; want 1", n, got)
+		t.Errorf("%d concurrent %s started %d catch-ups; want 1", n, what, got)
 	}
 	if took := time.Since(start); took > 3*ft {
-		t.Errorf("%d concurrent denied subscriptions took %v (ForwardTimeout %v)", n, took.Round(time.Millisecond), ft)
+		t.Errorf("%d concurrent %s took %v (ForwardTimeout %v)", n, what, took.Round(time.Millisecond), ft)
+	}
+}
+
+// TestClientPublishesShareOneCatchUp: records of clients, each naming an
+// incarnation no map holds (Publish.Created, kept for a record with a
+// shard), all wait for one catch-up to the control plane, not one per
+// publisher stream: each stream's reader once ran its own, every one
+// asking the control plane for the whole map, thousands of a principal's
+// streams at once. Each record fails unavailable, nothing written; and
+// the client's miss is not remembered for the peers' forwards.
+func TestClientPublishesShareOneCatchUp(t *testing.T) {
+	const ft = 2 * time.Second
+	ip := startInprocWith(t, func(c *Config) { c.ForwardTimeout = ft }, 1,
+		shardmap.StreamConfig{Name: "orders", Shards: 1})
+	b := ip.brokers[0]
+	conn := ip.dial(b)
+	epoch := b.Map().Epoch
+	wantOneCatchUp(t, b, ft, "client records naming unknown epochs", func(i int) {
+		s := openStream(t, conn)
+		p := publish(1, "orders", "x")
+		p.Shard, p.Created = 0, epoch+1_000_000-uint64(i)
+		s.send(p)
+		wantError(t, s.recv(), transport.ErrUnavailable)
+	})
+	b.missed.mu.Lock()
+	defer b.missed.mu.Unlock()
+	if b.missed.err != nil {
+		t.Errorf("a client's epoch was remembered as missed (epoch %d): peers' forwards would fail at once", b.missed.epoch)
 	}
 }

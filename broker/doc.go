@@ -55,11 +55,14 @@
 //     publisher's own flow control), routes it by the map and either
 //     appends it to the local log (committing it inline with AppendNow
 //     when nothing more is buffered and the log is idle) or puts it on
-//     the lane to its owner. Only a peer stream's reader ever waits for a
-//     map (a forward carrying a newer epoch than this broker holds), at
-//     most ForwardTimeout for an epoch the control plane cannot give, and
-//     the records needing it that follow within ForwardTimeout fail at
-//     once (catchup.go). The wait holds back that forwarding lane, and
+//     the lane to its owner. A reader waits for a map only for a record
+//     whose sender has seen a newer one than this broker holds: a
+//     forward carrying a newer epoch (at most ForwardTimeout for an epoch
+//     the control plane cannot give, and the records needing it that
+//     follow within ForwardTimeout fail at once), or a client's record
+//     picked by a newer incarnation of its stream (every client's such
+//     waits share one catch-up at a time: catchup.go). A peer's wait
+//     holds back that forwarding lane, and
 //     what the forwarder sends on it meanwhile counts against the flow
 //     window of the pair's one connection, which the pair's other lanes
 //     and raft share: a few lanes waiting at once can hold those back
@@ -110,10 +113,10 @@
 // frameWriter's buffers (encoding and a non-blocking TryWriteAll; the
 // flusher writes with it released); the principal's byte budget; the
 // shard set's index (an RLock), a shard's producer table, and, only for a
-// forward carrying a newer epoch than this broker holds (or a client's
-// record picked by a newer incarnation of its stream), the last missed
-// catch-up (catchup.go: read and written around the wait, never across
-// it). How to check
+// forward carrying a newer epoch than this broker holds, the last missed
+// catch-up, and for a client's record picked by a newer incarnation of
+// its stream, the clients' catch-up in flight (catchup.go: each read and
+// written around the wait, never across it). How to check
 // it: every blocking call on the path (member.Refresh, peerPool.conn,
 // OpenStreamSync, quic Stream.Write, wal's fsync) is made by a goroutine
 // that holds none of them (the reader, the connector, the retrier, a

@@ -190,9 +190,15 @@ func (p *peerPool) dial(ctx context.Context, pc *peerConn, node shardmap.Node) {
 	conn, err := transport.Dial(ctx, node.Addr, transport.VerifyPeer(p.tls, transport.RoleNode, node.ID), p.cfg)
 	if err == nil {
 		p.mu.Lock()
-		dropped := !p.mu.closed && p.mu.conns[pc.id] != pc
+		closed, dropped := p.mu.closed, p.mu.conns[pc.id] != pc
 		p.mu.Unlock()
-		if dropped { // dropDown gave up this dial as it ended
+		switch {
+		case closed:
+			// close may have passed this entry by (dropDown had taken it
+			// out of the pool): the connection is this dial's to close.
+			conn.CloseWithError(0, "broker shutting down")
+			conn, err = nil, errPoolClosed
+		case dropped: // dropDown gave up this dial as it ended
 			conn.CloseWithError(quic.ApplicationErrorCode(transport.CodeUnavailable), "peer is down in the shard map")
 			conn, err = nil, fmt.Errorf("dial %s: %w", node.ID, errPeerDown)
 		}
@@ -218,24 +224,30 @@ var errPeerDown = errors.New("broker: peer is down in the shard map")
 // against 1.42 s (docs/performance.md, "Connections to peers marked
 // down").
 func (p *peerPool) dropDown(m *shardmap.Map) {
+	var closing []*peerConn
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	for id, pc := range p.mu.conns {
 		if n, ok := m.Node(id); ok && n.Live {
 			continue
 		}
+		delete(p.mu.conns, id)
 		select {
 		case <-pc.ready:
 			if pc.conn != nil {
-				pc.conn.CloseWithError(quic.ApplicationErrorCode(transport.CodeUnavailable), "peer is down in the shard map")
-				p.log.Warn("peer down in the shard map; connection to it closed", "peer", id, "epoch", m.Epoch)
+				closing = append(closing, pc)
 			}
-			delete(p.mu.conns, id)
 		default:
 			pc.stopDial()
-			delete(p.mu.conns, id)
 			p.log.Info("peer down in the shard map; dial to it given up", "peer", id, "epoch", m.Epoch)
 		}
+	}
+	p.mu.Unlock()
+	// Closed with the pool's lock released: CloseWithError waits for the
+	// connection's loop to end, which sends first, and every lane's lease
+	// and release, and raft's peer lookups, take that lock.
+	for _, pc := range closing {
+		pc.conn.CloseWithError(quic.ApplicationErrorCode(transport.CodeUnavailable), "peer is down in the shard map")
+		p.log.Warn("peer down in the shard map; connection to it closed", "peer", pc.id, "epoch", m.Epoch)
 	}
 }
 

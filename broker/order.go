@@ -151,24 +151,12 @@ func (r *shardRoute) wait(w refused) {
 // resolved uncounts in from its shard's route: it was answered (acked
 // or not) or handed back to be routed again.
 func (p *pubSession) resolved(in *inbound, acked bool) {
-	r := in.route
-	if r == nil {
+	if in.route == nil {
 		return
 	}
-	in.route = nil
 	o := &p.order
 	o.Lock()
-	r.n--
-	if acked && in.n > r.acked {
-		r.acked = in.n
-	}
-	if r.n == 0 {
-		r.blocked = false
-	}
-	ready := r.n == 0 && len(r.waiting) > 0
-	if r.n == 0 && len(r.waiting) == 0 && !r.resuming {
-		p.forget(r, in.pub.Stream, in.ev.shard)
-	}
+	ready := p.uncount(in, acked)
 	o.Unlock()
 	if ready {
 		select {
@@ -176,6 +164,27 @@ func (p *pubSession) resolved(in *inbound, acked bool) {
 		default:
 		}
 	}
+}
+
+// uncount is resolved with the lock held: it reports whether the records
+// waiting behind in's route may go now.
+func (p *pubSession) uncount(in *inbound, acked bool) (ready bool) {
+	r := in.route
+	if r == nil {
+		return false
+	}
+	in.route = nil
+	r.n--
+	if acked && in.n > r.acked {
+		r.acked = in.n
+	}
+	if r.n == 0 {
+		r.blocked = false
+	}
+	if r.n == 0 && len(r.waiting) == 0 && !r.resuming {
+		p.forget(r, in.pub.Stream, in.ev.shard)
+	}
+	return r.n == 0 && len(r.waiting) > 0
 }
 
 // forget drops r, the route of shard stream/shard with nothing on it, so
@@ -193,13 +202,18 @@ func (p *pubSession) forget(r *shardRoute, stream string, shard int) {
 // attempt r.attempt, to the retrier, which routes it on the next
 // attempt. It never blocks.
 func (p *pubSession) requeue(r refused, id shardmap.ShardID) {
-	p.resolved(&r.in, false)
 	r.attempt++
 	if r.delay > 0 {
 		r.queued = time.Now()
 	}
 	o := &p.order
 	o.Lock()
+	// Uncounted and queued in one critical section: between the two, a
+	// record's route left empty was dropped, and the reader could send
+	// the shard's next record ahead of it (a forward, which then made
+	// this one fail as overtaken, or an append here, committed before
+	// it: both acked, out of order).
+	p.uncount(&r.in, false)
 	sr := o.shards[id]
 	if sr == nil {
 		sr = &shardRoute{}

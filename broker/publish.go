@@ -434,7 +434,7 @@ func (p *pubSession) dispatch(in inbound, attempt int) {
 	if need := max(pub.Epoch, pub.Created); need > m.Epoch && !p.servesIncarnation(m, pub) {
 		// The sender has seen a newer map than ours: catch up before
 		// judging ownership, so a moved shard is never written twice.
-		nm, err := b.catchUp(p.ctx, need)
+		nm, err := p.catchUp(need)
 		if err != nil {
 			p.fail(in, &transport.Error{Code: transport.CodeUnavailable,
 				Message: fmt.Sprintf("%s could not catch up to map epoch %d: %v", b.cfg.NodeID, need, err)})
@@ -508,6 +508,21 @@ func (p *pubSession) dispatch(in inbound, attempt int) {
 	default:
 		p.forward(in, m, shard, owner, attempt)
 	}
+}
+
+// catchUp returns a map at least as new as epoch, which this stream's
+// sender named: a peer's epoch through the broker's remembered misses
+// (Broker.catchUp), a client's through the one catch-up all clients share
+// (clientCatchUp).
+func (p *pubSession) catchUp(epoch uint64) (*shardmap.Map, error) {
+	if p.peerID != "" {
+		return p.b.catchUp(p.ctx, epoch)
+	}
+	m := p.b.catchUpForClient(p.ctx, epoch)
+	if m.Epoch < epoch {
+		return nil, fmt.Errorf("the control plane gave no map of epoch %d within %v (holding %d)", epoch, p.b.cfg.ForwardTimeout, m.Epoch)
+	}
+	return m, nil
 }
 
 // servesIncarnation reports whether m, older than the map pub was

@@ -48,16 +48,14 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 		// The subscriber read a newer map than this broker holds: one
 		// the broker's map refuses (its grant may be in the newer one,
 		// which may be newer than the stream's incarnation) catches up
-		// to the subscriber's map, sharing one catch-up with the others
-		// so refused (deniedCatchUp); one of a newer incarnation of the
-		// stream catches up to that. Each is judged by the map it is
+		// to the subscriber's map; one of a newer incarnation of the
+		// stream catches up to that. Either shares one catch-up with
+		// every client's (clientCatchUp), and is judged by the map it is
 		// then served by.
 		if from.principal != "" && m.ACL.Check(from.principal, auth.Subscribe, sub.Stream) != nil {
-			m = b.catchUpDenied(newer)
+			m = b.catchUpForClient(b.ctx, newer)
 		} else if sub.Created > m.Epoch {
-			if nm, err := b.catchUp(b.ctx, sub.Created); err == nil {
-				m = nm
-			}
+			m = b.catchUpForClient(b.ctx, sub.Created)
 		}
 	}
 	if err := b.authorize(m, from, auth.Subscribe, sub.Stream); err != nil {
