@@ -88,7 +88,10 @@
 //     once it answered all it took in) were never read, and fail
 //     shutting_down, not written. A lane leases its
 //     pooled connection (peerPool.lease, under the pool's mutex, never
-//     across a dial) and gives it back when it ends; one that read to the
+//     across a dial; an overflow connection to the same peer once the
+//     pooled one carries as many lanes as the peer lets it open streams,
+//     closed when its last lane leaves) and gives it back when it ends;
+//     one that read to the
 //     end of the owner's stream retires the connection, and the last such
 //     lane hangs it up, which the shutting-down owner waits for before it
 //     closes its connections (lingerForAnswers). The reader

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,12 +26,21 @@ const maxForwardAttempts = 4
 const dialTimeout = 3 * time.Second
 
 // peerPool keeps one QUIC connection per peer broker; every forwarding
-// lane to that peer is a stream on it.
+// lane to that peer is a stream on it, and so are the pair's raft
+// messages. A connection carries at most lanesPerConn lanes, a little
+// under the streams the peer lets one connection open
+// (transport.Config.MaxIncomingStreams): the lanes past them go on
+// overflow connections to the same peer, dialed as needed and closed
+// when their last lane leaves. One publisher stream that forwards is one
+// lane, and a broker's clients may hold far more publisher streams than
+// one connection's streams; those past the limit once waited for a
+// stream until dialTimeout and failed unavailable.
 type peerPool struct {
-	tls  *tls.Config
-	cfg  transport.Config
-	log  *slog.Logger
-	acct *quicAccount // counts what the dialed connections send and lose
+	tls          *tls.Config
+	cfg          transport.Config
+	log          *slog.Logger
+	acct         *quicAccount // counts what the dialed connections send and lose
+	lanesPerConn int
 
 	// ctx bounds the pool's dials: close cancels it. A dial is the
 	// pool's, not its first caller's: one lane's end must not fail the
@@ -45,6 +55,8 @@ type peerPool struct {
 		sync.Mutex
 		closed bool
 		conns  map[string]*peerConn
+		// overflow holds each peer's overflow connections, for lanes only.
+		overflow map[string][]*peerConn
 	}
 }
 
@@ -60,16 +72,25 @@ type peerConn struct {
 	// peer took the connection (see refusedAtAccept).
 	answered atomic.Bool
 
-	// Guarded by the pool's mu: the forwarding lanes on conn, and whether
-	// the peer ended one cleanly (see release).
+	// overflow: one of the pool's overflow connections (lanes only).
+	overflow bool
+
+	// Guarded by the pool's mu: the forwarding lanes on conn (counted from
+	// their lease, before the dial of an overflow connection ends), and
+	// whether the peer ended one cleanly (see release).
 	lanes   int
 	retired bool
 }
 
 func newPeerPool(tlsConf *tls.Config, cfg transport.Config, log *slog.Logger, acct *quicAccount) *peerPool {
-	p := &peerPool{tls: tlsConf, cfg: cfg, log: log, acct: acct}
+	// The peer's stream limit is taken to be this broker's (one cluster,
+	// one configuration); the rest of a connection's streams are left to
+	// raft's stream and a rejoin's.
+	streams := int(cfg.WithDefaults().MaxIncomingStreams)
+	p := &peerPool{tls: tlsConf, cfg: cfg, log: log, acct: acct, lanesPerConn: max(streams-max(streams/64, 1), 1)}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.mu.conns = map[string]*peerConn{}
+	p.mu.overflow = map[string][]*peerConn{}
 	return p
 }
 
@@ -85,8 +106,9 @@ func (p *peerPool) conn(ctx context.Context, node shardmap.Node) (*quic.Conn, er
 	return pc.conn, nil
 }
 
-// lease returns the connection to node for a forwarding lane, which gives
-// it back with release when it ends.
+// lease returns a connection to node with room for a forwarding lane,
+// which gives it back with release when it ends: the pooled one, or, when
+// that is full, an overflow connection.
 func (p *peerPool) lease(ctx context.Context, node shardmap.Node) (*peerConn, error) {
 	for {
 		pc, err := p.get(ctx, node)
@@ -94,15 +116,80 @@ func (p *peerPool) lease(ctx context.Context, node shardmap.Node) (*peerConn, er
 			return nil, err
 		}
 		p.mu.Lock()
-		retired := pc.retired // and so out of the pool: the next get dials
-		if !retired {
-			pc.lanes++
+		if pc.retired { // and so out of the pool: the next get dials
+			p.mu.Unlock()
+			continue
 		}
-		p.mu.Unlock()
-		if !retired {
+		if pc.lanes < p.lanesPerConn {
+			pc.lanes++
+			p.mu.Unlock()
 			return pc, nil
 		}
+		ov := p.overflowLocked(node)
+		p.mu.Unlock()
+		if ov == nil {
+			return nil, errPoolClosed
+		}
+		select {
+		case <-ov.ready:
+		case <-ctx.Done():
+			p.release(ov, false)
+			return nil, ctx.Err()
+		}
+		if ov.err != nil {
+			p.release(ov, false)
+			return nil, ov.err
+		}
+		return ov, nil
 	}
+}
+
+// overflowLocked counts a lane on an overflow connection to node with
+// room for it, dialing a new one if none has; nil once the pool is
+// closed. Called with the pool's lock held.
+func (p *peerPool) overflowLocked(node shardmap.Node) *peerConn {
+	if p.mu.closed {
+		return nil
+	}
+	for _, pc := range p.mu.overflow[node.ID] {
+		if pc.addr != node.Addr || pc.retired || pc.lanes >= p.lanesPerConn {
+			continue
+		}
+		select {
+		case <-pc.ready:
+			if pc.err != nil || pc.conn.Context().Err() != nil {
+				continue // leaves with its last lane (release)
+			}
+		default:
+		}
+		pc.lanes++
+		return pc
+	}
+	pc := p.dialLocked(node)
+	pc.overflow, pc.lanes = true, 1
+	p.mu.overflow[node.ID] = append(p.mu.overflow[node.ID], pc)
+	return pc
+}
+
+// dialLocked returns a new entry for node whose dial has started. Called
+// with the pool's lock held.
+func (p *peerPool) dialLocked(node shardmap.Node) *peerConn {
+	pc := &peerConn{id: node.ID, addr: node.Addr, ready: make(chan struct{})}
+	ctx, cancel := context.WithTimeout(p.ctx, dialTimeout)
+	pc.stopDial = cancel
+	p.dials.Add(1)
+	// Ends within dialTimeout; close waits for it.
+	go p.dial(ctx, pc, node)
+	return pc
+}
+
+// pooledLocked reports whether pc is still one of the pool's. Called with
+// the pool's lock held.
+func (p *peerPool) pooledLocked(pc *peerConn) bool {
+	if pc.overflow {
+		return slices.Contains(p.mu.overflow[pc.id], pc)
+	}
+	return p.mu.conns[pc.id] == pc
 }
 
 // release gives back a lane's lease on pc. ended says the peer ended the
@@ -110,6 +197,9 @@ func (p *peerPool) lease(ctx context.Context, node shardmap.Node) (*peerConn, er
 // only when it shuts down, and waits for its forwarders to hang up, since
 // closing a connection discards what its receiver has not read yet. So
 // pc takes no more lanes, and the last lane to leave closes it.
+//
+// An overflow connection leaves the pool with its last lane, and is
+// closed then (by its dial, if that has not ended).
 func (p *peerPool) release(pc *peerConn, ended bool) {
 	p.mu.Lock()
 	pc.lanes--
@@ -120,6 +210,18 @@ func (p *peerPool) release(pc *peerConn, ended bool) {
 		}
 	}
 	hangUp := pc.retired && pc.lanes == 0
+	if pc.overflow && pc.lanes == 0 && !p.mu.closed { // closed: close closed it
+		p.mu.overflow[pc.id] = slices.DeleteFunc(p.mu.overflow[pc.id], func(x *peerConn) bool { return x == pc })
+		if len(p.mu.overflow[pc.id]) == 0 {
+			delete(p.mu.overflow, pc.id)
+		}
+		select {
+		case <-pc.ready:
+			hangUp = pc.conn != nil
+		default:
+			hangUp = false // its dial finds it out of the pool, and closes it
+		}
+	}
 	p.mu.Unlock()
 	if hangUp {
 		pc.conn.CloseWithError(quic.ApplicationErrorCode(transport.CodeShuttingDown), "every lane answered")
@@ -154,17 +256,10 @@ func (p *peerPool) get(ctx context.Context, node shardmap.Node) (*peerConn, erro
 		}
 	}
 	if pc == nil {
-		pc = &peerConn{id: node.ID, addr: node.Addr, ready: make(chan struct{})}
-		ctx, cancel := context.WithTimeout(p.ctx, dialTimeout)
-		pc.stopDial = cancel
+		pc = p.dialLocked(node)
 		p.mu.conns[node.ID] = pc
-		p.dials.Add(1)
-		p.mu.Unlock()
-		// Ends within dialTimeout; close waits for it.
-		go p.dial(ctx, pc, node)
-	} else {
-		p.mu.Unlock()
 	}
+	p.mu.Unlock()
 	if moved != nil {
 		moved.CloseWithError(quic.ApplicationErrorCode(transport.CodeUnavailable), "peer moved to another address")
 	}
@@ -190,7 +285,7 @@ func (p *peerPool) dial(ctx context.Context, pc *peerConn, node shardmap.Node) {
 	conn, err := transport.Dial(ctx, node.Addr, transport.VerifyPeer(p.tls, transport.RoleNode, node.ID), p.cfg)
 	if err == nil {
 		p.mu.Lock()
-		closed, dropped := p.mu.closed, p.mu.conns[pc.id] != pc
+		closed, dropped := p.mu.closed, !p.pooledLocked(pc)
 		p.mu.Unlock()
 		switch {
 		case closed:
@@ -198,7 +293,7 @@ func (p *peerPool) dial(ctx context.Context, pc *peerConn, node shardmap.Node) {
 			// out of the pool): the connection is this dial's to close.
 			conn.CloseWithError(0, "broker shutting down")
 			conn, err = nil, errPoolClosed
-		case dropped: // dropDown gave up this dial as it ended
+		case dropped: // dropDown gave it up as it ended, or every lane that waited for it left
 			conn.CloseWithError(quic.ApplicationErrorCode(transport.CodeUnavailable), "peer is down in the shard map")
 			conn, err = nil, fmt.Errorf("dial %s: %w", node.ID, errPeerDown)
 		}
@@ -225,12 +320,7 @@ var errPeerDown = errors.New("broker: peer is down in the shard map")
 // down").
 func (p *peerPool) dropDown(m *shardmap.Map) {
 	var closing []*peerConn
-	p.mu.Lock()
-	for id, pc := range p.mu.conns {
-		if n, ok := m.Node(id); ok && n.Live {
-			continue
-		}
-		delete(p.mu.conns, id)
+	down := func(pc *peerConn) {
 		select {
 		case <-pc.ready:
 			if pc.conn != nil {
@@ -238,7 +328,23 @@ func (p *peerPool) dropDown(m *shardmap.Map) {
 			}
 		default:
 			pc.stopDial()
-			p.log.Info("peer down in the shard map; dial to it given up", "peer", id, "epoch", m.Epoch)
+			p.log.Info("peer down in the shard map; dial to it given up", "peer", pc.id, "epoch", m.Epoch)
+		}
+	}
+	live := func(id string) bool { n, ok := m.Node(id); return ok && n.Live }
+	p.mu.Lock()
+	for id, pc := range p.mu.conns {
+		if !live(id) {
+			delete(p.mu.conns, id)
+			down(pc)
+		}
+	}
+	for id, pcs := range p.mu.overflow {
+		if !live(id) {
+			delete(p.mu.overflow, id)
+			for _, pc := range pcs {
+				down(pc)
+			}
 		}
 	}
 	p.mu.Unlock()
@@ -255,8 +361,14 @@ func (p *peerPool) close() {
 	p.cancel() // dials in flight end
 	p.mu.Lock()
 	p.mu.closed = true
-	conns := p.mu.conns
-	p.mu.conns = nil
+	var conns []*peerConn
+	for _, pc := range p.mu.conns {
+		conns = append(conns, pc)
+	}
+	for _, pcs := range p.mu.overflow {
+		conns = append(conns, pcs...)
+	}
+	p.mu.conns, p.mu.overflow = nil, nil
 	p.mu.Unlock()
 	for _, pc := range conns {
 		<-pc.ready

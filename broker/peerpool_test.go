@@ -53,18 +53,7 @@ func TestPeerDialOutlivesItsFirstCaller(t *testing.T) {
 // none). The old connection used to be dropped from the pool unclosed,
 // and the pool's close never closed it.
 func TestMovedPeerOldConnectionClosed(t *testing.T) {
-	dir := t.TempDir()
-	if err := transport.GenerateDevCerts(dir, "broker-0", "broker-9"); err != nil {
-		t.Fatal(err)
-	}
-	self, err := cluster.LoadNodeTLS(dir, "broker-0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer, err := cluster.LoadNodeTLS(dir, "broker-9")
-	if err != nil {
-		t.Fatal(err)
-	}
+	self, peer := nodeTLSPair(t)
 	// broker-9 at two addresses, accepting and keeping connections
 	// until its listener closes them.
 	listen := func() shardmap.Node {
@@ -160,4 +149,103 @@ func poolWithSilentPeer(t *testing.T) (*peerPool, shardmap.Node) {
 	pool := newPeerPool(&tls.Config{NextProtos: []string{transport.ALPNPeer}, ServerName: "broker-9"}, transport.Config{}, quiet(), &quicAccount{})
 	t.Cleanup(pool.close)
 	return pool, shardmap.Node{ID: "broker-9", Addr: pc.LocalAddr().String()}
+}
+
+// TestLanesOverflowToMoreConnections: lanes to one peer past what one
+// connection's streams allow go on overflow connections, each lane's
+// stream opens at once, and an overflow connection closes when its last
+// lane leaves while the pooled one stays. Every lane past the peer's
+// stream limit once waited in OpenStreamSync until dialTimeout and
+// failed.
+func TestLanesOverflowToMoreConnections(t *testing.T) {
+	self, peer := nodeTLSPair(t)
+	cfg := transport.Config{MaxIncomingStreams: 4}
+	ln, err := transport.Listen("127.0.0.1:0", peer.Server, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serving sync.WaitGroup
+	serving.Go(func() { // broker-9 accepts every stream and keeps it open
+		for {
+			conn, err := ln.Accept(context.Background())
+			if err != nil {
+				return
+			}
+			serving.Go(func() {
+				for {
+					if _, err := conn.AcceptStream(context.Background()); err != nil {
+						return
+					}
+				}
+			})
+		}
+	})
+	t.Cleanup(func() { ln.Close(); serving.Wait() })
+	node := shardmap.Node{ID: "broker-9", Addr: ln.Addr().String()}
+	pool := newPeerPool(self.Peer, cfg, quiet(), &quicAccount{})
+	defer pool.close()
+	if pool.lanesPerConn != 3 {
+		t.Fatalf("lanes per connection at 4 streams: %d, want 3", pool.lanesPerConn)
+	}
+
+	const n = 10
+	var leased []*peerConn
+	conns := map[*quic.Conn]int{}
+	for i := range n {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		pc, err := pool.lease(ctx, node)
+		if err != nil {
+			cancel()
+			t.Fatalf("lease %d: %v", i, err)
+		}
+		s, err := pc.conn.OpenStreamSync(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("lane %d's stream: %v", i, err)
+		}
+		if _, err := s.Write([]byte{1}); err != nil {
+			t.Fatal(err)
+		}
+		leased = append(leased, pc)
+		conns[pc.conn]++
+	}
+	if len(conns) != 4 {
+		t.Fatalf("%d lanes at 3 a connection went on %d connections, want 4", n, len(conns))
+	}
+	pooled := pool.pooled("broker-9")
+	for _, pc := range leased {
+		pool.release(pc, false)
+	}
+	for conn := range conns {
+		if conn == pooled {
+			continue
+		}
+		select {
+		case <-conn.Context().Done():
+		case <-time.After(2 * time.Second):
+			t.Fatal("an overflow connection still open after its last lane left")
+		}
+	}
+	if pooled.Context().Err() != nil {
+		t.Fatal("the pooled connection closed with its lanes")
+	}
+}
+
+// nodeTLSPair returns the node TLS of broker-0, the pool's own, and of
+// broker-9, its peer, from one dev CA.
+func nodeTLSPair(t *testing.T) (self, peer cluster.NodeTLS) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := transport.GenerateDevCerts(dir, "broker-0", "broker-9"); err != nil {
+		t.Fatal(err)
+	}
+	self, err := cluster.LoadNodeTLS(dir, "broker-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err = cluster.LoadNodeTLS(dir, "broker-9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return self, peer
 }
