@@ -79,12 +79,18 @@ func (b *Broker) refresh(ctx context.Context, epoch uint64) (m *shardmap.Map, ra
 // time per broker: the others wait for it, or for the map to reach their
 // epoch, whichever comes first, and are then judged by the map the
 // broker holds. A client granted in, or publishing by, a newer map is
-// served once that map comes, however many of them wait. And a client's
-// miss is not remembered (catchUpMiss): an epoch no map holds, named by
-// a client, must not fail a peer's forward that needs the next real one.
+// served once that map comes, however many of them wait. A client's miss
+// is remembered apart from the peers' (catchUpMiss): an epoch no map
+// holds, named by a client, must not fail a peer's forward that needs
+// the next real one; the clients' requests naming it or a later one fail
+// at once for ForwardTimeout, as the peers' do for theirs, rather than
+// each waiting ForwardTimeout in turn on its stream.
 type clientCatchUp struct {
 	mu   sync.Mutex
 	done chan struct{} // closed when the catch-up in flight ends; nil if none
+	// The last of the clients' catch-ups that waited its whole course.
+	missed      uint64
+	missedUntil time.Time
 }
 
 // catchUpForClient returns the map what a client sent, naming epoch, is
@@ -97,14 +103,21 @@ func (b *Broker) catchUpForClient(ctx context.Context, epoch uint64) *shardmap.M
 	}
 	d := &b.clients
 	d.mu.Lock()
+	if epoch >= d.missed && time.Now().Before(d.missedUntil) {
+		d.mu.Unlock()
+		return b.routingMap()
+	}
 	done := d.done
 	if done == nil {
 		done = make(chan struct{})
 		d.done = done
 		d.mu.Unlock()
-		m, _, err := b.refresh(ctx, epoch)
+		m, ranOut, err := b.refresh(ctx, epoch)
 		d.mu.Lock()
 		d.done = nil
+		if ranOut {
+			d.missed, d.missedUntil = epoch, time.Now().Add(b.cfg.ForwardTimeout)
+		}
 		d.mu.Unlock()
 		close(done)
 		if err != nil {

@@ -289,6 +289,17 @@ func TestClientPublishesShareOneCatchUp(t *testing.T) {
 		s.send(p)
 		wantError(t, s.recv(), transport.ErrUnavailable)
 	})
+	// The clients' miss fails the next such record at once, not after
+	// another ForwardTimeout.
+	s := openStream(t, conn)
+	p := publish(2, "orders", "x")
+	p.Shard, p.Created = 0, epoch+2_000_000
+	start := time.Now()
+	s.send(p)
+	wantError(t, s.recv(), transport.ErrUnavailable)
+	if took := time.Since(start); took > ft/2 {
+		t.Errorf("a client record naming an epoch past the clients' last miss failed after %v; want at once", took.Round(time.Millisecond))
+	}
 	b.missed.mu.Lock()
 	defer b.missed.mu.Unlock()
 	if b.missed.err != nil {
