@@ -36,6 +36,22 @@ func (d *fakeDisks) set(b *Broker, free int64) {
 	b.checkDisk()
 }
 
+// startWithFakeDisks starts three brokers (fastRaft, MinFreeBytes 64 MiB,
+// then tweak if not nil) whose free space disks gives.
+func startWithFakeDisks(t *testing.T, tweak func(*Config), streams ...shardmap.StreamConfig) (*inproc, *fakeDisks) {
+	t.Helper()
+	disks := &fakeDisks{free: map[string]int64{}}
+	ip := startInprocWith(t, func(c *Config) {
+		fastRaft(c)
+		c.MinFreeBytes = 64 << 20
+		c.Knobs.FreeBytes = disks.read
+		if tweak != nil {
+			tweak(c)
+		}
+	}, 3, streams...)
+	return ip, disks
+}
+
 // TestDiskNearlyFullRefuses: a broker whose data directory has less than
 // MinFreeBytes free refuses the records of the shards it writes with
 // limit_exceeded, directly and through a forwarder, for replication
@@ -45,12 +61,7 @@ func (d *fakeDisks) set(b *Broker, free int64) {
 // full a record waits until one has room; once space is back the shard takes records again at the offset
 // after the last acked one (nothing refused was written).
 func TestDiskNearlyFullRefuses(t *testing.T) {
-	disks := &fakeDisks{free: map[string]int64{}}
-	ip := startInprocWith(t, func(c *Config) {
-		fastRaft(c)
-		c.MinFreeBytes = 64 << 20
-		c.Knobs.FreeBytes = disks.read
-	}, 3, shardmap.StreamConfig{Name: "one", Shards: 1}, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	ip, disks := startWithFakeDisks(t, nil, shardmap.StreamConfig{Name: "one", Shards: 1}, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
 	r3 := shardmap.ShardID{Stream: "r3", Shard: 0}
 	seq := uint64(0)
 	publish := func(b *Broker, stream string) transport.Frame {
@@ -168,13 +179,7 @@ func TestDiskNearlyFullRefuses(t *testing.T) {
 // lead it, and puts both followers' disks below the line, so that the
 // group can commit nothing. roomFor(i) gives the i-th follower room again.
 func fullFollowers(t *testing.T, tweak func(*Config)) (ip *inproc, leader *Broker, roomFor func(i int)) {
-	disks := &fakeDisks{free: map[string]int64{}}
-	ip = startInprocWith(t, func(c *Config) {
-		fastRaft(c)
-		c.MinFreeBytes = 64 << 20
-		c.Knobs.FreeBytes = disks.read
-		tweak(c)
-	}, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	ip, disks := startWithFakeDisks(t, tweak, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
 	id := shardmap.ShardID{Stream: "r3", Shard: 0}
 	leader = waitOwnerLeads(t, ip, ip.brokers, id)
 	// The followers' disks fill once the leader serves: once they have
@@ -267,5 +272,45 @@ func TestCommitTimeoutAnswersThenCommits(t *testing.T) {
 	}
 	if ack.Offset != 1 {
 		t.Fatalf("the retry was acked at offset %d, want 1, where its first send was written", ack.Offset)
+	}
+}
+
+// TestIdempotentRetryAnsweredWhileDiskNearlyFull: the retry of an
+// idempotent record written before its broker's disk went under
+// MinFreeBytes is answered with the original's ack (it needs no space),
+// at replication factor 1 and 3; a new sequence is refused, and once
+// there is room it is written next. The disk was checked first: the retry
+// was refused limit_exceeded, "not written", and the client moved the
+// records after it to a new producer id, writing them twice.
+func TestIdempotentRetryAnsweredWhileDiskNearlyFull(t *testing.T) {
+	ip, disks := startWithFakeDisks(t, nil, shardmap.StreamConfig{Name: "one", Shards: 1}, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	for _, c := range []struct {
+		stream string
+		b      *Broker
+	}{
+		{"one", ip.owner("one", 0)},
+		{"r3", waitOwnerLeads(t, ip, ip.brokers, shardmap.ShardID{Stream: "r3", Shard: 0})},
+	} {
+		ws := openStream(t, ip.dial(c.b))
+		send := func(seq, pseq uint64) transport.Frame {
+			t.Helper()
+			ws.send(&transport.Publish{Seq: seq, Stream: c.stream, Value: []byte(fmt.Sprint("p1-", pseq)), ProducerID: "p1", ProducerSeq: pseq})
+			return ws.recv()
+		}
+		first, ok := send(1, 1).(*transport.Ack)
+		if !ok {
+			t.Fatalf("%s: the first record was not acked", c.stream)
+		}
+		disks.set(c.b, 1<<20)
+		if a, ok := send(2, 1).(*transport.Ack); !ok || !a.Duplicate || a.Offset != first.Offset {
+			t.Fatalf("%s: the retry of a written record with the disk nearly full: %T %+v, want the original's ack at %d", c.stream, a, a, first.Offset)
+		}
+		if e, ok := send(3, 2).(*transport.Error); !ok || e.Code != transport.CodeLimitExceeded {
+			t.Fatalf("%s: a new record with the disk nearly full: %T %+v, want limit_exceeded", c.stream, e, e)
+		}
+		disks.set(c.b, 1<<40)
+		if a, ok := send(4, 2).(*transport.Ack); !ok || a.Duplicate || a.Offset != first.Offset+1 {
+			t.Fatalf("%s: the refused sequence sent again with room: %T %+v, want written at %d", c.stream, a, a, first.Offset+1)
+		}
 	}
 }

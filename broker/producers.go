@@ -780,6 +780,25 @@ func (p *pubSession) admitIdempotent(in inbound, e *shardEntry, shard int, via s
 	}
 }
 
+// refusedForDisk refuses in, an idempotent record admitted for prod to
+// append, when the disk is too full to take it (diskFull), and undoes its
+// admission: nothing is written, and the sequence may be sent again. An
+// idempotent record is judged by its producer table before the disk's
+// free space is checked, since a retry of a record already written needs
+// no space: refused for the disk, the retry of a record committed before
+// the disk filled up was told "not written", and the client's next
+// records went out under a new producer id, writing them twice.
+func (p *pubSession) refusedForDisk(in inbound, e *shardEntry, prod *producer) bool {
+	werr := p.diskFull()
+	if werr == nil {
+		return false
+	}
+	e.producers.committed(prod, in.pub.ProducerSeq, 0, 0, werr)
+	e.producers.enqueued(prod)
+	p.fail(in, werr)
+	return true
+}
+
 // answerDuplicate answers in, a retry of a record already committed at
 // ack, with the original's ack.
 func (p *pubSession) answerDuplicate(in inbound, shard int, via string, ack seqAck) {

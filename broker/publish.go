@@ -558,9 +558,12 @@ func (p *pubSession) appendLocal(in inbound, m *shardmap.Map, shard int) {
 	if !p.onRoute(&in, id, nil, 0, false) {
 		return // waits behind the shard's earlier records (order.go)
 	}
-	if werr := p.diskFull(); werr != nil {
-		p.fail(in, werr)
-		return
+	idem := pub.ProducerID != "" && pub.ProducerSeq > 0
+	if !idem { // an idempotent record is checked once judged (below)
+		if werr := p.diskFull(); werr != nil {
+			p.fail(in, werr)
+			return
+		}
 	}
 	e, err := b.shards.acquire(m, id)
 	if err != nil {
@@ -575,9 +578,12 @@ func (p *pubSession) appendLocal(in inbound, m *shardmap.Map, shard int) {
 	}
 	var prod *producer // set for an idempotent publish to append
 	pseq := pub.ProducerSeq
-	if pub.ProducerID != "" && pseq > 0 {
+	if idem {
 		if prod = p.admitIdempotent(in, e, shard, via, 0); prod == nil {
 			return // answered, or shares the outcome of the same record in flight
+		}
+		if p.refusedForDisk(in, e, prod) {
+			return
 		}
 	}
 	b.tel.stampRouted(&in.ev)

@@ -680,11 +680,14 @@ func (p *pubSession) appendReplicated(in inbound, e *shardEntry, id shardmap.Sha
 	if !p.onRoute(&in, id, nil, attempt, true) {
 		return // waits behind the shard's earlier records (order.go)
 	}
-	if werr := p.diskFull(); werr != nil {
-		p.fail(in, werr)
-		return
-	}
 	b, pub := p.b, in.pub
+	idem := pub.ProducerID != "" && pub.ProducerSeq > 0
+	if !idem { // an idempotent record is checked once judged (below)
+		if werr := p.diskFull(); werr != nil {
+			p.fail(in, werr)
+			return
+		}
+	}
 	via := pub.Via
 	if via == "" {
 		via = b.cfg.NodeID
@@ -692,7 +695,7 @@ func (p *pubSession) appendReplicated(in inbound, e *shardEntry, id shardmap.Sha
 	var prod *producer // set for an idempotent publish to append
 	var term uint64
 	pseq := pub.ProducerSeq
-	if pub.ProducerID != "" && pseq > 0 {
+	if idem {
 		if term = e.group.LeaderTerm(); term == 0 {
 			// A new leader still applying what its predecessors
 			// committed: its table may lack some of it.
@@ -701,6 +704,9 @@ func (p *pubSession) appendReplicated(in inbound, e *shardEntry, id shardmap.Sha
 		}
 		if prod = p.admitIdempotent(in, e, id.Shard, via, attempt); prod == nil {
 			return // answered, or shares the outcome of the same record in flight
+		}
+		if p.refusedForDisk(in, e, prod) {
+			return
 		}
 	}
 	b.tel.stampRouted(&in.ev)
