@@ -114,8 +114,12 @@ type idemState struct {
 		shards     map[shardKey]*idemShard
 		order      uint64    // send order of the last record published
 		unresolved []*Future // outcome unknown, to send again; by order
-		refused    map[shardKey]refusal
-		resending  bool // the resender goroutine runs
+		// resent are the records the last takeUnresolved took, which
+		// Flush waits for too: between the take and their send on the
+		// new stream they are in no session (pruned as they resolve).
+		resent    []*Future
+		refused   map[shardKey]refusal
+		resending bool // the resender goroutine runs
 	}
 }
 
@@ -256,6 +260,7 @@ func (st *idemState) takeUnresolved() []*Future {
 	defer st.mu.Unlock()
 	fs := st.mu.unresolved
 	st.mu.unresolved = nil
+	st.mu.resent = slices.Clone(fs) // its own: unresolvedFutures prunes it in place
 	for k, r := range st.mu.refused {
 		sh := st.mu.shards[k]
 		renumbered := false
@@ -341,11 +346,13 @@ func (st *idemState) abandon(err func(*Future) error, fresh bool) {
 	}
 }
 
-// unresolvedFutures returns the records waiting to be sent again.
+// unresolvedFutures returns the records waiting to be sent again, and
+// those being sent again that have not resolved.
 func (st *idemState) unresolvedFutures() []*Future {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	return slices.Clone(st.mu.unresolved)
+	st.mu.resent = slices.DeleteFunc(st.mu.resent, (*Future).resolved)
+	return append(slices.Clone(st.mu.unresolved), st.mu.resent...)
 }
 
 // resendLoop sends the unresolved records again until there are none,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -196,4 +197,33 @@ func TestIdempotentResendHonorsCtx(t *testing.T) {
 		}
 	}
 	checkSequences(t, fc, n)
+}
+
+// TestFlushSeesRecordsBeingResent: records an idempotent publisher took
+// to send again (takeUnresolved) are in no session until each is sent
+// on the new stream, and Flush still waits for them (unresolvedFutures);
+// once one resolves it is no longer kept. Flush once saw neither the
+// taken records nor, when it looked before the new stream was in place,
+// the stream they went on, and returned while they were in flight.
+func TestFlushSeesRecordsBeingResent(t *testing.T) {
+	st := newIdemState(nil, time.Minute)
+	var fs []*Future
+	for i := range 3 {
+		f := &Future{window: make(chan struct{}, 1), idem: &idemRecord{
+			frame: &transport.Publish{Stream: "s", ProducerID: "p", ProducerSeq: uint64(i + 1)}, order: uint64(i + 1)}}
+		f.window <- struct{}{}
+		fs = append(fs, f)
+	}
+	st.mu.unresolved = slices.Clone(fs)
+	taken := st.takeUnresolved()
+	if got := st.unresolvedFutures(); len(got) != 3 {
+		t.Fatalf("Flush sees %d of the 3 records taken to be sent again", len(got))
+	}
+	taken[0].resolve(Ack{}, nil)
+	if got := st.unresolvedFutures(); len(got) != 2 || slices.Contains(got, taken[0]) {
+		t.Fatalf("after one resolved, Flush sees %d records (the resolved one: %v); want the other 2", len(got), slices.Contains(got, taken[0]))
+	}
+	if len(taken) != 3 || taken[0] != fs[0] || taken[2] != fs[2] {
+		t.Fatal("pruning what Flush sees changed the records the resender sends")
+	}
 }
