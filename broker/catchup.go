@@ -20,13 +20,24 @@ import (
 // stream, and the flow-control window of the connection it shares, all
 // along.
 type catchUpMiss struct {
-	mu    sync.Mutex
-	epoch uint64 // the epoch asked for
-	until time.Time
-	err   error
+	mu sync.Mutex
+	lastMiss
 
 	// waits counts the catch-ups that asked the control plane (Refresh).
 	waits atomic.Int64
+}
+
+// lastMiss is the last catch-up of its kind that waited its whole course
+// in vain; its holder guards it.
+type lastMiss struct {
+	epoch uint64 // the epoch asked for
+	until time.Time
+	err   error // nil: none
+}
+
+// covers reports whether a catch-up to epoch would fail now as m did.
+func (m *lastMiss) covers(epoch uint64) bool {
+	return m.err != nil && epoch >= m.epoch && time.Now().Before(m.until)
 }
 
 // catchUp returns a map at least as new as epoch, an epoch a peer named
@@ -40,7 +51,7 @@ func (b *Broker) catchUp(ctx context.Context, epoch uint64) (*shardmap.Map, erro
 	}
 	miss := &b.missed
 	miss.mu.Lock()
-	if miss.err != nil && epoch >= miss.epoch && time.Now().Before(miss.until) {
+	if miss.covers(epoch) {
 		err := miss.err
 		miss.mu.Unlock()
 		return nil, fmt.Errorf("%w (an earlier wait for epoch %d failed less than %v ago)", err, miss.epoch, b.cfg.ForwardTimeout)
@@ -51,7 +62,7 @@ func (b *Broker) catchUp(ctx context.Context, epoch uint64) (*shardmap.Map, erro
 		// Only a wait that ran its whole course says the control plane
 		// cannot give the epoch now; a caller that gave up says nothing.
 		miss.mu.Lock()
-		miss.epoch, miss.until, miss.err = epoch, time.Now().Add(b.cfg.ForwardTimeout), err
+		miss.lastMiss = lastMiss{epoch, time.Now().Add(b.cfg.ForwardTimeout), err}
 		miss.mu.Unlock()
 	}
 	return m, err
@@ -88,9 +99,7 @@ func (b *Broker) refresh(ctx context.Context, epoch uint64) (m *shardmap.Map, ra
 type clientCatchUp struct {
 	mu   sync.Mutex
 	done chan struct{} // closed when the catch-up in flight ends; nil if none
-	// The last of the clients' catch-ups that waited its whole course.
-	missed      uint64
-	missedUntil time.Time
+	miss lastMiss      // the clients', apart from the peers'
 }
 
 // catchUpForClient returns the map what a client sent, naming epoch, is
@@ -103,7 +112,7 @@ func (b *Broker) catchUpForClient(ctx context.Context, epoch uint64) *shardmap.M
 	}
 	d := &b.clients
 	d.mu.Lock()
-	if epoch >= d.missed && time.Now().Before(d.missedUntil) {
+	if d.miss.covers(epoch) {
 		d.mu.Unlock()
 		return b.routingMap()
 	}
@@ -116,7 +125,7 @@ func (b *Broker) catchUpForClient(ctx context.Context, epoch uint64) *shardmap.M
 		d.mu.Lock()
 		d.done = nil
 		if ranOut {
-			d.missed, d.missedUntil = epoch, time.Now().Add(b.cfg.ForwardTimeout)
+			d.miss = lastMiss{epoch, time.Now().Add(b.cfg.ForwardTimeout), err}
 		}
 		d.mu.Unlock()
 		close(done)
