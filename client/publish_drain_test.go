@@ -18,7 +18,8 @@ import (
 // stops reading (STOP_SENDING) and then answers every record it took in,
 // as broker.pubSession.stopReading does. The SDK delivers those acks; it
 // failed all ten records as "outcome unknown" once a later publish found
-// the stream's send side closed.
+// the stream's send side closed. The record published meanwhile is
+// committed after the ten, in the order sent.
 func TestAcksAfterStopSendingKept(t *testing.T) {
 	fc := newFakeCluster(t, 1)
 	b := fc.brokers[0]
@@ -77,9 +78,11 @@ func TestAcksAfterStopSendingKept(t *testing.T) {
 	s := c.pub.mu.sess
 	c.pub.mu.Unlock()
 	<-s.str.Context().Done()
-	// The application keeps publishing.
-	if _, err := c.PublishAsync(ctx, "s", nil, []byte("next")); err != nil {
-		t.Logf("next publish: %v", err)
+	// The application keeps publishing: the record goes on a new stream,
+	// after the ten the broker is still committing.
+	next, err := c.PublishAsync(ctx, "s", nil, []byte("next"))
+	if err != nil {
+		t.Fatalf("next publish: %v", err)
 	}
 	lost := 0
 	for i, f := range futs {
@@ -91,9 +94,22 @@ func TestAcksAfterStopSendingKept(t *testing.T) {
 		}
 	}
 	<-committed
+	if _, err := next.Wait(ctx); err != nil {
+		t.Fatalf("the record published while the broker drained: %v", err)
+	}
 	recs, _, _ := fc.read(shardmap.ShardID{Stream: "s", Shard: 0}, 0, 100)
 	if lost > 0 {
 		t.Fatalf("%d of %d records the broker committed and acked were failed as outcome unknown (log holds %d records)", lost, n, len(recs))
+	}
+	// Sent after the ten, it is committed after them (awaitDrained): on
+	// a new stream at once it was written while they were committing,
+	// and both it and they were acked, out of the order sent.
+	if len(recs) != n+1 || string(recs[n].Value) != "next" {
+		var got []string
+		for _, r := range recs {
+			got = append(got, string(r.Value))
+		}
+		t.Fatalf("the log holds %q; want the ten drained records, then next", got)
 	}
 }
 

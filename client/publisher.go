@@ -24,7 +24,9 @@ import (
 // matching [ErrConnectionLost] (outcome unknown), and the next publish opens
 // a new stream, redialing the broker if needed: order holds within one
 // stream, so a caller that retries failed records should expect them after
-// records sent since.
+// records sent since. When the broker shuts down gracefully it answers
+// the records it took in; the next record waits for those answers before
+// it goes on a new stream, through the new home, so order holds there too.
 type Publisher struct {
 	c      *Client
 	stream string // "" for the client's own publisher, which takes it per call
@@ -48,10 +50,6 @@ type Publisher struct {
 		// been sent again on it.
 		ready  bool
 		closed bool
-		// draining are the earlier sessions whose write side failed
-		// while their readers still resolve what they carried
-		// (pubSession.writeFailed); each leaves when its reader ends.
-		draining map[*pubSession]struct{}
 	}
 }
 
@@ -167,18 +165,14 @@ func (p *Publisher) PublishAsync(ctx context.Context, key, value []byte, opts ..
 // Flush waits until every record published before the call has resolved,
 // or ctx ends. It reports no per-record outcome: that is in each Future.
 func (p *Publisher) Flush(ctx context.Context) error {
+	// A session that drains (its broker leaving) stays the publisher's
+	// until it has resolved all it carried: the next waits (awaitDrained).
 	p.mu.Lock()
-	sessions := make([]*pubSession, 0, 1+len(p.mu.draining))
-	if p.mu.sess != nil {
-		sessions = append(sessions, p.mu.sess)
-	}
-	for s := range p.mu.draining {
-		sessions = append(sessions, s)
-	}
+	s := p.mu.sess
 	p.mu.Unlock()
 	var futures []*Future
-	for _, s := range sessions {
-		futures = append(futures, s.inFlight()...)
+	if s != nil {
+		futures = s.inFlight()
 	}
 	if p.idem != nil {
 		futures = append(futures, p.idem.unresolvedFutures()...)
@@ -209,16 +203,10 @@ func (p *Publisher) Close() error {
 func (p *Publisher) shutdown() {
 	p.mu.Lock()
 	p.mu.closed = true
-	sessions := make([]*pubSession, 0, 1+len(p.mu.draining))
-	if p.mu.sess != nil {
-		sessions = append(sessions, p.mu.sess)
-	}
-	for s := range p.mu.draining {
-		sessions = append(sessions, s)
-	}
+	s := p.mu.sess
 	p.mu.sess = nil
 	p.mu.Unlock()
-	for _, s := range sessions {
+	if s != nil {
 		s.fail(errClosedInFlight)
 		<-s.done
 		<-s.flushed
@@ -407,6 +395,9 @@ func (p *Publisher) session(ctx context.Context) (*pubSession, error) {
 // publisher's session (ready for new records or not) and starts its
 // reader. The caller holds the opening slot.
 func (p *Publisher) openStream(ctx context.Context, ready bool) (*pubSession, error) {
+	if err := p.awaitDrained(ctx); err != nil {
+		return nil, err
+	}
 	home := p.c.homeConn()
 	l, err := home.hold(ctx)
 	if err != nil && ctx.Err() == nil {
@@ -447,12 +438,6 @@ func (p *Publisher) openStream(ctx context.Context, ready bool) (*pubSession, er
 		cancelStream(str)
 		return nil, ErrClosed
 	}
-	if old := p.mu.sess; old != nil && old.draining() {
-		if p.mu.draining == nil {
-			p.mu.draining = map[*pubSession]struct{}{}
-		}
-		p.mu.draining[old] = struct{}{}
-	}
 	p.mu.sess, p.mu.ready = s, ready
 	// Add under mu: shutdown takes mu before Close waits on wg.
 	p.c.wg.Add(2)
@@ -461,15 +446,39 @@ func (p *Publisher) openStream(ctx context.Context, ready bool) (*pubSession, er
 		defer p.c.wg.Done()
 		defer home.release()
 		s.readLoop()
-		p.mu.Lock()
-		delete(p.mu.draining, s)
-		p.mu.Unlock()
 	}()
 	go func() {
 		defer p.c.wg.Done()
 		s.flushLoop()
 	}()
 	return s, nil
+}
+
+// awaitDrained waits until the publisher's session, if it drains (its
+// broker takes no more records but still answers those it took in:
+// pubSession.writeFailed, leaving), has resolved all it carried, or ctx
+// ends (nothing is sent then). A record sent on a new stream, through
+// another broker perhaps, could otherwise be committed before records of
+// its shard that the draining broker was still committing: both acked,
+// out of the order sent. The wait is what the leaving broker takes to
+// commit and answer what it took in, about an fsync and a forward; a
+// broker that hangs meanwhile is bounded by the connection's idle
+// timeout. The caller holds the opening slot, so no record overtakes.
+func (p *Publisher) awaitDrained(ctx context.Context) error {
+	p.mu.Lock()
+	old := p.mu.sess
+	p.mu.Unlock()
+	if old == nil || !old.draining() {
+		return nil
+	}
+	select {
+	case <-old.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-p.c.ctx.Done():
+		return ErrClosed
+	}
 }
 
 func (p *Publisher) current() (*pubSession, error) {
