@@ -744,13 +744,19 @@ func (p *pubSession) admitIdempotent(in inbound, e *shardEntry, shard int, via s
 				Message: fmt.Sprintf("producer %q committed sequence %d on %s before the last %d it remembers acks for (it is at %d); not written again, its offset is no longer known",
 					producerName(pub.ProducerID), pub.ProducerSeq, t.shard, t.lim.window, a.committed)})
 		case admitOutOfOrder:
-			msg := fmt.Sprintf("producer %q sent sequence %d to %s, expected %d: send the records before it first, in order; nothing was written",
-				producerName(pub.ProducerID), pub.ProducerSeq, t.shard, a.accepted+1)
+			// From names the sequence expected next: nothing from it on
+			// was written, which tells a client whether a record it
+			// resent and saw refused by a check before this table (its
+			// first send's outcome unknown) had been written.
+			werr := &transport.Error{Code: transport.CodeOutOfOrderSequence, Owner: b.cfg.NodeID, From: a.accepted + 1,
+				Message: fmt.Sprintf("producer %q sent sequence %d to %s, expected %d: send the records before it first, in order; nothing was written",
+					producerName(pub.ProducerID), pub.ProducerSeq, t.shard, a.accepted+1)}
 			if pub.ProducerSeq <= a.floor {
-				msg = fmt.Sprintf("producer %q sent sequence %d to %s, older than the first it knows of (%d): its outcome is not known here; nothing was written",
+				werr.From = 0
+				werr.Message = fmt.Sprintf("producer %q sent sequence %d to %s, older than the first it knows of (%d): its outcome is not known here; nothing was written",
 					producerName(pub.ProducerID), pub.ProducerSeq, t.shard, a.floor+1)
 			}
-			p.fail(in, &transport.Error{Code: transport.CodeOutOfOrderSequence, Owner: b.cfg.NodeID, Message: msg})
+			p.fail(in, werr)
 		case admitUnknown:
 			p.fail(in, &transport.Error{Code: transport.CodeUnknownProducer, Owner: b.cfg.NodeID,
 				Message: fmt.Sprintf("producer %q is not known on %s (forgotten, or its first record was refused) and sent sequence %d: a producer starts at 1; nothing was written",

@@ -73,6 +73,9 @@ func TestIdempotentPublish(t *testing.T) {
 	if !errors.Is(e, transport.ErrOutOfOrderSequence) {
 		t.Fatalf("%v does not match ErrOutOfOrderSequence", e)
 	}
+	if e.From != 6 {
+		t.Fatalf("out_of_order_sequence names %d as the sequence expected next, want 6", e.From)
+	}
 	// The gap wrote nothing: 6 is next.
 	if a := wantAck(t, ws.roundTrip(idem(22, "idem", "p1", 6, "six")), 22); a.Duplicate || a.Offset != offsets[4]+1 {
 		t.Fatalf("sequence 6: %+v", a)
@@ -119,7 +122,9 @@ func TestIdempotentPublishForwarded(t *testing.T) {
 	if !a3.Duplicate || a3.Offset != a1.Offset || a3.Forwarded {
 		t.Fatalf("direct retry: %+v", a3)
 	}
-	wantCode(t, again.roundTrip(idem(8, "fwd", "px", 3, "gap")), 8, transport.CodeOutOfOrderSequence)
+	if e := wantCode(t, again.roundTrip(idem(8, "fwd", "px", 3, "gap")), 8, transport.CodeOutOfOrderSequence); e.From != 2 {
+		t.Fatalf("relayed out_of_order_sequence names %d as the sequence expected next, want 2", e.From)
+	}
 	wantAck(t, again.roundTrip(idem(9, "fwd", "px", 2, "two")), 9)
 	if got := readAll(t, owner, "fwd", 0); !slices.Equal(got, []string{"one", "two"}) {
 		t.Fatalf("owner's log holds %q", got)
@@ -128,9 +133,12 @@ func TestIdempotentPublishForwarded(t *testing.T) {
 
 // TestIdempotentPublishAfterRestart: the owner's producer table is
 // rebuilt from its log when it restarts, so a retry of a record
-// committed before the restart is still answered with its original ack.
+// committed before the restart is still answered with its original ack,
+// within the acks it remembers (ProducerWindow, 2 here); one older than
+// those is refused out_of_order_sequence naming no expected sequence (its
+// outcome is not known there).
 func TestIdempotentPublishAfterRestart(t *testing.T) {
-	ip := startInproc(t, 1, shardmap.StreamConfig{Name: "rs", Shards: 1})
+	ip := startInprocWith(t, func(c *Config) { c.ProducerWindow = 2 }, 1, shardmap.StreamConfig{Name: "rs", Shards: 1})
 	b := ip.brokers[0]
 	ws := openStream(t, ip.dial(b))
 	var acks []*transport.Ack
@@ -150,7 +158,12 @@ func TestIdempotentPublishAfterRestart(t *testing.T) {
 			t.Fatalf("retry of %d after restart: %+v, want the original %+v", s, a, acks[s-1])
 		}
 	}
-	wantCode(t, ws.roundTrip(idem(5, "rs", "pr", 5, "gap")), 5, transport.CodeOutOfOrderSequence)
+	if e := wantCode(t, ws.roundTrip(idem(1, "rs", "pr", 1, "r")), 1, transport.CodeOutOfOrderSequence); e.From != 0 {
+		t.Fatalf("a sequence older than the acks remembered: out_of_order_sequence names %d as expected next, want none", e.From)
+	}
+	if e := wantCode(t, ws.roundTrip(idem(5, "rs", "pr", 5, "gap")), 5, transport.CodeOutOfOrderSequence); e.From != 4 {
+		t.Fatalf("a gap after restart: out_of_order_sequence names %d as expected next, want 4", e.From)
+	}
 	wantAck(t, ws.roundTrip(idem(6, "rs", "other", 3, "o")), 6) // a duplicate
 	if a := wantAck(t, ws.roundTrip(idem(7, "rs", "pr", 4, "r4")), 7); a.Duplicate || a.Offset != 6 {
 		t.Fatalf("sequence 4 after restart: %+v, want a new record at offset 6", a)

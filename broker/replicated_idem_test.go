@@ -93,6 +93,9 @@ func TestReplicatedIdempotentPublish(t *testing.T) {
 	if !errors.Is(e, transport.ErrOutOfOrderSequence) {
 		t.Fatalf("%v does not match ErrOutOfOrderSequence", e)
 	}
+	if e.From != 6 {
+		t.Fatalf("out_of_order_sequence names %d as the sequence expected next, want 6", e.From)
+	}
 	if a := wantAck(t, viaL.roundTrip(idem(23, "r3", "p1", 6, "six")), 23); a.Duplicate || a.Offset != offsets[4]+1 {
 		t.Fatalf("sequence 6: %+v", a)
 	}

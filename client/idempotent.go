@@ -25,7 +25,17 @@ package client
 // refused out of order, so they are sent again under a fresh producer id
 // of that shard, sequences from 1. (They cannot have been written under
 // the old id: the owner accepts sequence n+1 of an id only after n, and
-// sequence 1 only of an id it does not know.) A record the owner answers
+// sequence 1 only of an id it does not know.) That holds of a record sent
+// once; one sent again, its first send's outcome unknown, may be refused
+// by a check made before the owner's producer table (a limit lowered
+// meanwhile, a grant taken away), though its first copy was written. It
+// fails as of unknown outcome (matching [ErrConnectionLost]), and the
+// records after it keep their producer id and sequences: if it was
+// written they are answered as the owner has them, and if it was not the
+// owner refuses the next out_of_order_sequence naming a sequence at or
+// below its own (transport.Error.From), which settles it, and they are
+// renumbered as above. Renumbered at once, those written after the first
+// copy were written twice. A record the owner answers
 // unknown_producer (it forgot the id: expiry, eviction, a restart) was not
 // written, nor was anything after it under that id: it and they are sent
 // again under a fresh id. A record that did not encode (too large for a
@@ -117,8 +127,14 @@ type idemState struct {
 		// resent are the records the last takeUnresolved took, which
 		// Flush waits for too: between the take and their send on the
 		// new stream they are in no session (pruned as they resolve).
-		resent    []*Future
-		refused   map[shardKey]refusal
+		resent  []*Future
+		refused map[shardKey]refusal
+		// uncertain are records sent again and refused for good before
+		// the owner's table judged them (refusedResent): whether their
+		// first copy was written is not known, so the records after
+		// them keep their numbers until an owner's out_of_order answer
+		// settles it (outOfOrder).
+		uncertain map[shardKey]refusal
 		resending bool // the resender goroutine runs
 	}
 }
@@ -134,6 +150,7 @@ func newIdemState(p *Publisher, retryFor time.Duration) *idemState {
 	st := &idemState{p: p, base: fmt.Sprintf("%016x", rand.Uint64()), retryFor: retryFor}
 	st.mu.shards = map[shardKey]*idemShard{}
 	st.mu.refused = map[shardKey]refusal{}
+	st.mu.uncertain = map[shardKey]refusal{}
 	return st
 }
 
@@ -179,9 +196,49 @@ func (st *idemState) refused(frame *transport.Publish) {
 func (st *idemState) note(stream string, shard int32, r refusal) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	k := shardKey{stream, shard}
-	if old, ok := st.mu.refused[k]; !ok || old.id != r.id || r.seq < old.seq {
-		st.mu.refused[k] = r
+	keepLowest(st.mu.refused, shardKey{stream, shard}, r)
+}
+
+// keepLowest keeps r as k's refusal in m if it is k's first or lowest.
+func keepLowest(m map[shardKey]refusal, k shardKey, r refusal) {
+	if old, ok := m[k]; !ok || old.id != r.id || r.seq < old.seq {
+		m[k] = r
+	}
+}
+
+// refusedResent notes that the record sent as frame, sent again because
+// its first send's outcome is unknown, was refused for good: by a check
+// made before the owner's table, so its first copy may have been
+// written. The records after it keep their numbers (see uncertain).
+func (st *idemState) refusedResent(frame *transport.Publish) {
+	if frame == nil || frame.ProducerSeq == 0 {
+		return
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	keepLowest(st.mu.uncertain, shardKey{frame.Stream, frame.Shard}, refusal{id: frame.ProducerID, seq: frame.ProducerSeq})
+}
+
+// outOfOrder settles an uncertain refusal of the shard of the record sent
+// as frame, which the owner refused out_of_order_sequence expecting
+// sequence next (transport.Error.From; 0: not known) of its producer id:
+// nothing from next on was written under that id, so an uncertain record
+// at or above it was not written, and the records after it are
+// renumbered when sent again; one below it was.
+func (st *idemState) outOfOrder(frame *transport.Publish, next uint64) {
+	if frame == nil || frame.ProducerSeq == 0 || next == 0 {
+		return
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	k := shardKey{frame.Stream, frame.Shard}
+	u, ok := st.mu.uncertain[k]
+	if !ok || u.id != frame.ProducerID {
+		return
+	}
+	delete(st.mu.uncertain, k)
+	if next <= u.seq {
+		keepLowest(st.mu.refused, k, u)
 	}
 }
 
@@ -282,6 +339,9 @@ func (st *idemState) takeUnresolved() []*Future {
 			sh.id, sh.last = st.newIDLocked(), 0
 		}
 		delete(st.mu.refused, k)
+		if u, ok := st.mu.uncertain[k]; ok && u.id == r.id {
+			delete(st.mu.uncertain, k) // its id is no longer used
+		}
 	}
 	return fs
 }

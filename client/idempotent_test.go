@@ -1,10 +1,12 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -225,5 +227,131 @@ func TestFlushSeesRecordsBeingResent(t *testing.T) {
 	}
 	if len(taken) != 3 || taken[0] != fs[0] || taken[2] != fs[2] {
 		t.Fatal("pruning what Flush sees changed the records the resender sends")
+	}
+}
+
+// TestResentRecordRefusedBeforeTheTable: a record of unknown outcome
+// (its stream lost) that is refused for good when sent again, by a check
+// made before the owner's producer table (here a record limit lowered
+// meanwhile), fails as of unknown outcome, and the records after it keep
+// their producer id. If its first copy was written, so were they, and
+// they are answered as written: renumbered at once as after a refusal of
+// a record sent once, they were written twice. If it was not, the
+// owner's out_of_order_sequence answer, naming the sequence it expects,
+// settles it, and they are written under a new producer id, without
+// waiting out the retry timeout.
+func TestResentRecordRefusedBeforeTheTable(t *testing.T) {
+	for _, written := range []bool{true, false} {
+		t.Run(fmt.Sprintf("written=%v", written), func(t *testing.T) { resentRecordRefused(t, written) })
+	}
+}
+
+func resentRecordRefused(t *testing.T, written bool) {
+	fc, c, ctx := withStream(t, WithIdempotence())
+	b := fc.brokers[0]
+	owner := &tableOwner{b: b, acks: map[string][]transport.Ack{}}
+	big := bytes.Repeat([]byte("r"), 200)
+	var streams atomic.Int32
+	hook := pubHook(func(str *quic.Stream, first *transport.Publish, r *transport.Reader, w *transport.Writer) bool {
+		n := streams.Add(1)
+		for p, i := first, 0; ; i++ {
+			switch {
+			case n == 1 && i == 0:
+				_ = w.Write(owner.answer(p)) // the first record, acked
+			case n == 1:
+				// The next three: written or not, then the stream is
+				// lost unanswered.
+				if written {
+					owner.answer(p)
+				}
+				if i == 3 {
+					str.CancelRead(0)
+					str.CancelWrite(0)
+					return true
+				}
+			case len(p.Value) == len(big):
+				// The record limit was lowered: refused before the table.
+				_ = w.Write(&transport.Error{Seq: p.Seq, Code: transport.CodePayloadTooLarge, Message: "fake: over the lowered limit"})
+			default:
+				_ = w.Write(owner.answer(p))
+			}
+			f, err := r.Read()
+			if err != nil {
+				return true
+			}
+			p = f.(*transport.Publish)
+		}
+	})
+	b.publishHook.Store(&hook)
+
+	pub, err := c.Publisher(ctx, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if _, err := pub.Publish(ctx, nil, []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	var futs []*Future
+	for _, v := range [][]byte{big, []byte("s1"), []byte("s2")} {
+		f, err := pub.PublishAsync(ctx, nil, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		futs = append(futs, f)
+	}
+	if _, err := futs[0].Wait(ctx); !errors.Is(err, ErrConnectionLost) || !errors.Is(err, transport.ErrPayloadTooLarge) {
+		t.Fatalf("the record refused when sent again: %v, want its outcome unknown (ErrConnectionLost) and the refusal", err)
+	}
+	for i, f := range futs[1:] {
+		a, err := f.Wait(ctx)
+		if err != nil || a.Duplicate != written {
+			t.Fatalf("record %d after the refused one: %+v, %v; want acked, as a duplicate: %v", i+1, a, err, written)
+		}
+	}
+	want := []string{"a", string(big), "s1", "s2"}
+	if !written {
+		want = []string{"a", "s1", "s2"}
+	}
+	recs, _, _ := fc.read(shardmap.ShardID{Stream: "s"}, 0, 100)
+	var got []string
+	for _, r := range recs {
+		got = append(got, string(r.Value))
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("the shard holds %q, want %q: each record once, in the order sent", got, want)
+	}
+}
+
+// tableOwner answers idempotent publishes as an owner's producer table
+// does (broker's producers.go): a sequence written before gets its
+// original ack, the next one is written, a sequence past 1 of a producer
+// id not known is refused unknown_producer, and any other
+// out_of_order_sequence, naming the sequence expected next.
+type tableOwner struct {
+	b    *fakeBroker
+	mu   sync.Mutex
+	acks map[string][]transport.Ack // each producer id's, by sequence
+}
+
+func (o *tableOwner) answer(p *transport.Publish) transport.Frame {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	acks, known := o.acks[p.ProducerID]
+	switch next := uint64(len(acks)) + 1; {
+	case p.ProducerSeq < next:
+		a := acks[p.ProducerSeq-1]
+		a.Seq, a.Duplicate = p.Seq, true
+		return &a
+	case p.ProducerSeq == next:
+		f := o.b.publish(p)
+		if a, ok := f.(*transport.Ack); ok {
+			o.acks[p.ProducerID] = append(acks, *a)
+		}
+		return f
+	case !known:
+		return &transport.Error{Seq: p.Seq, Code: transport.CodeUnknownProducer, Message: "fake: producer not known"}
+	default:
+		return &transport.Error{Seq: p.Seq, Code: transport.CodeOutOfOrderSequence, From: next, Message: "fake: a gap"}
 	}
 }

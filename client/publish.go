@@ -635,6 +635,16 @@ func (s *pubSession) connErr(err error) error {
 	return s.link.failure(err)
 }
 
+// withPending calls fn with the frame of the idempotent record waiting
+// for seq, if one does, holding mu (so that it is not taken meanwhile).
+func (s *pubSession) withPending(seq uint64, fn func(*transport.Publish)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if fut := s.mu.pending[seq]; fut != nil && fut.idem != nil {
+		fn(fut.idem.frame)
+	}
+}
+
 func (s *pubSession) publishErr(f *Future, err error) error {
 	return &PublishError{Stream: f.stream, Shard: int(f.shard), Broker: s.addr, Err: err}
 }
@@ -706,14 +716,13 @@ func (s *pubSession) readLoop() {
 				raise(s.mapNamed, f.Epoch) // the next publish picks its shard by that map
 			}
 			if s.idem != nil && f.Seq != 0 && f.Code != transport.CodeDuplicateSequence {
-				if f.Code == transport.CodeUnknownProducer {
+				switch f.Code {
+				case transport.CodeUnknownProducer:
 					// Not written, nor anything after it under its
 					// producer id: they are sent again under a new one.
-					s.mu.Lock()
-					if fut := s.mu.pending[f.Seq]; fut != nil {
-						s.idem.forgotten(fut.idem.frame)
-					}
-					s.mu.Unlock()
+					s.withPending(f.Seq, s.idem.forgotten)
+				case transport.CodeOutOfOrderSequence:
+					s.withPending(f.Seq, func(fr *transport.Publish) { s.idem.outOfOrder(fr, f.From) })
 				}
 				if retriable(f) {
 					// Send this one and every record after it again,
@@ -722,11 +731,20 @@ func (s *pubSession) readLoop() {
 					return
 				}
 				if fut := s.take(f.Seq); fut != nil {
-					// Not written: later records of its shard will be
-					// refused out of order; they are sent again under a
-					// new producer id.
-					s.idem.refused(fut.idem.frame)
-					fut.resolve(Ack{}, s.publishErr(fut, f))
+					err := s.publishErr(fut, f)
+					if fut.idem.failedAt.IsZero() {
+						// Not written: later records of its shard will be
+						// refused out of order; they are sent again under
+						// a new producer id.
+						s.idem.refused(fut.idem.frame)
+					} else {
+						// Sent again, its first send's outcome unknown:
+						// refused before the owner's table judged it, its
+						// first copy may have been written.
+						s.idem.refusedResent(fut.idem.frame)
+						err = s.publishErr(fut, fmt.Errorf("%w: refused when sent again, its first send's outcome unknown: %w", ErrConnectionLost, f))
+					}
+					fut.resolve(Ack{}, err)
 					fut.notify()
 					fut.finishLater()
 					s.fail(lost(f))

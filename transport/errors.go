@@ -32,7 +32,10 @@ const (
 	// CodeOutOfOrderSequence: an idempotent publish (ProducerID and
 	// ProducerSeq > 0) skipped a sequence number of its producer on the
 	// shard; nothing was written. Sending the missing records first, in
-	// order, makes it succeed.
+	// order, makes it succeed. The Error's From, when set, is the
+	// sequence the owner expects next of the producer: nothing from it on
+	// was written (0: a sequence older than the owner remembers, whose
+	// outcome it does not know).
 	CodeOutOfOrderSequence ErrorCode = 17
 	// CodeDuplicateSequence: an idempotent publish repeated a sequence
 	// number its producer committed on the shard longer ago than the owner
@@ -135,7 +138,7 @@ type Error struct {
 	Message string
 	Epoch   uint64 // with CodeNotOwner: the refusing node's map epoch
 	Owner   string // with CodeNotOwner/CodeUnavailable: the owner node id if known
-	From    uint64 // with CodeCorrupt: the first damaged offset; with CodePayloadTooLarge ending a subscription: the record's offset
+	From    uint64 // with CodeCorrupt: the first damaged offset; with CodePayloadTooLarge ending a subscription: the record's offset; with CodeOutOfOrderSequence: the sequence expected next
 	To      uint64 // with CodeCorrupt: the last damaged offset (inclusive); with CodePayloadTooLarge ending a subscription: From
 
 	// cause is the local error behind this one, for Unwrap; it is not sent.
