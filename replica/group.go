@@ -374,7 +374,8 @@ func (g *Group) IsLeader() bool { return g.leader.Load() == g.cfg.ID }
 // group's goroutine (done must not block): with its offset and timestamp
 // once a majority of replicas has fsynced it and it is committed, or with
 // an error: a *NotLeaderError (never committed), ErrUnknownOutcome (the
-// group closed or failed first), ErrClosed, ErrFailed or ErrTooLarge.
+// group closed or failed first, or a snapshot replaced the log holding
+// its entry), ErrClosed, ErrFailed or ErrTooLarge.
 // With Config.CommitTimeout, done may be called twice: first with
 // ErrCommitTimeout, then with the record's fate.
 // Records waiting while the group's goroutine handles a Ready go into one

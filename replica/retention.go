@@ -239,7 +239,14 @@ func (g *Group) snapshot() (*pb.Snapshot, error) {
 
 // restore installs the snapshot raft handed over in a Ready: the log is
 // replaced (compact.go), offsets go on from the snapshot's, and the
-// proposals this replica had in the dropped log fail.
+// proposals this replica had in the dropped log fail. Those at or below
+// the snapshot's index may be among the entries it covers, committed by
+// another leader (this one was cut off while its followers appended
+// them): their outcome is unknown, and a record told "never committed"
+// would be routed again and written twice. Those above it were replaced:
+// raft installs a snapshot only when this log does not hold the
+// snapshot's last entry, and then, by log matching, holds none of the
+// leader's entries after it either.
 func (g *Group) restore(l *loop, snap *pb.Snapshot) error {
 	next, state, err := decodeSnapshotData(snap.GetData())
 	if err != nil {
@@ -255,6 +262,10 @@ func (g *Group) restore(l *loop, snap *pb.Snapshot) error {
 	lead, term := g.leader.Load(), g.term.Load()
 	for i, w := range l.byIndex {
 		delete(l.byIndex, i)
+		if i <= index {
+			w.fail(fmt.Errorf("replica: group %q: its log was replaced by a snapshot covering the record's entry (index %d, through %d), which may hold it committed: %w", g.cfg.Name, i, index, ErrUnknownOutcome))
+			continue
+		}
 		w.fail(&NotLeaderError{Group: g.cfg.Name, Leader: lead, Term: term, Replaced: true})
 	}
 	g.offs.reset(index+1, next)

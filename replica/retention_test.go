@@ -432,3 +432,63 @@ func (c *cluster) checkSameFrom(next uint64) map[uint64]wal.Record {
 	}
 	return out
 }
+
+// TestSnapshotOverOwnProposalIsUnknownOutcome: a leader cut off after its
+// followers appended its proposal X (their answers lost) learns of X's
+// fate only from a snapshot: its successor committed X with its first
+// entry and then compacted past it while the old leader was not heard.
+// Installing the snapshot fails X as of unknown outcome. It was told
+// "replaced, never committed" (NotLeaderError), which the broker routes
+// again: a record committed once, written twice.
+func TestSnapshotOverOwnProposalIsUnknownOutcome(t *testing.T) {
+	c := newCluster(t, 3, 77, func(cfg *Config) { cfg.SegmentSize, cfg.RetentionBytes = 4<<10, 8<<10 })
+	old := c.waitLeader()
+	c.commitRange(0, 5)
+	c.waitConverged(5)
+	var others []uint64
+	for _, id := range c.ids {
+		if id != old.ID() {
+			others = append(others, id)
+		}
+	}
+	for _, o := range others {
+		c.net.Cut(o, old.ID()) // the followers' answers are lost
+	}
+	x := appendTo(old, []byte("X"))
+	for deadline := time.Now().Add(5 * time.Second); c.net.Appended(others[0]) == 0; time.Sleep(tickEvery) {
+		if time.Now().After(deadline) {
+			t.Fatal("X never reached a follower")
+		}
+	}
+	time.Sleep(5 * tickEvery)
+	c.net.Isolate(old.ID(), c.ids...)
+	nl := c.waitLeader(old.ID())
+	if r := <-appendTo(nl, []byte("after")); r.err != nil || r.offset != 6 {
+		t.Fatalf("the new leader's first record: offset %d, %v; want 6, after X committed at 5", r.offset, r.err)
+	}
+	time.Sleep(20 * tickEvery) // the old leader is not heard: retention does not wait for it
+	for i := uint64(0); i < 200; i++ {
+		if r := <-appendTo(nl, retentionValue(i)); r.err != nil {
+			t.Fatalf("append: %v", r.err)
+		}
+	}
+	for d := time.Now().Add(10 * time.Second); c.group(others[0]).NextOffset() != c.group(others[1]).NextOffset(); time.Sleep(tickEvery) {
+		if time.Now().After(d) {
+			t.Fatal("the followers did not converge")
+		}
+	}
+	for _, id := range others {
+		if retain(t, c.group(id), time.Now()) == 0 {
+			t.Fatalf("replica %d dropped nothing", id)
+		}
+	}
+	c.net.Heal()
+	select {
+	case r := <-x:
+		if !errors.Is(r.err, ErrUnknownOutcome) || errors.Is(r.err, ErrNotLeader) {
+			t.Fatalf("X, committed at offset 5 by the new leader, was told: offset %d, %v; want ErrUnknownOutcome", r.offset, r.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("X was never told its fate")
+	}
+}
