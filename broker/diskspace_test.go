@@ -239,7 +239,9 @@ func TestCloseFailsRecordsAGroupCannotCommit(t *testing.T) {
 // (both followers below the disk line) is answered timeout after
 // CommitTimeout, not left waiting; its entry keeps its chance, and once
 // a follower has room it is committed once. An idempotent record's retry
-// meanwhile shares its fate: acked at the same offset, written once.
+// meanwhile shares its fate, waiting no longer than CommitTimeout for it
+// (it waited as long as the followers had no room, unanswered), and is
+// acked at the same offset once committed: written once.
 func TestCommitTimeoutAnswersThenCommits(t *testing.T) {
 	ip, leader, roomFor := fullFollowers(t, func(c *Config) { c.CommitTimeout = 400 * time.Millisecond })
 	id := shardmap.ShardID{Stream: "r3", Shard: 0}
@@ -252,12 +254,26 @@ func TestCommitTimeoutAnswersThenCommits(t *testing.T) {
 			t.Fatalf("a record no majority can write: %T %+v, want a timeout error", f, f)
 		}
 	}
-	// The publisher retries the idempotent one: it is still in flight.
+	// The publisher retries the idempotent one: it is still in flight,
+	// and the retry is answered timeout in its turn.
 	ws.send(&transport.Publish{Seq: 3, Stream: "r3", Value: []byte("idem"), ProducerID: "p1", ProducerSeq: 1})
+	if e, ok := ws.recv().(*transport.Error); !ok || e.Code != transport.CodeTimeout || e.Seq != 3 {
+		t.Fatalf("the retry of a record in flight that no majority can write: %T %+v, want a timeout error", e, e)
+	}
 	roomFor(0)
-	ack, ok := ws.recv().(*transport.Ack)
-	if !ok || ack.Seq != 3 {
-		t.Fatalf("the idempotent retry once a follower has room: %T %+v, want its ack", ack, ack)
+	// Retried until acked, as the SDK does: a retry sent before the
+	// entry commits may time out too.
+	var ack *transport.Ack
+	for seq := uint64(4); ack == nil; seq++ {
+		ws.send(&transport.Publish{Seq: seq, Stream: "r3", Value: []byte("idem"), ProducerID: "p1", ProducerSeq: 1})
+		switch f := ws.recv().(type) {
+		case *transport.Ack:
+			ack = f
+		case *transport.Error:
+			if f.Code != transport.CodeTimeout || seq > 20 {
+				t.Fatalf("the idempotent retry once a follower has room: %+v, want its ack", f)
+			}
+		}
 	}
 	// Read where the ack came from: the leader now, which applied the
 	// record before it acked it. The group may have elected another

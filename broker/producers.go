@@ -145,8 +145,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/felix-broker/felix/shardmap"
@@ -191,7 +193,7 @@ type producer struct {
 	enqueuing bool  // a record accepted is being queued for the log
 	// waiters are publishes of in-flight sequences waiting for the
 	// outcome of the record queued with that sequence.
-	waiters map[uint64][]func(seqAck, error)
+	waiters map[uint64][]*seqWaiter
 
 	prev, next *producer // recency list, most recent first
 }
@@ -358,19 +360,42 @@ func (t *producerTable) admit(id string, seq uint64) admission {
 	return a
 }
 
+// seqWaiter is a publish waiting for the outcome of an in-flight sequence
+// (admitWait): it is called once, by whoever takes it from the table.
+type seqWaiter func(seqAck, error)
+
 // await registers w for the outcome of sequence seq of p, in flight when
 // admit said admitWait. It returns false if seq is no longer in flight
 // there (it completed, or p was forgotten, meanwhile): admit it again.
-func (t *producerTable) await(p *producer, seq uint64, w func(seqAck, error)) bool {
+func (t *producerTable) await(p *producer, seq uint64, w *seqWaiter) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.mu.byID[p.id] != p || seq <= p.committed || seq > p.accepted {
 		return false
 	}
 	if p.waiters == nil {
-		p.waiters = map[uint64][]func(seqAck, error){}
+		p.waiters = map[uint64][]*seqWaiter{}
 	}
 	p.waiters[seq] = append(p.waiters[seq], w)
+	return true
+}
+
+// unwait takes w, registered by await, back from the table, and reports
+// whether it was still there: if so the caller answers it, which the
+// outcome of seq, when it comes, no longer does.
+func (t *producerTable) unwait(p *producer, seq uint64, w *seqWaiter) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ws := p.waiters[seq]
+	i := slices.Index(ws, w)
+	if i < 0 {
+		return false
+	}
+	if ws = slices.Delete(ws, i, i+1); len(ws) == 0 {
+		delete(p.waiters, seq)
+	} else {
+		p.waiters[seq] = ws
+	}
 	return true
 }
 
@@ -390,13 +415,13 @@ func (t *producerTable) committed(p *producer, seq uint64, offset uint64, ts int
 	waiting := t.settleLocked(p, seq, a, err)
 	t.mu.Unlock()
 	for _, w := range waiting {
-		w(a, err)
+		(*w)(a, err)
 	}
 }
 
 // settleLocked records the outcome of sequence seq of p and returns the
 // publishes waiting for it.
-func (t *producerTable) settleLocked(p *producer, seq uint64, a seqAck, err error) []func(seqAck, error) {
+func (t *producerTable) settleLocked(p *producer, seq uint64, a seqAck, err error) []*seqWaiter {
 	if err != nil {
 		// Not written: the sequence may be sent again. (Never below
 		// committed: on a replicated shard a record the proposer saw
@@ -442,7 +467,7 @@ func (t *producerTable) applied(id []byte, seq, offset uint64, ts int64) {
 	waiting := t.settleLocked(p, seq, a, nil)
 	t.mu.Unlock()
 	for _, w := range waiting {
-		w(a, nil)
+		(*w)(a, nil)
 	}
 }
 
@@ -766,7 +791,11 @@ func (p *pubSession) admitIdempotent(in inbound, e *shardEntry, shard int, via s
 			b.limits.hit(limitProducers, p.from.principal+p.peerID, msg)
 			p.fail(in, &transport.Error{Code: transport.CodeLimitExceeded, Owner: b.cfg.NodeID, Message: msg})
 		case admitWait:
-			w := func(ack seqAck, err error) {
+			var bound atomic.Pointer[time.Timer] // boundWait's, stopped once answered
+			w := seqWaiter(func(ack seqAck, err error) {
+				if tm := bound.Load(); tm != nil {
+					tm.Stop()
+				}
 				switch {
 				case err == nil:
 				case e.group != nil:
@@ -777,13 +806,37 @@ func (p *pubSession) admitIdempotent(in inbound, e *shardEntry, shard int, via s
 					return
 				}
 				p.answerDuplicate(in, shard, via, ack)
-			}
-			if !t.await(a.p, pub.ProducerSeq, w) {
+			})
+			if !t.await(a.p, pub.ProducerSeq, &w) {
 				continue
+			}
+			if e.group != nil && b.cfg.CommitTimeout > 0 {
+				bound.Store(p.boundWait(in, e, a.p, &w))
 			}
 		}
 		return nil
 	}
+}
+
+// boundWait returns a timer that answers in, the retry of an idempotent
+// record of a replicated shard waiting for the outcome of the same
+// sequence in flight (w in prod's waiters), with a timeout after
+// CommitTimeout if that outcome has not come by then, taking w back from
+// the table. The record in flight was answered so at its own
+// CommitTimeout, but its entry may wait for a majority for as long as
+// the followers cannot write (their disks full), and each retry waited
+// with it, unanswered, holding its session open: one more for every
+// retry the client sent.
+func (p *pubSession) boundWait(in inbound, e *shardEntry, prod *producer, w *seqWaiter) *time.Timer {
+	b, seq := p.b, in.pub.ProducerSeq
+	return time.AfterFunc(b.cfg.CommitTimeout, func() {
+		if !e.producers.unwait(prod, seq, w) {
+			return // its outcome came first
+		}
+		p.fail(in, &transport.Error{Code: transport.CodeTimeout,
+			Message: fmt.Sprintf("%s has sequence %d of producer %q in flight to %s, and its group did not commit it within %v (CommitTimeout): fewer than a majority of the replicas have written it so far; it may still be committed",
+				b.cfg.NodeID, seq, producerName(in.pub.ProducerID), e.id, b.cfg.CommitTimeout)})
+	})
 }
 
 // refusedForDisk refuses in, an idempotent record admitted for prod to

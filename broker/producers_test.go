@@ -189,8 +189,14 @@ func TestProducerTableInFlight(t *testing.T) {
 		t.Fatalf("retry in flight: %v, want admitWait", r.kind)
 	}
 	var got []seqAck
-	if !tab.await(r.p, 1, func(ack seqAck, err error) { got = append(got, ack) }) {
+	w1 := seqWaiter(func(ack seqAck, err error) { got = append(got, ack) })
+	if !tab.await(r.p, 1, &w1) {
 		t.Fatal("await refused a sequence in flight")
+	}
+	// A waiter taken back (boundWait's timeout) is not called, once.
+	gone := seqWaiter(func(seqAck, error) { t.Error("a waiter taken back was called") })
+	if !tab.await(r.p, 1, &gone) || !tab.unwait(r.p, 1, &gone) || tab.unwait(r.p, 1, &gone) {
+		t.Fatal("unwait does not take back a registered waiter exactly once")
 	}
 	if n := tab.admit("p", 2); n.kind != admitAppend {
 		t.Fatalf("next while 1 is in flight: %v", n.kind)
@@ -204,7 +210,8 @@ func TestProducerTableInFlight(t *testing.T) {
 	// 2 fails: it is given back.
 	var failed error
 	r = tab.admit("p", 2)
-	tab.await(r.p, 2, func(_ seqAck, err error) { failed = err })
+	w2 := seqWaiter(func(_ seqAck, err error) { failed = err })
+	tab.await(r.p, 2, &w2)
 	tab.committed(a.p, 2, 0, 0, errors.New("disk on fire"))
 	if failed == nil {
 		t.Fatal("waiter of a failed record got no error")
