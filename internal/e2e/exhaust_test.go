@@ -370,9 +370,12 @@ func exchange(ctx context.Context, conn *quic.Conn, f transport.Frame) error {
 }
 
 // wideLogMemory is the broker's --log-memory in TestHostileWideStream:
-// 16 open logs (the floor) of 3.25 MiB each at the default segment and
-// tail sizes.
+// wideOpenLogs open logs (the floor) of 3.25 MiB each at the default
+// segment and tail sizes.
 const wideLogMemory = 32 << 20
+
+// wideOpenLogs is how many logs wideLogMemory keeps open at once.
+const wideOpenLogs = 16
 
 // wideAttackFor bounds TestHostileWideStream's attack: filling 128 shards
 // took 4–9 s here, under the race detector and beside other packages'
@@ -478,7 +481,11 @@ func TestHostileWideStream(t *testing.T) {
 		}
 		sub.Stop()
 	}
-	if filled < shards/2 {
-		t.Errorf("only %d of %d shards filled within %v: the attack did not reach the budget", filled, shards, wideAttackFor)
+	// The attack must go well past the logs the budget keeps open, or
+	// it tested nothing; how far it gets in wideAttackFor depends on the
+	// machine (all 128 shards on a quiet one, 62 beside other tests'
+	// load).
+	if filled < 2*wideOpenLogs {
+		t.Errorf("only %d of %d shards filled within %v, under twice the %d logs the budget keeps open: the attack did not reach the budget", filled, shards, wideAttackFor, wideOpenLogs)
 	}
 }
