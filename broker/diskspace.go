@@ -8,8 +8,10 @@ package broker
 // answered limit_exceeded (limit "min_free_bytes", counted in
 // felix_limit_hits_total), with nothing written; subscribers and the
 // shards other brokers write go on (this broker's replicas of those fall
-// behind, below). Once retention or an operator frees space, the next
-// check takes publishes again; nothing restarts.
+// behind, below, and a subscriber waiting at the end of one is sent to
+// read from another replica: subscribe.go's leaderWatch). Once retention
+// or an operator frees space, the next check takes publishes again;
+// nothing restarts.
 //
 // Why refuse before the disk is full: a shard log whose commit meets
 // ENOSPC fails and refuses every append until the broker restarts (package

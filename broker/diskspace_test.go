@@ -1,12 +1,14 @@
 package broker
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/felix-broker/felix/client"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -327,6 +329,65 @@ func TestIdempotentRetryAnsweredWhileDiskNearlyFull(t *testing.T) {
 		disks.set(c.b, 1<<40)
 		if a, ok := send(4, 2).(*transport.Ack); !ok || a.Duplicate || a.Offset != first.Offset+1 {
 			t.Fatalf("%s: the refused sequence sent again with room: %T %+v, want written at %d", c.stream, a, a, first.Offset+1)
+		}
+	}
+}
+
+// TestSubscriberLeavesReplicaThatDropsEntries: an SDK subscription reads
+// from the shard's owner, a follower once the leadership has moved; the
+// owner's disk then goes under MinFreeBytes, so it leaves its leader's
+// entries unwritten (the group commits with the other two). The
+// subscription, waiting at the owner's end, is ended unavailable within
+// about a second, and the SDK reads the records committed meanwhile from
+// another replica: each once, in order. It waited at the owner as long as
+// the disk stayed full, receiving nothing and no error.
+func TestSubscriberLeavesReplicaThatDropsEntries(t *testing.T) {
+	ip, disks := startWithFakeDisks(t, nil, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	id := shardmap.ShardID{Stream: "r3", Shard: 0}
+	owner := waitOwnerLeads(t, ip, ip.brokers, id)
+	c := ip.sdk(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := c.Publish(ctx, "r3", nil, []byte("v0")); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := c.Subscribe(ctx, "r3", client.Earliest())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Stop()
+	got := make(chan uint64, 16)
+	go func() {
+		for rec, err := range sub.Records(ctx) {
+			if err != nil {
+				return
+			}
+			got <- rec.Offset
+		}
+	}()
+	if o := <-got; o != 0 {
+		t.Fatalf("first record at offset %d, want 0", o)
+	}
+	other := ip.brokers[slices.IndexFunc(ip.brokers, func(b *Broker) bool { return b != owner })]
+	groupOf(owner, id).group.TransferLeadership(groupOf(other, id).group.ID())
+	for leaderOf(t, ip.brokers, id) == owner {
+		time.Sleep(10 * time.Millisecond)
+	}
+	disks.set(owner, 1<<20)
+	for range 5 {
+		if _, err := c.Publish(ctx, "r3", nil, []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for want := uint64(1); want <= 5; want++ {
+		select {
+		case o := <-got:
+			if o != want {
+				t.Fatalf("subscriber got offset %d, want %d", o, want)
+			}
+		case <-ctx.Done():
+			t.Fatalf("subscriber got nothing past offset %d (the owner's replica holds %d records, the leader's %d)",
+				want-1, groupOf(owner, id).sl.NextOffset(), groupOf(leaderOf(t, ip.brokers, id), id).sl.NextOffset())
 		}
 	}
 }

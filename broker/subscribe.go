@@ -218,10 +218,12 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 	}
 	defer charge(0)
 
-	// A replica's group can fail, or learn that its log was lost, while
-	// a subscriber waits on it: look every second, and end the subscription then (the SDK moves on to
+	// A replica's group can fail, learn that its log was lost, or stop
+	// taking its leader's entries while a subscriber waits on it: look
+	// every second, and end the subscription then (the SDK moves on to
 	// another replica).
 	var groupCheck <-chan time.Time
+	var led leaderWatch
 	if e.group != nil {
 		t := time.NewTicker(time.Second)
 		defer t.Stop()
@@ -287,6 +289,9 @@ loop:
 					}
 				case <-groupCheck:
 					err := replicaDown(e.group)
+					if err == nil {
+						err = led.behind(b, e.group)
+					}
 					if err == nil {
 						continue // still running: wait on
 					}
@@ -380,11 +385,44 @@ func replicaDown(g *replica.Group) error {
 // one, and catching up.
 var errReplicaJoining = errors.New("broker: replica joining its group in place of a lost one, catching up")
 
-// replicaFailed is the wire error for a subscription to a replica whose
-// group stopped: unavailable, which the SDK answers by trying another
-// replica.
+// Why a subscriber waiting at a replica's end reads elsewhere
+// (leaderWatch.behind).
+var (
+	errReplicaDiskLow    = errors.New("broker: the broker's disk is below --min-free-bytes, so its replica, a follower, takes no more entries from its leader")
+	errReplicaLeaderless = errors.New("broker: the replica has known no leader for a second or more (cut off from its group, or the group lost its majority)")
+)
+
+// leaderWatch tells a subscription waiting at the end of its replica,
+// checked every second, whether the replica has stopped taking its
+// group's entries while the group may commit more without it, which the
+// subscriber would wait for in vain: its broker's disk is nearly full
+// and it follows (raftNet.deliver leaves its leader's entries unwritten;
+// its catch-up state cannot tell, as the leader then thinks it holds no
+// more than it does), or it has known no leader at two checks in a row
+// (cut off from the others, which may have elected one). The leader of a
+// group whose disk fills stops taking records itself, so its subscribers
+// wait on.
+type leaderWatch struct{ leaderless int }
+
+func (w *leaderWatch) behind(b *Broker, g *replica.Group) error {
+	if b.disk.low.Load() && !g.IsLeader() {
+		return errReplicaDiskLow
+	}
+	if lead, _ := g.Leader(); lead != 0 {
+		w.leaderless = 0
+		return nil
+	}
+	if w.leaderless++; w.leaderless >= 2 {
+		return errReplicaLeaderless
+	}
+	return nil
+}
+
+// replicaFailed is the wire error for a subscription to a replica that
+// cannot serve it (its group stopped, or it takes no more entries):
+// unavailable, which the SDK answers by trying another replica.
 func replicaFailed(node string, id shardmap.ShardID, err error) *transport.Error {
-	return &transport.Error{Code: transport.CodeUnavailable, Message: fmt.Sprintf("%s's replica of %s stopped (%v); read from another replica", node, id, err)}
+	return &transport.Error{Code: transport.CodeUnavailable, Message: fmt.Sprintf("%s's replica of %s cannot serve the subscription (%v); read from another replica", node, id, err)}
 }
 
 // tooLarge is the wire error for a Records frame of n records of id, the

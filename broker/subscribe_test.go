@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"testing"
 	"time"
 
@@ -252,4 +253,34 @@ func TestHalfClosedSubscriberGone(t *testing.T) {
 	waitUntil(t, "the subscription to start", subscribed)
 	conn.CloseWithError(0, "")
 	waitUntil(t, "the subscription of a closed connection to end", func() bool { return !subscribed() })
+}
+
+// TestSubscriberLeavesLeaderlessReplica: a subscription waiting at a
+// follower's end whose group loses its other two replicas (the follower
+// then knows no leader, as one cut off from its group does while the
+// others may commit without it) is ended unavailable after two of its
+// once-a-second checks find no leader, so the SDK tries another replica.
+func TestSubscriberLeavesLeaderlessReplica(t *testing.T) {
+	ip := startInprocWith(t, fastRaft, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	id := shardmap.ShardID{Stream: "r3", Shard: 0}
+	leader := waitOwnerLeads(t, ip, ip.brokers, id)
+	if _, ok := publishVia(t, ip, leader, "r3", 0, 1, "v0").(*transport.Ack); !ok {
+		t.Fatal("the first record was not acked")
+	}
+	follower := ip.brokers[slices.IndexFunc(ip.brokers, func(b *Broker) bool { return b != leader })]
+	ws := openStream(t, ip.dial(follower))
+	ws.send(&transport.Subscribe{Stream: "r3", Shard: 0, Start: transport.StartEarliest, Credit: 100})
+	if r, ok := ws.recv().(*transport.Records); !ok || len(r.Records) != 1 {
+		t.Fatalf("the follower served %T %+v, want the first record", r, r)
+	}
+	for _, b := range slices.Clone(ip.brokers) {
+		if b != follower {
+			ip.closeBroker(t, b)
+		}
+	}
+	f := ws.recv()
+	if e, ok := f.(*transport.Error); !ok || e.Code != transport.CodeUnavailable {
+		t.Fatalf("the subscription at a replica with no leader: %T %+v, want unavailable", f, f)
+	}
+	t.Logf("ended: %v", f)
 }
