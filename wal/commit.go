@@ -419,6 +419,9 @@ func complete(reqs []*request, base uint64, ts int64, err error) {
 func (l *Log) writeAndSync(first uint64, sizes []int, how tailSync) error {
 	l.tail.Lock()
 	defer l.tail.Unlock()
+	if err := l.tail.lost; err != nil {
+		return err
+	}
 	if err := l.preallocate(sizes); err != nil {
 		return err
 	}

@@ -52,6 +52,10 @@ type Log struct {
 		// presize gives a new tail's tidwall cache its room at once
 		// when the log fills its segments fast (tidseg.Presizer).
 		presize tidseg.Presizer
+		// lost is set when f no longer follows tidwall's tail file, or
+		// its name may not survive a crash (truncateFront): every commit
+		// fails with it, as fdatasyncing f would make no record durable.
+		lost error
 	}
 
 	ring   ring         // recent committed records

@@ -266,22 +266,38 @@ func (l *Log) scanRecords(s segmentFile, next uint64, fn func(off uint64, rec *R
 	return nil
 }
 
-// truncateFront drops the records before offset cut.
+// truncateFront drops the records before offset cut. Once tidwall has
+// rewritten the segment files, a failure to follow it (to open the new
+// tail, or to fsync the directory holding its new name) fails the log:
+// commits would fdatasync the unlinked old tail, or a file whose name a
+// crash may take, and ack records that are not durable.
 func (l *Log) truncateFront(cut uint64) error {
 	l.tail.Lock()
 	defer l.tail.Unlock()
 	if err := l.tw.TruncateFront(cut + 1); err != nil {
 		return fmt.Errorf("wal: shard %q: truncate front to offset %d: %w", l.name, cut, err)
 	}
+	err := l.followTruncate(cut)
+	if err != nil {
+		err = fmt.Errorf("wal: shard %q: after truncating the front to offset %d: %w: %w", l.name, cut, ErrFailed, err)
+		l.tail.lost = err
+		l.logger.Error("wal: retention rewrote the segments and the log could not follow; it commits no more records until reopened", "shard", l.name, "err", err)
+	}
+	return err
+}
+
+// followTruncate brings the log's view of its files in line with
+// tidwall's after TruncateFront(cut+1). l.tail's lock is held.
+func (l *Log) followTruncate(cut uint64) error {
+	l.first.Store(cut)
+	l.scans.drop() // the segment files were rewritten
+	l.files.Drop(false)
 	if cut+1 >= l.tail.index {
 		// tidwall rewrote the tail segment into a new file named after cut.
 		if err := l.openTail(cut + 1); err != nil {
 			return err
 		}
 	}
-	l.first.Store(cut)
-	l.scans.drop() // the segment files were rewritten
-	l.files.Drop(false)
 	if err := l.measure(); err != nil {
 		return err
 	}

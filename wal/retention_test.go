@@ -3,7 +3,12 @@ package wal
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -304,5 +309,55 @@ func TestExpiry(t *testing.T) {
 	appendN(t, l, 0, 3)
 	if _, ok, err := l.Expiry(); ok || err != nil {
 		t.Fatalf("Expiry without an age limit = %v, %v; want none", ok, err)
+	}
+}
+
+// TestRetentionThatLosesTheTailFailsTheLog: a retention pass that cuts
+// inside the tail segment, which tidwall rewrites into a new file, and
+// then cannot open that file (here an injected open error, as EMFILE
+// would be) fails the log: the next append is refused, not acked. The
+// log went on fdatasyncing the unlinked old tail and acking records
+// that a power cut then lost (shown on lazyfs in a review). Reopened, it
+// holds every record acked before, from the cut on.
+func TestRetentionThatLosesTheTailFailsTheLog(t *testing.T) {
+	dir := t.TempDir()
+	var armed atomic.Bool
+	fs := &FaultFS{Inject: func(op Op, path string) bool {
+		return armed.Load() && op == OpOpen && len(filepath.Base(path)) == len(segmentName(0))
+	}}
+	sink := &logSink{} // the failure is logged: not testLog's, which fails on it
+	l, err := Open(dir, Options{Name: "test/0", FS: fs, RetentionBytes: 3000, RetentionCheck: time.Hour, Logger: slog.New(sink)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const n = 200
+	for i := range n {
+		if _, err := l.Append(ctx, rec(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	armed.Store(true)
+	_, err = l.EnforceRetention(time.Now())
+	armed.Store(false)
+	if !errors.Is(err, ErrFailed) {
+		t.Fatalf("a retention pass that could not open the rewritten tail: %v, want ErrFailed", err)
+	}
+	if off, err := l.Append(ctx, rec(n)); !errors.Is(err, ErrFailed) {
+		t.Fatalf("an append after it: offset %d, %v; want ErrFailed, nothing acked", off, err)
+	}
+	first := l.FirstOffset()
+	if err := l.Close(); err != nil && !errors.Is(err, ErrFailed) {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(sink.msgs, func(m string) bool { return strings.Contains(m, "could not follow") }) {
+		t.Errorf("the failure was not logged: %q", sink.msgs)
+	}
+	l, _ = testLog(t, dir, Options{})
+	if l.FirstOffset() > first || l.NextOffset() != n {
+		t.Fatalf("reopened: offsets %d to %d, want from %d or before to %d", l.FirstOffset(), l.NextOffset(), first, n)
+	}
+	if first == 0 {
+		t.Fatal("the pass dropped nothing: it did not reach the tail segment's rewrite")
 	}
 }
