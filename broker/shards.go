@@ -631,6 +631,12 @@ func (s *shardSet) makeRoomLocked(pinned bool) (victims []*shardEntry, closing c
 		case e.gone != nil:
 			closing = e.gone
 		case e.pinned:
+		case e.log != nil && e.log.Err() != nil:
+			// Failed (a write or an fdatasync): it stays open, refusing
+			// records, until the broker restarts. Reopened now, it would
+			// read back from the page cache what the failed batch left
+			// there, which the kernel may have dropped from the disk,
+			// and go on appending after it as if durable (fsyncgate).
 		case e.refs.Load() == 0:
 			idle = append(idle, e)
 		}

@@ -16,7 +16,10 @@ import (
 // TestFsyncFailureFailsPublish injects an fsync failure under a shard's
 // log (Config.Knobs.WALFS): the publisher whose record was in the failed
 // batch gets a typed error, never an ack, and later publishes to the shard
-// fail at once instead of hanging, while other shards keep working.
+// fail at once instead of hanging, while other shards keep working. The
+// failed log stays open, refusing, when other shards' logs need its room
+// (MaxOpenShards): the broker closed it as idle and reopened it for the
+// next publish, which it acked after the failed batch.
 func TestFsyncFailureFailsPublish(t *testing.T) {
 	var armed atomic.Bool
 	fs := &wal.FaultFS{Inject: func(op wal.Op, path string) bool {
@@ -24,8 +27,9 @@ func TestFsyncFailureFailsPublish(t *testing.T) {
 			strings.Contains(path, string(filepath.Separator)+"doomed"+string(filepath.Separator)) &&
 			len(filepath.Base(path)) == 20 // a segment file
 	}}
-	ip := startInprocWith(t, func(c *Config) { c.Knobs.WALFS = fs }, 1,
-		shardmap.StreamConfig{Name: "doomed", Shards: 1}, shardmap.StreamConfig{Name: "fine", Shards: 1})
+	const open = 16 // the fewest MaxOpenShards allows
+	ip := startInprocWith(t, func(c *Config) { c.Knobs.WALFS = fs; c.MaxOpenShards = open }, 1,
+		shardmap.StreamConfig{Name: "doomed", Shards: 1}, shardmap.StreamConfig{Name: "fine", Shards: 2 * open})
 	b := ip.brokers[0]
 	ws := openStream(t, ip.dial(b))
 	wantAck(t, publishShard(ws, 1, "doomed", 0, "before"), 1)
@@ -58,6 +62,20 @@ func TestFsyncFailureFailsPublish(t *testing.T) {
 		t.Fatalf("publishes to the failed shard took %v to fail", d)
 	}
 	wantAck(t, publishShard(ws, 6, "fine", 0, "other shard"), 6)
+
+	// Every other shard's log opens, more than MaxOpenShards in all.
+	for shard := range 2 * open {
+		seq := uint64(100 + shard)
+		wantAck(t, publishShard(ws, seq, "fine", shard, "other shard"), seq)
+	}
+	if f := publishShard(ws, 200, "doomed", 0, "after eviction"); !isError(f) {
+		t.Fatalf("publish to the failed shard after other logs needed its room: got %T %+v, want an error until the broker restarts", f, f)
+	}
+}
+
+func isError(f transport.Frame) bool {
+	_, ok := f.(*transport.Error)
+	return ok
 }
 
 // TestLostRecordsMakeShardUnavailable truncates a shard's log inside

@@ -394,6 +394,14 @@ func (l *Log) publish(next uint64) {
 	l.watch.Unlock()
 }
 
+// Err returns the error that failed the log (matching ErrFailed), or nil
+// while it takes appends. A failed log stays failed until reopened.
+func (l *Log) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.mu.failed
+}
+
 // Close stops accepting appends (they get ErrClosed), commits everything
 // already queued (running its callbacks), stops the Log's goroutines and
 // closes the files. It is idempotent; later calls return the first result.
