@@ -650,3 +650,27 @@ func haWithBrokerOnFollower(t *testing.T, p *testPKI) (leader, follower, other *
 	}
 	return leader, follower, other, m
 }
+
+// TestFollowerReadsAgainAfterAFailedRead: a follower ctl whose read of the
+// state the leader just committed fails (as one during an etcd leader
+// change can) reads it again, as after a broken watch, and its broker
+// gets the new map: here the revoke of a grant. It held the old map, the
+// grant in force, until some other change was committed.
+func TestFollowerReadsAgainAfterAFailedRead(t *testing.T) {
+	p := newPKI(t)
+	leader, follower, _, m := haWithBrokerOnFollower(t, p)
+	g := auth.Grant{Principal: "mallory", Action: auth.Publish, Pattern: "orders"}
+	if err := leader.Grant(g); err != nil {
+		t.Fatal(err)
+	}
+	waitMap(t, m, "the grant", func(mp *shardmap.Map) bool { return slices.Contains(mp.ACL.Grants, g) })
+	fault := errors.New("etcdserver: leader changed (injected)")
+	follower.store.readNext.Store(&fault)
+	if err := leader.Revoke(g); err != nil {
+		t.Fatal(err)
+	}
+	waitMap(t, m, "the grant revoked", func(mp *shardmap.Map) bool { return !slices.Contains(mp.ACL.Grants, g) })
+	if follower.store.readNext.Load() != nil {
+		t.Fatal("the follower's read never failed: the test tested nothing")
+	}
+}

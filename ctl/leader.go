@@ -385,7 +385,16 @@ func (s *Server) watchLoop(rev int64) {
 				break
 			}
 			live.follow(s.store, resp.Events)
-			s.applyEvents(resp.Events)
+			if err := s.applyEvents(resp.Events); err != nil {
+				// A follower that could not read what the leader
+				// committed: the event is spent, and waiting for the next
+				// left it on the old map (a revoked grant in force) until
+				// another change came. Read the whole state again, as
+				// after a broken watch, retrying until it can.
+				s.log.Warn("could not read the new state from etcd; re-reading it", "err", err)
+				live = nil
+				break
+			}
 			rev = resp.Header.Revision
 		}
 		cancel()
@@ -402,8 +411,9 @@ func (s *Server) watchLoop(rev int64) {
 	}
 }
 
-// applyEvents handles one batch of watch events.
-func (s *Server) applyEvents(evs []*clientv3.Event) {
+// applyEvents handles one batch of watch events. It returns the error of
+// a follower's read of the state the leader committed.
+func (s *Server) applyEvents(evs []*clientv3.Event) error {
 	epochRev := int64(0) // the last write of the epoch key in evs
 	var lives []*clientv3.Event
 	for _, ev := range evs {
@@ -419,8 +429,9 @@ func (s *Server) applyEvents(evs []*clientv3.Event) {
 		s.applyLive(lives)
 	}
 	if epochRev != 0 {
-		s.followState(epochRev)
+		return s.followState(epochRev)
 	}
+	return nil
 }
 
 // applyLive applies broker lease events on the leader: a put registers
@@ -499,12 +510,12 @@ func (s *Server) leaseGone(id int64) bool {
 // timeout while etcd is cut off, and registrations, heartbeats and admin
 // requests take s.mu), then adopts what it read unless this ctl became
 // the leader meanwhile (its takeover read its own) or adopted a newer
-// read.
-func (s *Server) followState(rev int64) {
+// read. It returns the read's error.
+func (s *Server) followState(rev int64) error {
 	s.mu.Lock()
 	if s.mu.closed {
 		s.mu.Unlock()
-		return
+		return nil
 	}
 	if s.mu.leader {
 		if s.store.doubt && rev > s.store.rev {
@@ -512,12 +523,10 @@ func (s *Server) followState(rev int64) {
 			s.lostLeadershipLocked()
 		}
 		s.mu.Unlock()
-		return
+		return nil
 	}
 	s.mu.Unlock()
-	if err := s.adoptCommitted(false); err != nil {
-		s.log.Warn("could not read the new state from etcd; holding the last map", "err", err)
-	}
+	return s.adoptCommitted(false)
 }
 
 // adoptCommitted makes a follower adopt the state etcd holds: read

@@ -46,6 +46,9 @@ type store struct {
 	// write committed, as one whose answer was lost would; lostNext does
 	// so for the next save only.
 	lostFault, lostNext atomic.Pointer[error]
+	// readNext, a testing knob, fails the next whole-state read with its
+	// error, as a read during an etcd leader change can.
+	readNext atomic.Pointer[error]
 	// rtt, when set, observes the duration of every etcd round trip.
 	rtt func(op string, d time.Duration)
 
@@ -140,6 +143,9 @@ func (st *store) read(ctx context.Context) (snap snapshot, rev int64, err error)
 	start := time.Now()
 	resp, err := st.cli.Get(ctx, st.prefix, clientv3.WithPrefix())
 	st.observe("load", start)
+	if f := st.readNext.Swap(nil); f != nil && err == nil {
+		err = *f
+	}
 	if err != nil {
 		return snapshot{}, 0, fmt.Errorf("ctl: load state from etcd %s: %w", st.prefix, err)
 	}
