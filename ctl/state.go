@@ -343,7 +343,9 @@ func (s *state) createStream(c shardmap.StreamConfig) error {
 	total := 0
 	for name, st := range s.streams {
 		if strings.EqualFold(name, c.Name) {
-			return fmt.Errorf("%w: stream %q differs from the existing stream %q only in case", ErrInvalid, c.Name, name)
+			// Not named: the caller may be allowed the name it asked for
+			// and not the existing one (grant patterns are case-sensitive).
+			return fmt.Errorf("%w: stream %q differs from an existing stream only in case (stream names must differ in more than case: each is a directory on the brokers' disks)", ErrInvalid, c.Name)
 		}
 		total += st.Shards
 	}
