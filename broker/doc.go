@@ -104,6 +104,11 @@
 //     be routed again) catches up to the refusing owner's map and routes
 //     each shard's waiting records again, in the order received, once
 //     nothing of that shard is unanswered on another route (order.go).
+//   - An idempotent retry of a replicated shard's record that is still in
+//     flight waits in the shard's producer table for the original's fate,
+//     with a timer (producers.go, boundWait) that answers it timeout after
+//     CommitTimeout and takes it back from the table; whichever of the two
+//     takes it from the table answers it, and the outcome stops the timer.
 //   - A frameWriter (acks.go) serializes the frames written on one
 //     stream: answers on the publisher stream, forwards on a lane.
 //     TryWriteAll queues a frame in quic-go's send buffer without
