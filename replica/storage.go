@@ -205,6 +205,21 @@ func (s *storage) append(ents []*pb.Entry) error {
 	}
 	s.member.SetBusy(true)
 	s.appended = true
+	if err := s.write(first, ents); err != nil {
+		if cerr := s.cutFailed(first); cerr != nil {
+			err = fmt.Errorf("%w; cutting them back out of the segment files failed too (reopened, the log may show entries its disk does not hold): %v", err, cerr)
+		}
+		return err
+	}
+	for _, e := range ents {
+		s.noteTerm(e.GetIndex(), e.GetTerm())
+	}
+	s.last = ents[len(ents)-1].GetIndex()
+	return nil
+}
+
+// write writes ents (the first at index first) and fdatasyncs them.
+func (s *storage) write(first uint64, ents []*pb.Entry) error {
 	s.batch.Clear()
 	sizes := make([]int, 0, len(ents))
 	records := 0 // for OnSync: the records of the batches among ents
@@ -257,11 +272,31 @@ func (s *storage) append(ents []*pb.Entry) error {
 	if s.onSync != nil {
 		s.onSync(time.Since(writeStart), records, written)
 	}
-	for _, e := range ents {
-		s.noteTerm(e.GetIndex(), e.GetTerm())
-	}
-	s.last = ents[len(ents)-1].GetIndex()
 	return nil
+}
+
+// cutFailed takes the entries of a failed append (from index first on)
+// back out of the segment files, as wal's Log does with a failed batch:
+// a failed fdatasync leaves them in the page cache, marked clean, where
+// the replica reopened after a restart would read them as written and
+// count them towards a commit its disk may not hold. None was
+// acknowledged: the group fails with the append's error.
+func (s *storage) cutFailed(first uint64) error {
+	last, err := s.tw.LastIndex()
+	if err != nil {
+		return err
+	}
+	if last < first {
+		return nil // none of them indexed
+	}
+	s.files.Drop(false) // tidwall rewrites the segment holding first-1
+	if err := s.tw.TruncateBack(first - 1); err != nil {
+		return err
+	}
+	if err := tidseg.SyncDir(s.dir); err != nil {
+		return err
+	}
+	return s.findTail()
 }
 
 // fdatasync syncs the tail segment: parked while the sync group says so

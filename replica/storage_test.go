@@ -256,3 +256,46 @@ func TestStateFileIgnoresPlantedLink(t *testing.T) {
 	untouched()
 	linktest.Regular(t, filepath.Join(dir, stateFileName))
 }
+
+// A failed fdatasync leaves the append's entries in the page cache, where
+// a replica reopened after a restart would read them as written: the
+// append cuts them back out of the segment files, across a segment roll
+// too, and the reopened log ends where the last durable append did.
+func TestFailedAppendCutFromFiles(t *testing.T) {
+	for _, n := range []int{1, 3, 40} { // 40 entries of about 70 bytes roll a 1 KiB segment
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			dir := t.TempDir()
+			writeEntries(t, dir, 10, 10)
+			s, err := openTestStorage(t, dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fault := errors.New("injected fdatasync failure")
+			s.beforeSync = func(uint64) error { return fault }
+			var ents []*pb.Entry
+			for i := uint64(11); i < 11+uint64(n); i++ {
+				ents = append(ents, testEntry(i, 1, fmt.Sprintf("value-%03d-%s", i, make([]byte, 40))))
+			}
+			if err := s.append(ents); !errors.Is(err, fault) {
+				t.Fatalf("append = %v, want the injected failure", err)
+			}
+			if s.last != 10 {
+				t.Fatalf("last %d after the failed append, want 10", s.last)
+			}
+			if err := s.close(); err != nil {
+				t.Fatal(err)
+			}
+			r, err := openTestStorage(t, dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.close()
+			if r.last != 10 {
+				t.Fatalf("reopened, the log ends at %d; want 10, where the last durable append ended", r.last)
+			}
+			if err := r.append([]*pb.Entry{testEntry(11, 2, "after")}); err != nil {
+				t.Fatalf("append after reopening: %v", err)
+			}
+		})
+	}
+}

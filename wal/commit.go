@@ -368,7 +368,12 @@ func (l *Log) commit(reqs []*request, how tailSync) {
 		l.mu.Lock()
 		l.mu.failed = err
 		l.mu.Unlock()
-		l.logger.Error("wal: commit failed; log accepts no more appends until reopened", "shard", l.name, "err", err)
+		if cerr := l.cutFailed(base); cerr != nil {
+			l.logger.Error("wal: commit failed; log accepts no more appends until reopened, and could not cut the failed batch from its files: reopened, it may show records its disk does not hold",
+				"shard", l.name, "err", err, "cut_err", cerr)
+		} else {
+			l.logger.Error("wal: commit failed; log accepts no more appends until reopened", "shard", l.name, "err", err)
+		}
 		clear(recs)
 		complete(reqs, 0, 0, err)
 		return
@@ -457,6 +462,50 @@ func (l *Log) writeAndSync(first uint64, sizes []int, how tailSync) error {
 		return fmt.Errorf("fdatasync %s: %w", segmentName(l.tail.index), err)
 	}
 	return nil
+}
+
+// cutFailed takes a failed batch's entries (offsets base on) back out of
+// the segment files, so that the log reopens where its acks end.
+//
+// A failed fdatasync leaves the batch's bytes in the page cache, marked
+// clean (Linux since 4.13): read back, by this process or the next one,
+// they look written although the disk may not hold them, and a record
+// committed after them once the log is reopened would sit behind a hole
+// as soon as the kernel dropped those pages. None of the batch was acked
+// (its outcome was reported unknown); cut, it is not written. tidwall
+// rewrites the segment holding base, fsyncing the new file before it
+// replaces the old, and removes any later one (TruncateBack). The disk
+// may refuse this too: the log is failed either way. The caller holds
+// the commit role.
+func (l *Log) cutFailed(base uint64) error {
+	l.tail.Lock()
+	defer l.tail.Unlock()
+	last, err := l.tw.LastIndex()
+	if err != nil {
+		return err
+	}
+	if last <= base { // tidwall index = offset + 1: none of the batch is indexed
+		return nil
+	}
+	l.scans.drop()
+	l.files.Drop(false)
+	if err := l.tw.TruncateBack(base); err != nil {
+		return err
+	}
+	if err := l.syncDir(); err != nil {
+		return err
+	}
+	segs, _, err := listSegments(l.dir)
+	if err != nil {
+		return err
+	}
+	if len(segs) == 0 {
+		return errors.New("no segment files")
+	}
+	if err := l.openTail(segs[len(segs)-1].Index); err != nil {
+		return err
+	}
+	return l.measure()
 }
 
 // syncFallback runs when our view of the tail segment disagrees with the

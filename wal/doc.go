@@ -38,8 +38,10 @@
 // Append returns, and AppendAsync's callback runs, only after the record's
 // bytes are fsynced (fdatasync on Linux). If a write or fsync fails, every
 // record of that batch gets the error and the Log fails for good: an fsync
-// failure cannot be retried safely, so the shard must be reopened, which
-// re-reads what actually reached the disk.
+// failure cannot be retried safely, so the shard must be reopened. The
+// batch is cut back out of the segment files first (cutFailed): the page
+// cache keeps a failed fdatasync's pages, marked clean, and the reopened
+// log would read them as written.
 //
 // The committer goroutine's fdatasync hands its P to the rest of the
 // process for the call (tidseg.FdatasyncHandOff: the runtime's own entry
