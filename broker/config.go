@@ -219,8 +219,10 @@ type Config struct {
 	// Default 4096.
 	PublishInFlight int
 	// PublishBytesPerPrincipal bounds, over all the publisher streams of
-	// one principal, the bytes of records taken in and not answered plus
-	// 512 bytes per record whose answer is not written yet; past it the
+	// one principal, the bytes of records taken in and not answered (each
+	// counts its frame, which its fields keep alive, or its fields if they
+	// are larger once scoped) plus 512 bytes per record whose answer is
+	// not written yet; past it the
 	// broker stops reading those streams until answers are written. It is
 	// at least MaxPayload + 512. Default 64 MiB.
 	PublishBytesPerPrincipal int

@@ -611,3 +611,91 @@ func TestHandshakesInFlightBounded(t *testing.T) {
 		t.Errorf("the broker holds %d unfinished handshakes from one unauthenticated source; Transport.MaxHandshakes is %d", held, maxHS)
 	}
 }
+
+// paddedPublish is a record of two bytes and one small header whose frame
+// a client pads with pad bytes the broker ignores (Via is a forwarding
+// broker's; a client's is cleared).
+func paddedPublish(seq uint64, pad string) *transport.Publish {
+	return &transport.Publish{Seq: seq, Stream: "orders", Shard: -1, Key: []byte("k"), Value: []byte("v"),
+		Headers: map[string]string{"h": "x"}, Via: pad}
+}
+
+// TestPaddedFramesCharged: a record is charged against its principal's
+// publish budget by its frame, not by its fields: the decoded record's
+// fields alias one copy of the whole frame, which a client can pad for
+// free. With the lane to the owner held dialing, padded records of two
+// bytes were all taken in under a 2 MiB budget (128 of them: 64 KiB
+// charged, the heap 112 MiB larger).
+func TestPaddedFramesCharged(t *testing.T) {
+	release := make(chan struct{})
+	ip := startInprocWith(t, func(c *Config) {
+		c.PublishBytesPerPrincipal = 2 << 20
+		c.Knobs.DialPeer = func(ctx context.Context, node string) error {
+			select {
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}, 2, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	defer close(release)
+	fwd := ip.nonOwner("orders", 0)
+	const n, padding = 16, 900 << 10
+	pad := strings.Repeat("x", padding)
+	before := heapInUse()
+	conn := ip.dial(fwd)
+	ws := openStream(t, conn)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		ws.s.SetWriteDeadline(time.Now().Add(2 * time.Second)) // the budget stops it
+		for i := uint64(1); i <= n; i++ {
+			if err := ws.w.Write(paddedPublish(i, pad)); err != nil {
+				return
+			}
+		}
+	})
+	wg.Wait()
+	pad = ""
+	var charged int64
+	fwd.limits.mu.Lock()
+	for _, u := range fwd.limits.mu.principals {
+		charged += u.publish.inUse()
+	}
+	fwd.limits.mu.Unlock()
+	grew := int64(heapInUse()) - int64(before)
+	if charged < padding {
+		t.Fatalf("records in flight are charged %d bytes, less than one frame (%d)", charged, padding)
+	}
+	if grew > 12<<20 {
+		t.Fatalf("%d padded records (charged %d KiB of a 2 MiB budget) made the broker's heap grow by %d MiB", n, charged>>10, grew>>20)
+	}
+	conn.CloseWithError(0, "done")
+}
+
+// TestPaddedFramesLeaveTheTail: the shard's in-memory tail keeps a
+// record's header map, whose strings alias the whole decoded frame: a
+// padded frame's headers get their own copy, so that acked records of
+// two bytes do not keep their frames alive (64 of them once kept 55 MiB,
+// after their stream and connection were closed).
+func TestPaddedFramesLeaveTheTail(t *testing.T) {
+	ip := startInproc(t, 1, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	b := ip.brokers[0]
+	conn := ip.dial(b)
+	ws := openStream(t, conn)
+	ws.send(paddedPublish(1, ""))
+	wantAck(t, ws.recv(), 1)
+	before := heapInUse()
+	const n = 64
+	pad := strings.Repeat("x", 900<<10)
+	for i := uint64(2); i < n+2; i++ {
+		ws.send(paddedPublish(i, pad))
+		wantAck(t, ws.recv(), i)
+	}
+	ws.s.Close()
+	conn.CloseWithError(0, "done")
+	pad = ""
+	if grew := int64(heapInUse()) - int64(before); grew > 16<<20 {
+		t.Fatalf("%d acked records of two bytes, their connection closed, keep %d MiB of the broker's heap", n, grew>>20)
+	}
+}

@@ -236,9 +236,13 @@ func (p *pubSession) handle(pub *transport.Publish) bool {
 		pid = producerName(pid)
 	}
 	size := len(pub.Key) + len(pub.Value) + hlen + len(pid)
-	if !p.take(&in, size) {
+	// Charged by what the broker holds until the answer: the frame, which
+	// may be larger than its fields (detachHeaders).
+	wire := p.r.LastSize()
+	if !p.take(&in, max(size, wire)) {
 		return false
 	}
+	detachHeaders(pub, hlen, wire)
 	if err := p.authorize(pub); err != nil {
 		p.fail(in, err)
 		return true
@@ -397,20 +401,22 @@ func (p *pubSession) checkRecord(pub *transport.Publish, size, hlen int) *transp
 	return nil
 }
 
-// tailHeaders returns the headers to append pub with. The log keeps the
-// map itself in its in-memory tail, and the decoded map's strings point
-// into the publish frame, key and value included: for a large record the
-// map is copied, so that the tail does not keep the frame alive beside
-// its own copy of the record.
-func tailHeaders(pub *transport.Publish) map[string]string {
-	if len(pub.Headers) == 0 || len(pub.Key)+len(pub.Value) <= 1024 {
-		return pub.Headers
+// detachHeaders gives pub's headers their own copy when keeping them
+// would keep much more of its frame alive than they hold: the log keeps
+// the map itself in its in-memory tail, and the decoded map's strings
+// point into one copy of the whole frame body (transport.DecodeFrame),
+// wire bytes long, which the sender sizes (a large key or value, which
+// the tail copies, or fields a broker ignores). Up to 1 KiB more is kept
+// as it is, which saves small records an allocation.
+func detachHeaders(pub *transport.Publish, hlen, wire int) {
+	if hlen == 0 || wire <= hlen+1024 {
+		return
 	}
 	h := make(map[string]string, len(pub.Headers))
 	for k, v := range pub.Headers {
 		h[strings.Clone(k)] = strings.Clone(v)
 	}
-	return h
+	pub.Headers = h
 }
 
 func headersLen(h map[string]string) int {
@@ -592,7 +598,7 @@ func (p *pubSession) appendLocal(in inbound, m *shardmap.Map, shard int) {
 	a.rec = wal.Record{
 		ProducerID:  pub.ProducerID,
 		ProducerSeq: pub.ProducerSeq,
-		Headers:     tailHeaders(pub),
+		Headers:     pub.Headers,
 		Key:         pub.Key,
 		Value:       pub.Value,
 	}

@@ -31,7 +31,16 @@ type Reader struct {
 
 	hold Holder // nil: the buffer's growth is not accounted
 	held int    // bytes taken from hold for the buffer
+
+	last int // body length of the frame ReadRaw returned last
 }
+
+// LastSize returns the body length of the frame read last. A frame decoded
+// from it (Read, ReadIf) points its strings and byte slices into one copy
+// of that body ([DecodeFrame]): keeping any of them keeps LastSize bytes,
+// whatever the fields' own lengths (a sender may pad a frame with fields
+// the receiver ignores).
+func (r *Reader) LastSize() int { return r.last }
 
 // A Holder accounts what Readers buffer for frames larger than they keep
 // between frames (a partial large frame held until its last byte comes):
@@ -205,6 +214,7 @@ func (r *Reader) ReadRaw() (FrameType, []byte, error) {
 	}
 	typ := FrameType(r.buf[r.start+4])
 	body := r.buf[r.start+frameHeaderLen : r.start+4+n : r.start+4+n]
+	r.last = len(body)
 	r.start += 4 + n
 	if r.start == r.end {
 		r.start, r.end = 0, 0

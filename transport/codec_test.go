@@ -599,8 +599,14 @@ func TestReaderReadyAndRaw(t *testing.T) {
 	if !r.Ready() {
 		t.Fatal("second frame buffered but not Ready")
 	}
+	if r.LastSize() != len(b) {
+		t.Fatalf("LastSize %d after a frame body of %d bytes", r.LastSize(), len(b))
+	}
 	if _, err := r.Read(); err != nil {
 		t.Fatal(err)
+	}
+	if want := len(body(&Credit{Records: 2})); r.LastSize() != want {
+		t.Fatalf("LastSize %d after a frame body of %d bytes", r.LastSize(), want)
 	}
 	if r.Ready() {
 		t.Fatal("Ready with a partial frame buffered")
