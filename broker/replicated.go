@@ -322,9 +322,11 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 			has = false
 		}
 	}
+	// The lost flag is dropped only once the replica's mark is written
+	// (below): until then it is all that says the replica lost its log,
+	// and an attempt that fails before must leave it for the next one.
 	s.mu.Lock()
 	lost := s.mu.lost[e.id]
-	delete(s.mu.lost, e.id)
 	s.mu.Unlock()
 	join := false
 	switch {
@@ -354,6 +356,11 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 		if err := s.marks.add(e.id); err != nil {
 			return err
 		}
+	}
+	if lost {
+		s.mu.Lock()
+		delete(s.mu.lost, e.id) // marked: marks.has says it from now on
+		s.mu.Unlock()
 	}
 	// The voters of a new group. A replica that holds its group's state
 	// keeps the configuration stored there, and one that replaced a lost
