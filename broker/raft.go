@@ -150,6 +150,10 @@ type raftNet struct {
 		// down (noteDown): one that handed a leadership over and has
 		// been down since has restarted, and may have it back.
 		downAt map[string]time.Time
+		// served is, per peer, the raft stream it opened that this
+		// broker reads (serveRaft): one at a time, each reading a frame
+		// of up to raftFrameLimit.
+		served map[string]*quic.Stream
 	}
 }
 
@@ -171,6 +175,7 @@ func newRaftNet(node string, tick time.Duration, electionTicks, entryBytes int, 
 	n.mu.groups = map[shardmap.ShardID]*raftMember{}
 	n.mu.peers = map[string]*raftPeer{}
 	n.mu.downAt = map[string]time.Time{}
+	n.mu.served = map[string]*quic.Stream{}
 	n.wg.Add(1)
 	go n.runTicker()
 	return n
@@ -654,6 +659,8 @@ func (b *Broker) serveRaft(s *quic.Stream, r *transport.Reader, first *transport
 		return
 	}
 	r.SetMaxFrame(raftFrameLimit)
+	b.raft.serve(from.peerID, s)
+	defer b.raft.served(from.peerID, s)
 	var p *raftPeer
 	var back *frameWriter
 	if first.Duplex && !b.raft.simplex && first.From == from.peerID && from.peerID < b.raft.node {
@@ -671,6 +678,30 @@ func (b *Broker) serveRaft(s *quic.Stream, r *transport.Reader, first *transport
 	}
 	s.CancelRead(0)
 	s.Close()
+}
+
+// serve makes s the raft stream of peer this broker reads, ending the one
+// it read before, if any: a peer has one (it opens another when it sees
+// the first fail, perhaps before this broker does), and each may hold a
+// frame of up to raftFrameLimit as its bytes arrive, so a peer that
+// opened many would make the broker hold that many times as much.
+func (n *raftNet) serve(peer string, s *quic.Stream) {
+	n.mu.Lock()
+	old := n.mu.served[peer]
+	n.mu.served[peer] = s
+	n.mu.Unlock()
+	if old != nil {
+		old.CancelRead(quic.StreamErrorCode(transport.CodeLimitExceeded))
+	}
+}
+
+// served forgets s, the raft stream of peer, unless another replaced it.
+func (n *raftNet) served(peer string, s *quic.Stream) {
+	n.mu.Lock()
+	if n.mu.served[peer] == s {
+		delete(n.mu.served, peer)
+	}
+	n.mu.Unlock()
 }
 
 // receive delivers the raft frames peer sends on one stream, starting
