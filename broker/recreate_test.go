@@ -235,3 +235,28 @@ func TestIncarnationFromTheFutureIsBounded(t *testing.T) {
 		t.Fatalf("a subscription to an incarnation from the future: %+v; want unknown_stream", e)
 	}
 }
+
+// A subscription to a stream of another cluster (one built again, whose
+// epochs start over: the incarnation may match) is refused as of an
+// unknown stream; one naming this broker's cluster is served.
+func TestSubscriptionOfAnotherClusterRefused(t *testing.T) {
+	ip := startInproc(t, 1, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	b := ip.brokers[0]
+	m := b.member.Map()
+	st, _ := m.Stream("orders")
+	if m.Cluster == "" {
+		t.Fatal("the map names no cluster")
+	}
+	sub := openStream(t, ip.dial(b))
+	sub.send(&transport.Subscribe{Stream: "orders", Shard: 0, Credit: 8, Created: st.Created, Epoch: m.Epoch, Cluster: "another"})
+	if e, ok := sub.recv().(*transport.Error); !ok || e.Code != transport.CodeUnknownStream {
+		t.Fatalf("a subscription to another cluster's stream: %+v; want unknown_stream", e)
+	}
+	ws := openStream(t, ip.dial(b))
+	wantAck(t, publishShard(ws, 1, "orders", 0, "x"), 1)
+	ok := openStream(t, ip.dial(b))
+	ok.send(&transport.Subscribe{Stream: "orders", Shard: 0, Credit: 8, Created: st.Created, Epoch: m.Epoch, Cluster: m.Cluster})
+	if r, isRecs := ok.recv().(*transport.Records); !isRecs || len(r.Records) != 1 {
+		t.Fatalf("a subscription naming this cluster: %+v; want the record", r)
+	}
+}

@@ -86,6 +86,12 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 			"subscription credit of %d records is over the broker's limit of %d (MaxCredit); subscribe with less credit", sub.Credit, b.cfg.MaxCredit))
 		return
 	}
+	if sub.Cluster != "" && m.Cluster != "" && sub.Cluster != m.Cluster {
+		// Built again: its streams are others, whatever their epochs.
+		refuse(&transport.Error{Code: transport.CodeUnknownStream, Epoch: m.Epoch,
+			Message: fmt.Sprintf("stream %q of cluster %s: this broker serves cluster %s", sub.Stream, sub.Cluster, m.Cluster)})
+		return
+	}
 	st, ok := m.Stream(sub.Stream)
 	if !ok {
 		refuse(&transport.Error{Code: transport.CodeUnknownStream, Epoch: m.Epoch,

@@ -9,6 +9,7 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -269,8 +270,10 @@ func (c *Client) Map(ctx context.Context) (*Map, error) {
 // stream's shards, and that the current shard map (fetched for the call)
 // has live, what its replicas know: the leader and term it sees, and the
 // offsets it has committed ([ReplicaState.Next]; a replica behind the
-// leader has a smaller one). A broker that does not answer
-// gets one state per shard it holds, with Err saying why. A stream of
+// leader has a smaller one). The brokers are asked at once; one that does
+// not answer within the request timeout ([WithRequestTimeout]) gets one
+// state per shard it holds, with Err saying why. If ctx ends first, the
+// call fails with its error. A stream of
 // replication factor 1 has no replicas to report.
 func (c *Client) ReplicaStatus(ctx context.Context, stream string) ([]ReplicaState, error) {
 	// A fresh map, not the cached one: a status must not name a broker
@@ -292,25 +295,38 @@ func (c *Client) ReplicaStatus(ctx context.Context, stream string) ([]ReplicaSta
 			}
 		}
 	}
-	var out []ReplicaState
-	req := &transport.Request{Op: opReplicaStatus, Stream: StreamConfig{Name: stream}}
+	// The brokers at once, each for no longer than the request timeout:
+	// one that does not answer holds back neither the others nor the call.
+	var (
+		mu  sync.Mutex
+		out []ReplicaState
+		wg  sync.WaitGroup
+	)
 	for id, shards := range nodes {
-		n, ok := m.Node(id)
-		var resp *transport.Response
-		err := fmt.Errorf("%s is down in the shard map", id)
-		if ok && n.Live && n.Addr != "" {
-			var b *brokerConn
-			if b, err = c.conn(n.Addr); err == nil {
-				resp, err = c.request(ctx, b, req)
+		wg.Go(func() {
+			n, ok := m.Node(id)
+			var resp *transport.Response
+			err := fmt.Errorf("%s is down in the shard map", id)
+			if ok && n.Live && n.Addr != "" {
+				var b *brokerConn
+				if b, err = c.conn(n.Addr); err == nil {
+					resp, err = c.boundedRequest(ctx, b, &transport.Request{Op: opReplicaStatus, Stream: StreamConfig{Name: stream}})
+				}
 			}
-		}
-		if err != nil {
-			for _, s := range shards {
-				out = append(out, ReplicaState{Shard: s, Node: id, Err: err.Error()})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				for _, s := range shards {
+					out = append(out, ReplicaState{Shard: s, Node: id, Err: err.Error()})
+				}
+				return
 			}
-			continue
-		}
-		out = append(out, resp.Replicas...)
+			out = append(out, resp.Replicas...)
+		})
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("client: replica status of %q: %w", stream, err)
 	}
 	slices.SortFunc(out, func(a, b ReplicaState) int {
 		if a.Shard != b.Shard {

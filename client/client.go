@@ -351,19 +351,27 @@ func (c *Client) refreshMap(ctx context.Context) (*shardmap.Map, error) {
 // caller (a subscription's shard goroutine, a publisher, Connect) goes on
 // without it rather than waiting as long as b's connection stays up.
 func (c *Client) fetchMap(ctx context.Context, b *brokerConn) (*shardmap.Map, error) {
-	rctx, cancel := context.WithTimeout(ctx, c.cfg.requestTimeout)
-	defer cancel()
-	resp, err := c.request(rctx, b, &transport.Request{Op: opMapGet})
+	resp, err := c.boundedRequest(ctx, b, &transport.Request{Op: opMapGet})
 	if err != nil {
-		if ctx.Err() == nil && rctx.Err() != nil {
-			err = fmt.Errorf("no answer within %v (WithRequestTimeout; is the broker overloaded or stuck?): %w", c.cfg.requestTimeout, err)
-		}
 		return nil, fmt.Errorf("client: getting shard map from %s: %w", b.addr, err)
 	}
 	if resp.Map == nil {
 		return nil, fmt.Errorf("client: getting shard map from %s: %w", b.addr, &transport.Error{Code: transport.CodeInternal, Message: "response carries no map"})
 	}
 	return resp.Map, nil
+}
+
+// boundedRequest sends req to broker b, waiting no longer than the request
+// timeout (WithRequestTimeout), for a request the SDK makes on its own
+// behalf that b answers from what it holds.
+func (c *Client) boundedRequest(ctx context.Context, b *brokerConn, req *transport.Request) (*transport.Response, error) {
+	rctx, cancel := context.WithTimeout(ctx, c.cfg.requestTimeout)
+	defer cancel()
+	resp, err := c.request(rctx, b, req)
+	if err != nil && ctx.Err() == nil && rctx.Err() != nil {
+		err = fmt.Errorf("no answer within %v (WithRequestTimeout; is the broker overloaded or stuck?): %w", c.cfg.requestTimeout, err)
+	}
+	return resp, err
 }
 
 // mapWith returns a shard map that has stream, refreshing the cached one

@@ -596,6 +596,10 @@ func (b *fakeBroker) serveSubscribe(conn *quic.Conn, sub *transport.Subscribe, r
 		_ = w.Write(&transport.Error{Code: transport.CodeUnknownStream, Message: sub.Stream})
 		return
 	}
+	if (sub.Cluster != "" && sub.Cluster != m.Cluster) || (sub.Created != 0 && sub.Created != st.Created) { // as broker/subscribe.go does
+		_ = w.Write(&transport.Error{Code: transport.CodeUnknownStream, Epoch: m.Epoch, Message: "another cluster's stream, or one deleted"})
+		return
+	}
 	if owner := st.Placement.Owner(int(sub.Shard)); owner != b.id && !st.Placement.IsReplica(int(sub.Shard), b.id) {
 		_ = w.Write(&transport.Error{Code: transport.CodeNotOwner, Owner: owner, Epoch: m.Epoch})
 		return

@@ -375,14 +375,17 @@ type subOptFunc func(*subConfig)
 func (f subOptFunc) applySub(c *subConfig) { f(c) }
 
 type subConfig struct {
-	shard       int // -1: all shards
+	shard       int  // -1: all shards
+	one         bool // Shard(n) given: shard is n, whatever its sign
 	credit      uint32
 	skipCorrupt bool // see SkipCorrupt (subscribe.go)
 }
 
-// Shard subscribes to shard n only. By default a subscription covers every
-// shard of the stream.
-func Shard(n int) SubOpt { return subOptFunc(func(c *subConfig) { c.shard = n }) }
+// Shard subscribes to shard n only, which must be one of the stream's
+// (from 0): Subscribe refuses another n with an error matching
+// shardmap.ErrNoShard. By default a subscription covers every shard of
+// the stream.
+func Shard(n int) SubOpt { return subOptFunc(func(c *subConfig) { c.shard, c.one = n, true }) }
 
 // Credit sets how many records each shard's broker may send ahead of the
 // application, per shard. Default [DefaultCredit]. More is taken again as

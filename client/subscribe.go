@@ -56,6 +56,11 @@ type Subscription struct {
 	// stream of the same name created again is another stream, and the
 	// subscription ends rather than read it from its own offsets.
 	created uint64
+	// cluster is the ID of the cluster the stream is in (shardmap.Map's
+	// Cluster, "" from a control plane that has none): a cluster built
+	// again counts its epochs from the start, so a stream created there
+	// may have the same incarnation, and it is another stream too.
+	cluster string
 
 	skipCorrupt bool // see SkipCorrupt
 
@@ -111,13 +116,13 @@ func (c *Client) Subscribe(ctx context.Context, stream string, from Start, opts 
 	if err := shardmap.ValidateStreamName(stream); err != nil {
 		return nil, fmt.Errorf("client: subscribe to %q: %w", stream, err)
 	}
-	_, st, err := c.mapWith(ctx, stream)
+	m, st, err := c.mapWith(ctx, stream)
 	if err != nil {
 		return nil, fmt.Errorf("client: subscribe to %q: %w", stream, err)
 	}
 	var shards []int
 	switch {
-	case cfg.shard >= st.Shards:
+	case cfg.shard >= st.Shards || cfg.one && cfg.shard < 0:
 		return nil, fmt.Errorf("client: subscribe to %q: %w: the stream has %d shards, not shard %d",
 			stream, shardmap.ErrNoShard, st.Shards, cfg.shard)
 	case cfg.shard >= 0:
@@ -135,6 +140,7 @@ func (c *Client) Subscribe(ctx context.Context, stream string, from Start, opts 
 		c:           c,
 		stream:      stream,
 		created:     st.Created,
+		cluster:     m.Cluster,
 		credit:      cfg.credit,
 		skipCorrupt: cfg.skipCorrupt,
 		batches:     make(chan batch, len(shards)+1),
@@ -562,6 +568,10 @@ func (sh *shardSub) ownerAddr(ctx context.Context, failures int) (string, error)
 	if err != nil {
 		return "", err
 	}
+	if sh.s.cluster != "" && m.Cluster != "" && m.Cluster != sh.s.cluster {
+		return "", fmt.Errorf("client: stream %q: %w (%w): the cluster of the stream subscribed to (%s) is gone; the brokers now serve cluster %s",
+			sh.s.stream, &transport.Error{Code: transport.CodeUnknownStream, Message: "cluster built again"}, shardmap.ErrUnknownStream, sh.s.cluster, m.Cluster)
+	}
 	if sh.s.created != 0 && st.Created != sh.s.created {
 		return "", fmt.Errorf("client: stream %q: %w (%w): the stream subscribed to, of map epoch %d, was deleted, and one of its name created at epoch %d",
 			sh.s.stream, &transport.Error{Code: transport.CodeUnknownStream, Message: "deleted"}, shardmap.ErrUnknownStream, sh.s.created, st.Created)
@@ -630,7 +640,7 @@ func (sh *shardSub) attach(ctx context.Context, addr string) (progressed bool, e
 		}
 	}()
 
-	sub := &transport.Subscribe{Stream: s.stream, Shard: int32(sh.shard), Start: sh.startKind, Offset: sh.startOff, Created: s.created}
+	sub := &transport.Subscribe{Stream: s.stream, Shard: int32(sh.shard), Start: sh.startKind, Offset: sh.startOff, Created: s.created, Cluster: s.cluster}
 	if m := c.cachedMap(); m != nil {
 		// A broker behind it that refuses the subscription catches up to
 		// it first: the grant may be in it.

@@ -686,6 +686,21 @@ func TestVersionTolerance(t *testing.T) {
 	if b := body(&Subscribe{Stream: "s", Created: 3}); b[0] != 0x96 {
 		t.Fatalf("a Subscribe with Created alone starts 0x%02x, want 0x96 (6 elements)", b[0])
 	}
+	// One with Cluster sends Created and Epoch too (eight fields); an
+	// earlier broker skips it.
+	sb := body(&Subscribe{Stream: "s", Cluster: "c1"})
+	if sb[0] != 0x98 {
+		t.Fatalf("a Subscribe with Cluster starts 0x%02x, want 0x98 (8 elements)", sb[0])
+	}
+	d = &decoder{b: sb}
+	n = d.arrayHeader(5)
+	if stream := d.str(); stream != "s" {
+		t.Fatalf("an earlier decoder read stream %q", stream)
+	}
+	_, _, _, _, _, _ = d.int32(), d.uint8(), d.uint64(), d.uint32(), d.uint64(), d.uint64()
+	if d.skipN(n - 7); d.err != nil || d.off != len(sb) {
+		t.Fatalf("an earlier decoder skipping Cluster: %v at %d of %d", d.err, d.off, len(sb))
+	}
 	// A Raft frame has two fields unless it opens a duplex stream; an
 	// earlier broker reads a duplex one as a plain one.
 	if b := body(&Raft{From: "n1"}); b[0] != 0x92 {

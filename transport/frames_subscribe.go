@@ -37,13 +37,20 @@ type Subscribe struct {
 	// to it before it judges again (the grant may be in that map, and a
 	// map at Created may predate it).
 	Epoch uint64
+	// Cluster is the ID of the cluster (shardmap.Map.Cluster) whose map
+	// the subscriber read the stream in, "" if none: a broker serving
+	// another cluster refuses the subscription as of an unknown stream (a
+	// cluster built again counts its epochs from the start, so Created
+	// alone may match there).
+	Cluster string
 }
 
 // subscribeFields is the fields a Subscribe is sent with; one without
-// Created and Epoch (from a client of an earlier version) has
-// subscribeFieldsMin, one without Epoch one more.
+// Created, Epoch and Cluster (from a client of an earlier version) has
+// subscribeFieldsMin, one without Epoch and Cluster one more, one without
+// Cluster two more.
 const (
-	subscribeFields    = 7
+	subscribeFields    = 8
 	subscribeFieldsMin = 5
 )
 
@@ -56,8 +63,10 @@ func (s *Subscribe) appendBody(b []byte) ([]byte, error) {
 	}
 	fields := subscribeFieldsMin
 	switch {
-	case s.Epoch != 0:
+	case s.Cluster != "":
 		fields = subscribeFields
+	case s.Epoch != 0:
+		fields = subscribeFieldsMin + 2
 	case s.Created != 0:
 		fields = subscribeFieldsMin + 1
 	}
@@ -73,6 +82,9 @@ func (s *Subscribe) appendBody(b []byte) ([]byte, error) {
 	if fields > subscribeFieldsMin+1 {
 		b = appendUint(b, s.Epoch)
 	}
+	if fields > subscribeFieldsMin+2 {
+		b = appendStr(b, s.Cluster)
+	}
 	return b, nil
 }
 
@@ -83,13 +95,17 @@ func (s *Subscribe) decode(d *decoder) {
 	s.Start = StartKind(d.uint8())
 	s.Offset = d.uint64()
 	s.Credit = d.uint32()
-	s.Created, s.Epoch = 0, 0
+	s.Created, s.Epoch, s.Cluster = 0, 0, ""
 	if n > subscribeFieldsMin {
 		s.Created = d.uint64()
 		n--
 	}
 	if n > subscribeFieldsMin {
 		s.Epoch = d.uint64()
+		n--
+	}
+	if n > subscribeFieldsMin {
+		s.Cluster = d.str()
 		n--
 	}
 	d.skipN(n - subscribeFieldsMin)
