@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -832,11 +834,15 @@ func (b *Broker) Close() error {
 	if member != nil {
 		errs = append(errs, member.Close())
 	}
+	// Closed with b.mu released: CloseWithError waits for each
+	// connection's loop to end, and the sessions ending meanwhile take
+	// b.mu to leave its sets.
 	b.mu.Lock()
-	for c := range b.mu.conns {
+	conns := slices.Collect(maps.Keys(b.mu.conns))
+	b.mu.Unlock()
+	for _, c := range conns {
 		c.CloseWithError(quic.ApplicationErrorCode(transport.CodeShuttingDown), "broker shutting down")
 	}
-	b.mu.Unlock()
 	b.peers.close()
 	if ln != nil {
 		ln.Close()

@@ -278,27 +278,35 @@ func (p *peerPool) get(ctx context.Context, node shardmap.Node) (*peerConn, erro
 // cancel it), and closes pc.ready.
 func (p *peerPool) dial(ctx context.Context, pc *peerConn, node shardmap.Node) {
 	defer p.dials.Done()
-	defer close(pc.ready)
 	defer pc.stopDial()
 	// Only node.ID's own node certificate will do: an address taken over
 	// by another node, or by a client, is refused.
 	conn, err := transport.Dial(ctx, node.Addr, transport.VerifyPeer(p.tls, transport.RoleNode, node.ID), p.cfg)
+	// Judged and made ready under the pool's lock, which dropDown and
+	// close take to look at the entry: either they see it ready, with its
+	// connection, and close that, or this sees it out of the pool.
+	var reject *quic.Conn
+	var code quic.ApplicationErrorCode
+	var why string
+	p.mu.Lock()
 	if err == nil {
-		p.mu.Lock()
-		closed, dropped := p.mu.closed, !p.pooledLocked(pc)
-		p.mu.Unlock()
 		switch {
-		case closed:
+		case p.mu.closed:
 			// close may have passed this entry by (dropDown had taken it
 			// out of the pool): the connection is this dial's to close.
-			conn.CloseWithError(0, "broker shutting down")
+			reject, code, why = conn, 0, "broker shutting down"
 			conn, err = nil, errPoolClosed
-		case dropped: // dropDown gave it up as it ended, or every lane that waited for it left
-			conn.CloseWithError(quic.ApplicationErrorCode(transport.CodeUnavailable), "peer is down in the shard map")
+		case !p.pooledLocked(pc): // dropDown gave it up as it ended, or every lane that waited for it left
+			reject, code, why = conn, quic.ApplicationErrorCode(transport.CodeUnavailable), "peer is down in the shard map"
 			conn, err = nil, fmt.Errorf("dial %s: %w", node.ID, errPeerDown)
 		}
 	}
 	pc.conn, pc.err = conn, err
+	close(pc.ready)
+	p.mu.Unlock()
+	if reject != nil {
+		reject.CloseWithError(code, why)
+	}
 	if err == nil {
 		p.acct.watch(conn, kindPeer)
 	}
