@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"math"
 	"slices"
 	"time"
 
@@ -114,5 +115,8 @@ func spreadPct(vs []float64) float64 {
 func usOf(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
 func round1(f float64) float64 {
-	return float64(int64(f*10+0.5)) / 10
+	return math.Round(f*10) / 10 // half away from zero, negative figures too
 }
+
+// round2 rounds f to two decimals, as round1 to one.
+func round2(f float64) float64 { return math.Round(f*100) / 100 }

@@ -347,7 +347,7 @@ func TestTargetsUsePreallocatedFsync(t *testing.T) {
 		p50, p99, tput float64
 	}{
 		{"measured", floors, floors.FsyncPrealloc, "fsync_prealloc", round1(1.2 * 176), round1(1.5 * 490), 4},
-		{"not measured", Floors{Fsync: floors.Fsync, RTT: floors.RTT, FsyncShared: floors.FsyncShared}, floors.Fsync, "fsync", round1(1.2 * 210), round1(1.5 * 600), round1(4 * 110.0 / 76)},
+		{"not measured", Floors{Fsync: floors.Fsync, RTT: floors.RTT, FsyncShared: floors.FsyncShared}, floors.Fsync, "fsync", round1(1.2 * 210), round1(1.5 * 600), round2(4 * 110.0 / 76)},
 	} {
 		rep := &Report{Scenarios: scenarios()}
 		rep.setFloors(tc.floors)
@@ -385,8 +385,6 @@ func TestTargetsUsePreallocatedFsync(t *testing.T) {
 		}
 	}
 }
-
-func round2(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
 
 // TestCPUPerRecord: the brokers' CPU (every broker's, not the bench's)
 // and the machine's per acked record, the median over the trials.
@@ -625,4 +623,27 @@ func TestPeakRSSIsTheWindows(t *testing.T) {
 	if !strings.Contains(buf.String(), "lifetime peak 70.0 MiB, earlier rows included") {
 		t.Errorf("the report does not say the peak is the lifetime's:\n%s", buf.String())
 	}
+}
+
+// TestRSSTargetSeesEverySweepStep: the RSS target is judged on the
+// largest peak over every throughput row, each step of a --shards sweep
+// (it once looked at the first row alone: a 768-shard step over the
+// bound was reported met).
+func TestRSSTargetSeesEverySweepStep(t *testing.T) {
+	row := func(shards int, peak float64) *Result {
+		return &Result{Scenario: Throughput, Mode: ModePipelined, Replicas: 1, Shards: shards,
+			ThroughputMsgsPerS: 1e5, BrokerPeakRSSMiB: ptr(peak)}
+	}
+	rep := &Report{Scenarios: []*Result{row(6, 80), row(768, 350), row(96, 120)}}
+	rep.Floors.Fsync = Percentiles{Count: 1, P50: 1000, P99: 2000}
+	rep.checkTargets()
+	for _, tg := range rep.Targets {
+		if tg.Name == "broker RSS" {
+			if tg.Met || tg.Value != 350 || !strings.Contains(tg.Rule, "768 shards") {
+				t.Fatalf("RSS target %+v; want 350 MiB over 768 shards, missed", tg)
+			}
+			return
+		}
+	}
+	t.Fatal("no RSS target")
 }

@@ -65,8 +65,14 @@ type Config struct {
 	// peer is taken up to what a broker of MaxPayloadCeiling sends, so a
 	// follower takes the entries of a leader whose limit is larger.
 	MaxPayload int
-	// ForwardTimeout bounds how long a forwarded publish may wait for the
-	// owner, including re-routing after a map change; default 10s.
+	// ForwardTimeout bounds how long a publish waits to be routed: for a
+	// map as new as its sender's, for its replicated shard's leader to be
+	// known and reached, for a forwarded record's answers once its
+	// publisher stream ends, and for a broker still starting or draining.
+	// A record forwarded on a live connection waits for its owner's
+	// answer as a direct publish does (an owner whose disk hangs answers
+	// nothing: the publisher's own deadline bounds that wait; at
+	// replication factor 3, CommitTimeout). Default 10s.
 	ForwardTimeout time.Duration
 	// CommitTimeout bounds how long a record of a replicated shard waits
 	// for its raft group to commit it once proposed (no majority can
