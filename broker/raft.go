@@ -108,7 +108,8 @@ type raftNet struct {
 	peers         *peerPool
 	mapOf         func() *shardmap.Map // the broker's current map, nil before Start
 	// failed, called by the retention pass with a hosted group that has
-	// failed (replica.ErrFailed), replaces it (shardSet.replaceFailed).
+	// failed (replica.ErrFailed) or lost its log (replica.ErrLogLost),
+	// replaces it (shardSet.replaceFailed).
 	// Set once before the first pass runs.
 	failed func(id shardmap.ShardID, g *replica.Group)
 	// toCtl sends a request to the control plane (settle, moves.go); set
@@ -302,7 +303,10 @@ func (n *raftNet) runRetention(every time.Duration) {
 		}
 		gs = n.members(gs[:0])
 		for _, m := range gs {
-			if err := m.g.Err(); errors.Is(err, replica.ErrFailed) {
+			// A replica whose log was lost under it (Group.Lost) never
+			// catches up under its raft id: it is replaced as a failed
+			// one is, by a new one that joins.
+			if err := m.g.Err(); errors.Is(err, replica.ErrFailed) || m.g.Lost() != nil {
 				n.failed(m.id, m.g)
 				continue
 			}

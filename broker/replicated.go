@@ -251,7 +251,9 @@ const replaceEvery = time.Minute
 // kernel may have dropped the data it could not write, while reads still
 // see it). So it is replaced as a damaged one is at open: set aside, and
 // a new replica joins in its place under a new raft id, caught up from
-// its peers. At most once per replaceEvery per shard. Called by the
+// its peers. So is a replica whose log was lost under it (Group.Lost: its
+// raft state kept, its entries gone), which never catches up under its
+// raft id. At most once per replaceEvery per shard. Called by the
 // retention pass (raftNet.runRetention).
 func (s *shardSet) replaceFailed(id shardmap.ShardID, g *replica.Group) {
 	s.mu.Lock()
@@ -267,7 +269,7 @@ func (s *shardSet) replaceFailed(id shardmap.ShardID, g *replica.Group) {
 	s.mu.removing[id.Stream] = ch // no open of the stream's shards until the old files are aside
 	m := s.mu.latest
 	s.mu.Unlock()
-	cause := g.Err()
+	cause := cmp.Or(g.Err(), g.Lost())
 	s.finish(e) // the failed group's close error is its failure again
 	aside, err := s.setAside(id)
 	s.mu.Lock()
