@@ -151,3 +151,60 @@ func TestSubscriptionEndsWithItsCluster(t *testing.T) {
 			rec.Value, rec.Offset, rec.Offset-1, c.cachedMap().Cluster, c.cachedMap().Epoch)
 	}
 }
+
+// TestSubscribeAfterRecreateWithCachedMap: a client whose cached map
+// predates a delete and create of a stream subscribes to it: the
+// subscription, which has received nothing, reads the stream of that
+// name now (it once ended with ErrUnknownStream, the broker refusing the
+// incarnation of the stale map).
+func TestSubscribeAfterRecreateWithCachedMap(t *testing.T) {
+	fc := newFakeCluster(t, 1)
+	fc.recreate("x", 1) // first incarnation, Created set
+	c := connect(t, fc, 0)
+	ctx := testCtx(t)
+	if _, err := c.Map(ctx); err != nil { // the client caches incarnation 1
+		t.Fatal(err)
+	}
+	fc.recreate("x", 1) // someone else deletes and creates "x" again
+	sub, err := c.Subscribe(ctx, "x", Earliest())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Stop()
+	fc.append(shardmap.ShardID{Stream: "x", Shard: 0}, &transport.Publish{Value: []byte("v")})
+	if got := collect(t, sub, 1); string(got[0].Value) != "v" {
+		t.Fatalf("got %q", got[0].Value)
+	}
+}
+
+// TestSubscriptionEndsWhenRecreatedAfterARecord: once a record was
+// received, a stream of the same name created again is another stream:
+// the subscription ends with ErrUnknownStream rather than read it.
+func TestSubscriptionEndsWhenRecreatedAfterARecord(t *testing.T) {
+	fc := newFakeCluster(t, 1)
+	fc.recreate("x", 1)
+	c := connect(t, fc, 0)
+	ctx := testCtx(t)
+	id := shardmap.ShardID{Stream: "x", Shard: 0}
+	fc.append(id, &transport.Publish{Value: []byte("old")})
+	sub, err := c.Subscribe(ctx, "x", Earliest())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Stop()
+	collect(t, sub, 1)
+	fc.recreate("x", 1)
+	fc.append(id, &transport.Publish{Value: []byte("new")})
+	fc.brokers[0].restart(t)
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for rec, err := range sub.Records(rctx) {
+		if err == nil {
+			t.Fatalf("the subscription read %q of the stream created again", rec.Value)
+		}
+		if !errors.Is(err, ErrUnknownStream) {
+			t.Fatalf("ended with %v, want ErrUnknownStream", err)
+		}
+		return
+	}
+}

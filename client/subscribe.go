@@ -42,6 +42,14 @@ type Record struct {
 // exception is a shard started with [Latest] that has delivered nothing
 // yet: it restarts at the then-latest record.
 //
+// The stream subscribed to is the one of its name when the subscription
+// first receives a record: until then it follows a stream deleted and
+// created again with as many shards (the client's map may have been
+// behind when Subscribe was called). Once a record is received, a
+// stream of the same name created again is another one, and the
+// subscription ends with an error matching [ErrUnknownStream] rather
+// than read it from its own offsets.
+//
 // A record counts as delivered when the iterator yields it; [Subscription.Next]
 // reports, per shard, the offset after the last delivered record, to resume
 // a later subscription with [AtOffsets]. Flow control follows delivery: a
@@ -51,11 +59,17 @@ type Subscription struct {
 	stream string
 	credit uint32
 	shards []*shardSub
-	// created is the incarnation of the stream subscribed to
-	// (shardmap.Stream.Created; 0 from a control plane that has none): a
-	// stream of the same name created again is another stream, and the
-	// subscription ends rather than read it from its own offsets.
-	created uint64
+	// inc is the incarnation of the stream subscribed to
+	// (shardmap.Stream.Created; 0 from a control plane that has none),
+	// which moves to a stream of the same name created again only while
+	// no shard has received a record (follow), and shards, how many the
+	// stream had.
+	inc struct {
+		sync.Mutex
+		created  uint64
+		received bool // a shard received a record of created
+	}
+	shardCount int
 	// cluster is the ID of the cluster the stream is in (shardmap.Map's
 	// Cluster, "" from a control plane that has none): a cluster built
 	// again counts its epochs from the start, so a stream created there
@@ -139,7 +153,7 @@ func (c *Client) Subscribe(ctx context.Context, stream string, from Start, opts 
 	s := &Subscription{
 		c:           c,
 		stream:      stream,
-		created:     st.Created,
+		shardCount:  st.Shards,
 		cluster:     m.Cluster,
 		credit:      cfg.credit,
 		skipCorrupt: cfg.skipCorrupt,
@@ -147,6 +161,7 @@ func (c *Client) Subscribe(ctx context.Context, stream string, from Start, opts 
 		stopped:     make(chan struct{}),
 		closed:      make(chan struct{}),
 	}
+	s.inc.created = st.Created
 	s.ctx, s.cancel = context.WithCancel(c.ctx)
 	s.conns.c = c
 	s.mu.next = make(map[int]uint64)
@@ -572,9 +587,9 @@ func (sh *shardSub) ownerAddr(ctx context.Context, failures int) (string, error)
 		return "", fmt.Errorf("client: stream %q: %w (%w): the cluster of the stream subscribed to (%s) is gone; the brokers now serve cluster %s",
 			sh.s.stream, &transport.Error{Code: transport.CodeUnknownStream, Message: "cluster built again"}, shardmap.ErrUnknownStream, sh.s.cluster, m.Cluster)
 	}
-	if sh.s.created != 0 && st.Created != sh.s.created {
+	if created, ok := sh.s.follow(st); !ok {
 		return "", fmt.Errorf("client: stream %q: %w (%w): the stream subscribed to, of map epoch %d, was deleted, and one of its name created at epoch %d",
-			sh.s.stream, &transport.Error{Code: transport.CodeUnknownStream, Message: "deleted"}, shardmap.ErrUnknownStream, sh.s.created, st.Created)
+			sh.s.stream, &transport.Error{Code: transport.CodeUnknownStream, Message: "deleted"}, shardmap.ErrUnknownStream, created, st.Created)
 	}
 	if set := st.Placement.Replicas(sh.shard); len(set) > 1 {
 		// One that said it is shutting down (isLeaving) only if no
@@ -596,6 +611,49 @@ func (sh *shardSub) ownerAddr(ctx context.Context, failures int) (string, error)
 	}
 	return n.Addr, nil
 }
+
+// follow says whether st, the stream of the subscription's name in the
+// client's map, is the one subscribed to, which it becomes if the
+// subscription has received nothing yet and st has as many shards. It
+// returns the incarnation subscribed to.
+func (s *Subscription) follow(st *shardmap.Stream) (created uint64, ok bool) {
+	s.inc.Lock()
+	defer s.inc.Unlock()
+	if s.inc.created == 0 || st.Created == s.inc.created {
+		return s.inc.created, true
+	}
+	if s.inc.received || st.Shards != s.shardCount || st.Created == 0 {
+		return s.inc.created, false
+	}
+	s.c.cfg.logger.Info("client: the stream subscribed to was created again before the subscription received a record; it reads the new one",
+		"stream", s.stream, "created", st.Created, "was", s.inc.created)
+	s.inc.created = st.Created
+	return st.Created, true
+}
+
+// incarnation returns the incarnation an attachment subscribes to.
+func (s *Subscription) incarnation() uint64 {
+	s.inc.Lock()
+	defer s.inc.Unlock()
+	return s.inc.created
+}
+
+// receive says whether records an attachment made at incarnation created
+// may be received: not once the subscription follows another (follow),
+// and from then on the subscription follows none.
+func (s *Subscription) receive(created uint64) bool {
+	s.inc.Lock()
+	defer s.inc.Unlock()
+	if created != s.inc.created {
+		return false
+	}
+	s.inc.received = true
+	return true
+}
+
+// errIncarnationMoved ends an attachment made to a stream the
+// subscription no longer follows: it attaches again, to the one it does.
+var errIncarnationMoved = &transport.Error{Code: transport.CodeUnknownStream, Message: "the stream was created again before a record was received"}
 
 // attach subscribes once on the broker at addr and feeds the records it
 // sends to the iterator until the stream ends. progressed says the
@@ -640,7 +698,8 @@ func (sh *shardSub) attach(ctx context.Context, addr string) (progressed bool, e
 		}
 	}()
 
-	sub := &transport.Subscribe{Stream: s.stream, Shard: int32(sh.shard), Start: sh.startKind, Offset: sh.startOff, Created: s.created, Cluster: s.cluster}
+	created := s.incarnation()
+	sub := &transport.Subscribe{Stream: s.stream, Shard: int32(sh.shard), Start: sh.startKind, Offset: sh.startOff, Created: created, Cluster: s.cluster}
 	if m := c.cachedMap(); m != nil {
 		// A broker behind it that refuses the subscription catches up to
 		// it first: the grant may be in it.
@@ -690,6 +749,9 @@ func (sh *shardSub) attach(ctx context.Context, addr string) (progressed bool, e
 		l.answer()
 		switch f := f.(type) {
 		case *transport.Records:
+			if !s.receive(created) {
+				return progressed, errIncarnationMoved
+			}
 			recs, dups := sh.convert(f)
 			if dups > 0 {
 				sh.grant(dups) // a duplicate took credit; give it back
