@@ -178,14 +178,24 @@ func (c *Cluster) exitedErr() error {
 		if !exited {
 			continue
 		}
-		log := filepath.Join(c.opts.Dir, b.ID+".log")
-		last := "(its output went to Options.BrokerOutput)"
-		if c.opts.BrokerOutput == nil {
-			last = lastLine(log)
-		}
-		return fmt.Errorf("cluster: %s exited while the cluster started: %s (its log: %s)", b.ID, last, log)
+		return fmt.Errorf("cluster: %s exited while the cluster started: %s (its log: %s)", b.ID, c.lastLog(b), c.logPath(b))
 	}
 	return nil
+}
+
+// ErrExited matches the error of Kill, Stop and Close for a broker whose
+// process had exited on its own before they signalled it.
+var ErrExited = errors.New("broker process exited on its own")
+
+// logPath is where broker b's output goes, unless Options.BrokerOutput.
+func (c *Cluster) logPath(b *Broker) string { return filepath.Join(c.opts.Dir, b.ID+".log") }
+
+// lastLog returns the last line of broker b's log.
+func (c *Cluster) lastLog(b *Broker) string {
+	if c.opts.BrokerOutput != nil {
+		return "(its output went to Options.BrokerOutput)"
+	}
+	return lastLine(c.logPath(b))
 }
 
 // lastLine returns the last line of the file at path that is not empty.
@@ -461,6 +471,17 @@ func (c *Cluster) signal(id string, sig syscall.Signal) error {
 	if b.cmd == nil {
 		return nil
 	}
+	if b.exitedLocked() {
+		// Nobody signalled it: a crash (a panic, say) that a fault test
+		// must not take for the kill it was about to make.
+		err := fmt.Errorf("cluster: %w: %s, %s, before it was sent %v: %s (its log: %s)", ErrExited, b.ID, b.cmd.ProcessState, sig, c.lastLog(b), c.logPath(b))
+		b.cmd = nil
+		if b.logf != nil {
+			b.logf.Close()
+			b.logf = nil
+		}
+		return err
+	}
 	b.cmd.Process.Signal(sig)
 	select {
 	case <-b.exited:
@@ -543,20 +564,18 @@ func (c *Cluster) StartCtl() error { return c.startCtl() }
 
 // Close stops every broker (SIGTERM, then SIGKILL after a grace period) and
 // the control plane.
+// Its error matches ErrExited if a broker's process had exited on its own.
 func (c *Cluster) Close() error {
 	var wg sync.WaitGroup
-	for _, b := range c.brokers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c.Stop(b.ID)
-		}()
+	errs := make([]error, len(c.brokers)+1)
+	for i, b := range c.brokers {
+		wg.Go(func() { errs[i] = c.Stop(b.ID) })
 	}
 	wg.Wait()
 	if s := c.Ctl(); s != nil {
-		return s.Close()
+		errs[len(c.brokers)] = s.Close()
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // openLog opens a broker's log file to append to, creating it; never

@@ -5,6 +5,7 @@ package clustertest
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"sync"
@@ -65,7 +66,12 @@ func Start(t testing.TB, n int, tweak ...func(*cluster.Options)) *cluster.Cluste
 		t.Fatalf("starting a %d-broker cluster: %v", n, err)
 	}
 	t.Cleanup(func() {
-		c.Close()
+		// A broker that died on its own (a panic) fails the test, even
+		// if no check looked at it: a fault test's kill of it would have
+		// been no fault.
+		if err := c.Close(); errors.Is(err, cluster.ErrExited) {
+			t.Errorf("%v", err)
+		}
 		if t.Failed() {
 			for _, b := range c.Brokers() {
 				if out, err := os.ReadFile(filepath.Join(dir, b.ID+".log")); err == nil {

@@ -225,6 +225,14 @@ func (r *workloadRun) isolateLeader(ctx context.Context, shard int) (string, err
 	if err := r.c.HealPeers(ctx, n); err != nil {
 		return "", err
 	}
+	if home := r.probers[i].Addr(); home != n.Addr {
+		return "", fmt.Errorf("the probes meant to go through %s went to %s", n.Name, home)
+	}
+	if acked > 0 {
+		// Cut off from every peer it can neither commit nor forward: an
+		// ack is one no majority holds.
+		return "", fmt.Errorf("%s, leader of %s/%d cut off from its peers, acked %d of %d records published through it", leader, r.stream, shard, acked, sent)
+	}
 	return fmt.Sprintf("cut %s, leader of %s/%d, off from its peers for %v; of %d records published through it meanwhile, it acked %d", leader, r.stream, shard, faultHold, sent, acked), nil
 }
 

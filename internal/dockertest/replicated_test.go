@@ -34,8 +34,13 @@ type workloadRun struct {
 	shards int
 
 	rec     hist.Recorder
-	clients []*client.Client // one per broker, for its publisher and the probes through it
-	idem    *client.Client   // the idempotent publisher's
+	clients []*client.Client // one per broker, for its publisher
+	// probers, one per broker, publish the probes through it: they never
+	// move their home to another broker (a client's home failover would
+	// send a probe "through" broker i to another after an earlier fault
+	// kept i down for a while).
+	probers []*client.Client
+	idem    *client.Client // the idempotent publisher's
 	subs    []*workload.Subscriber
 	stop    chan struct{}
 	wg      sync.WaitGroup
@@ -65,6 +70,11 @@ func (c *Cluster) startWorkload(ctx context.Context, t *testing.T, stream string
 			t.Fatal(err)
 		}
 		r.clients = append(r.clients, cl)
+		pr, err := c.Client(ctx, b, client.WithReconnect(20*time.Millisecond, 500*time.Millisecond), client.WithDialTimeout(time.Second), client.WithHomeFailover(-1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.probers = append(r.probers, pr)
 		sub, err := workload.Subscribe(ctx, cl, "subscriber via "+b.Name, stream, shards)
 		if err != nil {
 			t.Fatal(err)
@@ -105,7 +115,7 @@ func (r *workloadRun) close() {
 		return
 	}
 	r.closed = true
-	for _, cl := range r.clients {
+	for _, cl := range append(r.clients, r.probers...) {
 		cl.Close()
 	}
 	if r.idem != nil {
@@ -140,7 +150,7 @@ func (r *workloadRun) leader(ctx context.Context, shard int, not string) (string
 // probe publishes a probe record to shard through broker i's client.
 func (r *workloadRun) probe(ctx context.Context, i, shard int) (client.Ack, error) {
 	r.probes++
-	return workload.Record(ctx, r.clients[i], &r.rec, r.probeID, r.stream, shard, fmt.Sprintf("probe-%d", r.probes), 3*time.Second)
+	return workload.Record(ctx, r.probers[i], &r.rec, r.probeID, r.stream, shard, fmt.Sprintf("probe-%d", r.probes), 3*time.Second)
 }
 
 // firstAckAfter returns how long after at the first publish to shard

@@ -244,15 +244,26 @@ var model = porcupine.Model{
 }
 
 func linearizable(pubs []Publish, logs [][]Entry, found map[string][]place, timeout time.Duration) porcupine.CheckResult {
+	// Times from the earliest call, by the monotonic clock where the
+	// times carry it (taken in this process): a step of the wall clock
+	// during the run would make an operation called after another's
+	// return look concurrent with it.
+	var base time.Time
+	for _, p := range pubs {
+		if base.IsZero() || p.Call.Before(base) {
+			base = p.Call
+		}
+	}
+	nanos := func(t time.Time) int64 { return int64(t.Sub(base)) }
 	var end int64
 	for _, p := range pubs {
-		end = max(end, p.Return.UnixNano(), p.Call.UnixNano())
+		end = max(end, nanos(p.Return), nanos(p.Call))
 	}
 	end++
 	var ops []porcupine.Operation
 	for _, p := range pubs {
 		var at place
-		ret := p.Return.UnixNano()
+		ret := nanos(p.Return)
 		switch p.Outcome {
 		case Acked:
 			at = place{p.Shard, p.Offset}
@@ -266,7 +277,7 @@ func linearizable(pubs []Publish, logs [][]Entry, found map[string][]place, time
 			continue
 		}
 		ops = append(ops, porcupine.Operation{ClientId: p.Publisher, Input: opInput{offset: at.offset},
-			Call: p.Call.UnixNano(), Output: opOutput{}, Return: ret, Metadata: at.shard})
+			Call: nanos(p.Call), Output: opOutput{}, Return: ret, Metadata: at.shard})
 	}
 	for shard, entries := range logs {
 		ops = append(ops, porcupine.Operation{Input: opInput{read: true}, Call: end,
