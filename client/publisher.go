@@ -426,7 +426,12 @@ func (p *Publisher) openStream(ctx context.Context, ready bool) (*pubSession, er
 		if rerr := l.refusal(err); rerr != nil {
 			return nil, rerr // a new connection waits out the backoff
 		}
-		// Nothing was sent: the caller may try again on a new connection.
+		// The connection is gone (a stateless reset from a restarted
+		// broker, say), though its context may not have ended yet: the
+		// caller's next attempts met it again, at once, and failed with
+		// it. Closed here, it has ended when this returns, and the next
+		// attempt dials anew. Nothing was sent.
+		l.conn.CloseWithError(0, "")
 		return nil, fmt.Errorf("opening publish stream to %s: %w", home.addr, errors.Join(errStaleSession, err))
 	}
 	s := newPubSession(home.addr, str, p.c.maxFrame(), &p.c.tel.later, &p.c.mapNamed)

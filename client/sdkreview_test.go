@@ -133,10 +133,12 @@ func TestSubscriptionEndsWithItsCluster(t *testing.T) {
 	fc.mu.m = &shardmap.Map{Cluster: "REBUILT", Epoch: st.Created, Nodes: old.Nodes, Streams: []shardmap.Stream{nst}}
 	fc.mu.logs = map[shardmap.ShardID][]transport.Record{}
 	fc.mu.Unlock()
+	// The old cluster's brokers are gone (the fake's streams would serve
+	// the new log's records on the old subscription stream).
+	fc.brokers[0].restart(t)
 	for range 8 {
 		fc.append(id, &transport.Publish{Value: []byte("new")})
 	}
-	fc.brokers[0].restart(t)
 
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

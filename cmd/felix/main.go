@@ -7,6 +7,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime"
 
 	"github.com/alecthomas/kong"
 
@@ -31,6 +32,14 @@ type cli struct {
 	Etcd   servercmd.Etcd   `cmd:"" hidden:"" help:"Run one member of an etcd cluster for felix ctl --etcd-endpoints (the etcd server built into felix; no TLS yet)."`
 	Pause  servercmd.Pause  `cmd:"" hidden:"" help:"Do nothing until stopped: hold a network namespace that containers share (the compose brokers')."`
 }
+
+// init keeps the main goroutine on the process's first thread, where a
+// broker re-executes itself (sysmon.Reexec): the parent-death signal a
+// local cluster starts its brokers with (internal/cluster) is the first
+// thread's, and an exec from another thread loses it, so that brokers of
+// a felix or felixctl dev killed with SIGKILL outlived it, holding their
+// ports and data.
+func init() { runtime.LockOSThread() }
 
 func main() {
 	var c cli

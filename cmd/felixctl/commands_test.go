@@ -274,8 +274,11 @@ func TestCommands(t *testing.T) {
 			t.Errorf("sub --from 3 on a stream of 3 shards: %+v", r)
 		}
 		r = felixctl(t, env, "stream", "info", "pay", "--json")
-		var info streamJSON
-		if err := json.Unmarshal([]byte(r.stdout), &info); err != nil || info.Shards != 3 || info.Owners.Len() != 3 {
+		var info struct {
+			Shards int      `json:"shards"`
+			Owners []string `json:"owners"`
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &info); err != nil || info.Shards != 3 || len(info.Owners) != 3 {
 			t.Errorf("stream info --json: %v %+v", err, r)
 		}
 		if r := felixctl(t, env, "stream", "rm", "pay"); r.code != 0 || r.stdout != "deleted stream pay and its records\n" {
@@ -307,8 +310,11 @@ func TestCommands(t *testing.T) {
 			t.Errorf("stream info of a replicated stream: %+v", r)
 		}
 		r = felixctl(t, env, "stream", "info", "r3", "--json")
-		var info streamJSON
-		if err := json.Unmarshal([]byte(r.stdout), &info); err != nil || info.Replicas != 3 || len(info.Owners.Replicas(0)) != 3 {
+		var info struct {
+			Replicas int        `json:"replicas"`
+			Owners   [][]string `json:"owners"`
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &info); err != nil || info.Replicas != 3 || len(info.Owners) != 2 || len(info.Owners[0]) != 3 {
 			t.Errorf("stream info --json of a replicated stream: %v %+v", err, r)
 		}
 		if r := felixctl(t, env, "pub", "r3", "hello", "--shard", "1", "--json"); r.code != 0 || !strings.Contains(r.stdout, `"shard":1,"offset":0,`) {
@@ -632,4 +638,34 @@ func ndjson[T any](t *testing.T, out string) []T {
 		list = append(list, v)
 	}
 	return list
+}
+
+// TestOwnersJSONStaysAnArray: --json's owners is an array of owners, or
+// of replica sets, also while a replica moves and after (it became the
+// map's own encoding of a placement for good after any move).
+func TestOwnersJSONStaysAnArray(t *testing.T) {
+	p := shardmap.NewReplicatedPlacement([]string{"broker-0", "broker-1", "broker-2"})
+	moving, err := p.Move(0, "broker-2", "broker-3", 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []shardmap.Placement{moving, moving.Settle(0, 7)} {
+		b, err := json.Marshal(toJSON(shardmap.StreamConfig{Name: "pay", Shards: 1, Replicas: 3}, q))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out struct {
+			Owners [][]string `json:"owners"`
+		}
+		if err := json.Unmarshal(b, &out); err != nil || len(out.Owners) != 1 || len(out.Owners[0]) != 3 {
+			t.Fatalf("owners in %s: %v (%v); want one replica set of three", b, out.Owners, err)
+		}
+	}
+	b, _ := json.Marshal(toJSON(shardmap.StreamConfig{Name: "orders", Shards: 2}, shardmap.NewPlacement("broker-0", "broker-1")))
+	var out struct {
+		Owners []string `json:"owners"`
+	}
+	if err := json.Unmarshal(b, &out); err != nil || len(out.Owners) != 2 || out.Owners[1] != "broker-1" {
+		t.Fatalf("owners in %s: %v (%v); want [broker-0 broker-1]", b, out.Owners, err)
+	}
 }

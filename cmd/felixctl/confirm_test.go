@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -35,5 +37,23 @@ func TestStreamRmAsksOnATerminal(t *testing.T) {
 	err := (&streamRmCmd{Name: "pay"}).Run(a)
 	if err == nil || !strings.Contains(err.Error(), "stream pay kept: not confirmed (--force deletes without asking)") {
 		t.Fatalf("rm answered no: %v", err)
+	}
+}
+
+// TestRmDoesNotAskWithDevNullStdin: stdin from /dev/null (cron, systemd,
+// `docker run` without -t) is no terminal, though a character device:
+// stream rm does not ask, as for any script (it once asked, read nothing
+// and kept the stream).
+func TestRmDoesNotAskWithDevNullStdin(t *testing.T) {
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	var stdout, stderr bytes.Buffer
+	runIO([]string{"stream", "rm", "pay", "--cluster", filepath.Join(t.TempDir(), "none.json")},
+		null, &stdout, &stderr, func(string) string { return "" })
+	if strings.Contains(stderr.String(), "[y/N]") || strings.Contains(stderr.String(), "not confirmed") {
+		t.Fatalf("stdin is /dev/null, not a terminal, yet stream rm asked: %q", stderr.String())
 	}
 }

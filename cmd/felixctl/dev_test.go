@@ -182,3 +182,59 @@ func TestDevRestart(t *testing.T) {
 		t.Errorf("the connection file outlived felix dev: %v", err)
 	}
 }
+
+// TestDevBrokersDieWithFelixctl: felixctl dev (and demo, bench --local)
+// start brokers as `felixctl broker` with a parent-death signal, so that
+// they die with it; the broker re-executes itself (sysmon.Reexec), which
+// kept the signal only from the process's first thread. It once ran from
+// whichever thread the main goroutine was on, and the brokers outlived a
+// felixctl killed with SIGKILL (or SIGPIPE from `| head`).
+func TestDevBrokersDieWithFelixctl(t *testing.T) {
+	exe := binary(t)
+	dir := t.TempDir()
+	cmd := exec.Command(exe, "dev", "--ctl-port", "0", "--base-port", "0")
+	cmd.Dir = dir
+	cmd.Env = withoutEnv(os.Environ(), "GODEBUG")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) && len(pids) == 0 {
+		time.Sleep(500 * time.Millisecond)
+		cf, err := client.LoadClusterFile(filepath.Join(dir, client.DefaultClusterFile))
+		if err != nil || cf.Admin == "" {
+			continue
+		}
+		resp, err := http.Get("http://" + cf.Admin + "/brokers")
+		if err != nil {
+			continue
+		}
+		var bs []struct{ Pid int }
+		json.NewDecoder(resp.Body).Decode(&bs)
+		resp.Body.Close()
+		for _, b := range bs {
+			if b.Pid > 0 {
+				pids = append(pids, b.Pid)
+			}
+		}
+	}
+	if len(pids) == 0 {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatal("felixctl dev did not come up")
+	}
+	cmd.Process.Kill() // SIGKILL: no graceful Close
+	cmd.Wait()
+	time.Sleep(2 * time.Second)
+	var alive []int
+	for _, pid := range pids {
+		if syscall.Kill(pid, 0) == nil {
+			alive = append(alive, pid)
+			syscall.Kill(pid, syscall.SIGKILL) // clean up what we started
+		}
+	}
+	if len(alive) > 0 {
+		t.Errorf("brokers %v outlived their felixctl dev (SIGKILLed): Pdeathsig lost in the re-exec", alive)
+	}
+}

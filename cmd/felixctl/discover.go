@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,12 +37,17 @@ func (g *clientFlags) discover(a *app) (*target, error) {
 	if err != nil {
 		return nil, err
 	}
-	cert, key := g.Cert, g.CertKey
-	if cert == "" {
-		cert, key = a.getenv("FELIX_CERT"), a.getenv("FELIX_CERT_KEY")
-	}
-	if cert != "" {
+	// Each of the pair from its flag, else from its variable: --cert with
+	// FELIX_CERT_KEY, or FELIX_CERT with --cert-key, is a pair too.
+	cert := cmp.Or(g.Cert, a.getenv("FELIX_CERT"))
+	key := cmp.Or(g.CertKey, a.getenv("FELIX_CERT_KEY"))
+	switch {
+	case cert != "":
 		t.certFile, t.keyFile = cert, key
+	case g.CertKey != "":
+		// Not paired with the certificate of the source found: a key is
+		// given for a certificate given with it.
+		return nil, usagef("--cert-key %s needs its certificate: add --cert FILE (or set FELIX_CERT)", g.CertKey)
 	}
 	if t.certFile == "" {
 		return nil, usagef("%s names no client certificate: add --cert FILE --cert-key FILE (or set FELIX_CERT and FELIX_CERT_KEY); after `felix dev` they are felix-dev/certs/admin.crt and admin.key", t.source)

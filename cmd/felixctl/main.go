@@ -30,6 +30,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -104,6 +105,14 @@ type app struct {
 	// ctx ends on SIGINT or SIGTERM.
 	ctx context.Context
 }
+
+// init keeps the main goroutine on the process's first thread, where a
+// broker re-executes itself (sysmon.Reexec): the parent-death signal a
+// local cluster starts its brokers with (internal/cluster) is the first
+// thread's, and an exec from another thread loses it, so that brokers of
+// a felix or felixctl dev killed with SIGKILL outlived it, holding their
+// ports and data.
+func init() { runtime.LockOSThread() }
 
 // reexec is sysmon.Reexec in the felixctl executable, nil in its tests
 // (which run commands in-process).

@@ -52,15 +52,33 @@ type streamJSON struct {
 	Replicas       int    `json:"replicas"`
 	// Owners is the owner of each shard, as an array (owners[s] owns
 	// shard s); for a replicated stream, each shard's replica set, owner
-	// (the preferred leader) first.
-	Owners shardmap.Placement `json:"owners,omitzero"`
+	// (the preferred leader) first. Always this shape: the map's own
+	// encoding of a placement (shardmap.Placement) changes while replicas
+	// move, and after.
+	Owners any `json:"owners,omitempty"`
 	// ReplicaStatus is, for a replicated stream (stream info), what each
 	// replica knows: its leader, term and committed offsets.
 	ReplicaStatus []client.ReplicaState `json:"replica_status,omitempty"`
 }
 
 func toJSON(sc shardmap.StreamConfig, owners shardmap.Placement) streamJSON {
-	return streamJSON{Name: sc.Name, Shards: sc.Shards, RetentionBytes: sc.RetentionBytes, RetentionAge: sc.RetentionAge.String(), Replicas: sc.Factor(), Owners: owners}
+	j := streamJSON{Name: sc.Name, Shards: sc.Shards, RetentionBytes: sc.RetentionBytes, RetentionAge: sc.RetentionAge.String(), Replicas: sc.Factor()}
+	switch {
+	case owners.IsZero():
+	case sc.Factor() > 1:
+		sets := make([][]string, owners.Len())
+		for s := range sets {
+			sets[s] = owners.Replicas(s)
+		}
+		j.Owners = sets
+	default:
+		own := make([]string, owners.Len())
+		for s := range own {
+			own[s] = owners.Owner(s)
+		}
+		j.Owners = own
+	}
+	return j
 }
 
 // request runs f on a client of the cluster, within --timeout, and wraps

@@ -14,6 +14,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/felix-broker/felix/client"
 	"github.com/felix-broker/felix/internal/demo"
 )
@@ -385,9 +387,13 @@ func holdText(d time.Duration) string {
 	return "press Ctrl-C here to tear it down"
 }
 
+// isTerminal says whether f is a terminal: one that answers a terminal's
+// ioctl, not any character device (/dev/null is one: a script run with
+// stdin from it, by cron, systemd or `docker run` without -t, was asked
+// to confirm, and read no answer).
 func isTerminal(f *os.File) bool {
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }
 
 func withoutEnv(env []string, name string) []string {

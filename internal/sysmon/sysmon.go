@@ -95,7 +95,10 @@ func Env(env []string) []string {
 // returns only when it does not replace the process: nil when the
 // setting is there already, else why the exec failed (the caller goes on
 // without it). Call it first thing, before any goroutine, file or socket
-// of the process's own is started.
+// of the process's own is started, from the main goroutine of a program
+// whose init locked it to the first thread (runtime.LockOSThread): an
+// exec from another thread loses the parent-death signal the process was
+// started with.
 func Reexec() error {
 	if Configured(os.Getenv("GODEBUG")) {
 		return nil
