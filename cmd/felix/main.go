@@ -33,12 +33,13 @@ type cli struct {
 	Pause  servercmd.Pause  `cmd:"" hidden:"" help:"Do nothing until stopped: hold a network namespace that containers share (the compose brokers')."`
 }
 
-// init keeps the main goroutine on the process's first thread, where a
-// broker re-executes itself (sysmon.Reexec): the parent-death signal a
-// local cluster starts its brokers with (internal/cluster) is the first
-// thread's, and an exec from another thread loses it, so that brokers of
-// a felix or felixctl dev killed with SIGKILL outlived it, holding their
-// ports and data.
+// init keeps the main goroutine on the process's first thread until main
+// knows whether it re-executes itself as a broker (sysmon.Reexec): the
+// parent-death signal a local cluster starts its brokers with
+// (internal/cluster) is the first thread's, and an exec from another
+// thread loses it, so that brokers of a felix or felixctl dev killed with
+// SIGKILL outlived it, holding their ports and data. main unlocks it then:
+// a locked goroutine cannot run a coroutine (iter.Pull) on another thread.
 func init() { runtime.LockOSThread() }
 
 func main() {
@@ -71,6 +72,7 @@ func main() {
 			logger.Warn("felix: going on with the Go runtime's sysmon parking when idle", "err", err)
 		}
 	}
+	runtime.UnlockOSThread() // locked by init for the re-exec
 	if err := ctx.Run(logger); err != nil {
 		fmt.Fprintf(os.Stderr, "felix: %v\n", err)
 		os.Exit(1)

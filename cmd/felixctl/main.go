@@ -106,12 +106,13 @@ type app struct {
 	ctx context.Context
 }
 
-// init keeps the main goroutine on the process's first thread, where a
-// broker re-executes itself (sysmon.Reexec): the parent-death signal a
-// local cluster starts its brokers with (internal/cluster) is the first
-// thread's, and an exec from another thread loses it, so that brokers of
-// a felix or felixctl dev killed with SIGKILL outlived it, holding their
-// ports and data.
+// init keeps the main goroutine on the process's first thread until main
+// knows whether it re-executes itself as a broker (sysmon.Reexec): the
+// parent-death signal a local cluster starts its brokers with
+// (internal/cluster) is the first thread's, and an exec from another
+// thread loses it, so that brokers of a felix or felixctl dev killed with
+// SIGKILL outlived it, holding their ports and data. main unlocks it then:
+// a locked goroutine cannot run a coroutine (iter.Pull) on another thread.
 func init() { runtime.LockOSThread() }
 
 // reexec is sysmon.Reexec in the felixctl executable, nil in its tests
@@ -162,7 +163,13 @@ func runIO(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func
 		return exitUsage
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := context.Background(), func() {}
+	if cmd := kctx.Command(); cmd != "dev" && cmd != "dev run" {
+		// felixctl dev takes its signals itself (servercmd.Dev.Run), and
+		// lets a second one end it at once: a registration here would
+		// catch that one.
+		ctx, stop = signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	}
 	defer stop()
 	a := &app{stdout: stdout, stderr: stderr, stdin: stdin, getenv: getenv, ctx: ctx, flags: &c.clientFlags, model: parser.Model}
 	if f, ok := stdin.(*os.File); ok {
@@ -187,6 +194,7 @@ func runIO(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func
 			a.log.Warn("felixctl: going on with the Go runtime's sysmon parking when idle", "err", err)
 		}
 	}
+	runtime.UnlockOSThread() // locked by init for the re-exec (a no-op on a goroutine not locked)
 
 	if err := kctx.Run(a, a.log); err != nil {
 		if server {
