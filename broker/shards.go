@@ -626,20 +626,34 @@ func (s *shardSet) makeRoomLocked(pinned bool) (victims []*shardEntry, closing c
 		return nil, nil, nil
 	}
 	var idle []*shardEntry
+	closingN := 0
 	for _, e := range s.mu.entries {
 		switch {
 		case e.gone != nil:
 			closing = e.gone
+			closingN++
 		case e.pinned:
+		case e.refs.Load() != 0:
+			// In use, or still opening: its log is not read (open sets
+			// it outside the lock).
 		case e.log != nil && e.log.Err() != nil:
 			// Failed (a write or an fdatasync): it stays open, refusing
 			// records, until the broker restarts. Reopened now, it would
 			// read back from the page cache what the failed batch left
 			// there, which the kernel may have dropped from the disk,
 			// and go on appending after it as if durable (fsyncgate).
-		case e.refs.Load() == 0:
+		default:
 			idle = append(idle, e)
 		}
+	}
+	// The logs already closing make room as they close: only the rest is
+	// retired. (Counted as retired, they had K first uses at once, each
+	// retiring all the others had, retire K(K+1)/2 logs.)
+	if over -= closingN; over <= 0 {
+		if pinned {
+			return nil, nil, nil
+		}
+		return nil, closing, nil
 	}
 	if len(idle) < over {
 		switch {
@@ -764,7 +778,7 @@ func (s *shardSet) finish(e *shardEntry) error {
 	if s.mu.entries[e.id] == e {
 		delete(s.mu.entries, e.id)
 	}
-	if e.log != nil && !s.mu.closed && ownedIn(s.mu.latest, e.id, s.node) {
+	if e.log != nil && !s.mu.closed && ownedIn(s.mu.latest, e.id, s.node) && sameIncarnation(s.mu.latest, e) {
 		s.mu.closedStats[e.id] = last // closed for the budget: still ours
 		if swept {
 			s.mu.retention[e.id] = closed
@@ -773,6 +787,14 @@ func (s *shardSet) finish(e *shardEntry) error {
 	close(e.gone)
 	s.mu.Unlock()
 	return err
+}
+
+// sameIncarnation says whether e's log is of the stream m holds under
+// its name, not of one deleted before a stream of that name was created
+// again (whose stats and retention are not the old log's).
+func sameIncarnation(m *shardmap.Map, e *shardEntry) bool {
+	st, ok := m.Stream(e.id.Stream)
+	return ok && (e.created == 0 || st.Created == 0 || st.Created == e.created)
 }
 
 // openLogs returns the number of logs open (or opening, or closing).

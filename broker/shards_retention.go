@@ -220,7 +220,10 @@ func (s *shardSet) sweepOne(id shardmap.ShardID) (opened, more bool) {
 	}
 	e.release()
 	s.mu.Lock()
-	idle := s.mu.entries[id] == e && e.gone == nil && e.refs.Load() == 0
+	// A failed log (its fdatasync failed meanwhile, opened by a use)
+	// stays open, refusing records, until the broker restarts, as
+	// makeRoomLocked keeps it.
+	idle := s.mu.entries[id] == e && e.gone == nil && e.refs.Load() == 0 && (e.log == nil || e.log.Err() == nil)
 	if idle {
 		e.gone = make(chan struct{})
 	}
