@@ -325,3 +325,22 @@ func (ip *inproc) sdkAt(t *testing.T, b *Broker, opts ...client.Opt) *client.Cli
 	t.Cleanup(func() { c.Close() })
 	return c
 }
+
+// dialAsPeer connects to target as broker node would, with node's own
+// certificate from the cluster's certs directory; the connection is closed
+// when the test ends.
+func (ip *inproc) dialAsPeer(t *testing.T, target *Broker, node string) *quic.Conn {
+	t.Helper()
+	nt, err := cluster.LoadNodeTLS(filepath.Join(ip.dir, "certs"), node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	conn, err := transport.Dial(ctx, target.Addr().String(), transport.VerifyPeer(nt.Peer, transport.RoleNode, target.NodeID()), transport.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.CloseWithError(0, "test done") })
+	return conn
+}

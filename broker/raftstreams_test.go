@@ -1,13 +1,10 @@
 package broker
 
 import (
-	"context"
 	"encoding/binary"
-	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/felix-broker/felix/internal/cluster"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
@@ -21,17 +18,7 @@ import (
 func TestRaftStreamsOfAPeerDoNotAddUp(t *testing.T) {
 	ip := startInprocWith(t, fastRaft, 3, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
 	target := ip.brokers[0]
-	nt, err := cluster.LoadNodeTLS(filepath.Join(ip.dir, "certs"), "broker-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
-	defer cancel()
-	conn, err := transport.Dial(ctx, target.Addr().String(), transport.VerifyPeer(nt.Peer, transport.RoleNode, target.NodeID()), transport.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.CloseWithError(0, "test done")
+	conn := ip.dialAsPeer(t, target, "broker-1")
 	before := heapInUse()
 	const streams, sent = 6, 20 << 20
 	chunk := make([]byte, 1<<20)

@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -12,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/felix-broker/felix/internal/cluster"
 	"github.com/felix-broker/felix/replica"
 	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
@@ -185,17 +183,7 @@ func TestRaftStreamIdentity(t *testing.T) {
 		t.Fatalf("raft frame from a client: %T %+v, want unauthorized", f, f)
 	}
 
-	nt, err := cluster.LoadNodeTLS(filepath.Join(ip.dir, "certs"), "broker-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
-	defer cancel()
-	conn, err := transport.Dial(ctx, target.Addr().String(), transport.VerifyPeer(nt.Peer, transport.RoleNode, target.NodeID()), transport.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.CloseWithError(0, "test done")
+	conn := ip.dialAsPeer(t, target, "broker-1")
 	ps := openStream(t, conn)
 	ps.send(&transport.Raft{From: "broker-2", Msgs: []transport.RaftMsg{{Stream: "r3", Shard: 0, Data: []byte{0}}}})
 	if f, ok := ps.recv().(*transport.Error); !ok || !errors.Is(f, transport.ErrUnauthorized) {
