@@ -662,6 +662,11 @@ func (b *Broker) serveRaft(s *quic.Stream, r *transport.Reader, first *transport
 		b.refuse(s, transport.Errorf(transport.CodeUnauthorized, "raft messages come from brokers only"))
 		return
 	}
+	if first.From != from.peerID {
+		// Refused before it replaces the peer's stream (serve).
+		b.refuse(s, impersonation(from.peerID, first.From))
+		return
+	}
 	r.SetMaxFrame(raftFrameLimit)
 	b.raft.serve(from.peerID, s)
 	defer b.raft.served(from.peerID, s)
@@ -682,6 +687,12 @@ func (b *Broker) serveRaft(s *quic.Stream, r *transport.Reader, first *transport
 	}
 	s.CancelRead(0)
 	s.Close()
+}
+
+// impersonation is the error for raft messages peer sent in another's
+// name.
+func impersonation(peer, as string) error {
+	return transport.Errorf(transport.CodeUnauthorized, "peer %q sent raft messages as %q: a broker speaks for itself only", peer, as)
 }
 
 // serve makes s the raft stream of peer this broker reads, ending the one
@@ -724,7 +735,7 @@ func (n *raftNet) receive(peer string, r *transport.Reader, first *transport.Raf
 			}
 		}
 		if f.From != peer {
-			return transport.Errorf(transport.CodeUnauthorized, "peer %q sent raft messages as %q: a broker speaks for itself only", peer, f.From)
+			return impersonation(peer, f.From)
 		}
 		n.heardFrom(peer)
 		for i := range f.Msgs {
