@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -69,6 +70,9 @@ func (s *Server) forward(req *transport.Request) (*transport.Response, error) {
 				if err == nil && resp.Map != nil {
 					s.awaitEpoch(ctx, resp.Map.Epoch)
 				}
+				if we != nil {
+					return nil, localError(we)
+				}
 				return resp, err
 			}
 			last = err
@@ -83,6 +87,44 @@ func (s *Server) forward(req *transport.Request) (*transport.Response, error) {
 		}
 	}
 }
+
+// localError returns the leader's refusal we as this ctl's own would be:
+// the same wire error, matching the core's sentinel of its code too
+// (ErrStreamExists, ErrUnknownStream, ErrTooFewMembers, ErrLimitExceeded,
+// ErrInvalid; ErrUnknownGrant, which goes as CodeInvalid, by its text), as
+// the Server methods say their errors do on a follower as on the leader.
+func localError(we *transport.Error) error {
+	var sentinel error
+	switch we.Code {
+	case transport.CodeStreamExists:
+		sentinel = ErrStreamExists
+	case transport.CodeUnknownStream:
+		sentinel = ErrUnknownStream
+	case transport.CodeReplicationFactor:
+		sentinel = ErrTooFewMembers
+	case transport.CodeLimitExceeded:
+		sentinel = ErrLimitExceeded
+	case transport.CodeInvalid:
+		sentinel = ErrInvalid
+		if strings.Contains(we.Message, ErrUnknownGrant.Error()) {
+			sentinel = ErrUnknownGrant
+		}
+	default:
+		return we
+	}
+	out := transport.Errorf(we.Code, "%w", remoteCause{msg: we.Message, sentinel: sentinel})
+	out.Seq, out.Epoch, out.Owner, out.From, out.To = we.Seq, we.Epoch, we.Owner, we.From, we.To
+	return out
+}
+
+// remoteCause is a leader's error message, matching sentinel.
+type remoteCause struct {
+	msg      string
+	sentinel error
+}
+
+func (r remoteCause) Error() string { return r.msg }
+func (r remoteCause) Unwrap() error { return r.sentinel }
 
 // newRequestID returns a random request ID (transport.Request.ID).
 func newRequestID() string {

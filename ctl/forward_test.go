@@ -3,9 +3,12 @@ package ctl
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"net"
 	"testing"
 
+	"github.com/felix-broker/felix/auth"
+	"github.com/felix-broker/felix/shardmap"
 	"github.com/felix-broker/felix/transport"
 )
 
@@ -50,5 +53,40 @@ func TestForwarderCloseDoesNotWaitForADial(t *testing.T) {
 	defer f.mu.Unlock()
 	if f.conn != nil {
 		t.Fatal("a connection is cached after close")
+	}
+}
+
+// TestFollowerErrorsMatchCtlSentinels: Server.CreateStream, DeleteStream
+// and Revoke say their errors match ErrStreamExists, ErrUnknownStream,
+// ErrUnknownGrant, "on a follower the change is made by the leader":
+// the leader's answer comes back from the wire, and matches none.
+func TestFollowerErrorsMatchCtlSentinels(t *testing.T) {
+	p := newPKI(t)
+	srvs := startHA(t, p, 3)
+	leader := waitLeader(t, srvs, nil)
+	var follower *Server
+	for _, s := range srvs {
+		if s != leader {
+			follower = s
+			break
+		}
+	}
+	if err := leader.CreateStream(shardmap.StreamConfig{Name: "orders", Shards: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*Server{leader, follower} {
+		role := s.role()
+		if err := s.CreateStream(shardmap.StreamConfig{Name: "orders", Shards: 1}); !errors.Is(err, ErrStreamExists) {
+			t.Errorf("%s: create again: %v, want it to match ctl.ErrStreamExists", role, err)
+		}
+		if err := s.DeleteStream("nope"); !errors.Is(err, ErrUnknownStream) {
+			t.Errorf("%s: delete unknown: %v, want it to match ctl.ErrUnknownStream", role, err)
+		}
+		if err := s.Revoke(auth.Grant{Principal: "x", Action: auth.Subscribe, Pattern: "y"}); !errors.Is(err, ErrUnknownGrant) {
+			t.Errorf("%s: revoke unknown: %v, want it to match ctl.ErrUnknownGrant", role, err)
+		}
+		if err := s.CreateStream(shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3}); !errors.Is(err, ErrTooFewMembers) {
+			t.Errorf("%s: R=3 without members: %v, want it to match ctl.ErrTooFewMembers", role, err)
+		}
 	}
 }

@@ -156,6 +156,11 @@ func (s *Server) serveRegistration(conn *quic.Conn, str *quic.Stream, r *transpo
 		s.refuse(str, w, transport.Errorf(transport.CodeInvalid, "registration needs a node id and an address (got id %q, addr %q)", node.ID, node.Addr))
 		return
 	}
+	if err := checkRegister(reg); err != nil {
+		s.log.Warn("registration refused", "node", reg.NodeID, "err", err)
+		s.refuse(str, w, err)
+		return
+	}
 	if c := s.Map().Cluster; reg.Cluster != "" && c != "" && reg.Cluster != c {
 		s.log.Warn("registration refused: the broker belongs to another cluster", "node", reg.NodeID, "its_cluster", reg.Cluster, "cluster", c)
 		s.refuse(str, w, transport.Errorf(transport.CodeInvalid, "%s belongs to another cluster, %s, with its data, and this control plane serves cluster %s: a broker never joins another cluster; point it at its own control plane, or empty its data directory to make it a new member of this cluster",
@@ -261,6 +266,46 @@ func (s *Server) serveRegistration(conn *quic.Conn, str *quic.Stream, r *transpo
 	}
 }
 
+// Bounds of what a registration puts in etcd and in every map: a host
+// name (253 bytes) and a port, and feature names as transport's are.
+const (
+	maxRegisterAddr     = 300
+	maxRegisterFeatures = 64
+)
+
+// checkRegister refuses a registration whose address, admin address or
+// features exceed what any broker sends: each is kept in etcd and in
+// every map pushed to every broker, whose size admin changes are held
+// to (checkMapSize) with only a small margin for members.
+func checkRegister(reg *transport.Register) *transport.Error {
+	switch {
+	case len(reg.Addr) > maxRegisterAddr || len(reg.Admin) > maxRegisterAddr:
+		return transport.Errorf(transport.CodeInvalid, "registration of %s: address of %d bytes, admin address of %d: want at most %d", reg.NodeID, len(reg.Addr), len(reg.Admin), maxRegisterAddr)
+	case len(reg.Features) > maxRegisterFeatures:
+		return transport.Errorf(transport.CodeInvalid, "registration of %s: %d features, want at most %d", reg.NodeID, len(reg.Features), maxRegisterFeatures)
+	}
+	for _, f := range reg.Features {
+		if len(f) > transport.MaxIDLen {
+			return transport.Errorf(transport.CodeInvalid, "registration of %s: feature name of %d bytes, want at most %d", reg.NodeID, len(f), transport.MaxIDLen)
+		}
+	}
+	return nil
+}
+
+// checkReport refuses a replica report naming a shard no stream can
+// have: it is kept in etcd (the broker's live/ key).
+func checkReport(node string, r *transport.ReplicaReport) *transport.Error {
+	if r == nil {
+		return nil
+	}
+	for _, id := range r.Unready {
+		if err := shardmap.ValidateStreamName(id.Stream); err != nil || id.Shard < 0 {
+			return transport.Errorf(transport.CodeInvalid, "replica report of %s names shard %.80q/%d, which no stream has", node, id.Stream, id.Shard)
+		}
+	}
+	return nil
+}
+
 // applyRegisterLocked applies a registration to the state at once when
 // this ctl is the leader (the watch of live/ would, a moment later), so
 // the broker's first map has it live. It reports whether the node is a
@@ -294,6 +339,12 @@ func (s *Server) readHeartbeats(ss *session, node shardmap.Node, token string, l
 	var reported *transport.ReplicaReport // the report in the live/ key
 	grace := s.renewGrace()
 	renewed := time.Now() // when the last renewal that succeeded was sent (at first: the put, just done)
+	// A broker heartbeats every LeaseTTL/3, and at once when its report
+	// changes: heartbeats closer than minGap to the last renewal tried
+	// are answered but do no etcd work (a changed report goes with the
+	// next one), so that a flood of them is not a flood of etcd writes.
+	minGap := s.cfg.LeaseTTL / 10
+	var tried time.Time
 	for {
 		f, err := r.Read()
 		if err != nil {
@@ -309,6 +360,9 @@ func (s *Server) readHeartbeats(ss *session, node shardmap.Node, token string, l
 		if hb.NodeID != "" && hb.NodeID != ss.node {
 			return transport.Errorf(transport.CodeInvalid, "heartbeat for node %q on the registration of node %q", hb.NodeID, ss.node)
 		}
+		if err := checkReport(ss.node, hb.Replicas); err != nil {
+			return err
+		}
 		if !s.currentSession(ss) {
 			continue
 		}
@@ -317,6 +371,10 @@ func (s *Server) readHeartbeats(ss *session, node shardmap.Node, token string, l
 		// are stuck answers none, and the broker moves on after half a
 		// lease); a renewal that etcd does not take is handed over below.
 		ss.answer()
+		if !tried.IsZero() && time.Since(tried) < minGap {
+			continue
+		}
+		tried = time.Now()
 		// No renewal waits past the grace: etcd's timeout is longer
 		// than the lease.
 		start := time.Now()

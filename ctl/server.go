@@ -272,9 +272,10 @@ type Server struct {
 
 // New opens the state in etcd (starting the embedded etcd in
 // cfg.DataDir unless cfg.Etcd names an existing cluster; importing a
-// state file of an earlier version found in cfg.DataDir), marks every
-// member not Live and bumps the epoch once, and commits that before
-// returning, so epochs never repeat across restarts.
+// state file of an earlier version found in cfg.DataDir) and loads it as
+// stored; it changes nothing. The ctl that wins the election brings the
+// members' liveness up to date and commits it at the next epoch
+// (takeOver), so epochs never repeat across restarts.
 func New(cfg Config) (*Server, error) {
 	cfg = cfg.withDefaults()
 	if cfg.DataDir == "" {
@@ -933,8 +934,8 @@ func (s *Server) refuse(str *quic.Stream, w *transport.Writer, err error) {
 }
 
 // Close stops listening, ends every registration and connection, and waits
-// for every goroutine the server started. The state file stays as last
-// written.
+// for every goroutine the server started. The state stays in etcd as last
+// committed.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
 		// Cancel first: a goroutine holding s.mu across an etcd request

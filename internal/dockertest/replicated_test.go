@@ -27,7 +27,9 @@ const replicatedFailover = 20 * time.Second
 // idempotent publisher through the first broker (it retries records of
 // unknown outcome: each must end acked, exactly once); and a prober that
 // finds a shard's raft leader by publishing to it (the ack's Owner is the
-// leader that committed it). Its publishes are all in one history.
+// leader that committed it); and a tail of each shard at each broker's own
+// replica (workload.ReplicaTail: a subscriber through the SDK reads the
+// leader only). Its publishes are all in one history.
 type workloadRun struct {
 	c      *Cluster
 	stream string
@@ -42,6 +44,10 @@ type workloadRun struct {
 	probers []*client.Client
 	idem    *client.Client // the idempotent publisher's
 	subs    []*workload.Subscriber
+	// tails read every shard at every broker's own replica, follower or
+	// leader (the subscribers read the leaders only): tails[i*shards+s]
+	// is broker i's replica of shard s.
+	tails   []*workload.ReplicaTail
 	stop    chan struct{}
 	wg      sync.WaitGroup
 	stopped bool
@@ -81,6 +87,9 @@ func (c *Cluster) startWorkload(ctx context.Context, t *testing.T, stream string
 		}
 		r.subs = append(r.subs, sub)
 		r.wg.Go(func() { workload.Publish(ctx, r.stop, cl, stream, i, false, &r.rec) })
+		for s := range shards {
+			r.tails = append(r.tails, workload.TailReplica(ctx, fmt.Sprintf("%s's replica of %s/%d", b.Name, stream, s), b.Addr, c.brokerTLS(b), stream, s))
+		}
 	}
 	idem, err := c.Client(ctx, c.Brokers[0], client.WithIdempotence(), client.WithRetryTimeout(time.Minute),
 		client.WithReconnect(20*time.Millisecond, 500*time.Millisecond), client.WithDialTimeout(time.Second))
@@ -115,6 +124,9 @@ func (r *workloadRun) close() {
 		return
 	}
 	r.closed = true
+	for _, tl := range r.tails {
+		tl.Finish(0, 0)
+	}
 	for _, cl := range append(r.clients, r.probers...) {
 		cl.Close()
 	}
@@ -172,9 +184,10 @@ func (c *Cluster) brokerTLS(b *Node) *tls.Config {
 }
 
 // finish stops the load once the cluster is healthy again, then reads
-// every shard back and checks the history (package history, porcupine
-// included), the subscribers (offset order, no gap, committed records
-// only) and every replica but those of skip, read from its own broker
+// every shard back to its end and checks the history (package history,
+// porcupine included), the subscribers and the replica tails but those of
+// skip (offset order, no gap, committed records only) and every replica
+// but those of skip, read from its own broker
 // (the same records at the same offsets). It returns the report and the
 // shards as read.
 func (r *workloadRun) finish(ctx context.Context, t *testing.T, skip ...*Node) (hist.Report, [][]hist.Entry) {
@@ -183,14 +196,23 @@ func (r *workloadRun) finish(ctx context.Context, t *testing.T, skip ...*Node) (
 		t.Fatalf("the cluster did not heal: %v", err)
 	}
 	r.stopPublishers()
+	// No record of unknown outcome still in flight, then a marker per
+	// shard, and a read of every shard to its end: the marker or the
+	// replicas' high-water mark, whichever is further (a record committed
+	// past the marker, late or a second time, is checked too).
+	workload.Settle(ctx, r.rec.Publishes())
 	fresh := r.c.adminClient(ctx, t)
-	ends := make([]uint64, r.shards)
+	marks := make([]uint64, r.shards)
 	for s := range r.shards {
 		ack, err := workload.Record(ctx, fresh, &r.rec, r.probeID+1, r.stream, s, fmt.Sprintf("end-%d", s), replicatedFailover)
 		if err != nil {
 			t.Fatalf("publishing the end of %s/%d: %v", r.stream, s, err)
 		}
-		ends[s] = ack.Offset
+		marks[s] = ack.Offset
+	}
+	ends, err := workload.ShardEnds(ctx, fresh, r.stream, marks, t.Logf)
+	if err != nil {
+		t.Fatal(err)
 	}
 	logs, err := workload.ReadShards(ctx, fresh, r.stream, ends)
 	if err != nil {
@@ -229,6 +251,20 @@ func (r *workloadRun) finish(ctx context.Context, t *testing.T, skip ...*Node) (
 		}
 	}
 	t.Logf("%d subscribers (one through each broker) received %d records", len(r.subs), received)
+	received = 0
+	for i, tl := range r.tails {
+		b := r.c.Brokers[i/r.shards]
+		if slices.Contains(skip, b) {
+			tl.Finish(0, 0)
+			continue
+		}
+		seen, errs := tl.Finish(ends[i%r.shards], 30*time.Second)
+		received += seen
+		if errs = append(errs, tl.Committed(logs)...); len(errs) > 0 {
+			t.Errorf("replica tail: %v", errs)
+		}
+	}
+	t.Logf("%d tails of every broker's own replicas received %d records", len(r.tails), received)
 	for _, b := range r.c.Brokers {
 		if slices.Contains(skip, b) {
 			continue

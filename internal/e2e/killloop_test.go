@@ -102,19 +102,27 @@ func TestKillLoop(t *testing.T) {
 // to it: all of it. It returns the markers' offsets and the shards.
 func readBack(t *testing.T, ctx context.Context, cl *client.Client, stream string, shards, id int, rec *history.Recorder) ([]uint64, [][]history.Entry) {
 	t.Helper()
-	ends := make([]uint64, shards)
-	for s := range shards {
-		ack, err := workload.Record(ctx, cl, rec, id, stream, s, fmt.Sprintf("end-%d-%d", id, s), time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ends[s] = ack.Offset
-	}
+	ends := mark(t, ctx, cl, stream, shards, id, rec)
 	logs, err := workload.ReadShards(ctx, cl, stream, ends)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return ends, logs
+}
+
+// mark publishes readBack's marker on each shard and returns their
+// offsets.
+func mark(t *testing.T, ctx context.Context, cl *client.Client, stream string, shards, id int, rec *history.Recorder) []uint64 {
+	t.Helper()
+	marks := make([]uint64, shards)
+	for s := range shards {
+		ack, err := workload.Record(ctx, cl, rec, id, stream, s, fmt.Sprintf("end-%d-%d", id, s), time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		marks[s] = ack.Offset
+	}
+	return marks
 }
 
 // tail attaches a subscriber through broker-1 to every shard of stream for
@@ -141,4 +149,61 @@ func finishTail(t *testing.T, sub *workload.Subscriber, ends []uint64, logs [][]
 	if errs = append(errs, sub.Committed(logs)...); len(errs) > 0 {
 		t.Errorf("subscriber: %v", errs)
 	}
+}
+
+// readBackToEnd reads back a replicated stream once its publishers have
+// stopped: it waits until no record of unknown outcome can still be in
+// flight (workload.Settle), publishes readBack's markers, and reads every
+// shard to its end, the marker or the replicas' high-water mark,
+// whichever is further (workload.ShardEnds): a record committed past the
+// marker (written late, or a second time) is checked too.
+func readBackToEnd(t *testing.T, ctx context.Context, cl *client.Client, stream string, shards, id int, rec *history.Recorder) ([]uint64, [][]history.Entry) {
+	t.Helper()
+	workload.Settle(ctx, rec.Publishes())
+	ends, err := workload.ShardEnds(ctx, cl, stream, mark(t, ctx, cl, stream, shards, id, rec), t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs, err := workload.ReadShards(ctx, cl, stream, ends)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ends, logs
+}
+
+// tailReplicas attaches a workload.ReplicaTail to every shard of stream
+// at every broker, follower or leader, for the whole test: an SDK
+// subscription reads the shard's leader only.
+func tailReplicas(t *testing.T, ctx context.Context, c *cluster.Cluster, stream string, shards int) []*workload.ReplicaTail {
+	t.Helper()
+	var tails []*workload.ReplicaTail
+	for _, b := range c.Brokers() {
+		tlsConf := brokerTLS(t, c, b)
+		for s := range shards {
+			tails = append(tails, workload.TailReplica(ctx, fmt.Sprintf("%s's replica of %s/%d", b.ID, stream, s), b.Addr, tlsConf, stream, s))
+		}
+	}
+	t.Cleanup(func() {
+		for _, tl := range tails {
+			tl.Finish(0, 0)
+		}
+	})
+	return tails
+}
+
+// finishReplicaTails waits until every tail (shard s = i % shards) has
+// reached ends, stops them and reports what went wrong: a gap, a
+// duplicate, a stall, or a record a replica served that no log holds at
+// its offset (an uncommitted one).
+func finishReplicaTails(t *testing.T, tails []*workload.ReplicaTail, shards int, ends []uint64, logs [][]history.Entry) {
+	t.Helper()
+	seen := 0
+	for i, tl := range tails {
+		n, errs := tl.Finish(ends[i%shards], 30*time.Second)
+		seen += n
+		if errs = append(errs, tl.Committed(logs)...); len(errs) > 0 {
+			t.Errorf("replica tail: %v", errs)
+		}
+	}
+	t.Logf("%d tails of every broker's own replicas received %d records", len(tails), seen)
 }

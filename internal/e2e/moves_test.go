@@ -237,7 +237,7 @@ func TestReplicaMovedAfterMachineLoss(t *testing.T) {
 	wg.Wait()
 
 	fresh := clustertest.Connect(t, c, target, client.WithReconnect(20*time.Millisecond, 500*time.Millisecond))
-	ends, logs := readBack(t, ctx, fresh, stream, shards, publishers+1, &rec)
+	ends, logs := readBackToEnd(t, ctx, fresh, stream, shards, publishers+1, &rec)
 	r := history.Check(rec.Publishes(), logs, time.Minute)
 	idem := 0
 	for _, p := range rec.Publishes() {

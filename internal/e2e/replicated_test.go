@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"os"
@@ -38,8 +39,11 @@ const failoverBound = 15 * time.Second
 // subscriber attached throughout. It checks that a new leader takes
 // publishes within failoverBound of each kill, the history (no acked
 // record lost or duplicated, offsets dense, each publisher's order kept,
-// acks linearizable: porcupine), that the subscriber saw every shard in
-// offset order without a gap or a duplicate, and that every replica,
+// acks linearizable: porcupine, every shard read to its end, past the
+// end markers), that the subscriber saw every shard in offset order
+// without a gap or a duplicate, and so did a subscriber to each shard at
+// each broker's own replica, follower or leader (committed records only),
+// and that every replica,
 // the restarted ones included, holds the same records at the same
 // offsets; and that a broker whose data directory was deleted (a machine
 // lost) comes back serving, with no acked record lost.
@@ -76,6 +80,7 @@ func TestReplicatedFailover(t *testing.T) {
 	const pipelined = publishers + 2 // publishers is the prober, +1 the read-back
 	wg.Go(func() { workload.PublishPipelined(ctx, stop, pipe, stream, pipelined, 8, &rec) })
 	sub := tail(t, ctx, c, stream, shards)
+	replicas := tailReplicas(t, ctx, c, stream, shards)
 
 	probes := &prober{t: t, c: c, stream: stream, rec: &rec, id: publishers}
 	var failovers []time.Duration
@@ -132,7 +137,7 @@ func TestReplicatedFailover(t *testing.T) {
 	wg.Wait()
 
 	fresh := clustertest.Connect(t, c, "broker-0", client.WithReconnect(20*time.Millisecond, 500*time.Millisecond))
-	ends, logs := readBack(t, ctx, fresh, stream, shards, publishers+1, &rec)
+	ends, logs := readBackToEnd(t, ctx, fresh, stream, shards, publishers+1, &rec)
 	r := history.Check(rec.Publishes(), logs, time.Minute)
 	sorted := slices.Clone(failovers)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
@@ -167,6 +172,7 @@ func TestReplicatedFailover(t *testing.T) {
 		t.Errorf("only %d records acknowledged: the test did not exercise the cluster", r.Acked)
 	}
 	finishTail(t, sub, ends, logs)
+	finishReplicaTails(t, replicas, shards, ends, logs)
 
 	if !lost.Running() {
 		t.Errorf("%s exited after its data directory was deleted: a lost replica must stop its group, not the broker", lost.ID)
@@ -181,7 +187,7 @@ func TestReplicatedFailover(t *testing.T) {
 		}
 		var behind []string
 		for _, st := range states {
-			if st.Err != "" || st.Member != "voter" || st.Next < ends[st.Shard] {
+			if st.Err != "" || st.Member != "voter" || st.Next <= ends[st.Shard] {
 				behind = append(behind, fmt.Sprintf("%+v", st))
 			}
 		}
@@ -245,9 +251,9 @@ func (p *prober) leader(ctx context.Context, not string) string {
 	return ""
 }
 
-// readReplicaAt reads shard of stream from offset 0 to end from broker
-// b's own replica (workload.ReadReplica).
-func readReplicaAt(t *testing.T, ctx context.Context, c *cluster.Cluster, b *cluster.Broker, stream string, shard int, end uint64) []history.Entry {
+// brokerTLS is the admin's client TLS for a connection to broker b
+// alone, verifying b's node certificate.
+func brokerTLS(t *testing.T, c *cluster.Cluster, b *cluster.Broker) *tls.Config {
 	t.Helper()
 	ca, err := transport.LoadCA(c.CAFile())
 	if err != nil {
@@ -257,8 +263,14 @@ func readReplicaAt(t *testing.T, ctx context.Context, c *cluster.Cluster, b *clu
 	if err != nil {
 		t.Fatal(err)
 	}
-	tlsConf := transport.VerifyPeer(transport.ClientTLS(ca, &cert, "127.0.0.1"), transport.RoleNode, b.ID)
-	out, err := workload.ReadReplica(ctx, b.Addr, tlsConf, stream, shard, end, 30*time.Second) // a restarted replica may still be catching up
+	return transport.VerifyPeer(transport.ClientTLS(ca, &cert, "127.0.0.1"), transport.RoleNode, b.ID)
+}
+
+// readReplicaAt reads shard of stream from offset 0 to end from broker
+// b's own replica (workload.ReadReplica).
+func readReplicaAt(t *testing.T, ctx context.Context, c *cluster.Cluster, b *cluster.Broker, stream string, shard int, end uint64) []history.Entry {
+	t.Helper()
+	out, err := workload.ReadReplica(ctx, b.Addr, brokerTLS(t, c, b), stream, shard, end, 30*time.Second) // a restarted replica may still be catching up
 	if err != nil {
 		t.Fatalf("reading %s's replica: %v", b.ID, err)
 	}

@@ -47,6 +47,12 @@ type Publish struct {
 	Call      time.Time
 	Return    time.Time
 	Retried   bool // an idempotent publisher retried it after an unknown outcome
+	// Stream names the publisher stream the record was sent on, if the
+	// recorder knows it ("" if not): records of one publisher on one
+	// stream are committed in the order sent (DESIGN.md), so one of
+	// unknown outcome that was written is as bound by that order as an
+	// acked one. Records without it are ordered only by their acks.
+	Stream string
 }
 
 // Recorder collects a history.
@@ -95,8 +101,9 @@ type Report struct {
 	Phantom []string
 	// Gaps describe holes in a shard's offsets.
 	Gaps []string
-	// Reordered describe a publisher's acked records of one shard whose
-	// offsets do not increase in the order they were sent.
+	// Reordered describe a publisher's written records of one shard
+	// (acked, or of unknown outcome and found in the logs) whose offsets
+	// do not increase in the order they were sent.
 	Reordered []string
 	// Linearizable is porcupine's verdict on the acknowledgements and the
 	// final logs; Unknown if it ran out of time.
@@ -166,7 +173,7 @@ func Check(pubs []Publish, logs [][]Entry, timeout time.Duration) Report {
 	}
 	slices.Sort(r.Duplicated)
 	slices.Sort(r.Phantom)
-	r.Reordered = reordered(pubs)
+	r.Reordered = reordered(pubs, found)
 	r.Linearizable = linearizable(pubs, logs, found, timeout)
 	return r
 }
@@ -177,23 +184,45 @@ type place struct {
 	offset uint64
 }
 
-// reordered finds, per publisher and shard, acked records whose offsets
-// do not grow in the order they were called.
-func reordered(pubs []Publish) []string {
-	type key struct{ publisher, shard int }
+// reordered finds, per publisher and shard, records written whose
+// offsets do not grow in the order they were called: acked records at the
+// place their ack gave (a publisher's acks alone order them: an ack came
+// back before the next record was sent, or the records shared a stream);
+// and, among the records of one publisher stream (Publish.Stream), those
+// of unknown outcome found once in the logs too, at the place found (left
+// out, a record committed late, after records sent after it on its
+// stream, passed unseen).
+func reordered(pubs []Publish, found map[string][]place) []string {
+	type key struct {
+		publisher, shard int
+		stream           string // "" for the acked records of all streams
+	}
 	last := map[key]Publish{}
 	var out []string
-	sorted := slices.Clone(pubs)
-	slices.SortStableFunc(sorted, func(a, b Publish) int { return a.Call.Compare(b.Call) })
-	for _, p := range sorted {
-		if p.Outcome != Acked {
-			continue
-		}
-		k := key{p.Publisher, p.Shard}
+	next := func(k key, p Publish) {
 		if prev, ok := last[k]; ok && p.Offset <= prev.Offset {
 			out = append(out, fmt.Sprintf("publisher %d, shard %d: %s at %d sent after %s at %d", p.Publisher, p.Shard, p.Value, p.Offset, prev.Value, prev.Offset))
 		}
 		last[k] = p
+	}
+	sorted := slices.Clone(pubs)
+	slices.SortStableFunc(sorted, func(a, b Publish) int { return a.Call.Compare(b.Call) })
+	for _, p := range sorted {
+		switch p.Outcome {
+		case Acked:
+			next(key{p.Publisher, p.Shard, ""}, p)
+		case Unknown:
+			where := found[p.Value]
+			if len(where) != 1 {
+				continue // not written, or written twice, which Check reports
+			}
+			p.Shard, p.Offset = where[0].shard, where[0].offset
+		default:
+			continue
+		}
+		if p.Stream != "" {
+			next(key{p.Publisher, p.Shard, p.Stream}, p)
+		}
 	}
 	return out
 }

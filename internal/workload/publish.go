@@ -27,15 +27,51 @@ func Outcome(err error) history.Outcome {
 	return history.Unknown
 }
 
+// streamOf names the publisher stream cl's next publish goes on, as far
+// as the client shows it: its home broker and the connections it has
+// dialled there. A record is given the name (history.Publish.Stream) only
+// if it is the same when its publish returns, so that two records with
+// one name went over one connection, on the client's one publisher stream
+// of it.
+func streamOf(cl *client.Client) string {
+	addr := cl.Addr()
+	for _, st := range cl.ConnStats() {
+		if st.Broker == addr {
+			return fmt.Sprintf("%s#%d", addr, st.Dials)
+		}
+	}
+	return ""
+}
+
+// stayed returns the stream name taken before a publish (streamOf) if cl
+// still shows it after, else "".
+func stayed(cl *client.Client, before string) string {
+	if before != "" && streamOf(cl) == before {
+		return before
+	}
+	return ""
+}
+
 // Record publishes value to stream (to shard, if shard >= 0, else keyed by
 // value) through cl within timeout and adds the outcome to rec as
 // publisher id's; it returns the ack and the error.
 func Record(ctx context.Context, cl *client.Client, rec *history.Recorder, id int, stream string, shard int, value string, timeout time.Duration) (client.Ack, error) {
+	return record(ctx, cl, rec, id, stream, shard, value, timeout, false)
+}
+
+// record is Record; onStream says that the caller sends its next records
+// on cl's publisher stream too, so that the record is given its stream
+// (history.Publish.Stream).
+func record(ctx context.Context, cl *client.Client, rec *history.Recorder, id int, stream string, shard int, value string, timeout time.Duration, onStream bool) (client.Ack, error) {
 	var opts []client.PublishOpt
 	if shard >= 0 {
 		opts = append(opts, client.WithShard(shard))
 	}
 	pctx, cancel := context.WithTimeout(ctx, timeout)
+	var on string
+	if onStream {
+		on = streamOf(cl)
+	}
 	call := time.Now()
 	ack, err := cl.Publish(pctx, stream, []byte(value), []byte(value), opts...)
 	cancel()
@@ -43,6 +79,7 @@ func Record(ctx context.Context, cl *client.Client, rec *history.Recorder, id in
 	if err == nil {
 		p.Shard, p.Offset, p.Owner, p.Retried = ack.Shard, ack.Offset, ack.Owner, ack.Duplicate
 	}
+	p.Stream = stayed(cl, on)
 	rec.Add(p)
 	return ack, err
 }
@@ -62,7 +99,7 @@ func Publish(ctx context.Context, stop <-chan struct{}, cl *client.Client, strea
 			return
 		default:
 		}
-		_, err := Record(ctx, cl, rec, id, stream, -1, fmt.Sprintf("p%d-%d", id, n), timeout)
+		_, err := record(ctx, cl, rec, id, stream, -1, fmt.Sprintf("p%d-%d", id, n), timeout, true)
 		if ctx.Err() != nil {
 			return
 		}
@@ -80,16 +117,18 @@ func Publish(ctx context.Context, stop <-chan struct{}, cl *client.Client, strea
 // shard must hold offsets in the order sent (history's reordered check),
 // which a publisher that waits for each ack cannot break: pipelined, a
 // record routed again after a refusal is what could overtake. The check
-// sees acked records only, and the records routed again are the slow
-// ones: the wait is longer than a broker holds a record for a leader
+// sees acked records, and written ones of unknown outcome whose
+// connection stayed (history.Publish.Stream); the records routed again
+// are the slow ones: the wait is longer than a broker holds a record for a leader
 // (broker.Config.ForwardTimeout, 10 s) plus an election, so that they
 // end acked, not Unknown (with 3 s, most of them were left out).
 func PublishPipelined(ctx context.Context, stop <-chan struct{}, cl *client.Client, stream string, id, window int, rec *history.Recorder) {
 	const timeout = 30 * time.Second
 	type sent struct {
-		value string
-		call  time.Time
-		fut   *client.Future
+		value  string
+		call   time.Time
+		stream string // streamOf at the call
+		fut    *client.Future
 	}
 	inflight := make(chan sent, window-1) // and one with the collector
 	collected := make(chan struct{})
@@ -99,7 +138,7 @@ func PublishPipelined(ctx context.Context, stop <-chan struct{}, cl *client.Clie
 			wctx, cancel := context.WithDeadline(ctx, s.call.Add(timeout))
 			ack, err := s.fut.Wait(wctx)
 			cancel()
-			p := history.Publish{Publisher: id, Value: s.value, Outcome: Outcome(err), Call: s.call, Return: time.Now()}
+			p := history.Publish{Publisher: id, Value: s.value, Outcome: Outcome(err), Call: s.call, Return: time.Now(), Stream: stayed(cl, s.stream)}
 			if err == nil {
 				p.Shard, p.Offset, p.Owner = ack.Shard, ack.Offset, ack.Owner
 			}
@@ -133,6 +172,7 @@ func PublishPipelined(ctx context.Context, stop <-chan struct{}, cl *client.Clie
 			}
 		}
 		value := fmt.Sprintf("p%d-%d", id, n)
+		on := streamOf(cl)
 		call := time.Now()
 		fut, err := pub.PublishAsync(ctx, []byte(value), []byte(value))
 		if err != nil {
@@ -143,7 +183,7 @@ func PublishPipelined(ctx context.Context, stop <-chan struct{}, cl *client.Clie
 			time.Sleep(20 * time.Millisecond)
 			continue
 		}
-		inflight <- sent{value: value, call: call, fut: fut}
+		inflight <- sent{value: value, call: call, stream: on, fut: fut}
 		if n%window == window-1 {
 			time.Sleep(10 * time.Millisecond) // a window at a time: a few hundred records/s
 		}

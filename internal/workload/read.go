@@ -81,3 +81,54 @@ func ReadReplica(ctx context.Context, addr string, tlsConf *tls.Config, stream s
 		}
 	}
 }
+
+// SettleAfterUnknown is how long after a publish of unknown outcome
+// returned its record may still be committed: a broker holds a record
+// for a leader for up to its ForwardTimeout (10 s by default), then
+// proposes it; with a margin.
+const SettleAfterUnknown = 12 * time.Second
+
+// Settle waits, once every publisher stopped, until SettleAfterUnknown
+// has passed since the last publish of pubs with an unknown outcome
+// returned: a record still in flight then lands before the final read's
+// end marker, or past it, where ShardEnds still finds it.
+func Settle(ctx context.Context, pubs []history.Publish) {
+	var last time.Time
+	for _, p := range pubs {
+		if p.Outcome == history.Unknown && p.Return.After(last) {
+			last = p.Return
+		}
+	}
+	if wait := time.Until(last.Add(SettleAfterUnknown)); wait > 0 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+}
+
+// ShardEnds returns the offset of the last record committed on each shard
+// of stream: the greatest of marks[shard] (the offset of a record acked
+// there after every publisher stopped) and, on a replicated stream, the
+// replicas' high-water marks (ReplicaState.Next - 1). A final read to
+// these ends, rather than to the marks, also checks the records committed
+// after a mark: one of unknown outcome written late, or a copy of an
+// acked record written again. It logs (logf) each end past its mark.
+func ShardEnds(ctx context.Context, cl *client.Client, stream string, marks []uint64, logf func(string, ...any)) ([]uint64, error) {
+	ends := append([]uint64(nil), marks...)
+	states, err := cl.ReplicaStatus(ctx, stream)
+	if err != nil {
+		return nil, fmt.Errorf("workload: the ends of %s: %w", stream, err)
+	}
+	for _, st := range states {
+		if st.Err == "" && st.Shard >= 0 && st.Shard < len(ends) && st.Next > 0 {
+			ends[st.Shard] = max(ends[st.Shard], st.Next-1)
+		}
+	}
+	for s := range ends {
+		if ends[s] != marks[s] {
+			logf("%s/%d: records committed past the end marker at %d, up to %d: read to there", stream, s, marks[s], ends[s])
+		}
+	}
+	return ends, nil
+}
