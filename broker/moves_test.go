@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -404,5 +405,202 @@ func TestMoveRefusedWhileAnotherRejoins(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("move refused %v after the rejoined replica became a voter: %v", waitFor, err)
 		}
+	}
+}
+
+// TestMoveRetargetedAfterTargetBecameVoter: the target of a move becomes a
+// voter in the slot's place but its settle never reaches the control plane;
+// it is then lost too, and the pending move is retargeted to a third
+// broker. The third joins in place of the first target, every acked record
+// is kept, the move settles, and the source and first target, back, remove
+// their copies.
+func TestMoveRetargetedAfterTargetBecameVoter(t *testing.T) {
+	ip := startInprocWith(t, fastRaft, 5, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	id := shardmap.ShardID{Stream: "r3", Shard: 0}
+	st, _ := ip.ctl.Map().Stream("r3")
+	set := st.Placement.Replicas(0)
+	var spares []string
+	for _, b := range ip.brokers {
+		if !slices.Contains(set, b.NodeID()) {
+			spares = append(spares, b.NodeID())
+		}
+	}
+	y, z := spares[0], spares[1]
+	leader := leaderOf(t, ip.brokers, id)
+	var src *Broker
+	for _, b := range ip.brokers {
+		if b != leader && slices.Contains(set, b.NodeID()) {
+			src = b
+		}
+	}
+	seq := uint64(0)
+	publish := func(what string) {
+		t.Helper()
+		seq++
+		via := leaderOf(t, ip.brokers, id)
+		if f := publishVia(t, ip, via, "r3", 0, seq, fmt.Sprint(what, seq)); f.Type() != transport.FrameAck {
+			t.Fatalf("publish %s: %T %+v", what, f, f)
+		}
+	}
+	for range 3 {
+		publish("before")
+	}
+	// y never manages to tell the control plane it is a voter.
+	yIdx := ip.brokerIndex(y)
+	ip.closeBroker(t, ip.brokers[yIdx])
+	yb := ip.newBroker(yIdx)
+	yb.raft.toCtl = func(context.Context, *transport.Request) (*transport.Response, error) {
+		return nil, errors.New("injected: the control plane is unreachable")
+	}
+	if err := yb.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ip.brokers = append(ip.brokers, yb)
+
+	srcIdx := ip.brokerIndex(src.NodeID())
+	ip.closeBroker(t, src)
+	ip.waitDown(src.NodeID())
+	if err := ip.ctl.MoveReplica("r3", 0, src.NodeID(), y); err != nil {
+		t.Fatal(err)
+	}
+	waitVoter(t, yb, id, 3)
+	publish("with y")
+	publish("with y")
+	yID := groupOf(yb, id).group.ID()
+	if n, _ := func() (string, uint64) { st, _ := ip.ctl.Map().Stream("r3"); return st.Placement.Pending(0) }(); n != y {
+		t.Fatalf("pending %q, want %s", n, y)
+	}
+
+	// y is lost too: the pending move goes on to z.
+	ip.closeBroker(t, yb)
+	ip.waitDown(y)
+	var err error
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(20 * time.Millisecond) {
+		if err = ip.ctl.MoveReplica("r3", 0, y, z); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("retarget refused: %v", err)
+		}
+	}
+	zb := ip.brokers[ip.brokerIndex(z)]
+	waitVoter(t, zb, id, 5)
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(10 * time.Millisecond) {
+		st, _ := ip.ctl.Map().Stream("r3")
+		if n, _ := st.Placement.Pending(0); n == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the retargeted move did not settle")
+		}
+	}
+	l := leaderOf(t, ip.brokers, id)
+	zID := groupOf(zb, id).group.ID()
+	voters, learners := groupOf(l, id).group.Members()
+	if len(voters) != 3 || !slices.Contains(voters, zID) || slices.Contains(voters, yID) || len(learners) != 0 {
+		t.Fatalf("voters %v learners %v; want three with %d, without %d", voters, learners, zID, yID)
+	}
+	if got, want := readShard(t, groupOf(zb, id)), readShard(t, groupOf(l, id)); !slices.Equal(got, want) || len(got) != 5 {
+		t.Fatalf("z holds %q, leader %q", got, want)
+	}
+	publish("with z")
+
+	ip.brokers = append(ip.brokers, ip.startBroker(srcIdx), ip.startBroker(yIdx))
+	for _, n := range []string{src.NodeID(), y} {
+		dir := filepath.Join(ip.dir, n, "streams", "r3", "0")
+		for deadline := time.Now().Add(waitFor); ; time.Sleep(10 * time.Millisecond) {
+			if _, err := os.Stat(dir); os.IsNotExist(err) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s kept %s", n, dir)
+			}
+		}
+	}
+}
+
+// settledMove moves from's replica of r3/0 to to and waits until to's
+// replica is a voter and the move settled; it returns the move's id.
+func settledMove(t *testing.T, ip *inproc, from, to string) uint64 {
+	t.Helper()
+	var err error
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(20 * time.Millisecond) {
+		if err = ip.ctl.MoveReplica("r3", 0, from, to); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("move %s→%s refused: %v", from, to, err)
+		}
+	}
+	st, _ := ip.ctl.Map().Stream("r3")
+	_, move := st.Placement.Pending(0)
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(10 * time.Millisecond) {
+		st, _ := ip.ctl.Map().Stream("r3")
+		if n, _ := st.Placement.Pending(0); n == "" {
+			return move
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the move %s→%s did not settle", from, to)
+		}
+	}
+}
+
+// TestStaleMapKeepsANewerMovedInReplica: a broker whose replica of a
+// shard was moved to it by a move newer than the map it is handed (it
+// registered with a control plane that lags, as movedInAfter allows for)
+// must not remove that replica, a voter of the group, on the older map's
+// word: removeMoved refuses to, and so must openReplica.
+func TestStaleMapKeepsANewerMovedInReplica(t *testing.T) {
+	ip := startInprocWith(t, fastRaft, 4, shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	id := shardmap.ShardID{Stream: "r3", Shard: 0}
+	st, _ := ip.ctl.Map().Stream("r3")
+	set := st.Placement.Replicas(0)
+	var a, d string
+	for _, b := range ip.brokers {
+		if !slices.Contains(set, b.NodeID()) {
+			d = b.NodeID()
+		}
+	}
+	leader := leaderOf(t, ip.brokers, id)
+	for _, n := range set {
+		if n != leader.NodeID() {
+			a = n
+		}
+	}
+	if f := publishVia(t, ip, leader, "r3", 0, 1, "v1"); f.Type() != transport.FrameAck {
+		t.Fatalf("publish: %T %+v", f, f)
+	}
+	aIdx, dIdx := ip.brokerIndex(a), ip.brokerIndex(d)
+
+	// a → d (move m1), settled: the map of then holds d by m1.
+	ip.closeBroker(t, ip.brokers[aIdx])
+	ip.waitDown(a)
+	m1 := settledMove(t, ip, a, d)
+	stale := ip.ctl.Map()
+	// d → a, settled; then a → d again (move m3), settled.
+	ip.brokers = append(ip.brokers, ip.startBroker(aIdx))
+	ip.closeBroker(t, ip.brokers[ip.brokerIndex(d)])
+	ip.waitDown(d)
+	settledMove(t, ip, d, a)
+	ip.brokers = append(ip.brokers, ip.startBroker(dIdx))
+	ip.closeBroker(t, ip.brokers[ip.brokerIndex(a)])
+	ip.waitDown(a)
+	m3 := settledMove(t, ip, a, d)
+	db := ip.brokers[ip.brokerIndex(d)]
+	waitVoter(t, db, id, 1)
+	voterID := groupOf(db, id).group.ID()
+	dir := filepath.Join(ip.dir, d, "streams", "r3", "0")
+	ip.closeBroker(t, db)
+	t.Logf("moves %d (in the stale map) and %d (the replica's); d's raft id %d", m1, m3, voterID)
+
+	// d starts again and is handed the older map first.
+	nb := ip.newBroker(dIdx)
+	defer nb.Close()
+	nb.shards.apply(stale)
+	got, _, err := readMoveID(dir)
+	rid, _, _ := readRaftID(dir)
+	if err != nil || got != m3 || rid != voterID {
+		t.Fatalf("on the map of epoch %d, %s replaced its replica of move %d (raft id %d, a voter) with move id %d, raft id %d (err %v)",
+			stale.Epoch, d, m3, voterID, got, rid, err)
 	}
 }

@@ -312,6 +312,13 @@ func (s *shardSet) openReplica(e *shardEntry, dir string, st *shardmap.Stream) e
 		if err != nil {
 			return fmt.Errorf("shard %s: %w (its data is kept, not removed on a guess)", e.id, err)
 		}
+		if ok && stored > moveID {
+			// Moved here by a move newer than this map knows (a control
+			// plane that lags): that replica may be a voter; it is not
+			// this map's to judge (as movedInAfter for removeMoved).
+			return fmt.Errorf("shard %s: its replica here came with move %d, newer than move %d of the map of epoch %d: kept, and opened on a map that knows it",
+				e.id, stored, moveID, slots.p.Load().epoch)
+		}
 		if !ok || stored != moveID {
 			if err := s.removeShardDir(e.id, moveID); err != nil {
 				return err

@@ -90,6 +90,9 @@ func (s *state) moveReplica(name string, shard int, from, to string) (string, er
 		return "", fmt.Errorf("%w: move a replica of %s: name the broker whose replica moves (its replicas are %s)", ErrInvalid, id, orNone(set))
 	case !slices.Contains(set, from):
 		return "", fmt.Errorf("%w: %w: %s holds no replica of %s (its replicas are %s)", ErrInvalid, shardmap.ErrBadMove, from, id, orNone(set))
+	case s.live(from) && !s.registered(from):
+		return "", fmt.Errorf("%w: move %s's replica of %s: %s is live: the ctl leader that took over holds it live until it registers again or the takeover's registration grace ends; "+
+			"if it is stopped, move its replica once the grace is over and it is down", ErrInvalid, from, id, from)
 	case s.live(from):
 		return "", fmt.Errorf("%w: move %s's replica of %s: %s is live: stop it first (its replica leaves the shard's group as soon as the move is made; "+
 			"moving a live broker's replica without lowering the shard's redundancy meanwhile is not supported yet)", ErrInvalid, from, id, from)

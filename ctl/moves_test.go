@@ -761,3 +761,23 @@ func TestMoveTargetNotAnEarlierOne(t *testing.T) {
 		t.Fatalf("the move went to %s; %s was its source and %s an earlier target", f, a, d)
 	}
 }
+
+// TestMoveFromHeldLiveSaysSo: a source the ctl leader that took over
+// holds live (no registration: its lease ran out while no ctl renewed it)
+// is refused, as remove refuses it, with a message that says so, not
+// "stop it first" to an operator who did.
+func TestMoveFromHeldLiveSaysSo(t *testing.T) {
+	s := moveFixture(t, 4, 4)
+	from := placementOf(s, "orders").Replicas(0)[1]
+	down(t, s, from)
+	if !s.holdLive(from) {
+		t.Fatal("holdLive changed nothing")
+	}
+	_, err := s.moveReplica("orders", 0, from, "")
+	if err == nil {
+		t.Fatal("moved a held-live replica")
+	}
+	if strings.Contains(err.Error(), "stop it first") || !strings.Contains(err.Error(), "took over") {
+		t.Fatalf("error %q: want it to say the ctl leader that took over holds %s live until it registers or the grace ends", err, from)
+	}
+}
