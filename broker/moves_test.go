@@ -397,15 +397,7 @@ func TestMoveRefusedWhileAnotherRejoins(t *testing.T) {
 		t.Fatal(err)
 	}
 	ip.waitDown(set[0])
-	for deadline := time.Now().Add(waitFor); ; time.Sleep(20 * time.Millisecond) {
-		err := ip.ctl.MoveReplica("r3", 0, set[0], target)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("move refused %v after the rejoined replica became a voter: %v", waitFor, err)
-		}
-	}
+	moveAccepted(t, ip, set[0], target) // after the rejoined replica became a voter
 }
 
 // TestMoveRetargetedAfterTargetBecameVoter: the target of a move becomes a
@@ -474,26 +466,10 @@ func TestMoveRetargetedAfterTargetBecameVoter(t *testing.T) {
 	// y is lost too: the pending move goes on to z.
 	ip.closeBroker(t, yb)
 	ip.waitDown(y)
-	var err error
-	for deadline := time.Now().Add(waitFor); ; time.Sleep(20 * time.Millisecond) {
-		if err = ip.ctl.MoveReplica("r3", 0, y, z); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("retarget refused: %v", err)
-		}
-	}
+	moveAccepted(t, ip, y, z) // the retarget
 	zb := ip.brokers[ip.brokerIndex(z)]
 	waitVoter(t, zb, id, 5)
-	for deadline := time.Now().Add(waitFor); ; time.Sleep(10 * time.Millisecond) {
-		st, _ := ip.ctl.Map().Stream("r3")
-		if n, _ := st.Placement.Pending(0); n == "" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the retargeted move did not settle")
-		}
-	}
+	waitSettled(t, ip)
 	l := leaderOf(t, ip.brokers, id)
 	zID := groupOf(zb, id).group.ID()
 	voters, learners := groupOf(l, id).group.Members()
@@ -523,24 +499,39 @@ func TestMoveRetargetedAfterTargetBecameVoter(t *testing.T) {
 // replica is a voter and the move settled; it returns the move's id.
 func settledMove(t *testing.T, ip *inproc, from, to string) uint64 {
 	t.Helper()
-	var err error
-	for deadline := time.Now().Add(waitFor); ; time.Sleep(20 * time.Millisecond) {
-		if err = ip.ctl.MoveReplica("r3", 0, from, to); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("move %s→%s refused: %v", from, to, err)
-		}
-	}
+	moveAccepted(t, ip, from, to)
 	st, _ := ip.ctl.Map().Stream("r3")
 	_, move := st.Placement.Pending(0)
+	waitSettled(t, ip)
+	return move
+}
+
+// moveAccepted moves from's replica of r3/0 to to, asking again until the
+// control plane accepts (it refuses while it still holds from live, or
+// while another replica is not yet a voter).
+func moveAccepted(t *testing.T, ip *inproc, from, to string) {
+	t.Helper()
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(20 * time.Millisecond) {
+		err := ip.ctl.MoveReplica("r3", 0, from, to)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("move %s→%s refused for %v: %v", from, to, waitFor, err)
+		}
+	}
+}
+
+// waitSettled waits until r3/0 has no move pending.
+func waitSettled(t *testing.T, ip *inproc) {
+	t.Helper()
 	for deadline := time.Now().Add(waitFor); ; time.Sleep(10 * time.Millisecond) {
 		st, _ := ip.ctl.Map().Stream("r3")
 		if n, _ := st.Placement.Pending(0); n == "" {
-			return move
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the move %s→%s did not settle", from, to)
+			t.Fatalf("the move of r3/0 to %s did not settle", func() string { n, _ := st.Placement.Pending(0); return n }())
 		}
 	}
 }
