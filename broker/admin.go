@@ -40,7 +40,10 @@ func (b *Broker) serveRequest(s *quic.Stream, req *transport.Request, from calle
 // Error: see serveRequest.
 func (b *Broker) adminAnswer(req *transport.Request, from caller) transport.Frame {
 	if from.principal == "" {
-		return b.authorize(b.member.Map(), from, auth.Action(req.Op), "")
+		if err := b.authorize(b.member.Map(), from, auth.Action(req.Op), ""); err != nil {
+			b.tel.countError(err.Code)
+			return err
+		}
 	}
 	if req.Op == opReplicaSettled {
 		// A broker's own request to the control plane, never a client's
@@ -57,6 +60,7 @@ func (b *Broker) adminAnswer(req *transport.Request, from caller) transport.Fram
 		}
 		m := b.member.Map()
 		if err := b.authorize(m, from, auth.Subscribe, req.Stream.Name); err != nil {
+			b.tel.countError(err.Code)
 			return err
 		}
 		return &transport.Response{Replicas: b.replicaStates(req.Stream.Name)}

@@ -33,7 +33,8 @@ func (b *Broker) authorize(m *shardmap.Map, from caller, action auth.Action, str
 	if b.denials.First(from.principal + "\x00" + from.peerID + "\x00" + act + "\x00" + name) {
 		b.log.Warn("denied", "principal", from.principal, "peer", from.peerID, "action", act, "stream", name)
 	}
-	b.tel.countError(transport.CodeUnauthorized)
+	// Not counted in felix_errors_total here: the caller counts the
+	// answer it writes (once).
 	return transport.Errorf(transport.CodeUnauthorized, "%w", err)
 }
 

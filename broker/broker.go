@@ -504,13 +504,11 @@ func (b *Broker) serveConn(conn *quic.Conn) {
 		return
 	}
 	defer b.untrack(conn)
-	kind, qkind := b.tel.clientConn, kindClient
+	qkind := kindClient
 	if peerID != "" {
-		kind, qkind = b.tel.peerConn, kindPeer
+		qkind = kindPeer
 	}
-	b.quic.watch(conn, qkind)
-	b.tel.conns.Add(context.Background(), 1, kind...)
-	defer b.tel.conns.Add(context.Background(), -1, kind...)
+	b.quic.watch(conn, qkind) // also felix_connections{type}
 	for {
 		s, err := conn.AcceptStream(b.ctx)
 		if err != nil {

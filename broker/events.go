@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,6 +92,13 @@ func (t *telemetry) received(pub *transport.Publish, peer string) pubEvents {
 	ev.trace.on = true
 	if hop, ok := msgtrace.TakeHop(context.Background(), pub.Headers); ok && peer != "" {
 		ev.trace.parent = trace.SpanContextFromContext(hop)
+		if p := ev.trace.parent; p.IsValid() && p.TraceState().Len() == 0 {
+			// The hop carries no tracestate (forwardContext): the
+			// trace's is the record's own, when it is the same trace.
+			if rc := msgtrace.RecordContext(pub.Headers); rc.TraceID() == p.TraceID() {
+				ev.trace.parent = p.WithTraceState(rc.TraceState())
+			}
+		}
 	} else {
 		ev.trace.parent = msgtrace.RecordContext(pub.Headers)
 	}
@@ -141,14 +149,17 @@ func (t *telemetry) forwardContext(ev *pubEvents, owner string, h map[string]str
 		}
 		return msgtrace.WithHop(trace.NewSpanContext(trace.SpanContextConfig{
 			TraceID: p.TraceID(), SpanID: ev.hop.spanID,
-			TraceFlags: p.TraceFlags(), TraceState: p.TraceState(),
+			TraceFlags: p.TraceFlags(), // no TraceState: the owner takes the record's (received)
 		}), h)
 	}
 	// Start them now, asking for the reserved ID all the same: the first
 	// forward learns whether the provider honours it.
 	sp := t.clientSpan(ev)
 	t.ids.Learn(sp, ev.hop.spanID)
-	return msgtrace.WithHop(sp.SpanContext(), h)
+	// Without the tracestate, which is the record's (its producer's) and
+	// may be as large as the headers allow: the frame limit leaves room
+	// for a traceparent, not for a second copy of the headers.
+	return msgtrace.WithHop(sp.SpanContext().WithTraceState(trace.TraceState{}), h)
 }
 
 // taken counts a record taken in (given its slot), to be answered and
@@ -327,17 +338,21 @@ func (t *telemetry) serverSpan(ev *pubEvents) trace.Span {
 	return ev.trace.span
 }
 
-// knownStream reports whether the broker's map has a stream named name.
-func (t *telemetry) knownStream(name string) bool {
-	if t.currentMap == nil {
-		return false
+// spanStream returns name, a record's stream, as a span attribute may
+// keep it, and whether the broker's map has that stream: the map's copy
+// of the name, or a copy of its own; never name itself, which points into
+// the record's decoded frame (transport.DecodeFrame aliases its strings):
+// a span kept by the SpanBuffer (up to MaxQueue of them while the
+// exporter is slow or down) would keep the whole record alive.
+func (t *telemetry) spanStream(name string) (string, bool) {
+	if t.currentMap != nil {
+		if m := t.currentMap(); m != nil {
+			if st, ok := m.Stream(name); ok {
+				return st.Name, true
+			}
+		}
 	}
-	m := t.currentMap()
-	if m == nil {
-		return false
-	}
-	_, ok := m.Stream(name)
-	return ok
+	return strings.Clone(name), false
 }
 
 // spanOp is the operation ev's server span names: "publish", or
@@ -367,10 +382,11 @@ func (t *telemetry) endServer(ev *pubEvents) {
 		if ev.peer != "" {
 			via = ev.peer
 		}
-		attrs := append(t.spanAttrs[:0], msgtrace.System, msgtrace.OpReceive, msgtrace.Destination.String(ev.pub.Stream),
+		stream, known := t.spanStream(ev.pub.Stream)
+		attrs := append(t.spanAttrs[:0], msgtrace.System, msgtrace.OpReceive, msgtrace.Destination.String(stream),
 			t.node, msgtrace.Via.String(via), msgtrace.BodySize.Int(len(ev.pub.Value)))
 		if ev.pub.ProducerID != "" {
-			attrs = append(attrs, msgtrace.ClientID.String(producerName(ev.pub.ProducerID)))
+			attrs = append(attrs, msgtrace.ClientID.String(strings.Clone(producerName(ev.pub.ProducerID))))
 		}
 		if ev.shard >= 0 {
 			attrs = append(attrs, msgtrace.Partition.String(strconv.Itoa(ev.shard)), msgtrace.Owner.String(ev.owner),
@@ -381,7 +397,7 @@ func (t *telemetry) endServer(ev *pubEvents) {
 		}
 		sp.SetAttributes(attrs...)
 		t.spanAttrs = clearAttrs(attrs)
-		if ev.shard < 0 && !t.knownStream(ev.pub.Stream) {
+		if ev.shard < 0 && !known {
 			// A stream the map does not have: its name is the
 			// client's, any string, and span names must be few; the
 			// attribute keeps it.
@@ -424,13 +440,14 @@ func (t *telemetry) endClient(ev *pubEvents) {
 	sp := t.clientSpan(ev)
 	if sp.IsRecording() {
 		pub := ev.pub
+		stream, _ := t.spanStream(pub.Stream)
 		attrs := append(t.spanAttrs[:0], msgtrace.System, msgtrace.OpSend, msgtrace.OpNameForward,
-			msgtrace.Destination.String(pub.Stream), msgtrace.Partition.String(strconv.Itoa(ev.shard)),
+			msgtrace.Destination.String(stream), msgtrace.Partition.String(strconv.Itoa(ev.shard)),
 			t.node, msgtrace.Via.String(t.nodeID), msgtrace.Forwarded.Bool(true),
 			msgtrace.BodySize.Int(len(pub.Value)))
 		attrs = append(attrs, t.peerAttrs(ev.hop.peer)...)
 		if pub.ProducerID != "" {
-			attrs = append(attrs, msgtrace.ClientID.String(producerName(pub.ProducerID)))
+			attrs = append(attrs, msgtrace.ClientID.String(strings.Clone(producerName(pub.ProducerID))))
 		}
 		if ev.err == nil {
 			attrs = append(attrs, msgtrace.Offset.Int64(int64(ev.offset)))

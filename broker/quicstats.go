@@ -18,7 +18,9 @@ const (
 
 // quicTotals is what connections of one kind sent, and how much of it
 // quic-go declared lost (never acknowledged in time, sent again).
-type quicTotals struct{ sent, lost uint64 }
+// open is how many are open (totals only): felix_connections{type},
+// accepted and dialed alike.
+type quicTotals struct{ sent, lost, open uint64 }
 
 func (t *quicTotals) add(st quic.ConnectionStats) {
 	t.sent += st.PacketsSent
@@ -70,6 +72,7 @@ func (a *quicAccount) totals() [connKinds]quicTotals {
 	out := a.ended
 	for conn, kind := range a.live {
 		out[kind].add(conn.ConnectionStats())
+		out[kind].open++
 	}
 	return out
 }

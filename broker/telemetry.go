@@ -51,12 +51,10 @@ type telemetry struct {
 	bytesOut     metric.Int64Counter
 	errors       metric.Int64Counter
 	lost         metric.Int64Counter // acked records found missing when opening a shard log
-	conns        metric.Int64UpDownCounter
 	streams      metric.Int64UpDownCounter
 
 	local, forwarded     []metric.RecordOption    // path=local|forwarded
 	fromClient, fromPeer metric.MeasurementOption // source=client|peer, of the counts in
-	clientConn, peerConn []metric.AddOption
 	pubStream, subStream []metric.AddOption
 	reqStream            []metric.AddOption
 	quietGroups          metric.MeasurementOption // state=quiet, for felix.raft.groups
@@ -155,7 +153,7 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 	t.lost, err = m.Int64Counter("felix.wal.lost.records", metric.WithUnit("{record}"),
 		metric.WithDescription("Acknowledged records found missing when opening a shard log, by stream and shard; the shard is unavailable until its files are restored or the loss is accepted."))
 	must(err)
-	t.conns, err = m.Int64UpDownCounter("felix.connections", metric.WithUnit("{connection}"),
+	conns, err := m.Int64ObservableUpDownCounter("felix.connections", metric.WithUnit("{connection}"),
 		metric.WithDescription("Open QUIC connections, by type (client or peer)."))
 	must(err)
 	t.streams, err = m.Int64UpDownCounter("felix.quic.streams", metric.WithUnit("{stream}"),
@@ -215,8 +213,6 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 	t.forwarded = recordOpt(attribute.String("path", "forwarded"))
 	t.fromClient = metric.WithAttributeSet(attribute.NewSet(attribute.String("source", "client")))
 	t.fromPeer = metric.WithAttributeSet(attribute.NewSet(attribute.String("source", "peer")))
-	t.clientConn = addOpt(attribute.String("type", "client"))
-	t.peerConn = addOpt(attribute.String("type", "peer"))
 	t.pubStream = addOpt(attribute.String("type", "publish"))
 	t.subStream = addOpt(attribute.String("type", "subscribe"))
 	t.reqStream = addOpt(attribute.String("type", "request"))
@@ -238,6 +234,7 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 		for kind, q := range b.quic.totals() {
 			o.ObserveInt64(quicSent, int64(q.sent), quicKinds[kind])
 			o.ObserveInt64(quicLost, int64(q.lost), quicKinds[kind])
+			o.ObserveInt64(conns, int64(q.open), quicKinds[kind])
 		}
 		t.peers.Range(func(_, v any) bool {
 			po := v.(*peerMetricOpts)
@@ -289,7 +286,7 @@ func newTelemetry(b *Broker, tp trace.TracerProvider, mp metric.MeterProvider) (
 			o.ObserveInt64(replicaBehind, int64(h.Behind))
 		}
 		return nil
-	}, recordsIn, bytesIn, forwards, shardsOwned, epoch, lag, shardBytes, shardNext, shardRecords, shardOmitted, raftGroups, replicaLeaderless, replicaBehind, raftSilences, parkedSyncs, quicSent, quicLost, diskFree)
+	}, conns, recordsIn, bytesIn, forwards, shardsOwned, epoch, lag, shardBytes, shardNext, shardRecords, shardOmitted, raftGroups, replicaLeaderless, replicaBehind, raftSilences, parkedSyncs, quicSent, quicLost, diskFree)
 	if err != nil {
 		return nil, err
 	}

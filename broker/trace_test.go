@@ -5,18 +5,25 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/felix-broker/felix/client"
 	"github.com/felix-broker/felix/internal/msgtrace"
+	ftel "github.com/felix-broker/felix/internal/telemetry"
 	"github.com/felix-broker/felix/shardmap"
+	"github.com/felix-broker/felix/transport"
 )
 
 // TestForwardedPublishIsOneTrace publishes one record with the SDK through
@@ -258,4 +265,182 @@ func TestFailedPublishSpans(t *testing.T) {
 		}
 	}
 	waitAllAnswered(t, b) // a refused record (its frame skipped whole) is counted answered too
+}
+
+// TestForwardedRecordWithLargeTracestate: a record within every limit,
+// whose headers carry a valid W3C traceparent and a large (valid,
+// 12 KiB) tracestate, is acked by its owner when published there; the
+// same record published through a tracing non-owner must be acked too.
+// The forwarder copies the tracestate into felix-hop-tracestate, which
+// the frame limit's 4 KiB allowance for "the headers a forwarding broker
+// adds for tracing" does not cover.
+func TestForwardedRecordWithLargeTracestate(t *testing.T) {
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	defer tp.Shutdown(context.Background())
+	const maxPayload = 64 << 10
+	ip := startInprocWith(t, func(c *Config) { c.TracerProvider = tp; c.MaxPayload = maxPayload },
+		2, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	var members []string
+	for i := range 24 {
+		members = append(members, fmt.Sprintf("k%02d%s=%s", i, strings.Repeat("k", 250), strings.Repeat("v", 256)))
+	}
+	h := map[string]string{
+		"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+		"tracestate":  strings.Join(members, ","),
+	}
+	if ts := msgtrace.RecordContext(h).TraceState(); ts.Len() != len(members) {
+		t.Fatalf("tracestate parsed to %d members, want %d", ts.Len(), len(members))
+	}
+	hlen := headersLen(h)
+	for i, b := range []*Broker{ip.owner("orders", 0), ip.nonOwner("orders", 0)} {
+		ws := openStream(t, ip.dial(b))
+		p := &transport.Publish{Seq: 1, Stream: "orders", Shard: -1, Key: []byte("k"), Headers: h,
+			Value: []byte(strings.Repeat("x", maxPayload-hlen-1))}
+		f := ws.roundTrip(p)
+		if _, ok := f.(*transport.Ack); !ok {
+			t.Errorf("publish %d (to %s, owner=%v): got %T %+v, want an ack", i, b.NodeID(), i == 0, f, f)
+		}
+	}
+	// The owner's server span of the forward keeps the producer's tracestate.
+	for deadline := time.Now().Add(waitFor); ; time.Sleep(5 * time.Millisecond) {
+		for _, s := range spans.GetSpans() {
+			if s.Name == "forward orders" && s.SpanKind == trace.SpanKindServer {
+				if n := s.SpanContext.TraceState().Len(); n != len(members) {
+					t.Fatalf("owner's server span has %d tracestate members, want %d", n, len(members))
+				}
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no owner server span")
+		}
+	}
+}
+
+// countingProcessor counts ended spans and hands them on.
+type countingProcessor struct {
+	sdktrace.SpanProcessor
+	ended atomic.Int64
+}
+
+func (c *countingProcessor) OnEnd(s sdktrace.ReadOnlySpan) {
+	c.SpanProcessor.OnEnd(s)
+	c.ended.Add(1)
+}
+
+// TestBufferedSpansDoNotPinRecords: while the exporter is slow or down,
+// the SpanBuffer holds up to MaxQueue spans. What they hold must not grow
+// with the records they describe: here 64 spans' records of 1 MiB each
+// (192 spans in all, far below MaxQueue) must not keep 64 MiB alive.
+func TestBufferedSpansDoNotPinRecords(t *testing.T) {
+	buf := ftel.NewSpanBuffer(ftel.Discard{}, ftel.SpanBufferOptions{Interval: time.Hour}) // a collector that is slow
+	cp := &countingProcessor{SpanProcessor: buf}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(cp))
+	defer tp.Shutdown(context.Background())
+	const size, n = 1 << 20, 64
+	ip := startInprocWith(t, func(c *Config) { c.TracerProvider = tp; c.MaxPayload = size + 1024 }, 1,
+		shardmap.StreamConfig{Name: "orders", Shards: 1})
+	ws := openStream(t, ip.dial(ip.brokers[0]))
+	ts, _ := trace.ParseTraceState("vendor=x")
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: msgtrace.NewTraceID(), SpanID: msgtrace.NewSpanID(), TraceFlags: trace.FlagsSampled, TraceState: ts})
+	heap := func() uint64 {
+		runtime.GC()
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	before := heap()
+	for i := range n {
+		p := publish(uint64(i+1), "orders", "")
+		p.Key, p.Value = []byte("k"), make([]byte, size)
+		p.Headers = msgtrace.WithRecordContext(sc, nil)
+		if f := ws.roundTrip(p); f.Type() != transport.FrameAck {
+			t.Fatalf("publish %d: %T %+v", i, f, f)
+		}
+	}
+	for deadline := time.Now().Add(waitFor); cp.ended.Load() < 3*n; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d spans ended, want %d", cp.ended.Load(), 3*n)
+		}
+	}
+	after := heap()
+	if grew := int64(after) - int64(before); grew > 16<<20 {
+		t.Errorf("heap grew by %d MiB holding %d buffered spans of %d records of 1 MiB", grew>>20, cp.ended.Load(), n)
+	}
+}
+
+// errorCount returns felix.errors{code} as collected from r.
+func errorCount(t *testing.T, r *sdkmetric.ManualReader, code string) int64 {
+	t.Helper()
+	var n int64
+	eachMetric(t, r, func(m metricdata.Metrics) {
+		if m.Name != "felix.errors" {
+			return
+		}
+		for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+			if v, _ := dp.Attributes.Value("code"); v.AsString() == code {
+				n += dp.Value
+			}
+		}
+	})
+	return n
+}
+
+// TestRefusalsCountedOnce: felix_errors_total counts "error answers sent
+// to publishers and subscribers, by wire error code": one refused
+// publish and one refused subscription are two unauthorized answers.
+func TestRefusalsCountedOnce(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	ip := startInprocWith(t, func(c *Config) { c.MeterProvider = mp }, 1, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	conn := ip.dialAs(ip.brokers[0], "nobody") // no grants
+	pub := openStream(t, conn)
+	pub.send(publish(1, "orders", "v"))
+	wantError(t, pub.recv(), transport.ErrUnauthorized)
+	if n := errorCount(t, reader, "unauthorized"); n != 1 {
+		t.Errorf("after one refused publish: felix.errors{code=unauthorized} = %d, want 1", n)
+	}
+	sub := openStream(t, conn)
+	sub.send(&transport.Subscribe{Stream: "orders", Start: transport.StartEarliest, Credit: 1})
+	wantError(t, sub.recv(), transport.ErrUnauthorized)
+	if n := errorCount(t, reader, "unauthorized"); n != 2 {
+		t.Errorf("after one refused publish and one refused subscription: felix.errors{code=unauthorized} = %d, want 2", n)
+	}
+}
+
+// TestPeerConnectionsCounted: felix.connections is "Open QUIC
+// connections, by type (client or peer)": a broker that forwarded to its
+// peer has a connection to it open, and counts it.
+func TestPeerConnectionsCounted(t *testing.T) {
+	readers := map[string]*sdkmetric.ManualReader{}
+	ip := startInprocWith(t, func(c *Config) {
+		r := sdkmetric.NewManualReader()
+		readers[c.NodeID] = r
+		c.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(r))
+	}, 2, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	via := ip.nonOwner("orders", 0)
+	ws := openStream(t, ip.dial(via))
+	if f := ws.roundTrip(publish(1, "orders", "v")); f.Type() != transport.FrameAck {
+		t.Fatalf("publish: %T %+v", f, f)
+	}
+	for _, b := range ip.brokers {
+		var peers int64
+		eachMetric(t, readers[b.NodeID()], func(m metricdata.Metrics) {
+			if m.Name != "felix.connections" {
+				return
+			}
+			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+				if v, _ := dp.Attributes.Value("type"); v.AsString() == "peer" {
+					peers += dp.Value
+				}
+			}
+		})
+		t.Logf("%s (forwarder=%v): felix.connections{type=peer} = %d", b.NodeID(), b == via, peers)
+		if b == via && peers < 1 {
+			t.Errorf("the forwarder %s counts %d open peer connections; it has one open to the owner", b.NodeID(), peers)
+		}
+	}
 }

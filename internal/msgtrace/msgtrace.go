@@ -9,10 +9,13 @@
 //     "tracestate" keys, set by the SDK's producer span and stored with the
 //     record, so a subscriber's process span can link to the producer. No
 //     broker ever rewrites it.
-//   - a hop context, under "felix-hop-traceparent" and
-//     "felix-hop-tracestate", set by a forwarding broker on the copy it
-//     sends to the owner (the parent of the owner's server span). The owner
-//     removes it before the record is checked and stored.
+//   - a hop context, under "felix-hop-traceparent" (and
+//     "felix-hop-tracestate", which Felix's brokers leave out: the trace's
+//     tracestate is the record's own, and a second copy of it could push a
+//     record at the size limit over the frame limit), set by a forwarding
+//     broker on the copy it sends to the owner (the parent of the owner's
+//     server span). The owner removes it before the record is checked and
+//     stored.
 //
 // It also holds the two things that keep telemetry off a record's path:
 // IDs, an ID generator that lets a span's IDs be reserved before the
@@ -102,6 +105,7 @@ var tc propagation.TraceContext
 func WithRecordContext(sc trace.SpanContext, h map[string]string) map[string]string {
 	out := make(map[string]string, len(h)+2)
 	maps.Copy(out, h)
+	delete(out, "tracestate") // h's belongs to h's traceparent; Inject sets sc's, if any
 	tc.Inject(trace.ContextWithSpanContext(context.Background(), sc), propagation.MapCarrier(out))
 	return out
 }
@@ -112,7 +116,23 @@ func RecordContext(h map[string]string) trace.SpanContext {
 	if _, ok := h["traceparent"]; !ok {
 		return trace.SpanContext{}
 	}
-	return trace.SpanContextFromContext(tc.Extract(context.Background(), propagation.MapCarrier(h)))
+	return detached(trace.SpanContextFromContext(tc.Extract(context.Background(), propagation.MapCarrier(h))))
+}
+
+// detached returns sc with a tracestate of its own: the members
+// ParseTraceState returns are substrings of the header it parsed, whose
+// strings may point into a whole decoded frame (transport.DecodeFrame
+// aliases them), which a span or link holding sc would keep alive.
+func detached(sc trace.SpanContext) trace.SpanContext {
+	ts := sc.TraceState()
+	if ts.Len() == 0 {
+		return sc
+	}
+	own, err := trace.ParseTraceState(ts.String()) // a new string
+	if err != nil {
+		return sc.WithTraceState(trace.TraceState{})
+	}
+	return sc.WithTraceState(own)
 }
 
 // WithHop returns a copy of h carrying sc as the hop context. h is not
@@ -120,6 +140,7 @@ func RecordContext(h map[string]string) trace.SpanContext {
 func WithHop(sc trace.SpanContext, h map[string]string) map[string]string {
 	out := make(map[string]string, len(h)+2)
 	maps.Copy(out, h)
+	delete(out, HopTracestate)
 	tc.Inject(trace.ContextWithSpanContext(context.Background(), sc), hopCarrier(out))
 	return out
 }
@@ -132,6 +153,9 @@ func TakeHop(ctx context.Context, h map[string]string) (_ context.Context, ok bo
 		return ctx, false
 	}
 	ctx = tc.Extract(ctx, hopCarrier(h))
+	if sc := trace.SpanContextFromContext(ctx); sc.TraceState().Len() > 0 {
+		ctx = trace.ContextWithRemoteSpanContext(ctx, detached(sc))
+	}
 	delete(h, HopTraceparent)
 	delete(h, HopTracestate)
 	return ctx, true

@@ -21,8 +21,9 @@ import (
 // machine each such wake-up costs tens of microseconds of CPU that the
 // publish path then competes with.
 //
-// When MaxQueue spans are waiting (the exporter is slow or down), new
-// spans are dropped and counted (Dropped), never blocking the caller.
+// When MaxQueue spans are held, waiting or in an export under way (the
+// exporter is slow or down), new spans are dropped and counted
+// (Dropped), never blocking the caller.
 // A failed export, and spans dropped since the last export, are reported
 // to OnError (by default otel.Handle, which New routes to the process's
 // slog logger).
@@ -32,11 +33,15 @@ type SpanBuffer struct {
 	maxBatch int
 	maxQueue int
 
-	mu    sync.Mutex // guards spans
+	mu    sync.Mutex // guards spans and exporting
 	spans []sdktrace.ReadOnlySpan
-	full  chan struct{} // capacity 1: MaxBatch spans are waiting
-	stop  chan struct{}
-	done  chan struct{}
+	// exporting is how many spans an export under way holds (taken from
+	// spans, not yet handed to the exporter and returned): they count
+	// against MaxQueue with those waiting.
+	exporting int
+	full      chan struct{} // capacity 1: MaxBatch spans are waiting
+	stop      chan struct{}
+	done      chan struct{}
 	// ctx is the periodic exports' (run's); cancel ends the one under
 	// way when Shutdown's context ends first.
 	ctx     context.Context
@@ -90,7 +95,7 @@ func (b *SpanBuffer) OnEnd(s sdktrace.ReadOnlySpan) {
 		return
 	}
 	b.mu.Lock()
-	if len(b.spans) >= b.maxQueue {
+	if len(b.spans)+b.exporting >= b.maxQueue {
 		b.mu.Unlock()
 		b.dropped.Add(1)
 		return
@@ -136,7 +141,13 @@ func (b *SpanBuffer) export(ctx context.Context) error {
 	b.mu.Lock()
 	spans := b.spans
 	b.spans = nil
+	b.exporting += len(spans)
 	b.mu.Unlock()
+	defer func(n int) { // the exporter has let them all go
+		b.mu.Lock()
+		b.exporting -= n
+		b.mu.Unlock()
+	}(len(spans))
 	var firstErr error
 	for len(spans) > 0 {
 		if err := ctx.Err(); err != nil {

@@ -98,3 +98,43 @@ func TestSpanBufferShutdownWithinItsContext(t *testing.T) {
 		t.Fatalf("Shutdown with a 100 ms context returned %v after %v", err, took)
 	}
 }
+
+// hungExporter is a collector that does not answer: ExportSpans holds its
+// batch until its context ends.
+type hungExporter struct{ started chan int }
+
+func (e hungExporter) ExportSpans(ctx context.Context, s []sdktrace.ReadOnlySpan) error {
+	e.started <- len(s)
+	<-ctx.Done()
+	return ctx.Err()
+}
+func (hungExporter) Shutdown(context.Context) error { return nil }
+
+// TestSpanBufferKeepsAtMostMaxQueue: "spans kept before dropping" is
+// MaxQueue; with a collector that does not answer, the buffer must not
+// keep more than MaxQueue spans (waiting, or held by the export under
+// way) — here 20, of 40 ended.
+func TestSpanBufferKeepsAtMostMaxQueue(t *testing.T) {
+	exp := hungExporter{started: make(chan int, 16)}
+	buf := NewSpanBuffer(exp, SpanBufferOptions{Interval: time.Hour, MaxBatch: 10, MaxQueue: 20, OnError: func(error) {}})
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(buf))
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		tp.Shutdown(ctx)
+	}()
+	tr := tp.Tracer("test")
+	end := func(n int) {
+		for range n {
+			_, s := tr.Start(context.Background(), "x")
+			s.End()
+		}
+	}
+	end(10) // a full batch: the export starts, and hangs
+	inExport := <-exp.started
+	end(30)
+	kept := uint64(40) - buf.Dropped()
+	if kept > 20 {
+		t.Errorf("the buffer keeps %d spans (%d in the hung export, %d dropped), MaxQueue is 20", kept, inExport, buf.Dropped())
+	}
+}
