@@ -655,10 +655,14 @@ func TestOwnersJSONStaysAnArray(t *testing.T) {
 			t.Fatal(err)
 		}
 		var out struct {
-			Owners [][]string `json:"owners"`
+			Owners [][]string   `json:"owners"`
+			Moving []movingJSON `json:"moving"`
 		}
 		if err := json.Unmarshal(b, &out); err != nil || len(out.Owners) != 1 || len(out.Owners[0]) != 3 {
 			t.Fatalf("owners in %s: %v (%v); want one replica set of three", b, out.Owners, err)
+		}
+		if to, _ := q.Pending(0); (to == "") != (len(out.Moving) == 0) || (to != "" && out.Moving[0] != movingJSON{Shard: 0, To: "broker-3"}) {
+			t.Errorf("moving in %s: %+v, want broker-3 moving into shard 0 while the move is pending, nothing after", b, out.Moving)
 		}
 	}
 	b, _ := json.Marshal(toJSON(shardmap.StreamConfig{Name: "orders", Shards: 2}, shardmap.NewPlacement("broker-0", "broker-1")))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"slices"
@@ -202,6 +203,11 @@ func TestStreamMove(t *testing.T) {
 	defer cancel()
 	if _, err := c.WaitMap(ctx, func(m *shardmap.Map) bool { n, _ := m.Node(from); return !n.Live }); err != nil {
 		t.Fatal(err)
+	}
+	r = felixctl(t, env, "--json", "stream", "info", "r3")
+	var info streamJSON
+	if err := json.Unmarshal([]byte(r.stdout), &info); r.code != 0 || err != nil || info.State[from] != "down" {
+		t.Errorf("stream info --json with %s killed: state %v (%v), want it down: %+v", from, info.State, err, r)
 	}
 	r = felixctl(t, env, "stream", "move", "r3", "--shard", "1", "--from", from, "--wait", "60s")
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")

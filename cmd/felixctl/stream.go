@@ -56,9 +56,23 @@ type streamJSON struct {
 	// encoding of a placement (shardmap.Placement) changes while replicas
 	// move, and after.
 	Owners any `json:"owners,omitempty"`
+	// Moving is, for a replicated stream, each replica move under way:
+	// the shard and the broker moving in (in owners already; not yet a
+	// voter the control plane heard of). The text's "[moving in]".
+	Moving []movingJSON `json:"moving,omitempty"`
+	// State is, in stream info, the liveness of each broker owners names
+	// ("live" or "down") in the map of the broker asked: the text's
+	// STATE column and the state beside each replica.
+	State map[string]string `json:"state,omitempty"`
 	// ReplicaStatus is, for a replicated stream (stream info), what each
 	// replica knows: its leader, term and committed offsets.
 	ReplicaStatus []client.ReplicaState `json:"replica_status,omitempty"`
+}
+
+// movingJSON is a replica move under way, as --json prints it.
+type movingJSON struct {
+	Shard int    `json:"shard"`
+	To    string `json:"to"`
 }
 
 func toJSON(sc shardmap.StreamConfig, owners shardmap.Placement) streamJSON {
@@ -69,6 +83,9 @@ func toJSON(sc shardmap.StreamConfig, owners shardmap.Placement) streamJSON {
 		sets := make([][]string, owners.Len())
 		for s := range sets {
 			sets[s] = owners.Replicas(s)
+			if to, _ := owners.Pending(s); to != "" {
+				j.Moving = append(j.Moving, movingJSON{Shard: s, To: to})
+			}
 		}
 		j.Owners = sets
 	default:
@@ -159,13 +176,21 @@ func (s *streamInfoCmd) Run(a *app) error {
 				return err
 			}
 		}
+		m, _ := c.Map(ctx)
 		if g.JSON {
 			j := toJSON(sc, owners)
 			j.ReplicaStatus = states
+			if m != nil && !owners.IsZero() {
+				j.State = map[string]string{}
+				for shard := range owners.All() {
+					for _, r := range owners.Replicas(shard) {
+						j.State[r] = liveness(m, r)
+					}
+				}
+			}
 			return printJSON(a.stdout, j)
 		}
 		fmt.Fprintf(a.stdout, "stream %s: %d shard%s, retention %s%s\n", sc.Name, sc.Shards, plural(sc.Shards), retention(sc), replicas(sc))
-		m, _ := c.Map(ctx)
 		writeOwners(a.stdout, s.Name, owners, m)
 		writeReplicaStatus(a.stdout, s.Name, states)
 		return nil
