@@ -673,3 +673,19 @@ func TestOwnersJSONStaysAnArray(t *testing.T) {
 		t.Fatalf("owners in %s: %v (%v); want [broker-0 broker-1]", b, out.Owners, err)
 	}
 }
+
+// TestStoryCommandsRefuseJSON: demo and dev print a story and a server's
+// log, no JSON; asked for --json they say so, start nothing, and exit 2
+// (they ignored it).
+func TestStoryCommandsRefuseJSON(t *testing.T) {
+	t.Chdir(t.TempDir())
+	for _, args := range [][]string{{"--json", "demo"}, {"dev", "--json"}, {"--json", "dev", "run"}} {
+		r := felixctl(t, nil, args...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, "has no --json output") || r.stdout != "" {
+			t.Errorf("%v: %+v, want exit 2 saying it has no --json output", args, r)
+		}
+	}
+	if entries, _ := os.ReadDir("."); len(entries) != 0 {
+		t.Errorf("files left: %v", entries)
+	}
+}

@@ -163,6 +163,17 @@ func runIO(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func
 		return exitUsage
 	}
 
+	switch cmd := kctx.Command(); cmd {
+	case "demo", "dev", "dev run":
+		if c.JSON {
+			// Their output is a story and a server's log for people; a
+			// script reads the cluster they start with the other
+			// commands, which do print JSON.
+			fmt.Fprintf(stderr, "felixctl: %s has no --json output (run it without; `felixctl --json cluster status` and the other commands print JSON about the cluster it starts)\n", strings.TrimSuffix(cmd, " run"))
+			return exitUsage
+		}
+	}
+
 	ctx, stop := context.Background(), func() {}
 	if cmd := kctx.Command(); cmd != "dev" && cmd != "dev run" {
 		// felixctl dev takes its signals itself (servercmd.Dev.Run), and
