@@ -277,9 +277,11 @@ type Config struct {
 	// publish" in producers.go.
 
 	// MaxProducers bounds the producers each open shard log remembers;
-	// past it the least recently used is forgotten (its next record is
-	// accepted whatever its sequence, and a retry of an older one is
-	// written again). Default 10,000.
+	// past it the least recently used one with nothing in flight is
+	// forgotten (its next record is refused unknown_producer unless it is
+	// sequence 1, which is written, a retry of its first record included;
+	// the SDK goes on under a new producer id, which may write a record
+	// again). Default 10,000.
 	MaxProducers int
 	// ProducerExpiry is how long a shard remembers a producer that
 	// publishes nothing to it: a retry later than this after the

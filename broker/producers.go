@@ -56,14 +56,21 @@ package broker
 // refused limit_exceeded), and a producer unused for
 // Config.ProducerExpiry is forgotten on its next use or when room is
 // needed. A forgotten producer's next record is refused unknown_producer
-// (above), so a retry that comes after its producer was forgotten is
-// never written again under it; the client's new producer id may write it
-// again, as Kafka's producer does after UNKNOWN_PRODUCER_ID. Memory: about
-// 100 bytes per producer plus its id (at most 128 bytes, kept under its
+// unless it is sequence 1 (above): a retry of a later record that comes
+// after its producer was forgotten is never written again under it, a
+// retry of its first record is (nothing tells it from a new producer's
+// first record); the client's new producer id may write a record again,
+// as Kafka's producer does after UNKNOWN_PRODUCER_ID. Memory: about 200
+// bytes per producer plus its id (at most 128 bytes, kept under its
 // principal's name: at most 385, producerscope.go) and 16 bytes per
-// remembered ack, at most MaxProducers × (485 + 16 × ProducerWindow) per
-// open shard log (about 46 MB with the defaults, if 10,000 producers each
-// published 256 records to the same shard within the expiry).
+// remembered ack, at most MaxProducers × (600 + 16 × ProducerWindow) per
+// open shard log (about 47 MB with the defaults, if 10,000 producers each
+// published 256 records to the same shard within the expiry;
+// TestProducerTableMemoryBound measures it). Per broker that is per
+// shard log open: R=1 logs up to the open-log budget (MaxOpenShards),
+// and every replica of a replicated shard this broker holds, which stays
+// open; shards come only from stream creation, which takes the create
+// grant.
 //
 // # Rebuilt from the log
 //
@@ -211,6 +218,13 @@ func (p *producer) push(seq uint64, a seqAck, window int) {
 	p.committed = seq
 	if p.n < window {
 		if len(p.acks) < window {
+			if len(p.acks) == cap(p.acks) {
+				// Grown by hand, never past the window: append's
+				// doubling took a window of 300 to 512 acks.
+				grown := make([]seqAck, len(p.acks), min(window, max(4, 2*cap(p.acks))))
+				copy(grown, p.acks)
+				p.acks = grown
+			}
 			p.acks = append(p.acks, a)
 		} else {
 			p.acks[(p.head+p.n)%len(p.acks)] = a
@@ -459,6 +473,15 @@ func (t *producerTable) applied(id []byte, seq, offset uint64, ts int64) {
 	} else {
 		t.unlinkLocked(p)
 		t.pushFrontLocked(p)
+		if last, ok := p.ackOf(p.committed); seq <= p.committed && (!ok || offset > last.offset) {
+			// Committed after everything this table knows of the
+			// producer, at a sequence it already had: the leader that
+			// admitted it had forgotten the producer (expired or
+			// evicted by its own clock and LRU) and took a new run
+			// from seq. The log decides, on every replica alike.
+			p.head, p.n, p.acks = 0, 0, p.acks[:0]
+			p.floor, p.committed, p.accepted = seq-1, seq-1, seq-1
+		}
 	}
 	p.seen = now
 	if t.mu.replay != nil {

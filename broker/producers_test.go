@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -455,5 +457,40 @@ func TestProducerRebuildRacingRetention(t *testing.T) {
 	}
 	if a := tab.admit("p49", 6); a.kind != admitDuplicate {
 		t.Fatalf("p49's last sequence after the rebuild: %v, want a duplicate", a.kind)
+	}
+}
+
+// TestProducerTableMemoryBound: what a full table holds, against the
+// documented bound MaxProducers × (600 + 16 × ProducerWindow), at a
+// window that is a power of two and one that is not.
+func TestProducerTableMemoryBound(t *testing.T) {
+	for _, window := range []int{256, 300} {
+		const n = 2000
+		lim := producerLimits{max: n, expiry: time.Hour, window: window}
+		var ms0, ms1 runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&ms0)
+		tab := newProducerTable("s/0", lim, nil)
+		pfx := strings.Repeat("x", 256) + "\x00" + strings.Repeat("y", 120)
+		for i := range n {
+			id := fmt.Sprintf("%s%08d", pfx, i)
+			for s := uint64(1); s <= uint64(window); s++ {
+				a := tab.admit(id, s)
+				if a.kind != admitAppend {
+					t.Fatal(a.kind)
+				}
+				tab.enqueued(a.p)
+				tab.committed(a.p, s, s, 1, nil)
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&ms1)
+		per := float64(ms1.HeapAlloc-ms0.HeapAlloc) / n
+		bound := float64(600 + 16*window)
+		t.Logf("window %d: %.0f bytes per producer held, documented at most %.0f (%.2fx)", window, per, bound, per/bound)
+		if per > bound*1.05 {
+			t.Errorf("window %d: %.0f bytes per producer, over the documented %.0f", window, per, bound)
+		}
+		runtime.KeepAlive(tab)
 	}
 }

@@ -265,3 +265,51 @@ func TestProducerTableAppliedAfterGiveBack(t *testing.T) {
 		t.Fatalf("q 10: %+v", d)
 	}
 }
+
+// TestReplicatedProducerRestartedAfterExpiry: a producer id that starts
+// again at sequence 1 after ProducerExpiry (documented: "s == 1 and the
+// producer is unknown (new, expired or evicted): accepted and appended")
+// is accepted by the leader, which forgot it; the followers, which never
+// admit and so never expire it, keep its old life and ignore the new
+// sequence 1 as already committed. After a failover the new leader
+// answers the new life's sequence 2 as a duplicate of the OLD sequence 2
+// (its offset), and writes nothing: a false ack, the record lost.
+func TestReplicatedProducerRestartedAfterExpiry(t *testing.T) {
+	const expiry = 300 * time.Millisecond
+	ip := startInprocWith(t, func(c *Config) { fastRaft(c); c.ProducerExpiry = expiry }, 3,
+		shardmap.StreamConfig{Name: "r3", Shards: 1, Replicas: 3})
+	id := shardmap.ShardID{Stream: "r3", Shard: 0}
+	old := waitOwnerLeads(t, ip, ip.brokers, id)
+	ws := openStream(t, ip.dial(old))
+	for i := uint64(1); i <= 3; i++ {
+		wantAck(t, ws.roundTrip(idem(i, "r3", "p", i, "old")), i)
+	}
+	time.Sleep(3 * expiry)
+	a := wantAck(t, ws.roundTrip(idem(4, "r3", "p", 1, "new-1")), 4)
+	if a.Duplicate || a.Offset != 3 {
+		t.Fatalf("sequence 1 of a producer expired at the leader: %+v, want written at offset 3", a)
+	}
+	waitReplicas(t, ip.brokers, id, 4)
+	for _, b := range ip.brokers {
+		t.Logf("%s (leader %v): p committed %d", b.NodeID(), b == old, committedSeq(b, id, "p"))
+	}
+	ws.s.Close()
+	rest := ip.closeBroker(t, old)
+	leaderOf(t, rest, id)
+	retry := openStream(t, ip.dial(rest[0]))
+	a = wantAck(t, retry.roundTrip(idem(5, "r3", "p", 2, "new-2")), 5)
+	if a.Duplicate || a.Offset != 4 {
+		t.Fatalf("sequence 2 of the producer's new life after a failover: %+v, want written at offset 4", a)
+	}
+	waitReplicas(t, rest, id, 5)
+	if got := replicaValues(t, rest[0], id); !slices.Equal(got, []string{"old", "old", "old", "new-1", "new-2"}) {
+		t.Fatalf("replica holds %q", got)
+	}
+	_ = transport.CodeTimeout
+}
+
+// TestProducerEvictionSameOnEveryReplica: with a full table, the leader
+// (whose recency list also moves on admits that write nothing: a
+// duplicate answered) and a follower (moved by applies only) evict
+// different producers for the same new one, so the same retry is judged
+// differently by each: a duplicate at the leader, a first record to
