@@ -188,7 +188,7 @@ func (s *storage) truncateFront(cut uint64) error {
 			}
 		}
 	}
-	if err := s.tw.TruncateFront(cut); err != nil {
+	if err := tidseg.TruncateFront(s.tw, cut); err != nil {
 		return fmt.Errorf("replica: group %q: drop entries before %d: %w", s.name, cut, err)
 	}
 	s.files.Drop(false) // tidwall removed segments and rewrote the one holding cut

@@ -124,8 +124,10 @@ func openState(dir string, initial persistent) (*stateFile, persistent, bool, er
 	if err != nil {
 		return nil, persistent{}, false, fmt.Errorf("replica: open state %q: %w", path, err)
 	}
+	// A file cut short (damage: it is created whole) keeps what its
+	// slots still hold; one with no valid slot left is ErrCorrupt below.
 	b := make([]byte, 2*stateSlot)
-	if _, err := io.ReadFull(f, b); err != nil {
+	if _, err := io.ReadFull(f, b); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
 		_ = f.Close()
 		return nil, persistent{}, false, fmt.Errorf("replica: read state %q: %w", path, err)
 	}

@@ -390,7 +390,7 @@ func (s *storage) readEntry(index uint64) (pb.EntryType, uint64, []byte, error) 
 	err := ErrClosed
 	dropped := false
 	if s.tw != nil {
-		b, err = s.tw.Read(index)
+		b, err = tidseg.Read(s.tw, index)
 		if errors.Is(err, tidwall.ErrNotFound) {
 			first, ferr := s.tw.FirstIndex()
 			dropped = ferr == nil && index < first

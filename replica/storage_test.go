@@ -299,3 +299,73 @@ func TestFailedAppendCutFromFiles(t *testing.T) {
 		})
 	}
 }
+
+// TestOpenRefusesMissingOrEmptiedSegment: a segment in the middle of the
+// log removed, or emptied (a file of zero bytes): Open must refuse with
+// ErrCorrupt (the broker then sets the replica aside and a new one joins
+// in its place), not panic in tidwall's Read and take the process down.
+func TestOpenRefusesMissingOrEmptiedSegment(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(path string) error
+	}{
+		{"removed", os.Remove},
+		{"emptied", func(p string) error { return os.Truncate(p, 0) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeEntries(t, dir, 30, 30)
+			segs, _, _ := tidseg.List(dir)
+			if len(segs) < 3 {
+				t.Fatalf("%d segments, want 3 or more", len(segs))
+			}
+			if err := tc.damage(segs[1].Path); err != nil {
+				t.Fatal(err)
+			}
+			s, err := openTestStorage(t, dir)
+			if err == nil {
+				s.close()
+			}
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("open: %v, want ErrCorrupt", err)
+			}
+		})
+	}
+}
+
+// TestTruncatedStateFileIsCorrupt: a raft state file cut short. With no
+// valid slot left it is ErrCorrupt, as a file whose slots are both
+// damaged is (and the broker replaces the replica); with its first slot
+// whole, the replica opens with that state.
+func TestTruncatedStateFileIsCorrupt(t *testing.T) {
+	for _, tc := range []struct {
+		size    int64
+		wantErr error
+	}{{0, ErrCorrupt}, {20, ErrCorrupt}, {100, nil}, {stateSlot + 100, nil}} {
+		dir := t.TempDir()
+		writeEntries(t, dir, 30, 30)
+		// writeEntries's setState went to slot 1 (the spare of the
+		// created file): make slot 0 hold the newest state.
+		s, err := openTestStorage(t, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.st.write(&s.p, true); err != nil {
+			t.Fatal(err)
+		}
+		s.close()
+		if err := os.Truncate(filepath.Join(dir, stateFileName), tc.size); err != nil {
+			t.Fatal(err)
+		}
+		s, err = openTestStorage(t, dir)
+		if err == nil {
+			if s.p.commit != 30 || s.last != 30 {
+				t.Errorf("state file cut to %d bytes: opened with commit %d, last %d, want 30 and 30", tc.size, s.p.commit, s.last)
+			}
+			s.close()
+		}
+		if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil) != (err == nil) {
+			t.Errorf("state file cut to %d bytes: open: %v, want %v", tc.size, err, tc.wantErr)
+		}
+	}
+}

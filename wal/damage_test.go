@@ -392,3 +392,28 @@ func TestCommitClockIgnoresADamagedTimestamp(t *testing.T) {
 		t.Fatalf("record appended now has timestamp %v, from the damaged record before it", ts)
 	}
 }
+
+// TestRetentionPastEmptiedSegment: retention by size whose cut falls at
+// a segment that damage emptied (a file of zero bytes). tidwall's
+// TruncateFront panics on it: at Open's pass, or in the retention
+// goroutine, where the panic ends the process.
+func TestRetentionPastEmptiedSegment(t *testing.T) {
+	dir, segs := damageDir(t)
+	if err := os.Truncate(segs[2].Path, 0); err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	for _, s := range segs[2:] {
+		total += s.Size
+	}
+	total -= segs[2].Size // now 0 bytes
+	// Keep all but the first two segments: the cut is segs[2]'s first offset.
+	l, _ := testLog(t, dir, Options{SegmentSize: 2048, Name: "orders/2", RetentionBytes: total})
+	if first, want := l.FirstOffset(), segs[3].Index-1; first != want {
+		t.Fatalf("FirstOffset %d after the pass, want %d (the emptied segment's offsets %d-%d dropped with it)", first, want, segs[2].Index-1, want-1)
+	}
+	recs, err := l.Read(l.FirstOffset(), 1, 0)
+	if err != nil || len(recs) != 1 || sameRecord(recs[0], rec(int(l.FirstOffset()))) != nil {
+		t.Fatalf("Read(%d) = %v, %v", l.FirstOffset(), recs, err)
+	}
+}

@@ -333,10 +333,5 @@ func (l *Log) readOne(off uint64) (Record, error) {
 func (l *Log) twRead(i uint64) (data []byte, err error) {
 	l.readMu.Lock()
 	defer l.readMu.Unlock()
-	defer func() {
-		if p := recover(); p != nil {
-			data, err = nil, fmt.Errorf("%w: reading index %d panicked: %v", tidwall.ErrCorrupt, i, p)
-		}
-	}()
-	return l.tw.Read(i)
+	return tidseg.Read(l.tw, i)
 }

@@ -9,6 +9,8 @@ import (
 	"os"
 	"slices"
 	"time"
+
+	"github.com/felix-broker/felix/internal/tidseg"
 )
 
 // runRetention is the retention goroutine, owned by the Log and stopped by
@@ -76,7 +78,8 @@ func (l *Log) EnforceRetention(now time.Time) (dropped uint64, err error) {
 	}
 	cut = min(cut, next)
 	if cut > first {
-		if err := l.truncateFront(cut); err != nil {
+		var err error
+		if cut, err = l.truncateFront(cut); err != nil {
 			return 0, err
 		}
 	}
@@ -271,19 +274,39 @@ func (l *Log) scanRecords(s segmentFile, next uint64, fn func(off uint64, rec *R
 // tail, or to fsync the directory holding its new name) fails the log:
 // commits would fdatasync the unlinked old tail, or a file whose name a
 // crash may take, and ack records that are not durable.
-func (l *Log) truncateFront(cut uint64) error {
+//
+// A cut that falls past the entries its segment file holds (a segment
+// emptied, or cut short at an entry boundary: tidwall's TruncateFront
+// panics on it before it changes any file) goes on to the next
+// segment: the offsets between are damaged, none is served. It returns
+// the cut made.
+func (l *Log) truncateFront(cut uint64) (uint64, error) {
 	l.tail.Lock()
 	defer l.tail.Unlock()
-	if err := l.tw.TruncateFront(cut + 1); err != nil {
-		return fmt.Errorf("wal: shard %q: truncate front to offset %d: %w", l.name, cut, err)
+	err := tidseg.TruncateFront(l.tw, cut+1)
+	if errors.Is(err, tidseg.ErrShortSegment) {
+		if segs, _, lerr := listSegments(l.dir); lerr == nil {
+			for _, s := range segs {
+				if s.Index > cut+1 && s.Index-1 <= l.next.Load() {
+					l.logger.Warn("wal: retention's cut falls in a damaged segment; it drops the segment's damaged rest", "shard", l.name, "cut", cut, "to", s.Index-1)
+					cut = s.Index - 1
+					err = tidseg.TruncateFront(l.tw, cut+1)
+					break
+				}
+			}
+		}
 	}
-	err := l.followTruncate(cut)
+	if err != nil {
+		return 0, fmt.Errorf("wal: shard %q: truncate front to offset %d: %w", l.name, cut, err)
+	}
+	err = l.followTruncate(cut)
 	if err != nil {
 		err = fmt.Errorf("wal: shard %q: after truncating the front to offset %d: %w: %w", l.name, cut, ErrFailed, err)
 		l.tail.lost = err
 		l.logger.Error("wal: retention rewrote the segments and the log could not follow; it commits no more records until reopened", "shard", l.name, "err", err)
+		return 0, err
 	}
-	return err
+	return cut, nil
 }
 
 // followTruncate brings the log's view of its files in line with
