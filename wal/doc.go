@@ -31,7 +31,10 @@
 // It is exact after a process crash; after an OS crash or power loss it may
 // lag by the kernel's writeback delay, so a loss of records acked in that
 // window is not detected. A log without the file (older than it) opens as
-// before and gets one.
+// before and gets one. The file also keeps FirstOffset, written and
+// fdatasynced by retention before it drops a segment: a log whose first
+// segments are missing fails Open the same way (*LostRecordsError with
+// Front), or, with AcceptLoss, is served from the first segment left.
 //
 // # Durability
 //

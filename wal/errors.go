@@ -74,11 +74,19 @@ type LostRecordsError struct {
 	Shard  string
 	Dir    string
 	From   uint64 // first lost offset
-	To     uint64 // one past the last lost offset: the committed high-water mark
+	To     uint64 // one past the last lost offset: the committed high-water mark, or the first offset left
 	Reason string // what recovery found, e.g. where the tail segment is damaged
+	// Front: the lost records are the log's first ones (its first
+	// segments are missing), not its last.
+	Front bool
 }
 
 func (e *LostRecordsError) Error() string {
+	if e.Front {
+		return fmt.Sprintf("wal: shard %q: acknowledged records at offsets %d-%d (%d) are missing from %q (%s); "+
+			"refusing to open it as if retention had dropped them: restore the log's files, or accept the loss to serve it from offset %d",
+			e.Shard, e.From, e.To-1, e.To-e.From, e.Dir, e.Reason, e.To)
+	}
 	return fmt.Sprintf("wal: shard %q: acknowledged records at offsets %d-%d (%d) are missing from %q (%s); "+
 		"refusing to reuse their offsets: restore the log's files, or accept the loss to continue at offset %d",
 		e.Shard, e.From, e.To-1, e.To-e.From, e.Dir, e.Reason, e.To)

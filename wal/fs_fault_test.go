@@ -111,8 +111,8 @@ func faultyBatch(t *testing.T, op Op, name string, acked, segSize int) {
 	// failed fdatasync, where the disk may not hold them): the log cut
 	// them when the commit failed (cutFailed).
 	h, mark, state, err := openHWM(osFS{}, dir)
-	if err != nil || (state != hwmValid && acked > 0) || mark != uint64(acked) {
-		t.Fatalf("mark after the failure = %d (state %d, %v); want %d", mark, state, err, acked)
+	if err != nil || (state != hwmValid && acked > 0) || mark.next != uint64(acked) {
+		t.Fatalf("mark after the failure = %d (state %d, %v); want %d", mark.next, state, err, acked)
 	}
 	_ = h.f.Close()
 	l2, sink2 := testLog(t, dir, Options{Name: "fault/0", SegmentSize: segSize})

@@ -2,7 +2,9 @@ package wal
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"hash/crc32"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -262,8 +264,9 @@ func TestHWMDamagedOrMissing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		n0, g0, ok0 := decodeHWM(b[:hwmRecord])
-		n1, g1, ok1 := decodeHWM(b[hwmSlot : hwmSlot+hwmRecord])
+		m0, g0, ok0 := decodeHWM(b[:hwmRecord])
+		m1, g1, ok1 := decodeHWM(b[hwmSlot : hwmSlot+hwmRecord])
+		n0, n1 := m0.next, m1.next
 		if !ok0 || !ok1 {
 			t.Fatalf("slots valid: %v %v", ok0, ok1)
 		}
@@ -336,5 +339,128 @@ func TestOpenSyncsRecordsPastTheMark(t *testing.T) {
 	}
 	if recs, err := l.Read(n, 3, 0); err != nil || len(recs) != 3 {
 		t.Fatalf("Read(%d) = %d records, %v", n, len(recs), err)
+	}
+}
+
+// TestMissingFirstSegmentsAreLost: the first segment files gone, where no
+// retention cut: Open refuses the log, the records lost at its front (it
+// served the rest as if retention had dropped them, and said nothing);
+// with AcceptLoss it opens from the first segment left, and says so, and
+// opens so from then on.
+func TestMissingFirstSegmentsAreLost(t *testing.T) {
+	dir, segs := damageDir(t)
+	for _, s := range segs[:2] {
+		if err := os.Remove(s.Path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opts := Options{SegmentSize: 2048, Name: "orders/2"}
+	quiet := opts
+	quiet.Logger = slog.New(slog.DiscardHandler)
+	l, err := Open(dir, quiet)
+	var lost *LostRecordsError
+	if !errors.As(err, &lost) || !errors.Is(err, ErrLostRecords) || !lost.Front || lost.From != 0 || lost.To != segs[2].Index-1 {
+		if err == nil {
+			_ = l.Close()
+		}
+		t.Fatalf("Open without the first two segments = %v; want the records [0, %d) lost at the front", err, segs[2].Index-1)
+	}
+	l = acceptLoss(t, dir, opts)
+	if l.FirstOffset() != segs[2].Index-1 {
+		t.Fatalf("accepted: FirstOffset %d, want %d", l.FirstOffset(), segs[2].Index-1)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l, _ = testLog(t, dir, opts)
+	if l.FirstOffset() != segs[2].Index-1 {
+		t.Fatalf("reopened after the accepted loss: FirstOffset %d, want %d", l.FirstOffset(), segs[2].Index-1)
+	}
+}
+
+// TestRetentionKeepsTheFirstOffset: a log that retention cut reopens
+// without a word, and so does one whose recorded first offset is above
+// its segments' (a crash between the record and the cut); a segment lost
+// after the cut is found, from the offset retention had kept.
+func TestRetentionKeepsTheFirstOffset(t *testing.T) {
+	dir := t.TempDir()
+	opts := Options{SegmentSize: 2048, Name: "keep/0"}
+	writeLog(t, dir, opts, 300)
+	cutOpts := opts
+	cutOpts.RetentionBytes = 6 << 10
+	l, _ := testLog(t, dir, cutOpts)
+	first := l.FirstOffset()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if first == 0 {
+		t.Fatal("retention cut nothing")
+	}
+
+	// The first offset recorded above the segments' own.
+	h, _, _, err := openHWM(osFS{}, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.setFirst(first + 20); err != nil {
+		t.Fatal(err)
+	}
+	_ = h.f.Close()
+	l, sink := testLog(t, dir, opts)
+	if l.FirstOffset() != first || sink.count(slogLevelWarn) != 0 {
+		t.Fatalf("reopened: FirstOffset %d (want %d), log %q", l.FirstOffset(), first, sink.msgs)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	segs, _, err := listSegments(dir)
+	if err != nil || len(segs) < 2 {
+		t.Fatalf("%d segments, %v", len(segs), err)
+	}
+	if err := os.Remove(segs[0].Path); err != nil {
+		t.Fatal(err)
+	}
+	quiet := opts
+	quiet.Logger = slog.New(slog.DiscardHandler)
+	l, err = Open(dir, quiet)
+	var lost *LostRecordsError
+	if !errors.As(err, &lost) || !lost.Front || lost.From != first || lost.To != segs[1].Index-1 {
+		if err == nil {
+			_ = l.Close()
+		}
+		t.Fatalf("Open without the segment retention kept first = %v; want the records [%d, %d) lost at the front", err, first, segs[1].Index-1)
+	}
+}
+
+// TestMarkOfTheEarlierFormat: a mark file written before the first offset
+// was kept opens as before (no check of the front), and is written anew
+// in the new format.
+func TestMarkOfTheEarlierFormat(t *testing.T) {
+	dir := t.TempDir()
+	opts := Options{SegmentSize: 2048, Name: "old/0"}
+	writeLog(t, dir, opts, 100)
+	b := make([]byte, hwmSlot+hwmRecordV1)
+	copy(b, hwmMagicV1[:])
+	binary.LittleEndian.PutUint64(b[4:], 100)
+	binary.LittleEndian.PutUint64(b[12:], 7)
+	binary.LittleEndian.PutUint32(b[20:], crc32.Checksum(b[:20], castagnoli))
+	if err := os.WriteFile(filepath.Join(dir, hwmName), b, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	m, _, ok := decodeHWM(b)
+	if !ok || m.next != 100 || m.hasFirst {
+		t.Fatalf("earlier format decoded as %+v, %v", m, ok)
+	}
+	l, sink := testLog(t, dir, opts)
+	if l.NextOffset() != 100 || sink.count(slogLevelWarn) != 0 {
+		t.Fatalf("NextOffset %d, log %q", l.NextOffset(), sink.msgs)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, mark, state, err := openHWM(osFS{}, dir)
+	if err != nil || state != hwmValid || !mark.hasFirst || mark.next != 100 || mark.first != 0 {
+		t.Fatalf("mark after the reopen: %+v (state %d, %v); want next 100, first 0, new format", mark, state, err)
 	}
 }

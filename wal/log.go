@@ -154,12 +154,13 @@ func Open(dir string, opts Options) (*Log, error) {
 }
 
 // open repairs and loads the log, checks it against the committed
-// high-water mark mark (found in the given state) and writes the mark anew.
-func (l *Log) open(mark uint64, state hwmState) error {
+// high-water mark and first offset of mark (found in the given state) and
+// writes the mark anew.
+func (l *Log) open(mark hwmMark, state hwmState) error {
 	floor := uint64(0) // repair must not cut below it
 	switch state {
 	case hwmValid:
-		floor = mark
+		floor = mark.next
 	case hwmDamaged:
 		l.logger.Warn("wal: high-water-mark file is damaged; opening without checking for lost records",
 			"shard", l.name, "file", l.hwm.path)
@@ -181,6 +182,17 @@ func (l *Log) open(mark uint64, state hwmState) error {
 	}
 	if err := l.load(); err != nil {
 		return fail(err)
+	}
+	if first := l.first.Load(); state == hwmValid && mark.hasFirst && first > mark.first {
+		// Retention writes the first offset before it drops anything:
+		// the segments below this one were lost otherwise.
+		lost := &LostRecordsError{Shard: l.name, Dir: l.dir, From: mark.first, To: first, Front: true,
+			Reason: fmt.Sprintf("the segments start at offset %d, and retention had kept everything from offset %d", first, mark.first)}
+		if !l.opts.AcceptLoss {
+			return fail(lost)
+		}
+		l.logger.Error("wal: accepted the loss of acknowledged records at the log's front; reads below its first offset are out of range",
+			"shard", l.name, "from", lost.From, "to", lost.To-1, "records", lost.To-lost.From, "dir", l.dir)
 	}
 	if next := l.next.Load(); next < floor {
 		lost := &LostRecordsError{Shard: l.name, Dir: l.dir, From: next, To: floor,
@@ -209,7 +221,8 @@ func (l *Log) open(mark uint64, state hwmState) error {
 		return fail(err)
 	}
 	// The mark is durable before the first append: from here on it only
-	// grows with the commits.
+	// grows with the commits, and the first offset with retention.
+	l.hwm.first = l.first.Load()
 	if err := l.hwm.write(l.next.Load()); err != nil {
 		return fail(fmt.Errorf("wal: shard %q: %w", l.name, err))
 	}

@@ -283,6 +283,11 @@ func (l *Log) scanRecords(s segmentFile, next uint64, fn func(off uint64, rec *R
 func (l *Log) truncateFront(cut uint64) (uint64, error) {
 	l.tail.Lock()
 	defer l.tail.Unlock()
+	// The new first offset is durable before any record goes: a log
+	// whose segments start above it lost them (hwm.go).
+	if err := l.hwm.setFirst(cut); err != nil {
+		return 0, fmt.Errorf("wal: shard %q: record the first offset %d: %w", l.name, cut, err)
+	}
 	err := tidseg.TruncateFront(l.tw, cut+1)
 	if errors.Is(err, tidseg.ErrShortSegment) {
 		if segs, _, lerr := listSegments(l.dir); lerr == nil {
@@ -290,7 +295,9 @@ func (l *Log) truncateFront(cut uint64) (uint64, error) {
 				if s.Index > cut+1 && s.Index-1 <= l.next.Load() {
 					l.logger.Warn("wal: retention's cut falls in a damaged segment; it drops the segment's damaged rest", "shard", l.name, "cut", cut, "to", s.Index-1)
 					cut = s.Index - 1
-					err = tidseg.TruncateFront(l.tw, cut+1)
+					if err = l.hwm.setFirst(cut); err == nil {
+						err = tidseg.TruncateFront(l.tw, cut+1)
+					}
 					break
 				}
 			}
