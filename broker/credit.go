@@ -75,6 +75,13 @@ func (c *credit) exceeded() bool {
 	return c.over
 }
 
+// available reports whether take would find credit without waiting.
+func (c *credit) available() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n > 0
+}
+
 // take waits for credit and takes up to max of it. It returns false when
 // the subscriber has gone, has closed its side and has no credit left, or
 // abort is closed.

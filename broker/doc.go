@@ -323,15 +323,20 @@
 // catch up in other parts of the log at once. (Log.Read loads a whole 1
 // MiB segment into a cache of two: four subscriptions at credit 1 in
 // different old segments cost a segment read per record.) Between reads
-// it holds its position only, 80 bytes (the Reader and its method
-// value); during one, what the read returns
+// its log reader holds its position only, 80 bytes (the Reader and its
+// method value), and the subscription's stream drops its frame buffers
+// while it waits for credit or records (transport.Writer.Release; its
+// credit grants are read with a 64-byte buffer): an idle subscription
+// costs its QUIC stream and two goroutines, about 18 KB with the
+// client's side (TestIdleSubscriptionHoldsItsPositionOnly); during one, what the read returns
 // (charged to SubscriptionBytesPerPrincipal) and at most one partial
 // entry per 64 KiB read; finding its place in a segment (a new
 // subscription, or one the tail left behind) reads the segment up to it
-// once, through a 64 KiB buffer. So a broker's subscriptions hold at most
-// MaxConns x MaxSubsPerConn x 80 bytes between reads (40 MiB at the
-// defaults), one principal's MaxConnsPerPrincipal x MaxSubsPerConn x 80
-// (640 KiB), and each shard log at most three open files for them
+// once, through a 64 KiB buffer. So a broker's subscriptions' log
+// readers hold at most MaxConns x MaxSubsPerConn x 80 bytes between reads
+// (40 MiB at the defaults), one principal's MaxConnsPerPrincipal x
+// MaxSubsPerConn x 80 (640 KiB), their streams and goroutines about
+// 200 times that, and each shard log at most three open files for them
 // (tidseg.FilesMax: a read that needs a fourth waits for one to close).
 // A subscription of a replicated shard reads its replica's raft log alike
 // (replica.Reader): one entry (a group-commit batch) is read whole, and

@@ -175,6 +175,7 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 	credit := newCredit(sub.Credit, uint64(b.cfg.MaxCredit))
 	b.wg.Add(1)
 	readerStarted = true
+	r.SmallFrames(64) // credit grants, about ten bytes each
 	go func() {
 		defer b.wg.Done()
 		defer r.Release()
@@ -262,6 +263,12 @@ func (b *Broker) serveSubscribe(s *quic.Stream, r *transport.Reader, sub *transp
 	}
 loop:
 	for {
+		if !credit.available() {
+			// Idle until the subscriber grants more: it holds its
+			// position, not the encoding of its last frame (up to
+			// keepBufSize, charged to no limit).
+			w.Release()
+		}
 		n, ok := credit.take(maxRecordsPerFrame, b.ctx.Done())
 		if !ok || !allowed() {
 			break
@@ -277,6 +284,9 @@ loop:
 		recs, err := read(next, n, b.cfg.SubscriptionBytes)
 		if err != nil {
 			e := readError(b.cfg.NodeID, id, next, err)
+			if gone := b.shardGone(id, st.Created); gone != nil {
+				e = gone // closed because the map took the shard away
+			}
 			w.Write(e)
 			b.tel.countError(e.Code)
 			break
@@ -284,6 +294,7 @@ loop:
 		credit.giveBack(n - len(recs))
 		if len(recs) == 0 {
 			charge(0)
+			w.Release() // idle until a record comes: as above
 			for {
 				select {
 				case <-changed:
@@ -302,6 +313,9 @@ loop:
 						continue // still running: wait on
 					}
 					werr := replicaFailed(b.cfg.NodeID, id, err)
+					if gone := b.shardGone(id, st.Created); gone != nil {
+						werr = gone
+					}
 					w.Write(werr)
 					b.tel.countError(werr.Code)
 				case <-credit.done:
@@ -368,6 +382,27 @@ loop:
 	}
 	s.CancelRead(0)
 	s.Close()
+}
+
+// shardGone returns the answer to a subscription of shard id of the
+// stream created at epoch created whose log or replica was closed under
+// it because the broker's map no longer gives it the shard: the stream
+// was deleted (or deleted and created again), unknown_stream, as a new
+// subscription is refused; or the shard is no longer this broker's,
+// not_owner naming the owner. nil while the map still gives it here.
+func (b *Broker) shardGone(id shardmap.ShardID, created uint64) *transport.Error {
+	m := b.member.Map()
+	st, ok := m.Stream(id.Stream)
+	if !ok || created != 0 && st.Created != created {
+		return &transport.Error{Code: transport.CodeUnknownStream, Epoch: m.Epoch,
+			Message: fmt.Sprintf("stream %q was deleted (map epoch %d) while subscribed to", id.Stream, m.Epoch)}
+	}
+	if !st.Placement.IsReplica(id.Shard, b.cfg.NodeID) {
+		owner := st.Placement.Owner(id.Shard)
+		return &transport.Error{Code: transport.CodeNotOwner, Epoch: m.Epoch, Owner: owner,
+			Message: fmt.Sprintf("%s no longer holds %s; subscribe at %s", b.cfg.NodeID, id, owner)}
+	}
+	return nil
 }
 
 // replicaDown returns why a subscriber must not wait on replica g: its

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/quic-go/quic-go"
 
 	"github.com/felix-broker/felix/client"
 	"github.com/felix-broker/felix/shardmap"
@@ -283,4 +286,117 @@ func TestSubscriberLeavesLeaderlessReplica(t *testing.T) {
 		t.Fatalf("the subscription at a replica with no leader: %T %+v, want unavailable", f, f)
 	}
 	t.Logf("ended: %v", f)
+}
+
+// TestIdleSubscriptionHoldsItsPositionOnly: a subscription that was sent
+// a frame of about 190 KiB and then granted no more credit kept the
+// frame's encoding buffer (transport.Writer keeps up to 256 KiB) and its
+// credit reader a 16 KiB read buffer, none of it charged to
+// SubscriptionBytesPerPrincipal: 273 KB each. Idle, it holds its
+// position, its stream and its two goroutines: about 18 KB with the
+// client's side of the stream (the package doc's "Limits").
+func TestIdleSubscriptionHoldsItsPositionOnly(t *testing.T) {
+	ip := startInproc(t, 1, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	b := ip.brokers[0]
+	const recs, size = 64, 3 << 10
+	publishBacklog(t, ip, b, "orders", recs, size, nil)
+	conn := ip.dial(b)
+	const subs = 64
+	before := heapInUse()
+	var keep []*quic.Stream
+	for range subs {
+		ws := openStream(t, conn)
+		ws.send(&transport.Subscribe{Stream: "orders", Shard: 0, Start: transport.StartEarliest, Credit: recs})
+		got := 0
+		for got < recs {
+			f := ws.recv()
+			r, ok := f.(*transport.Records)
+			if !ok {
+				t.Fatalf("got %T %+v", f, f)
+			}
+			got += len(r.Records)
+		}
+		keep = append(keep, ws.s) // the client side keeps the stream only
+	}
+	time.Sleep(500 * time.Millisecond) // acks in, the subscriptions idle at the end
+	after := heapInUse()
+	per := (int64(after) - int64(before)) / subs
+	t.Logf("%d idle subscriptions: heap %d -> %d, %d bytes each (client side included); goroutines %d",
+		subs, before, after, per, runtime.NumGoroutine())
+	if per > 32<<10 {
+		t.Errorf("an idle subscription holds about %d bytes of heap, over 32 KiB: more than its position, stream and goroutines", per)
+	}
+	runtime.KeepAlive(keep)
+}
+
+// TestSubscriptionOfDeletedStreamEndsUnknownStream: a subscription
+// waiting at the end of a shard whose stream is deleted ends with
+// unknown_stream (transport.ErrUnknownStream: "no such stream"), as a
+// new subscription to it is refused; it got shutting_down, the code of
+// a broker going away, from a broker that stays.
+func TestSubscriptionOfDeletedStreamEndsUnknownStream(t *testing.T) {
+	for _, replicas := range []int{1, 3} {
+		t.Run(fmt.Sprint("replicas=", replicas), func(t *testing.T) {
+			ip := startInproc(t, 3, shardmap.StreamConfig{Name: "orders", Shards: 1, Replicas: replicas})
+			b := ip.owner("orders", 0)
+			ws := openStream(t, ip.dial(b))
+			ws.send(&transport.Subscribe{Stream: "orders", Shard: 0, Start: transport.StartEarliest, Credit: 10,
+				Created: b.Map().Streams[0].Created})
+			waitUntil(t, "the subscription to start", func() bool { return len(b.subs.lag()) > 0 })
+			if err := ip.ctl.DeleteStream("orders"); err != nil {
+				t.Fatal(err)
+			}
+			f := ws.recv()
+			werr, ok := f.(*transport.Error)
+			if !ok || werr.Code != transport.CodeUnknownStream {
+				t.Fatalf("the stream was deleted under the subscription: got %T %+v, want unknown_stream", f, f)
+			}
+		})
+	}
+}
+
+// TestSubscriptionGoroutinesEnd: subscriptions blocked writing to a
+// subscriber that does not read, or waiting for records, or for credit,
+// end when the subscriber's connection goes; and the broker's Close ends
+// those of a connection still open.
+func TestSubscriptionGoroutinesEnd(t *testing.T) {
+	ip := startInproc(t, 1, shardmap.StreamConfig{Name: "orders", Shards: 1})
+	b := ip.brokers[0]
+	publishBacklog(t, ip, b, "orders", 512, 8<<10, nil)
+	base := runtime.NumGoroutine()
+	open := func(conn *quic.Conn) {
+		for i := range 30 {
+			ws := openStream(t, conn)
+			start, credit := transport.StartEarliest, uint32(65536) // blocked in Flush
+			switch i % 3 {
+			case 1:
+				start = transport.StartLatest // waiting for records
+			case 2:
+				credit = 0 // waiting for credit
+			}
+			ws.send(&transport.Subscribe{Stream: "orders", Shard: 0, Start: start, Credit: credit})
+		}
+	}
+	conn := ip.dial(b)
+	open(conn)
+	waitUntil(t, "the subscriptions to start", func() bool { return nSubs(b) >= 30 })
+	t.Logf("goroutines: %d before, %d with 30 subscriptions", base, runtime.NumGoroutine())
+	conn.CloseWithError(0, "")
+	waitUntil(t, "the subscriptions of a closed connection to end", func() bool { return nSubs(b) == 0 })
+	conn = ip.dial(b)
+	open(conn)
+	waitUntil(t, "the subscriptions to start", func() bool { return nSubs(b) >= 30 })
+	done := make(chan struct{})
+	go func() { b.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close did not return with subscriptions open")
+	}
+}
+
+func nSubs(b *Broker) int {
+	b.subs.mu.Lock()
+	defer b.subs.mu.Unlock()
+	return len(b.subs.subs)
 }

@@ -33,6 +33,28 @@ type Reader struct {
 	held int    // bytes taken from hold for the buffer
 
 	last int // body length of the frame ReadRaw returned last
+
+	small int // SmallFrames: the buffer to start with, if not readBufSize
+}
+
+// SmallFrames says that the stream's next frames are small (a
+// subscriber's credit grants): r drops the buffer it has, if nothing is
+// left in it, and starts the next with n bytes, not the 16 KiB a
+// request stream's many small frames are read with; it grows as a frame
+// needs, as always.
+func (r *Reader) SmallFrames(n int) {
+	r.small = max(n, 8)
+	if r.start == r.end && len(r.buf) > r.small {
+		r.buf, r.start, r.end = nil, 0, 0
+	}
+}
+
+// newBuf is the buffer a read starts with.
+func (r *Reader) newBuf() []byte {
+	if r.small > 0 {
+		return make([]byte, r.small)
+	}
+	return make([]byte, readBufSize)
 }
 
 // LastSize returns the body length of the frame read last. A frame decoded
@@ -288,7 +310,7 @@ func (r *Reader) discard(n int) error {
 	}
 	for n > 0 {
 		if r.buf == nil {
-			r.buf = make([]byte, readBufSize)
+			r.buf = r.newBuf()
 		}
 		m, err := r.r.Read(r.buf[:min(n, len(r.buf))])
 		n -= m
@@ -324,7 +346,7 @@ func (r *Reader) fill(need int) error {
 		return nil
 	}
 	if r.buf == nil {
-		r.buf = make([]byte, readBufSize)
+		r.buf = r.newBuf()
 	}
 	if r.start > 0 && r.start+need > len(r.buf) {
 		r.end = copy(r.buf, r.buf[r.start:r.end])
@@ -456,6 +478,16 @@ func (w *Writer) Buffer(f Frame) error {
 	w.buf = buf
 	w.frames++
 	return nil
+}
+
+// Release drops the Writer's buffer, if nothing is buffered in it and it
+// is larger than a Reader's initial one: a stream that writes a large
+// frame now and then and idles between (a subscription) does not keep up
+// to keepBufSize for it meanwhile.
+func (w *Writer) Release() {
+	if w.frames == 0 && cap(w.buf) > readBufSize {
+		w.buf = nil
+	}
 }
 
 // Buffered returns the number of frames buffered and not yet written.
