@@ -62,7 +62,7 @@ type Command struct {
 	Duration   time.Duration `help:"Throughput: measured length of each trial." default:"3s"`
 	TPWarmup   time.Duration `name:"throughput-warmup" help:"Throughput: warm-up before each trial." default:"500ms"`
 
-	Load         []float64     `help:"Latency under load: after the throughput scenario (over the first --shards), open loop over its publishers at these percentages of the acked records/s it measured, one row each; empty (--load '') skips them." default:"10,50,80" sep:","`
+	Load         []float64     `help:"Latency under load: after the throughput scenario (over the first --shards), open loop over its publishers at these percentages of the acked records/s it measured, one row each; empty (--load \"\") skips them." default:"10,50,80" sep:","`
 	LoadDuration time.Duration `help:"Latency under load: length of each trial at each percentage." default:"2s"`
 
 	Subscribers int   `help:"Fanout: subscribers of the one stream." default:"8"`

@@ -193,7 +193,7 @@ func explain(err error) (string, int) {
 		if msg == "" {
 			msg = "the record is too large"
 		}
-		return fmt.Sprintf("%s refused the record: %s. A record (key, value and headers) may be at most the broker's --max-record-bytes, 1 MiB unless the cluster was started with another", where, msg), exitFailure
+		return fmt.Sprintf("%s refused the record: %s. A record (key, value, headers and producer id) may be at most the broker's --max-record-bytes, 1 MiB unless the cluster was started with another", where, msg), exitFailure
 	case errors.Is(err, shardmap.ErrNoShard):
 		return fmt.Sprintf("%s: see the stream's shards with `felixctl stream info %s`", plainError(err), stream), exitFailure
 	case errors.Is(err, client.ErrConnectionLost):

@@ -17,7 +17,7 @@ import (
 )
 
 // maxRecordText documents the record size limit in help texts.
-const maxRecordText = "A record (key, value and headers) may be at most the brokers' --max-record-bytes: 1 MiB (1048576 bytes) by default; larger ones are refused with payload_too_large."
+const maxRecordText = "A record (key, value, headers and producer id) may be at most the brokers' --max-record-bytes: 1 MiB (1048576 bytes) by default; larger ones are refused with payload_too_large."
 
 type pubCmd struct {
 	Stream      string   `arg:"" help:"Stream to publish to."`

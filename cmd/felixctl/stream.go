@@ -150,7 +150,7 @@ func (s *streamLsCmd) Run(a *app) error {
 			return nil
 		}
 		if len(streams) == 0 {
-			fmt.Fprintln(a.stdout, "no streams: create one with `felixctl stream create NAME --shards N`")
+			fmt.Fprintln(a.stdout, "no streams you may see (a principal sees the streams it has a permission on): create one with `felixctl stream create NAME --shards N`")
 			return nil
 		}
 		tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
