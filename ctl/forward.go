@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -226,7 +227,9 @@ func (s *Server) awaitEpoch(ctx context.Context, epoch uint64) {
 
 // ctlMembers lists the control plane's members for cluster.status: every
 // ctl with a live election session, its role, and the health of its
-// embedded etcd member.
+// embedded etcd member; and, with embedded etcd, every etcd member no
+// live ctl runs, role "down" (a ctl stopped or cut off: the control plane
+// is a failure closer to losing its quorum).
 func (s *Server) ctlMembers() []transport.CtlMember {
 	ctx, cancel := context.WithTimeout(s.ctx, s.store.timeout)
 	defer cancel()
@@ -236,6 +239,7 @@ func (s *Server) ctlMembers() []transport.CtlMember {
 	}
 	leader, _ := s.leaderInfo(ctx)
 	var out []transport.CtlMember
+	running := map[string]bool{} // the client URLs of the live ctls' etcd members
 	for _, kv := range resp.Kvs {
 		var info ctlInfo
 		if json.Unmarshal(kv.Value, &info) != nil {
@@ -249,24 +253,43 @@ func (s *Server) ctlMembers() []transport.CtlMember {
 		if endpoint == "" && len(s.cfg.Etcd.Endpoints) > 0 {
 			endpoint = s.cfg.Etcd.Endpoints[0]
 		}
-		if endpoint != "" {
-			sctx, scancel := context.WithTimeout(ctx, time.Second)
-			st, err := s.store.cli.Status(sctx, endpoint)
-			scancel()
-			if err != nil {
-				m.EtcdError = err.Error()
-			} else {
-				m.EtcdHealthy = len(st.Errors) == 0
-				m.EtcdLeader = st.Leader == st.Header.MemberId
-				if len(st.Errors) > 0 {
-					m.EtcdError = st.Errors[0]
+		s.probeEtcd(ctx, &m, endpoint)
+		running[info.Etcd] = info.Etcd != ""
+		out = append(out, m)
+	}
+	if len(s.cfg.Etcd.Endpoints) == 0 { // embedded: each etcd member is a ctl's
+		if ml, err := s.store.cli.MemberList(ctx); err == nil {
+			for _, em := range ml.Members {
+				if len(em.ClientURLs) == 0 || slices.ContainsFunc(em.ClientURLs, func(u string) bool { return running[u] }) {
+					continue // a member still joining, or a live ctl's
 				}
+				m := transport.CtlMember{Name: em.Name, Role: "down", Etcd: em.ClientURLs[0]}
+				s.probeEtcd(ctx, &m, m.Etcd)
+				out = append(out, m)
 			}
 		}
-		out = append(out, m)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
+}
+
+// probeEtcd asks the etcd member at endpoint for its status, for m.
+func (s *Server) probeEtcd(ctx context.Context, m *transport.CtlMember, endpoint string) {
+	if endpoint == "" {
+		return
+	}
+	sctx, cancel := context.WithTimeout(ctx, time.Second)
+	st, err := s.store.cli.Status(sctx, endpoint)
+	cancel()
+	if err != nil {
+		m.EtcdError = err.Error()
+		return
+	}
+	m.EtcdHealthy = len(st.Errors) == 0
+	m.EtcdLeader = st.Leader == st.Header.MemberId
+	if len(st.Errors) > 0 {
+		m.EtcdError = st.Errors[0]
+	}
 }
 
 func (s *Server) role() string {

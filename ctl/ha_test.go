@@ -674,3 +674,48 @@ func TestFollowerReadsAgainAfterAFailedRead(t *testing.T) {
 		t.Fatal("the follower's read never failed: the test tested nothing")
 	}
 }
+
+// TestCtlStatusListsAStoppedMember: cluster status lists a stopped
+// member of a control plane of three, as down (it listed the live ones
+// only, and an operator could not see the control plane one failure from
+// losing its quorum).
+func TestCtlStatusListsAStoppedMember(t *testing.T) {
+	p := newPKI(t)
+	srvs := startHA(t, p, 3)
+	leader := waitLeader(t, srvs, nil)
+	var gone *Server
+	for _, s := range srvs {
+		if s != leader {
+			gone = s
+			break
+		}
+	}
+	if ms := leader.ctlMembers(); len(ms) != 3 {
+		t.Fatalf("%d members listed with all three up: %+v", len(ms), ms)
+	}
+	name := gone.name()
+	gone.Close()
+	deadline := time.Now().Add(waitFor)
+	for {
+		ms := leader.ctlMembers()
+		var roles []string
+		downs := 0
+		for _, m := range ms {
+			roles = append(roles, m.Name+":"+m.Role)
+			if m.Role == "down" {
+				downs++
+				if m.EtcdHealthy {
+					t.Errorf("the stopped member %s: etcd healthy, want its error", m.Name)
+				}
+			}
+		}
+		if len(ms) == 3 && downs == 1 {
+			t.Logf("after %s stopped: %v", name, roles)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s stopped: %v; want three members, one down", name, roles)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

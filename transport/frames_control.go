@@ -214,7 +214,7 @@ type ReplicaState struct {
 type CtlMember struct {
 	Name string `msgpack:"name"`
 	Addr string `msgpack:"addr"` // its QUIC address
-	Role string `msgpack:"role"` // "leader" or "follower"
+	Role string `msgpack:"role"` // "leader", "follower", or "down" (an etcd member no live ctl runs)
 	// Etcd is the client URL of the member's embedded etcd ("" when ctl
 	// uses an external etcd); EtcdHealthy whether it answered a status
 	// request, EtcdLeader whether it is etcd's raft leader, and EtcdError

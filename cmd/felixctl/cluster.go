@@ -98,6 +98,9 @@ func (s *clusterStatusCmd) Run(a *app) error {
 		} else {
 			fmt.Fprintf(a.stdout, "unhealthy: %d of %d brokers down\n", len(down), len(m.Nodes))
 		}
+		if n := ctlDown(ctlMembers); n > 0 {
+			fmt.Fprintf(a.stdout, "control plane: %d of %d members down (it keeps working while a majority is up)\n", n, len(ctlMembers))
+		}
 	}
 	if len(down) > 0 {
 		return &errUnhealthy{down: down}

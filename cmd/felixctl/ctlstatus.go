@@ -35,3 +35,14 @@ func writeCtlStatus(w io.Writer, members []transport.CtlMember) error {
 	}
 	return tw.Flush()
 }
+
+// ctlDown counts the control plane's members that no live ctl runs.
+func ctlDown(members []transport.CtlMember) int {
+	n := 0
+	for _, m := range members {
+		if m.Role == "down" {
+			n++
+		}
+	}
+	return n
+}
