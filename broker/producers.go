@@ -16,7 +16,11 @@ package broker
 // log: per producer id, the last sequence committed, the acks (offset,
 // commit time) of its most recent Config.ProducerWindow sequences, the
 // highest sequence accepted (queued for the log, maybe not yet
-// committed), and when it was last used. A publish of sequence s, where
+// committed), and when it was last used: when a record of it was last
+// accepted for the log or applied (an answer that writes nothing, a
+// duplicate, is no use, so that every replica of a replicated shard,
+// which sees only what is written, dates it alike). A publish of
+// sequence s, where
 // committed <= accepted are the producer's:
 //
 //   - s == accepted+1, or s == 1 and the producer is unknown (new,
@@ -349,17 +353,22 @@ func (t *producerTable) admit(id string, seq uint64) admission {
 		p = &producer{id: strings.Clone(id), floor: seq - 1, committed: seq - 1, accepted: seq - 1}
 		t.mu.byID[p.id] = p
 		t.pushFrontLocked(p)
-	} else {
-		t.unlinkLocked(p)
-		t.pushFrontLocked(p)
+		p.seen = now
 	}
-	p.seen = now
 	a := admission{p: p, committed: p.committed, accepted: p.accepted, floor: p.floor}
 	switch {
 	case seq == p.accepted+1:
 		p.accepted = seq
 		p.enqueuing = true
 		a.kind = admitAppend
+		// A use: what it appends. An answer that writes nothing (a
+		// duplicate, a wait, a refusal) is none, as on the replicas of
+		// a replicated shard, which see only what is written (applied):
+		// so that every replica forgets the same producers (Kafka, too,
+		// dates a producer by its last write).
+		t.unlinkLocked(p)
+		t.pushFrontLocked(p)
+		p.seen = now
 	case seq > p.accepted || seq <= p.floor:
 		a.kind = admitOutOfOrder
 	case seq > p.committed:

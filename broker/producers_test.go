@@ -494,3 +494,37 @@ func TestProducerTableMemoryBound(t *testing.T) {
 		runtime.KeepAlive(tab)
 	}
 }
+
+// TestProducerEvictionSameOnEveryReplica: with a full table, the leader
+// and a follower evict the same producer for a new one. The leader's
+// recency list moved on admits that wrote nothing (a duplicate answered),
+// the follower's on applies only, so they evicted different producers,
+// and the same retry was judged differently by each: a duplicate at the
+// leader, a first record to append at the follower once it leads.
+func TestProducerEvictionSameOnEveryReplica(t *testing.T) {
+	lim := producerLimits{max: 2, expiry: time.Hour, window: 4}
+	l := newProducerTable("s/0", lim, nil)
+	f := newProducerTable("s/0", lim, nil)
+	off := uint64(0)
+	write := func(id string) { // judged by the leader, applied on both
+		a := l.admit(id, 1)
+		if a.kind != admitAppend {
+			t.Fatalf("%s: %v", id, a.kind)
+		}
+		l.enqueued(a.p)
+		l.applied([]byte(id), 1, off, 1)
+		f.applied([]byte(id), 1, off, 1)
+		l.committed(a.p, 1, off, 1, nil)
+		off++
+	}
+	write("P")
+	write("Q")
+	if a := l.admit("P", 1); a.kind != admitDuplicate { // P's retry, answered by the leader
+		t.Fatalf("retry of P 1 at the leader: %v", a.kind)
+	}
+	write("R") // the leader evicts Q, the follower P
+	lk, fk := l.admit("P", 1).kind, f.admit("P", 1).kind
+	if lk != fk {
+		t.Fatalf("the same retry of P 1: leader decides %v, follower %v (admitDuplicate=%d, admitAppend=%d)", lk, fk, admitDuplicate, admitAppend)
+	}
+}
