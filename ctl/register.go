@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/quic-go/quic-go"
 
 	"github.com/felix-broker/felix/shardmap"
@@ -341,9 +343,13 @@ func (s *Server) readHeartbeats(ss *session, node shardmap.Node, token string, l
 	renewed := time.Now() // when the last renewal that succeeded was sent (at first: the put, just done)
 	// A broker heartbeats every LeaseTTL/3, and at once when its report
 	// changes: heartbeats closer than minGap to the last renewal tried
-	// are answered but do no etcd work (a changed report goes with the
-	// next one), so that a flood of them is not a flood of etcd writes.
+	// are answered but do no etcd work, unless their report changed and
+	// the report budget allows (a few in a row, as a move's replica
+	// joins, catches up and votes, then one per minGap; a report held
+	// back goes with the next heartbeat), so that a flood of them is not
+	// a flood of etcd writes.
 	minGap := s.cfg.LeaseTTL / 10
+	reports := rate.NewLimiter(rate.Every(minGap), reportBurst)
 	var tried time.Time
 	for {
 		f, err := r.Read()
@@ -371,7 +377,8 @@ func (s *Server) readHeartbeats(ss *session, node shardmap.Node, token string, l
 		// are stuck answers none, and the broker moves on after half a
 		// lease); a renewal that etcd does not take is handed over below.
 		ss.answer()
-		if !tried.IsZero() && time.Since(tried) < minGap {
+		changed := hb.Replicas != nil && !hb.Replicas.Equal(reported)
+		if soon := !tried.IsZero() && time.Since(tried) < minGap; soon && (!changed || !reports.Allow()) {
 			continue
 		}
 		tried = time.Now()
@@ -406,6 +413,10 @@ func (s *Server) readHeartbeats(ss *session, node shardmap.Node, token string, l
 		*lease, reported = l, hb.Replicas
 	}
 }
+
+// reportBurst is how many changed replica reports of one broker ctl
+// writes in a row, closer than a tenth of a lease apart.
+const reportBurst = 8
 
 // currentSession reports whether ss is its node's current registration
 // on this ctl.
