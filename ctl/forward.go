@@ -229,7 +229,9 @@ func (s *Server) awaitEpoch(ctx context.Context, epoch uint64) {
 // ctl with a live election session, its role, and the health of its
 // embedded etcd member; and, with embedded etcd, every etcd member no
 // live ctl runs, role "down" (a ctl stopped or cut off: the control plane
-// is a failure closer to losing its quorum).
+// is a failure closer to losing its quorum). The members' etcds are asked
+// at once, each for at most probeTimeout, so that a member that does not
+// answer (killed, or cut off) delays the answer by that much only.
 func (s *Server) ctlMembers() []transport.CtlMember {
 	ctx, cancel := context.WithTimeout(s.ctx, s.store.timeout)
 	defer cancel()
@@ -239,6 +241,7 @@ func (s *Server) ctlMembers() []transport.CtlMember {
 	}
 	leader, _ := s.leaderInfo(ctx)
 	var out []transport.CtlMember
+	var endpoints []string       // out[i]'s etcd client URL, to ask
 	running := map[string]bool{} // the client URLs of the live ctls' etcd members
 	for _, kv := range resp.Kvs {
 		var info ctlInfo
@@ -253,9 +256,8 @@ func (s *Server) ctlMembers() []transport.CtlMember {
 		if endpoint == "" && len(s.cfg.Etcd.Endpoints) > 0 {
 			endpoint = s.cfg.Etcd.Endpoints[0]
 		}
-		s.probeEtcd(ctx, &m, endpoint)
 		running[info.Etcd] = info.Etcd != ""
-		out = append(out, m)
+		out, endpoints = append(out, m), append(endpoints, endpoint)
 	}
 	if len(s.cfg.Etcd.Endpoints) == 0 { // embedded: each etcd member is a ctl's
 		if ml, err := s.store.cli.MemberList(ctx); err == nil {
@@ -263,22 +265,29 @@ func (s *Server) ctlMembers() []transport.CtlMember {
 				if len(em.ClientURLs) == 0 || slices.ContainsFunc(em.ClientURLs, func(u string) bool { return running[u] }) {
 					continue // a member still joining, or a live ctl's
 				}
-				m := transport.CtlMember{Name: em.Name, Role: "down", Etcd: em.ClientURLs[0]}
-				s.probeEtcd(ctx, &m, m.Etcd)
-				out = append(out, m)
+				out = append(out, transport.CtlMember{Name: em.Name, Role: "down", Etcd: em.ClientURLs[0]})
+				endpoints = append(endpoints, em.ClientURLs[0])
 			}
 		}
 	}
+	var wg sync.WaitGroup
+	for i := range out {
+		if endpoints[i] != "" {
+			wg.Go(func() { s.probeEtcd(ctx, &out[i], endpoints[i]) })
+		}
+	}
+	wg.Wait()
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
 
+// probeTimeout bounds how long cluster.status waits for one etcd member's
+// status.
+const probeTimeout = 500 * time.Millisecond
+
 // probeEtcd asks the etcd member at endpoint for its status, for m.
 func (s *Server) probeEtcd(ctx context.Context, m *transport.CtlMember, endpoint string) {
-	if endpoint == "" {
-		return
-	}
-	sctx, cancel := context.WithTimeout(ctx, time.Second)
+	sctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	st, err := s.store.cli.Status(sctx, endpoint)
 	cancel()
 	if err != nil {
