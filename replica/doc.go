@@ -34,8 +34,10 @@
 // a roll leaves, and on close. Open repairs a torn tail of the last
 // segment (an append that was never acknowledged; zeros a crash left
 // are cut without the warning) and refuses a log that ends below the
-// committed index, but for the old log of a snapshot install that
-// stopped before replacing it (compact.go). The raft state lives in a
+// committed index, or below the last index it had written and synced
+// (which it may have acknowledged: damage, not a tear; state.go), but
+// for the old log of a snapshot install that stopped before replacing
+// it (compact.go). The raft state lives in a
 // double-buffered, checksummed file (state.go): term and vote changes
 // are fdatasynced before any message that depends on them leaves. Files
 // are opened on the real OS: package wal's filesystem seam (wal.FS) is

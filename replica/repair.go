@@ -22,18 +22,20 @@ import (
 // segments were fsynced before the next one was created and are never cut.
 //
 // The log must hold the entries after snapIndex, its compaction point,
-// up to commit, the replica's committed index. A cut that would reach
-// one of them is not a torn tail but damage to entries raft counted as
-// durable here: the segment is left as it is and the error is
+// up to floor: the replica's committed index, or the last index it had
+// written and fdatasynced (the state's synced), whichever is higher. A
+// cut that would reach one of them is not a torn tail (a crash tears
+// only what was never synced, and so never acknowledged) but damage to
+// entries raft may have counted as durable here: the segment is left as it is and the error is
 // ErrCorrupt, so that the directory set aside for inspection (broker's
-// openGroup) still holds every byte of it. When commit is the compaction
+// openGroup) still holds every byte of it. When floor is the compaction
 // point, the log owes no entry: every one it holds is either at or before
 // that point, which reconcile drops, or not committed. That is the state
 // a snapshot install writes before it replaces the log (commit and
 // compaction point at the snapshot's index, compact.go); a stop between
 // the two leaves the old log, whose tail may end in preallocated zeros (or
 // a torn entry), and the cut lets reconcile finish the install.
-func repairTail(dir, name string, segSize int, snapIndex, commit uint64, logger *slog.Logger) error {
+func repairTail(dir, name string, segSize int, snapIndex, floor uint64, logger *slog.Logger) error {
 	segs, err := tidseg.Settle(dir, tidseg.Options(segSize))
 	if err != nil {
 		return fmt.Errorf("replica: group %q: %w", name, err)
@@ -55,9 +57,9 @@ func repairTail(dir, name string, segSize int, snapIndex, commit uint64, logger 
 	if keep == len(data) {
 		return nil
 	}
-	if kept := last.Index + uint64(entries); kept <= commit && commit > snapIndex {
-		return fmt.Errorf("replica: group %q: %w: segment %q holds entries up to %d intact (%s after), below the committed index %d",
-			name, ErrCorrupt, filepath.Base(last.Path), kept-1, reason, commit)
+	if kept := last.Index + uint64(entries); kept <= floor && floor > snapIndex {
+		return fmt.Errorf("replica: group %q: %w: segment %q holds entries up to %d intact (%s after), below index %d, which it had committed or synced",
+			name, ErrCorrupt, filepath.Base(last.Path), kept-1, reason, floor)
 	}
 	f, err := os.OpenFile(last.Path, os.O_WRONLY, 0)
 	if err != nil {

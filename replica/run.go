@@ -520,7 +520,7 @@ func (g *Group) handleReady(l *loop) error {
 	if !termVote {
 		send()
 	}
-	if hs != nil {
+	if hs != nil || len(rd.Entries) > 0 { // with the entries: the index synced (state.go)
 		if err := g.st.setState(hs, nil, termVote); err != nil {
 			return err
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/felix-broker/felix/internal/atomicfile"
 	"github.com/felix-broker/felix/internal/tidseg"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -29,7 +30,18 @@ import (
 //	crc32c  uint32  Castagnoli, over every byte after it up to length's end
 //	length  uint32  bytes of body
 //	seq     uint64  incremented on every write; the valid slot with the higher one wins
-//	body    term, vote, commit, snapIndex, snapTerm, snapNext (uint64 each), ConfState (protobuf)
+//	body    term, vote, commit, snapIndex, snapTerm, snapNext (uint64 each), ConfState (protobuf),
+//	        then synced as protobuf field syncedField (varint), which a
+//	        ConfState decoder keeps as an unknown field: a state without it
+//	        (written before it was kept) reads as synced 0
+//
+// synced is the last index this replica appended and fdatasynced (and so
+// may have acknowledged to a leader), written with the commit index
+// after each append, without a sync of its own: it is never above what
+// was durable. Open refuses a log whose intact entries end below it, as
+// below the commit index (repair.go): an entry there is damaged, not torn
+// by a crash, and raft may have counted it. It is lowered, written first,
+// before a suffix raft replaces is cut.
 //
 // A durable write (term or vote changed, or the ConfState) goes to the slot
 // that does not hold the last durable state, then fdatasyncs: a torn write
@@ -39,6 +51,10 @@ import (
 // spare slot without a sync, so it never overwrites the last durable state
 // either. The file is created whole with fsync and an atomic rename.
 const (
+	// syncedField is the protobuf field number that carries synced after
+	// the ConfState's fields: far above any ConfState has.
+	syncedField protowire.Number = 1000
+
 	stateFileName = "raftstate"
 	stateSlot     = 4096
 	stateFixed    = 4 + 4 + 8
@@ -47,6 +63,7 @@ const (
 // persistent is the content of the state file.
 type persistent struct {
 	term, vote, commit uint64
+	synced             uint64 // last index appended and fdatasynced (see above)
 	snapIndex          uint64 // last index dropped from the log's front; 0 if none
 	snapTerm           uint64 // its term
 	snapNext           uint64 // the first offset after it
@@ -70,6 +87,8 @@ func (p *persistent) encode(dst []byte, seq uint64) ([]byte, error) {
 		dst = binary.LittleEndian.AppendUint64(dst, v)
 	}
 	dst = append(dst, cs...)
+	dst = protowire.AppendTag(dst, syncedField, protowire.VarintType)
+	dst = protowire.AppendVarint(dst, p.synced)
 	if len(dst) > stateSlot {
 		return nil, fmt.Errorf("state of %d bytes does not fit a %d-byte slot", len(dst), stateSlot)
 	}
@@ -95,6 +114,28 @@ func decodeSlot(b []byte) (p persistent, seq uint64, ok bool) {
 	p = persistent{term: v(0), vote: v(1), commit: v(2), snapIndex: v(3), snapTerm: v(4), snapNext: v(5), conf: &pb.ConfState{}}
 	if err := proto.Unmarshal(body[48:], p.conf); err != nil {
 		return p, 0, false
+	}
+	// synced rides in the ConfState's unknown fields; not kept there.
+	p.conf.ProtoReflect().SetUnknown(nil)
+	for b := body[48:]; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			break
+		}
+		b = b[n:]
+		if num == syncedField && typ == protowire.VarintType {
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return p, 0, false
+			}
+			p.synced = v
+			b = b[n:]
+			continue
+		}
+		if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+			break
+		}
+		b = b[n:]
 	}
 	return p, seq, true
 }

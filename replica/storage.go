@@ -115,7 +115,7 @@ func openStorage(dir, name string, voters []uint64, segSize int, logger *slog.Lo
 }
 
 func (s *storage) open() error {
-	if err := repairTail(s.dir, s.name, s.segSize, s.p.snapIndex, s.p.commit, s.logger); err != nil {
+	if err := repairTail(s.dir, s.name, s.segSize, s.p.snapIndex, max(s.p.commit, s.p.synced), s.logger); err != nil {
 		return err
 	}
 	tw, err := tidwall.Open(s.dir, tidseg.Options(s.segSize))
@@ -135,6 +135,9 @@ func (s *storage) open() error {
 	}
 	if s.last < s.p.commit {
 		return fmt.Errorf("replica: group %q: %w: log ends at index %d, below the committed index %d", s.name, ErrCorrupt, s.last, s.p.commit)
+	}
+	if s.last < s.p.synced && s.p.synced > s.p.snapIndex {
+		return fmt.Errorf("replica: group %q: %w: log ends at index %d, below index %d, which it had written and synced", s.name, ErrCorrupt, s.last, s.p.synced)
 	}
 	for i := s.p.snapIndex + 1; i <= s.last; i++ {
 		typ, term, _, err := s.readEntry(i)
@@ -215,6 +218,7 @@ func (s *storage) append(ents []*pb.Entry) error {
 		s.noteTerm(e.GetIndex(), e.GetTerm())
 	}
 	s.last = ents[len(ents)-1].GetIndex()
+	s.p.synced = s.last // written with the next state (setState)
 	return nil
 }
 
@@ -343,6 +347,14 @@ func (s *storage) unpad(size int64) error {
 
 // truncate drops the entries after index, which are not committed.
 func (s *storage) truncate(index uint64) error {
+	if s.p.synced > index {
+		// Lowered first: a stop after the cut must not find the log
+		// ending below what the state says was durable (state.go).
+		s.p.synced = index
+		if err := s.st.write(&s.p, false); err != nil {
+			return fmt.Errorf("replica: group %q: %w", s.name, err)
+		}
+	}
 	if err := s.unpad(s.tail.size); err != nil {
 		return err
 	}

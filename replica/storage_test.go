@@ -5,12 +5,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
 
 	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/felix-broker/felix/internal/linktest"
 	"github.com/felix-broker/felix/internal/tidseg"
@@ -54,6 +57,23 @@ func writeEntries(t *testing.T, dir string, n, commit uint64) {
 	}
 }
 
+// setSynced rewrites the state in dir with synced as the last index
+// appended and synced.
+func setSynced(t *testing.T, dir string, synced uint64) {
+	t.Helper()
+	st, p, _, err := openState(dir, persistent{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.synced = synced
+	if err := st.write(&p, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // lastSegment returns the path of dir's last segment, its bytes, and where
 // its last entry starts (before the zeros preallocated after the entries,
 // if any).
@@ -77,23 +97,32 @@ func lastSegment(t *testing.T, dir string) (string, []byte, int) {
 }
 
 func TestStorageRepairsTornTail(t *testing.T) {
+	// synced is the last index the state says was appended and synced:
+	// 29 for a tear of entry 30, whose append a crash interrupted.
 	cases := []struct {
 		name     string
 		damage   func(data []byte, lastAt int) []byte
 		commit   uint64
+		synced   uint64
 		wantLast uint64
 		wantErr  error
 	}{
-		{"half an entry appended", func(d []byte, _ int) []byte { return append(d, 0x40, 1, 2, 3) }, 30, 30, nil},
-		{"last entry cut short", func(d []byte, at int) []byte { return d[:len(d)-5] }, 29, 29, nil},
-		{"bit flipped in the last entry", func(d []byte, at int) []byte { d[len(d)-3] ^= 0x10; return d }, 29, 29, nil},
-		{"torn entry below the committed index", func(d []byte, at int) []byte { return d[:len(d)-5] }, 30, 0, ErrCorrupt},
-		{"bit flipped in a committed entry before others", func(d []byte, at int) []byte { d[at-3] ^= 0x10; return d }, 30, 0, ErrCorrupt},
+		{"half an entry appended", func(d []byte, _ int) []byte { return append(d, 0x40, 1, 2, 3) }, 30, 30, 30, nil},
+		{"last entry cut short", func(d []byte, at int) []byte { return d[:len(d)-5] }, 29, 29, 29, nil},
+		{"bit flipped in the last entry", func(d []byte, at int) []byte { d[len(d)-3] ^= 0x10; return d }, 29, 29, 29, nil},
+		{"torn entry below the committed index", func(d []byte, at int) []byte { return d[:len(d)-5] }, 30, 30, 0, ErrCorrupt},
+		{"bit flipped in a committed entry before others", func(d []byte, at int) []byte { d[at-3] ^= 0x10; return d }, 30, 30, 0, ErrCorrupt},
+		// Synced, so perhaps acknowledged to the leader: damage, not a
+		// tear. It was cut as one, and a committed record could be lost
+		// with the leader.
+		{"bit flipped in the last entry, synced but not committed here", func(d []byte, at int) []byte { d[len(d)-3] ^= 0x10; return d }, 29, 30, 0, ErrCorrupt},
+		{"last entry cut short, synced but not committed here", func(d []byte, at int) []byte { return d[:len(d)-5] }, 29, 30, 0, ErrCorrupt},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			writeEntries(t, dir, 30, tc.commit)
+			setSynced(t, dir, tc.synced)
 			path, data, at := lastSegment(t, dir)
 			damaged := tc.damage(data, at)
 			if err := os.WriteFile(path, damaged, 0o640); err != nil {
@@ -367,5 +396,34 @@ func TestTruncatedStateFileIsCorrupt(t *testing.T) {
 		if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil) != (err == nil) {
 			t.Errorf("state file cut to %d bytes: open: %v, want %v", tc.size, err, tc.wantErr)
 		}
+	}
+}
+
+// TestStateKeepsSynced: the state carries synced after the ConfState, as
+// a field a ConfState decoder keeps as unknown; a slot written before it
+// was kept reads as synced 0, and the ConfState carries nothing of it.
+func TestStateKeepsSynced(t *testing.T) {
+	p := persistent{term: 3, vote: 2, commit: 40, synced: 45, snapIndex: 10, snapTerm: 1, snapNext: 11, conf: &pb.ConfState{Voters: []uint64{1, 2, 3}}}
+	b, err := p.encode(nil, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, seq, ok := decodeSlot(b)
+	if !ok || seq != 7 || got.synced != 45 || got.commit != 40 || !proto.Equal(got.conf, p.conf) || len(got.conf.ProtoReflect().GetUnknown()) != 0 {
+		t.Fatalf("decoded %+v (seq %d, %v), want %+v", got, seq, ok, p)
+	}
+	// The earlier format: the same body without the field.
+	old := p
+	old.synced = 0
+	b, err = old.encode(nil, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trimmed := b[:len(b)-len(protowire.AppendVarint(protowire.AppendTag(nil, syncedField, protowire.VarintType), 0))]
+	binary.LittleEndian.PutUint32(trimmed[4:], uint32(len(trimmed)-stateFixed))
+	binary.LittleEndian.PutUint32(trimmed, crc32.Checksum(trimmed[4:], castagnoli))
+	got, _, ok = decodeSlot(trimmed)
+	if !ok || got.synced != 0 || got.commit != 40 || !proto.Equal(got.conf, p.conf) {
+		t.Fatalf("a slot of the earlier format decoded as %+v (%v)", got, ok)
 	}
 }
