@@ -437,8 +437,10 @@ func TestMoveRetargetedAfterTargetBecameVoter(t *testing.T) {
 	for range 3 {
 		publish("before")
 	}
-	// y never manages to tell the control plane it is a voter.
-	yIdx := ip.brokerIndex(y)
+	// y never manages to tell the control plane it is a voter. (Indexes
+	// taken while all five run are broker numbers; closeBroker shifts
+	// the slice.)
+	yIdx, srcIdx := ip.brokerIndex(y), ip.brokerIndex(src.NodeID())
 	ip.closeBroker(t, ip.brokers[yIdx])
 	yb := ip.newBroker(yIdx)
 	yb.raft.toCtl = func(context.Context, *transport.Request) (*transport.Response, error) {
@@ -449,7 +451,6 @@ func TestMoveRetargetedAfterTargetBecameVoter(t *testing.T) {
 	}
 	ip.brokers = append(ip.brokers, yb)
 
-	srcIdx := ip.brokerIndex(src.NodeID())
 	ip.closeBroker(t, src)
 	ip.waitDown(src.NodeID())
 	if err := ip.ctl.MoveReplica("r3", 0, src.NodeID(), y); err != nil {
