@@ -214,8 +214,8 @@
 // client ends its side of the stream, so that the broker answers every
 // record sent on it. Each record refused so fails with an error matching
 // [ErrShuttingDown] and not [ErrConnectionLost]: not written, safe to
-// publish again. [Client.Publish] sends it again once through the new
-// home; a [Future] of [Client.PublishAsync] fails with it, and the
+// publish again. [Client.Publish] sends it again through the new home,
+// up to twice (a second home may be leaving too); a [Future] of [Client.PublishAsync] fails with it, and the
 // caller may publish the record again (after records sent since, as any
 // retried record). A shutting_down refusal relayed from the owner of a
 // shard that is shutting down (a broker other than the home) also says

@@ -136,6 +136,8 @@ type idemState struct {
 		// settles it (outOfOrder).
 		uncertain map[shardKey]refusal
 		resending bool // the resender goroutine runs
+		// resenderDone is closed when the running resender exits.
+		resenderDone chan struct{}
 	}
 }
 
@@ -302,6 +304,7 @@ func (st *idemState) unlockResending() {
 	start := !st.mu.resending && len(st.mu.unresolved) > 0
 	if start {
 		st.mu.resending = true
+		st.mu.resenderDone = make(chan struct{})
 	}
 	st.mu.Unlock()
 	if start {
@@ -369,6 +372,7 @@ func (st *idemState) deadline() (time.Time, bool) {
 	defer st.mu.Unlock()
 	if len(st.mu.unresolved) == 0 {
 		st.mu.resending = false
+		close(st.mu.resenderDone)
 		return time.Time{}, false
 	}
 	oldest := st.mu.unresolved[0].idem.failedAt
@@ -406,6 +410,17 @@ func (st *idemState) abandon(err func(*Future) error, fresh bool) {
 	}
 }
 
+// awaitResender waits until the resender, if one runs, has exited. The
+// publisher is closed (its ctx ended), so it abandons what it holds.
+func (st *idemState) awaitResender() {
+	st.mu.Lock()
+	running, done := st.mu.resending, st.mu.resenderDone
+	st.mu.Unlock()
+	if running {
+		<-done
+	}
+}
+
 // unresolvedFutures returns the records waiting to be sent again, and
 // those being sent again that have not resolved.
 func (st *idemState) unresolvedFutures() []*Future {
@@ -427,14 +442,14 @@ func (p *Publisher) resendLoop() {
 			return
 		}
 		if n := st.refusedAgain.Load(); n > 1 {
-			sleep(p.c.ctx, min(time.Duration(10<<min(n-2, 7))*time.Millisecond, time.Second))
+			sleep(p.ctx, min(time.Duration(10<<min(n-2, 7))*time.Millisecond, time.Second))
 		}
-		ctx, cancel := context.WithDeadline(p.c.ctx, deadline)
+		ctx, cancel := context.WithDeadline(p.ctx, deadline)
 		_, err := p.session(ctx)
 		cancel()
 		switch {
 		case err == nil:
-		case errors.Is(err, ErrClosed) || p.c.ctx.Err() != nil:
+		case errors.Is(err, ErrClosed) || p.ctx.Err() != nil:
 			st.abandon(func(*Future) error { return errClosedInFlight }, false)
 		case !time.Now().Before(deadline):
 			st.abandon(func(f *Future) error {
@@ -443,7 +458,7 @@ func (p *Publisher) resendLoop() {
 			p.c.cfg.logger.Warn("client: idempotent publisher gave up retrying records of unknown outcome", "broker", p.c.Addr(), "after", st.retryFor, "err", err)
 		default:
 			// The broker cannot be reached yet; the dial backs off.
-			sleep(p.c.ctx, 10*time.Millisecond)
+			sleep(p.ctx, 10*time.Millisecond)
 		}
 	}
 }

@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -355,3 +357,63 @@ func (o *tableOwner) answer(p *transport.Publish) transport.Frame {
 		return &transport.Error{Seq: p.Seq, Code: transport.CodeOutOfOrderSequence, From: next, Message: "fake: a gap"}
 	}
 }
+
+// publisherGoroutines returns the stacks of goroutines running p's
+// resender (resendLoop), the "publisher's goroutine" of an idempotent
+// Publisher while it has records of unknown outcome.
+func resenderGoroutines() string {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "client.(*Publisher).resendLoop") {
+			out = append(out, g)
+		}
+	}
+	return strings.Join(out, "\n\n")
+}
+
+// TestPublisherCloseWaitsForResender: Publisher.Close says it "waits for
+// the publisher's goroutine". An idempotent publisher whose broker is
+// gone has its resender dialing it; Close must not return while that
+// goroutine still runs.
+func TestPublisherCloseWaitsForResender(t *testing.T) {
+	fc := newFakeCluster(t, 1)
+	b := fc.brokers[0]
+	c := connect(t, fc, 0, WithIdempotence(), WithHomeFailover(-1), WithDialTimeout(5*time.Second))
+	ctx := testCtx(t)
+	p := streamPublisher(t, c, ctx)
+	b.holdAcks.Store(true)
+	f, err := p.PublishAsync(ctx, nil, []byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for b.published.Load() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	b.stop() // the connection is lost: the record's outcome is unknown, the resender redials
+	deadline := time.Now().Add(5 * time.Second)
+	for resenderGoroutines() == "" && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if resenderGoroutines() == "" {
+		t.Fatal("no resender started")
+	}
+	time.Sleep(200 * time.Millisecond) // it is dialing the broker that is gone
+	start := time.Now()
+	p.Close()
+	took := time.Since(start)
+	if _, err := f.Wait(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("record in flight at Close: %v", err)
+	}
+	if g := resenderGoroutines(); g != "" {
+		t.Fatalf("Publisher.Close returned (after %v) with the publisher's resender still running:\n%s", took, g)
+	}
+}
+
+// TestDrainBoundedByIdleTimeout: awaitDrained says a broker that hangs
+// while draining a publish stream (it stopped reading, shutting down, and
+// never answers what it took in) holds the publisher's next record no
+// longer than the connection's idle timeout (5 s by default). But the
+// connection's keep-alives keep a hung broker's connection up: the next
+// publish waits as long as its context allows, and the record in flight

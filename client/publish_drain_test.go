@@ -251,3 +251,48 @@ func wantDeadline(t *testing.T, returned <-chan error, what string) error {
 		return nil
 	}
 }
+
+// never resolves.
+func TestDrainBoundedByIdleTimeout(t *testing.T) {
+	fc := newFakeCluster(t, 2)
+	b := fc.brokers[0]
+	hung := make(chan struct{})
+	hook := pubHook(func(str *quic.Stream, _ *transport.Publish, r *transport.Reader, _ *transport.Writer) bool {
+		str.CancelRead(quic.StreamErrorCode(transport.CodeShuttingDown)) // stops reading, answers nothing
+		select {
+		case <-hung:
+		case <-str.Context().Done():
+		}
+		return true
+	})
+	c := connect(t, fc, 0, WithTransport(transport.Config{MaxIdleTimeout: 2 * time.Second}))
+	ctx := testCtx(t)
+	p := streamPublisher(t, c, ctx)
+	defer close(hung)
+	b.publishHook.Store(&hook)
+	// The publisher's current stream was opened before the hook: make it
+	// open a new one, served by the hook.
+	p.mu.Lock()
+	s := p.mu.sess
+	p.mu.Unlock()
+	s.fail(lost(errTest))
+	<-s.done
+	f1, err := p.PublishAsync(ctx, nil, []byte("one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	pctx, cancel := context.WithTimeout(ctx, 8*time.Second) // over the 5 s idle timeout
+	defer cancel()
+	start := time.Now()
+	_, err = p.PublishAsync(pctx, nil, []byte("two"))
+	took := time.Since(start)
+	if errors.Is(err, context.DeadlineExceeded) {
+		select {
+		case <-f1.Done():
+		default:
+			t.Fatalf("the next publish waited %v (its whole context, past the idle timeout) on a hung broker's drain, and the record in flight is still unresolved; home now %s", took, c.Addr())
+		}
+	}
+	t.Logf("second publish after %v: %v", took, err)
+}

@@ -30,6 +30,10 @@ import (
 type Publisher struct {
 	c      *Client
 	stream string // "" for the client's own publisher, which takes it per call
+	// ctx ends when the publisher or its client is closed: it bounds the
+	// resender's work (resendLoop), which Close waits for.
+	ctx    context.Context
+	cancel context.CancelFunc
 	sticky uint32 // picks the shard of keyless records
 
 	// window holds a token per record in flight (cap WithMaxInFlight).
@@ -61,6 +65,7 @@ func newPublisher(c *Client, stream string) *Publisher {
 		window:  make(chan struct{}, c.cfg.maxInFlight),
 		opening: make(chan struct{}, 1),
 	}
+	p.ctx, p.cancel = context.WithCancel(c.ctx)
 	if c.cfg.idempotent {
 		p.idem = newIdemState(p, c.cfg.retryTimeout)
 	}
@@ -206,6 +211,7 @@ func (p *Publisher) shutdown() {
 	s := p.mu.sess
 	p.mu.sess = nil
 	p.mu.Unlock()
+	p.cancel() // ends the resender's dial or wait
 	if s != nil {
 		s.fail(errClosedInFlight)
 		<-s.done
@@ -213,6 +219,7 @@ func (p *Publisher) shutdown() {
 	}
 	if p.idem != nil {
 		p.idem.abandon(func(*Future) error { return errClosedInFlight }, false)
+		p.idem.awaitResender()
 	}
 }
 
@@ -466,9 +473,14 @@ func (p *Publisher) openStream(ctx context.Context, ready bool) (*pubSession, er
 // another broker perhaps, could otherwise be committed before records of
 // its shard that the draining broker was still committing: both acked,
 // out of the order sent. The wait is what the leaving broker takes to
-// commit and answer what it took in, about an fsync and a forward; a
-// broker that hangs meanwhile is bounded by the connection's idle
-// timeout. The caller holds the opening slot, so no record overtakes.
+// commit and answer what it took in, about an fsync and a forward. A
+// broker that hangs meanwhile keeps its connection alive (keep-alives),
+// so the wait is bounded by drainTimeout: past it the old stream is
+// ended and what it still carries fails as of unknown outcome
+// (ErrConnectionLost), and the records after go on a new stream (a
+// caller that retries them should expect them after those, as after any
+// lost connection). The caller holds the opening slot, so no record
+// overtakes meanwhile.
 func (p *Publisher) awaitDrained(ctx context.Context) error {
 	p.mu.Lock()
 	old := p.mu.sess
@@ -476,14 +488,32 @@ func (p *Publisher) awaitDrained(ctx context.Context) error {
 	if old == nil || !old.draining() {
 		return nil
 	}
+	timer := time.NewTimer(drainTimeout(p.c.cfg.transport))
+	defer timer.Stop()
 	select {
 	case <-old.done:
+		return nil
+	case <-timer.C:
+		old.fail(lost(fmt.Errorf("the broker at %s did not finish answering the records it took in before leaving", old.addr)))
+		<-old.done
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-p.c.ctx.Done():
 		return ErrClosed
 	}
+}
+
+// drainTimeout bounds the wait for a leaving broker's answers: twice the
+// connection's idle timeout (ten seconds by default), which is what a
+// broker that went silent would have taken to be given up, had the
+// connection no keep-alives.
+func drainTimeout(tc transport.Config) time.Duration {
+	idle := tc.MaxIdleTimeout
+	if idle <= 0 {
+		idle = 5 * time.Second
+	}
+	return 2 * idle
 }
 
 func (p *Publisher) current() (*pubSession, error) {
