@@ -351,6 +351,7 @@ func (n *raftNet) watchPeers(gs []*raftMember) {
 			n.silent[node] = silent
 		}
 	}
+	n.prune(changed) // every member, changed or not
 	for node, ok := range changed {
 		if !ok {
 			delete(changed, node)
@@ -381,6 +382,50 @@ func (n *raftNet) watchPeers(gs []*raftMember) {
 		} else {
 			n.log.Info("raft peer heard again: its groups here tick again", "peer", node, "groups_woken", woken)
 		}
+	}
+}
+
+// prune ends the sender of each peer that is neither a member of a
+// hosted group (members, every one the ticker found) nor a node of the
+// current map, unless it writes on a stream the peer opened (the peer
+// talks to this broker: a map that lags), and forgets what the ticker
+// kept of it. A group that sends to it again starts another.
+func (n *raftNet) prune(members map[string]bool) {
+	m := n.mapOf()
+	if m == nil {
+		return
+	}
+	var gone []string
+	n.mu.RLock()
+	for node := range n.mu.peers {
+		if _, member := members[node]; !member {
+			if _, ok := m.Node(node); !ok {
+				gone = append(gone, node)
+			}
+		}
+	}
+	n.mu.RUnlock()
+	if len(gone) == 0 {
+		return // every tick, the usual case: the read lock only
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, node := range gone {
+		p := n.mu.peers[node]
+		if p == nil {
+			continue
+		}
+		p.mu.Lock()
+		adopted := p.mu.w != nil && p.mu.adopted
+		p.mu.Unlock()
+		if adopted {
+			continue
+		}
+		delete(n.mu.peers, node)
+		close(p.stop)
+		delete(n.since, node)
+		delete(n.silent, node)
+		n.heard.Delete(node)
 	}
 }
 
@@ -578,7 +623,7 @@ func (n *raftNet) peer(node string) *raftPeer {
 			return nil
 		}
 		if p = n.mu.peers[node]; p == nil {
-			p = &raftPeer{n: n, id: node, wake: make(chan struct{}, 1)}
+			p = &raftPeer{n: n, id: node, wake: make(chan struct{}, 1), stop: make(chan struct{})}
 			n.mu.peers[node] = p
 			n.wg.Add(1)
 			go p.run()
@@ -725,14 +770,18 @@ func (n *raftNet) served(peer string, s *quic.Stream) {
 func (n *raftNet) receive(peer string, r *transport.Reader, first *transport.Raft) error {
 	for f := first; ; f = nil {
 		if f == nil {
-			next, err := r.Read()
+			// ReadIf: a frame of another type is refused undecoded (a
+			// body of many small elements decodes to many times its
+			// size, and a raft frame may be of raftFrameLimit).
+			next, err := r.ReadIf(transport.FrameRaft)
 			if err != nil {
+				var werr *transport.Error
+				if errors.As(err, &werr) && werr.Code == transport.CodeUnexpectedFrame {
+					return werr
+				}
 				return nil
 			}
-			var ok bool
-			if f, ok = next.(*transport.Raft); !ok {
-				return transport.Errorf(transport.CodeUnexpectedFrame, "a raft stream carries raft frames, not %T", next)
-			}
+			f = next.(*transport.Raft)
 		}
 		if f.From != peer {
 			return impersonation(peer, f.From)

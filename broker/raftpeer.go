@@ -47,6 +47,7 @@ type raftPeer struct {
 	n    *raftNet
 	id   string
 	wake chan struct{} // capacity 1: messages are queued, or the stream failed
+	stop chan struct{} // closed when the peer left the map and every group (raftNet.prune)
 	// wrote is set after each frame handed to the stream, and cleared by
 	// keepAlive.
 	wrote atomic.Bool
@@ -163,6 +164,8 @@ func (p *raftPeer) run() {
 	for {
 		select {
 		case <-p.n.ctx.Done():
+			return
+		case <-p.stop:
 			return
 		case <-p.wake:
 		}

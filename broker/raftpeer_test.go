@@ -1,7 +1,9 @@
 package broker
 
 import (
+	"bytes"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -249,5 +251,56 @@ func TestFrameWriterLimitCountsTheWrite(t *testing.T) {
 	}
 	if peak < limit/2 {
 		t.Fatalf("at most %d KiB waiting or being written: the reader kept up, and the test tests nothing", peak>>10)
+	}
+}
+
+// TestRaftPeerOfNodeGoneEnds: a raft peer's sender (its goroutine, its
+// queue, its stream) ends once the node is no longer a member of any
+// group this broker hosts nor in the map: a broker that outlives many
+// peers (nodes retired and replaced under new ids) must not keep one
+// goroutine per node it ever sent to.
+func TestRaftPeerOfNodeGoneEnds(t *testing.T) {
+	const tick, electionTicks = 10 * time.Millisecond, 10
+	m := &shardmap.Map{Epoch: 1, Nodes: []shardmap.Node{{ID: "a", Addr: "127.0.0.1:1", Live: true}}}
+	n := newRaftNet("a", tick, electionTicks, 1<<20, false, time.Second, nil, func() *shardmap.Map { return m }, quiet())
+	defer n.close()
+	// A group's last messages to a node the map has just dropped (a
+	// replica moved away from a retired broker, say).
+	n.send("gone", []transport.RaftMsg{{Stream: "s", Shard: 0, Data: []byte{1}}})
+	time.Sleep(5 * electionTicks * tick)
+	n.mu.RLock()
+	_, kept := n.mu.peers["gone"]
+	n.mu.RUnlock()
+	if kept {
+		t.Fatalf("the raft sender of node %q, in no map and no group, still runs after %v", "gone", 5*electionTicks*tick)
+	}
+}
+
+// TestRaftStreamDoesNotDecodeOtherFrames: a raft stream carries raft
+// frames only, and takes frames of up to raftFrameLimit (128 MiB): a
+// frame of another type is refused without being decoded, as ReadIf
+// does on the publish and subscribe paths ("a body of many small
+// elements decodes to many times its size"). Decoded, a Records frame of
+// empty records allocates 12 times its size (96 bytes per 8-byte
+// record): a 128 MiB frame, 1.5 GiB.
+func TestRaftStreamDoesNotDecodeOtherFrames(t *testing.T) {
+	const records = 1 << 20
+	b, err := transport.AppendFrame(nil, &transport.Records{Stream: "s", Records: make([]transport.Record, records)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newRaftNet("b", time.Hour, 10, 1<<20, false, time.Second, nil, func() *shardmap.Map { return nil }, quiet())
+	defer n.close()
+	r := transport.NewReader(bytes.NewReader(b), raftFrameLimit)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	err = n.receive("a", r, nil)
+	runtime.ReadMemStats(&after)
+	if err == nil {
+		t.Fatal("a Records frame on a raft stream was taken")
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 3*uint64(len(b)) {
+		t.Fatalf("a %d-byte Records frame on a raft stream allocated %d bytes (%.1f times its size) before it was refused", len(b), alloc, float64(alloc)/float64(len(b)))
 	}
 }

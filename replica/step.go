@@ -16,7 +16,8 @@ import (
 //   - checkMessage, in Step on the caller's goroutine, with no state: what
 //     no correct peer of this version sends (types, ids, term 0, entries
 //     outside MsgApp or not contiguous, configuration changes that do not
-//     decode, any snapshot). The caller gets ErrBadMessage. Who may send
+//     decode, a snapshot outside MsgSnap or one whose configuration does
+//     not hold together: checkSnapshot). The caller gets ErrBadMessage. Who may send
 //     to this group is the transport's to check (the broker checks that a
 //     raft id belongs to the peer that sends it): the configuration
 //     changes over time (members.go), and raft ignores messages from
