@@ -411,7 +411,7 @@ func TestCloseFailsInFlightAndLeavesNothing(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	c.Close()
-	if leaked := clientGoroutines(); leaked != "" {
+	if leaked := clientGoroutinesAfter(time.Second); leaked != "" {
 		t.Fatalf("client goroutines left after Close:\n%s", leaked)
 	}
 	if _, err := f.Wait(ctx); !errors.Is(err, ErrClosed) {
@@ -437,6 +437,20 @@ func TestCloseFailsInFlightAndLeavesNothing(t *testing.T) {
 
 // clientGoroutines returns the stacks of goroutines running SDK code (not
 // the fake brokers'), immediately: Close must have waited for them.
+// clientGoroutinesAfter is clientGoroutines once none is left, or after
+// wait: a goroutine whose last act was the WaitGroup's Done that Close
+// waits for may still be returning when Close does (goleak retries alike).
+func clientGoroutinesAfter(wait time.Duration) string {
+	deadline := time.Now().Add(wait)
+	for {
+		leaked := clientGoroutines()
+		if leaked == "" || time.Now().After(deadline) {
+			return leaked
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func clientGoroutines() string {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
