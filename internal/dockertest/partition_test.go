@@ -69,6 +69,15 @@ func TestCtlLeaderPartition(t *testing.T) {
 		if wait := 2*ctlTTL - time.Since(cut); wait > 0 {
 			time.Sleep(wait)
 		}
+		// And until its log says it stepped down, for up to 2 CtlTTL
+		// more: etcd's client declares the session lost a TTL after the
+		// last keep-alive answer it had, which a cut-off member's
+		// forwarding can delay (once seen 8.6 s after the cut).
+		for deadline := time.Now().Add(2 * ctlTTL); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if _, ok := steppedDown(c.Logs(leader, 100000), cut); ok {
+				break
+			}
+		}
 		if err := c.Connect(ctx, leader); err != nil {
 			t.Fatal(err)
 		}
