@@ -63,14 +63,7 @@ func TestForwarderCloseDoesNotWaitForADial(t *testing.T) {
 func TestFollowerErrorsMatchCtlSentinels(t *testing.T) {
 	p := newPKI(t)
 	srvs := startHA(t, p, 3)
-	leader := waitLeader(t, srvs, nil)
-	var follower *Server
-	for _, s := range srvs {
-		if s != leader {
-			follower = s
-			break
-		}
-	}
+	leader, follower := leaderAndFollower(t, srvs)
 	if err := leader.CreateStream(shardmap.StreamConfig{Name: "orders", Shards: 1}); err != nil {
 		t.Fatal(err)
 	}

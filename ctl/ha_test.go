@@ -682,14 +682,7 @@ func TestFollowerReadsAgainAfterAFailedRead(t *testing.T) {
 func TestCtlStatusListsAStoppedMember(t *testing.T) {
 	p := newPKI(t)
 	srvs := startHA(t, p, 3)
-	leader := waitLeader(t, srvs, nil)
-	var gone *Server
-	for _, s := range srvs {
-		if s != leader {
-			gone = s
-			break
-		}
-	}
+	leader, gone := leaderAndFollower(t, srvs)
 	if ms := leader.ctlMembers(); len(ms) != 3 {
 		t.Fatalf("%d members listed with all three up: %+v", len(ms), ms)
 	}
